@@ -1,0 +1,106 @@
+"""The configuration a user tunes: llama.cpp context and model parameters.
+
+Names follow llama.cpp (``llama_model_params`` / ``llama_context_params`` and the
+``llama-server`` flags shown in brackets). A :class:`PlanConfig` is immutable; use
+:func:`dataclasses.replace` to derive another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+from .ggml_types import kv_type
+
+FlashAttn = Literal["on", "off", "auto"]
+
+#: ``n_gpu_layers`` value meaning "every repeating layer and the output layer" (``-ngl all``).
+ALL_LAYERS = -1
+
+
+class ConfigError(ValueError):
+    """A configuration that llama.cpp would refuse or that cannot be planned.
+
+    The message is one line that says what to change.
+    """
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """One llama.cpp configuration.
+
+    Attributes:
+        n_ctx: context size in tokens for all sequences together (``-c``); llama.cpp pads
+            it up to a multiple of 256 (llama-context.cpp).
+        n_gpu_layers: layers offloaded to the GPU (``-ngl``), 0 .. n_layer + 1, or
+            :data:`ALL_LAYERS`. The output layer counts as one of them (llama-model.cpp
+            ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``).
+        kv_gpu_layers: how many of the offloaded repeating layers keep their KV cache in
+            VRAM. ``None`` means all of them (llama.cpp's default, ``offload_kqv``);
+            0 means ``-nkvo``. Between, the split is done with tensor overrides (experimental).
+        type_k, type_v: KV cache types (``-ctk`` / ``-ctv``), see :data:`KV_CACHE_TYPES`.
+        flash_attn: ``on``, ``off`` or ``auto`` (``-fa``).
+        n_seq: parallel sequences (``-np``, ``n_seq_max``), each with its own KV stream.
+        n_ubatch: physical batch size (``-ub``), sizes the compute buffer.
+        n_batch: logical batch size (``-b``).
+        swa_full: full-size cache for sliding-window layers (``--swa-full``).
+        kv_unified: one KV buffer shared by all sequences (``--kv-unified``).
+        use_mmap: memory-map the weights (``--no-mmap`` turns it off).
+    """
+
+    n_ctx: int = 4096
+    n_gpu_layers: int = ALL_LAYERS
+    kv_gpu_layers: int | None = None
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: FlashAttn = "auto"
+    n_seq: int = 1
+    n_ubatch: int = 512
+    n_batch: int = 2048
+    swa_full: bool = False
+    kv_unified: bool = False
+    use_mmap: bool = True
+
+    def __post_init__(self) -> None:
+        # Normalise type names and reject nonsense early: every error says what to change.
+        for name in ("type_k", "type_v"):
+            try:
+                object.__setattr__(self, name, kv_type(getattr(self, name)).name)
+            except ValueError as exc:
+                raise ConfigError(f"--cache-{name.replace('type_', 'type-')}: {exc}") from None
+        if self.flash_attn not in ("on", "off", "auto"):
+            raise ConfigError(f"--flash-attn must be on, off or auto, not '{self.flash_attn}'")
+        if self.n_ctx <= 0:
+            raise ConfigError(f"--ctx must be a positive number of tokens, not {self.n_ctx}")
+        if self.n_gpu_layers < ALL_LAYERS:
+            raise ConfigError(f"--ngl must be 0 or more (or 'all'), not {self.n_gpu_layers}")
+        if self.kv_gpu_layers is not None and self.kv_gpu_layers < 0:
+            raise ConfigError(f"--kv-gpu-layers must be 0 or more, not {self.kv_gpu_layers}")
+        if not 1 <= self.n_seq <= 256:
+            raise ConfigError(f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), not {self.n_seq}")
+        if self.n_ubatch <= 0:
+            raise ConfigError(f"--ubatch must be a positive number of tokens, not {self.n_ubatch}")
+        if self.n_batch <= 0:
+            raise ConfigError(f"--batch must be a positive number of tokens, not {self.n_batch}")
+        if self.type_v != "f16" and self.type_v != "f32" and self.type_v != "bf16" and self.flash_attn == "off":
+            raise ConfigError(
+                f"a quantized V cache ({self.type_v}) requires flash attention: "
+                "use --flash-attn on (or auto), or --cache-type-v f16"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict with the field names above."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlanConfig":
+        """Build from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> "PlanConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return replace(self, **changes)

@@ -1,0 +1,63 @@
+"""What the plan is laid out on: GPUs (detected or what-if) and the host.
+
+Detection lives in :mod:`kvtuner.core.samplers`; these are plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .units import GiB
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU.
+
+    Attributes:
+        name: marketing name (``"NVIDIA GeForce RTX 3060"``) or ``"what-if 12 GiB GPU"``.
+        total_bytes: memory capacity in bytes.
+        free_bytes: free memory now in bytes, or None when not measured (what-if).
+        index: CUDA device index (``CUDA0`` is 0).
+        mem_bandwidth_bytes_s: memory bandwidth in bytes/s, or None when unknown.
+        pcie_bandwidth_bytes_s: host link bandwidth in bytes/s, or None when unknown.
+        what_if: True for a GPU the user described rather than one that was detected.
+    """
+
+    name: str
+    total_bytes: int
+    free_bytes: int | None = None
+    index: int = 0
+    mem_bandwidth_bytes_s: float | None = None
+    pcie_bandwidth_bytes_s: float | None = None
+    what_if: bool = False
+
+    @property
+    def device(self) -> str:
+        """llama.cpp's device name (``CUDA0``)."""
+        return f"CUDA{self.index}"
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The host: RAM capacity and availability in bytes, swap in bytes."""
+
+    total_bytes: int
+    available_bytes: int | None = None
+    swap_total_bytes: int = 0
+    mem_bandwidth_bytes_s: float | None = None
+
+
+#: What-if presets offered by the GUI and ``--gpu-mem`` (decimal "GB" cards hold binary GiB).
+GPU_PRESETS_BYTES: dict[str, int] = {
+    "8 GB": 8 * GiB,
+    "12 GB": 12 * GiB,
+    "16 GB": 16 * GiB,
+    "24 GB": 24 * GiB,
+    "48 GB": 48 * GiB,
+}
+
+
+def what_if_gpu(total_bytes: int, index: int = 0) -> GpuSpec:
+    """A GPU the user describes by its size (``--gpu-mem 12G``)."""
+    return GpuSpec(name=f"what-if {total_bytes / GiB:g} GiB GPU", total_bytes=total_bytes, index=index, what_if=True)

@@ -1,0 +1,464 @@
+"""Memory planner: where every byte of a llama.cpp run goes, per device.
+
+:func:`plan_memory` follows the rules of the llama.cpp vendored by llama-cpp-python 0.3.36:
+
+- Layer placement (src/llama-model.cpp ``load_tensors``): ``i_gpu_start = max(n_layer + 1 -
+  n_gpu_layers, 0)``; layers ``il >= i_gpu_start`` go to the GPUs, split by free memory
+  (``upper_bound`` over cumulative fractions); the output layer is "layer n_layer" and is
+  offloaded only when ``n_gpu_layers > n_layer``; the input embedding stays on the host.
+  With no GPU, nothing is offloaded (``act_gpu_layers = devices.empty() ? 0 : ...``).
+- Context sizes (src/llama-context.cpp constructor): ``n_ctx = GGML_PAD(n_ctx, 256)``; with a
+  non-unified cache ``n_ctx_seq = GGML_PAD(n_ctx / n_seq, 256)`` and ``n_seq`` streams.
+- KV cache (src/llama-kv-cache.cpp constructor): per layer with KV,
+  ``K = row_size(type_k, n_embd_k_gqa(il)) * kv_size * n_stream`` and likewise V, where V is
+  sized by ``n_embd_v_gqa_max`` when V is transposed (flash attention off); MLA layers keep K only.
+  The KV of a layer lives on the layer's device when ``offload_kqv``, else on the host.
+- Sliding window (src/llama-kv-cache-iswa.cpp): SWA layers get
+  ``GGML_PAD(min(kv_size, n_swa * (unified ? n_seq : 1) + n_ubatch), 256)`` cells unless swa_full.
+- Output buffer (llama-context.cpp ``output_reserve``): ``n_vocab * max(1, n_seq) * 4`` bytes, host.
+- Compute buffers: :mod:`kvtuner.core.compute_buffer` (estimate, or exact from a dry-run).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .compute_buffer import ComputeEstimate, estimate_compute
+from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .ggml_types import kv_type, row_size
+from .hardware import GpuSpec, HostSpec
+from .model_profile import ModelProfile
+from .units import MiB, pad_to
+
+#: Driver/CUDA context memory per GPU that no llama.cpp buffer reports (reference §1: 300-500 MiB).
+DEFAULT_GPU_OVERHEAD_BYTES = 400 * MiB
+#: Host memory of the process itself: Python, llama.cpp and ggml libraries (measured RSS of an
+#: idle runner child before loading a model, see benchmarks/).
+DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
+
+HOST = "CPU"
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """KV cache of one layer: ``cells`` per stream, K and V bytes over all streams, its device."""
+
+    il: int
+    device: str
+    swa: bool
+    cells: int
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def kv_bytes(self) -> int:
+        """K + V bytes."""
+        return self.k_bytes + self.v_bytes
+
+
+@dataclass(frozen=True)
+class KvCacheSummary:
+    """One llama.cpp KV cache, as its ``llama_kv_cache: size = ...`` log line reports it.
+
+    ``kind`` is ``"full"`` or ``"swa"``; sizes in bytes over all layers and streams.
+    """
+
+    kind: str
+    cells: int
+    layers: int
+    n_seq: int
+    n_stream: int
+    type_k: str
+    type_v: str
+    k_bytes: int
+    v_bytes: int
+
+    @property
+    def kv_bytes(self) -> int:
+        """K + V bytes."""
+        return self.k_bytes + self.v_bytes
+
+    @property
+    def bytes_per_cell(self) -> int:
+        """Bytes per cell (token position) per stream, all layers: ``kv_bytes / (cells * n_stream)``."""
+        return self.kv_bytes // (self.cells * self.n_stream) if self.cells else 0
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Memory of one device (a GPU or the host), bytes.
+
+    ``capacity_bytes`` is the GPU's total memory or the host's RAM (None when unknown);
+    ``free_bytes`` is what was free when measured (None for what-if GPUs).
+    ``n_layers`` counts repeating layers whose weights live here; ``has_output`` the output layer.
+    ``weights_mapped`` marks host weights that are memory-mapped from the file (page cache).
+    """
+
+    device: str
+    kind: str  # "gpu" | "host"
+    name: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int
+    capacity_bytes: int | None
+    free_bytes: int | None = None
+    n_layers: int = 0
+    has_output: bool = False
+    weights_mapped: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        """weights + KV + compute + output + overhead."""
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """capacity - total (negative: does not fit), None when capacity is unknown."""
+        return None if self.capacity_bytes is None else self.capacity_bytes - self.total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (schema in README "plan --json")."""
+        return {
+            "device": self.device,
+            "kind": self.kind,
+            "name": self.name,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "total_bytes": self.total_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "free_bytes": self.free_bytes,
+            "n_layers": self.n_layers,
+            "has_output": self.has_output,
+            "weights_mapped": self.weights_mapped,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The result of :func:`plan_memory`.
+
+    Attributes:
+        model: the profile planned.
+        config: the configuration as given.
+        n_ctx: context after llama.cpp's padding (all sequences).
+        n_ctx_seq: cells per stream of full-attention layers.
+        n_stream: KV streams (n_seq, or 1 when unified).
+        n_ubatch: effective physical batch (``min(n_batch, n_ubatch)``, ``n_batch <= n_ctx``).
+        flash_attn: whether KV is laid out for flash attention (``on`` or ``auto``).
+        n_gpu_layers: effective offloaded layers, output layer included (0 without a GPU).
+        n_gpu_repeating: repeating layers offloaded.
+        output_on_gpu: whether the output layer is offloaded.
+        kv_gpu_layers: offloaded repeating layers that keep their KV in VRAM.
+        devices: GPUs first (CUDA0, CUDA1 ...), then the host.
+        kv_layers: per-layer KV (layers with KV only).
+        kv_caches: llama.cpp's KV caches (one, or "full" + "swa").
+        compute: the compute-buffer estimate per device, with its source.
+        warnings: notes the user should read (approximations, ignored settings).
+    """
+
+    model: ModelProfile
+    config: PlanConfig
+    n_ctx: int
+    n_ctx_seq: int
+    n_stream: int
+    n_ubatch: int
+    flash_attn: bool
+    n_gpu_layers: int
+    n_gpu_repeating: int
+    output_on_gpu: bool
+    kv_gpu_layers: int
+    devices: tuple[DevicePlan, ...]
+    kv_layers: tuple[LayerKV, ...]
+    kv_caches: tuple[KvCacheSummary, ...]
+    compute: ComputeEstimate
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def kv_bytes(self) -> int:
+        """All KV cache bytes (every layer, every stream)."""
+        return sum(c.kv_bytes for c in self.kv_caches)
+
+    @property
+    def weights_bytes(self) -> int:
+        """Weight bytes over all devices (a tied output matrix offloaded counts twice, as in llama.cpp)."""
+        return sum(d.weights_bytes for d in self.devices)
+
+    @property
+    def gpus(self) -> tuple[DevicePlan, ...]:
+        """GPU entries of :attr:`devices`."""
+        return tuple(d for d in self.devices if d.kind == "gpu")
+
+    @property
+    def host(self) -> DevicePlan:
+        """The host entry of :attr:`devices`."""
+        return self.devices[-1]
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes added per token of context for one sequence, full-attention layers only
+        (SWA layers stop growing at their window)."""
+        return sum(c.bytes_per_cell for c in self.kv_caches if c.kind == "full")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable ``kvtuner plan --json`` schema (documented in README)."""
+        return {
+            "model": {
+                "path": str(self.model.path),
+                "name": self.model.name,
+                "architecture": self.model.architecture,
+                "file_type": self.model.file_type,
+                "n_layer": self.model.n_layer,
+                "n_ctx_train": self.model.n_ctx_train,
+                "file_bytes": self.model.file_bytes,
+            },
+            "config": self.config.to_dict(),
+            "effective": {
+                "n_ctx": self.n_ctx,
+                "n_ctx_seq": self.n_ctx_seq,
+                "n_stream": self.n_stream,
+                "n_ubatch": self.n_ubatch,
+                "flash_attn": self.flash_attn,
+                "n_gpu_layers": self.n_gpu_layers,
+                "n_gpu_repeating": self.n_gpu_repeating,
+                "output_on_gpu": self.output_on_gpu,
+                "kv_gpu_layers": self.kv_gpu_layers,
+            },
+            "kv_bytes": self.kv_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token(),
+            "weights_bytes": self.weights_bytes,
+            "kv_caches": [
+                {
+                    "kind": c.kind,
+                    "cells": c.cells,
+                    "layers": c.layers,
+                    "n_seq": c.n_seq,
+                    "n_stream": c.n_stream,
+                    "type_k": c.type_k,
+                    "type_v": c.type_v,
+                    "k_bytes": c.k_bytes,
+                    "v_bytes": c.v_bytes,
+                    "kv_bytes": c.kv_bytes,
+                }
+                for c in self.kv_caches
+            ],
+            "kv_layers": [
+                {"il": l.il, "device": l.device, "swa": l.swa, "cells": l.cells, "k_bytes": l.k_bytes, "v_bytes": l.v_bytes}
+                for l in self.kv_layers
+            ],
+            "compute_source": self.compute.source,
+            "devices": [d.to_dict() for d in self.devices],
+            "warnings": list(self.warnings),
+        }
+
+
+def _layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[GpuSpec]) -> list[str]:
+    """Device of layers 0..n_layer (index n_layer is the output layer), llama-model.cpp
+    ``load_tensors`` / ``get_layer_buft_list``."""
+    if not gpus:
+        return [HOST] * (n_layer + 1)
+    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
+    act_gpu_layers = min(n_gpu_layers, n_layer + 1)
+    weights = [float(g.free_bytes if g.free_bytes is not None else g.total_bytes) for g in gpus]
+    total = sum(weights) or 1.0
+    splits, acc = [], 0.0
+    for w in weights:
+        acc += w
+        splits.append(acc / total)
+    out = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
+            out.append(HOST)
+        else:
+            k = bisect.bisect_right(splits, (il - i_gpu_start) / act_gpu_layers)
+            out.append(gpus[min(k, len(gpus) - 1)].device)
+    return out
+
+
+def plan_memory(
+    model: ModelProfile,
+    config: PlanConfig,
+    gpus: Sequence[GpuSpec] = (),
+    host: HostSpec | None = None,
+    *,
+    gpu_overhead_bytes: int = DEFAULT_GPU_OVERHEAD_BYTES,
+    host_overhead_bytes: int = DEFAULT_HOST_OVERHEAD_BYTES,
+    compute_override: dict[str, int] | None = None,
+) -> MemoryPlan:
+    """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
+
+    Args:
+        model: the model profile.
+        config: the configuration.
+        gpus: GPUs (detected or what-if); empty means a CPU-only run.
+        host: host RAM; None leaves the host capacity unknown.
+        gpu_overhead_bytes: driver/CUDA context per GPU.
+        host_overhead_bytes: process baseline on the host.
+        compute_override: exact compute buffer bytes per device (from a dry-run); replaces
+            the estimate for those devices.
+
+    Returns:
+        The :class:`MemoryPlan`; pure arithmetic, well under a millisecond for 100 layers.
+
+    Raises:
+        ConfigError: the configuration cannot work with this model (says what to change).
+    """
+    n_layer = model.n_layer
+    cfg = config
+    tk, tv = kv_type(cfg.type_k), kv_type(cfg.type_v)
+    warnings: list[str] = list(model.warnings)
+
+    # --- offload ------------------------------------------------------------------------------
+    ngl = n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
+    if ngl > n_layer + 1:
+        raise ConfigError(f"--ngl {ngl} is more than this model's {n_layer} layers + output layer: use at most {n_layer + 1} (or 'all')")
+    if not gpus:
+        if ngl > 0 and cfg.n_gpu_layers != ALL_LAYERS:
+            warnings.append("no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)")
+        ngl_eff = 0
+    else:
+        ngl_eff = ngl
+    devs = _layer_devices(n_layer, ngl_eff, gpus)
+    n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
+    output_on_gpu = devs[n_layer] != HOST
+
+    if cfg.kv_gpu_layers is None:
+        kv_gpu = n_gpu_repeating
+    else:
+        kv_gpu = cfg.kv_gpu_layers
+        if kv_gpu > n_gpu_repeating:
+            raise ConfigError(
+                f"--kv-gpu-layers {kv_gpu} is more than the {n_gpu_repeating} repeating layers offloaded: "
+                f"use at most {n_gpu_repeating}, or raise --ngl"
+            )
+    offload_kqv = kv_gpu > 0 or (cfg.kv_gpu_layers is None)
+    # Which offloaded layers keep KV on the GPU when 0 < kv_gpu < offloaded: the *last* kv_gpu
+    # offloaded layers stay in llama.cpp's -ngl range; the earlier ones are moved to the GPU by
+    # tensor overrides (weights only) and keep KV on the host (reference §5, experimental).
+    gpu_layer_ids = [il for il in range(n_layer) if devs[il] != HOST]
+    kv_on_gpu = set(gpu_layer_ids[len(gpu_layer_ids) - kv_gpu :]) if kv_gpu else set()
+    if 0 < kv_gpu < n_gpu_repeating:
+        warnings.append(
+            "KV of only some offloaded layers on the GPU uses tensor overrides (-ot); experimental, not yet checked on a GPU"
+        )
+
+    # --- context --------------------------------------------------------------------------------
+    flash_attn = cfg.flash_attn != "off"
+    if tv.is_quantized and not flash_attn:  # PlanConfig already refuses this; keep the rule here too
+        raise ConfigError("a quantized V cache requires flash attention: use --flash-attn on or auto")
+    if model.is_mla and cfg.type_k != cfg.type_v:
+        raise ConfigError(f"{model.architecture} (MLA) needs the same K and V cache type: set --cache-type-v {cfg.type_k}")
+    n_ctx = pad_to(cfg.n_ctx, 256)
+    if cfg.kv_unified:
+        n_stream, n_ctx_seq = 1, n_ctx
+    else:
+        n_stream = cfg.n_seq
+        n_ctx_seq = pad_to(n_ctx // cfg.n_seq, 256)
+        if n_ctx_seq == 0:  # pragma: no cover - pad_to of a positive number is >= 256
+            raise ConfigError("n_ctx / n_seq rounds to 0: raise --ctx or lower --parallel")
+        n_ctx = n_ctx_seq * cfg.n_seq
+    n_batch = min(n_ctx, cfg.n_batch)
+    n_ubatch = min(n_batch, cfg.n_ubatch)
+    if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
+        warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
+
+    # --- KV cache -------------------------------------------------------------------------------
+    v_trans = not flash_attn
+    kv_layer_ids = [il for il in range(n_layer) if model.has_kv(il)]
+    v_width_max = max((model.n_embd_v_gqa(il) for il in range(n_layer)), default=0)
+    swa_cells = n_ctx_seq
+    if model.n_swa and not cfg.swa_full:
+        swa_cells = pad_to(min(n_ctx_seq, model.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
+
+    layers: list[LayerKV] = []
+    for il in kv_layer_ids:
+        swa = model.swa_layers[il]
+        cells = swa_cells if swa else n_ctx_seq
+        k_width = model.n_embd_k_gqa(il)
+        v_width = 0 if model.is_mla else (v_width_max if v_trans else model.n_embd_v_gqa(il))
+        for t, w, what in ((tk, k_width, "K"), (tv, v_width, "V")):
+            if w % t.block_size:
+                raise ConfigError(
+                    f"{what} rows of layer {il} are {w} wide, not a multiple of {t.name}'s block of {t.block_size}: "
+                    f"choose another --cache-type-{what.lower()} (e.g. f16)"
+                )
+        k_bytes = row_size(tk, k_width) * cells * n_stream
+        v_bytes = row_size(tv, v_width) * cells * n_stream if v_width else 0
+        device = devs[il] if (offload_kqv and il in kv_on_gpu) else HOST
+        layers.append(LayerKV(il, device, swa, cells, k_bytes, v_bytes))
+
+    caches: list[KvCacheSummary] = []
+    for kind, sel in (("full", [l for l in layers if not l.swa]), ("swa", [l for l in layers if l.swa])):
+        if sel:
+            caches.append(
+                KvCacheSummary(kind, sel[0].cells, len(sel), cfg.n_seq, n_stream, tk.name, tv.name,
+                               sum(l.k_bytes for l in sel), sum(l.v_bytes for l in sel))
+            )
+    if model.recurrent_state_floats and any(model.recurrent_layers):
+        n_recr = sum(model.recurrent_layers)
+        state = model.recurrent_state_floats * 4 * max(1, cfg.n_seq) * n_recr
+        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), n_recr, cfg.n_seq, 1, "f32", "f32", state, 0))
+
+    # --- compute buffers --------------------------------------------------------------------
+    compute = estimate_compute(
+        model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
+        layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
+    )
+    if compute_override:
+        compute = compute.with_exact(compute_override)
+
+    # --- per device -----------------------------------------------------------------------------
+    output_bytes = model.n_vocab * max(1, cfg.n_seq) * 4
+    out: list[DevicePlan] = []
+    for g in gpus:
+        ids = [il for il in range(n_layer) if devs[il] == g.device]
+        w = sum(model.layer_bytes[il] for il in ids)
+        # layers placed by tensor override (weights on this GPU, KV on host) are still in `ids`
+        has_out = devs[n_layer] == g.device
+        if has_out:
+            w += model.output_bytes
+        kv = sum(l.kv_bytes for l in layers if l.device == g.device)
+        if any(c.kind == "recurrent" for c in caches) and offload_kqv:
+            kv += _recurrent_share(model, caches, ids)
+        out.append(DevicePlan(
+            device=g.device, kind="gpu", name=g.name, weights_bytes=w, kv_bytes=kv,
+            compute_bytes=compute.bytes_on(g.device), output_bytes=0, overhead_bytes=gpu_overhead_bytes,
+            capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
+        ))
+    host_ids = [il for il in range(n_layer) if devs[il] == HOST]
+    host_w = model.input_bytes + sum(model.layer_bytes[il] for il in host_ids)
+    if not output_on_gpu:
+        # output.weight on the host; a tied output reuses token_embd's data (no second copy)
+        host_w += model.output_bytes - (model.embd_bytes if model.tied_output else 0)
+    host_kv = sum(l.kv_bytes for l in layers if l.device == HOST)
+    if any(c.kind == "recurrent" for c in caches):
+        host_kv += sum(c.kv_bytes for c in caches if c.kind == "recurrent") - sum(
+            _recurrent_share(model, caches, [il for il in range(n_layer) if devs[il] == g.device]) for g in gpus
+        ) * (1 if offload_kqv else 0)
+    out.append(DevicePlan(
+        device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
+        compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
+        capacity_bytes=host.total_bytes if host else None, free_bytes=host.available_bytes if host else None,
+        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap,
+    ))
+
+    return MemoryPlan(
+        model=model, config=cfg, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_stream=n_stream, n_ubatch=n_ubatch,
+        flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
+        kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
+        kv_caches=tuple(caches), compute=compute, warnings=tuple(warnings),
+    )
+
+
+def _recurrent_share(model: ModelProfile, caches: list[KvCacheSummary], layer_ids: list[int]) -> int:
+    """Recurrent-state bytes of the recurrent layers among ``layer_ids``."""
+    rec = [c for c in caches if c.kind == "recurrent"]
+    if not rec or not rec[0].layers:
+        return 0
+    per_layer = rec[0].kv_bytes // rec[0].layers
+    return per_layer * sum(1 for il in layer_ids if model.recurrent_layers[il])

@@ -1,0 +1,147 @@
+"""Text and JSON renderings of model profiles and memory plans (CLI output).
+
+The JSON schema of ``kvtuner plan --json`` is documented in README.md ("JSON schema") and
+is stable: keys are only ever added.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from .memory_plan import MemoryPlan
+from .model_profile import ModelProfile
+from .units import MiB, fmt_bytes
+
+SCHEMA_VERSION = 1
+
+
+class VerifiedKvCache(Protocol):
+    """One KV cache as a llama.cpp dry-run reported it (``kvtuner.runner.dryrun.KvCacheReport``)."""
+
+    size_mib: float
+    cells: int
+    layers: int
+    k_mib: float
+    v_mib: float
+
+
+class Verified(Protocol):
+    """What a llama.cpp dry-run reported (``kvtuner.runner.dryrun.DryRunResult``), MiB as printed."""
+
+    kv_caches: Sequence[VerifiedKvCache]
+    compute_mib: dict[str, float]
+    output_mib: dict[str, float]
+    model_mib: dict[str, float]
+
+
+def _mib_to_bytes(v: float) -> int:
+    return int(round(v * MiB))
+
+
+def plan_dict(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The ``kvtuner plan --json`` document.
+
+    Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``, ``kv_bytes_per_token``,
+    ``weights_bytes``, ``kv_caches``, ``kv_layers``, ``compute_source``, ``devices``, ``warnings``,
+    ``advice`` (list of ``{id, severity, message}``), and ``verified`` (null, or the dry-run's
+    figures in bytes converted from llama.cpp's MiB with 2 decimals).
+    """
+    d = plan.to_dict()
+    d = {"schema": SCHEMA_VERSION, **d}
+    d["advice"] = list(advice)
+    d["verified"] = None
+    if verified is not None:
+        d["verified"] = {
+            "source": "llama.cpp dry-run (no_alloc)",
+            "kv_caches": [
+                {"cells": c.cells, "layers": c.layers, "kv_mib": c.size_mib, "k_mib": c.k_mib, "v_mib": c.v_mib,
+                 "kv_bytes": _mib_to_bytes(c.size_mib)}
+                for c in verified.kv_caches
+            ],
+            "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in verified.kv_caches),
+            "compute_bytes": {k: _mib_to_bytes(v) for k, v in verified.compute_mib.items()},
+            "output_bytes": {k: _mib_to_bytes(v) for k, v in verified.output_mib.items()},
+        }
+    return d
+
+
+def _table(rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def model_text(m: ModelProfile) -> str:
+    """Human summary of a model profile (``kvtuner inspect``)."""
+    heads = f"{m.n_head[0]} heads / {m.n_head_kv[0]} KV heads" if len(set(m.n_head_kv)) == 1 else \
+        f"{m.n_head[0]} heads / KV heads per layer {list(m.n_head_kv)}"
+    lines = [
+        f"{m.name or m.file_name}",
+        f"  file          {m.path}  ({fmt_bytes(m.file_bytes)}{', %d parts' % len(m.parts) if len(m.parts) > 1 else ''})",
+        f"  architecture  {m.architecture}   quant {m.file_type or '?'}   {m.n_params / 1e6:,.1f} M parameters",
+        f"  layers        {m.n_layer}   n_embd {m.n_embd}   {m.attention_kind}: {heads}, head size K {m.head_dim_k} / V {m.head_dim_v}",
+        f"  context       trained {m.n_ctx_train}"
+        + (f"   sliding window {m.n_swa} on {sum(m.swa_layers)} of {m.n_layer} layers" if m.n_swa else ""),
+        f"  vocabulary    {m.n_vocab}",
+        f"  weights       input {fmt_bytes(m.input_bytes)} (host)   layers {fmt_bytes(sum(m.layer_bytes))}   "
+        f"output {fmt_bytes(m.output_bytes)}{' (tied to token_embd)' if m.tied_output else ''}",
+    ]
+    if m.is_mla:
+        lines.append(f"  MLA           kv_lora_rank {m.mla_kv_lora_rank}, K-only cache of {m.head_dim_k} per token per layer")
+    if any(m.recurrent_layers):
+        lines.append(f"  recurrent     {sum(m.recurrent_layers)} layers, {m.recurrent_state_floats} f32 state per layer per sequence")
+    for w in m.warnings:
+        lines.append(f"  note: {w}")
+    return "\n".join(lines)
+
+
+def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = ()) -> str:
+    """Human-readable plan: config line, KV caches, a per-device table, warnings and advice."""
+    m, c = plan.model, plan.config
+    ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
+    gpu_note = (f"{plan.n_gpu_repeating}/{m.n_layer} layers + output on GPU" if plan.output_on_gpu
+                else f"{plan.n_gpu_repeating}/{m.n_layer} layers on GPU") if plan.gpus else "no GPU: all on CPU"
+    lines = [
+        f"{m.name or m.file_name} ({m.architecture}, {m.file_type or '?'}, {m.n_layer} layers, {m.attention_kind})",
+        f"n_ctx {plan.n_ctx} (n_ctx_seq {plan.n_ctx_seq} x {plan.n_stream} stream{'s' if plan.n_stream > 1 else ''}), "
+        f"-ngl {ngl} ({gpu_note}), KV {c.type_k}/{c.type_v}, flash_attn {c.flash_attn}, n_ubatch {plan.n_ubatch}"
+        + (f", swa_full" if c.swa_full else ""),
+        "",
+    ]
+    rows = [["KV cache", "cells", "layers", "K", "V", "total"]]
+    for kc in plan.kv_caches:
+        rows.append([kc.kind, str(kc.cells), str(kc.layers), fmt_bytes(kc.k_bytes), fmt_bytes(kc.v_bytes), fmt_bytes(kc.kv_bytes)])
+    rows.append(["all", "", "", "", "", fmt_bytes(plan.kv_bytes)])
+    lines.append(_table(rows, {1, 2, 3, 4, 5}))
+    lines.append(f"KV per token of context: {fmt_bytes(plan.kv_bytes_per_token())}")
+    lines.append("")
+    rows = [["device", "weights", "KV", "compute", "output", "overhead", "total", "capacity", "left"]]
+    for d in plan.devices:
+        left = d.headroom_bytes
+        rows.append([
+            d.device if d.kind == "gpu" else "host",
+            fmt_bytes(d.weights_bytes) + (" (mmap)" if d.weights_mapped and d.weights_bytes else ""),
+            fmt_bytes(d.kv_bytes), fmt_bytes(d.compute_bytes), fmt_bytes(d.output_bytes), fmt_bytes(d.overhead_bytes),
+            fmt_bytes(d.total_bytes), fmt_bytes(d.capacity_bytes),
+            "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
+        ])
+    lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
+    lines.append(f"compute buffers: {plan.compute.source}")
+    if verified is not None:
+        lines.append("")
+        lines.append("verified by llama.cpp (dry-run):")
+        rows = [["KV cache", "cells", "layers", "planned", "llama.cpp"]]
+        for kc, vc in zip(plan.kv_caches, verified.kv_caches):
+            rows.append([kc.kind, str(vc.cells), str(vc.layers), f"{kc.kv_bytes / MiB:.2f} MiB", f"{vc.size_mib:.2f} MiB"])
+        for dev, mib in verified.compute_mib.items():
+            planned = plan.compute.bytes_on("CPU" if dev.startswith("CPU") else dev)
+            rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB", f"{mib:.2f} MiB"])
+        lines.append(_table(rows, {1, 2, 3, 4}))
+    for w in plan.warnings:
+        lines.append(f"note: {w}")
+    for a in advice:
+        lines.append(f"[{a.get('severity', 'info')}] {a.get('message', '')}")
+    return "\n".join(lines)
