@@ -41,6 +41,8 @@ class ComputeEstimate:
 
     bytes_by_device: dict[str, int] = field(default_factory=dict)
     source: str = "estimate"
+    #: the analytic estimate, kept when exact figures replace it (for side-by-side display)
+    estimate_by_device: dict[str, int] = field(default_factory=dict)
 
     def bytes_on(self, device: str) -> int:
         """Bytes on ``device`` (0 if none)."""
@@ -48,7 +50,17 @@ class ComputeEstimate:
 
     def with_exact(self, exact: dict[str, int]) -> "ComputeEstimate":
         """A copy whose figures come from a dry-run (devices not in ``exact`` keep 0)."""
-        return replace(self, bytes_by_device=dict(exact), source="dry-run")
+        estimate = self.estimate_by_device or self.bytes_by_device
+        return replace(self, bytes_by_device=dict(exact), source="dry-run", estimate_by_device=dict(estimate))
+
+    def estimate_on(self, device: str) -> int:
+        """The analytic estimate on ``device`` even when exact figures are known."""
+        return (self.estimate_by_device or self.bytes_by_device).get(device, 0)
+
+    @property
+    def label(self) -> str:
+        """Human label of the source."""
+        return "exact (llama.cpp dry-run)" if self.source == "dry-run" else "estimate (plan --verify asks llama.cpp for the exact figure)"
 
 
 def estimate_compute(
@@ -82,50 +94,44 @@ def estimate_compute(
     T = n_ubatch
     f32 = 4
     n_layer = model.n_layer
-    n_embd = model.n_embd
-    n_vocab = model.n_vocab
-    n_head = max(model.n_head) if model.n_head else 0
-    n_ff = int(model.metadata.get(f"{model.architecture}.feed_forward_length", 4 * n_embd) or 4 * n_embd) \
-        if not isinstance(model.metadata.get(f"{model.architecture}.feed_forward_length"), tuple) \
-        else max(model.metadata[f"{model.architecture}.feed_forward_length"])
+    E = model.n_embd
+    TE = T * E * f32
+    ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 4 * E)
+    n_ff = max(ff) if isinstance(ff, tuple) else int(ff or 4 * E)
+    TF = T * n_ff * f32 * (max(1, model.n_expert_used) if model.n_expert else 1)
     kv_by_il = {l.il: l for l in kv_layers}
-    T_pad = pad_to(T, 64)  # GGML_KQ_MASK_PAD
-
-    def mask_bytes(n_kv: int) -> int:
-        return n_kv * T_pad * (2 if flash_attn else f32)
+    # KQ mask: [n_kv, n_tokens] per graph (llama-graph.cpp build_attn_inp_kv), f16 with FA, f32 without;
+    # sized by the full cache (the SWA mask is smaller and dies before the output phase)
+    mask_full = n_ctx_seq * T * (2 if flash_attn else f32)
 
     def layer_peak(il: int) -> int:
         l = kv_by_il.get(il)
-        n_kv = l.cells if l else 0
-        hd_k = model.head_dim_k_at(il)
-        hd_v = model.head_dim_v_at(il)
-        h = model.n_head[il] or n_head
-        q = hd_k * h * T * f32
-        cur = n_embd * T * f32
+        ffn = mask_full + 3 * TF + 3 * TE  # gate, up, swiglu out; residual, norm, input
         if l is None:
-            attn = 0
-        elif flash_attn:
-            attn = q + hd_v * h * T * f32
+            return ffn
+        h = model.n_head[il] or max(model.n_head)
+        if flash_attn:
+            attn = mask_full + 4 * TE
         else:
-            attn = q + 2 * n_kv * T * h * f32  # KQ scores and their softmax
-        ffn = 3 * n_ff * T * f32 if model.n_expert == 0 else 3 * n_ff * T * f32 * max(1, model.n_expert_used)
-        return 2 * cur + max(attn, ffn)
+            # KQ scores [n_kv, n_tokens, n_head] f32 (softmax runs in place) + the f32 mask
+            attn = l.cells * T * h * f32 + n_ctx_seq * T * f32 + 6 * TE
+        return max(attn, ffn)
+
+    logits = model.n_vocab * T * f32
+    if model.n_swa:
+        output = logits + 2 * TE
+    else:
+        output = logits + TE + (mask_full if flash_attn and mask_full < logits else 0)
 
     devices = [host, *gpu_devices]
     result: dict[str, int] = {d: 0 for d in devices}
-    # persistent inputs live on the device of the first layer that uses them
     first_dev = layer_devices[0] if n_layer else host
-    full_cells = n_ctx_seq
-    inputs = n_embd * T * f32 + T * 4 + mask_bytes(full_cells) + (mask_bytes(swa_cells) if model.n_swa else 0)
     for dev in devices:
-        ids = [il for il in range(n_layer) if layer_devices[il] == dev]
-        peak = max((layer_peak(il) for il in ids), default=0)
-        if peak:
-            peak += inputs
+        peak = max((layer_peak(il) for il in range(n_layer) if layer_devices[il] == dev), default=0)
         if layer_devices[n_layer] == dev:
-            peak = max(peak, n_vocab * T * f32 + 2 * n_embd * T * f32)
+            peak = max(peak, output)
         result[dev] = peak
     # the host always stages the token embeddings for the first offloaded layer
     if first_dev != host:
-        result[host] = max(result[host], n_embd * T * f32)
+        result[host] = max(result[host], TE)
     return ComputeEstimate({d: b for d, b in result.items() if b}, "estimate")

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-import platformdirs
+from .paths import cache_dir
 
 MODEL_FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
 #: Size in bytes of the assembled file (sha256 checked by the package on first assembly).
@@ -21,12 +21,6 @@ MODEL_FILE_BYTES = 253_113_024
 
 class DefaultModelError(RuntimeError):
     """The default model package is missing or its chunks are damaged."""
-
-
-def cache_dir() -> Path:
-    """kvtuner's cache directory (``$KVTUNER_CACHE_DIR`` or platformdirs' user cache dir)."""
-    env = os.environ.get("KVTUNER_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("kvtuner"))
 
 
 def default_model_path() -> Path:

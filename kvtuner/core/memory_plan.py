@@ -252,6 +252,7 @@ class MemoryPlan:
                 for l in self.kv_layers
             ],
             "compute_source": self.compute.source,
+            "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
             "warnings": list(self.warnings),
         }
@@ -316,7 +317,9 @@ def plan_memory(
     # --- offload ------------------------------------------------------------------------------
     ngl = n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
     if ngl > n_layer + 1:
-        raise ConfigError(f"--ngl {ngl} is more than this model's {n_layer} layers + output layer: use at most {n_layer + 1} (or 'all')")
+        # llama.cpp clamps (act_gpu_layers = min(n_gpu_layers, n_layer + 1)): -ngl 99 means "all"
+        warnings.append(f"-ngl {ngl} is more than the {n_layer} layers + output layer: llama.cpp offloads all {n_layer + 1}")
+        ngl = n_layer + 1
     if not gpus:
         if ngl > 0 and cfg.n_gpu_layers != ALL_LAYERS:
             warnings.append("no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)")

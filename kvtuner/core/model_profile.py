@@ -188,8 +188,11 @@ class ModelProfile:
         return self.head_dim_v_at(il) * self.n_head_kv[il]
 
     def has_kv(self, il: int) -> bool:
-        """Whether layer ``il`` keeps a KV cache (attention layer with KV heads)."""
-        return not self.recurrent_layers[il] and self.n_head_kv[il] > 0
+        """Whether layer ``il`` has an entry in the KV cache.
+
+        llama-hparams.cpp ``has_kv`` is true for every layer of a non-hybrid model, so a layer
+        with 0 KV heads (DeciLM) gets a zero-width entry; recurrent layers have none."""
+        return not self.recurrent_layers[il]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (``kvtuner inspect --json``)."""

@@ -6,11 +6,14 @@ is stable: keys are only ever added.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .memory_plan import MemoryPlan
 from .model_profile import ModelProfile
 from .units import MiB, fmt_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .speed_model import SpeedPrediction
 
 SCHEMA_VERSION = 1
 
@@ -38,17 +41,22 @@ def _mib_to_bytes(v: float) -> int:
     return int(round(v * MiB))
 
 
-def plan_dict(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+def plan_dict(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = (),
+              speed: "SpeedPrediction | None" = None) -> dict[str, Any]:
     """The ``kvtuner plan --json`` document.
 
     Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``, ``kv_bytes_per_token``,
     ``weights_bytes``, ``kv_caches``, ``kv_layers``, ``compute_source``, ``devices``, ``warnings``,
-    ``advice`` (list of ``{id, severity, message}``), and ``verified`` (null, or the dry-run's
-    figures in bytes converted from llama.cpp's MiB with 2 decimals).
+    ``advice`` (list of ``{id, severity, message, reason, fix, fix_label}``, see
+    :class:`kvtuner.core.advisor.Advice`), ``speed`` (null, or ``{decode_tok_s,
+    decode_tok_s_at_full_ctx, prefill_tok_s, band: [low, high], ...}`` from
+    :meth:`kvtuner.core.speed_model.SpeedPrediction.to_dict`), and ``verified`` (null, or the
+    dry-run's figures in bytes converted from llama.cpp's MiB with 2 decimals).
     """
     d = plan.to_dict()
     d = {"schema": SCHEMA_VERSION, **d}
     d["advice"] = list(advice)
+    d["speed"] = speed.to_dict() if speed is not None else None
     d["verified"] = None
     if verified is not None:
         d["verified"] = {
@@ -98,8 +106,10 @@ def model_text(m: ModelProfile) -> str:
     return "\n".join(lines)
 
 
-def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = ()) -> str:
-    """Human-readable plan: config line, KV caches, a per-device table, warnings and advice."""
+def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = (),
+              speed: "SpeedPrediction | None" = None) -> str:
+    """Human-readable plan: config line, KV caches, a per-device table, predicted speed,
+    warnings and advice (each with its fix as command-line flags)."""
     m, c = plan.model, plan.config
     ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
     gpu_note = (f"{plan.n_gpu_repeating}/{m.n_layer} layers + output on GPU" if plan.output_on_gpu
@@ -129,7 +139,7 @@ def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequen
             "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
         ])
     lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
-    lines.append(f"compute buffers: {plan.compute.source}")
+    lines.append(f"compute buffers: {plan.compute.label}")
     if verified is not None:
         lines.append("")
         lines.append("verified by llama.cpp (dry-run):")
@@ -137,11 +147,36 @@ def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequen
         for kc, vc in zip(plan.kv_caches, verified.kv_caches):
             rows.append([kc.kind, str(vc.cells), str(vc.layers), f"{kc.kv_bytes / MiB:.2f} MiB", f"{vc.size_mib:.2f} MiB"])
         for dev, mib in verified.compute_mib.items():
-            planned = plan.compute.bytes_on("CPU" if dev.startswith("CPU") else dev)
-            rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB", f"{mib:.2f} MiB"])
+            planned = plan.compute.estimate_on("CPU" if dev.startswith("CPU") or dev.endswith("_Host") else dev)
+            rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB (est.)", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
+    if speed is not None:
+        lines.append("")
+        lines.append(_speed_text(speed))
     for w in plan.warnings:
         lines.append(f"note: {w}")
-    for a in advice:
-        lines.append(f"[{a.get('severity', 'info')}] {a.get('message', '')}")
+    if advice:
+        from .advisor import fix_flags
+
+        for a in advice:
+            lines.append(f"[{a.get('severity', 'info')}] {a.get('id', '')}: {a.get('message', '')}")
+            fix = a.get("fix") or {}
+            if fix:
+                lines.append(f"    fix: {fix_flags(fix)}")
     return "\n".join(lines)
+
+
+def _speed_text(speed: "SpeedPrediction") -> str:
+    """Predicted speed lines: decode at depth 0 and full context with the seed's badges, prefill."""
+    from .speed_model import speed_band
+
+    lo, hi = speed.band
+    cal = (f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"
+           if speed.n_calibration_runs else "uncalibrated")
+    return "\n".join([
+        f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}):",
+        f"  decode   {speed.decode_tok_s:8.2f} tok/s empty cache [{speed_band(speed.decode_tok_s)}]"
+        f"  (band {lo:.2f}-{hi:.2f}),  {speed.decode_tok_s_at_full_ctx:.2f} tok/s at full context "
+        f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",
+        f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)",
+    ])

@@ -1,0 +1,37 @@
+"""Shared fixtures: the embedded default model, synthetic GGUF models, isolated user dirs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # gguf_factory
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """Path of the embedded Gemma 3 270M Q4_K_M (assembled once into the cache)."""
+    from kvtuner.core.default_model import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_profile(default_model):
+    """ModelProfile of the default model."""
+    from kvtuner.core.model_profile import ModelProfile
+
+    return ModelProfile.from_gguf(default_model)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory, monkeypatch):
+    """Keep settings, calibration and the configs library out of the real user directories."""
+    base = tmp_path_factory.mktemp("userdirs")
+    monkeypatch.setenv("KVTUNER_DATA_DIR", str(base / "data"))
+    monkeypatch.setenv("KVTUNER_CONFIG_DIR", str(base / "config"))

@@ -1,0 +1,71 @@
+"""``kvtuner plan`` / ``inspect`` as a user runs them: real processes, the default model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvtuner.core.units import MiB
+
+
+def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_done_when_plan_json_default_model():
+    """Issue 2: n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers)
+    and 7.97 MiB (15 sliding-window layers), the figures llama.cpp reports."""
+    out = kvtuner("plan", "--ctx", "8192", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    caches = [(c["kind"], c["cells"], c["layers"], round(c["kv_bytes"] / MiB, 2)) for c in d["kv_caches"]]
+    assert caches == [("full", 8192, 3, 12.75), ("swa", 1024, 15, 7.97)]
+    for key in ("model", "config", "kv_bytes", "weights_bytes", "devices", "advice"):
+        assert key in d
+    host = d["devices"][-1]
+    for key in ("device", "weights_bytes", "kv_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
+                "total_bytes", "capacity_bytes"):
+        assert key in host
+    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes",
+                                                         "overhead_bytes"))
+    assert d["kv_bytes"] == 12.75 * MiB + 4_177_920 * 2
+
+
+def test_plan_human_table_and_what_if_gpu():
+    out = kvtuner("plan", "--ctx", "65536", "--gpu-mem", "12G", "--ngl", "all")
+    assert out.returncode == 0, out.stderr
+    assert "CUDA0" in out.stdout and "12.00 GiB" in out.stdout and "KV cache" in out.stdout
+
+
+def test_inspect_json():
+    out = kvtuner("inspect", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["architecture"] == "gemma3" and d["n_layer"] == 18 and d["n_swa"] == 512
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 is more than the 4 repeating layers offloaded"),
+    (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
+    (["--ctx", "0"], "--ctx must be a positive number"),
+    (["--ctx", "-4096"], "--ctx must be a positive number"),
+    (["--cache-type-k", "q2_k"], "unknown KV cache type"),
+    (["--gpu-mem", "twelve"], "--gpu-mem"),
+    (["--ngl", "-3"], "--ngl must be 0 or more"),
+])
+def test_impossible_configuration_one_line_exit_2(args, needle):
+    out = kvtuner("plan", *args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert needle in last, out.stderr
+
+
+def test_ngl_99_means_all_like_llama_cpp():
+    out = kvtuner("plan", "--gpu-mem", "8G", "--ngl", "99", "--json")
+    d = json.loads(out.stdout)
+    assert d["effective"]["n_gpu_layers"] == 19 and d["effective"]["output_on_gpu"]
+    assert any("-ngl 99" in w for w in d["warnings"])
