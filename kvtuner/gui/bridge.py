@@ -1,0 +1,123 @@
+"""The GUI's single doorway to core pieces that other issues deliver (speed model, advisor,
+export). Each function returns None / an empty value while its module is absent or broken,
+so the window shows an empty state instead of failing. No arithmetic here: only calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger("kvtuner.gui")
+
+
+def speed_inputs_for(gpus: Sequence[Any], host: Any, model: Any | None, *, measure: bool) -> Any | None:
+    """:func:`kvtuner.core.speed_model.speed_inputs` for this hardware, calibrated for ``model``
+    when :mod:`kvtuner.core.calibration` has runs; None when the speed model is unavailable.
+    ``measure`` runs the ~0.2 s host bandwidth probe (call it off the GUI thread)."""
+    try:
+        from ..core import speed_model
+    except ImportError:
+        return None
+    try:
+        inputs = speed_model.speed_inputs(list(gpus), host, measure=measure)
+    except Exception as exc:  # a half-built module must not take the window down
+        log.warning("speed model inputs failed: %s", exc)
+        return None
+    if model is not None:
+        try:
+            from ..core.calibration import calibrated_inputs
+
+            inputs = calibrated_inputs(inputs, model)
+        except Exception as exc:
+            log.info("no calibration applied: %s", exc)
+    return inputs
+
+
+def measure_host_bandwidth() -> float | None:
+    """The speed model's host memory bandwidth probe (~0.2 s; run it off the GUI thread), or None."""
+    try:
+        from ..core.speed_model import measure_host_bandwidth as _measure
+    except ImportError:
+        return None
+    try:
+        return float(_measure())
+    except Exception as exc:
+        log.warning("host bandwidth probe failed: %s", exc)
+        return None
+
+
+def predict_speed(plan: Any, inputs: Any | None) -> Any | None:
+    """:class:`~kvtuner.core.speed_model.SpeedPrediction` for ``plan`` or None."""
+    if inputs is None:
+        return None
+    try:
+        from ..core.speed_model import predict_speed as _predict
+    except ImportError:
+        return None
+    try:
+        return _predict(plan, inputs)
+    except Exception as exc:
+        log.warning("speed prediction failed: %s", exc)
+        return None
+
+
+def speed_band(tok_s: float | None) -> str | None:
+    """The seed's badge (abandon / offline / interactive / fluent) for a decode speed, or None."""
+    if tok_s is None:
+        return None
+    try:
+        from ..core.speed_model import speed_band as _band
+    except ImportError:
+        return None
+    try:
+        return _band(tok_s)
+    except Exception:
+        return None
+
+
+def advisor_available() -> bool:
+    """Whether :mod:`kvtuner.core.advisor` is installed."""
+    try:
+        from ..core import advisor  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(advisor, "advise")
+
+
+def advise(plan: Any, speed: Any | None, live: Any | None = None) -> list[Any] | None:
+    """:func:`kvtuner.core.advisor.advise` or None when the advisor is not there yet."""
+    try:
+        from ..core.advisor import advise as _advise
+    except ImportError:
+        return None
+    try:
+        return list(_advise(plan, speed, live=live) if live is not None else _advise(plan, speed))
+    except Exception as exc:
+        log.warning("advisor failed: %s", exc)
+        return None
+
+
+def export_targets() -> tuple[str, ...]:
+    """Targets of :func:`kvtuner.core.export.export`, empty when export is unavailable."""
+    try:
+        from ..core.export import TARGETS, export  # noqa: F401
+    except ImportError:
+        return ()
+    return tuple(TARGETS)
+
+
+def export(target: str, model_path: Path, config: Any, *, model: Any = None,
+           measured: dict[str, object] | None = None) -> Any:
+    """:func:`kvtuner.core.export.export` (raises its ``ExportError``)."""
+    from ..core.export import export as _export
+
+    return _export(target, model_path, config, model=model, measured=measured)
+
+
+def write_export(path: str, text: str, *, force: bool) -> Path:
+    """:func:`kvtuner.core.export.write_text_atomic` (raises ``ExportError`` / ``FileExistsError``)."""
+    from ..core.export import write_text_atomic
+
+    return write_text_atomic(path, text, force=force)

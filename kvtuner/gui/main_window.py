@@ -1,0 +1,586 @@
+"""The main window: model, hardware and controls on the left; prediction, live graphs and
+advice on the right; run controls on top; live numbers in the status bar.
+
+Everything slow happens elsewhere: model headers and dry runs on :class:`BackgroundTasks`,
+the bench in :class:`RunController`'s worker thread, sampling on the samplers' thread. One
+QTimer (100 ms) pulls samples and runner events into the views.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from ..core.config import ConfigError, PlanConfig
+from ..core.memory_plan import plan_memory
+from . import bridge
+from .run_controller import BenchSettings, RunController, RunFinished, RunStarted
+from .tasks import BackgroundTasks
+from .widgets.advisor_pane import AdvisorPane
+from .widgets.controls import ConfigControls
+from .widgets.export_dialog import ExportDialog
+from .widgets.hardware_panel import HardwarePanel
+from .widgets.live_graphs import LiveGraphs
+from .widgets.model_card import ModelCard
+from .widgets.prediction_panel import PredictionPanel
+from .widgets.run_controls import RunControls
+from .widgets.status_bar import StatusBar
+
+#: How often the window pulls samples and runner events, milliseconds.
+PULL_INTERVAL_MS = 100
+MAX_RECENT = 8
+
+
+def _detect_hardware() -> tuple[list, Any, str]:
+    """Detected GPUs, host and why no GPU was found ("" when some were)."""
+    from ..core.samplers import detect_gpus, detect_host, nvml_status
+
+    gpus = detect_gpus()
+    note = "" if gpus else nvml_status().message.replace("no NVIDIA GPU found: ", "")
+    return gpus, detect_host(), note
+
+
+class MainWindow(QtWidgets.QMainWindow):
+    """kvtuner's window.
+
+    Args:
+        config: the starting configuration (None: the one saved in settings, or defaults).
+        settings: where settings persist (tests pass a QSettings on a temporary file).
+        hardware: (gpus, host, note) instead of detecting them (tests).
+        bench: the bench the Run button starts.
+        sampler: a started-or-not :class:`kvtuner.core.samplers.Sampler` (default: a 10 Hz one).
+    """
+
+    def __init__(self, config: PlanConfig | None = None, *, settings: QtCore.QSettings | None = None,
+                 hardware: tuple[list, Any, str] | None = None, bench: BenchSettings | None = None,
+                 sampler: Any = None) -> None:
+        super().__init__()
+        self.setWindowTitle("kvtuner")
+        self.setAcceptDrops(True)
+        self.settings = settings or QtCore.QSettings("kvtuner", "kvtuner")
+        self.tasks = BackgroundTasks(self)
+        gpus, host, note = hardware or _detect_hardware()
+        if sampler is None:
+            from ..core.samplers import Sampler
+
+            sampler = Sampler(interval_s=0.1, capacity=600, gpus=bool(gpus))
+        self.sampler = sampler
+        self.runner = RunController(bench, sampler=self.sampler)
+
+        self.model: Any = None
+        self.model_path: Path | None = None
+        self.plan: Any = None
+        self.speed: Any = None
+        self.advice: list | None = None
+        self.verified: tuple[PlanConfig, tuple, Any] | None = None  # (config, hardware key, DryRunResult)
+        self.measured: dict[str, float] = {}
+        self.last_load_progress = 0.0
+        self.last_error = ""
+        self._speed_inputs: Any = None
+        self._host_bw: float | None = None
+        self._run_marks: set[str] = set()
+        self._last_host_t = -math.inf
+        self._last_gpu_t: dict[int, float] = {}
+        self._n_gen = 0
+        self.replan_ms = 0.0
+
+        self._build(gpus, host, note)
+        self._restore_settings(config)
+        self._pull_timer = QtCore.QTimer(self)
+        self._pull_timer.setInterval(PULL_INTERVAL_MS)
+        self._pull_timer.timeout.connect(self.pull)
+        self._pull_timer.start()
+        self.sampler.start()
+        self._refresh_speed_inputs()
+        self.tasks.submit(bridge.measure_host_bandwidth, self._on_host_bandwidth_measured, lambda exc: None)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _build(self, gpus: list, host: Any, note: str) -> None:
+        self.model_card = ModelCard()
+        self.hardware = HardwarePanel(gpus, host, note)
+        self.controls = ConfigControls()
+        self.prediction = PredictionPanel()
+        self.graphs = LiveGraphs()
+        self.advisor = AdvisorPane()
+        self.run_controls = RunControls()
+        self.status = StatusBar()
+        self.setStatusBar(self.status)
+
+        self.banner = QtWidgets.QLabel()
+        self.banner.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet("background: #fdecea; color: #8a1c13; padding: 6px; border: 1px solid #e6a19a;")
+        self.banner.hide()
+
+        left = QtWidgets.QWidget()
+        ll = QtWidgets.QVBoxLayout(left)
+        ll.setContentsMargins(4, 4, 4, 4)
+        ll.addWidget(self.model_card)
+        ll.addWidget(self.hardware)
+        ll.addWidget(self.controls)
+        ll.addStretch(1)
+        left_scroll = QtWidgets.QScrollArea()
+        left_scroll.setWidgetResizable(True)
+        left_scroll.setWidget(left)
+        left_scroll.setMinimumWidth(max(450, left.minimumSizeHint().width() + 12))
+        left_scroll.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        left_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+
+        graphs_box = QtWidgets.QGroupBox("Live: memory and speed (dashed: predicted; dotted: run phases)")
+        gl = QtWidgets.QVBoxLayout(graphs_box)
+        gl.setContentsMargins(4, 4, 4, 4)
+        gl.addWidget(self.graphs)
+
+        self.right_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Vertical)
+        self.right_split.addWidget(self.prediction)
+        self.right_split.addWidget(graphs_box)
+        self.right_split.addWidget(self.advisor)
+        self.right_split.setStretchFactor(0, 0)
+        self.right_split.setStretchFactor(1, 1)
+        self.right_split.setStretchFactor(2, 0)
+        self.right_split.setChildrenCollapsible(False)
+
+        right = QtWidgets.QWidget()
+        rl = QtWidgets.QVBoxLayout(right)
+        rl.setContentsMargins(4, 4, 4, 4)
+        rl.addWidget(self.run_controls)
+        rl.addWidget(self.banner)
+        rl.addWidget(self.right_split, 1)
+
+        self.main_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
+        self.main_split.addWidget(left_scroll)
+        self.main_split.addWidget(right)
+        self.main_split.setStretchFactor(1, 1)
+        self.main_split.setSizes([450, 990])
+        self.setCentralWidget(self.main_split)
+
+        self._build_actions()
+        self.controls.changed.connect(self._on_controls_changed)
+        self.hardware.changed.connect(self._on_hardware_changed)
+        self.advisor.apply_fix.connect(self.apply_fix)
+        self.run_controls.run_clicked.connect(self.start_run)
+        self.run_controls.stop_clicked.connect(self.stop_run)
+        self.run_controls.verify_clicked.connect(self.verify)
+        self.resize(1440, 920)
+
+    def _build_actions(self) -> None:
+        menu = self.menuBar().addMenu("&File")
+        self.open_action = QtGui.QAction("&Open model...", self, shortcut=QtGui.QKeySequence.StandardKey.Open,
+                                         triggered=self._on_open_triggered)
+        self.default_action = QtGui.QAction("Open the &default model (Gemma 3 270M)", self,
+                                            triggered=lambda: self.open_model(None))
+        self.recent_menu = QtWidgets.QMenu("&Recent models", self)
+        self.export_action = QtGui.QAction("&Export configuration...", self, shortcut="Ctrl+E",
+                                           triggered=self.open_export)
+        if not bridge.export_targets():
+            self.export_action.setEnabled(False)
+            self.export_action.setToolTip("Export is not available in this build (kvtuner.core.export is missing)")
+        else:
+            self.export_action.setToolTip("Export this configuration for llama-server, llama-cpp-python, Ollama, "
+                                          "koboldcpp or as a kvtuner profile")
+        quit_action = QtGui.QAction("&Quit", self, shortcut=QtGui.QKeySequence.StandardKey.Quit, triggered=self.close)
+        for a in (self.open_action, self.default_action):
+            menu.addAction(a)
+        menu.addMenu(self.recent_menu)
+        menu.addSeparator()
+        menu.addAction(self.export_action)
+        menu.addSeparator()
+        menu.addAction(quit_action)
+        run_menu = self.menuBar().addMenu("&Run")
+        self.run_action = QtGui.QAction("&Run bench", self, shortcut="Ctrl+R", triggered=self.start_run)
+        self.stop_action = QtGui.QAction("&Stop", self, shortcut="Esc", triggered=self.stop_run)
+        self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
+        for a in (self.run_action, self.stop_action, self.verify_action):
+            run_menu.addAction(a)
+        tb = self.addToolBar("Main")
+        tb.setObjectName("main-toolbar")
+        tb.setMovable(False)
+        tb.addAction(self.open_action)
+        tb.addAction(self.export_action)
+        self._update_recent_menu()
+
+    # -- settings ----------------------------------------------------------------------------------
+
+    def _restore_settings(self, config: PlanConfig | None) -> None:
+        geometry = self.settings.value("window/geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if config is None:
+            raw = self.settings.value("config")
+            if raw:
+                try:
+                    config = PlanConfig.from_dict(json.loads(str(raw)))
+                except (ValueError, TypeError, ConfigError):
+                    config = None
+        self._config = config or PlanConfig()
+        choice = self.settings.value("hardware/choice")
+        if choice:
+            custom = self.settings.value("hardware/custom_bytes")
+            self.hardware.set_choice(str(choice), int(custom) if custom else None)
+        self.controls.set_config(self._config)
+
+    def save_settings(self) -> None:
+        """Persist geometry, the configuration, the hardware choice and the model."""
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("config", json.dumps(self._config.to_dict()))
+        self.settings.setValue("hardware/choice", self.hardware.current_choice())
+        self.settings.setValue("hardware/custom_bytes", self.hardware.custom_bytes())
+        if self.model_path is not None:
+            self.settings.setValue("model/last", str(self.model_path))
+        self.settings.sync()
+
+    def recent_models(self) -> list[str]:
+        """Recently opened model paths, newest first."""
+        raw = self.settings.value("model/recent") or "[]"
+        try:
+            return [str(p) for p in json.loads(str(raw))]
+        except ValueError:
+            return []
+
+    def _remember_recent(self, path: Path) -> None:
+        recent = [str(path)] + [p for p in self.recent_models() if p != str(path)]
+        self.settings.setValue("model/recent", json.dumps(recent[:MAX_RECENT]))
+        self._update_recent_menu()
+
+    def _update_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for p in self.recent_models():
+            act = self.recent_menu.addAction(Path(p).name)
+            act.setToolTip(p)
+            act.triggered.connect(lambda _=False, p=p: self.open_model(Path(p)))
+        self.recent_menu.setEnabled(bool(self.recent_models()))
+
+    def last_model(self) -> Path | None:
+        """The model opened last time (None if never)."""
+        v = self.settings.value("model/last")
+        return Path(str(v)) if v else None
+
+    # -- model -------------------------------------------------------------------------------------
+
+    def open_model(self, path: Path | None) -> None:
+        """Read a model's header in the background (None: the embedded default model).
+        Errors are shown in the window; the current model stays."""
+        self.status.showMessage(f"reading {path.name if path else 'the default model'} ...")
+
+        def load() -> tuple[Path, Any]:
+            from ..core.model_profile import ModelProfile
+
+            p = path
+            if p is None:
+                from ..core.default_model import default_model_path
+
+                p = default_model_path()
+            return p, ModelProfile.from_gguf(Path(p).expanduser())
+
+        self.tasks.submit(load, self._on_model_loaded, lambda exc, p=path: self._on_model_failed(p, exc))
+
+    def _on_model_loaded(self, result: tuple[Path, Any]) -> None:
+        path, model = result
+        self.model, self.model_path = model, Path(path)
+        self.verified = None
+        self.measured = {}
+        self.setWindowTitle(f"kvtuner - {self.model_path.name}")
+        self.model_card.set_model(model)
+        self.controls.set_model_layers(model.n_layer, model.n_ctx_train)
+        self.controls.set_config(self._config)
+        self.show_error("")
+        self._remember_recent(self.model_path)
+        self.settings.setValue("model/last", str(self.model_path))
+        self.status.showMessage(f"opened {self.model_path.name}", 5000)
+        self._refresh_speed_inputs()
+        self.replan()
+
+    def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
+        name = path.name if path else "the default model"
+        self.show_error(f"Could not open {name}: {exc}")
+        self.model_card.show_error(f"Could not open {name}: {exc}")
+        self.status.showMessage("model not opened", 5000)
+
+    def show_error(self, text: str) -> None:
+        """Show (or with "" hide) the error banner; plain text only."""
+        self.last_error = text
+        self.banner.setText(text)
+        self.banner.setVisible(bool(text))
+
+    def _on_open_triggered(self) -> None:
+        start = str(self.model_path.parent) if self.model_path else str(Path.home())
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Open GGUF model", start, "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.open_model(Path(path))
+
+    def dragEnterEvent(self, event: QtGui.QDragEnterEvent) -> None:  # noqa: N802 (Qt API)
+        if any(u.toLocalFile().lower().endswith(".gguf") for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QtGui.QDropEvent) -> None:  # noqa: N802 (Qt API)
+        for u in event.mimeData().urls():
+            if u.toLocalFile().lower().endswith(".gguf"):
+                self.open_model(Path(u.toLocalFile()))
+                event.acceptProposedAction()
+                return
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> PlanConfig:
+        """The configuration shown (the last valid one)."""
+        return self._config
+
+    def _hardware_key(self) -> tuple:
+        return (self.hardware.current_choice(), self.hardware.custom_bytes())
+
+    def _on_controls_changed(self) -> None:
+        try:
+            config = self.controls.config()
+        except ConfigError as exc:
+            self.controls.show_error(str(exc))
+            return
+        self.controls.show_error(None)
+        self.set_config(config)
+
+    def _on_hardware_changed(self) -> None:
+        self._refresh_speed_inputs()
+        self.replan()
+
+    def set_config(self, config: PlanConfig) -> None:
+        """Make ``config`` current and replan (controls updated when it came from elsewhere)."""
+        self._config = config
+        self.controls.remember(config)
+        self.replan()
+
+    def apply_fix(self, fix: dict) -> None:
+        """Apply an advice's fix (PlanConfig changes) and replan."""
+        try:
+            config = self._config.with_(**fix)
+        except (ConfigError, TypeError) as exc:
+            self.controls.show_error(f"cannot apply this fix: {exc}")
+            return
+        self.controls.set_config(config)
+        self.controls.show_error(None)
+        self.set_config(config)
+        self.status.showMessage("applied: " + ", ".join(f"{k} = {v}" for k, v in fix.items()), 5000)
+
+    def _host_for_speed(self) -> Any:
+        host = self.hardware.host()
+        if self._host_bw is not None:
+            from dataclasses import replace
+
+            host = replace(host, mem_bandwidth_bytes_s=self._host_bw)
+        return host
+
+    def _refresh_speed_inputs(self) -> None:
+        self._speed_inputs = bridge.speed_inputs_for(self.hardware.gpus(), self._host_for_speed(), self.model,
+                                                     measure=False)
+
+    def _on_host_bandwidth_measured(self, bw: float | None) -> None:
+        if bw:
+            self._host_bw = bw
+            self._refresh_speed_inputs()
+            self.replan()
+
+    def replan(self) -> None:
+        """Plan, predict speed and advise for the current model, configuration and hardware."""
+        if self.model is None:
+            self.prediction.set_plan(None)
+            return
+        t0 = time.perf_counter()
+        verified = None
+        compute_override = None
+        if self.verified is not None and self.verified[0] == self._config and self.verified[1] == self._hardware_key():
+            verified = self.verified[2]
+        try:
+            # exact compute buffers apply to the devices the dry run ran on (not to a what-if GPU)
+            if verified is not None and self.plan is not None and not any(g.what_if for g in self.hardware.gpus()):
+                from ..core.report import plan_dict
+
+                compute_override = plan_dict(self.plan, verified)["verified"]["compute_bytes"]
+            plan = plan_memory(self.model, self._config, self.hardware.gpus(), self.hardware.host(),
+                               compute_override=compute_override)
+        except ConfigError as exc:
+            self.controls.show_error(str(exc))
+            return
+        self.plan = plan
+        self.controls.set_kv_layers_max(plan.n_gpu_repeating)
+        self.speed = bridge.predict_speed(plan, self._speed_inputs)
+        badge = bridge.speed_band(self.speed.decode_tok_s) if self.speed is not None else None
+        verified_dict = None
+        if verified is not None:
+            from ..core.report import plan_dict
+
+            verified_dict = plan_dict(plan, verified)["verified"]
+        self.prediction.set_plan(plan, self.speed, verified_dict, badge)
+        self.advice = bridge.advise(plan, self.speed)
+        self.advisor.set_advice(self.advice)
+        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, self.hardware.gpus())
+                  if not spec.what_if]
+        memory.append(("runner RAM", plan.host.total_bytes))
+        speeds = []
+        if self.speed is not None:
+            what_if = " (what-if GPU plan)" if any(g.what_if for g in self.hardware.gpus()) else ""
+            speeds = [("decode" + what_if, self.speed.decode_tok_s), ("prefill" + what_if, self.speed.prefill_tok_s)]
+        self.graphs.set_predicted(memory, speeds)
+        self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    # -- verify (dry run) --------------------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Ask llama.cpp for the exact buffers (dry run in a child process, off the GUI thread)."""
+        if self.model_path is None:
+            return
+        config, key, path = self._config, self._hardware_key(), self.model_path
+        self.run_controls.verify_button.setEnabled(False)
+        self.run_controls.set_progress(None, "verifying with llama.cpp ...")
+
+        def work() -> Any:
+            from ..runner.dryrun import dry_run
+
+            return dry_run(path, config)
+
+        self.tasks.submit(work, lambda r: self._on_verified(config, key, r), self._on_verify_failed)
+
+    def _on_verified(self, config: PlanConfig, key: tuple, result: Any) -> None:
+        self.run_controls.verify_button.setEnabled(True)
+        self.run_controls.set_progress(1.0, "verified by llama.cpp")
+        self.verified = (config, key, result)
+        self.replan()
+
+    def _on_verify_failed(self, exc: BaseException) -> None:
+        self.run_controls.verify_button.setEnabled(True)
+        self.run_controls.set_progress(0.0, "verify failed")
+        self.show_error(f"llama.cpp refused this configuration: {exc}")
+
+    # -- run ---------------------------------------------------------------------------------------
+
+    def start_run(self) -> bool:
+        """Start a bench with the current configuration (False if none can start)."""
+        if self.model_path is None or self.runner.running:
+            return False
+        self.show_error("")
+        self._run_marks = set()
+        self.last_load_progress = 0.0
+        self.runner.start(self.model_path, self._config)
+        self.run_controls.set_running(True)
+        self.run_controls.set_progress(None, "starting llama.cpp ...")
+        self.status.set_field("runner", "runner: starting")
+        return True
+
+    def stop_run(self) -> None:
+        """Stop the running bench and end its child process."""
+        if self.runner.running:
+            self.runner.stop()
+            self.run_controls.set_progress(None, "stopping ...")
+            self.status.set_field("runner", "runner: stopping")
+
+    def _mark_once(self, t_s: float, name: str) -> None:
+        if name not in self._run_marks:
+            self._run_marks.add(name)
+            self.graphs.mark_phase(t_s, name)
+
+    def _on_runner_event(self, t_s: float, ev: Any) -> None:
+        from ..runner import protocol as P
+
+        if isinstance(ev, RunStarted):
+            self.status.set_field("runner", f"runner: pid {ev.pid}")
+        elif isinstance(ev, P.LoadProgressEvent):
+            self._mark_once(t_s, "weights")
+            self.last_load_progress = max(self.last_load_progress, ev.progress)
+            self.run_controls.set_progress(ev.progress, f"loading weights {ev.progress:.0%}")
+        elif isinstance(ev, (P.BufferEvent, P.KvCacheEvent)):
+            kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.kind
+            if kind == "kv":
+                self._mark_once(t_s, "KV")
+            elif kind == "compute":
+                self._mark_once(t_s, "compute")
+        elif isinstance(ev, P.LoadedEvent):
+            self.run_controls.set_progress(1.0, f"loaded in {ev.load_s:.1f} s")
+            self.measured["load_s"] = ev.load_s
+        elif isinstance(ev, P.PrefillProgressEvent):
+            self._mark_once(t_s, f"prefill {ev.rep}" if ev.rep > 0 else "prefill")
+            self.run_controls.set_progress(ev.n_done / max(ev.n_total, 1), f"prefill {ev.n_done}/{ev.n_total}")
+        elif isinstance(ev, P.PrefillResultEvent):
+            self.graphs.add_prefill(t_s, ev.tok_s)
+            self.status.show_speed(ev.tok_s, None)
+            self.measured["prefill_tok_s"] = ev.tok_s
+        elif isinstance(ev, P.TokenEvent):
+            if ev.index == 0:
+                self._mark_once(t_s, f"decode {ev.rep}" if ev.rep > 0 else "decode")
+            if ev.dt_s > 0:
+                self.graphs.add_decode(t_s, 1.0 / ev.dt_s)
+            n_gen = self.runner.settings.n_gen
+            self.run_controls.set_progress((ev.index + 1) / n_gen, f"decode {ev.index + 1}/{n_gen}")
+        elif isinstance(ev, P.RepResultEvent):
+            if ev.decode_s > 0:
+                rate = ev.n_gen / ev.decode_s
+                self.status.show_speed(None, rate)
+                self.measured["decode_tok_s"] = rate
+        elif isinstance(ev, P.BenchResultEvent):
+            self.measured["peak_rss_bytes"] = ev.peak_rss_bytes
+        elif isinstance(ev, P.ErrorEvent):
+            if ev.kind != "cancelled":
+                self.show_error(f"Run failed ({ev.kind}): {ev.message}")
+        elif isinstance(ev, RunFinished):
+            self.graphs.end_run(t_s)
+            self.run_controls.set_running(False)
+            text = "done" if ev.ok else ("stopped" if ev.stopped else "failed")
+            if ev.ok:
+                self.run_controls.set_progress(1.0, "bench done")
+            else:
+                self.run_controls.set_progress(0.0, text)
+            self.status.set_field("runner", f"runner: {text}")
+
+    # -- the pull timer ----------------------------------------------------------------------------
+
+    def pull(self) -> None:
+        """Pull new samples and runner events into the views (the 100 ms timer calls it)."""
+        host = self.sampler.host_samples(self._last_host_t)
+        if host:
+            self._last_host_t = host[-1].t_s
+            self.graphs.add_host_samples(host)
+            self.status.show_host(host[-1])
+        gpu_latest = None
+        for index in self.sampler.gpu_indices():
+            samples = self.sampler.gpu_samples(index, self._last_gpu_t.get(index, -math.inf))
+            if samples:
+                self._last_gpu_t[index] = samples[-1].t_s
+                self.graphs.add_gpu_samples(index, samples)
+                if gpu_latest is None:
+                    gpu_latest = samples[-1]
+        if gpu_latest is not None or not self.sampler.gpu_indices():
+            self.status.show_gpu(gpu_latest)
+        for t_s, ev in self.runner.drain():
+            self._on_runner_event(t_s, ev)
+        self.graphs.refresh()
+
+    # -- export ------------------------------------------------------------------------------------
+
+    def open_export(self) -> ExportDialog | None:
+        """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
+        if self.model_path is None or not bridge.export_targets():
+            return None
+        dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.measured or None,
+                           save_dir=str(self.model_path.parent), parent=self)
+        dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.show()
+        return dlg
+
+    # -- shutdown ----------------------------------------------------------------------------------
+
+    def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt API)
+        self.save_settings()
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the run, the sampler and the timers (the window can then be dropped)."""
+        self._pull_timer.stop()
+        if self.runner.running:
+            self.runner.stop()
+            self.runner.wait(timeout_s)
+        self.sampler.stop()
+        self.tasks.shutdown()

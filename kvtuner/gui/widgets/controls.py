@@ -1,0 +1,357 @@
+"""Tuning controls: one slider with a typed entry per llama.cpp knob.
+
+Every control says in its tooltip which llama.cpp flag it is and the formula behind the
+number it moves. The widget emits :attr:`ConfigControls.changed` on every move; the main
+window replans (the planner takes well under a millisecond). Building the
+:class:`~kvtuner.core.config.PlanConfig` may raise :class:`~kvtuner.core.config.ConfigError`
+(e.g. a quantized V cache with flash attention off): the message is shown, nothing else.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from ...core.config import ALL_LAYERS, ConfigError, PlanConfig
+from ...core.ggml_types import KV_CACHE_TYPES
+
+#: The context slider's bounds: 512 tokens .. max(trained context, 1M).
+CTX_MIN = 512
+CTX_MAX_FLOOR = 1 << 20
+#: Slider steps per doubling of the context.
+CTX_STEPS_PER_OCTAVE = 8
+
+
+def ctx_slider_values(n_ctx_train: int) -> list[int]:
+    """The context sizes the slider stops at, ascending: per octave ``2**k * (1 + i/8)``,
+    i.e. every power of two and log-spaced multiples of 256 between them, from 512 to
+    ``max(n_ctx_train, 1M)`` (the top rounded up to a multiple of 256)."""
+    top = max(n_ctx_train, CTX_MAX_FLOOR)
+    top = -(-top // 256) * 256
+    values = set()
+    k = CTX_MIN.bit_length() - 1
+    while (1 << k) <= top:
+        for i in range(CTX_STEPS_PER_OCTAVE):
+            v = (1 << k) + (1 << k) * i // CTX_STEPS_PER_OCTAVE
+            v = round(v / 256) * 256 if v % (1 << k) else v  # powers of two stay exact
+            if CTX_MIN <= v <= top:
+                values.add(v)
+        k += 1
+    values.add(top)
+    return sorted(values)
+
+
+def nearest_index(values: list[int], value: int) -> int:
+    """Index of the slider stop closest to ``value`` (ratio distance: the slider is logarithmic)."""
+    i = bisect.bisect_left(values, value)
+    if i <= 0:
+        return 0
+    if i >= len(values):
+        return len(values) - 1
+    lo, hi = values[i - 1], values[i]
+    return i - 1 if value * value < lo * hi else i
+
+
+class _AllSpinBox(QtWidgets.QSpinBox):
+    """A spin box whose maximum reads "all" (typed "all" selects it)."""
+
+    def textFromValue(self, value: int) -> str:  # noqa: N802 (Qt API)
+        return "all" if value == self.maximum() and self.maximum() > 0 else str(value)
+
+    def valueFromText(self, text: str) -> int:  # noqa: N802 (Qt API)
+        return self.maximum() if text.strip().lower() == "all" else int(text or 0)
+
+    def validate(self, text: str, pos: int) -> object:
+        t = text.strip().lower()
+        if t and "all".startswith(t):
+            return QtGui.QValidator.State.Acceptable if t == "all" else QtGui.QValidator.State.Intermediate
+        return super().validate(text, pos)
+
+
+class _SliderEntry(QtWidgets.QWidget):
+    """A horizontal slider and a spin box kept in step; ``valueChanged(int)`` once per change."""
+
+    valueChanged = QtCore.Signal(int)
+
+    def __init__(self, spin: QtWidgets.QSpinBox | None = None, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.slider = QtWidgets.QSlider(QtCore.Qt.Orientation.Horizontal)
+        self.slider.setMinimumWidth(120)
+        self.spin = spin or QtWidgets.QSpinBox()
+        self.spin.setKeyboardTracking(False)
+        self.spin.setMinimumWidth(96)
+        lay = QtWidgets.QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.slider, 1)
+        lay.addWidget(self.spin)
+        self.slider.valueChanged.connect(self._on_slider_value_changed)
+        self.spin.valueChanged.connect(self._on_spin_value_changed)
+        self.setFocusProxy(self.slider)
+
+    def setRange(self, lo: int, hi: int) -> None:  # noqa: N802 (Qt style)
+        for w in (self.slider, self.spin):
+            w.blockSignals(True)
+            w.setRange(lo, hi)
+            w.blockSignals(False)
+
+    def value(self) -> int:
+        return self.spin.value()
+
+    def setValue(self, v: int) -> None:  # noqa: N802 (Qt style)
+        for w in (self.slider, self.spin):
+            w.blockSignals(True)
+            w.setValue(v)
+            w.blockSignals(False)
+
+    def setToolTip(self, text: str) -> None:  # noqa: N802 (Qt style)
+        super().setToolTip(text)
+        self.slider.setToolTip(text)
+        self.spin.setToolTip(text)
+
+    def _on_slider_value_changed(self, v: int) -> None:
+        self.spin.blockSignals(True)
+        self.spin.setValue(v)
+        self.spin.blockSignals(False)
+        self.valueChanged.emit(v)
+
+    def _on_spin_value_changed(self, v: int) -> None:
+        self.slider.blockSignals(True)
+        self.slider.setValue(v)
+        self.slider.blockSignals(False)
+        self.valueChanged.emit(v)
+
+
+class ConfigControls(QtWidgets.QGroupBox):
+    """The configuration knobs (``-ngl``, KV layers on GPU, ``-c``, ``-ctk``/``-ctv``, ``-fa``,
+    ``-np``, ``-ub``). Emits :attr:`changed` when the user moves any of them."""
+
+    changed = QtCore.Signal()
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Configuration", parent)
+        self._base = PlanConfig()
+        self._n_layer = 0
+        self._ctx_values = ctx_slider_values(0)
+        form = QtWidgets.QFormLayout(self)
+        form.setFieldGrowthPolicy(QtWidgets.QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
+
+        self.ngl = _SliderEntry(_AllSpinBox())
+        self.ngl.setToolTip(
+            "-ngl / --n-gpu-layers: layers whose weights go to the GPU, the output layer counted as one.\n"
+            "llama.cpp offloads the LAST layers: i_gpu_start = max(n_layer + 1 - ngl, 0).\n"
+            "'all' = n_layer + 1; ngl = n_layer leaves the output layer on the CPU (slower).\n"
+            "GPU weights = sum of the offloaded layers' tensor bytes (+ output layer).")
+        self.kv = _SliderEntry(_AllSpinBox())
+        self.kv.setToolTip(
+            "KV layers on GPU: how many offloaded layers keep their KV cache in VRAM.\n"
+            "'all' = llama.cpp's default (offload_kqv); 0 = -nkvo / --no-kv-offload (all KV in RAM).\n"
+            "Between: -ngl for those layers plus -ot tensor overrides for the rest (experimental).\n"
+            "KV bytes per layer = (row_size(ctk, n_embd_k_gqa) + row_size(ctv, n_embd_v_gqa)) x cells x streams.")
+        self.ctx = _SliderEntry()
+        self.ctx.spin.setRange(1, 1 << 24)
+        self.ctx.spin.setSingleStep(256)
+        self.ctx.spin.setSuffix(" tok")
+        self.ctx.setToolTip(
+            "-c / --ctx-size: context in tokens for all sequences together (slider: logarithmic, snaps to\n"
+            "powers of two and multiples of 256; type any value). llama.cpp pads it to a multiple of 256.\n"
+            "KV cache = kv_bytes_per_token x n_ctx (sliding-window layers stop at n_swa + n_ubatch cells).")
+        # the ctx slider indexes ctx_slider_values(); the spin box holds the tokens
+        self.ctx.slider.valueChanged.disconnect(self.ctx._on_slider_value_changed)
+        self.ctx.spin.valueChanged.disconnect(self.ctx._on_spin_value_changed)
+        self.ctx.slider.valueChanged.connect(self._on_ctx_slider_moved)
+        self.ctx.spin.valueChanged.connect(self._on_ctx_typed)
+
+        self.type_k = QtWidgets.QComboBox()
+        self.type_v = QtWidgets.QComboBox()
+        for combo in (self.type_k, self.type_v):
+            combo.addItems(list(KV_CACHE_TYPES))
+        self.type_k.setToolTip(
+            "-ctk / --cache-type-k: K cache type. Bytes per element: f32 4, f16/bf16 2, q8_0 34/32,\n"
+            "q5_1 24/32, q5_0 22/32, q4_1 20/32, q4_0 and iq4_nl 18/32. K bytes = row_size(type, n_embd_k_gqa) x cells.")
+        self.type_v.setToolTip(
+            "-ctv / --cache-type-v: V cache type. A quantized V cache requires flash attention (-fa on or auto).\n"
+            "V bytes = row_size(type, n_embd_v_gqa) x cells.")
+        self.link_kv = QtWidgets.QCheckBox("linked")
+        self.link_kv.setChecked(True)
+        self.link_kv.setToolTip("Linked: changing the K type changes V too. Different K and V types can make\n"
+                                "llama.cpp fall back to a slower attention path.")
+        types_row = QtWidgets.QWidget()
+        tl = QtWidgets.QHBoxLayout(types_row)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(QtWidgets.QLabel("K"))
+        tl.addWidget(self.type_k)
+        tl.addWidget(QtWidgets.QLabel("V"))
+        tl.addWidget(self.type_v)
+        tl.addWidget(self.link_kv, 1)
+
+        self.flash = QtWidgets.QComboBox()
+        self.flash.addItems(["auto", "on", "off"])
+        self.flash.setToolTip(
+            "-fa / --flash-attn on|off|auto: fused attention. Needed for a quantized V cache; keeps V\n"
+            "untransposed and shrinks the compute buffer (no n_kv x n_ubatch x n_head score matrix).")
+        self.parallel = _SliderEntry()
+        self.parallel.setRange(1, 16)
+        self.parallel.spin.setRange(1, 256)
+        self.parallel.setToolTip(
+            "-np / --parallel: sequences served at once. Each gets its own KV stream of\n"
+            "pad(n_ctx / np, 256) cells: the same total KV, split; with --kv-unified one shared buffer.")
+        self.ubatch = QtWidgets.QSpinBox()
+        self.ubatch.setRange(1, 8192)
+        self.ubatch.setSingleStep(64)
+        self.ubatch.setKeyboardTracking(False)
+        self.ubatch.setToolTip(
+            "-ub / --ubatch-size: tokens per physical batch. Sizes the compute buffer\n"
+            "(logits n_vocab x n_ubatch x 4 bytes, attention scores without flash attention).")
+
+        self._labels = {}
+        for key, text, w in (("ngl", "&GPU layers (-ngl)", self.ngl), ("kv", "&KV layers on GPU", self.kv),
+                             ("ctx", "&Context (-c)", self.ctx), ("types", "KV cache &type", types_row),
+                             ("flash", "&Flash attention (-fa)", self.flash),
+                             ("parallel", "&Parallel seqs (-np)", self.parallel), ("ubatch", "&Ubatch (-ub)", self.ubatch)):
+            label = QtWidgets.QLabel(text)
+            label.setBuddy(w.slider if isinstance(w, _SliderEntry) else (self.type_k if w is types_row else w))
+            label.setToolTip(w.toolTip())
+            self._labels[key] = label
+            form.addRow(label, w)
+        self.error_label = QtWidgets.QLabel()
+        self.error_label.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #c0392b;")
+        self.error_label.hide()
+        form.addRow(self.error_label)
+
+        self.ngl.valueChanged.connect(self._emit)
+        self.kv.valueChanged.connect(self._emit)
+        self.parallel.valueChanged.connect(self._emit)
+        self.ubatch.valueChanged.connect(self._emit)
+        self.type_k.currentTextChanged.connect(self._on_type_k_changed)
+        self.type_v.currentTextChanged.connect(self._emit)
+        self.flash.currentTextChanged.connect(self._emit)
+        self.link_kv.toggled.connect(self._on_link_toggled)
+        self.set_model_layers(0, 0)
+
+    # -- model and config in -------------------------------------------------------------------
+
+    def set_model_layers(self, n_layer: int, n_ctx_train: int) -> None:
+        """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M)."""
+        self._n_layer = n_layer
+        self.ngl.setRange(0, n_layer + 1)
+        self._ctx_values = ctx_slider_values(n_ctx_train)
+        self.ctx.slider.blockSignals(True)
+        self.ctx.slider.setRange(0, len(self._ctx_values) - 1)
+        self.ctx.slider.blockSignals(False)
+        self.ctx.spin.blockSignals(True)
+        self.ctx.spin.setMaximum(max(self._ctx_values[-1], 1 << 24))
+        self.ctx.spin.blockSignals(False)
+
+    def set_kv_layers_max(self, n_offloaded: int) -> None:
+        """KV-layers range: 0 .. the repeating layers the plan offloads ("all" at the top)."""
+        value = self.kv.value()
+        was_all = value >= self.kv.spin.maximum()
+        self.kv.setRange(0, max(n_offloaded, 0))
+        self.kv.setEnabled(n_offloaded > 0)
+        if was_all or self._base.kv_gpu_layers is None:
+            self.kv.setValue(self.kv.spin.maximum())
+        else:
+            self.kv.setValue(min(self._base.kv_gpu_layers, n_offloaded))
+
+    def set_config(self, config: PlanConfig) -> None:
+        """Show ``config`` without emitting :attr:`changed`."""
+        self._base = config
+        self.blockSignals(True)
+        try:
+            ngl = config.n_gpu_layers
+            self.ngl.setValue(self._n_layer + 1 if ngl == ALL_LAYERS or ngl > self._n_layer else ngl)
+            if config.kv_gpu_layers is None:
+                self.kv.setValue(self.kv.spin.maximum())
+            else:
+                self.kv.setValue(config.kv_gpu_layers)
+            self._show_ctx(config.n_ctx)
+            linked = config.type_k == config.type_v
+            for combo, value in ((self.type_k, config.type_k), (self.type_v, config.type_v)):
+                combo.blockSignals(True)
+                combo.setCurrentText(value)
+                combo.blockSignals(False)
+            self.link_kv.blockSignals(True)
+            self.link_kv.setChecked(linked)
+            self.link_kv.blockSignals(False)
+            self.type_v.setEnabled(not linked)
+            for w, v in ((self.flash, config.flash_attn),):
+                w.blockSignals(True)
+                w.setCurrentText(v)
+                w.blockSignals(False)
+            self.parallel.setValue(config.n_seq)
+            self.ubatch.blockSignals(True)
+            self.ubatch.setValue(config.n_ubatch)
+            self.ubatch.blockSignals(False)
+        finally:
+            self.blockSignals(False)
+
+    def config(self) -> PlanConfig:
+        """The configuration the controls show (other fields kept from the last :meth:`set_config`).
+
+        Raises:
+            ConfigError: llama.cpp would refuse this combination (the message says what to change).
+        """
+        ngl = self.ngl.value()
+        kv = self.kv.value()
+        changes: dict[str, Any] = {
+            "n_gpu_layers": ALL_LAYERS if ngl >= self._n_layer + 1 else ngl,
+            "kv_gpu_layers": None if (not self.kv.isEnabled() or kv >= self.kv.spin.maximum()) else kv,
+            "n_ctx": self.ctx.spin.value(),
+            "type_k": self.type_k.currentText(),
+            "type_v": self.type_v.currentText(),
+            "flash_attn": self.flash.currentText(),
+            "n_seq": self.parallel.value(),
+            "n_ubatch": self.ubatch.value(),
+        }
+        return self._base.with_(**changes)
+
+    def show_error(self, message: str | None) -> None:
+        """Show why the configuration is refused (plain text), or hide the message."""
+        self.error_label.setText(message or "")
+        self.error_label.setVisible(bool(message))
+
+    def remember(self, config: PlanConfig) -> None:
+        """Record ``config`` as the base for fields without a control (after a valid change)."""
+        self._base = config
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _show_ctx(self, n_ctx: int) -> None:
+        self.ctx.spin.blockSignals(True)
+        self.ctx.spin.setValue(n_ctx)
+        self.ctx.spin.blockSignals(False)
+        self.ctx.slider.blockSignals(True)
+        self.ctx.slider.setValue(nearest_index(self._ctx_values, n_ctx))
+        self.ctx.slider.blockSignals(False)
+
+    def _on_ctx_slider_moved(self, index: int) -> None:
+        self.ctx.spin.blockSignals(True)
+        self.ctx.spin.setValue(self._ctx_values[index])
+        self.ctx.spin.blockSignals(False)
+        self._emit()
+
+    def _on_ctx_typed(self, n_ctx: int) -> None:
+        self.ctx.slider.blockSignals(True)
+        self.ctx.slider.setValue(nearest_index(self._ctx_values, n_ctx))
+        self.ctx.slider.blockSignals(False)
+        self._emit()
+
+    def _on_type_k_changed(self, text: str) -> None:
+        if self.link_kv.isChecked():
+            self.type_v.blockSignals(True)
+            self.type_v.setCurrentText(text)
+            self.type_v.blockSignals(False)
+        self._emit()
+
+    def _on_link_toggled(self, linked: bool) -> None:
+        self.type_v.setEnabled(not linked)
+        if linked:
+            self._on_type_k_changed(self.type_k.currentText())
+
+    def _emit(self, *_: object) -> None:
+        if not self.signalsBlocked():
+            self.changed.emit()

@@ -1,0 +1,119 @@
+"""Hardware: the detected GPUs and RAM, or a what-if GPU (8/12/16/24/48 GB presets or custom)."""
+
+from __future__ import annotations
+
+from PySide6 import QtCore, QtWidgets
+
+from ...core.hardware import GPU_PRESETS_BYTES, GpuSpec, HostSpec, what_if_gpu
+from ...core.units import GiB, fmt_bytes
+
+DETECTED = "detected"
+CPU_ONLY = "cpu"
+CUSTOM = "custom"
+
+
+class HardwarePanel(QtWidgets.QGroupBox):
+    """Which devices the plan is laid out on. Emits :attr:`changed` when the choice changes.
+
+    Args:
+        gpus: detected GPUs (from :func:`kvtuner.core.samplers.detect_gpus`).
+        host: the host (:func:`kvtuner.core.samplers.detect_host`).
+        gpu_note: why no GPU was found (shown when ``gpus`` is empty).
+    """
+
+    changed = QtCore.Signal()
+
+    def __init__(self, gpus: list[GpuSpec], host: HostSpec, gpu_note: str = "",
+                 parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Hardware", parent)
+        self._detected = list(gpus)
+        self._host = host
+        form = QtWidgets.QFormLayout(self)
+        form.setVerticalSpacing(2)
+        self.detected_label = QtWidgets.QLabel()
+        self.detected_label.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.detected_label.setWordWrap(True)
+        if gpus:
+            self.detected_label.setText("; ".join(f"{g.device} {g.name}, {fmt_bytes(g.total_bytes)}" for g in gpus))
+        else:
+            self.detected_label.setText("no GPU found" + (f" ({gpu_note})" if gpu_note else "") +
+                                        ": planning for a what-if GPU")
+        form.addRow("GPU", self.detected_label)
+        self.ram_label = QtWidgets.QLabel(
+            f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
+            f"swap {fmt_bytes(host.swap_total_bytes)}")
+        form.addRow("RAM", self.ram_label)
+
+        self.choice = QtWidgets.QComboBox()
+        if gpus:
+            self.choice.addItem(f"detected GPU{'s' if len(gpus) > 1 else ''}", DETECTED)
+        for name in GPU_PRESETS_BYTES:
+            self.choice.addItem(f"what-if {name} GPU", name)
+        self.choice.addItem("what-if custom size", CUSTOM)
+        self.choice.addItem("CPU only (no GPU)", CPU_ONLY)
+        self.choice.setToolTip("The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
+                               "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold.")
+        self.custom = QtWidgets.QDoubleSpinBox()
+        self.custom.setRange(0.5, 1024)
+        self.custom.setDecimals(1)
+        self.custom.setSingleStep(1.0)
+        self.custom.setValue(10.0)
+        self.custom.setSuffix(" GiB")
+        self.custom.setKeyboardTracking(False)
+        self.custom.setToolTip("Capacity of the what-if GPU (a '12 GB' card holds 12 GiB).")
+        row = QtWidgets.QWidget()
+        rl = QtWidgets.QHBoxLayout(row)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.choice, 1)
+        rl.addWidget(self.custom)
+        label = QtWidgets.QLabel("&Plan for")
+        label.setBuddy(self.choice)
+        form.addRow(label, row)
+        self.set_choice(DETECTED if gpus else "12 GB")
+        self.choice.currentIndexChanged.connect(self._on_choice_changed)
+        self.custom.valueChanged.connect(self._on_choice_changed)
+
+    def host(self) -> HostSpec:
+        """The host the plan uses."""
+        return self._host
+
+    def detected_gpus(self) -> list[GpuSpec]:
+        """GPUs found on this machine."""
+        return list(self._detected)
+
+    def current_choice(self) -> str:
+        """``detected``, a preset name (``12 GB``), ``custom`` or ``cpu``."""
+        return str(self.choice.currentData())
+
+    def custom_bytes(self) -> int:
+        """Size of the custom what-if GPU in bytes."""
+        return int(round(self.custom.value() * GiB))
+
+    def set_choice(self, choice: str, custom_bytes: int | None = None) -> None:
+        """Select a choice without emitting :attr:`changed` (unknown choices are ignored)."""
+        i = self.choice.findData(choice)
+        if i < 0:
+            return
+        for w in (self.choice, self.custom):
+            w.blockSignals(True)
+        self.choice.setCurrentIndex(i)
+        if custom_bytes:
+            self.custom.setValue(custom_bytes / GiB)
+        self.custom.setEnabled(choice == CUSTOM)
+        for w in (self.choice, self.custom):
+            w.blockSignals(False)
+
+    def gpus(self) -> list[GpuSpec]:
+        """The GPUs to plan for."""
+        c = self.current_choice()
+        if c == DETECTED:
+            return list(self._detected)
+        if c == CPU_ONLY:
+            return []
+        if c == CUSTOM:
+            return [what_if_gpu(self.custom_bytes())]
+        return [what_if_gpu(GPU_PRESETS_BYTES[c])]
+
+    def _on_choice_changed(self, *_: object) -> None:
+        self.custom.setEnabled(self.current_choice() == CUSTOM)
+        self.changed.emit()

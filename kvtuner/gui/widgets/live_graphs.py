@@ -1,0 +1,323 @@
+"""Live graphs: memory (VRAM, RAM, swap) and speed (prefill and decode tok/s) over time.
+
+Pull model (pyqtgraph style): the main window's timer hands new samples and runner events to
+:class:`LiveGraphs`, which appends them to bounded :class:`~kvtuner.gui.series.Series` and
+calls ``setData`` only for series that changed. Curves use peak downsampling and clip to the
+view, so an hour of 10 Hz samples redraws well inside one frame (``benchmarks/gui_redraw.py``).
+Predicted levels from the planner and speed model are drawn dashed over the measured ones;
+run phases (weights, KV, compute, prefill, decode) are vertical markers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6 import QtCore, QtWidgets
+
+from ...core.units import GiB
+from ..series import HOUR_AT_10HZ, Series
+
+#: Phase markers kept on the graphs (older ones are removed).
+MAX_PHASE_MARKERS = 60
+
+# Okabe-Ito palette: distinguishable for colour-blind readers, on light and dark backgrounds.
+COLORS = {
+    "vram": "#0072B2",
+    "vram_runner": "#56B4E9",
+    "ram_used": "#D55E00",
+    "ram_avail": "#009E73",
+    "swap": "#CC79A7",
+    "runner_rss": "#7B3294",
+    "prefill": "#009E73",
+    "decode": "#0072B2",
+    "phase": "#888888",
+}
+
+
+def nice_ceil(value: float, minimum: float = 0.0) -> float:
+    """The smallest 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten that is >= value
+    (axis ranges that change rarely and read well)."""
+    value = max(value, minimum)
+    if value <= 0 or not math.isfinite(value):
+        return max(minimum, 1.0)
+    exp = math.floor(math.log10(value))
+    for m in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * 10**exp >= value * (1 - 1e-12):
+            return m * 10**exp
+    return 10 ** (exp + 1)
+
+
+def _pen(color: str, dashed: bool = False, width: float = 1.0) -> "pg.QtGui.QPen":
+    pen = pg.mkPen(color, width=width)
+    if dashed:
+        pen.setStyle(QtCore.Qt.PenStyle.DashLine)
+    return pen
+
+
+class LiveGraphs(QtWidgets.QWidget):
+    """Two stacked plots sharing the time axis (seconds since the window opened).
+
+    Top, memory in GiB: VRAM used per GPU and by kvtuner's runner, RAM used and available,
+    swap used, the runner's RSS. Bottom, speed in tok/s: prefill per repetition (points)
+    and decode per token (line). Feed it with :meth:`add_host_samples`,
+    :meth:`add_gpu_samples`, :meth:`add_prefill`, :meth:`add_decode`, :meth:`mark_phase`;
+    call :meth:`refresh` from a timer.
+    """
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None, *, capacity: int = HOUR_AT_10HZ,
+                 t0_s: float | None = None) -> None:
+        super().__init__(parent)
+        self.t0_s = time.monotonic() if t0_s is None else t0_s
+        self.capacity = capacity
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+
+        self.mem_plot = pg.PlotWidget()
+        self.speed_plot = pg.PlotWidget()
+        for plot, label, unit in ((self.mem_plot, "memory", "GiB"), (self.speed_plot, "speed", "tok/s")):
+            item = plot.getPlotItem()
+            item.setLabel("left", f"{label} ({unit})")
+            item.setDownsampling(auto=True, mode="peak")
+            item.setClipToView(True)
+            item.setMenuEnabled(False)
+            item.getViewBox().setMouseEnabled(x=True, y=False)
+            plot.setMinimumHeight(120)
+            plot.setFocusPolicy(QtCore.Qt.FocusPolicy.NoFocus)
+            layout.addWidget(plot, 1)
+        self.speed_plot.getPlotItem().setLabel("bottom", "time (s)")
+        # prefill runs 10-100x faster than decode: a log axis shows both (and the seed's bands)
+        self.speed_plot.getPlotItem().setLogMode(x=False, y=True)
+        self.speed_plot.getPlotItem().setLabel("left", "speed (tok/s, log)")
+        self.mem_plot.getPlotItem().getAxis("bottom").setStyle(showValues=False)
+        self.speed_plot.setXLink(self.mem_plot)
+        # Ranges are set by refresh() from the series themselves (one paint per plot per
+        # redraw); pyqtgraph's own auto-range would repaint twice. Dragging or zooming the
+        # time axis stops following the newest data; a double click follows again.
+        for plot in (self.mem_plot, self.speed_plot):
+            item = plot.getPlotItem()
+            item.disableAutoRange()
+            item.hideButtons()
+            item.getViewBox().sigRangeChangedManually.connect(self._on_view_range_changed_manually)
+            plot.scene().sigMouseClicked.connect(self._on_plot_clicked)
+        self.follow = True
+        self._ranges: dict[str, tuple[float, float]] = {}
+        base = self.palette().color(self.backgroundRole())
+        base.setAlpha(215)
+        self.mem_legend = self.mem_plot.getPlotItem().addLegend(offset=(4, 2), colCount=3, labelTextSize="8pt",
+                                                                brush=pg.mkBrush(base))
+        self.speed_legend = self.speed_plot.getPlotItem().addLegend(offset=(4, 2), colCount=2, labelTextSize="8pt",
+                                                                    brush=pg.mkBrush(base))
+
+        self.series: dict[str, Series] = {}
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self._drawn: dict[str, int] = {}
+        self._add_curve("ram_used", self.mem_plot, "RAM used", COLORS["ram_used"])
+        self._add_curve("ram_avail", self.mem_plot, "RAM available", COLORS["ram_avail"])
+        self._add_curve("swap", self.mem_plot, "swap used", COLORS["swap"])
+        self._add_curve("runner_rss", self.mem_plot, "runner RAM (RSS)", COLORS["runner_rss"])
+        self._add_curve("decode", self.speed_plot, "decode tok/s", COLORS["decode"])
+        self._add_curve("prefill", self.speed_plot, "prefill tok/s", COLORS["prefill"], symbol="o")
+        self._gpu_keys: set[int] = set()
+        self._predicted: list[tuple[pg.InfiniteLine, float]] = []
+        # the seed's decode bands: under 1 tok/s abandon, 10 and over fluent
+        for tok_s, label in ((1.0, "1 tok/s: abandon below"), (10.0, "10 tok/s: fluent above")):
+            dotted = _pen(COLORS["phase"], width=1)
+            dotted.setStyle(QtCore.Qt.PenStyle.DotLine)
+            line = pg.InfiniteLine(pos=math.log10(tok_s), angle=0, pen=dotted, label=label,
+                                   labelOpts={"position": 0.6, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
+            self.speed_plot.addItem(line, ignoreBounds=True)
+        self._phases: deque[tuple[pg.InfiniteLine, pg.InfiniteLine]] = deque()
+        self.n_redraws = 0
+
+    # -- construction --------------------------------------------------------------------------
+
+    def _add_curve(self, key: str, plot: pg.PlotWidget, name: str, color: str, symbol: str | None = None) -> None:
+        kwargs = {"pen": _pen(color), "name": name, "connect": "finite", "autoDownsampleFactor": 1.0}
+        if symbol:
+            kwargs.update(symbol=symbol, symbolSize=7, symbolBrush=color, symbolPen=None, pen=None)
+        curve = plot.getPlotItem().plot([], [], **kwargs)
+        curve.setDownsampling(auto=True, method="peak")
+        curve.setClipToView(True)
+        self.series[key] = Series(self.capacity)
+        self.curves[key] = curve
+        self._drawn[key] = -1
+
+    def _ensure_gpu(self, index: int) -> None:
+        if index in self._gpu_keys:
+            return
+        self._gpu_keys.add(index)
+        self._add_curve(f"vram{index}", self.mem_plot, f"VRAM used GPU{index}", COLORS["vram"])
+        self._add_curve(f"vram_runner{index}", self.mem_plot, f"VRAM runner GPU{index}", COLORS["vram_runner"])
+
+    # -- feeding ---------------------------------------------------------------------------------
+
+    def rel(self, t_s: float) -> float:
+        """Seconds on the graphs' time axis for a ``time.monotonic()`` time."""
+        return t_s - self.t0_s
+
+    def add_host_samples(self, samples: Sequence) -> None:
+        """Append :class:`kvtuner.core.samplers.HostSample` items (oldest first)."""
+        if not samples:
+            return
+        t = np.fromiter((s.t_s - self.t0_s for s in samples), float, len(samples))
+
+        def col(get) -> np.ndarray:
+            return np.fromiter((math.nan if (v := get(s)) is None else v / GiB for s in samples), float, len(samples))
+
+        # "used" is total minus available, the samplers' own definition (Peaks.host_used_bytes)
+        self.series["ram_used"].extend(t, col(lambda s: s.total_bytes - s.available_bytes))
+        self.series["ram_avail"].extend(t, col(lambda s: s.available_bytes))
+        self.series["swap"].extend(t, col(lambda s: s.swap_used_bytes))
+        self.series["runner_rss"].extend(t, col(lambda s: s.process_rss_bytes))
+
+    def add_gpu_samples(self, index: int, samples: Sequence) -> None:
+        """Append :class:`kvtuner.core.samplers.GpuSample` items of GPU ``index``."""
+        if not samples:
+            return
+        self._ensure_gpu(index)
+        t = np.fromiter((s.t_s - self.t0_s for s in samples), float, len(samples))
+        self.series[f"vram{index}"].extend(t, np.fromiter((s.used_bytes / GiB for s in samples), float, len(samples)))
+        self.series[f"vram_runner{index}"].extend(
+            t, np.fromiter((math.nan if s.process_bytes is None else s.process_bytes / GiB for s in samples),
+                           float, len(samples)))
+
+    def add_prefill(self, t_s: float, tok_s: float) -> None:
+        """One measured prefill rate (tok/s) at monotonic time ``t_s``."""
+        self.series["prefill"].append(self.rel(t_s), tok_s)
+
+    def add_decode(self, t_s: float, tok_s: float) -> None:
+        """One measured decode rate (tok/s) at monotonic time ``t_s``."""
+        self.series["decode"].append(self.rel(t_s), tok_s)
+
+    def end_run(self, t_s: float) -> None:
+        """Break the decode line so two runs are not joined."""
+        self.series["decode"].append(self.rel(t_s), math.nan)
+
+    def mark_phase(self, t_s: float, name: str) -> None:
+        """A labelled vertical marker on both plots (oldest dropped beyond MAX_PHASE_MARKERS)."""
+        x = self.rel(t_s)
+        pen = _pen(COLORS["phase"], dashed=False, width=1)
+        pen.setStyle(QtCore.Qt.PenStyle.DotLine)
+        # labels of markers that fall close together are staggered down the plot
+        slot = len(self._phases) % 5
+        top = pg.InfiniteLine(pos=x, angle=90, pen=pen, label=name,
+                              labelOpts={"position": 0.95 - 0.12 * slot, "color": COLORS["phase"],
+                                         "anchors": [(0, 0.5), (0, 0.5)]})
+        bottom = pg.InfiniteLine(pos=x, angle=90, pen=pen)
+        self.mem_plot.addItem(top, ignoreBounds=True)
+        self.speed_plot.addItem(bottom, ignoreBounds=True)
+        self._phases.append((top, bottom))
+        while len(self._phases) > MAX_PHASE_MARKERS:
+            a, b = self._phases.popleft()
+            self.mem_plot.removeItem(a)
+            self.speed_plot.removeItem(b)
+
+    def phase_names(self) -> list[str]:
+        """Labels of the phase markers shown, oldest first."""
+        return [a.label.format for a, _ in self._phases]
+
+    def set_predicted(self, memory_bytes: Iterable[tuple[str, int]], speeds_tok_s: Iterable[tuple[str, float]]) -> None:
+        """Dashed horizontal lines: predicted memory levels (label, bytes) and speeds (label, tok/s)."""
+        for line, _ in self._predicted:
+            vb = line.getViewBox()
+            if vb is not None:
+                vb.removeItem(line)
+        self._predicted = []
+        for label, n_bytes in memory_bytes:
+            color = COLORS["vram"] if label.startswith("GPU") else COLORS["runner_rss"]
+            self._predicted.append((self._hline(self.mem_plot, n_bytes / GiB, f"predicted {label}", color), n_bytes / GiB))
+        for label, tok_s in speeds_tok_s:
+            if tok_s and tok_s > 0:
+                color = COLORS["prefill"] if "prefill" in label else COLORS["decode"]
+                self._predicted.append((self._hline(self.speed_plot, math.log10(tok_s), f"predicted {label}", color), tok_s))
+        self._ranges.clear()
+        self._update_ranges()
+
+    def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str) -> pg.InfiniteLine:
+        line = pg.InfiniteLine(pos=y, angle=0, pen=_pen(color, dashed=True, width=1.5), label=label,
+                               labelOpts={"position": 0.97, "color": color, "anchors": [(1, 0), (1, 0)]})
+        plot.addItem(line, ignoreBounds=True)
+        return line
+
+    def clear(self) -> None:
+        """Forget every point and marker."""
+        for s in self.series.values():
+            s.clear()
+        while self._phases:
+            a, b = self._phases.popleft()
+            self.mem_plot.removeItem(a)
+            self.speed_plot.removeItem(b)
+
+    # -- drawing ---------------------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """``setData`` on every curve whose series changed; returns how many were redrawn."""
+        n = 0
+        for key, s in self.series.items():
+            if self._drawn[key] != s.version:
+                t, v = s.arrays()
+                self.curves[key].setData(t, v, connect="finite")
+                self._drawn[key] = s.version
+                n += 1
+        if n:
+            self.n_redraws += 1
+            self._update_ranges()
+        return n
+
+    def _update_ranges(self) -> None:
+        """Jump-scroll: the time axis grows in nice steps and its left edge moves in twentieths
+        of the span, so most redraws keep the range (no axis relayout, no re-downsampling)."""
+        t_lo, t_hi = math.inf, -math.inf
+        for s in self.series.values():
+            t, _ = s.arrays()
+            if len(t):
+                t_lo, t_hi = min(t_lo, t[0]), max(t_hi, t[-1])
+        if not math.isfinite(t_lo):
+            return
+        if self.follow:
+            span = nice_ceil(max(t_hi - t_lo, 1.0) * 1.02, minimum=10.0)
+            step = span / 20
+            lo = math.floor(t_lo / step) * step
+            if lo + span < t_hi:  # quantising the left edge must not hide the newest point
+                span = nice_ceil(t_hi - lo, minimum=span)
+            self._set_range("x", self.mem_plot, lo, lo + span)
+        mem_keys = [k for k in self.series if k not in ("decode", "prefill")]
+        mem_vb = self.mem_plot.getPlotItem().getViewBox()
+        y_hi = max([self.series[k].peak() for k in mem_keys]
+                   + [v for line, v in self._predicted if line.getViewBox() is mem_vb])
+        self._set_range("ymem", self.mem_plot, 0.0, nice_ceil(y_hi * 1.05, minimum=0.5))
+        speed_vb = self.speed_plot.getPlotItem().getViewBox()
+        s_hi = max([self.series[k].peak() for k in ("decode", "prefill")]
+                   + [v for line, v in self._predicted if line.getViewBox() is speed_vb] + [20.0])
+        # log axis (values are log10): from 0.3 tok/s (below the abandon line) to the top
+        self._set_range("yspeed", self.speed_plot, math.log10(0.3), math.log10(nice_ceil(s_hi * 1.6)))
+
+    def _set_range(self, key: str, plot: pg.PlotWidget, lo: float, hi: float) -> None:
+        old = self._ranges.get(key)
+        if old is not None and abs(old[0] - lo) < 1e-9 and abs(old[1] - hi) < 1e-9 * max(1.0, abs(hi)):
+            return
+        self._ranges[key] = (lo, hi)
+        if key == "x":
+            plot.getPlotItem().setXRange(lo, hi, padding=0)
+        else:
+            plot.getPlotItem().setYRange(lo, hi, padding=0)
+
+    def _on_view_range_changed_manually(self, *_: object) -> None:
+        self.follow = False
+
+    def _on_plot_clicked(self, event: object) -> None:
+        if getattr(event, "double", lambda: False)():
+            self.follow = True
+            self._ranges.pop("x", None)
+            self._update_ranges()
+
+    def point_count(self, key: str) -> int:
+        """Points held (not NaN gaps) in series ``key``."""
+        _, v = self.series[key].arrays()
+        return int(np.count_nonzero(~np.isnan(v)))

@@ -1,0 +1,149 @@
+"""Stacked memory bars: per device, weights | KV | compute | output | overhead | free, against
+capacity. Figures a llama.cpp dry-run confirmed are marked "verified"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from ...core.units import fmt_bytes
+
+#: Segment order, label and colour (Okabe-Ito; "free" drawn as an outline).
+SEGMENTS = (
+    ("weights", "weights", "#0072B2"),
+    ("kv", "KV cache", "#E69F00"),
+    ("compute", "compute", "#009E73"),
+    ("output", "output", "#CC79A7"),
+    ("overhead", "overhead", "#999999"),
+)
+OVER_COLOR = "#D55E00"
+
+
+@dataclass(frozen=True)
+class BarRow:
+    """One bar: the device's caption and its segments in bytes.
+
+    ``free_bytes`` is the headroom the planner reports (negative: over capacity);
+    ``verified`` names the segments a dry-run confirmed (``{"kv", "compute"}``).
+    """
+
+    caption: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+    capacity_bytes: int | None
+    free_bytes: int | None
+    verified: frozenset[str] = frozenset()
+
+    def segment_bytes(self, key: str) -> int:
+        """Bytes of segment ``key`` (``weights``, ``kv`` ...)."""
+        return int(getattr(self, f"{key}_bytes"))
+
+
+def row_from_device(device: object, verified: frozenset[str] = frozenset()) -> BarRow:
+    """A :class:`BarRow` from a :class:`~kvtuner.core.memory_plan.DevicePlan`."""
+    d = device
+    name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
+    return BarRow(caption=name, weights_bytes=d.weights_bytes, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
+                  output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes,
+                  capacity_bytes=d.capacity_bytes, free_bytes=d.headroom_bytes, verified=verified)
+
+
+class MemoryBars(QtWidgets.QWidget):
+    """Paints one stacked bar per device. Set rows with :meth:`set_rows`."""
+
+    BAR_H = 22
+    CAPTION_H = 18
+    GAP = 8
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.rows: list[BarRow] = []
+        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding, QtWidgets.QSizePolicy.Policy.Fixed)
+        self.setMouseTracking(True)
+
+    def set_rows(self, rows: list[BarRow]) -> None:
+        """Replace the bars and repaint."""
+        self.rows = list(rows)
+        self.setToolTip("\n\n".join(self.describe(r) for r in self.rows))
+        self.updateGeometry()
+        self.update()
+
+    @staticmethod
+    def caption(row: BarRow) -> str:
+        """``CUDA0 ...: 1.23 GiB of 12.00 GiB, 10.77 GiB free`` (or how much it is over)."""
+        if row.capacity_bytes is None:
+            return f"{row.caption}: {fmt_bytes(row.total_bytes)} needed"
+        if row.free_bytes is not None and row.free_bytes < 0:
+            return (f"{row.caption}: {fmt_bytes(row.total_bytes)} of {fmt_bytes(row.capacity_bytes)} "
+                    f"- DOES NOT FIT, {fmt_bytes(-row.free_bytes)} over")
+        return f"{row.caption}: {fmt_bytes(row.total_bytes)} of {fmt_bytes(row.capacity_bytes)}, {fmt_bytes(row.free_bytes)} free"
+
+    @staticmethod
+    def describe(row: BarRow) -> str:
+        """Multi-line text of every segment (tooltip and accessibility)."""
+        lines = [MemoryBars.caption(row)]
+        for key, label, _ in SEGMENTS:
+            mark = " (verified by llama.cpp)" if key in row.verified else ""
+            lines.append(f"  {label}: {fmt_bytes(row.segment_bytes(key))}{mark}")
+        return "\n".join(lines)
+
+    def sizeHint(self) -> QtCore.QSize:  # noqa: N802 (Qt API)
+        n = max(len(self.rows), 1)
+        return QtCore.QSize(400, 20 + n * (self.CAPTION_H + self.BAR_H + self.GAP))
+
+    def minimumSizeHint(self) -> QtCore.QSize:  # noqa: N802 (Qt API)
+        return self.sizeHint()
+
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt API)
+        p = QtGui.QPainter(self)
+        pal = self.palette()
+        text_color = pal.color(QtGui.QPalette.ColorRole.WindowText)
+        w = self.width() - 2
+        # legend
+        x = 1
+        fm = p.fontMetrics()
+        for key, label, color in SEGMENTS + (("free", "free", None),):
+            p.fillRect(QtCore.QRect(x, 4, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base))
+            p.setPen(text_color)
+            p.drawRect(QtCore.QRect(x, 4, 10, 10))
+            p.drawText(x + 14, 14, label)
+            x += 14 + fm.horizontalAdvance(label) + 12
+        p.drawText(x, 14, "✓ = verified by llama.cpp")
+        y = 20
+        for row in self.rows:
+            p.setPen(text_color)
+            caption = self.caption(row)
+            if row.verified:
+                caption += "   ✓ " + ", ".join(sorted(row.verified)) + " verified"
+            p.drawText(QtCore.QRect(1, y, w, self.CAPTION_H), QtCore.Qt.AlignmentFlag.AlignVCenter, caption)
+            y += self.CAPTION_H
+            full = max(row.capacity_bytes or 0, row.total_bytes, 1)
+            scale = w / full
+            bar = QtCore.QRectF(1, y, (row.capacity_bytes or row.total_bytes) * scale, self.BAR_H)
+            p.fillRect(bar, pal.color(QtGui.QPalette.ColorRole.Base))
+            pos = 1.0
+            for key, label, color in SEGMENTS:
+                seg = row.segment_bytes(key) * scale
+                if seg <= 0:
+                    continue
+                r = QtCore.QRectF(pos, y, seg, self.BAR_H)
+                p.fillRect(r, QtGui.QColor(color))
+                if key in row.verified and seg > 14:
+                    p.setPen(QtGui.QColor("white"))
+                    p.drawText(r, QtCore.Qt.AlignmentFlag.AlignCenter, "✓")
+                pos += seg
+            if row.capacity_bytes is not None and row.total_bytes > row.capacity_bytes:
+                cap_x = 1 + row.capacity_bytes * scale
+                over = QtCore.QRectF(cap_x, y, pos - cap_x, self.BAR_H)
+                p.fillRect(over, QtGui.QBrush(QtGui.QColor(OVER_COLOR), QtCore.Qt.BrushStyle.BDiagPattern))
+                p.setPen(QtGui.QPen(QtGui.QColor(OVER_COLOR), 2))
+                p.drawLine(QtCore.QPointF(cap_x, y - 2), QtCore.QPointF(cap_x, y + self.BAR_H + 2))
+            p.setPen(text_color)
+            p.drawRect(bar)
+            y += self.BAR_H + self.GAP
+        p.end()

@@ -1,0 +1,100 @@
+"""Prediction: KV per token and in total, predicted speed with its band and badge, and the
+stacked memory bars per device. Redrawn on every control move (all figures from the core)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6 import QtCore, QtWidgets
+
+from ...core.units import fmt_bytes
+from .memory_bars import MemoryBars, row_from_device
+
+#: Badge colours for the seed's decode bands.
+BADGE_COLORS = {"abandon": "#c0392b", "offline": "#d35400", "interactive": "#2471a3", "fluent": "#1e8449"}
+
+
+def _tok_s(v: float) -> str:
+    return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
+
+
+class PredictionPanel(QtWidgets.QGroupBox):
+    """What the plan says before anything runs. Feed it with :meth:`set_plan`."""
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__("Prediction", parent)
+        lay = QtWidgets.QVBoxLayout(self)
+        lay.setSpacing(3)
+        self.kv_label = QtWidgets.QLabel()
+        self.speed_label = QtWidgets.QLabel()
+        self.badge = QtWidgets.QLabel()
+        self.warnings_label = QtWidgets.QLabel()
+        for label in (self.kv_label, self.speed_label, self.badge, self.warnings_label):
+            label.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+            label.setWordWrap(True)
+        self.badge.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
+        self.badge.setMinimumWidth(110)
+        self.badge.setToolTip("The seed's decode bands: under 1 tok/s abandon, 1-5 offline only, "
+                              "5-10 interactive, 10 and over fluent.")
+        top = QtWidgets.QHBoxLayout()
+        text_col = QtWidgets.QVBoxLayout()
+        text_col.addWidget(self.kv_label)
+        text_col.addWidget(self.speed_label)
+        top.addLayout(text_col, 1)
+        top.addWidget(self.badge, 0, QtCore.Qt.AlignmentFlag.AlignTop)
+        lay.addLayout(top)
+        self.bars = MemoryBars()
+        lay.addWidget(self.bars)
+        self.warnings_label.setStyleSheet("color: #9a6700;")
+        lay.addWidget(self.warnings_label)
+        self.set_plan(None)
+
+    def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
+                 badge: str | None = None) -> None:
+        """Show a :class:`~kvtuner.core.memory_plan.MemoryPlan` (None: nothing to show), its
+        :class:`~kvtuner.core.speed_model.SpeedPrediction` (None: speed model not available) and
+        the dry-run figures (``report.plan_dict(...)["verified"]``, or None)."""
+        if plan is None:
+            self.kv_label.setText("No plan: open a model.")
+            self.speed_label.setText("")
+            self.badge.hide()
+            self.bars.set_rows([])
+            self.warnings_label.hide()
+            return
+        c = plan.config
+        text = (f"KV cache: {fmt_bytes(plan.kv_bytes_per_token())} per token, {fmt_bytes(plan.kv_bytes)} in all "
+                f"({plan.n_ctx:,} tokens, K {c.type_k} / V {c.type_v}, {plan.n_stream} stream"
+                f"{'s' if plan.n_stream > 1 else ''}); {plan.n_gpu_layers} layers on GPU")
+        if verified is not None:
+            text += f"\nVerified by llama.cpp (dry-run): KV {fmt_bytes(verified.get('kv_bytes'))}" + (
+                ", compute buffers exact" if plan.compute.source == "dry-run" else "")
+        self.kv_label.setText(text)
+        if speed is None:
+            self.speed_label.setText("Speed: no prediction (speed model not available)")
+            self.badge.hide()
+        else:
+            lo, hi = speed.band
+            self.speed_label.setText(
+                f"Speed (predicted): decode {_tok_s(speed.decode_tok_s)} tok/s (likely {_tok_s(lo)}-{_tok_s(hi)}), "
+                f"{_tok_s(speed.decode_tok_s_at_full_ctx)} tok/s with the context full; "
+                f"prefill {_tok_s(speed.prefill_tok_s)} tok/s"
+                + (f"; calibrated on {speed.n_calibration_runs} run(s)" if speed.n_calibration_runs else "; not calibrated yet"))
+            if badge:
+                self.badge.setText(badge.upper())
+                self.badge.setStyleSheet(
+                    f"background: {BADGE_COLORS.get(badge, '#555')}; color: white; font-weight: bold; "
+                    "border-radius: 4px; padding: 4px 8px;")
+                self.badge.show()
+            else:
+                self.badge.hide()
+        verified_sets = []
+        for d in plan.devices:
+            marks = set()
+            if verified is not None and d.kv_bytes:
+                marks.add("kv")
+            if plan.compute.source == "dry-run" and d.compute_bytes:
+                marks.add("compute")
+            verified_sets.append(frozenset(marks))
+        self.bars.set_rows([row_from_device(d, v) for d, v in zip(plan.devices, verified_sets)])
+        self.warnings_label.setText("\n".join(plan.warnings))
+        self.warnings_label.setVisible(bool(plan.warnings))

@@ -1,0 +1,223 @@
+"""Desktop app: every control changes the prediction, fixes apply, errors are shown and the
+app keeps working, settings persist, GGUF text stays plain. Offscreen, no llama.cpp needed."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from PySide6 import QtCore  # noqa: E402
+
+from kvtuner.core.config import PlanConfig  # noqa: E402
+from kvtuner.core.hardware import HostSpec  # noqa: E402
+from kvtuner.core.units import GiB  # noqa: E402
+from kvtuner.gui import bridge  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index  # noqa: E402
+
+HOST = HostSpec(total_bytes=16 * GiB, available_bytes=12 * GiB, swap_total_bytes=2 * GiB)
+
+
+class _Sampler:
+    """A sampler that samples nothing (these tests are about the plan, not the graphs)."""
+
+    def start(self): return self
+    def stop(self, timeout_s=2.0): pass
+    def set_pid(self, pid): pass
+    def reset_peaks(self): pass
+    def host_samples(self, since_t_s=None): return []
+    def gpu_samples(self, index, since_t_s=None): return []
+    def gpu_indices(self): return []
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> QtCore.QSettings:
+    return QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
+
+
+def _window(qtbot, settings, config: PlanConfig | None = None) -> MainWindow:
+    make_app()
+    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=_Sampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+    return w
+
+
+def _snapshot(w: MainWindow) -> dict:
+    d = w.plan.to_dict()
+    d.pop("config")
+    speed = w.speed.to_dict() if w.speed is not None else None
+    return {"plan": d, "speed": speed, "bars": [(r.caption, r.total_bytes, r.kv_bytes, r.compute_bytes) for r in w.prediction.bars.rows],
+            "text": w.prediction.kv_label.text()}
+
+
+def test_ctx_slider_stops_are_log_spaced_multiples_of_256_with_every_power_of_two():
+    values = ctx_slider_values(32768)
+    assert values[0] == 512 and values[-1] == 1 << 20
+    assert all(v % 256 == 0 for v in values)
+    assert all(1 << k in values for k in range(9, 21))
+    ratios = [b / a for a, b in zip(values[10:], values[11:])]
+    assert max(ratios) < 1.2  # evenly spaced on a log scale (8 stops per octave)
+    assert ctx_slider_values(2_000_000)[-1] == 2_000_128  # trained context above 1M, rounded up to 256
+    assert values[nearest_index(values, 4096)] == 4096
+
+
+def test_each_control_changes_the_prediction(qtbot, settings):
+    w = _window(qtbot, settings)
+    c = w.controls
+    n_layer = w.model.n_layer
+
+    def moved(action) -> dict:
+        before = _snapshot(w)
+        action()
+        after = _snapshot(w)
+        assert after != before
+        return after
+
+    moved(lambda: c.ngl.slider.setValue(n_layer // 2))
+    assert w.plan.n_gpu_layers == n_layer // 2
+    moved(lambda: c.ngl.spin.setValue(c.ngl.spin.maximum()))
+    assert w.config.n_gpu_layers == -1 and c.ngl.spin.text() == "all"
+    moved(lambda: c.kv.slider.setValue(0))
+    assert w.plan.kv_gpu_layers == 0 and w.plan.gpus[0].kv_bytes == 0
+    moved(lambda: c.kv.slider.setValue(c.kv.slider.maximum()))
+    moved(lambda: c.ctx.slider.setValue(c.ctx.slider.value() + 8))  # one octave up
+    assert w.config.n_ctx == 8192
+    moved(lambda: c.ctx.spin.setValue(10_000))  # typed: llama.cpp pads to 256
+    assert w.plan.n_ctx == 10_240
+    moved(lambda: c.type_k.setCurrentText("q8_0"))
+    assert (w.config.type_k, w.config.type_v) == ("q8_0", "q8_0")  # linked
+    c.link_kv.setChecked(False)
+    moved(lambda: c.type_v.setCurrentText("q4_0"))
+    assert (w.config.type_k, w.config.type_v) == ("q8_0", "q4_0")
+    moved(lambda: c.type_v.setCurrentText("f16"))
+    moved(lambda: c.flash.setCurrentText("off"))
+    assert w.plan.flash_attn is False
+    moved(lambda: c.parallel.slider.setValue(4))
+    assert w.plan.n_stream == 4
+    moved(lambda: c.ubatch.setValue(128))
+    assert w.plan.n_ubatch == 128
+    moved(lambda: w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("8 GB")))
+    assert w.plan.gpus[0].capacity_bytes == 8 * GiB
+    moved(lambda: w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("cpu")))
+    assert w.plan.gpus == ()
+    w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("custom"))
+    moved(lambda: w.hardware.custom.setValue(3.0))
+    assert w.plan.gpus[0].capacity_bytes == 3 * GiB
+
+
+def test_replan_is_well_under_a_frame(qtbot, settings):
+    w = _window(qtbot, settings)
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        w.controls.ctx.slider.setValue(10 + i)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    assert times[len(times) // 2] < 50  # median ms per slider move, redraw included (16.7 on an idle machine)
+
+
+def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings):
+    w = _window(qtbot, settings)
+    w.controls.link_kv.setChecked(False)
+    w.controls.type_v.setCurrentText("q8_0")
+    before = w.config
+    w.controls.flash.setCurrentText("off")  # quantized V needs flash attention
+    assert "flash" in w.controls.error_label.text()
+    assert not w.controls.error_label.isHidden()
+    assert w.config == before
+    w.controls.flash.setCurrentText("on")
+    assert w.controls.error_label.isHidden()
+
+
+def test_advice_fix_applies_with_one_click(qtbot, settings):
+    if not bridge.advisor_available():
+        pytest.skip("advisor not built yet")
+    w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
+    assert w.advice, "expected advice for a 1M context on a 12 GB GPU"
+    assert w.advisor.buttons, "expected a one-click fix"
+    before = w.config
+    qtbot.mouseClick(w.advisor.buttons[0], QtCore.Qt.MouseButton.LeftButton)
+    assert w.config != before
+    assert w.controls.config() == w.config  # the controls show the fixed config
+
+
+def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qtbot, settings, tmp_path):
+    w = _window(qtbot, settings)
+    good = w.model
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    w.open_model(bad)
+    qtbot.waitUntil(lambda: bool(w.last_error), timeout=10_000)
+    assert "broken.gguf" in w.banner.text() and not w.banner.isHidden()
+    missing = tmp_path / "missing.gguf"
+    w.open_model(missing)
+    qtbot.waitUntil(lambda: "missing.gguf" in w.last_error, timeout=10_000)
+    assert w.model is good  # the previous model stays
+    w.controls.ctx.slider.setValue(w.controls.ctx.slider.value() + 8)
+    assert w.plan.config.n_ctx == w.config.n_ctx  # still planning
+
+
+def test_gguf_text_is_shown_as_plain_text(qtbot, settings):
+    w = _window(qtbot, settings)
+    hostile = dataclasses.replace(w.model, name='<b>bold</b><img src="http://x/y.png">')
+    w.model_card.set_model(hostile)
+    label = w.model_card.fields["name"]
+    assert label.textFormat() == QtCore.Qt.TextFormat.PlainText
+    assert label.text() == hostile.name
+
+
+def test_settings_persist(qtbot, settings):
+    w = _window(qtbot, settings)
+    w.controls.ctx.spin.setValue(16384)
+    w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("24 GB"))
+    w.close()
+    assert json.loads(settings.value("config"))["n_ctx"] == 16384
+    make_app()
+    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=_Sampler())
+    qtbot.addWidget(w2)
+    assert w2.config.n_ctx == 16384
+    assert w2.hardware.current_choice() == "24 GB"
+    assert w2.last_model() == w.model_path
+    assert str(w.model_path) in w2.recent_models()
+
+
+def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):
+    w = _window(qtbot, settings)
+    c = w.controls
+    for widget, flag in ((c.ngl.slider, "-ngl"), (c.kv.slider, "-nkvo"), (c.ctx.slider, "-c"), (c.type_k, "-ctk"),
+                         (c.type_v, "-ctv"), (c.flash, "-fa"), (c.parallel.slider, "-np"), (c.ubatch, "-ub")):
+        assert widget.focusPolicy() & QtCore.Qt.FocusPolicy.TabFocus
+        assert flag in widget.toolTip()
+    before = w.config.n_ctx
+    c.ctx.slider.setFocus()
+    qtbot.keyClick(c.ctx.slider, QtCore.Qt.Key.Key_Right)
+    assert w.config.n_ctx > before
+    assert w.run_action.shortcut().toString() == "Ctrl+R"
+
+
+def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path):
+    if not bridge.export_targets():
+        pytest.skip("export not built yet")
+    w = _window(qtbot, settings)
+    dlg = w.open_export()
+    assert dlg is not None
+    qtbot.addWidget(dlg)
+    dlg.target.setCurrentText("llama-server")
+    assert "-c 4096" in dlg.preview.toPlainText() or "--ctx-size" in dlg.preview.toPlainText()
+    out = dlg.save_to(str(tmp_path / "run.sh"))
+    assert out is not None and Path(out).read_text() == dlg.result.text
+    assert dlg.save_to(str(tmp_path / "run.sh"), confirm_overwrite=lambda p: False) is None
