@@ -219,8 +219,8 @@ def _register_plan(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .core.config import ConfigError
+    from .core import compute_cache, report
     from .core.memory_plan import plan_memory
-    from .core import report
 
     model = load_model(args.model)
     config = config_from_args(args)
@@ -232,11 +232,38 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     verified = None
     if args.verify:
         verified = _verify(model, config)
-    data = report.plan_dict(plan, verified)
+        if verified.devices == ("CPU",) and plan.gpus:
+            pass  # a CPU-only llama.cpp cannot verify a GPU plan's buffers; shown side by side only
+        else:
+            exact = compute_cache.remember(plan, verified.compute_mib)
+            plan = plan_memory(model, config, gpus, host, compute_override=exact)
+    else:
+        exact = compute_cache.exact_for(plan)
+        if exact:
+            plan = plan_memory(model, config, gpus, host, compute_override=exact)
+    from .core.advisor import advise
+    from .core.calibration import CalibrationStore, calibrated_inputs, machine_id
+    from .core.speed_model import SpeedModelError, predict_speed, speed_inputs
+
+    speed = None
+    try:
+        store = CalibrationStore()
+        mid = machine_id(gpus)
+        host_bw = host
+        bw = store.host_bandwidth_bytes_s(mid)  # stored probe, re-measured weekly
+        if host_bw is not None and bw and not host_bw.mem_bandwidth_bytes_s:
+            from dataclasses import replace as _replace
+
+            host_bw = _replace(host_bw, mem_bandwidth_bytes_s=bw)
+        speed = predict_speed(plan, calibrated_inputs(speed_inputs(gpus, host_bw), model, store, mid))
+    except SpeedModelError as exc:
+        print(f"kvtuner: no speed prediction: {exc}", file=sys.stderr)
+    advice = [a.to_dict() for a in advise(plan, speed)]
+    data = report.plan_dict(plan, verified, advice, speed)
     if args.json:
         emit_json(data)
     else:
-        print(report.plan_text(plan, verified))
+        print(report.plan_text(plan, verified, advice, speed))
     return 0
 
 
@@ -264,9 +291,338 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 # --- bench (kvtuner.runner) ------------------------------------------------------------------
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .core.memory_plan import MemoryPlan
+    from .runner.bench import BenchResult, Stat
+
+
+@_registrar
+def _register_bench(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser(
+        "bench", help="load a model in a child process and measure load, prefill and decode (headless)",
+        description="Benchmark a configuration like llama-bench: prefill P tokens at depth D, then decode G tokens, "
+        "R times; report tok/s (median and spread), time to first token, load time, peak RAM/VRAM, and the "
+        "planned and measured buffers side by side.",
+    )
+    add_model_arg(b)
+    add_config_args(b)
+    g = b.add_argument_group("benchmark")
+    g.add_argument("-p", "--n-prompt", type=_positive_int, default=512, metavar="P", help="prompt tokens to prefill (default 512)")
+    g.add_argument("-n", "--n-gen", type=_positive_int, default=128, metavar="G", help="tokens to decode (default 128)")
+    g.add_argument("-d", "--n-depth", type=_positive_int, default=0, metavar="D", help="context depth before the prompt (default 0)")
+    g.add_argument("-r", "--repetitions", type=_positive_int, default=3, metavar="R", help="repetitions (default 3)")
+    g.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N", help="CPU threads (default: physical cores)")
+    g.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds (default 3600)")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.set_defaults(func=_cmd_bench)
+
+
+def _bench_plan(model_path: "Path", config: "PlanConfig", gpu_offload: bool) -> "tuple[MemoryPlan | None, str]":
+    """The analytic plan for the bench's side-by-side table, for the devices llama.cpp could
+    use (no GPU when the installed build cannot offload); ``(None, reason)`` when it fails."""
+    try:
+        from .core.memory_plan import plan_memory
+        from .core.model_profile import ModelProfile
+
+        model = ModelProfile.from_gguf(model_path)
+        return plan_memory(model, config, _detect_gpus() if gpu_offload else [], _detect_host()), ""
+    except Exception as exc:  # the measurement stands on its own; say why the plan is missing
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _buft_device(buft: str) -> str:
+    """llama.cpp buffer name -> device: ``CUDA0`` stays, host buffers (CPU, CPU_Mapped,
+    CPU_REPACK, CUDA_Host ...) are the host ``CPU``."""
+    import re
+
+    m = re.match(r"^([A-Za-z]+\d+)(?:$|_)", buft)
+    return m.group(1) if m and not buft.startswith("CPU") else "CPU"
+
+
+def _bench_side_by_side(plan: "MemoryPlan | None", result: "BenchResult") -> dict:
+    """Planned and measured bytes per buffer kind and device."""
+    from .core.units import MiB
+
+    measured: dict[str, dict[str, float]] = {}
+    for kind, table in (("weights", result.buffers.model_mib), ("kv", result.buffers.kv_buffer_mib),
+                        ("compute", result.buffers.compute_mib), ("output", result.buffers.output_mib)):
+        for buft, mib in table.items():
+            dev = _buft_device(buft)
+            measured.setdefault(dev, {}).setdefault(f"{kind}_bytes", 0)
+            measured[dev][f"{kind}_bytes"] += int(round(mib * MiB))
+    doc: dict = {"measured_devices": measured, "measured_kv_bytes": result.kv_bytes,
+                 "measured_kv_bytes_exact": result.kv_bytes_exact}
+    if plan is not None:
+        planned_kv = plan.kv_bytes
+        doc["planned_kv_bytes"] = planned_kv
+        doc["planned_devices"] = {
+            d.device: {"weights_bytes": d.weights_bytes, "kv_bytes": d.kv_bytes, "compute_bytes": d.compute_bytes,
+                       "output_bytes": d.output_bytes}
+            for d in plan.devices
+        }
+        doc["planned_kv_caches"] = [
+            {"kind": c.kind, "cells": c.cells, "layers": c.layers, "kv_bytes": c.kv_bytes} for c in plan.kv_caches
+        ]
+        # llama.cpp prints each cache's K and V in MiB with 2 decimals: compare at that precision too
+        printed = [round(c.size_mib, 2) for c in result.buffers.kv_caches]
+        planned_printed = [round((c.k_bytes + c.v_bytes) / MiB, 2) for c in plan.kv_caches]
+        doc["kv_bytes_match"] = (planned_kv == result.kv_bytes) if result.kv_bytes_exact else None
+        doc["kv_mib_match"] = all(abs(a - b) <= 0.011 for a, b in zip(printed, planned_printed)) and len(printed) == len(planned_printed)
+    return doc
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .runner.bench import BenchError, run_bench
+
+    model_path = resolve_model(args.model)
+    if not model_path.is_file():
+        raise UserError(f"model file not found: {model_path}")
+    config = config_from_args(args)
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    if not args.json and sys.stderr.isatty():
+        print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
+    try:
+        result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,
+                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout)
+    except BenchError as exc:
+        if exc.kind in ("invalid_config", "model_error", "out_of_memory"):
+            raise UserError(f"bench failed ({exc.kind}): {exc}") from None
+        print(f"kvtuner: bench failed ({exc.kind}): {exc}", file=sys.stderr)
+        for line in exc.log_tail[-5:]:
+            print(f"  | {line}", file=sys.stderr)
+        return 1
+    plan, plan_error = _bench_plan(model_path, config, result.gpu_offload_supported)
+    side = _bench_side_by_side(plan, result)
+    if plan_error:
+        side["plan_error"] = plan_error
+    if args.json:
+        doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
+        doc["model_path"] = str(model_path)
+        emit_json(doc)
+    else:
+        print(_bench_text(result, side))
+    return 0
+
+
+def _bench_text(result: "BenchResult", side: dict) -> str:
+    from .core.units import fmt_bytes
+
+    r = result
+    c = r.config
+
+    def stat(s: "Stat | None", unit: str, fmt: str = "{:.1f}") -> str:
+        if s is None:
+            return "-"
+        return (f"{fmt.format(s.median)} {unit}  (median of {s.n}; min {fmt.format(s.min)}, max {fmt.format(s.max)}, "
+                f"stdev {fmt.format(s.stdev)})")
+
+    fa = {True: "on", False: "off", None: "?"}[r.flash_attn]
+    ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
+    lines = [
+        f"model      {r.model_path}",
+        f"llama.cpp  {r.llama_build}; devices {', '.join(r.devices) or '-'}; GPU offload "
+        f"{'yes' if r.gpu_offload_supported else 'no'}; threads {r.n_threads}",
+        f"config     n_ctx {r.n_ctx} (asked {c.n_ctx}), ngl {ngl}, K {c.type_k} / V {c.type_v}, "
+        f"flash attn {c.flash_attn} -> {fa}, n_seq {c.n_seq}, ubatch {c.n_ubatch}, swa_full {c.swa_full}",
+        "",
+        f"load       {r.load_s:.2f} s",
+        f"prefill    {r.n_prompt} tok at depth {r.n_depth}: {stat(r.prefill_tok_s, 'tok/s')}",
+        f"decode     {r.n_gen} tok: {stat(r.decode_tok_s, 'tok/s')}",
+        f"TTFT       {stat(r.ttft_s, 's', '{:.3f}')}",
+        f"peak RSS   {fmt_bytes(r.peak_rss_bytes)} (runner process)",
+    ]
+    if r.peak_vram_used_bytes:
+        for idx, used in sorted(r.peak_vram_used_bytes.items()):
+            proc = r.peak_vram_process_bytes.get(idx)
+            lines.append(f"peak VRAM  GPU {idx}: {fmt_bytes(used)} used on the device, {fmt_bytes(proc)} by the runner")
+    else:
+        lines.append("peak VRAM  - (no NVIDIA GPU found)")
+    lines += ["", f"{'buffer':<22}{'planned':>14}{'measured':>14}"]
+    planned = side.get("planned_devices", {})
+    measured = side.get("measured_devices", {})
+    for dev in sorted(set(planned) | set(measured)):
+        for kind in ("weights", "kv", "compute", "output"):
+            p = planned.get(dev, {}).get(f"{kind}_bytes")
+            m = measured.get(dev, {}).get(f"{kind}_bytes")
+            if not p and not m:
+                continue
+            lines.append(f"{dev + ' ' + kind:<22}{fmt_bytes(p):>14}{fmt_bytes(m):>14}")
+    pk = side.get("planned_kv_bytes")
+    match = side.get("kv_bytes_match")
+    mark = {True: "equal", False: "DIFFERENT", None: "equal to llama.cpp's 0.01 MiB" if side.get("kv_mib_match") else "?"}[match]
+    lines.append(f"{'KV total (bytes)':<22}{pk if pk is not None else '-':>14}{r.kv_bytes:>14}  {mark if pk is not None else ''}")
+    for cache in r.buffers.kv_caches:
+        lines.append(f"  llama_kv_cache: {cache.size_mib:.2f} MiB ({cache.cells} cells, {cache.layers} layers, "
+                     f"{cache.n_seq}/{cache.n_stream} seqs), K ({cache.type_k}) {cache.k_mib:.2f}, V ({cache.type_v}) {cache.v_mib:.2f}")
+    if side.get("plan_error"):
+        lines.append(f"note: no plan to compare with ({side['plan_error']})")
+    for w in r.warnings:
+        lines.append(f"warning: {w}")
+    if r.kv_split_experimental:
+        lines.append("note: the KV split across GPU and host uses tensor overrides (EXPERIMENTAL)")
+    return "\n".join(lines)
+
+
 # --- export (kvtuner.core.export) ------------------------------------------------------------
 
+
+_EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile")
+
+
+@_registrar
+def _register_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="write a configuration for llama-server, llama-cpp-python, Ollama, koboldcpp or a kvtuner profile",
+        description="Export one configuration to the tool you run it with. What the target cannot express is "
+                    "printed as notes on stderr. Files are written atomically and never overwritten without --force.")
+    add_model_arg(p)
+    add_config_args(p)
+    p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,
+                   help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
+                        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile")
+    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profile", metavar="FILE", default=None,
+                     help="start from a kvtuner profile (its model and configuration; flags given here override)")
+    src.add_argument("--from-library", metavar="ID", type=_positive_int, default=None,
+                     help="start from a saved working configuration (see 'kvtuner library')")
+    p.add_argument("--gpu-buffer-type", default="CUDA0", metavar="BUFT",
+                   help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)")
+    p.add_argument("--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command")
+    p.add_argument("--note", default=None, help="free text stored in a profile")
+    p.set_defaults(func=_cmd_export)
+
+    lib = sub.add_parser("library", help="list saved working configurations, best first",
+                         description="Configurations that ran to completion, with measured speed, per model and machine.")
+    add_model_arg(lib)
+    lib.add_argument("--all-machines", action="store_true", help="include runs from other machines")
+    lib.add_argument("--all-models", action="store_true", help="list every model's runs (ignores MODEL)")
+    lib.add_argument("--json", action="store_true", help="machine-readable output")
+    lib.set_defaults(func=_cmd_library)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .core.export import ExportError, MachineFingerprint, ModelIdentity, export, load_profile, write_text_atomic
+    from .core.library import ConfigLibrary, LibraryError
+
+    base = None
+    measured = None
+    warnings: tuple[str, ...] = ()
+    model_path = None
+    try:
+        if args.profile:
+            model_path, base, warnings = load_profile(args.profile, model_path=args.model)
+        elif args.from_library is not None:
+            with ConfigLibrary() as lib:
+                saved = lib.get(args.from_library)
+            model_path, base, measured = saved.model_path, saved.config, saved.measured
+            if args.model:
+                model_path = resolve_model(args.model)
+            if saved.machine.fingerprint_id != MachineFingerprint.current().fingerprint_id:
+                warnings = ("this configuration was measured on another machine: " + saved.machine.describe(),)
+    except (ExportError, LibraryError) as exc:
+        raise UserError(str(exc)) from None
+    except KeyError as exc:
+        raise UserError(f"{exc.args[0]}: see 'kvtuner library' for the ids") from None
+    for w in warnings:
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
+    if model_path is None:
+        model_path = resolve_model(args.model)
+    if not model_path.is_file():
+        raise UserError(f"{model_path}: model file not found: give the path of a .gguf file")
+    config = config_from_args(args, base)
+    model = None
+    if args.export_format == "profile":
+        from .core.model_profile import GGUFError, ModelProfile
+
+        try:
+            model = ModelIdentity.from_profile(ModelProfile.from_gguf(model_path))
+        except GGUFError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        result = export(args.export_format, model_path, config, model=model, measured=measured,
+                        gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
+        if args.output:
+            written = write_text_atomic(args.output, result.text, force=args.force)
+    except ExportError as exc:
+        raise UserError(str(exc)) from None
+    if args.output:
+        print(f"kvtuner: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(result.text)
+    for note in result.limitations:
+        print(f"kvtuner: note: {note}", file=sys.stderr)
+    return 0
+
+
+def _cmd_library(args: argparse.Namespace) -> int:
+    from .core.export import MachineFingerprint, ModelIdentity
+    from .core.library import ConfigLibrary, LibraryError
+    from .core.units import fmt_bytes
+
+    model = None if args.all_models else ModelIdentity.from_profile(load_model(args.model))
+    machine = None if args.all_machines else MachineFingerprint.current()
+    try:
+        with ConfigLibrary() as lib:
+            runs = lib.known_good(model, machine)
+    except LibraryError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        emit_json([{"id": r.id, "created_utc": r.created_utc, "model_path": str(r.model_path),
+                    "model": r.model.to_dict(), "machine": r.machine.to_dict(), "llama_cpp_build": r.llama_cpp_build,
+                    "config": r.config.to_dict(), "measured": r.measured, "note": r.note} for r in runs])
+        return 0
+    if not runs:
+        print("no saved working configurations" + ("" if args.all_machines else " on this machine")
+              + ("" if args.all_models else f" for {model.file_name}"))
+        return 0
+    print(f"{'id':>5}  {'decode tok/s':>12}  {'ctx':>7}  {'ngl':>4}  {'K/V':>11}  {'fa':>4}  {'peak VRAM':>10}  model")
+    for r in runs:
+        c = r.config
+        ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
+        tok = f"{r.decode_tok_s:.1f}" if r.decode_tok_s is not None else "-"
+        print(f"{r.id:>5}  {tok:>12}  {c.n_ctx:>7}  {ngl:>4}  {c.type_k + '/' + c.type_v:>11}  {c.flash_attn:>4}  "
+              f"{fmt_bytes(r.measured.get('peak_vram_bytes')):>10}  {r.model.file_name}")
+    return 0
+
+
 # --- gui (kvtuner.gui) -----------------------------------------------------------------------
+
+
+@_registrar
+def _register_gui(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gui", help="open the desktop app (the default command)",
+                       description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control.")
+    add_model_arg(p)
+    add_config_args(p)
+    p.add_argument("--screenshot", metavar="FILE", default=None,
+                   help="render the main window offscreen to a PNG and exit (no display needed)")
+    p.add_argument("--run", action="store_true",
+                   help="with --screenshot: run a short bench first so the graphs show a real run")
+    p.set_defaults(func=_cmd_gui)
+
+
+def _cmd_gui(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    config = config_from_args(args)
+    model = Path(args.model).expanduser() if args.model else None
+    if model is not None and not model.exists():
+        raise UserError(f"model file not found: {model}")
+    try:
+        from .gui.app import run
+    except ImportError as exc:  # PySide6 / pyqtgraph missing
+        raise UserError(f"the desktop app needs PySide6 and pyqtgraph: {exc}") from None
+    return run(model, config if _any_config_flag(args) else None, screenshot=args.screenshot, run=args.run)
+
+
+def _any_config_flag(args: argparse.Namespace) -> bool:
+    """Whether any configuration flag was given (else the app restores the saved configuration)."""
+    names = ("ctx", "ngl", "kv_gpu_layers", "cache_type_k", "cache_type_v", "flash_attn", "parallel",
+             "ubatch", "batch", "swa_full", "kv_unified", "no_mmap")
+    return any(getattr(args, n, None) is not None for n in names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

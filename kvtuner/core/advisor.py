@@ -1,0 +1,752 @@
+"""Advisor: rules that flag out-of-memory, fragmentation, swap and too-slow configurations,
+each with a one-click fix (PlanConfig field changes).
+
+:func:`advise` takes a :class:`MemoryPlan`, optionally its :class:`SpeedPrediction` and a
+:class:`LiveState` (latest samples of a running model) and returns :class:`Advice` records,
+errors first. Thresholds come from :class:`AdvisorSettings` (defaults from the seed documents,
+see ``shared/reference/llama-cpp-memory.md`` section 6).
+
+Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentation-risk``,
+``swap-risk``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
+``ctx-exceeds-train``, ``output-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
+``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``.
+
+A fix is applied with ``dataclasses.replace(plan.config, **advice.fix)``; every fix offered
+here is checked to build a valid :class:`PlanConfig`. ``fix`` is ``{}`` when no configuration
+change helps; then ``fix_label`` is ``""``, except for the live ``below-abandon-threshold``
+advice whose label ``"Stop the run"`` asks the GUI to offer stopping (:func:`should_auto_stop`
+says when to stop without asking).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable
+
+from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .ggml_types import kv_type
+from .hardware import GpuSpec, HostSpec
+from .memory_plan import MemoryPlan, plan_memory
+from .speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from .units import GiB, MiB, fmt_bytes
+
+__all__ = [
+    "Advice", "AdvisorError", "AdvisorSettings", "AllocationFailure", "GpuProcess", "LiveState", "advise",
+    "fix_flags", "should_auto_stop", "speed_band",
+]
+
+SEVERITIES = ("error", "warning", "info")
+
+
+class AdvisorError(ValueError):
+    """Bad advisor settings or live data; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One piece of advice.
+
+    Attributes:
+        id: the rule (see the module docstring).
+        severity: ``"error"`` (will fail or is unusable), ``"warning"`` or ``"info"``.
+        message: one sentence with the numbers.
+        reason: the formula or the seed's rule behind it.
+        fix: PlanConfig field changes (``{"n_ubatch": 256, "flash_attn": "on"}``), ``{}`` if none.
+        fix_label: button text (``"Use n_ubatch 256"``).
+    """
+
+    id: str
+    severity: str
+    message: str
+    reason: str
+    fix: dict[str, object]
+    fix_label: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{id, severity, message, reason, fix, fix_label}`` (JSON-able)."""
+        return {"id": self.id, "severity": self.severity, "message": self.message, "reason": self.reason,
+                "fix": dict(self.fix), "fix_label": self.fix_label}
+
+
+@dataclass(frozen=True)
+class AdvisorSettings:
+    """Thresholds (bytes, fractions 0..1, tokens/s, seconds).
+
+    Attributes:
+        vram_margin_bytes: VRAM kept free per GPU for the driver and desktop (reference section 6: ~1 GiB).
+        ram_headroom_fraction: host need must stay under ``1 - this`` of available RAM (seed: 20 %).
+        frag_min_bytes, frag_min_fraction: headroom under ``max(fraction * capacity, bytes)`` risks
+            fragmentation.
+        frag_last_alloc_fraction: the compute buffer (allocated last) needing more than this share of
+            what is free when it comes risks fragmentation.
+        abandon_tok_s: the seed's abandon line (1 tok/s).
+        live_window_s: how long measured decode must stay under the line before advising a stop.
+        auto_stop_below_abandon: stop the run by itself after ``live_window_s`` under the line.
+        swap_in_bytes_s: swap-in rate that counts as swapping during a run.
+        low_available_fraction: available RAM under this share of total during a run is a swap risk.
+        long_context_tokens: context per sequence from which an MHA model is flagged.
+        other_process_min_bytes: VRAM held by other processes worth mentioning.
+        knee_min_gain: decode gain (fraction) that makes moving KV back to the GPU worth a warning.
+    """
+
+    vram_margin_bytes: int = 1 * GiB
+    ram_headroom_fraction: float = 0.20
+    frag_min_bytes: int = 512 * MiB
+    frag_min_fraction: float = 0.05
+    frag_last_alloc_fraction: float = 0.5
+    abandon_tok_s: float = ABANDON_TOK_S
+    live_window_s: float = 10.0
+    auto_stop_below_abandon: bool = False
+    swap_in_bytes_s: float = 1 * MiB
+    low_available_fraction: float = 0.10
+    long_context_tokens: int = 32768
+    other_process_min_bytes: int = 256 * MiB
+    knee_min_gain: float = 0.10
+
+    def __post_init__(self) -> None:
+        for name in ("vram_margin_bytes", "frag_min_bytes", "swap_in_bytes_s", "abandon_tok_s", "live_window_s",
+                     "long_context_tokens", "other_process_min_bytes", "knee_min_gain"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise AdvisorError(f"advisor setting {name} must be a number >= 0, not {v!r}")
+        for name in ("ram_headroom_fraction", "frag_min_fraction", "frag_last_alloc_fraction", "low_available_fraction"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise AdvisorError(f"advisor setting {name} must be a fraction between 0 and 1, not {v!r}")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML lists on a GPU: ``used_bytes`` of VRAM (None when NVML cannot tell)."""
+
+    pid: int
+    name: str
+    gpu_index: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class AllocationFailure:
+    """An allocation failure of the running model: the ``device`` (``CUDA0``, ``CPU``),
+    ``requested_bytes`` (None if unknown) and what NVML/psutil reported free at that moment."""
+
+    device: str
+    requested_bytes: int | None
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """Latest samples of a running model (all optional).
+
+    Attributes:
+        total_ram_bytes, available_ram_bytes: host RAM now.
+        swap_in_bytes_s: swap-in rate over the last samples, bytes/s.
+        decode_tok_s: measured decode speed over the last ``live_window_s`` (10 s).
+        below_abandon_s: for how long the measured decode has stayed under the abandon line, s.
+        kv_type_k, kv_type_v: KV types the runner's buffers report (``llama_kv_cache`` log line).
+        flash_attn: flash attention as the runner's context reports it (None: unknown).
+        gpu_processes: NVML's process list.
+        own_pids: pids of kvtuner and its runner (not "other" processes).
+        allocation_failure: the latest allocation failure, or None.
+    """
+
+    total_ram_bytes: int | None = None
+    available_ram_bytes: int | None = None
+    swap_in_bytes_s: float | None = None
+    decode_tok_s: float | None = None
+    below_abandon_s: float = 0.0
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
+    flash_attn: bool | None = None
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    own_pids: tuple[int, ...] = ()
+    allocation_failure: AllocationFailure | None = None
+
+
+# ------------------------------------------------------------------------------------------
+# fixes
+
+_FLAGS = {
+    "n_ctx": "--ctx", "n_gpu_layers": "--ngl", "kv_gpu_layers": "--kv-gpu-layers", "type_k": "--cache-type-k",
+    "type_v": "--cache-type-v", "flash_attn": "--flash-attn", "n_seq": "--parallel", "n_ubatch": "--ubatch",
+    "n_batch": "--batch",
+}
+
+
+def fix_flags(fix: dict[str, object]) -> str:
+    """The ``kvtuner`` command-line flags of a fix: ``{"n_ubatch": 256, "flash_attn": "on"}`` ->
+    ``"--ubatch 256 --flash-attn on"``.
+
+    Raises:
+        AdvisorError: a key that is not a PlanConfig field.
+    """
+    parts = []
+    for key, value in fix.items():
+        if key in _FLAGS:
+            if key == "n_gpu_layers" and value == ALL_LAYERS:
+                parts.append("--ngl all")
+            elif key == "kv_gpu_layers" and value is None:
+                parts.append("(drop --kv-gpu-layers)")
+            else:
+                parts.append(f"{_FLAGS[key]} {value}")
+        elif key in ("swa_full", "kv_unified"):
+            parts.append(f"--{key.replace('_', '-')}" if value else f"(drop --{key.replace('_', '-')})")
+        elif key == "use_mmap":
+            parts.append("(drop --no-mmap)" if value else "--no-mmap")
+        else:
+            raise AdvisorError(f"fix key {key!r} is not a configuration field")
+    return " ".join(parts)
+
+
+def _hardware(plan: MemoryPlan) -> tuple[list[GpuSpec], HostSpec | None]:
+    """GpuSpecs and HostSpec that reproduce ``plan``'s devices for re-planning."""
+    gpus = [GpuSpec(name=d.name, total_bytes=d.capacity_bytes or 0, free_bytes=d.free_bytes, index=int(d.device[4:] or 0))
+            for d in plan.gpus]
+    h = plan.host
+    host = HostSpec(total_bytes=h.capacity_bytes, available_bytes=h.free_bytes) if h.capacity_bytes else None
+    return gpus, host
+
+
+class _Ctx:
+    """What every rule sees; caches re-plans."""
+
+    def __init__(self, plan: MemoryPlan, speed: SpeedPrediction | None, live: LiveState | None, s: AdvisorSettings):
+        self.plan, self.speed, self.live, self.s = plan, speed, live, s
+        self.gpus, self.host = _hardware(plan)
+        self._plans: dict[tuple, MemoryPlan | None] = {}
+
+    def config(self, fix: dict[str, object]) -> PlanConfig | None:
+        try:
+            return replace(self.plan.config, **fix)
+        except (ConfigError, TypeError):
+            return None
+
+    def replan(self, fix: dict[str, object]) -> MemoryPlan | None:
+        key = tuple(sorted((k, repr(v)) for k, v in fix.items()))
+        if key not in self._plans:
+            cfg = self.config(fix)
+            try:
+                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host) if cfg else None
+            except ConfigError:
+                self._plans[key] = None
+        return self._plans[key]
+
+    def vram_limit(self, d: Any) -> int | None:
+        return None if d.capacity_bytes is None else d.capacity_bytes - self.s.vram_margin_bytes
+
+    def vram_ok(self, p: MemoryPlan) -> bool:
+        return all(self.vram_limit(d) is None or d.total_bytes <= self.vram_limit(d) for d in p.gpus)
+
+    def ram_limit(self, p: MemoryPlan) -> int | None:
+        h = p.host
+        return h.free_bytes if h.free_bytes is not None else h.capacity_bytes
+
+    def ram_ok(self, p: MemoryPlan, fraction: float = 1.0) -> bool:
+        lim = self.ram_limit(p)
+        return lim is None or p.host.total_bytes <= fraction * lim
+
+    def fits(self, p: MemoryPlan) -> bool:
+        return self.vram_ok(p) and self.ram_ok(p)
+
+    def decode(self, p: MemoryPlan, full: bool = False) -> float | None:
+        if self.speed is None or self.speed.inputs is None:
+            return None
+        try:
+            return decode_tok_s(p, self.speed.inputs, p.n_ctx_seq - 1 if full else 0)
+        except SpeedModelError:
+            return None
+
+    def first_fix(self, candidates: Iterable[dict[str, object]], ok: Callable[[MemoryPlan], bool]) -> dict[str, object]:
+        for fix in candidates:
+            if not fix:
+                continue
+            p = self.replan(fix)
+            if p is not None and ok(p):
+                return fix
+        return {}
+
+    def largest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool],
+                extra: dict[str, object] | None = None) -> int | None:
+        """Largest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone)."""
+        best = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = self.replan({**(extra or {}), field: mid})
+            if p is not None and ok(p):
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def _label(fix: dict[str, object]) -> str:
+    if not fix:
+        return ""
+    words = {
+        "n_ctx": "context {}", "n_gpu_layers": "{} GPU layers", "kv_gpu_layers": "KV of {} layers on the GPU",
+        "type_k": "K cache {}", "type_v": "V cache {}", "flash_attn": "flash attention {}", "n_seq": "{} sequence(s)",
+        "n_ubatch": "n_ubatch {}", "n_batch": "n_batch {}",
+    }
+    parts = []
+    for k, v in fix.items():
+        if k == "n_gpu_layers" and v == ALL_LAYERS:
+            parts.append("all layers and the output layer on the GPU")
+        elif k == "kv_gpu_layers" and v is None:
+            parts.append("all offloaded layers' KV on the GPU")
+        else:
+            parts.append(words.get(k, k + " {}").format(v))
+    return "Use " + ", ".join(parts)
+
+
+def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> Iterable[dict[str, object]]:
+    """Fixes ordered by what they cost in speed: flash attention, smaller ubatch, q8_0 KV,
+    then (GPU) KV to the host, fewer GPU layers, then a smaller context."""
+    cfg, plan = c.plan.config, c.plan
+    if cfg.flash_attn == "off":
+        yield {"flash_attn": "on"}
+    for ub in (256, 128):
+        if plan.n_ubatch > ub:
+            yield {"n_ubatch": ub}
+    if cfg.type_k == "f16" or cfg.type_v == "f16":
+        yield {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if cfg.flash_attn == "off" else {})}
+    if gpu and plan.n_gpu_repeating:
+        k = c.largest("kv_gpu_layers", 0, plan.n_gpu_repeating - 1, ok) if plan.kv_gpu_layers else None
+        if k is not None:
+            yield {"kv_gpu_layers": k}
+        top = plan.model.n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
+        n = c.largest("n_gpu_layers", 0, top - 1, ok, {"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else None)
+        if n is not None:
+            yield {"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})}
+    n_ctx = cfg.n_ctx
+    for _ in range(8):
+        n_ctx //= 2
+        if n_ctx < 512:
+            break
+        yield {"n_ctx": n_ctx}
+
+
+# ------------------------------------------------------------------------------------------
+# rules
+
+
+def _adv(id: str, severity: str, message: str, reason: str, fix: dict[str, object] | None = None,
+         label: str | None = None) -> Advice:
+    fix = dict(fix or {})
+    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label)
+
+
+def _rule_vram_oom(c: _Ctx) -> list[Advice]:
+    out = []
+    for d in c.plan.gpus:
+        lim = c.vram_limit(d)
+        if lim is None or d.total_bytes <= lim:
+            continue
+        fix = c.first_fix(_memory_candidates(c, c.fits, gpu=True), c.fits)
+        out.append(_adv(
+            "vram-oom", "error",
+            f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV {fmt_bytes(d.kv_bytes)}, "
+            f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
+            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}.",
+            "total = weights + KV + compute + driver overhead must stay under capacity - margin "
+            "(reference section 6: leave ~1 GiB per GPU for the driver and desktop)",
+            fix,
+        ))
+    fail = c.live.allocation_failure if c.live else None
+    if fail is not None and fail.device.startswith("CUDA") and not (
+        fail.free_bytes is not None and fail.requested_bytes is not None and fail.free_bytes >= fail.requested_bytes
+    ) and not out:
+        fix = c.first_fix(_memory_candidates(c, c.fits, gpu=True), c.fits)
+        out.append(_adv(
+            "vram-oom", "error",
+            f"{fail.device} ran out of memory: the run asked for {fmt_bytes(fail.requested_bytes)} with "
+            f"{fmt_bytes(fail.free_bytes)} free.",
+            "an allocation larger than the free VRAM fails (measured during the run)", fix,
+        ))
+    return out
+
+
+def _rule_ram_oom(c: _Ctx) -> list[Advice]:
+    h = c.plan.host
+    lim = c.ram_limit(c.plan)
+    if lim is None or h.total_bytes <= lim:
+        return []
+    fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p), gpu=False), c.fits)
+    what = "available" if h.free_bytes is not None else "installed"
+    return [_adv(
+        "ram-oom", "error",
+        f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}, KV {fmt_bytes(h.kv_bytes)}, "
+        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}.",
+        "host total = weights (mapped pages must stay resident) + KV + compute + output + process must fit the available RAM",
+        fix,
+    )]
+
+
+def _frag_risk(c: _Ctx, d: Any) -> str | None:
+    if d.capacity_bytes is None:
+        return None
+    headroom = d.capacity_bytes - d.total_bytes
+    floor = max(c.s.frag_min_fraction * d.capacity_bytes, c.s.frag_min_bytes)
+    if 0 <= headroom < floor:
+        return (f"{d.device} keeps only {fmt_bytes(headroom)} free after every buffer, under "
+                f"max({c.s.frag_min_fraction:.0%} of {fmt_bytes(d.capacity_bytes)}, {fmt_bytes(c.s.frag_min_bytes)}) = {fmt_bytes(floor)}")
+    free_then = d.capacity_bytes - (d.overhead_bytes + d.weights_bytes + d.kv_bytes)
+    if d.compute_bytes and free_then > 0 and d.compute_bytes > c.s.frag_last_alloc_fraction * free_then and headroom >= 0:
+        return (f"the {fmt_bytes(d.compute_bytes)} compute buffer of {d.device}, allocated last, needs "
+                f"{d.compute_bytes / free_then:.0%} of the {fmt_bytes(free_then)} left after weights and KV")
+    return None
+
+
+def _rule_fragmentation(c: _Ctx) -> list[Advice]:
+    out = []
+    reason = ("headroom under max(5 %, 512 MiB), or the last large allocation (llama.cpp allocates weights, then KV, "
+              "then the compute buffer) needing more than half of what is free: free VRAM can suffice while no "
+              "contiguous block does (seed 000 section 5.1)")
+
+    def no_risk(p: MemoryPlan) -> bool:
+        return c.fits(p) and all(_frag_risk(c, d) is None for d in p.gpus)
+
+    for d in c.plan.gpus:
+        lim = c.vram_limit(d)
+        if lim is not None and d.total_bytes > lim:
+            continue  # vram-oom says it
+        why = _frag_risk(c, d)
+        if why:
+            fix = c.first_fix(_memory_candidates(c, no_risk, gpu=True), no_risk)
+            out.append(_adv("fragmentation-risk", "warning", why[0].upper() + why[1:] + ".", reason, fix))
+    fail = c.live.allocation_failure if c.live else None
+    if (fail is not None and fail.free_bytes is not None and fail.requested_bytes is not None
+            and fail.free_bytes >= fail.requested_bytes):
+        fix = c.first_fix(_memory_candidates(c, no_risk, gpu=fail.device.startswith("CUDA")), no_risk)
+        out.append(_adv(
+            "fragmentation-risk", "error",
+            f"An allocation of {fmt_bytes(fail.requested_bytes)} on {fail.device} failed while {fmt_bytes(fail.free_bytes)} "
+            "was reported free: memory is fragmented.", reason, fix,
+        ))
+    return out
+
+
+def _rule_swap(c: _Ctx) -> list[Advice]:
+    out = []
+    h = c.plan.host
+    lim = c.ram_limit(c.plan)
+    frac = 1 - c.s.ram_headroom_fraction
+    reason = ("keep at least 20 % of RAM above the need; KV swapped to disk is unusable, not slow "
+              "(seed 000 section 4.3)")
+    if lim is not None and frac * lim < h.total_bytes <= lim:
+        fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
+                          lambda p: c.ram_ok(p, frac) and c.vram_ok(p))
+        out.append(_adv(
+            "swap-risk", "warning",
+            f"The host needs {fmt_bytes(h.total_bytes)}, {h.total_bytes / lim:.0%} of the {fmt_bytes(lim)} available "
+            f"(more than {frac:.0%}).", reason, fix,
+        ))
+    if h.weights_mapped and h.free_bytes is not None and h.weights_bytes > h.free_bytes:
+        gpu_fix = c.first_fix(
+            [{"n_gpu_layers": n} for n in ([c.largest("n_gpu_layers", 0, c.plan.model.n_layer + 1, c.fits)] if c.plan.gpus else [])
+             if n is not None and n > c.plan.n_gpu_layers],
+            lambda p: p.host.weights_bytes <= (p.host.free_bytes or 0) and c.fits(p),
+        )
+        out.append(_adv(
+            "swap-risk", "warning",
+            f"{fmt_bytes(h.weights_bytes)} of memory-mapped weights exceed the {fmt_bytes(h.free_bytes)} of free RAM: "
+            "they will be streamed from disk at every token.",
+            "mapped weights that do not fit the page cache are re-read from disk (reference section 7)", gpu_fix,
+        ))
+    lv = c.live
+    if lv is not None:
+        if lv.swap_in_bytes_s is not None and lv.swap_in_bytes_s > c.s.swap_in_bytes_s:
+            out.append(_adv(
+                "swap-risk", "error", f"The system is swapping in {fmt_bytes(lv.swap_in_bytes_s)}/s during the run.",
+                reason + "; measured swap-in", c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
+                                                          lambda p: c.ram_ok(p, frac)),
+            ))
+        if (lv.available_ram_bytes is not None and lv.total_ram_bytes
+                and lv.available_ram_bytes < c.s.low_available_fraction * lv.total_ram_bytes):
+            out.append(_adv(
+                "swap-risk", "warning",
+                f"Only {fmt_bytes(lv.available_ram_bytes)} of {fmt_bytes(lv.total_ram_bytes)} RAM "
+                f"({lv.available_ram_bytes / lv.total_ram_bytes:.0%}) is available during the run.",
+                reason + f"; available RAM under {c.s.low_available_fraction:.0%}", {},
+            ))
+    return out
+
+
+def _rule_abandon(c: _Ctx) -> list[Advice]:
+    out = []
+    reason = ("below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration (seed 000 section 6); "
+              "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent")
+    sp = c.speed
+    line = c.s.abandon_tok_s
+    if sp is not None and sp.decode_tok_s_at_full_ctx < line:
+        def fast(p: MemoryPlan) -> bool:
+            v = c.decode(p, full=True)
+            return c.fits(p) and v is not None and v >= line
+
+        cands: list[dict[str, object]] = []
+        if c.plan.gpus:
+            if c.plan.config.kv_gpu_layers is not None:
+                cands.append({"kv_gpu_layers": None})
+            cands.append({"n_gpu_layers": ALL_LAYERS, "kv_gpu_layers": None})
+        n_ctx = c.plan.config.n_ctx
+        for _ in range(8):
+            n_ctx //= 2
+            if n_ctx < 512:
+                break
+            cands.append({"n_ctx": n_ctx})
+        fix = c.first_fix(cands, fast)
+        if sp.decode_tok_s < line:
+            msg = (f"Predicted decode is {sp.decode_tok_s:.2f} tok/s even with an empty cache, under the "
+                   f"{line:g} tok/s abandon line.")
+            sev = "error"
+        else:
+            msg = (f"Predicted decode falls from {sp.decode_tok_s:.2f} tok/s to {sp.decode_tok_s_at_full_ctx:.2f} tok/s "
+                   f"at the full {c.plan.n_ctx_seq}-token context, under the {line:g} tok/s abandon line.")
+            sev = "warning"
+        out.append(_adv("below-abandon-threshold", sev, msg, reason, fix))
+    lv = c.live
+    if lv is not None and lv.decode_tok_s is not None and lv.decode_tok_s < line and lv.below_abandon_s >= c.s.live_window_s:
+        out.append(_adv(
+            "below-abandon-threshold", "error",
+            f"Measured decode has stayed at {lv.decode_tok_s:.2f} tok/s for {lv.below_abandon_s:.0f} s, under the "
+            f"{line:g} tok/s abandon line.", reason + "; measured over the last 10 s", {}, "Stop the run",
+        ))
+    return out
+
+
+def _rule_v_needs_fa(c: _Ctx) -> list[Advice]:
+    cfg = c.plan.config
+    if not kv_type(cfg.type_v).is_quantized:
+        return []
+    reason = "a quantized V cache requires flash attention; llama.cpp refuses the context without it (reference section 2)"
+    lv = c.live
+    if lv is not None and lv.flash_attn is False:
+        return [_adv("v-cache-needs-flash-attn", "error",
+                     f"The run reports flash attention off with a {cfg.type_v} V cache.", reason, {"flash_attn": "on"})]
+    if cfg.flash_attn == "auto":
+        return [_adv("v-cache-needs-flash-attn", "info",
+                     f"The {cfg.type_v} V cache works only if flash attention 'auto' resolves to on; set it on explicitly "
+                     "so a backend that cannot run it fails loudly.", reason, {"flash_attn": "on"})]
+    return []
+
+
+def _rule_kv_slow_path(c: _Ctx) -> list[Advice]:
+    p, cfg, m = c.plan, c.plan.config, c.plan.model
+    if not p.gpus or p.kv_gpu_layers == 0:
+        return []
+    quant = kv_type(cfg.type_k).is_quantized or kv_type(cfg.type_v).is_quantized
+    reason = ("CUDA flash-attention kernels exist for matching K/V types and, for quantized KV, head sizes other than 256; "
+              "otherwise attention runs on a slow path (reference section 7: Gemma 3 with quantized KV, 5x slower decode)")
+    if cfg.type_k != cfg.type_v:
+        fix = {"type_v": cfg.type_k}
+        if c.config(fix) is None:
+            fix = {"type_k": cfg.type_v}
+        return [_adv("kv-type-slow-path", "warning",
+                     f"K cache {cfg.type_k} and V cache {cfg.type_v} differ: CUDA attention falls back to a slow path.",
+                     reason, fix if c.config(fix) else {})]
+    heads = {m.head_dim_k_at(l.il) for l in p.kv_layers}
+    if quant and 256 in heads:
+        return [_adv("kv-type-slow-path", "warning",
+                     f"A {cfg.type_k} KV cache with head size 256 ({m.architecture}) runs attention on a slow path on CUDA.",
+                     reason, {"type_k": "f16", "type_v": "f16"})]
+    return []
+
+
+def _rule_ctx_train(c: _Ctx) -> list[Advice]:
+    p, m = c.plan, c.plan.model
+    if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
+        return []
+    per_seq = m.n_ctx_train * (1 if p.config.kv_unified else p.config.n_seq)
+    return [_adv("ctx-exceeds-train", "warning",
+                 f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was trained on.",
+                 "n_ctx_seq > n_ctx_train: positions past the trained length degrade output unless RoPE scaling is set",
+                 {"n_ctx": per_seq})]
+
+
+def _rule_output_host(c: _Ctx) -> list[Advice]:
+    p, cfg = c.plan, c.plan.config
+    if not p.gpus or cfg.n_gpu_layers != p.model.n_layer:
+        return []
+    fix: dict[str, object] = {"n_gpu_layers": ALL_LAYERS}
+    q = c.replan(fix)
+    gain = ""
+    if q is not None:
+        a, b = c.decode(p), c.decode(q)
+        if a and b:
+            gain = f" (predicted decode {a:.1f} -> {b:.1f} tok/s)"
+        if not c.fits(q):
+            fix = {}
+    return [_adv("output-layer-on-host", "warning",
+                 f"--ngl {cfg.n_gpu_layers} equals the {p.model.n_layer} layers, which leaves the "
+                 f"{fmt_bytes(p.model.output_bytes)} output layer on the CPU{gain}.",
+                 "i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0): the output layer counts as one of n_gpu_layers "
+                 "(reference section 1); 'all' is n_layer + 1", fix,
+                 "Offload the output layer too (--ngl all)" if fix else "")]
+
+
+def _rule_mha(c: _Ctx) -> list[Advice]:
+    p, m = c.plan, c.plan.model
+    if m.attention_kind != "MHA" or p.n_ctx_seq < c.s.long_context_tokens:
+        return []
+    per_tok = p.kv_bytes_per_token()
+    n_head = max(m.n_head) if m.n_head else 0
+    factor = n_head // 8 if n_head >= 16 else 0
+    gqa = f"; a GQA model with 8 KV heads would need {factor}x less" if factor else ""
+    fix: dict[str, object] = {}
+    if p.config.type_k == "f16" and p.config.type_v == "f16":
+        fix = {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if p.config.flash_attn == "off" else {})}
+        if c.replan(fix) is None:
+            fix = {}
+    return [_adv("mha-long-context", "info",
+                 f"This MHA model keeps {fmt_bytes(per_tok)} of KV per token, {fmt_bytes(p.kv_bytes)} at "
+                 f"{p.n_ctx_seq} tokens{gqa}.",
+                 "KV bytes = 2 x layers x KV heads x head size x tokens x bytes; GQA models have 4-8x fewer KV heads "
+                 "(seed 003 section 2.2)", fix)]
+
+
+def _rule_parallel(c: _Ctx) -> list[Advice]:
+    p, cfg = c.plan, c.plan.config
+    if cfg.n_seq <= 1 or cfg.kv_unified:
+        return []
+    per = p.kv_bytes // max(1, p.n_stream)
+    return [_adv("parallel-multiplies-kv", "info",
+                 f"{cfg.n_seq} parallel sequences each get their own {p.n_ctx_seq}-cell KV stream: "
+                 f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}.",
+                 "sequences share the weights but each has its own KV (seed 003 section 3: 4 x 32K = 4 x one 32K cache)",
+                 {"n_seq": 1})]
+
+
+def _rule_kv_quality(c: _Ctx) -> list[Advice]:
+    cfg = c.plan.config
+    quant = [t for t in (cfg.type_k, cfg.type_v) if kv_type(t).is_quantized]
+    if not quant:
+        return []
+    fix: dict[str, object] = {"type_k": "f16", "type_v": "f16"}
+    q = c.replan(fix)
+    if q is None or not c.fits(q):
+        fix = {}
+    return [_adv("kv-quant-quality", "info",
+                 f"A {'/'.join(sorted(set(quant)))} KV cache roughly halves KV memory; exact recall (numbers, quotes, code) may suffer.",
+                 "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (seed 003 section 4.2)",
+                 fix)]
+
+
+def _rule_kv_not_applied(c: _Ctx) -> list[Advice]:
+    lv, cfg = c.live, c.plan.config
+    if lv is None or (lv.kv_type_k is None and lv.kv_type_v is None):
+        return []
+    got_k = lv.kv_type_k or cfg.type_k
+    got_v = lv.kv_type_v or cfg.type_v
+    if (got_k.lower(), got_v.lower()) == (cfg.type_k, cfg.type_v):
+        return []
+    fix: dict[str, object] = {"flash_attn": "on"} if (kv_type(cfg.type_v).is_quantized and cfg.flash_attn != "on") else {}
+    return [_adv("kv-type-not-applied", "warning",
+                 f"Requested a {cfg.type_k}/{cfg.type_v} KV cache but the runner's buffers are {got_k}/{got_v}.",
+                 "measured llama_kv_cache line differs from the request (reference section 7: 'requested q4_0 KV, got f16')",
+                 fix)]
+
+
+def _rule_other_processes(c: _Ctx) -> list[Advice]:
+    out = []
+    reason = "VRAM held by other processes is not available to llama.cpp (reference section 7)"
+    lv = c.live
+    seen: set[str] = set()
+    if lv is not None and lv.gpu_processes:
+        by_gpu: dict[int, list[GpuProcess]] = {}
+        for pr in lv.gpu_processes:
+            if pr.pid not in lv.own_pids:
+                by_gpu.setdefault(pr.gpu_index, []).append(pr)
+        for idx, procs in sorted(by_gpu.items()):
+            held = sum(pr.used_bytes or 0 for pr in procs)
+            if held < c.s.other_process_min_bytes:
+                continue
+            dev = f"CUDA{idx}"
+            seen.add(dev)
+            top = ", ".join(f"{pr.name or pr.pid} {fmt_bytes(pr.used_bytes)}" for pr in
+                            sorted(procs, key=lambda x: -(x.used_bytes or 0))[:3])
+            out.append(_adv("other-processes-hold-vram", "warning",
+                            f"{len(procs)} other process{'es' if len(procs) > 1 else ''} hold {fmt_bytes(held)} on {dev} ({top}).",
+                            reason + "; NVML process list", {}))
+    for d in c.plan.gpus:
+        if d.device in seen or d.free_bytes is None or d.capacity_bytes is None:
+            continue
+        held = d.capacity_bytes - d.free_bytes
+        if held < c.s.other_process_min_bytes:
+            continue
+        sev = "warning" if d.total_bytes > d.free_bytes else "info"
+        out.append(_adv("other-processes-hold-vram", sev,
+                        f"{fmt_bytes(held)} of {d.device} is already in use by other processes; the plan needs "
+                        f"{fmt_bytes(d.total_bytes)} of the {fmt_bytes(d.free_bytes)} free.", reason + "; NVML free memory", {}))
+    return out
+
+
+def _rule_offload_knee(c: _Ctx) -> list[Advice]:
+    p = c.plan
+    if c.speed is None or c.speed.inputs is None or not p.gpus or not p.n_gpu_repeating:
+        return []
+    n = p.n_gpu_repeating
+    k = p.kv_gpu_layers
+    if k >= n:
+        return []
+    step = max(1, n // 8)
+    up = c.replan({"kv_gpu_layers": min(n, k + step) if k + step < n else None})
+    if up is None or not c.fits(up):
+        return []
+    s0, s1 = c.decode(p, full=True), c.decode(up, full=True)
+    if not s0 or not s1:
+        return []
+    gain = s1 / s0 - 1
+    extra = sum(d.total_bytes for d in up.gpus) - sum(d.total_bytes for d in p.gpus)
+    cap = sum(d.capacity_bytes or 0 for d in p.gpus) or 1
+    if gain < c.s.knee_min_gain or (extra > 0 and gain <= extra / cap):
+        return []
+    best = c.largest("kv_gpu_layers", k, n, c.fits)
+    fix: dict[str, object] = {"kv_gpu_layers": None if best == n else best} if best is not None and best > k else {}
+    return [_adv("offload-knee", "warning",
+                  f"Moving the KV of {min(step, n - k)} more layer{'s' if min(step, n - k) > 1 else ''} back to the GPU costs "
+                  f"{fmt_bytes(extra)} ({extra / cap:.0%} of VRAM) and gains {gain:.0%} decode speed at full context "
+                  f"({s0:.2f} -> {s1:.2f} tok/s): this offload is past the knee.",
+                  "speed falls off a cliff once host bandwidth carries the KV; find the knee, do not minimise VRAM blindly "
+                  "(seed 000 section 4.2); step worth it when relative speed gain > relative VRAM cost", fix)]
+
+
+_RULES = (
+    _rule_vram_oom, _rule_ram_oom, _rule_fragmentation, _rule_swap, _rule_abandon, _rule_v_needs_fa, _rule_kv_slow_path,
+    _rule_ctx_train, _rule_output_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
+    _rule_other_processes, _rule_offload_knee,
+)
+
+
+def advise(plan: MemoryPlan, speed: SpeedPrediction | None = None, *, live: LiveState | None = None,
+           settings: AdvisorSettings | None = None) -> list[Advice]:
+    """Advice for ``plan``: errors first, then warnings, then info (rule order within).
+
+    ``speed`` enables the speed rules (below-abandon-threshold, offload-knee, the gain in
+    output-layer-on-host); ``live`` the measured variants. Pure arithmetic plus a few re-plans
+    (milliseconds).
+
+    Raises:
+        AdvisorError: ``settings`` or ``live`` is not of the right type.
+    """
+    s = settings or AdvisorSettings()
+    if not isinstance(s, AdvisorSettings):
+        raise AdvisorError(f"settings must be an AdvisorSettings, not {type(s).__name__}")
+    if live is not None and not isinstance(live, LiveState):
+        raise AdvisorError(f"live must be a LiveState, not {type(live).__name__}")
+    c = _Ctx(plan, speed, live, s)
+    out: list[Advice] = []
+    for rule in _RULES:
+        out.extend(rule(c))
+    return sorted(out, key=lambda a: SEVERITIES.index(a.severity))
+
+
+def should_auto_stop(live: LiveState | None, settings: AdvisorSettings | None = None) -> bool:
+    """True when the user enabled auto-stop and measured decode has stayed under the abandon
+    line for ``live_window_s`` (10 s)."""
+    s = settings or AdvisorSettings()
+    return bool(
+        s.auto_stop_below_abandon and live is not None and live.decode_tok_s is not None
+        and live.decode_tok_s < s.abandon_tok_s and live.below_abandon_s >= s.live_window_s
+    )
+

@@ -1,0 +1,415 @@
+"""Calibration of the speed model from measured runs, per machine and model family.
+
+Every measured run (a bench: prefill and decode tokens/s at a known depth, thread count and
+configuration) is stored with the *workload* the speed model computed for it
+(:class:`kvtuner.core.speed_model.Workload`: bytes and FLOPs per device) and the device rates
+of the time. Fitting then re-evaluates :func:`~kvtuner.core.speed_model.workload_time_s` under
+scaled constants and picks the scales ``s`` (natural log ``x = ln s``) that minimise
+
+    sum_runs (ln t_predicted(run; s) - ln t_measured(run))^2 + PRIOR_WEIGHT * sum_params x^2
+
+(least squares in log space with a ridge prior toward the starting constants; with one run the
+prior picks the smallest change, i.e. the constant of the bottleneck term moves). Decode fits
+``host_bw_efficiency``, ``host_decode_bytes_s_per_thread``, ``host_decode_flop_s_per_thread``,
+``gpu_bw_efficiency`` and ``layer_overhead_s``; prefill fits ``host_prefill_flop_s_per_thread`` and ``gpu_flop_efficiency``.
+A family (``architecture/file_type``) is fitted starting from the machine-wide fit.
+
+Band: the relative 1-sigma uncertainty (natural log) shrinks with the runs behind a fit,
+
+    sigma^2 = (PRIOR_SIGMA^2 * PRIOR_RUNS + sum residual^2) / (PRIOR_RUNS + n_runs)
+
+plus FAMILY_TRANSFER_SIGMA in quadrature when the family has no run of its own.
+
+Storage: ``calibration.json`` in the user data directory (``platformdirs.user_data_dir("kvtuner")``,
+``KVTUNER_DATA_DIR`` overrides), written atomically (temporary file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from .hardware import GpuSpec
+from .memory_plan import MemoryPlan
+from .model_profile import ModelProfile
+from .speed_model import (
+    DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload,
+    workload_time_s,
+)
+
+SCHEMA_VERSION = 1
+FILE_NAME = "calibration.json"
+#: Runs kept per machine (oldest dropped first).
+MAX_RUNS_PER_MACHINE = 500
+#: Relative 1-sigma error of the uncalibrated model (natural log; exp(0.35) = x1.42).
+PRIOR_SIGMA = 0.35
+#: Weight of the prior sigma, in runs.
+PRIOR_RUNS = 1.0
+#: Extra sigma when a family is predicted from other families' runs.
+FAMILY_TRANSFER_SIGMA = 0.15
+#: Ridge weight pulling fitted log-scales toward 0.
+PRIOR_WEIGHT = 0.02
+#: Host bandwidth probe results are reused for this long, seconds.
+HOST_BANDWIDTH_MAX_AGE_S = 7 * 24 * 3600.0
+
+DECODE_PARAMS = (
+    "host_bw_efficiency", "host_decode_bytes_s_per_thread", "host_decode_flop_s_per_thread", "gpu_bw_efficiency",
+    "layer_overhead_s",
+)
+PREFILL_PARAMS = ("host_prefill_flop_s_per_thread", "gpu_flop_efficiency")
+
+
+class CalibrationError(ValueError):
+    """Bad measured data; the message says what to change."""
+
+
+def data_dir() -> Path:
+    """kvtuner's user data directory (:func:`kvtuner.core.paths.data_dir`: ``$KVTUNER_DATA_DIR``
+    or platformdirs' user data dir)."""
+    from . import paths
+
+    return paths.data_dir()
+
+
+def machine_id(gpus: Sequence[GpuSpec] = ()) -> str:
+    """A stable id of this machine: sha256 of host name, CPU model, logical CPUs, RAM (GiB) and
+    GPU names, first 16 hex digits."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        ram_gib = round(psutil.virtual_memory().total / 2**30)
+    except Exception:  # pragma: no cover
+        ram_gib = 0
+    text = "|".join([platform.node(), cpu, str(os.cpu_count()), str(ram_gib), *sorted(g.name for g in gpus)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_family(model: ModelProfile) -> str:
+    """``architecture/file_type`` (``gemma3/MOSTLY_Q4_K_M``): models of a family share kernels."""
+    return f"{model.architecture}/{model.file_type or '?'}"
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One measured run with the workloads the speed model assigns to it.
+
+    Attributes:
+        machine: :func:`machine_id`.
+        family: :func:`model_family`.
+        model_sha256: header hash of the model.
+        n_threads: CPU threads of the run.
+        config: the PlanConfig as a dict.
+        rates: device rates at the time of the run.
+        decode_work, decode_tok_s: decode workload (one token at the run's mean decode depth)
+            and measured decode tokens/s (None if not measured).
+        prefill_work, prefill_tok_s: the same for the prefill.
+        t_unix: when it was recorded, Unix seconds.
+    """
+
+    machine: str
+    family: str
+    model_sha256: str
+    n_threads: int
+    config: dict[str, Any]
+    rates: dict[str, DeviceRates]
+    decode_work: Workload | None
+    decode_tok_s: float | None
+    prefill_work: Workload | None
+    prefill_tok_s: float | None
+    t_unix: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (the stored form)."""
+        return {
+            "machine": self.machine, "family": self.family, "model_sha256": self.model_sha256,
+            "n_threads": self.n_threads, "config": self.config,
+            "rates": {k: {"bandwidth_bytes_s": r.bandwidth_bytes_s, "flop_s": r.flop_s,
+                          "pcie_bandwidth_bytes_s": r.pcie_bandwidth_bytes_s, "source": r.source}
+                      for k, r in self.rates.items()},
+            "decode_work": self.decode_work.to_dict() if self.decode_work else None, "decode_tok_s": self.decode_tok_s,
+            "prefill_work": self.prefill_work.to_dict() if self.prefill_work else None, "prefill_tok_s": self.prefill_tok_s,
+            "t_unix": self.t_unix,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MeasuredRun":
+        """Inverse of :meth:`to_dict`; KeyError/TypeError/ValueError on a malformed record."""
+        return cls(
+            machine=str(d["machine"]), family=str(d["family"]), model_sha256=str(d.get("model_sha256", "")),
+            n_threads=int(d["n_threads"]), config=dict(d.get("config") or {}),
+            rates={k: DeviceRates(k, float(r["bandwidth_bytes_s"]), r.get("flop_s"), r.get("pcie_bandwidth_bytes_s"),
+                                  str(r.get("source", ""))) for k, r in d["rates"].items()},
+            decode_work=Workload.from_dict(d["decode_work"]) if d.get("decode_work") else None,
+            decode_tok_s=float(d["decode_tok_s"]) if d.get("decode_tok_s") else None,
+            prefill_work=Workload.from_dict(d["prefill_work"]) if d.get("prefill_work") else None,
+            prefill_tok_s=float(d["prefill_tok_s"]) if d.get("prefill_tok_s") else None,
+            t_unix=float(d.get("t_unix", 0.0)),
+        )
+
+
+def measured_run(
+    plan: MemoryPlan,
+    inputs: SpeedInputs,
+    *,
+    n_threads: int,
+    n_depth: int,
+    n_prompt: int,
+    n_gen: int,
+    prefill_tok_s: float | None,
+    decode_tok_s: float | None,
+    machine: str | None = None,
+) -> MeasuredRun:
+    """A :class:`MeasuredRun` for a bench of ``plan`` (llama-bench style, as
+    :func:`kvtuner.runner.bench.run_bench` does it: fill ``n_depth`` tokens, prefill ``n_prompt``
+    at that depth, decode ``n_gen`` after it, so decode runs at the mean depth
+    ``n_depth + n_prompt + (n_gen - 1) / 2``).
+
+    Raises:
+        CalibrationError: a speed that is not a positive number, or nothing measured.
+    """
+    for name, v in (("prefill_tok_s", prefill_tok_s), ("decode_tok_s", decode_tok_s)):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise CalibrationError(f"{name} must be a positive number of tokens/s, not {v!r}")
+    if prefill_tok_s is None and decode_tok_s is None:
+        raise CalibrationError("a measured run needs prefill_tok_s or decode_tok_s")
+    try:
+        pre_w = prefill_workload(plan, n_prompt, n_depth, inputs.constants) if (prefill_tok_s and n_prompt) else None
+        depth = min(plan.n_ctx_seq - 1, n_depth + n_prompt + max(0, n_gen - 1) // 2)
+        dec_w = decode_workload(plan, depth, inputs.constants) if decode_tok_s else None
+    except SpeedModelError as exc:
+        raise CalibrationError(str(exc)) from None
+    return MeasuredRun(
+        machine=machine or machine_id(), family=model_family(plan.model), model_sha256=plan.model.header_sha256,
+        n_threads=n_threads, config=plan.config.to_dict(), rates=dict(inputs.rates),
+        decode_work=dec_w, decode_tok_s=decode_tok_s if dec_w else None,
+        prefill_work=pre_w, prefill_tok_s=prefill_tok_s if pre_w else None, t_unix=time.time(),
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fit: constants and 1-sigma log uncertainty for decode and prefill, and run counts."""
+
+    constants: SpeedConstants
+    decode_sigma_log: float = PRIOR_SIGMA
+    prefill_sigma_log: float = PRIOR_SIGMA
+    n_runs: int = 0
+    n_family_runs: int = 0
+
+
+def _run_time_s(work: Workload, run: MeasuredRun, constants: SpeedConstants) -> float:
+    return workload_time_s(work, SpeedInputs(run.rates, run.n_threads, constants))
+
+
+def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple[SpeedConstants, list[float]]:
+    """Coordinate descent on log-scales of the phase's constants (see the module docstring);
+    returns the fitted constants and the log residuals (predicted over measured time)."""
+    params = DECODE_PARAMS if phase == "decode" else PREFILL_PARAMS
+    data = []
+    for r in runs:
+        w, tok_s = (r.decode_work, r.decode_tok_s) if phase == "decode" else (r.prefill_work, r.prefill_tok_s)
+        if w is not None and tok_s:
+            data.append((r, w, math.log(w.n_tokens / tok_s)))
+    if not data:
+        return base, []
+    # only fit what the runs exercise
+    has_gpu = any(d.kind == "gpu" for _, w, _ in data for d in w.devices)
+    has_host = any(d.kind == "host" for _, w, _ in data for d in w.devices)
+    active = [p for p in params if (("gpu" in p and has_gpu) or ("host" in p and has_host) or "overhead" in p)]
+    x = {p: 0.0 for p in active}
+
+    def constants_of(xs: dict[str, float]) -> SpeedConstants:
+        return base.scaled(**{p: math.exp(v) for p, v in xs.items()})
+
+    def loss(xs: dict[str, float]) -> float:
+        c = constants_of(xs)
+        err = sum((math.log(_run_time_s(w, r, c)) - lt) ** 2 for r, w, lt in data)
+        return err + PRIOR_WEIGHT * sum(v * v for v in xs.values())
+
+    best = loss(x)
+    for step in (1.0, 0.3, 0.1, 0.03, 0.01, 0.003):
+        for _ in range(6):
+            improved = False
+            for p in active:
+                for k in range(1, 41):  # walk in each direction while it helps
+                    moved = False
+                    for sign in (1, -1):
+                        trial = dict(x)
+                        trial[p] = x[p] + sign * step
+                        if abs(trial[p]) > 5:
+                            continue
+                        val = loss(trial)
+                        if val < best - 1e-12:
+                            x, best, moved, improved = trial, val, True, True
+                            break
+                    if not moved:
+                        break
+            if not improved:
+                break
+    c = constants_of(x)
+    return c, [math.log(_run_time_s(w, r, c)) - lt for r, w, lt in data]
+
+
+def _sigma(residuals: Sequence[float]) -> float:
+    n = len(residuals)
+    return math.sqrt((PRIOR_SIGMA**2 * PRIOR_RUNS + sum(r * r for r in residuals)) / (PRIOR_RUNS + n))
+
+
+def fit_calibration(runs: Sequence[MeasuredRun], family: str | None = None,
+                    base: SpeedConstants | None = None) -> Calibration:
+    """Fit constants to ``runs`` (one machine's); with ``family``, refine the machine-wide fit
+    on that family's runs. No runs: the defaults with :data:`PRIOR_SIGMA`."""
+    base = base or SpeedConstants()
+    machine_c, dec_res = _fit(runs, base, "decode")
+    machine_c2, pre_res = _fit(runs, machine_c, "prefill")
+    fam_runs = [r for r in runs if family is not None and r.family == family]
+    if fam_runs:
+        c, fdec = _fit(fam_runs, machine_c2, "decode")
+        c, fpre = _fit(fam_runs, c, "prefill")
+        return Calibration(c, _sigma(fdec), _sigma(fpre), len(runs), len(fam_runs))
+    extra = FAMILY_TRANSFER_SIGMA if (family is not None and runs) else 0.0
+    return Calibration(
+        machine_c2, math.hypot(_sigma(dec_res), extra), math.hypot(_sigma(pre_res), extra), len(runs), 0,
+    )
+
+
+class CalibrationStore:
+    """Measured runs and the host bandwidth probe, per machine, in one JSON file.
+
+    ``path`` defaults to ``data_dir() / "calibration.json"``. A missing or unreadable file is an
+    empty store (an unreadable one is kept aside as ``calibration.json.bad``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else data_dir() / FILE_NAME
+        self._data = self._load()
+
+    def _load(self) -> dict[str, Any]:
+        empty: dict[str, Any] = {"schema": SCHEMA_VERSION, "machines": {}}
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return empty
+        except OSError:
+            return empty
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("machines"), dict):
+                raise ValueError("not a calibration file")
+            return data
+        except ValueError:
+            try:
+                os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+            except OSError:
+                pass
+            return empty
+
+    def _save(self) -> None:
+        """Write atomically: a temporary file in the same directory, then ``os.replace``.
+
+        Raises:
+            CalibrationError: the directory cannot be written (says which).
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".json", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(self._data, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:
+            raise CalibrationError(f"cannot write calibration to {self.path.parent}: {exc.strerror or exc}; "
+                                   "set KVTUNER_DATA_DIR to a writable directory") from None
+
+    def _machine(self, machine: str) -> dict[str, Any]:
+        return self._data["machines"].setdefault(machine, {"runs": []})
+
+    def runs(self, machine: str | None = None) -> list[MeasuredRun]:
+        """Stored runs of ``machine`` (default: this one); malformed records are skipped."""
+        m = self._data["machines"].get(machine or machine_id(), {})
+        out = []
+        for d in m.get("runs", []):
+            try:
+                out.append(MeasuredRun.from_dict(d))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    def add(self, run: MeasuredRun) -> None:
+        """Store one run (keeps the newest :data:`MAX_RUNS_PER_MACHINE`) and save.
+
+        Raises:
+            CalibrationError: the file cannot be written.
+        """
+        m = self._machine(run.machine)
+        m["runs"] = (m.get("runs", []) + [run.to_dict()])[-MAX_RUNS_PER_MACHINE:]
+        self._save()
+
+    def clear(self, machine: str | None = None) -> None:
+        """Forget the runs of ``machine`` (default: this one) and save."""
+        self._data["machines"].pop(machine or machine_id(), None)
+        self._save()
+
+    def calibration(self, family: str | None = None, machine: str | None = None,
+                    base: SpeedConstants | None = None) -> Calibration:
+        """:func:`fit_calibration` over this machine's runs."""
+        return fit_calibration(self.runs(machine), family, base)
+
+    def host_bandwidth_bytes_s(self, machine: str | None = None, *, measure: bool = True) -> float | None:
+        """This machine's host bandwidth: the stored probe if younger than
+        :data:`HOST_BANDWIDTH_MAX_AGE_S`, else a fresh probe (stored; None if ``measure`` is False)."""
+        from .speed_model import measure_host_bandwidth
+
+        m = self._machine(machine or machine_id())
+        probe = m.get("host_bandwidth")
+        if isinstance(probe, dict) and time.time() - float(probe.get("t_unix", 0)) < HOST_BANDWIDTH_MAX_AGE_S:
+            return float(probe["bytes_s"])
+        if not measure:
+            return None
+        bw = measure_host_bandwidth()
+        m["host_bandwidth"] = {"bytes_s": bw, "t_unix": time.time()}
+        try:
+            self._save()
+        except CalibrationError:
+            pass  # a read-only data dir must not stop a prediction
+        return bw
+
+
+def calibrated_inputs(inputs: SpeedInputs, model: ModelProfile, store: CalibrationStore | None = None,
+                      machine: str | None = None) -> SpeedInputs:
+    """``inputs`` with the constants and band of this machine's calibration for ``model``'s family."""
+    store = store or CalibrationStore()
+    cal = store.calibration(model_family(model), machine, inputs.constants)
+    return replace(inputs, constants=cal.constants, sigma_log=cal.decode_sigma_log,
+                   prefill_sigma_log=cal.prefill_sigma_log, n_calibration_runs=cal.n_runs)
+
+
+__all__ = [
+    "Calibration", "CalibrationError", "CalibrationStore", "MeasuredRun", "calibrated_inputs", "data_dir",
+    "fit_calibration", "machine_id", "measured_run", "model_family",
+]

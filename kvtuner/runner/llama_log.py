@@ -1,0 +1,243 @@
+"""Parse llama.cpp log lines into structured records.
+
+Pure Python (no ``llama_cpp`` import): the worker feeds it the lines its own
+``llama_log_set`` callback receives, and the parent can parse a saved log the same way.
+
+Every pattern below copies a printf format from the llama.cpp vendored by
+llama-cpp-python 0.3.36 (commit 0c1e570); the source is named next to each.
+MiB figures are printed with two decimals (``%8.2f``), so values parsed here carry a
+rounding error of up to 0.005 MiB; sizes that must be exact come from the planner.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+#: ``enum ggml_log_level`` (ggml/include/ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4,
+#: CONT 5. (llama-cpp-python's _logger.py maps them off by one and hides errors.)
+LEVEL_NONE, LEVEL_DEBUG, LEVEL_INFO, LEVEL_WARN, LEVEL_ERROR, LEVEL_CONT = range(6)
+LEVEL_NAMES = {0: "none", 1: "debug", 2: "info", 3: "warn", 4: "error", 5: "cont"}
+
+
+@dataclass(frozen=True)
+class ModelBuffer:
+    """``load_tensors: <buft> model buffer size = <MiB> MiB`` (llama-model.cpp load_tensors).
+
+    ``buft`` is the buffer name (``CPU_Mapped``, ``CPU_REPACK``, ``CUDA0`` ...), ``mib`` its size in MiB.
+    """
+
+    buft: str
+    mib: float
+
+
+@dataclass(frozen=True)
+class OffloadedLayers:
+    """``load_tensors: offloaded <k>/<n> layers to GPU`` (llama-model.cpp load_tensors; only
+    printed when ``llama_supports_gpu_offload()``). ``n_total`` is n_layer + 1 (output layer)."""
+
+    n_offloaded: int
+    n_total: int
+
+
+@dataclass(frozen=True)
+class OutputBuffer:
+    """``llama_context: <buft>  output buffer size = <MiB> MiB`` (llama-context.cpp constructor)."""
+
+    buft: str
+    mib: float
+
+
+@dataclass(frozen=True)
+class KvBuffer:
+    """``llama_kv_cache: <buft> KV buffer size = <MiB> MiB`` (llama-kv-cache.cpp constructor).
+
+    Under ``no_alloc`` the buffer is a dummy and the line prints 0.00 MiB.
+    """
+
+    buft: str
+    mib: float
+
+
+@dataclass(frozen=True)
+class KvCacheSize:
+    """``llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB,
+    V (%s): %7.2f MiB`` (llama-kv-cache.cpp constructor). Real sizes even under ``no_alloc``.
+
+    ``n_seq`` is n_seq_max, ``n_stream`` the number of KV streams (1 when unified).
+    """
+
+    size_mib: float
+    cells: int
+    layers: int
+    n_seq: int
+    n_stream: int
+    type_k: str
+    k_mib: float
+    type_v: str
+    v_mib: float
+
+
+@dataclass(frozen=True)
+class ComputeBuffer:
+    """``sched_reserve: <buft> compute buffer size = <MiB> MiB`` (llama-context.cpp sched_reserve)."""
+
+    buft: str
+    mib: float
+
+
+@dataclass(frozen=True)
+class ContextParam:
+    """``llama_context: <name> = <value>`` (llama-context.cpp constructor), e.g. ``n_ctx``,
+    ``n_ctx_seq``, ``n_seq_max``, ``n_batch``, ``n_ubatch``, ``flash_attn``, ``kv_unified``.
+    ``value`` is the text after ``=``."""
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class FlashAttnResolved:
+    """Flash attention decided by llama.cpp: ``resolve_fused_ops: Flash Attention enabled`` /
+    ``... not supported, set to disabled`` for ``auto`` (llama-context.cpp resolve_fused_ops),
+    or ``enabling flash_attn since it is required for quantized V cache``
+    (llama-context.cpp llama_init_from_model)."""
+
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class LogError:
+    """An ERROR-level line. ``kind`` classifies it: ``out_of_memory`` (an allocation failed),
+    ``invalid_config`` (llama.cpp refused the context), ``model_error`` (the model did not
+    load), or ``other``."""
+
+    func: str
+    message: str
+    kind: str
+
+
+Record = Union[
+    ModelBuffer, OffloadedLayers, OutputBuffer, KvBuffer, KvCacheSize, ComputeBuffer,
+    ContextParam, FlashAttnResolved, LogError,
+]
+
+_F = r"([0-9]+(?:\.[0-9]+)?)"  # a %f number
+_RE_MODEL_BUF = re.compile(rf"^load_tensors:\s+(\S+) model buffer size =\s*{_F} MiB")
+_RE_OFFLOADED = re.compile(r"^load_tensors: offloaded (\d+)/(\d+) layers to GPU")
+_RE_OUTPUT_BUF = re.compile(rf"^llama_context:\s+(\S+)\s+output buffer size =\s*{_F} MiB")
+_RE_KV_BUF = re.compile(rf"^llama_kv_cache:\s+(\S+) KV buffer size =\s*{_F} MiB")
+_RE_KV_SIZE = re.compile(
+    rf"^llama_kv_cache: size =\s*{_F} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\), "
+    rf"K \((\w+)\):\s*{_F} MiB, V \((\w+)\):\s*{_F} MiB"
+)
+_RE_COMPUTE_BUF = re.compile(rf"^sched_reserve:\s+(\S+) compute buffer size =\s*{_F} MiB")
+_RE_CTX_PARAM = re.compile(r"^llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn)\s+= (\S+)")
+_RE_FA_RESOLVED = re.compile(r"^resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
+_RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required")
+_RE_FUNC = re.compile(r"^(\w+):\s*(.*)$")
+
+# Messages of allocation failures: ggml-backend.cpp / ggml-alloc.c ("failed to allocate ...
+# buffer of size"), llama-kv-cache.cpp ("failed to allocate buffer for kv cache"),
+# llama-context.cpp ("failed to allocate compute pp buffers", "... output buffer"),
+# ggml-cuda.cu ("cudaMalloc failed: out of memory"), Vulkan ("ErrorOutOfDeviceMemory").
+OOM_PATTERN = re.compile(
+    r"out of memory|insufficient memory|failed to allocate|unable to allocate|cudaMalloc failed|OutOfDeviceMemory|bad_alloc|"
+    r"failed to reserve initial output buffer",
+    re.IGNORECASE,
+)
+
+
+def classify_error(func: str, message: str) -> str:
+    """Kind of an ERROR log line or exception text: ``out_of_memory``, ``invalid_config``,
+    ``model_error`` or ``other`` (rules: the messages listed at :data:`OOM_PATTERN`;
+    llama-context.cpp ``llama_init_from_model`` refusals; llama.cpp ``llama_model_load``)."""
+    text = f"{func}: {message}"
+    if OOM_PATTERN.search(text):
+        return "out_of_memory"
+    if func in ("llama_model_load", "llama_model_load_from_file_impl", "llama_model_loader", "gguf_init_from_file_impl",
+                "gguf_init_from_file", "llama_load_model_from_file") or "error loading model" in message:
+        return "model_error"
+    if func in ("llama_init_from_model", "llama_new_context_with_model", "llama_context", "sched_reserve"):
+        return "invalid_config"
+    return "other"
+
+
+def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
+    """Parse one complete log line (without its newline); None if it carries nothing we track.
+
+    ``level`` is the ggml log level the callback received; ERROR lines become :class:`LogError`.
+    """
+    line = line.rstrip("\r\n")
+    if level == LEVEL_ERROR:
+        m = _RE_FUNC.match(line.strip())
+        func, message = (m.group(1), m.group(2)) if m else ("", line.strip())
+        return LogError(func=func, message=message, kind=classify_error(func, message))
+    if m := _RE_KV_SIZE.match(line):
+        return KvCacheSize(
+            size_mib=float(m.group(1)), cells=int(m.group(2)), layers=int(m.group(3)),
+            n_seq=int(m.group(4)), n_stream=int(m.group(5)),
+            type_k=m.group(6), k_mib=float(m.group(7)), type_v=m.group(8), v_mib=float(m.group(9)),
+        )
+    if m := _RE_MODEL_BUF.match(line):
+        return ModelBuffer(m.group(1), float(m.group(2)))
+    if m := _RE_KV_BUF.match(line):
+        return KvBuffer(m.group(1), float(m.group(2)))
+    if m := _RE_OUTPUT_BUF.match(line):
+        return OutputBuffer(m.group(1), float(m.group(2)))
+    if m := _RE_COMPUTE_BUF.match(line):
+        return ComputeBuffer(m.group(1), float(m.group(2)))
+    if m := _RE_OFFLOADED.match(line):
+        return OffloadedLayers(int(m.group(1)), int(m.group(2)))
+    if m := _RE_CTX_PARAM.match(line):
+        return ContextParam(m.group(1), m.group(2))
+    if m := _RE_FA_RESOLVED.match(line):
+        return FlashAttnResolved(m.group(1) == "enabled")
+    if _RE_FA_FORCED.search(line) and "flash_attn" in line:
+        return FlashAttnResolved(True)
+    return None
+
+
+def parse_lines(lines: Iterable[str]) -> list[Record]:
+    """Parse many INFO lines (e.g. a saved log); ERROR lines are recognised by their text
+    (``error`` / ``failed``) since a plain log file has lost the levels."""
+    out: list[Record] = []
+    for line in lines:
+        rec = parse_line(line)
+        if rec is None and re.search(r"\berror\b|failed", line, re.IGNORECASE):
+            rec = parse_line(line, LEVEL_ERROR)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+class LineAssembler:
+    """Join the fragments a ``llama_log_set`` callback receives into whole lines.
+
+    llama.cpp sometimes logs a line in pieces (``LLAMA_LOG_CONT``, level 5, continues the
+    previous level; llama-model-loader.cpp prints override values that way). :meth:`feed`
+    returns the completed ``(level, line)`` pairs.
+    """
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._level = LEVEL_INFO
+
+    def feed(self, level: int, text: str) -> list[tuple[int, str]]:
+        """Add one callback's text; returns the lines it completed."""
+        if level != LEVEL_CONT and not self._buf:
+            self._level = level
+        self._buf += text
+        out: list[tuple[int, str]] = []
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            out.append((self._level, line))
+        return out
+
+    def flush(self) -> list[tuple[int, str]]:
+        """Return a pending partial line, if any."""
+        if self._buf:
+            line, self._buf = self._buf, ""
+            return [(self._level, line)]
+        return []

@@ -1,0 +1,119 @@
+"""Calibration of the speed model (kvtuner.core.calibration): storage and fitting."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kvtuner.core.calibration import (
+    FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, CalibrationError, CalibrationStore, calibrated_inputs, data_dir,
+    fit_calibration, measured_run, model_family,
+)
+from kvtuner.core.config import PlanConfig
+from kvtuner.core.hardware import HostSpec
+from kvtuner.core.memory_plan import plan_memory
+from kvtuner.core.speed_model import SpeedConstants, decode_tok_s, prefill_tok_s, speed_inputs
+
+HOST = HostSpec(16 << 30, 8 << 30, mem_bandwidth_bytes_s=10e9)
+
+
+@pytest.fixture(scope="module")
+def plan(default_profile):
+    return plan_memory(default_profile, PlanConfig(n_ctx=4096, flash_attn="on"), [], HOST)
+
+
+def run_of(plan, n_threads, decode, prefill, depth=0):
+    return measured_run(plan, speed_inputs([], HOST, n_threads=n_threads), n_threads=n_threads, n_depth=depth,
+                        n_prompt=64, n_gen=16, prefill_tok_s=prefill, decode_tok_s=decode, machine="m1")
+
+
+def test_data_dir_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path / "d"))
+    assert data_dir() == tmp_path / "d"
+    assert CalibrationStore().path == tmp_path / "d" / "calibration.json"
+
+
+def test_store_round_trip_is_atomic(tmp_path, plan):
+    store = CalibrationStore(tmp_path / "cal.json")
+    r = run_of(plan, 2, 10.0, 80.0)
+    store.add(r)
+    assert [p.name for p in tmp_path.iterdir()] == ["cal.json"]  # no temporary file left behind
+    again = CalibrationStore(tmp_path / "cal.json").runs("m1")
+    assert len(again) == 1 and again[0].to_dict() == r.to_dict()
+    assert again[0].family == model_family(plan.model) == "gemma3/MOSTLY_Q4_K_M"
+
+
+def test_corrupt_file_is_set_aside(tmp_path):
+    p = tmp_path / "cal.json"
+    p.write_text("{not json")
+    store = CalibrationStore(p)
+    assert store.runs("m1") == []
+    assert (tmp_path / "cal.json.bad").read_text() == "{not json"
+
+
+def test_one_run_reproduces_itself(plan):
+    # measured slower than the defaults predict: the fit moves the bottleneck constant
+    r = run_of(plan, 2, 10.0, 70.0)
+    cal = fit_calibration([r], model_family(plan.model))
+    inp = speed_inputs([], HOST, n_threads=2, constants=cal.constants)
+    assert decode_tok_s(plan, inp, 64 + 7) == pytest.approx(10.0, rel=0.01)
+    assert prefill_tok_s(plan, inp, 64, 0) == pytest.approx(70.0, rel=0.01)
+    assert cal.n_runs == cal.n_family_runs == 1
+
+
+def test_band_narrows_as_runs_accumulate(plan):
+    base = fit_calibration([], None)
+    assert base.constants == SpeedConstants() and base.decode_sigma_log == PRIOR_SIGMA
+    sigmas = []
+    runs = []
+    for i, threads in enumerate((2, 1, 2, 1, 2, 1)):
+        runs.append(run_of(plan, threads, 10.0 if threads == 2 else 6.0, 80.0 if threads == 2 else 45.0, depth=i * 100))
+        sigmas.append(fit_calibration(runs, model_family(plan.model)).decode_sigma_log)
+    assert sigmas == sorted(sigmas, reverse=True)
+    assert sigmas[0] < PRIOR_SIGMA and sigmas[-1] < 0.5 * PRIOR_SIGMA
+
+
+def test_other_family_gets_the_machine_fit_with_a_wider_band(plan):
+    runs = [run_of(plan, 2, 10.0, 80.0)]
+    own = fit_calibration(runs, model_family(plan.model))
+    other = fit_calibration(runs, "llama/MOSTLY_F16")
+    assert other.n_family_runs == 0 and other.n_runs == 1
+    assert other.decode_sigma_log == pytest.approx(math.hypot(own.decode_sigma_log, FAMILY_TRANSFER_SIGMA), rel=0.02)
+    assert other.decode_sigma_log > own.decode_sigma_log
+
+
+def test_calibrated_inputs_uses_the_store(tmp_path, plan):
+    store = CalibrationStore(tmp_path / "cal.json")
+    store.add(run_of(plan, 2, 10.0, 80.0))
+    inp = calibrated_inputs(speed_inputs([], HOST, n_threads=2), plan.model, store, "m1")
+    assert inp.n_calibration_runs == 1 and inp.sigma_log < PRIOR_SIGMA
+    assert decode_tok_s(plan, inp, 71) == pytest.approx(10.0, rel=0.01)
+
+
+@pytest.mark.parametrize("decode, prefill, match", [
+    (0.0, 10.0, "decode_tok_s must be a positive number"),
+    (float("nan"), None, "decode_tok_s must be a positive number"),
+    (None, None, "needs prefill_tok_s or decode_tok_s"),
+])
+def test_bad_measurements(plan, decode, prefill, match):
+    with pytest.raises(CalibrationError, match=match):
+        run_of(plan, 2, decode, prefill)
+
+
+def test_unwritable_dir_says_what_to_change(tmp_path, plan):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = CalibrationStore(blocker / "sub" / "cal.json")
+    with pytest.raises(CalibrationError, match="set KVTUNER_DATA_DIR"):
+        store.add(run_of(plan, 2, 10.0, 80.0))
+
+
+def test_host_bandwidth_probe_is_stored(tmp_path):
+    store = CalibrationStore(tmp_path / "cal.json")
+    bw = store.host_bandwidth_bytes_s("m1")
+    assert bw and bw > 0
+    data = json.loads((tmp_path / "cal.json").read_text())
+    assert data["machines"]["m1"]["host_bandwidth"]["bytes_s"] == bw
+    assert CalibrationStore(tmp_path / "cal.json").host_bandwidth_bytes_s("m1", measure=False) == bw

