@@ -313,21 +313,49 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
     g.add_argument("-r", "--repetitions", type=_positive_int, default=3, metavar="R", help="repetitions (default 3)")
     g.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N", help="CPU threads (default: physical cores)")
     g.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds (default 3600)")
+    g.add_argument("--no-record", action="store_true",
+                   help="do not record this run for speed calibration (by default every successful bench refines "
+                        "the speed model for this machine and model family)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_cmd_bench)
 
 
-def _bench_plan(model_path: "Path", config: "PlanConfig", gpu_offload: bool) -> "tuple[MemoryPlan | None, str]":
+def _bench_plan(model_path: "Path", config: "PlanConfig", gpu_offload: bool,
+                gpus: "list[GpuSpec] | None" = None) -> "tuple[MemoryPlan | None, str]":
     """The analytic plan for the bench's side-by-side table, for the devices llama.cpp could
-    use (no GPU when the installed build cannot offload); ``(None, reason)`` when it fails."""
+    use (no GPU when the installed build cannot offload); ``(None, reason)`` when it fails.
+    ``gpus``: the detected GPUs (None: detect them)."""
     try:
         from .core.memory_plan import plan_memory
         from .core.model_profile import ModelProfile
 
         model = ModelProfile.from_gguf(model_path)
-        return plan_memory(model, config, _detect_gpus() if gpu_offload else [], _detect_host()), ""
+        if gpus is None:
+            gpus = _detect_gpus()
+        return plan_memory(model, config, gpus if gpu_offload else [], _detect_host()), ""
     except Exception as exc:  # the measurement stands on its own; say why the plan is missing
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _bench_record(plan: "MemoryPlan", result: "BenchResult", gpus: "list[GpuSpec]") -> str:
+    """Record a successful bench for speed calibration; returns a note for stderr ("" if nothing
+    was measured). A calibration store that cannot be written is a note, not a failure."""
+    from .core.calibration import CalibrationError, CalibrationStore, record_bench
+
+    prefill = result.prefill_tok_s.median if result.prefill_tok_s else None
+    decode = result.decode_tok_s.median if result.decode_tok_s else None
+    if not prefill and not decode:
+        return ""
+    try:
+        store = CalibrationStore()
+        run = record_bench(plan, gpus=gpus, host=_detect_host(), n_threads=result.n_threads, n_depth=result.n_depth,
+                           n_prompt=result.n_prompt, n_gen=result.n_gen, prefill_tok_s=prefill, decode_tok_s=decode,
+                           store=store)
+        n = len([r for r in store.runs(run.machine) if r.family == run.family])
+    except CalibrationError as exc:
+        return f"kvtuner: this run was not recorded for calibration: {exc}"
+    return (f"kvtuner: recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine; "
+            f"--no-record skips this)")
 
 
 def _buft_device(buft: str) -> str:
@@ -392,10 +420,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for line in exc.log_tail[-5:]:
             print(f"  | {line}", file=sys.stderr)
         return 1
-    plan, plan_error = _bench_plan(model_path, config, result.gpu_offload_supported)
+    gpus = _detect_gpus()
+    plan, plan_error = _bench_plan(model_path, config, result.gpu_offload_supported, gpus)
     side = _bench_side_by_side(plan, result)
     if plan_error:
         side["plan_error"] = plan_error
+    if plan is not None and not args.no_record:
+        note = _bench_record(plan, result, gpus)
+        if note:
+            print(note, file=sys.stderr)
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)

@@ -133,7 +133,7 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
     "ctx-exceeds-train": [
         ("gemma-64k", Case(cfg={"n_ctx": 65536}), Case(cfg={"n_ctx": 32768})),
     ],
-    "output-layer-on-host": [
+    "first-layer-on-host": [
         ("ngl-n-layer", Case(cfg={"n_gpu_layers": 18}, gpu_gib=12), Case(cfg={"n_gpu_layers": ALL_LAYERS}, gpu_gib=12)),
     ],
     "mha-long-context": [
@@ -190,7 +190,7 @@ def test_rule_fires_and_stays_quiet(models, rule, name, fire, quiet):
 
 def test_every_rule_has_cases():
     ids = {"vram-oom", "ram-oom", "fragmentation-risk", "swap-risk", "below-abandon-threshold", "v-cache-needs-flash-attn",
-           "kv-type-slow-path", "ctx-exceeds-train", "output-layer-on-host", "mha-long-context", "parallel-multiplies-kv",
+           "kv-type-slow-path", "ctx-exceeds-train", "first-layer-on-host", "mha-long-context", "parallel-multiplies-kv",
            "kv-quant-quality", "kv-type-not-applied", "other-processes-hold-vram", "offload-knee"}
     assert set(CASES) == ids
 
@@ -219,13 +219,15 @@ def test_fragmentation_fix_lowers_ubatch(models):
     assert a.fix == {"n_ubatch": 256} and a.fix_label == "Use n_ubatch 256"
 
 
-def test_output_layer_fix_and_flags(models):
-    adv, _ = run_case(models, Case(cfg={"n_gpu_layers": 18}, gpu_gib=12))
-    (a,) = [x for x in adv if x.id == "output-layer-on-host"]
+def test_first_layer_fix_and_flags(models):
+    """-ngl 18 on an 18-layer model: the output layer is on the GPU, layer 0 is not."""
+    adv, plan = run_case(models, Case(cfg={"n_gpu_layers": 18}, gpu_gib=12))
+    (a,) = [x for x in adv if x.id == "first-layer-on-host"]
+    assert "layer 0" in a.message
     assert a.fix == {"n_gpu_layers": ALL_LAYERS}
     assert fix_flags(a.fix) == "--ngl all"
     assert a.to_dict() == {"id": a.id, "severity": "warning", "message": a.message, "reason": a.reason,
-                           "fix": {"n_gpu_layers": -1}, "fix_label": "Offload the output layer too (--ngl all)"}
+                           "fix": {"n_gpu_layers": -1}, "fix_label": "Offload every layer (--ngl all)"}
 
 
 def test_fix_flags():

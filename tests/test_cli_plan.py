@@ -69,3 +69,41 @@ def test_ngl_99_means_all_like_llama_cpp():
     d = json.loads(out.stdout)
     assert d["effective"]["n_gpu_layers"] == 19 and d["effective"]["output_on_gpu"]
     assert any("-ngl 99" in w for w in d["warnings"])
+
+
+ADVICE_ARGS = ("--ctx", "65536", "--gpu-mem", "8G", "--ngl", "18", "--cache-type-k", "q8_0", "--cache-type-v", "q4_0")
+
+
+def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
+    from kvtuner.core.advisor import fix_flags
+
+    out = kvtuner("plan", *ADVICE_ARGS, "--json")
+    assert out.returncode == 0, out.stderr
+    advice = json.loads(out.stdout)["advice"]
+    assert advice, "expected advice for a 64K context with mixed KV types on an 8 GB what-if GPU"
+    for a in advice:
+        assert set(a) == {"id", "severity", "message", "reason", "fix", "fix_label"}
+        assert a["severity"] in ("error", "warning", "info") and a["message"] and a["reason"]
+        assert isinstance(a["fix"], dict) and bool(a["fix_label"]) == bool(a["fix"])
+    assert [a["severity"] for a in advice] == sorted((a["severity"] for a in advice),
+                                                     key=("error", "warning", "info").index)
+    text = kvtuner("plan", *ADVICE_ARGS)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    fixed = 0
+    for a in advice:
+        head = f"[{a['severity']}] {a['id']}: {a['message']}"
+        assert head in lines, head
+        if a["fix"]:
+            assert lines[lines.index(head) + 1] == f"    fix: {fix_flags(a['fix'])}"
+            fixed += 1
+    assert fixed >= 3
+    # the printed flags are the fix: given to the same command, that advice goes away
+    for a in advice:
+        flags = fix_flags(a["fix"]) if a["fix"] else ""
+        if not flags.startswith("--") or "(" in flags:
+            continue
+        again = kvtuner("plan", *ADVICE_ARGS, *flags.split(), "--json")
+        assert again.returncode == 0, again.stderr
+        after = json.loads(again.stdout)["advice"]
+        assert a["id"] not in [b["id"] for b in after], (a["id"], flags)

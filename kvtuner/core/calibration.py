@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .hardware import GpuSpec
+from .hardware import GpuSpec, HostSpec
 from .memory_plan import MemoryPlan
 from .model_profile import ModelProfile
 from .speed_model import (
@@ -400,6 +400,52 @@ class CalibrationStore:
         return bw
 
 
+def record_bench(
+    plan: MemoryPlan,
+    *,
+    gpus: Sequence[GpuSpec] = (),
+    host: "HostSpec | None" = None,
+    n_threads: int,
+    n_depth: int,
+    n_prompt: int,
+    n_gen: int,
+    prefill_tok_s: float | None,
+    decode_tok_s: float | None,
+    store: "CalibrationStore | None" = None,
+) -> MeasuredRun:
+    """Record one measured bench of ``plan`` in ``store`` (default: the user's), so later
+    predictions for this machine and model family are calibrated.
+
+    ``gpus`` are the GPUs of this machine (they name it, :func:`machine_id`, as ``kvtuner plan``
+    does); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
+    prediction, so the recorded device rates are the ones later predictions use. Speeds that
+    are missing or not positive count as not measured.
+
+    Raises:
+        CalibrationError: nothing measured, or the store cannot be written.
+    """
+    from .speed_model import speed_inputs
+
+    store = store or CalibrationStore()
+    mid = machine_id(gpus)
+    if host is not None and not host.mem_bandwidth_bytes_s:
+        bw = store.host_bandwidth_bytes_s(mid)
+        if bw:
+            host = replace(host, mem_bandwidth_bytes_s=bw)
+
+    def positive(v: float | None) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
+
+    try:
+        inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=max(1, int(n_threads)))
+    except SpeedModelError as exc:
+        raise CalibrationError(str(exc)) from None
+    run = measured_run(plan, inputs, n_threads=max(1, int(n_threads)), n_depth=n_depth, n_prompt=n_prompt, n_gen=n_gen,
+                       prefill_tok_s=positive(prefill_tok_s), decode_tok_s=positive(decode_tok_s), machine=mid)
+    store.add(run)
+    return run
+
+
 def calibrated_inputs(inputs: SpeedInputs, model: ModelProfile, store: CalibrationStore | None = None,
                       machine: str | None = None) -> SpeedInputs:
     """``inputs`` with the constants and band of this machine's calibration for ``model``'s family."""
@@ -411,5 +457,5 @@ def calibrated_inputs(inputs: SpeedInputs, model: ModelProfile, store: Calibrati
 
 __all__ = [
     "Calibration", "CalibrationError", "CalibrationStore", "MeasuredRun", "calibrated_inputs", "data_dir",
-    "fit_calibration", "machine_id", "measured_run", "model_family",
+    "fit_calibration", "machine_id", "measured_run", "model_family", "record_bench",
 ]

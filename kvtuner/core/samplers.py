@@ -229,6 +229,53 @@ class HostSample:
     process_rss_bytes: int | None
 
 
+@dataclass(frozen=True)
+class GpuProcessInfo:
+    """A process NVML lists on GPU ``gpu_index`` (compute or graphics): ``used_bytes`` of VRAM
+    (None when NVML cannot tell, e.g. under WDDM or in a container), ``name`` ("" if unknown)."""
+
+    pid: int
+    name: str
+    gpu_index: int
+    used_bytes: int | None
+
+
+def _process_name(pid: int) -> str:
+    name = nvml_call("nvmlSystemGetProcessName", pid)
+    if name:
+        return os.path.basename(_text(name))
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return ""
+
+
+def gpu_processes(handles: "list[tuple[int, Any]] | None" = None) -> tuple[GpuProcessInfo, ...]:
+    """Every process NVML lists on each GPU (``nvmlDeviceGetComputeRunningProcesses`` and
+    ``...GraphicsRunningProcesses``; a pid on both counts once, with the larger figure). Empty
+    without NVML. ``handles``: ``(index, handle)`` pairs (default: every GPU)."""
+    if handles is None:
+        handles = []
+        for i in range(int(nvml_call("nvmlDeviceGetCount", default=0) or 0)):
+            h = nvml_call("nvmlDeviceGetHandleByIndex", i)
+            if h is not None:
+                handles.append((i, h))
+    out: list[GpuProcessInfo] = []
+    for index, h in handles:
+        seen: dict[int, int | None] = {}
+        for func in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            for p in nvml_call(func, h, default=None) or ():
+                pid = getattr(p, "pid", None)
+                if pid is None:
+                    continue
+                used = getattr(p, "usedGpuMemory", None)
+                used = int(used) if isinstance(used, int) and used >= 0 else None
+                old = seen.get(int(pid))
+                seen[int(pid)] = used if old is None else (old if used is None else max(old, used))
+        out.extend(GpuProcessInfo(pid, _process_name(pid), index, used) for pid, used in sorted(seen.items()))
+    return tuple(out)
+
+
 class RingBuffer(Generic[T]):
     """A bounded, lock-guarded FIFO of samples; the oldest fall off when full."""
 
@@ -304,6 +351,10 @@ class Sampler:
         self.reset_peaks()
         self.cpu_s = 0.0  # CPU time spent by the sampling thread, seconds
         self.n_samples = 0
+        #: seconds between two NVML process lists (they are slower than a memory query)
+        self.process_interval_s = 1.0
+        self._processes: tuple[GpuProcessInfo, ...] = ()
+        self._processes_t = -float("inf")
 
     # -- control ----------------------------------------------------------------------------
 
@@ -353,6 +404,11 @@ class Sampler:
     def gpu_indices(self) -> list[int]:
         """GPUs sampled so far."""
         return sorted(self._gpu)
+
+    def gpu_processes(self) -> tuple[GpuProcessInfo, ...]:
+        """The latest NVML process list of every GPU (taken on the sampling thread about once
+        a second; empty without a GPU)."""
+        return self._processes
 
     def peaks(self) -> Peaks:
         """The peaks since start or :meth:`reset_peaks`."""
@@ -438,9 +494,26 @@ class Sampler:
                 buf = self._gpu[index] = RingBuffer[GpuSample](self._capacity)
             buf.append(s)
             gpus.append(s)
+        handles = self._gpu_handles()
+        if handles and now - self._processes_t >= self.process_interval_s:
+            self._processes_t = now
+            self._processes = gpu_processes(handles)
         self._update_peaks(host, gpus)
         self.n_samples += 1
         return host, tuple(gpus)
+
+    def record(self, host: HostSample | None = None, gpus: "tuple[GpuSample, ...] | list[GpuSample]" = ()) -> None:
+        """Store samples taken elsewhere (a recorded session replayed, synthetic samples in a
+        test) exactly as :meth:`sample_once` stores its own: ring buffers and peaks."""
+        if host is not None:
+            self._host.append(host)
+        for s in gpus:
+            buf = self._gpu.get(s.index)
+            if buf is None:
+                buf = self._gpu[s.index] = RingBuffer[GpuSample](self._capacity)
+            buf.append(s)
+        if host is not None:
+            self._update_peaks(host, list(gpus))
 
     def _update_peaks(self, host: HostSample, gpus: list[GpuSample]) -> None:
         def hi(old: int | None, new: int | None) -> int | None:

@@ -99,6 +99,35 @@ def advise(plan: Any, speed: Any | None, live: Any | None = None) -> list[Any] |
         return None
 
 
+def should_auto_stop(live: Any | None, enabled: bool) -> bool:
+    """:func:`kvtuner.core.advisor.should_auto_stop` with the user's auto-stop choice; False
+    when the advisor is not there."""
+    if live is None or not enabled:
+        return False
+    try:
+        from ..core.advisor import AdvisorSettings, should_auto_stop as _should
+    except ImportError:
+        return False
+    try:
+        return bool(_should(live, AdvisorSettings(auto_stop_below_abandon=True)))
+    except Exception as exc:
+        log.warning("auto-stop check failed: %s", exc)
+        return False
+
+
+def record_calibration(plan: Any, *, gpus: Sequence[Any], host: Any, n_threads: int, n_depth: int, n_prompt: int,
+                       n_gen: int, prefill_tok_s: float | None, decode_tok_s: float | None) -> str:
+    """Record a finished run with :func:`kvtuner.core.calibration.record_bench` (slow: file I/O,
+    call it off the GUI thread); returns a one-line note. Raises ``CalibrationError``."""
+    from ..core.calibration import CalibrationStore, record_bench
+
+    store = CalibrationStore()
+    run = record_bench(plan, gpus=list(gpus), host=host, n_threads=n_threads, n_depth=n_depth, n_prompt=n_prompt,
+                       n_gen=n_gen, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s, store=store)
+    n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
+    return f"run recorded for speed calibration ({n} run{'s' if n != 1 else ''} of {run.family} on this machine)"
+
+
 def export_targets() -> tuple[str, ...]:
     """Targets of :func:`kvtuner.core.export.export`, empty when export is unavailable."""
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..core.config import ConfigError, PlanConfig
+from ..core.live import SWAP_WINDOW_S, LiveTracker, free_bytes_on
 from ..core.memory_plan import plan_memory
 from . import bridge
 from .run_controller import BenchSettings, RunController, RunFinished, RunStarted
@@ -33,6 +34,8 @@ from .widgets.status_bar import StatusBar
 
 #: How often the window pulls samples and runner events, milliseconds.
 PULL_INTERVAL_MS = 100
+#: How often live advice is re-evaluated during a run, seconds (the pane rebuilds only on change).
+LIVE_ADVICE_INTERVAL_S = 0.5
 MAX_RECENT = 8
 
 
@@ -88,6 +91,18 @@ class MainWindow(QtWidgets.QMainWindow):
         self._last_gpu_t: dict[int, float] = {}
         self._n_gen = 0
         self.replan_ms = 0.0
+        self._detected_gpus = [g for g in gpus if not getattr(g, "what_if", False)]
+        # live advice: what the running model reports, for the configuration it runs with
+        self.live = LiveTracker()
+        self.live_state: Any = None
+        self.auto_stopped = False
+        self._run_config: PlanConfig | None = None
+        self._run_model_path: Path | None = None
+        self._run_gpu_offload = False
+        self._run_result: Any = None
+        self._last_live_t = -math.inf
+        self._gpu_last: dict[int, Any] = {}
+        self.calibration_note = ""
 
         self._build(gpus, host, note)
         self._restore_settings(config)
@@ -164,6 +179,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.controls.changed.connect(self._on_controls_changed)
         self.hardware.changed.connect(self._on_hardware_changed)
         self.advisor.apply_fix.connect(self.apply_fix)
+        self.advisor.stop_requested.connect(self.stop_run)
+        self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
         self.run_controls.run_clicked.connect(self.start_run)
         self.run_controls.stop_clicked.connect(self.stop_run)
         self.run_controls.verify_clicked.connect(self.verify)
@@ -224,6 +241,12 @@ class MainWindow(QtWidgets.QMainWindow):
             custom = self.settings.value("hardware/custom_bytes")
             self.hardware.set_choice(str(choice), int(custom) if custom else None)
         self.controls.set_config(self._config)
+        auto = self.settings.value("advisor/auto_stop", False)
+        self.advisor.auto_stop.setChecked(str(auto).lower() in ("true", "1"))
+
+    def _on_auto_stop_changed(self, enabled: bool) -> None:
+        self.settings.setValue("advisor/auto_stop", bool(enabled))
+        self.settings.sync()
 
     def save_settings(self) -> None:
         """Persist geometry, the configuration, the hardware choice and the model."""
@@ -231,6 +254,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.settings.setValue("config", json.dumps(self._config.to_dict()))
         self.settings.setValue("hardware/choice", self.hardware.current_choice())
         self.settings.setValue("hardware/custom_bytes", self.hardware.custom_bytes())
+        self.settings.setValue("advisor/auto_stop", self.advisor.auto_stop.isChecked())
         if self.model_path is not None:
             self.settings.setValue("model/last", str(self.model_path))
         self.settings.sync()
@@ -415,8 +439,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
             verified_dict = plan_dict(plan, verified)["verified"]
         self.prediction.set_plan(plan, self.speed, verified_dict, badge)
-        self.advice = bridge.advise(plan, self.speed)
-        self.advisor.set_advice(self.advice)
+        self._advise()
         memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, self.hardware.gpus())
                   if not spec.what_if]
         memory.append(("runner RAM", plan.host.total_bytes))
@@ -426,6 +449,105 @@ class MainWindow(QtWidgets.QMainWindow):
             speeds = [("decode" + what_if, self.speed.decode_tok_s), ("prefill" + what_if, self.speed.prefill_tok_s)]
         self.graphs.set_predicted(memory, speeds)
         self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    def _live_applies(self) -> bool:
+        """Whether the live state describes the configuration shown (the run's own)."""
+        return (self.live_state is not None and self._run_config == self._config
+                and self._run_model_path == self.model_path)
+
+    def _advise(self, running: bool | None = None) -> None:
+        """Advice for the current plan, with the live state when it is the running configuration."""
+        if self.plan is None:
+            return
+        live = self.live_state if self._live_applies() else None
+        running = self.runner.running if running is None else running
+        self.advice = bridge.advise(self.plan, self.speed, live)
+        self.advisor.set_advice(self.advice, live=live is not None and running)
+
+    # -- live advice -------------------------------------------------------------------------------
+
+    def add_decode_tokens(self, series: Any) -> None:
+        """Feed measured decode tokens into the live state: ``(t_s, dt_s)`` pairs, oldest first
+        (``time.monotonic()`` when each token finished, and how long it took). The runner's
+        token events arrive here; a recorded series can be replayed the same way."""
+        self.live.tokens(series)
+
+    def update_live(self, now: float | None = None, *, running: bool | None = None) -> Any:
+        """Build the :class:`~kvtuner.core.advisor.LiveState` from the samplers' latest samples
+        and the run's events, show the advice it gives, and stop the run when decode has stayed
+        under 1 tok/s for 10 s and the user enabled auto-stop. Cheap (no blocking calls); the
+        pull timer calls it every :data:`LIVE_ADVICE_INTERVAL_S` during a run. ``running``:
+        whether a run is in progress (default: ask the run controller). Returns the state."""
+        now = time.monotonic() if now is None else now
+        self._last_live_t = time.monotonic()
+        running = self.runner.running if running is None else running
+        host = self.sampler.host_samples(now - SWAP_WINDOW_S - 1.0) if running else []
+        procs = self.sampler.gpu_processes() if running and hasattr(self.sampler, "gpu_processes") else ()
+        own = (self.runner.pid,) if self.runner.pid else ()
+        self.live_state = self.live.state(now, host, running=running, gpu_processes=procs, own_pids=own)
+        self._advise(running)
+        if running and not self.auto_stopped and self._live_applies() and bridge.should_auto_stop(
+                self.live_state, self.advisor.auto_stop.isChecked()):
+            self.auto_stopped = True
+            rate = self.live_state.decode_tok_s or 0.0
+            self.stop_run()
+            self.status.showMessage(f"stopped by itself: decode stayed at {rate:.2f} tok/s, under 1 tok/s, "
+                                    f"for {self.live_state.below_abandon_s:.0f} s", 15000)
+        return self.live_state
+
+    def _on_allocation_error(self, ev: Any) -> None:
+        from ..runner.llama_log import allocation_request
+
+        req = allocation_request([ev.message, *ev.log_tail])
+        if req is None:
+            return
+        device, requested = req
+        host = self.sampler.host_samples(time.monotonic() - 2.0)
+        free = free_bytes_on(device, host[-1] if host else None, self._gpu_last)
+        self.live.allocation_failed(device, requested, free)
+
+    # -- calibration -------------------------------------------------------------------------------
+
+    def _record_run(self) -> None:
+        """Record the finished bench for speed calibration (off the GUI thread), then re-predict
+        with the calibrated constants."""
+        ev, model, config = self._run_result, self.model, self._run_config
+        if ev is None or model is None or config is None or self._run_model_path != self.model_path:
+            return
+        s = self.runner.settings
+        pre = [r["n_prompt"] / r["prefill_s"] for r in ev.reps if r.get("n_prompt") and r.get("prefill_s", 0) > 0]
+        dec = [r["n_gen"] / r["decode_s"] for r in ev.reps if r.get("n_gen") and r.get("decode_s", 0) > 0]
+        if not pre and not dec:
+            return
+        import statistics
+
+        gpus = list(self._detected_gpus)
+        plan_gpus = gpus if self._run_gpu_offload else []
+        host = self.hardware.host()
+        n_depth = int(ev.reps[0].get("n_depth", 0)) if ev.reps else 0
+        speed_gpus, speed_host = self.hardware.gpus(), self._host_for_speed()  # widgets: read here, not in the task
+
+        def work() -> tuple[str, Any]:
+            plan = plan_memory(model, config, plan_gpus, host)
+            note = bridge.record_calibration(
+                plan, gpus=gpus, host=host, n_threads=ev.n_threads, n_depth=n_depth, n_prompt=s.n_prompt,
+                n_gen=s.n_gen, prefill_tok_s=statistics.median(pre) if pre else None,
+                decode_tok_s=statistics.median(dec) if dec else None)
+            return note, bridge.speed_inputs_for(speed_gpus, speed_host, model, measure=False)
+
+        def done(result: tuple[str, Any]) -> None:
+            note, inputs = result
+            self.calibration_note = note
+            self.status.showMessage(note, 8000)
+            if self.model is model and inputs is not None:
+                self._speed_inputs = inputs
+                self.replan()
+
+        def failed(exc: BaseException) -> None:
+            self.calibration_note = f"run not recorded for calibration: {exc}"
+            self.status.showMessage(self.calibration_note, 8000)
+
+        self.tasks.submit(work, done, failed)
 
     # -- verify (dry run) --------------------------------------------------------------------------
 
@@ -464,6 +586,13 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_error("")
         self._run_marks = set()
         self.last_load_progress = 0.0
+        self.live.reset()
+        self.live_state = None
+        self.auto_stopped = False
+        self._run_config, self._run_model_path = self._config, self.model_path
+        self._run_gpu_offload = False
+        self._run_result = None
+        self.calibration_note = ""
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")
@@ -487,12 +616,18 @@ class MainWindow(QtWidgets.QMainWindow):
 
         if isinstance(ev, RunStarted):
             self.status.set_field("runner", f"runner: pid {ev.pid}")
+        elif isinstance(ev, P.StartedEvent):
+            self._run_gpu_offload = bool(ev.gpu_offload_supported)
+        elif isinstance(ev, P.ContextEvent):
+            self.live.set_flash_attn(ev.flash_attn)
         elif isinstance(ev, P.LoadProgressEvent):
             self._mark_once(t_s, "weights")
             self.last_load_progress = max(self.last_load_progress, ev.progress)
             self.run_controls.set_progress(ev.progress, f"loading weights {ev.progress:.0%}")
         elif isinstance(ev, (P.BufferEvent, P.KvCacheEvent)):
             kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.kind
+            if isinstance(ev, P.KvCacheEvent):
+                self.live.kv_cache(ev.type_k, ev.type_v)
             if kind == "kv":
                 self._mark_once(t_s, "KV")
             elif kind == "compute":
@@ -512,16 +647,21 @@ class MainWindow(QtWidgets.QMainWindow):
                 self._mark_once(t_s, f"decode {ev.rep}" if ev.rep > 0 else "decode")
             if ev.dt_s > 0:
                 self.graphs.add_decode(t_s, 1.0 / ev.dt_s)
+            self.live.token(t_s, ev.dt_s)
             n_gen = self.runner.settings.n_gen
             self.run_controls.set_progress((ev.index + 1) / n_gen, f"decode {ev.index + 1}/{n_gen}")
         elif isinstance(ev, P.RepResultEvent):
+            self.live.end_decode()
             if ev.decode_s > 0:
                 rate = ev.n_gen / ev.decode_s
                 self.status.show_speed(None, rate)
                 self.measured["decode_tok_s"] = rate
         elif isinstance(ev, P.BenchResultEvent):
             self.measured["peak_rss_bytes"] = ev.peak_rss_bytes
+            self._run_result = ev
         elif isinstance(ev, P.ErrorEvent):
+            if ev.kind == "out_of_memory":
+                self._on_allocation_error(ev)
             if ev.kind != "cancelled":
                 self.show_error(f"Run failed ({ev.kind}): {ev.message}")
         elif isinstance(ev, RunFinished):
@@ -533,6 +673,10 @@ class MainWindow(QtWidgets.QMainWindow):
             else:
                 self.run_controls.set_progress(0.0, text)
             self.status.set_field("runner", f"runner: {text}")
+            self.live.end_decode()
+            self.update_live(t_s, running=False)
+            if ev.ok:
+                self._record_run()
 
     # -- the pull timer ----------------------------------------------------------------------------
 
@@ -549,12 +693,15 @@ class MainWindow(QtWidgets.QMainWindow):
             if samples:
                 self._last_gpu_t[index] = samples[-1].t_s
                 self.graphs.add_gpu_samples(index, samples)
+                self._gpu_last[index] = samples[-1]
                 if gpu_latest is None:
                     gpu_latest = samples[-1]
         if gpu_latest is not None or not self.sampler.gpu_indices():
             self.status.show_gpu(gpu_latest)
         for t_s, ev in self.runner.drain():
             self._on_runner_event(t_s, ev)
+        if self.runner.running and time.monotonic() - self._last_live_t >= LIVE_ADVICE_INTERVAL_S:
+            self.update_live()
         self.graphs.refresh()
 
     # -- export ------------------------------------------------------------------------------------

@@ -241,3 +241,43 @@ class LineAssembler:
             line, self._buf = self._buf, ""
             return [(self._level, line)]
         return []
+
+
+# Allocation failures with a size and a device (llama.cpp/ggml sources):
+#   ggml-alloc.c      "alloc_tensor_range: failed to allocate CUDA0 buffer of size 123"
+#                     "ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 123"
+#   ggml-backend.cpp  "ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 123"
+#   ggml-cuda.cu      "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1234.56 MiB on device 0: cudaMalloc failed: ..."
+#   ggml.c            "ggml_aligned_malloc: insufficient memory (attempted to allocate 1234.56 MB)"  (MB = 2^20 bytes)
+_RE_ALLOC_NAMED = re.compile(r"failed to allocate (\S+) buffer of size (\d+)")
+_RE_ALLOC_CPU = re.compile(r"^(\w*cpu\w*): failed to allocate buffer of size (\d+)", re.IGNORECASE)
+_RE_ALLOC_CUDA = re.compile(rf"allocating {_F} MiB on device (\d+): \w+ failed")
+_RE_ALLOC_HOST = re.compile(rf"insufficient memory \(attempted to allocate\s*{_F} MB\)")
+
+
+def _buffer_device(buft: str) -> str:
+    """llama.cpp buffer name -> device: ``CUDA0`` stays, host buffers (``CPU``, ``CPU_Mapped``,
+    ``CUDA_Host`` ...) are ``CPU``."""
+    m = re.match(r"^([A-Za-z]+\d+)(?:$|_)", buft)
+    return m.group(1) if m and not buft.upper().startswith("CPU") else "CPU"
+
+
+def allocation_request(lines: Iterable[str]) -> tuple[str, int | None] | None:
+    """The first failed allocation in ``lines`` (log lines or an error message) as
+    ``(device, requested_bytes)``: ``("CUDA0", 1294467072)``, ``("CPU", None)`` when only the
+    kind of failure is known; None when no line tells of one (see :data:`OOM_PATTERN`)."""
+    fallback: tuple[str, int | None] | None = None
+    for raw in lines:
+        line = raw.strip()
+        if m := _RE_ALLOC_NAMED.search(line):
+            return _buffer_device(m.group(1)), int(m.group(2))
+        if m := _RE_ALLOC_CPU.search(line):
+            return "CPU", int(m.group(2))
+        if m := _RE_ALLOC_CUDA.search(line):
+            return f"CUDA{m.group(2)}", int(round(float(m.group(1)) * (1 << 20)))
+        if m := _RE_ALLOC_HOST.search(line):
+            return "CPU", int(round(float(m.group(1)) * (1 << 20)))
+        if fallback is None and OOM_PATTERN.search(line):
+            dev = re.search(r"\b(CUDA\d+|Vulkan\d+|ROCm\d+|Metal\d*)\b", line)
+            fallback = (dev.group(1) if dev else "CPU", None)
+    return fallback

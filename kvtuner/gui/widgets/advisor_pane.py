@@ -19,6 +19,13 @@ class AdvisorPane(QtWidgets.QGroupBox):
     advice's ``fix`` (a dict of PlanConfig changes)."""
 
     apply_fix = QtCore.Signal(dict)
+    #: the user asked to stop the run (the live "under 1 tok/s" advice's button)
+    stop_requested = QtCore.Signal()
+    #: the "stop by itself" checkbox changed
+    auto_stop_changed = QtCore.Signal(bool)
+
+    #: fix_label of advice that asks to stop the run rather than change the configuration
+    STOP_LABEL = "Stop the run"
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Advice", parent)
@@ -33,8 +40,16 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._rows.setContentsMargins(0, 0, 0, 0)
         self._rows.setSpacing(4)
         self._scroll.setWidget(self._body)
+        self.auto_stop = QtWidgets.QCheckBox("Stop a run by itself when decode stays under 1 tok/s for 10 s")
+        self.auto_stop.setToolTip("Under 1 tok/s, 1000 tokens take over 15 minutes (the seed's abandon line). "
+                                  "Unchecked, the advice offers a Stop button instead.")
+        self.auto_stop.toggled.connect(self.auto_stop_changed.emit)
+        outer.addWidget(self.auto_stop)
         self.items: list[Any] = []
         self.buttons: list[QtWidgets.QPushButton] = []
+        self.stop_button: QtWidgets.QPushButton | None = None
+        self.live = False
+        self._key: object = object()
         self.set_advice(None)
 
     def _clear(self) -> None:
@@ -43,9 +58,23 @@ class AdvisorPane(QtWidgets.QGroupBox):
             if item.widget() is not None:
                 item.widget().deleteLater()
         self.buttons = []
+        self.stop_button = None
 
-    def set_advice(self, advice: Sequence[Any] | None) -> None:
-        """Show advice items; None means the advisor is not available ("no advice yet")."""
+    @staticmethod
+    def _item_key(a: Any) -> tuple:
+        fix = getattr(a, "fix", None) or {}
+        return (getattr(a, "id", ""), getattr(a, "severity", ""), str(getattr(a, "message", a)),
+                getattr(a, "fix_label", ""), tuple(sorted((k, repr(v)) for k, v in dict(fix).items())))
+
+    def set_advice(self, advice: Sequence[Any] | None, *, live: bool = False) -> bool:
+        """Show advice items; None means the advisor is not available ("no advice yet").
+        ``live``: the list includes measured advice of a running model. Rebuilds the rows only
+        when something changed (the live timer calls this often); returns whether it did."""
+        key = (None if advice is None else tuple(self._item_key(a) for a in advice), live)
+        if key == self._key:
+            return False
+        self._key = key
+        self.live = live
         self._clear()
         self.items = list(advice or [])
         if advice is None:
@@ -55,7 +84,9 @@ class AdvisorPane(QtWidgets.QGroupBox):
         for a in self.items:
             self._rows.addWidget(self._row(a))
         self._rows.addStretch(1)
-        self.setTitle(f"Advice ({len(self.items)})" if self.items else "Advice")
+        title = f"Advice ({len(self.items)})" if self.items else "Advice"
+        self.setTitle(title + (" - live, from the running model" if live else ""))
+        return True
 
     def _note(self, text: str) -> QtWidgets.QLabel:
         label = QtWidgets.QLabel(text)
@@ -84,5 +115,11 @@ class AdvisorPane(QtWidgets.QGroupBox):
             button.setToolTip("Apply: " + ", ".join(f"{k} = {v}" for k, v in dict(fix).items()))
             button.clicked.connect(lambda _=False, f=dict(fix): self.apply_fix.emit(f))
             self.buttons.append(button)
+            lay.addWidget(button, 0, QtCore.Qt.AlignmentFlag.AlignTop)
+        elif getattr(a, "fix_label", "") == self.STOP_LABEL:
+            button = QtWidgets.QPushButton(self.STOP_LABEL)
+            button.setToolTip("Stop the running bench (its child process ends)")
+            button.clicked.connect(lambda _=False: self.stop_requested.emit())
+            self.stop_button = button
             lay.addWidget(button, 0, QtCore.Qt.AlignmentFlag.AlignTop)
         return row
