@@ -316,6 +316,9 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-record", action="store_true",
                    help="do not record this run for speed calibration (by default every successful bench refines "
                         "the speed model for this machine and model family)")
+    g.add_argument("--no-save", action="store_true",
+                   help="do not save this run in the working-configs library (by default every completed bench is "
+                        "kept with its measured numbers; see 'kvtuner library'; KVTUNER_LIBRARY=off also turns it off)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_cmd_bench)
 
@@ -356,6 +359,24 @@ def _bench_record(plan: "MemoryPlan", result: "BenchResult", gpus: "list[GpuSpec
         return f"kvtuner: this run was not recorded for calibration: {exc}"
     return (f"kvtuner: recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine; "
             f"--no-record skips this)")
+
+
+def _bench_save(model_path: "Path", config: "PlanConfig", result: "BenchResult", gpus: "list[GpuSpec]") -> str:
+    """Save a completed bench in the working-configs library (unless ``KVTUNER_LIBRARY=off``);
+    returns a note for stderr. A library that cannot be written is a note, not a failure."""
+    from .core.export import MachineFingerprint
+    from .core.library import LibraryError, record_completed_run
+    from .core.model_profile import GGUFError, ModelProfile
+    from .runner.bench import measured_figures
+
+    try:
+        run_id = record_completed_run(ModelProfile.from_gguf(model_path), config, measured_figures(result),
+                                      model_path=model_path, machine=MachineFingerprint.current(gpus=gpus))
+    except (LibraryError, GGUFError, ValueError, OSError) as exc:
+        return f"kvtuner: this run was not saved in the working-configs library: {exc}"
+    if run_id is None:
+        return ""
+    return f"kvtuner: saved as working configuration {run_id} ('kvtuner library' lists them; --no-save skips this)"
 
 
 def _buft_device(buft: str) -> str:
@@ -427,6 +448,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         side["plan_error"] = plan_error
     if plan is not None and not args.no_record:
         note = _bench_record(plan, result, gpus)
+        if note:
+            print(note, file=sys.stderr)
+    if not args.no_save:
+        note = _bench_save(model_path, config, result, gpus)
         if note:
             print(note, file=sys.stderr)
     if args.json:
@@ -627,7 +652,8 @@ def _cmd_library(args: argparse.Namespace) -> int:
 @_registrar
 def _register_gui(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gui", help="open the desktop app (the default command)",
-                       description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control.")
+                       description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control. "
+                                   "MODEL may also be a kvtuner profile (.json): its model and configuration open.")
     add_model_arg(p)
     add_config_args(p)
     p.add_argument("--screenshot", metavar="FILE", default=None,

@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import platformdirs
 
 from .config import ConfigError, PlanConfig
+from .paths import data_dir
 from .export import MEASURED_KEYS, MachineFingerprint, ModelIdentity, clean_measured, llama_cpp_build
 
 LIBRARY_FILE_NAME = "library.sqlite3"
@@ -56,12 +56,6 @@ CREATE INDEX IF NOT EXISTS runs_by_model_machine
 
 class LibraryError(RuntimeError):
     """The library database cannot be opened or is damaged; one line saying what to do."""
-
-
-def data_dir() -> Path:
-    """kvtuner's user data folder (``$KVTUNER_DATA_DIR`` or platformdirs' user data dir)."""
-    env = os.environ.get("KVTUNER_DATA_DIR")
-    return Path(env).expanduser() if env else Path(platformdirs.user_data_dir("kvtuner"))
 
 
 def default_library_path() -> Path:

@@ -45,7 +45,8 @@ def _wait(app: Any, condition: Any, timeout_s: float) -> bool:
 
 def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | None = None, run: bool = False,
         *, settings: Any = None, run_timeout_s: float = 300.0) -> int:
-    """Open the main window on ``model_path`` (None: the last model, else the embedded default).
+    """Open the main window on ``model_path`` (None: the last model, else the embedded default;
+    a ``.json`` path is a kvtuner profile: its model and configuration).
 
     With ``screenshot``: render offscreen, optionally after a bench (``run``), save the PNG,
     return 0 (1 if the model or the run failed, with the reason on stderr).
@@ -63,7 +64,7 @@ def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | No
     target = model_path if model_path is not None else (None if screenshot else window.last_model())
     if target is not None and not Path(target).exists():
         target = None
-    window.open_model(target)
+    window.open_path(target)  # a .json path is a kvtuner profile (model + configuration)
     if not screenshot:
         return int(app.exec())
 

@@ -138,11 +138,12 @@ def export_targets() -> tuple[str, ...]:
 
 
 def export(target: str, model_path: Path, config: Any, *, model: Any = None,
-           measured: dict[str, object] | None = None) -> Any:
-    """:func:`kvtuner.core.export.export` (raises its ``ExportError``)."""
+           measured: dict[str, object] | None = None, machine: Any = None) -> Any:
+    """:func:`kvtuner.core.export.export` (raises its ``ExportError``). ``machine``: this
+    machine's fingerprint for the profile target (None: detect it)."""
     from ..core.export import export as _export
 
-    return _export(target, model_path, config, model=model, measured=measured)
+    return _export(target, model_path, config, model=model, measured=measured, machine=machine)
 
 
 def write_export(path: str, text: str, *, force: bool) -> Path:
@@ -150,3 +151,89 @@ def write_export(path: str, text: str, *, force: bool) -> Path:
     from ..core.export import write_text_atomic
 
     return write_text_atomic(path, text, force=force)
+
+
+def is_profile_path(path: str | Path) -> bool:
+    """Whether File > Open should treat ``path`` as a kvtuner profile (a ``.json`` file)."""
+    return Path(path).suffix.lower() == ".json"
+
+
+def load_profile(path: str | Path) -> tuple[Path, Any, tuple[str, ...]]:
+    """:func:`kvtuner.core.export.load_profile`: ``(model_path, PlanConfig, warnings)``.
+    Reads files (call it off the GUI thread). Raises ``ProfileError`` (one line)."""
+    from ..core.export import load_profile as _load
+
+    model_path, config, warnings = _load(path)
+    return Path(model_path), config, tuple(warnings)
+
+
+def machine_fingerprint(gpus: Sequence[Any]) -> Any | None:
+    """This machine's :class:`~kvtuner.core.export.MachineFingerprint` from GPUs already
+    detected (no driver call; fast enough for the GUI thread), or None when export is absent."""
+    try:
+        from ..core.export import MachineFingerprint
+    except ImportError:
+        return None
+    return MachineFingerprint.current(gpus=list(gpus))
+
+
+def measured_figures(bench_result: Any) -> dict[str, float | int]:
+    """The library's measured figures of a completed bench (:func:`kvtuner.runner.bench.measured_figures`)."""
+    from ..runner.bench import measured_figures as _figures
+
+    return _figures(bench_result)
+
+
+def library_available() -> bool:
+    """Whether :mod:`kvtuner.core.library` is installed."""
+    try:
+        from ..core import library  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def library_autosave_allowed() -> bool:
+    """False when the environment opts out (``KVTUNER_LIBRARY=off``) or the library is absent."""
+    try:
+        from ..core.library import autosave_enabled
+    except ImportError:
+        return False
+    return autosave_enabled()
+
+
+def library_record(model: Any, config: Any, measured: dict[str, object], *, model_path: Path, machine: Any,
+                   enabled: bool) -> int | None:
+    """Save a completed run (:func:`kvtuner.core.library.record_completed_run`); returns its id,
+    or None when the user opted out. Opens its own database connection: call it on the worker
+    thread that uses it. Raises ``LibraryError`` / ``ValueError``."""
+    from ..core.library import record_completed_run
+
+    return record_completed_run(model, config, measured, model_path=model_path, enabled=enabled, machine=machine)
+
+
+def library_known_good(model: Any, machine: Any, limit: int = 50) -> list[Any]:
+    """Saved runs of ``model`` (a ModelProfile) on ``machine``, best first
+    (:meth:`kvtuner.core.library.ConfigLibrary.known_good`). Opens and closes its own
+    connection (call it on a worker thread). Raises ``LibraryError``."""
+    from ..core.export import ModelIdentity
+    from ..core.library import ConfigLibrary
+
+    identity = model if isinstance(model, ModelIdentity) else ModelIdentity.from_profile(model)
+    with ConfigLibrary() as lib:
+        return lib.known_good(identity, machine, limit=limit)
+
+
+def library_delete(run_id: int) -> bool:
+    """Remove one saved run (own connection; call it on a worker thread)."""
+    from ..core.library import ConfigLibrary
+
+    with ConfigLibrary() as lib:
+        return lib.delete(run_id)
+
+
+def fmt_bytes(n: Any) -> str:
+    """:func:`kvtuner.core.units.fmt_bytes` ("-" for None)."""
+    from ..core.units import fmt_bytes as _fmt
+
+    return _fmt(n)

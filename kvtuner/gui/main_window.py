@@ -26,6 +26,7 @@ from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
 from .widgets.export_dialog import ExportDialog
 from .widgets.hardware_panel import HardwarePanel
+from .widgets.known_good import KnownGoodPanel
 from .widgets.live_graphs import LiveGraphs
 from .widgets.model_card import ModelCard
 from .widgets.prediction_panel import PredictionPanel
@@ -103,6 +104,13 @@ class MainWindow(QtWidgets.QMainWindow):
         self._last_live_t = -math.inf
         self._gpu_last: dict[int, Any] = {}
         self.calibration_note = ""
+        # working-configs library: the last completed run (model path, config, measured figures)
+        self.last_run: tuple[Path, PlanConfig, dict] | None = None
+        self.library_note = ""
+        self.saved_run_id: int | None = None
+        self.profile_warnings: tuple[str, ...] = ()
+        self.machine = bridge.machine_fingerprint(self._detected_gpus)
+        self._known_good_seq = 0
 
         self._build(gpus, host, note)
         self._restore_settings(config)
@@ -124,6 +132,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.graphs = LiveGraphs()
         self.advisor = AdvisorPane()
         self.run_controls = RunControls()
+        self.known_good = KnownGoodPanel()
         self.status = StatusBar()
         self.setStatusBar(self.status)
 
@@ -139,7 +148,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.addWidget(self.model_card)
         ll.addWidget(self.hardware)
         ll.addWidget(self.controls)
-        ll.addStretch(1)
+        ll.addWidget(self.known_good, 1)
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
         left_scroll.setWidget(left)
@@ -181,6 +190,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
+        self.known_good.restore_requested.connect(self.restore_working_config)
+        self.known_good.remember_changed.connect(self._on_remember_changed)
         self.run_controls.run_clicked.connect(self.start_run)
         self.run_controls.stop_clicked.connect(self.stop_run)
         self.run_controls.verify_clicked.connect(self.verify)
@@ -188,8 +199,10 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _build_actions(self) -> None:
         menu = self.menuBar().addMenu("&File")
-        self.open_action = QtGui.QAction("&Open model...", self, shortcut=QtGui.QKeySequence.StandardKey.Open,
+        self.open_action = QtGui.QAction("&Open model or profile...", self,
+                                         shortcut=QtGui.QKeySequence.StandardKey.Open,
                                          triggered=self._on_open_triggered)
+        self.open_action.setToolTip("Open a GGUF model, or a kvtuner profile (.json) with its model and configuration")
         self.default_action = QtGui.QAction("Open the &default model (Gemma 3 270M)", self,
                                             triggered=lambda: self.open_model(None))
         self.recent_menu = QtWidgets.QMenu("&Recent models", self)
@@ -243,6 +256,12 @@ class MainWindow(QtWidgets.QMainWindow):
         self.controls.set_config(self._config)
         auto = self.settings.value("advisor/auto_stop", False)
         self.advisor.auto_stop.setChecked(str(auto).lower() in ("true", "1"))
+        remember = self.settings.value("library/remember", True)
+        self.known_good.remember.setChecked(str(remember).lower() in ("true", "1"))
+        if not bridge.library_autosave_allowed():
+            self.known_good.remember.setEnabled(False)
+            self.known_good.remember.setToolTip("Saving is turned off: KVTUNER_LIBRARY=off in the environment "
+                                                "(or the library is not installed).")
 
     def _on_auto_stop_changed(self, enabled: bool) -> None:
         self.settings.setValue("advisor/auto_stop", bool(enabled))
@@ -255,9 +274,19 @@ class MainWindow(QtWidgets.QMainWindow):
         self.settings.setValue("hardware/choice", self.hardware.current_choice())
         self.settings.setValue("hardware/custom_bytes", self.hardware.custom_bytes())
         self.settings.setValue("advisor/auto_stop", self.advisor.auto_stop.isChecked())
+        self.settings.setValue("library/remember", self.known_good.remember.isChecked())
         if self.model_path is not None:
             self.settings.setValue("model/last", str(self.model_path))
         self.settings.sync()
+
+    def _on_remember_changed(self, enabled: bool) -> None:
+        self.settings.setValue("library/remember", bool(enabled))
+        self.settings.sync()
+
+    @property
+    def remember_working_configs(self) -> bool:
+        """The "Remember working configurations" setting (the environment may still opt out)."""
+        return self.known_good.remember.isChecked()
 
     def recent_models(self) -> list[str]:
         """Recently opened model paths, newest first."""
@@ -291,6 +320,8 @@ class MainWindow(QtWidgets.QMainWindow):
         """Read a model's header in the background (None: the embedded default model).
         Errors are shown in the window; the current model stays."""
         self.status.showMessage(f"reading {path.name if path else 'the default model'} ...")
+        self.profile_warnings = ()
+        self.advisor.set_notes([])
 
         def load() -> tuple[Path, Any]:
             from ..core.model_profile import ModelProfile
@@ -319,6 +350,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.status.showMessage(f"opened {self.model_path.name}", 5000)
         self._refresh_speed_inputs()
         self.replan()
+        self.refresh_known_good()
 
     def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
         name = path.name if path else "the default model"
@@ -334,18 +366,55 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _on_open_triggered(self) -> None:
         start = str(self.model_path.parent) if self.model_path else str(Path.home())
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Open GGUF model", start, "GGUF models (*.gguf);;All files (*)")
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(
+            self, "Open a GGUF model or a kvtuner profile", start,
+            "GGUF models and kvtuner profiles (*.gguf *.json);;GGUF models (*.gguf);;kvtuner profiles (*.json);;"
+            "All files (*)")
         if path:
-            self.open_model(Path(path))
+            self.open_path(Path(path))
+
+    def open_path(self, path: Path | None) -> None:
+        """Open a model, or a kvtuner profile when ``path`` ends in ``.json`` (None: the default model)."""
+        if path is not None and bridge.is_profile_path(path):
+            self.open_profile(Path(path))
+        else:
+            self.open_model(path)
+
+    def open_profile(self, path: Path) -> None:
+        """Open a kvtuner profile in the background: its configuration goes into the controls
+        and its model is opened; warnings (another machine, a changed model file ...) go to the
+        status bar and the advice pane. A malformed profile shows one line and changes nothing."""
+        path = Path(path)
+        self.status.showMessage(f"reading profile {path.name} ...")
+        self.tasks.submit(lambda: bridge.load_profile(path), lambda r, p=path: self._on_profile_loaded(p, r),
+                          lambda exc, p=path: self._on_profile_failed(p, exc))
+
+    def _on_profile_loaded(self, path: Path, result: tuple[Path, PlanConfig, tuple[str, ...]]) -> None:
+        model_path, config, warnings = result
+        self._config = config
+        self.controls.set_config(config)
+        self.open_model(model_path)
+        self.profile_warnings = tuple(warnings)
+        self.advisor.set_notes([f"Profile {path.name}: {w}" for w in warnings])
+        if warnings:
+            self.status.showMessage(f"profile {path.name}: {warnings[0]}" + (
+                f" (+{len(warnings) - 1} more in the advice pane)" if len(warnings) > 1 else ""), 15000)
+        else:
+            self.status.showMessage(f"opened profile {path.name}", 5000)
+
+    def _on_profile_failed(self, path: Path, exc: BaseException) -> None:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        self.show_error(f"Could not open profile {path.name}: {text}")
+        self.status.showMessage("profile not opened", 5000)
 
     def dragEnterEvent(self, event: QtGui.QDragEnterEvent) -> None:  # noqa: N802 (Qt API)
-        if any(u.toLocalFile().lower().endswith(".gguf") for u in event.mimeData().urls()):
+        if any(u.toLocalFile().lower().endswith((".gguf", ".json")) for u in event.mimeData().urls()):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QtGui.QDropEvent) -> None:  # noqa: N802 (Qt API)
         for u in event.mimeData().urls():
-            if u.toLocalFile().lower().endswith(".gguf"):
-                self.open_model(Path(u.toLocalFile()))
+            if u.toLocalFile().lower().endswith((".gguf", ".json")):
+                self.open_path(Path(u.toLocalFile()))
                 event.acceptProposedAction()
                 return
 
@@ -549,6 +618,71 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self.tasks.submit(work, done, failed)
 
+    # -- working-configs library -------------------------------------------------------------------
+
+    def _remember_working_config(self, bench_result: Any) -> None:
+        """Keep the completed run's figures (for the profile export) and save it in the library
+        unless the user opted out (on a worker thread, which opens its own connection)."""
+        model, config, path = self.model, self._run_config, self._run_model_path
+        if bench_result is None or config is None or path is None:
+            return
+        try:
+            figures = bridge.measured_figures(bench_result)
+        except Exception as exc:
+            self.library_note = f"run not saved: {exc}"
+            return
+        self.measured.update(figures)
+        self.last_run = (path, config, dict(figures))
+        if model is None or path != self.model_path:
+            return
+        enabled, machine = self.remember_working_configs, self.machine
+
+        def done(run_id: int | None) -> None:
+            self.saved_run_id = run_id
+            if run_id is not None:
+                self.library_note = f"saved as a working configuration (id {run_id})"
+                self.status.showMessage(self.library_note, 8000)
+                self.refresh_known_good()
+            else:
+                self.library_note = "not saved: remembering working configurations is off"
+
+        def failed(exc: BaseException) -> None:
+            self.library_note = f"run not saved in the library: {exc}"
+            self.status.showMessage(self.library_note, 8000)
+
+        self.tasks.submit(lambda: bridge.library_record(model, config, figures, model_path=path, machine=machine,
+                                                        enabled=enabled), done, failed)
+
+    def refresh_known_good(self) -> None:
+        """Reload the Known good list for the current model on this machine (worker thread)."""
+        model = self.model
+        if model is None or not bridge.library_available():
+            self.known_good.set_runs(None if not bridge.library_available() else [])
+            return
+        self._known_good_seq += 1
+        seq, machine = self._known_good_seq, self.machine
+
+        def done(runs: list) -> None:
+            if seq == self._known_good_seq and self.model is model:
+                self.known_good.set_runs(runs)
+
+        def failed(exc: BaseException) -> None:
+            if seq == self._known_good_seq:
+                self.known_good.set_runs([], empty_text=f"Cannot read the library: {exc}")
+
+        self.tasks.submit(lambda: bridge.library_known_good(model, machine), done, failed)
+
+    def restore_working_config(self, saved: Any) -> None:
+        """Put a saved working configuration (a WorkingConfig or a PlanConfig) into the controls."""
+        config = getattr(saved, "config", saved)
+        self.controls.set_config(config)
+        self.controls.show_error(None)
+        self.set_config(config)
+        what = f"id {saved.id}, " if hasattr(saved, "id") else ""
+        tok = saved.measured.get("decode_tok_s") if hasattr(saved, "measured") else None
+        self.status.showMessage(f"restored a working configuration ({what}"
+                                + (f"{tok:.1f} tok/s decode" if tok is not None else "no decode figure") + ")", 8000)
+
     # -- verify (dry run) --------------------------------------------------------------------------
 
     def verify(self) -> None:
@@ -677,6 +811,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self.update_live(t_s, running=False)
             if ev.ok:
                 self._record_run()
+                self._remember_working_config(ev.result)
 
     # -- the pull timer ----------------------------------------------------------------------------
 
@@ -710,11 +845,19 @@ class MainWindow(QtWidgets.QMainWindow):
         """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
         if self.model_path is None or not bridge.export_targets():
             return None
-        dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.measured or None,
-                           save_dir=str(self.model_path.parent), parent=self)
+        dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
+                           machine=self.machine, save_dir=str(self.model_path.parent), parent=self)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.show()
         return dlg
+
+    def export_measured(self) -> dict | None:
+        """Measured figures of the last completed run when it ran the model and configuration
+        shown (written into a profile export), else None."""
+        if self.last_run is None:
+            return None
+        path, config, figures = self.last_run
+        return dict(figures) if path == self.model_path and config == self._config else None
 
     # -- shutdown ----------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ class BenchSettings:
     warmup: bool = False
     timeout_s: float = 900.0
     idle_timeout_s: float = 180.0
+    n_threads: int | None = None  # CPU threads (None: the runner's default, the physical cores)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class RunFinished:
     ok: bool
     stopped: bool
     message: str = ""
+    #: the completed bench (:class:`kvtuner.runner.bench.BenchResult`), None unless ``ok``
+    result: Any = None
 
 
 class RunController:
@@ -124,8 +127,15 @@ class RunController:
             self._put(RunFinished(False, False, f"the runner is not available: {exc}"))
             return
         s = self.settings
-        ok, message = False, ""
-        client = RunnerClient(on_event=self._put)
+        ok, message, summary = False, "", None
+        seen: list[Any] = []
+
+        def on_event(ev: Any) -> None:
+            if not isinstance(ev, (P.LogEvent, P.TokenEvent, P.PrefillProgressEvent)):
+                seen.append(ev)  # buffers, KV caches, context: for the run's summary
+            self._put(ev)
+
+        client = RunnerClient(on_event=on_event)
         self._client = client
         try:
             started = client.start(timeout_s=60.0)
@@ -136,14 +146,23 @@ class RunController:
             self._put(RunStarted(pid=int(client.pid or 0), llama_build=started.llama_build))
             if self._stop.is_set():
                 raise RunnerError("cancelled", "stopped")
-            client.request(P.LoadCommand(model_path=str(model_path.resolve()), config=config.to_dict()),
-                           P.LoadedEvent, timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
+            loaded = client.request(P.LoadCommand(model_path=str(model_path.resolve()), config=config.to_dict(),
+                                                  n_threads=s.n_threads),
+                                    P.LoadedEvent, timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
             if self._stop.is_set():
                 raise RunnerError("cancelled", "stopped")
-            client.request(P.BenchCommand(n_prompt=s.n_prompt, n_gen=s.n_gen, repetitions=s.repetitions,
-                                          warmup=s.warmup), P.BenchResultEvent,
-                           timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
+            result = client.request(P.BenchCommand(n_prompt=s.n_prompt, n_gen=s.n_gen, repetitions=s.repetitions,
+                                                   warmup=s.warmup), P.BenchResultEvent,
+                                    timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
             ok = True
+            try:
+                from ..runner.bench import summarise_events
+
+                summary = summarise_events(model_path, config, n_prompt=s.n_prompt, n_gen=s.n_gen, n_depth=0,
+                                           repetitions=s.repetitions, started=started, loaded=loaded,
+                                           result=result, events=seen, sampler=self.sampler)
+            except Exception:  # the run itself succeeded; only its summary is missing
+                summary = None
         except RunnerError as exc:
             message = f"{exc.kind}: {exc.message}"
             if exc.kind == "timeout":  # made by the client, not an event: tell the window
@@ -158,4 +177,4 @@ class RunController:
                 if self.sampler is not None:
                     self.sampler.set_pid(None)
                 self._client = None
-                self._put(RunFinished(ok=ok, stopped=self._stop.is_set(), message=message))
+                self._put(RunFinished(ok=ok, stopped=self._stop.is_set(), message=message, result=summary))

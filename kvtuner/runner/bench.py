@@ -266,3 +266,41 @@ def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth
         llama_build=started.llama_build, kv_split_experimental=loaded.kv_split_experimental,
         warnings=tuple(loaded.warnings), reps=tuple(reps), perf=dict(result.perf),
     )
+
+
+class _NoPeaks:
+    """Stand-in sampler for :func:`summarise_events` when nothing sampled the child."""
+
+    @staticmethod
+    def peaks() -> Any:
+        from kvtuner.core.samplers import Peaks
+
+        return Peaks(None, None, {}, {})
+
+
+def summarise_events(model_path: str | os.PathLike, config: PlanConfig, *, n_prompt: int, n_gen: int,
+                     n_depth: int, repetitions: int, started: P.StartedEvent, loaded: P.LoadedEvent,
+                     result: P.BenchResultEvent, events: list[P.Message], sampler: Any = None) -> BenchResult:
+    """The :class:`BenchResult` of a bench driven by someone else (the desktop app's run
+    controller): the child's started, loaded and bench-result events plus the other events
+    it sent (buffers, KV caches, context). ``sampler``: the sampler that watched the child
+    since the start (its peaks are used), or None."""
+    return _summarise(os.fspath(model_path), config, n_prompt, n_gen, n_depth, repetitions, started, loaded, result,
+                      list(events), sampler if sampler is not None and hasattr(sampler, "peaks") else _NoPeaks())
+
+
+def measured_figures(result: BenchResult) -> dict[str, float | int]:
+    """The figures the working-configs library keeps for a completed bench
+    (:data:`kvtuner.core.export.MEASURED_KEYS`): median decode and prefill tok/s, load
+    seconds, the runner's peak RSS and VRAM bytes (summed over GPUs; the device's use when
+    NVML cannot tell per process; absent without a GPU) and the KV cache bytes."""
+    out: dict[str, float | int] = {"load_s": float(result.load_s), "peak_rss_bytes": int(result.peak_rss_bytes),
+                                   "kv_bytes": int(result.kv_bytes)}
+    if result.decode_tok_s is not None:
+        out["decode_tok_s"] = float(result.decode_tok_s.median)
+    if result.prefill_tok_s is not None:
+        out["prefill_tok_s"] = float(result.prefill_tok_s.median)
+    vram = sum(result.peak_vram_process_bytes.values()) or sum(result.peak_vram_used_bytes.values())
+    if vram:
+        out["peak_vram_bytes"] = int(vram)
+    return out

@@ -31,6 +31,12 @@ class AdvisorPane(QtWidgets.QGroupBox):
         super().__init__("Advice", parent)
         outer = QtWidgets.QVBoxLayout(self)
         outer.setContentsMargins(4, 4, 4, 4)
+        self.notes = QtWidgets.QLabel()  # e.g. an opened profile's warnings
+        self.notes.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.notes.setWordWrap(True)
+        self.notes.setStyleSheet("background: #fff4d6; color: #5c4400; padding: 4px; border: 1px solid #e6c96b;")
+        self.notes.hide()
+        outer.addWidget(self.notes)
         self._scroll = QtWidgets.QScrollArea()
         self._scroll.setWidgetResizable(True)
         self._scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
@@ -51,6 +57,11 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self.live = False
         self._key: object = object()
         self.set_advice(None)
+
+    def set_notes(self, notes: Sequence[str]) -> None:
+        """Notes shown above the advice (plain text, one per line); empty hides them."""
+        self.notes.setText("\n".join(f"\u26a0 {n}" for n in notes))
+        self.notes.setVisible(bool(notes))
 
     def _clear(self) -> None:
         while self._rows.count():
