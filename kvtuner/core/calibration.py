@@ -31,12 +31,12 @@ import json
 import math
 import os
 import platform
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from .fileio import replace_atomic
 from .hardware import GpuSpec, HostSpec
 from .memory_plan import MemoryPlan
 from .model_profile import ModelProfile
@@ -328,20 +328,7 @@ class CalibrationStore:
             CalibrationError: the directory cannot be written (says which).
         """
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".calibration-", suffix=".json", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(self._data, f, indent=1)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            replace_atomic(self.path, json.dumps(self._data, indent=1))
         except OSError as exc:
             raise CalibrationError(f"cannot write calibration to {self.path.parent}: {exc.strerror or exc}; "
                                    "set KVTUNER_DATA_DIR to a writable directory") from None

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .memory_plan import MemoryPlan
 
+from .fileio import replace_atomic
 from .paths import data_dir
 
 FILE_NAME = "compute-buffers.json"
@@ -96,12 +95,7 @@ def store(key: str, bytes_by_device: dict[str, int]) -> None:
     if len(data) > MAX_ENTRIES:
         for old in list(data)[: len(data) - MAX_ENTRIES]:
             del data[old]
-    path = _path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".compute-", dir=path.parent)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
+        replace_atomic(_path(), json.dumps(data))
     except OSError:
         pass

@@ -6,12 +6,12 @@ Pure Python: no Qt, no llama_cpp (the import-linter contract on ``kvtuner.core``
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import ALL_LAYERS, PlanConfig
+from ..fileio import write_temp
 
 
 class ExportError(ValueError):
@@ -150,15 +150,10 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"{target} already exists: pass --force to overwrite it, or choose another name")
     folder = target.parent if str(target.parent) else Path(".")
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        tmp = write_temp(folder, target.name, text)
     except OSError as exc:
         raise ExportError(f"cannot write into {folder}: {exc.strerror or exc}") from None
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
         try:
             mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
             os.chmod(tmp, mode)
