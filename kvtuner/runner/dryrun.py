@@ -18,25 +18,13 @@ from kvtuner.core.config import PlanConfig
 
 from . import protocol as P
 from .client import RunnerClient, RunnerError
+from .llama_log import KvCacheSize
 
 
-@dataclass(frozen=True)
-class KvCacheReport:
-    """One ``llama_kv_cache: size = ...`` line (llama-kv-cache.cpp constructor), in log order.
-
-    ``size_mib``, ``k_mib``, ``v_mib``: MiB as printed (2 decimals); ``cells`` KV cells per
-    stream; ``layers`` layers in this cache; ``n_seq`` n_seq_max; ``n_stream`` KV streams.
-    """
-
-    size_mib: float
-    cells: int
-    layers: int
-    n_seq: int
-    n_stream: int
-    type_k: str
-    k_mib: float
-    type_v: str
-    v_mib: float
+#: One ``llama_kv_cache: size = ...`` line (llama-kv-cache.cpp constructor), in log order:
+#: ``size_mib``, ``k_mib``, ``v_mib`` as printed (2 decimals); ``cells`` per stream; ``layers``;
+#: ``n_seq`` (n_seq_max); ``n_stream``; ``type_k``, ``type_v``. The log parser's record, as is.
+KvCacheReport = KvCacheSize
 
 
 @dataclass(frozen=True)
