@@ -41,8 +41,18 @@ CONST = SpeedConstants(host_bw_efficiency=1.0, host_decode_flop_s_per_thread=1e9
                        gpu_bw_efficiency=0.75, gpu_flop_efficiency=0.5, pcie_efficiency=0.8,
                        crossing_latency_s=20e-6, token_overhead_s=0.5e-3, layer_overhead_s=40e-6,
                        host_decode_bytes_s_per_thread=5e9,  # 2 threads: 10 GB/s, above the 1 GB/s of HOST_BW
-                       host_attn_bytes_per_head_cell=0.0, host_attn_flops_per_head_cell=0.0)
+                       host_attn_bytes_per_head_cell=0.0, host_attn_flops_per_head_cell=0.0,
+                       host_thread_efficiency=1.0)  # linear threads keep the hand numbers simple
 HOST_BW = 1e9
+
+
+def test_effective_threads():
+    """1 + (n - 1) x efficiency: the default 0.55 makes 2 threads 1.55x one (idle 2-core VM: 1.36-1.67x)."""
+    from kvtuner.core.speed_model import effective_threads
+
+    assert effective_threads(1, SpeedConstants()) == 1.0
+    assert effective_threads(2, SpeedConstants()) == pytest.approx(1.55)
+    assert effective_threads(8, CONST) == 8.0
 
 
 @pytest.fixture(scope="module")

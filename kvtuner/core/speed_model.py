@@ -19,8 +19,9 @@ llama.cpp's own decode analysis, ggml-org/llama.cpp discussion #638)::
                  + sum_{layers with KV on dev} 2 * n_head(il) * (head_dim_k + head_dim_v) * cells_read
     (measured copy bandwidth: :func:`measure_host_bandwidth`)
     bw_host = min(measured copy bandwidth * host_bw_efficiency,
-                  n_threads * host_decode_bytes_s_per_thread)   (one core cannot stream at full bandwidth)
-    flop_s_host = n_threads * host_decode_flop_s_per_thread
+                  threads * host_decode_bytes_s_per_thread)   (one core cannot stream at full bandwidth)
+    flop_s_host = threads * host_decode_flop_s_per_thread
+    threads = 1 + (n_threads - 1) * host_thread_efficiency    (threads do not scale linearly)
     bw_gpu = GPU bandwidth (NVML: memory clock x bus width x 2, or a preset) * gpu_bw_efficiency
 
 On the CPU two kernel effects enter the host terms (ggml/src/ggml-cpu): weight bytes and
@@ -53,7 +54,7 @@ Prefill (a prompt of ``n_prompt`` tokens at depth ``D0``, compute-bound; Kaplan 
                 llama_batch_get_one) + attention: for each token at position p and layer il,
                 2 * n_head * (head_dim_k + head_dim_v) * cells(p), cells(p) = min(p + 1, window)
                 with flash attention (masked cells skipped), the padded ``n_kv`` of the ubatch without it
-    flop_s_host = n_threads * host_prefill_flop_s_per_thread
+    flop_s_host = threads * host_prefill_flop_s_per_thread
     flop_s_gpu = GPU FLOP/s (preset, or bandwidth x 40 FLOP/byte) * gpu_flop_efficiency
 
 With a GPU, host-resident weights are copied to the GPU for every ubatch of 32 tokens or more
@@ -87,12 +88,12 @@ DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.969e9
 #: Host bandwidth assumed when the probe cannot run (dual-channel DDR4-3200 is 51 GB/s peak).
 DEFAULT_HOST_BANDWIDTH_BYTES_S = 20e9
 #: CPU kernel factors by file type: (decode bytes-rate factor, prefill FLOP-rate factor), relative
-#: to F16. Measured with benchmarks/speed_accuracy.py on the reference 2-core AVX2 machine (1 thread:
-#: decode bytes/s Q4_K_M 0.8x and Q8_0 0.8x of F16; prefill FLOP/s Q4_K_M 0.62x, Q8_0 0.73x); other
-#: types by kernel family. Calibration refines a family's constants from its own runs.
+#: to F16. Measured with benchmarks/speed_accuracy.py on the reference 2-core AVX2 machine (decode
+#: bytes/s: Q4_K_M 0.8x of F16; Q8_0 1.0x on an idle machine, 12.8 vs 12.1 GB/s effective; prefill
+#: FLOP/s Q4_K_M 0.62x, Q8_0 0.73x); other types by kernel family. Calibration refines a family's constants from its own runs.
 CPU_KERNEL_FACTORS: dict[str, tuple[float, float]] = {
     "ALL_F32": (1.0, 0.8), "MOSTLY_F16": (1.0, 1.0), "MOSTLY_BF16": (1.0, 0.9),
-    "MOSTLY_Q8_0": (0.8, 0.73), "MOSTLY_Q4_0": (0.8, 0.7), "MOSTLY_Q4_1": (0.8, 0.65),
+    "MOSTLY_Q8_0": (1.0, 0.73), "MOSTLY_Q4_0": (0.8, 0.7), "MOSTLY_Q4_1": (0.8, 0.65),
     "MOSTLY_Q5_0": (0.8, 0.6), "MOSTLY_Q5_1": (0.8, 0.6),
 }
 #: Factors of file types not in the table (K-quants, i-quants, ...).
@@ -159,6 +160,10 @@ class SpeedConstants:
         crossing_latency_s: fixed cost of one device crossing (copy + synchronisation), s.
         token_overhead_s: fixed cost per llama_decode call (graph build, scheduling, sampling), s.
         layer_overhead_s: per layer per llama_decode call (op dispatch and thread barriers), s.
+        host_thread_efficiency: what each CPU thread after the first adds, as a share of the
+            first: effective threads = 1 + (n_threads - 1) * efficiency. Measured here with
+            benchmarks/speed_accuracy.py on an idle 2-core VM: 2 threads run 1.36-1.67x one thread
+            (prefill and decode alike; shared caches, memory controller and OpenMP barriers).
     """
 
     host_bw_efficiency: float = 1.0
@@ -173,6 +178,7 @@ class SpeedConstants:
     crossing_latency_s: float = 20e-6
     token_overhead_s: float = 0.5e-3
     layer_overhead_s: float = 40e-6
+    host_thread_efficiency: float = 0.55
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -575,6 +581,11 @@ def _sum_min_range(lo: int, hi: int, cap: int) -> float:
 # times
 
 
+def effective_threads(n_threads: int, constants: SpeedConstants) -> float:
+    """CPU threads' combined throughput in units of one thread: ``1 + (n - 1) * host_thread_efficiency``."""
+    return 1.0 + max(0, n_threads - 1) * constants.host_thread_efficiency
+
+
 def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
     """Seconds for ``work`` under ``inputs`` (the roofline sum of the module docstring)."""
     c = inputs.constants
@@ -583,10 +594,11 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
         r = inputs.rate(d.device)
         if d.kind == "host":
             bw = r.bandwidth_bytes_s * c.host_bw_efficiency
+            threads = effective_threads(inputs.n_threads, c)
             if work.phase == "decode":
-                bw = min(bw, inputs.n_threads * c.host_decode_bytes_s_per_thread)
+                bw = min(bw, threads * c.host_decode_bytes_s_per_thread)
             per_thread = c.host_decode_flop_s_per_thread if work.phase == "decode" else c.host_prefill_flop_s_per_thread
-            flop_s = inputs.n_threads * per_thread
+            flop_s = threads * per_thread
         else:
             bw = r.bandwidth_bytes_s * c.gpu_bw_efficiency
             flop_s = (r.flop_s or r.bandwidth_bytes_s * GPU_FLOP_PER_BYTE) * c.gpu_flop_efficiency
