@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,9 +26,17 @@ class UserError(Exception):
     """A mistake the user can fix; printed as ``kvtuner: <message>`` with exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the usage errors on one line too (``kvtuner plan: error: ...``, exit 2),
+    not the whole usage block; ``--help`` still prints it. Subparsers inherit the class."""
+
+    def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvtuner",
         description="Plan, monitor and tune llama.cpp memory for long contexts on small GPUs.",
     )
@@ -150,25 +159,32 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
 
 
+#: Smallest --gpu-mem / --ram taken as meant (bytes): below it a unit was surely forgotten.
+MIN_MEMORY_BYTES = 1 << 20
+
+
 def hardware_from_args(args: argparse.Namespace) -> "tuple[list[GpuSpec], HostSpec | None]":
     """GPUs and host for the plan: what-if sizes if given, else detected (no GPU is normal)."""
     from .core.hardware import HostSpec, what_if_gpu
     from .core.units import parse_size
 
+    def size(flag: str, text: str) -> int:
+        try:
+            n = parse_size(text)
+        except ValueError as exc:
+            raise UserError(f"{flag}: {exc}") from None
+        if n < MIN_MEMORY_BYTES:  # 0, or a bare number read as bytes ("--gpu-mem 12")
+            raise UserError(f"{flag}: {text.strip()!r} is {n} bytes, too small for a memory size: give a unit, e.g. 12G")
+        return n
+
     gpus: list = []
     if args.gpu_mem:
-        try:
-            gpus = [what_if_gpu(parse_size(s), index=i) for i, s in enumerate(args.gpu_mem)]
-        except ValueError as exc:
-            raise UserError(f"--gpu-mem: {exc}") from None
+        gpus = [what_if_gpu(size("--gpu-mem", s), index=i) for i, s in enumerate(args.gpu_mem)]
     elif not args.no_gpu:
         gpus = _detect_gpus()
     host = _detect_host()
     if args.ram:
-        try:
-            total = parse_size(args.ram)
-        except ValueError as exc:
-            raise UserError(f"--ram: {exc}") from None
+        total = size("--ram", args.ram)
         host = HostSpec(total_bytes=total, available_bytes=total)
     return gpus, host
 
@@ -427,8 +443,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
     config = config_from_args(args)
-    if args.timeout <= 0:
+    if not args.timeout > 0:  # also NaN
         raise UserError(f"--timeout must be a positive number of seconds, not {args.timeout}")
+    if args.threads is not None and args.threads < 1:  # llama.cpp would quietly use its own default
+        raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
     if not args.json and sys.stderr.isatty():
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
     try:
@@ -670,11 +688,33 @@ def _cmd_gui(args: argparse.Namespace) -> int:
     model = Path(args.model).expanduser() if args.model else None
     if model is not None and not model.exists():
         raise UserError(f"model file not found: {model}")
+    if args.screenshot:
+        shot = Path(args.screenshot).expanduser()
+        try:
+            shot.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--screenshot: cannot create the folder {shot.parent} ({exc.strerror}): "
+                            "give a path in a writable folder") from None
+        if shot.is_dir():
+            raise UserError(f"--screenshot: {shot} is a directory: give a file name ending in .png")
+    elif _no_display():  # Qt would abort with its own multi-line message (exit 134)
+        raise UserError("no display to open the app on (DISPLAY and WAYLAND_DISPLAY are not set): run it in a "
+                        "desktop session, or headless use 'kvtuner plan' or 'kvtuner gui --screenshot FILE'")
     try:
         from .gui.app import run
     except ImportError as exc:  # PySide6 / pyqtgraph missing
         raise UserError(f"the desktop app needs PySide6 and pyqtgraph: {exc}") from None
     return run(model, config if _any_config_flag(args) else None, screenshot=args.screenshot, run=args.run)
+
+
+def _no_display() -> bool:
+    """Linux/BSD without an X11 or Wayland display and no Qt platform chosen (``QT_QPA_PLATFORM``):
+    Qt's default xcb plugin cannot start there."""
+    import os
+
+    if sys.platform in ("win32", "darwin") or os.environ.get("QT_QPA_PLATFORM"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 def _any_config_flag(args: argparse.Namespace) -> bool:

@@ -55,6 +55,11 @@ def test_inspect_json():
     (["--cache-type-k", "q2_k"], "unknown KV cache type"),
     (["--gpu-mem", "twelve"], "--gpu-mem"),
     (["--ngl", "-3"], "--ngl must be 0 or more"),
+    (["--gpu-mem", "0"], "--gpu-mem: '0' is 0 bytes, too small for a memory size: give a unit, e.g. 12G"),
+    (["--gpu-mem", "12"], "--gpu-mem: '12' is 12 bytes"),
+    (["--ram", "0"], "--ram: '0' is 0 bytes"),
+    (["--kv-gpu-layers", "3"], "--kv-gpu-layers 3 needs a GPU and none is planned for"),
+    (["--ctx", "99999999999999999999999"], "--ctx must be at most 4294967040 tokens"),
 ])
 def test_impossible_configuration_one_line_exit_2(args, needle):
     out = kvtuner("plan", *args)
@@ -107,3 +112,51 @@ def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
         assert again.returncode == 0, again.stderr
         after = json.loads(again.stdout)["advice"]
         assert a["id"] not in [b["id"] for b in after], (a["id"], flags)
+
+
+def test_inspect_of_a_fifo_fails_at_once(tmp_path):
+    import os
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    out = kvtuner("inspect", str(fifo), "--json", timeout=30)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == f"kvtuner: {fifo}: not a regular file (a pipe or device), not a GGUF file"
+
+
+@pytest.mark.parametrize("where,needle", [
+    ("/proc/no-such-dir/shot.png", "--screenshot: cannot create the folder /proc/no-such-dir"),
+    (".", "is a directory"),
+])
+def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, needle):
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "gui", "--screenshot", where], capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path, env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--ctx", "abc"], "kvtuner plan: error: argument --ctx/-c: 'abc' is not a whole number"),
+    (["plan", "--gpu-mem"], "kvtuner plan: error: argument --gpu-mem: expected one argument"),
+    (["inspect", "--nope"], "kvtuner: error: unrecognized arguments: --nope"),
+    (["bench", "-fa", "maybe"], "kvtuner bench: error: argument --flash-attn/-fa: invalid choice: 'maybe'"),
+    (["frobnicate"], "kvtuner: error: argument COMMAND: invalid choice: 'frobnicate'"),
+])
+def test_usage_errors_are_one_line_exit_2(args, needle):
+    """The README: bad input ends in one line; argparse's usage block is not printed."""
+    out = kvtuner(*args)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(needle) and "--help" in lines[0], out.stderr
+
+
+def test_gui_without_a_display_is_one_line_not_a_qt_abort():
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtuner: no display to open the app on"), out.stderr

@@ -175,6 +175,54 @@ def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qt
     assert w.plan.config.n_ctx == w.config.n_ctx  # still planning
 
 
+def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_path):
+    w = _window(qtbot, settings)
+    good = w.model
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)  # opening it for reading would block the loader thread forever
+    w.open_model(fifo)
+    qtbot.waitUntil(lambda: "pipe.gguf" in (w.last_error or ""), timeout=10_000)
+    assert "not a regular file" in w.last_error
+    assert w.model is good
+
+
+def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot, settings):
+    """--ctx up to llama.cpp's 2**32 - 256 is a valid config; the spin box holds a C int."""
+    errors: list = []
+    import sys
+
+    old_hook = sys.excepthook
+    sys.excepthook = lambda *exc: errors.append(exc)
+    try:
+        w = _window(qtbot, settings, PlanConfig(n_ctx=3_000_000_000))
+        qtbot.wait(50)
+    finally:
+        sys.excepthook = old_hook
+    assert not errors
+    assert w.controls.ctx.spin.value() == w.controls.ctx.spin.maximum()
+    w.controls.ctx.slider.setValue(0)
+    assert w.plan.config.n_ctx == 512  # still usable
+
+
+def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings):
+    """``--screenshot`` only calls processEvents(): rows of older advice must not paint under
+    the new ones while their deleteLater is pending."""
+    if not bridge.advisor_available():
+        pytest.skip("advisor not built yet")
+    from PySide6 import QtWidgets
+
+    w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))
+    first = list(w.advisor.items)
+    assert first
+    w.controls.ctx.spin.setValue(4096)
+    w.controls.ctx.spin.setValue(16 << 20)
+    QtWidgets.QApplication.processEvents()
+    shown = [lab.text() for lab in w.advisor._body.findChildren(QtWidgets.QLabel) if lab.isVisibleTo(w.advisor)
+             and lab.text()]
+    expected = [str(a.message) for a in w.advisor.items] or ["No problems found for this configuration."]
+    assert sorted(shown) == sorted(expected)
+
+
 def test_gguf_text_is_shown_as_plain_text(qtbot, settings):
     w = _window(qtbot, settings)
     hostile = dataclasses.replace(w.model, name='<b>bold</b><img src="http://x/y.png">')
@@ -197,6 +245,23 @@ def test_settings_persist(qtbot, settings):
     assert w2.hardware.current_choice() == "24 GB"
     assert w2.last_model() == w.model_path
     assert str(w.model_path) in w2.recent_models()
+
+
+@pytest.mark.parametrize("key,value", [
+    ("hardware/custom_bytes", "abc"),
+    ("model/recent", "null"),
+    ("window/geometry", "garbage"),
+    ("config", '{"n_ctx": 1e20}'),
+])
+def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, settings, key, value):
+    settings.setValue("hardware/choice", "custom")
+    settings.setValue(key, value)
+    settings.sync()
+    make_app()
+    w = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=_Sampler())
+    qtbot.addWidget(w)
+    assert isinstance(w.recent_models(), list)
+    assert w.config.n_ctx == PlanConfig().n_ctx
 
 
 def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):

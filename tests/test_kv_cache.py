@@ -146,6 +146,13 @@ def test_impossible_configs_say_what_to_change(models, config, match):
     (dict(type_k="q3_k"), "unknown KV cache type"),
     (dict(n_seq=0), "between 1 and 256"),
     (dict(flash_attn="maybe"), "on, off or auto"),
+    # llama.cpp's counts are 32-bit: a bigger value would wrap in llama_context_params
+    (dict(n_ctx=1 << 32), "--ctx must be at most 4294967040"),
+    (dict(n_ctx=10**23), "--ctx must be at most"),
+    (dict(n_ubatch=1 << 32), "--ubatch must be a positive number of tokens up to"),
+    (dict(n_batch=1 << 40), "--batch must be a positive number of tokens up to"),
+    (dict(n_gpu_layers=1 << 31), "--ngl must be at most"),
+    (dict(kv_gpu_layers=1 << 31), "--kv-gpu-layers must be at most"),
 ])
 def test_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from pathlib import Path
@@ -120,6 +121,8 @@ def _bad_cases(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
 
     cases["missing"] = (tmp_path / "nope.gguf", "no such file")
     cases["directory"] = (tmp_path, "is a directory")
+    os.mkfifo(tmp_path / "fifo.gguf")  # opening a FIFO for reading blocks until a writer comes
+    cases["fifo.gguf"] = (tmp_path / "fifo.gguf", "not a regular file")
     put("not_gguf.gguf", b"PK\x03\x04" + b"\0" * 100, "not a GGUF file")
     put("tiny.gguf", b"GGUF", "not a GGUF file")
     put("v1.gguf", _bytes_header(version=1) + b"\0" * 16, "unsupported GGUF version 1")
@@ -139,7 +142,7 @@ def _bad_cases(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
     return cases
 
 
-BAD = ["missing", "directory", "not_gguf.gguf", "tiny.gguf", "v1.gguf", "v9.gguf", "truncated_header.gguf",
+BAD = ["missing", "directory", "fifo.gguf", "not_gguf.gguf", "tiny.gguf", "v1.gguf", "v9.gguf", "truncated_header.gguf",
        "huge_counts.gguf", "huge_string.gguf", "data_past_end.gguf", "no_arch.gguf", "wrong_type.gguf", "projector.gguf"]
 
 
@@ -164,7 +167,7 @@ def test_embedding_only_model_refused(tmp_path):
         ModelProfile.from_gguf(write_model(tmp_path / "bert.gguf", spec))
 
 
-@pytest.mark.parametrize("case", ["missing", "not_gguf.gguf", "truncated_header.gguf", "wrong_type.gguf"])
+@pytest.mark.parametrize("case", ["missing", "fifo.gguf", "not_gguf.gguf", "truncated_header.gguf", "wrong_type.gguf"])
 def test_cli_bad_file_exit_2_no_traceback(tmp_path, good, case):
     import subprocess
     import sys

@@ -378,6 +378,7 @@ PARENT = textwrap.dedent(
     c.send(P.LoadCommand(model_path=sys.argv[1], config={"n_ctx": 512}))
     c.wait_for(P.LoadProgressEvent, timeout_s=60)
     print(c.pid, flush=True)
+    sys.stdin.readline()  # the test has seen the child alive (else os._exit races its check)
     if sys.argv[2] == "exit":
         os._exit(0)       # no cleanup at all
     time.sleep(600)       # to be SIGKILLed
@@ -389,11 +390,13 @@ PARENT = textwrap.dedent(
 def test_child_goes_away_when_the_parent_dies(default_model, how):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(default_model), how], stdout=subprocess.PIPE,
-                              cwd=root, env={**os.environ, "PYTHONPATH": root})
+                              stdin=subprocess.PIPE, cwd=root, env={**os.environ, "PYTHONPATH": root})
     try:
         line = parent.stdout.readline()
         child_pid = int(line)
         assert not gone(child_pid)
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
         if how == "sigkill":
             parent.kill()
         parent.wait(timeout=30)

@@ -16,6 +16,12 @@ FlashAttn = Literal["on", "off", "auto"]
 
 #: ``n_gpu_layers`` value meaning "every repeating layer and the output layer" (``-ngl all``).
 ALL_LAYERS = -1
+#: Largest ``n_ctx`` llama.cpp can hold: ``llama_context_params.n_ctx`` is a ``uint32_t`` and
+#: llama-context.cpp pads it up to a multiple of 256, so 2**32 - 256 (n_batch/n_ubatch: 2**32 - 1).
+MAX_N_CTX = (1 << 32) - 256
+MAX_UINT32 = (1 << 32) - 1
+#: ``llama_model_params.n_gpu_layers`` is an ``int32_t``.
+MAX_INT32 = (1 << 31) - 1
 
 
 class ConfigError(ValueError):
@@ -72,16 +78,22 @@ class PlanConfig:
             raise ConfigError(f"--flash-attn must be on, off or auto, not '{self.flash_attn}'")
         if self.n_ctx <= 0:
             raise ConfigError(f"--ctx must be a positive number of tokens, not {self.n_ctx}")
+        if self.n_ctx > MAX_N_CTX:
+            raise ConfigError(f"--ctx must be at most {MAX_N_CTX} tokens (llama.cpp's n_ctx is 32-bit), not {self.n_ctx}")
         if self.n_gpu_layers < ALL_LAYERS:
             raise ConfigError(f"--ngl must be 0 or more (or 'all'), not {self.n_gpu_layers}")
+        if self.n_gpu_layers > MAX_INT32:
+            raise ConfigError(f"--ngl must be at most {MAX_INT32} (or 'all'), not {self.n_gpu_layers}")
+        if self.kv_gpu_layers is not None and self.kv_gpu_layers > MAX_INT32:
+            raise ConfigError(f"--kv-gpu-layers must be at most {MAX_INT32}, not {self.kv_gpu_layers}")
         if self.kv_gpu_layers is not None and self.kv_gpu_layers < 0:
             raise ConfigError(f"--kv-gpu-layers must be 0 or more, not {self.kv_gpu_layers}")
         if not 1 <= self.n_seq <= 256:
             raise ConfigError(f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), not {self.n_seq}")
-        if self.n_ubatch <= 0:
-            raise ConfigError(f"--ubatch must be a positive number of tokens, not {self.n_ubatch}")
-        if self.n_batch <= 0:
-            raise ConfigError(f"--batch must be a positive number of tokens, not {self.n_batch}")
+        if not 0 < self.n_ubatch <= MAX_UINT32:
+            raise ConfigError(f"--ubatch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_ubatch}")
+        if not 0 < self.n_batch <= MAX_UINT32:
+            raise ConfigError(f"--batch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_batch}")
         if self.type_v != "f16" and self.type_v != "f32" and self.type_v != "bf16" and self.flash_attn == "off":
             raise ConfigError(
                 f"a quantized V cache ({self.type_v}) requires flash attention: "

@@ -191,6 +191,8 @@ def read_header(path: str | os.PathLike[str], part: int = 0) -> GGUFHeader:
         raise GGUFError(f"{p}: no such file")
     if p.is_dir():
         raise GGUFError(f"{p}: is a directory, not a GGUF file")
+    if not p.is_file():  # a FIFO or device: open() would block or read forever
+        raise GGUFError(f"{p}: not a regular file (a pipe or device), not a GGUF file")
     try:
         fh = open(p, "rb")
     except OSError as exc:

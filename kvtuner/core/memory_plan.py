@@ -334,6 +334,11 @@ def plan_memory(
         kv_gpu = n_gpu_repeating
     else:
         kv_gpu = cfg.kv_gpu_layers
+        if kv_gpu > n_gpu_repeating and not gpus:
+            raise ConfigError(
+                f"--kv-gpu-layers {kv_gpu} needs a GPU and none is planned for: "
+                "leave it out for a CPU-only plan, or plan a what-if card with --gpu-mem 12G"
+            )
         if kv_gpu > n_gpu_repeating:
             raise ConfigError(
                 f"--kv-gpu-layers {kv_gpu} is more than the {n_gpu_repeating} repeating layers offloaded: "

@@ -238,8 +238,10 @@ class MainWindow(QtWidgets.QMainWindow):
     # -- settings ----------------------------------------------------------------------------------
 
     def _restore_settings(self, config: PlanConfig | None) -> None:
+        # a hand-edited or foreign settings file must not keep the app from starting: a value of
+        # the wrong type is ignored like a missing one
         geometry = self.settings.value("window/geometry")
-        if geometry is not None:
+        if isinstance(geometry, (QtCore.QByteArray, bytes, bytearray)):
             self.restoreGeometry(geometry)
         if config is None:
             raw = self.settings.value("config")
@@ -252,7 +254,11 @@ class MainWindow(QtWidgets.QMainWindow):
         choice = self.settings.value("hardware/choice")
         if choice:
             custom = self.settings.value("hardware/custom_bytes")
-            self.hardware.set_choice(str(choice), int(custom) if custom else None)
+            try:
+                custom_bytes = int(custom) if custom else None
+            except (TypeError, ValueError):
+                custom_bytes = None
+            self.hardware.set_choice(str(choice), custom_bytes)
         self.controls.set_config(self._config)
         auto = self.settings.value("advisor/auto_stop", False)
         self.advisor.auto_stop.setChecked(str(auto).lower() in ("true", "1"))
@@ -292,9 +298,10 @@ class MainWindow(QtWidgets.QMainWindow):
         """Recently opened model paths, newest first."""
         raw = self.settings.value("model/recent") or "[]"
         try:
-            return [str(p) for p in json.loads(str(raw))]
+            paths = json.loads(str(raw))
         except ValueError:
             return []
+        return [str(p) for p in paths] if isinstance(paths, list) else []
 
     def _remember_recent(self, path: Path) -> None:
         recent = [str(path)] + [p for p in self.recent_models() if p != str(path)]

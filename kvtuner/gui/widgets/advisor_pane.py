@@ -67,6 +67,9 @@ class AdvisorPane(QtWidgets.QGroupBox):
         while self._rows.count():
             item = self._rows.takeAt(0)
             if item.widget() is not None:
+                # hidden now: deleteLater waits for the event loop, and until then (a screenshot,
+                # processEvents-only loops) the old row would still paint under the new ones
+                item.widget().hide()
                 item.widget().deleteLater()
         self.buttons = []
         self.stop_button = None

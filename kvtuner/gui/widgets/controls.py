@@ -321,6 +321,9 @@ class ConfigControls(QtWidgets.QGroupBox):
     # -- handlers ------------------------------------------------------------------------------
 
     def _show_ctx(self, n_ctx: int) -> None:
+        # the spin box holds a C int: a larger context (up to llama.cpp's 2**32 - 256, e.g. from
+        # --ctx or a profile) shows as the box's maximum instead of overflowing
+        n_ctx = max(self.ctx.spin.minimum(), min(n_ctx, self.ctx.spin.maximum()))
         self.ctx.spin.blockSignals(True)
         self.ctx.spin.setValue(n_ctx)
         self.ctx.spin.blockSignals(False)
