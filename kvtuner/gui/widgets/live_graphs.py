@@ -291,7 +291,8 @@ class LiveGraphs(QtWidgets.QWidget):
         mem_vb = self.mem_plot.getPlotItem().getViewBox()
         y_hi = max([self.series[k].peak() for k in mem_keys]
                    + [v for line, v in self._predicted if line.getViewBox() is mem_vb])
-        self._set_range("ymem", self.mem_plot, 0.0, nice_ceil(y_hi * 1.05, minimum=0.5))
+        # headroom above the highest line so the legend (top left) never covers it
+        self._set_range("ymem", self.mem_plot, 0.0, nice_ceil(y_hi * 1.35, minimum=0.5))
         speed_vb = self.speed_plot.getPlotItem().getViewBox()
         s_hi = max([self.series[k].peak() for k in ("decode", "prefill")]
                    + [v for line, v in self._predicted if line.getViewBox() is speed_vb] + [20.0])
