@@ -21,27 +21,17 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from PySide6 import QtCore, QtWidgets  # noqa: E402
 
+from gui_support import IdleSampler  # noqa: E402
 from kvtuner.core.config import PlanConfig  # noqa: E402
 from kvtuner.core.hardware import HostSpec  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 
 FRAME_MS = 1000 / 60
 GiB = 1 << 30
-
-
-class _IdleSampler:
-    """Samples nothing: this measures the replan, not the live graphs (benchmarks/gui_redraw.py)."""
-
-    def start(self): return self
-    def stop(self, timeout_s=2.0): pass
-    def set_pid(self, pid): pass
-    def reset_peaks(self): pass
-    def host_samples(self, since_t_s=None): return []
-    def gpu_samples(self, index, since_t_s=None): return []
-    def gpu_indices(self): return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("KVTUNER_DATA_DIR", os.path.join(tmp, "data"))
     settings = QtCore.QSettings(os.path.join(tmp, "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
     host = HostSpec(total_bytes=16 * GiB, available_bytes=12 * GiB, swap_total_bytes=2 * GiB)
-    w = MainWindow(PlanConfig(), settings=settings, hardware=([], host, "benchmark"), sampler=_IdleSampler())
+    w = MainWindow(PlanConfig(), settings=settings, hardware=([], host, "benchmark"), sampler=IdleSampler())
     w.show()
     w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("12 GB"))
     w.open_model(None)

@@ -19,37 +19,23 @@ pytest.importorskip("pyqtgraph")
 
 from PySide6 import QtCore  # noqa: E402
 
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
 from kvtuner.core.config import PlanConfig  # noqa: E402
-from kvtuner.core.hardware import HostSpec  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui import bridge  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index  # noqa: E402
 
-HOST = HostSpec(total_bytes=16 * GiB, available_bytes=12 * GiB, swap_total_bytes=2 * GiB)
-
-
-class _Sampler:
-    """A sampler that samples nothing (these tests are about the plan, not the graphs)."""
-
-    def start(self): return self
-    def stop(self, timeout_s=2.0): pass
-    def set_pid(self, pid): pass
-    def reset_peaks(self): pass
-    def host_samples(self, since_t_s=None): return []
-    def gpu_samples(self, index, since_t_s=None): return []
-    def gpu_indices(self): return []
-
 
 @pytest.fixture
 def settings(tmp_path: Path) -> QtCore.QSettings:
-    return QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
+    return ini_settings(tmp_path)
 
 
 def _window(qtbot, settings, config: PlanConfig | None = None) -> MainWindow:
     make_app()
-    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=_Sampler())
+    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
@@ -239,7 +225,7 @@ def test_settings_persist(qtbot, settings):
     w.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
     make_app()
-    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=_Sampler())
+    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
     qtbot.addWidget(w2)
     assert w2.config.n_ctx == 16384
     assert w2.hardware.current_choice() == "24 GB"
@@ -258,7 +244,7 @@ def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, sett
     settings.setValue(key, value)
     settings.sync()
     make_app()
-    w = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=_Sampler())
+    w = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
     qtbot.addWidget(w)
     assert isinstance(w.recent_models(), list)
     assert w.config.n_ctx == PlanConfig().n_ctx

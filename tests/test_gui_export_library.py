@@ -18,36 +18,25 @@ pytest.importorskip("pyqtgraph")
 
 from PySide6 import QtCore, QtWidgets  # noqa: E402
 
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
 from kvtuner.core.config import PlanConfig  # noqa: E402
 from kvtuner.core.export import TARGETS, MachineFingerprint, ModelIdentity, export, write_text_atomic  # noqa: E402
-from kvtuner.core.hardware import HostSpec  # noqa: E402
 from kvtuner.core.library import ConfigLibrary  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 
-HOST = HostSpec(total_bytes=16 * GiB, available_bytes=12 * GiB, swap_total_bytes=2 * GiB)
 MEASURED = {"decode_tok_s": 41.5, "prefill_tok_s": 900.0, "load_s": 0.8, "peak_rss_bytes": 600 << 20, "kv_bytes": 3 << 20}
-
-
-class _Sampler:
-    def start(self): return self
-    def stop(self, timeout_s=2.0): pass
-    def set_pid(self, pid): pass
-    def reset_peaks(self): pass
-    def host_samples(self, since_t_s=None): return []
-    def gpu_samples(self, index, since_t_s=None): return []
-    def gpu_indices(self): return []
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> QtCore.QSettings:
-    return QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
+    return ini_settings(tmp_path)
 
 
 def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True) -> MainWindow:
     make_app()
-    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=_Sampler())
+    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
     qtbot.addWidget(w)
     if open_default:
         w.open_model(None)
@@ -290,7 +279,7 @@ def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot,
     w.known_good.remember.setChecked(False)
     w.close()
     make_app()
-    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=_Sampler())
+    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
     qtbot.addWidget(w2)
     assert not w2.known_good.remember.isChecked()
 
