@@ -110,7 +110,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     """The configuration flags shared by plan, bench, export and gui (llama.cpp spellings in help)."""
     g = parser.add_argument_group("configuration (llama.cpp flags in brackets)")
     g.add_argument("--ctx", "-c", type=_positive_int, default=None, metavar="N", help="context size in tokens [-c] (default 4096)")
-    g.add_argument("--ngl", "--n-gpu-layers", dest="ngl", type=_ngl, default=None, metavar="N|all",
+    g.add_argument("--ngl", "-ngl", "--n-gpu-layers", dest="ngl", type=_ngl, default=None, metavar="N|all",
                    help="layers on the GPU, output layer included [-ngl] (default all)")
     g.add_argument("--kv-gpu-layers", type=_positive_int, default=None, metavar="N",
                    help="offloaded layers that keep their KV cache in VRAM; 0 = [-nkvo] (default: all offloaded)")
@@ -620,11 +620,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         result = export(args.export_format, model_path, config, model=model, measured=measured,
                         gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
-        if args.output:
+        if args.output is not None:  # -o '' is a mistake, not "stdout"
             written = write_text_atomic(args.output, result.text, force=args.force)
     except ExportError as exc:
         raise UserError(str(exc)) from None
-    if args.output:
+    if args.output is not None:
         print(f"kvtuner: wrote {written}", file=sys.stderr)
     else:
         sys.stdout.write(result.text)

@@ -58,3 +58,15 @@ def test_not_a_model_for_profile(tmp_path, capsys):
     bad.write_bytes(b"GGUF")
     assert main(["export", str(bad), "--format", "profile"]) == 2
     assert "x.gguf" in capsys.readouterr().err
+
+
+def test_llama_cpp_spelling_of_ngl(default_model, capsys):
+    """The README promises llama.cpp's -ngl; only --ngl used to be accepted."""
+    assert main(["export", "--format", "llama-server", "-ngl", "0"]) == 0
+    assert " -ngl 0 --fit off " in capsys.readouterr().out
+
+
+def test_empty_output_name_is_an_error_not_stdout(capsys):
+    assert main(["export", "--format", "ollama", "-o", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "kvtuner: empty file name: give the file to write\n"

@@ -187,3 +187,45 @@ def test_kill_during_save_leaves_old_file_intact(tmp_path):
     # the next save still works and replaces it whole
     write_text_atomic(target, "NEWER\n", force=True)
     assert target.read_text(encoding="utf-8") == "NEWER\n"
+
+
+# ---------------------------------------------------------------------------------- QA pass fixes
+def test_force_never_replaces_a_special_file(tmp_path):
+    """`-o /dev/null --force` (as root) used to swap the device for a regular file: os.replace
+    renames over anything. A FIFO stands in for the device here."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for force in (False, True):
+        with pytest.raises(ExportError, match="not a regular file"):
+            write_text_atomic(fifo, "x\n", force=force)
+    assert fifo.exists() and not fifo.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_trailing_slash_names_a_folder_even_if_missing(tmp_path):
+    """`-o newdir/` used to write a file called newdir (Path() drops the slash)."""
+    with pytest.raises(ExportError, match="is a folder"):
+        write_text_atomic(str(tmp_path / "newdir") + "/", "x\n")
+    assert not (tmp_path / "newdir").exists()
+    with pytest.raises(ExportError, match="empty file name"):
+        write_text_atomic("", "x\n")
+
+
+def test_force_writes_through_a_symlink(tmp_path):
+    """A link to a file keeps being a link (as `>` in a shell); the file it points to changes."""
+    real = tmp_path / "real.sh"
+    real.write_text("old\n")
+    link = tmp_path / "link.sh"
+    link.symlink_to(real)
+    with pytest.raises(ExportError, match="already exists"):
+        write_text_atomic(link, "new\n")
+    write_text_atomic(link, "new\n", force=True)
+    assert link.is_symlink() and real.read_text() == "new\n"
+
+
+@pytest.mark.parametrize("name", ["no\u00a0break.gguf", "zero\u200dwidth.gguf", "line\u2028sep.gguf", "c1\x85.gguf"])
+def test_ollama_refuses_characters_its_parser_drops(tmp_path, name):
+    """Ollama's ParseFile keeps only strconv.IsPrint runes: a no-break space or zero-width joiner
+    would vanish and FROM would name another file."""
+    with pytest.raises(ExportError, match="rename the file"):
+        export("ollama", tmp_path / name, CONFIG)

@@ -308,3 +308,12 @@ def test_unknown_target():
 def test_bad_measured_value():
     with pytest.raises(ExportError, match="decode_tok_s must be a finite number"):
         export("profile", MODEL, Q8_FA, model=IDENT, measured={"decode_tok_s": float("nan")})
+
+
+def test_ollama_and_koboldcpp_batch_is_the_effective_ubatch():
+    """llama.cpp clamps -ub to -b; Ollama's num_batch is both, koboldcpp's batchsize the ubatch:
+    writing -ub 3000 with -b 256 would size a compute buffer 12x what was planned."""
+    cfg = PlanConfig(n_batch=256, n_ubatch=3000)
+    assert "PARAMETER num_batch 256\n" in export("ollama", MODEL, cfg).text
+    kc = json.loads(export("koboldcpp", MODEL, cfg).text)
+    assert kc["batchsize"] == kc["blasbatchsize"] == 256

@@ -140,3 +140,32 @@ def test_cli_library_and_export_from_library(default_profile, capsys):
     assert " -c 8192 " in capsys.readouterr().out
     assert main(["export", "--from-library", "999", "--format", "llama-server"]) == 2
     assert "no saved configuration with id 999" in capsys.readouterr().err
+
+
+def test_id_beyond_sqlite_integer_is_not_found(tmp_path, capsys, monkeypatch):
+    """`--from-library 99999999999999999999999` used to end in an OverflowError traceback."""
+    with ConfigLibrary(tmp_path / "lib.sqlite3") as lib:
+        with pytest.raises(KeyError, match="no saved configuration"):
+            lib.get(10**23)
+        assert lib.delete(10**23) is False
+    monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path))
+    assert main(["export", "--from-library", str(10**23), "--format", "llama-server"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvtuner: no saved configuration") and err.count("\n") == 1
+
+
+def test_locked_library_says_busy_not_move_it_away(tmp_path):
+    """A library locked by another process (the app saving a run) is fine: the error must not
+    tell the user to move it away."""
+    path = tmp_path / "lib.sqlite3"
+    ConfigLibrary(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(LibraryError, match="busy .*try again") as info:
+            ConfigLibrary(path, timeout=0.1)
+        assert "move it away" not in str(info.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    ConfigLibrary(path).close()

@@ -113,8 +113,10 @@ class ConfigLibrary:
     transaction; a crash mid-save leaves the database as it was (SQLite journaling).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 10.0) -> None:
         """Open (creating if needed) the library at ``path`` (default :func:`default_library_path`).
+
+        ``timeout``: seconds to wait for another process's write lock before giving up.
 
         Raises:
             LibraryError: the folder is not writable or the file is not a kvtuner library.
@@ -122,7 +124,7 @@ class ConfigLibrary:
         self.path = Path(path).expanduser() if path is not None else default_library_path()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=10.0)
+            self._db = sqlite3.connect(self.path, timeout=timeout)
         except (OSError, sqlite3.Error) as exc:
             raise LibraryError(f"cannot open the configs library {self.path}: {exc}") from None
         try:
@@ -135,6 +137,16 @@ class ConfigLibrary:
                 self._db.executescript(_SCHEMA)
                 if version == 0:
                     self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                # another kvtuner (the app saving a run) holds it: the file is fine, do not advise moving it
+                raise LibraryError(
+                    f"the configs library {self.path} is busy (locked by another program, probably kvtuner): try again"
+                ) from None
+            raise LibraryError(
+                f"{self.path} is not a readable kvtuner library ({exc}): move it away and kvtuner starts a new one"
+            ) from None
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise LibraryError(
@@ -213,6 +225,8 @@ class ConfigLibrary:
         try:
             with self._db:
                 cur = self._db.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
+        except OverflowError:  # beyond SQLite's 64-bit INTEGER: no such row
+            return False
         except sqlite3.Error as exc:
             raise LibraryError(f"cannot change the configs library {self.path}: {exc}") from None
         return cur.rowcount > 0
@@ -254,6 +268,8 @@ class ConfigLibrary:
         Raises:
             KeyError: no run with that id.
         """
+        if not -(1 << 63) <= int(run_id) < (1 << 63):  # SQLite INTEGER is 64-bit; sqlite3 raises OverflowError
+            raise KeyError(f"no saved configuration with id {run_id}")
         rows = list(self._query("SELECT * FROM runs WHERE id = ?", [int(run_id)]))
         if not rows:
             raise KeyError(f"no saved configuration with id {run_id}")

@@ -143,9 +143,19 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
     Raises:
         ExportError: the file exists and ``force`` is False, or the folder is not writable.
     """
+    raw = os.fspath(path)
+    if not raw.strip():
+        raise ExportError("empty file name: give the file to write")
     target = Path(path).expanduser()
-    if target.is_dir():
-        raise ExportError(f"{target} is a folder: give a file name")
+    if target.is_dir() or raw.endswith(("/", os.sep)):
+        # "out/" names a folder even when it does not exist yet (Path() drops the slash)
+        raise ExportError(f"{raw} is a folder: give a file name")
+    if target.is_symlink() and target.exists():
+        # write through a link to a file (as shell redirection does) instead of replacing the link
+        target = Path(os.path.realpath(target))
+    if target.exists() and not target.is_file():
+        # /dev/null, a FIFO, a socket: os.replace would swap the special file for a regular one
+        raise ExportError(f"{target} is not a regular file: give a file path (without -o the text goes to stdout)")
     if target.exists() and not force:
         raise ExportError(f"{target} already exists: pass --force to overwrite it, or choose another name")
     folder = target.parent if str(target.parent) else Path(".")

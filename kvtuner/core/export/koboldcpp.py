@@ -105,10 +105,11 @@ def render(
         "usemmap": config.use_mmap,
         "useswa": not config.swa_full,
     })
-    batch = max([b for b in BATCH_CHOICES if b <= config.n_ubatch] or [BATCH_CHOICES[0]])
-    if batch != config.n_ubatch:
+    ubatch = min(config.n_batch, config.n_ubatch)  # llama.cpp clamps -ub to -b
+    batch = max([b for b in BATCH_CHOICES if b <= ubatch] or [BATCH_CHOICES[0]])
+    if batch != ubatch:
         notes.append(f"koboldcpp's batchsize is a power of two from {BATCH_CHOICES[0]} to {BATCH_CHOICES[-1]}: "
-                     f"{batch} for n_ubatch {config.n_ubatch}.")
+                     f"{batch} for n_ubatch {ubatch}.")
     settings["batchsize"] = batch
     settings["blasbatchsize"] = batch
     experimental = False

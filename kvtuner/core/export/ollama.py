@@ -26,8 +26,12 @@ ALL_LAYERS_NUM_GPU = 999
 
 def _modelfile_value(text: str) -> str:
     """Quote a value for the Modelfile parser (parser.go ``unquote``)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise ExportError(f"model path {text!r} has control characters a Modelfile cannot hold: rename the file")
+    # ParseFile keeps only strconv.IsPrint runes (letters, marks, numbers, punctuation, symbols and
+    # the ASCII space): a no-break space or zero-width joiner would silently vanish from the path.
+    # Python's str.isprintable() is the same set.
+    if not text.isprintable():
+        raise ExportError(f"model path {text!r} has control or invisible characters a Modelfile cannot hold "
+                          "(Ollama drops them): rename the file")
     if '"""' in text:
         raise ExportError(f"model path {text!r} contains '\"\"\"', which a Modelfile cannot quote: rename the file")
     if '"' in text:
@@ -98,7 +102,8 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
         f"FROM {_modelfile_value(path_text)}",
         f"PARAMETER num_ctx {num_ctx}",
         f"PARAMETER num_gpu {num_gpu}",
-        f"PARAMETER num_batch {config.n_ubatch}",
+        # Ollama sets n_batch = n_ubatch = num_batch; llama.cpp would clamp -ub to -b
+        f"PARAMETER num_batch {min(config.n_batch, config.n_ubatch)}",
     ]
     if not config.use_mmap:
         lines.append("PARAMETER use_mmap false")
