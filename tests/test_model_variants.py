@@ -69,3 +69,20 @@ def test_mamba_recurrent_state(tmp_path):
     assert m.recurrent_state_floats == per_layer
     plan = plan_memory(m, PlanConfig(n_ctx=65536, n_seq=2))
     assert plan.kv_bytes == per_layer * 4 * 2 * 4  # f32, 2 sequences, 4 layers; independent of n_ctx
+
+
+def test_mamba_state_follows_its_layers(tmp_path):
+    """The recurrent state lives on the layer's device with offload_kqv, on the host with -nkvo."""
+    from kvtuner.core.hardware import what_if_gpu
+    from kvtuner.core.units import GiB
+
+    spec = ModelSpec(arch="mamba", n_layer=4, n_embd=256, n_head=0, n_head_kv=0, n_vocab=512,
+                     extra_kv={"mamba.ssm.conv_kernel": 4, "mamba.ssm.inner_size": 512, "mamba.ssm.state_size": 16,
+                               "mamba.ssm.time_step_rank": 16})
+    m = ModelProfile.from_gguf(write_model(tmp_path / "mamba.gguf", spec))
+    per_layer = (3 * 512 + 16 * 512) * 4
+    gpu = [what_if_gpu(8 * GiB)]
+    three = plan_memory(m, PlanConfig(n_gpu_layers=3), gpu)  # output + layers 2, 3 on the GPU
+    assert (three.gpus[0].kv_bytes, three.host.kv_bytes) == (2 * per_layer, 2 * per_layer)
+    nkvo = plan_memory(m, PlanConfig(kv_gpu_layers=0), gpu)
+    assert (nkvo.gpus[0].kv_bytes, nkvo.host.kv_bytes) == (0, 4 * per_layer)

@@ -407,10 +407,18 @@ def plan_memory(
                 KvCacheSummary(kind, sel[0].cells, len(sel), cfg.n_seq, n_stream, tk.name, tv.name,
                                sum(l.k_bytes for l in sel), sum(l.v_bytes for l in sel))
             )
+    # recurrent state (llama-memory-recurrent.cpp): f32, one cell per sequence, on the layer's
+    # device when offload_kqv, else the host
+    recurrent_by_device: dict[str, int] = {}
     if model.recurrent_state_floats and any(model.recurrent_layers):
+        per_layer = model.recurrent_state_floats * 4 * max(1, cfg.n_seq)
+        for il in range(n_layer):
+            if model.recurrent_layers[il]:
+                dev = devs[il] if offload_kqv else HOST
+                recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + per_layer
         n_recr = sum(model.recurrent_layers)
-        state = model.recurrent_state_floats * 4 * max(1, cfg.n_seq) * n_recr
-        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), n_recr, cfg.n_seq, 1, "f32", "f32", state, 0))
+        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), n_recr, cfg.n_seq, 1, "f32", "f32",
+                                     per_layer * n_recr, 0))
 
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
@@ -430,9 +438,7 @@ def plan_memory(
         has_out = devs[n_layer] == g.device
         if has_out:
             w += model.output_bytes
-        kv = sum(l.kv_bytes for l in layers if l.device == g.device)
-        if any(c.kind == "recurrent" for c in caches) and offload_kqv:
-            kv += _recurrent_share(model, caches, ids)
+        kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
         out.append(DevicePlan(
             device=g.device, kind="gpu", name=g.name, weights_bytes=w, kv_bytes=kv,
             compute_bytes=compute.bytes_on(g.device), output_bytes=0, overhead_bytes=gpu_overhead_bytes,
@@ -443,11 +449,7 @@ def plan_memory(
     if not output_on_gpu:
         # output.weight on the host; a tied output reuses token_embd's data (no second copy)
         host_w += model.output_bytes - (model.embd_bytes if model.tied_output else 0)
-    host_kv = sum(l.kv_bytes for l in layers if l.device == HOST)
-    if any(c.kind == "recurrent" for c in caches):
-        host_kv += sum(c.kv_bytes for c in caches if c.kind == "recurrent") - sum(
-            _recurrent_share(model, caches, [il for il in range(n_layer) if devs[il] == g.device]) for g in gpus
-        ) * (1 if offload_kqv else 0)
+    host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
     out.append(DevicePlan(
         device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
         compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
@@ -461,12 +463,3 @@ def plan_memory(
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, warnings=tuple(warnings),
     )
-
-
-def _recurrent_share(model: ModelProfile, caches: list[KvCacheSummary], layer_ids: list[int]) -> int:
-    """Recurrent-state bytes of the recurrent layers among ``layer_ids``."""
-    rec = [c for c in caches if c.kind == "recurrent"]
-    if not rec or not rec[0].layers:
-        return 0
-    per_layer = rec[0].kv_bytes // rec[0].layers
-    return per_layer * sum(1 for il in layer_ids if model.recurrent_layers[il])
