@@ -317,3 +317,16 @@ def test_ollama_and_koboldcpp_batch_is_the_effective_ubatch():
     assert "PARAMETER num_batch 256\n" in export("ollama", MODEL, cfg).text
     kc = json.loads(export("koboldcpp", MODEL, cfg).text)
     assert kc["batchsize"] == kc["blasbatchsize"] == 256
+
+
+def test_ollama_nkvo_note_only_when_layers_are_offloaded(default_model):
+    """With -ngl 0 or 1 no repeating layer is on the GPU, so -nkvo changes nothing for Ollama."""
+    from kvtuner.core.config import PlanConfig as _PlanConfig
+    from kvtuner.core.export import export as _export
+
+    def notes(ngl):
+        return " ".join(_export("ollama", default_model, _PlanConfig(n_gpu_layers=ngl, kv_gpu_layers=0)).limitations)
+
+    assert "cannot keep the KV cache in RAM" not in notes(0)
+    assert "cannot keep the KV cache in RAM" not in notes(1)
+    assert "cannot keep the KV cache in RAM" in notes(10)

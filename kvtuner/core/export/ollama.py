@@ -71,7 +71,8 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
     if config.n_seq > 1 and num_ctx * config.n_seq != config.n_ctx:
         notes.append(f"num_ctx is per parallel request in Ollama: {config.n_ctx} tokens / {config.n_seq} = {num_ctx} each.")
 
-    if placement.mode == "host":
+    # -ngl 0 or 1 offloads no repeating layer (the output layer is offloaded first): no KV on the GPU anyway
+    if placement.mode == "host" and (config.n_gpu_layers == ALL_LAYERS or config.n_gpu_layers > 1):
         notes.append("Ollama cannot keep the KV cache in RAM while layers are on the GPU (no -nkvo): "
                      "the KV of offloaded layers goes to VRAM, more than planned.")
     if placement.mode == "split":
