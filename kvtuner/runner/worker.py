@@ -40,7 +40,7 @@ from kvtuner.core.ggml_types import kv_type
 from . import llama_log as L
 from . import protocol as P
 from .protocol import field_names as _field_names
-from .placement import LayerPlacement, placement_for
+from kvtuner.core.placement import LayerPlacement, placement_for
 
 FAULT_ENV = "KVTUNER_RUNNER_FAULT"
 EXIT_OK = 0

@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 from ..config import ALL_LAYERS, PlanConfig
 from ..fileio import write_temp
+from ..placement import offloaded_repeating_layers
 
 
 class ExportError(ValueError):
@@ -100,8 +101,7 @@ def kv_placement(config: PlanConfig, n_layer: Callable[[], int]) -> KvPlacement:
     if kv == 0:
         return KvPlacement("host", ngl)
     n = n_layer()
-    # repeating layers on the GPU: i_gpu_start = max(n_layer + 1 - ngl, 0) (llama-model.cpp)
-    offloaded = n if ngl == ALL_LAYERS else max(0, min(ngl, n + 1) - 1)
+    offloaded = offloaded_repeating_layers(ngl, n)
     if kv > offloaded:
         raise ExportError(
             f"--kv-gpu-layers {kv} exceeds the {offloaded} repeating layers offloaded by --ngl "

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from kvtuner.core.config import ALL_LAYERS, ConfigError, PlanConfig
-from kvtuner.runner.placement import LayerPlacement, layer_regex, offloaded_repeating_layers, placement_for
+from kvtuner.core.placement import LayerPlacement, layer_regex, offloaded_repeating_layers, placement_for
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Map a :class:`PlanConfig` onto llama.cpp's layer/KV placement parameters.
 
-Pure Python (no ``llama_cpp``): the worker applies the result, tests check it without a GPU.
+Pure Python (core: no ``llama_cpp``): the runner's worker applies the result, the exporters write it
+as flags, tests check it without a GPU.
 
 llama.cpp rules (llama-model.cpp ``load_tensors``): ``i_gpu_start = max(n_layer + 1 - ngl, 0)``;
 the last repeating layers go to the GPU and the output layer counts as one of the ``ngl``
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtuner.core.config import ALL_LAYERS, ConfigError, PlanConfig
+from .config import ALL_LAYERS, ConfigError, PlanConfig
 
 
 @dataclass(frozen=True)
