@@ -35,3 +35,13 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("userdirs")
     monkeypatch.setenv("KVTUNER_DATA_DIR", str(base / "data"))
     monkeypatch.setenv("KVTUNER_CONFIG_DIR", str(base / "config"))
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_on_the_main_thread():
+    """Collect cyclic garbage (old windows' Qt objects) here, on the main thread, after each test,
+    so it is never collected in a GUI worker thread of the next one (a PySide deadlock)."""
+    yield
+    import gc
+
+    gc.collect()

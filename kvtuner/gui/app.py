@@ -22,11 +22,19 @@ def make_app(argv: list[str] | None = None) -> Any:
     from PySide6 import QtGui, QtWidgets
     import pyqtgraph as pg
 
+    from pyqtgraph.util.garbage_collector import GarbageCollector
+
     app = QtWidgets.QApplication.instance()
     if app is None:
         app = QtWidgets.QApplication(argv or [sys.argv[0]])
         app.setApplicationName("kvtuner")
         app.setOrganizationName("kvtuner")
+    if getattr(app, "_kvtuner_gc", None) is None:
+        # Python's cyclic GC may otherwise run in a worker thread and destroy Qt objects there:
+        # Qt's disconnect then waits for the GIL while the GUI thread holds it and waits for
+        # Qt's lock (a deadlock seen in tests/test_gui_run.py). pyqtgraph's collector disables
+        # automatic collection and collects on a timer in the GUI thread instead.
+        app._kvtuner_gc = GarbageCollector(interval=1.0)
     pal = app.palette()
     pg.setConfigOptions(background=pal.color(QtGui.QPalette.ColorRole.Base),
                         foreground=pal.color(QtGui.QPalette.ColorRole.WindowText), antialias=False)
