@@ -79,12 +79,9 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
         DryRunError: see its ``kind``.
     """
     path = os.fspath(model_path)
-    if not os.path.exists(path):
-        raise DryRunError("model_error", f"model file not found: {path}")
-    if not os.path.isfile(path):
-        raise DryRunError("model_error", f"model path is not a file: {path}")
-    if not os.access(path, os.R_OK):
-        raise DryRunError("model_error", f"model file is not readable (permission denied): {path}")
+    problem = P.model_file_problem(path)
+    if problem:
+        raise DryRunError("model_error", problem)
     client = RunnerClient()
     try:
         try:

@@ -36,6 +36,23 @@ PROTOCOL_VERSION = 1
 ERROR_KINDS = ("out_of_memory", "invalid_config", "model_error", "crashed", "cancelled", "timeout", "protocol_error")
 
 
+def model_file_problem(path: str) -> str | None:
+    """Why ``path`` cannot be loaded as a model file (the message of a ``model_error``), or None.
+
+    Checked by the parent before it spawns a child (a dry-run) and by the worker before it
+    hands the path to llama.cpp, with the same words.
+    """
+    import os
+
+    if not os.path.exists(path):
+        return f"model file not found: {path}"
+    if not os.path.isfile(path):
+        return f"model path is not a file: {path}"
+    if not os.access(path, os.R_OK):
+        return f"model file is not readable (permission denied): {path}"
+    return None
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid message of this protocol version."""
 

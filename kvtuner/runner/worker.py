@@ -315,12 +315,9 @@ class Worker:
 
     @staticmethod
     def _check_model_file(path: str) -> None:
-        if not os.path.exists(path):
-            raise _CommandFailed("model_error", f"model file not found: {path}")
-        if not os.path.isfile(path):
-            raise _CommandFailed("model_error", f"model path is not a file: {path}")
-        if not os.access(path, os.R_OK):
-            raise _CommandFailed("model_error", f"model file is not readable (permission denied): {path}")
+        problem = P.model_file_problem(path)
+        if problem:
+            raise _CommandFailed("model_error", problem)
 
     def _n_layer_of(self, path: str) -> int:
         """n_layer of the model without reading weights: ``{arch}.block_count`` from a
