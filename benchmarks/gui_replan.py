@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from PySide6 import QtCore, QtWidgets  # noqa: E402
 
 from gui_support import IdleSampler  # noqa: E402
-from kvtuner.core.config import PlanConfig  # noqa: E402
-from kvtuner.core.hardware import HostSpec  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.core.hardware.specs import HostSpec  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 
 FRAME_MS = 1000 / 60

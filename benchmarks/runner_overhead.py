@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtuner.core.config import PlanConfig  # noqa: E402
-from kvtuner.core.default_model import default_model_path  # noqa: E402
-from kvtuner.core.ggml_types import kv_type  # noqa: E402
-from kvtuner.core.samplers import Sampler  # noqa: E402
-from kvtuner.runner.bench import run_bench  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  
+from kvtuner.core.model.default_model import default_model_path  
+from kvtuner.core.model.ggml_types import kv_type  
+from kvtuner.core.monitor.sampler import Sampler
+from kvtuner.runner.bench import run_bench  
 
 BARE = r'''
 import ctypes, json, sys, time

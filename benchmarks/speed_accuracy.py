@@ -5,7 +5,7 @@ Runs a matrix of real llama.cpp benches on this machine through the runner
 two larger synthetic llama models with random weights written by gguf's writer
 (``tests/gguf_factory.py``): ~300M parameters in F16 (MHA) and Q8_0 (GQA); several depths,
 thread counts and KV cache types. It calibrates the speed model on ONE run (the first row,
-through :mod:`kvtuner.core.calibration` in a temporary data dir) and prints, per row, the
+through :mod:`kvtuner.core.speed.calibration` in a temporary data dir) and prints, per row, the
 predicted and measured tokens/s and the error ``predicted / measured - 1``, then the median
 absolute error of prefill and decode over the rows not used for calibration (goal <= 15 %).
 
@@ -85,14 +85,14 @@ def synthetic(name: str, directory: Path) -> Path:
 
 def model_path(name: str, directory: Path) -> Path:
     if name == "default":
-        from kvtuner.core.default_model import default_model_path
+        from kvtuner.core.model.default_model import default_model_path
 
         return default_model_path()
     return synthetic(name, directory)
 
 
 def config_of(row: Row):
-    from kvtuner.core.config import PlanConfig
+    from kvtuner.core.plan.config import PlanConfig
 
     n_ctx = max(2048, row.n_depth + row.n_prompt + row.n_gen + 256)
     return PlanConfig(n_ctx=n_ctx, type_k=row.type_kv, type_v=row.type_kv, flash_attn="on",
@@ -119,11 +119,11 @@ def measure(rows: list[Row], directory: Path, save: str | None = None) -> list[d
 
 
 def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) -> tuple[float, float]:
-    from kvtuner.core.calibration import CalibrationStore, calibrated_inputs, measured_run
-    from kvtuner.core.hardware import GpuSpec, HostSpec
-    from kvtuner.core.memory_plan import plan_memory
-    from kvtuner.core.model_profile import ModelProfile
-    from kvtuner.core.speed_model import decode_tok_s, measure_host_bandwidth, prefill_tok_s, speed_inputs
+    from kvtuner.core.speed.calibration import CalibrationStore, calibrated_inputs, measured_run
+    from kvtuner.core.hardware.specs import GpuSpec, HostSpec
+    from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.speed.speed_model import decode_tok_s, measure_host_bandwidth, prefill_tok_s, speed_inputs
 
     bw = host_bw or measure_host_bandwidth()
     host = HostSpec(total_bytes=64 << 30, available_bytes=48 << 30, mem_bandwidth_bytes_s=bw)
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(args.load).read_text())
         evaluate(data["records"], data.get("host_bw_bytes_s"), args.calibrate_on)
         return 0
-    from kvtuner.core.speed_model import measure_host_bandwidth
+    from kvtuner.core.speed.speed_model import measure_host_bandwidth
 
     bw = measure_host_bandwidth()
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-bench-"))
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in matrix(args.quick, args.gpu) if not args.threads or r.n_threads in args.threads]
     records = measure(rows, directory, args.save)
     if args.gpu:
-        from kvtuner.core.samplers import detect_gpus
+        from kvtuner.core.hardware.nvml import detect_gpus
 
         gpus = [dict(name=g.name, total_bytes=g.total_bytes, free_bytes=g.free_bytes, index=g.index,
                      mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s)

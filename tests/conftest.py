@@ -16,7 +16,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     """Path of the embedded Gemma 3 270M Q4_K_M (assembled once into the cache)."""
-    from kvtuner.core.default_model import default_model_path
+    from kvtuner.core.model.default_model import default_model_path
 
     return default_model_path()
 
@@ -24,7 +24,7 @@ def default_model() -> Path:
 @pytest.fixture(scope="session")
 def default_profile(default_model):
     """ModelProfile of the default model."""
-    from kvtuner.core.model_profile import ModelProfile
+    from kvtuner.core.model.profile import ModelProfile
 
     return ModelProfile.from_gguf(default_model)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from PySide6 import QtCore
 
-from kvtuner.core.hardware import HostSpec
+from kvtuner.core.hardware.specs import HostSpec
 
 GiB = 1 << 30
 #: A fixed host for plan-only windows (the real one differs from machine to machine).
@@ -15,7 +15,7 @@ HOST = HostSpec(total_bytes=16 * GiB, available_bytes=12 * GiB, swap_total_bytes
 
 class IdleSampler:
     """A sampler that samples nothing, for windows whose tests or benchmarks are about the plan,
-    not the live graphs (those run the real :class:`kvtuner.core.samplers.Sampler`)."""
+    not the live graphs (those run the real :class:`kvtuner.core.monitor.sampler.Sampler`)."""
 
     def start(self): return self
     def stop(self, timeout_s=2.0): pass

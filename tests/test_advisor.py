@@ -1,4 +1,4 @@
-"""Advisor rules (kvtuner.core.advisor): one row that must fire and one that must not, per rule,
+"""Advisor rules (kvtuner.core.advice.advisor): one row that must fire and one that must not, per rule,
 on real plans of real profiles (the embedded Gemma 3 270M, and sparse synthetic GGUF models
 written by tests/gguf_factory.py with the shapes of real models)."""
 
@@ -9,15 +9,14 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from gguf_factory import LLAMA2_7B, ModelSpec, write_model
-from kvtuner.core.advisor import (
-    Advice, AdvisorError, AdvisorSettings, AllocationFailure, GpuProcess, LiveState, advise, fix_flags,
-    should_auto_stop,
-)
-from kvtuner.core.config import ALL_LAYERS, PlanConfig
-from kvtuner.core.hardware import GpuSpec, HostSpec, what_if_gpu
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.model_profile import ModelProfile
-from kvtuner.core.speed_model import SpeedConstants, predict_speed, speed_inputs
+from kvtuner.core.advice.advisor import Advice, AdvisorError, AdvisorSettings, advise, fix_flags, should_auto_stop
+from kvtuner.core.hardware.nvml import GpuProcess
+from kvtuner.core.monitor.live import AllocationFailure, LiveState
+from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
+from kvtuner.core.hardware.specs import GpuSpec, HostSpec, what_if_gpu
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.speed.speed_model import SpeedConstants, predict_speed, speed_inputs
 from kvtuner.core.units import GiB, MiB
 
 # A 2B-class MHA model (32 layers, 2048 wide, 16 heads = 16 KV heads, F16): 256 KiB of KV per token.

@@ -1,4 +1,4 @@
-"""Calibration of the speed model (kvtuner.core.calibration): storage and fitting."""
+"""Calibration of the speed model (kvtuner.core.speed.calibration): storage and fitting."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import math
 
 import pytest
 
-from kvtuner.core.calibration import (
-    FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, CalibrationError, CalibrationStore, calibrated_inputs, data_dir,
-    fit_calibration, measured_run, model_family,
-)
-from kvtuner.core.config import PlanConfig
-from kvtuner.core.hardware import HostSpec
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.speed_model import SpeedConstants, decode_tok_s, prefill_tok_s, speed_inputs
+from kvtuner.core.speed.calibration import FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, CalibrationError, CalibrationStore, calibrated_inputs, data_dir, fit_calibration, measured_run, model_family
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.speed.speed_model import SpeedConstants, decode_tok_s, prefill_tok_s, speed_inputs
 
 HOST = HostSpec(16 << 30, 8 << 30, mem_bandwidth_bytes_s=10e9)
 

@@ -48,7 +48,7 @@ def test_inspect_json():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 is more than the 4 repeating layers offloaded"),
+    (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 exceeds the 4 repeating layers offloaded"),
     (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
     (["--ctx", "0"], "--ctx must be a positive number"),
     (["--ctx", "-4096"], "--ctx must be a positive number"),
@@ -80,7 +80,7 @@ ADVICE_ARGS = ("--ctx", "65536", "--gpu-mem", "8G", "--ngl", "18", "--cache-type
 
 
 def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
-    from kvtuner.core.advisor import fix_flags
+    from kvtuner.core.advice.advisor import fix_flags
 
     out = kvtuner("plan", *ADVICE_ARGS, "--json")
     assert out.returncode == 0, out.stderr
@@ -138,7 +138,7 @@ def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, need
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["plan", "--ctx", "abc"], "kvtuner plan: error: argument --ctx/-c: 'abc' is not a whole number"),
+    (["plan", "--ctx", "abc"], "kvtuner plan: error: argument --ctx/-c/--ctx-size: 'abc' is not a whole number"),
     (["plan", "--gpu-mem"], "kvtuner plan: error: argument --gpu-mem: expected one argument"),
     (["inspect", "--nope"], "kvtuner: error: unrecognized arguments: --nope"),
     (["bench", "-fa", "maybe"], "kvtuner bench: error: argument --flash-attn/-fa: invalid choice: 'maybe'"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import export
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]

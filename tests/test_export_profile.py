@@ -10,7 +10,7 @@ import pytest
 
 from gguf_factory import ModelSpec, write_model
 from kvtuner.cli import main
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import (
     GpuFingerprint,
     MachineFingerprint,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import ExportError, export, write_text_atomic
 
 HOSTILE_NAMES = [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import (
     TARGETS,
     ExportError,
@@ -102,9 +102,9 @@ def test_llama_server_partial_kv_split_is_experimental():
     r = export("llama-server", MODEL, SPLIT, model=IDENT, gpu_buffer_type="CUDA0")
     assert r.text == (
         "llama-server -m /models/gemma-3-270m-q4_k_m.gguf -c 32768 -ngl 13 --fit off -fa on "
-        "-ctk q4_0 -ctv q4_0 -np 1 -b 2048 -ub 512 -ot 'blk\\.(0|1|2|3|4|5)\\.=CUDA0'\n"
+        "-ctk q4_0 -ctv q4_0 -np 1 -b 2048 -ub 512 -ot '^blk\\.(0|1|2|3|4|5)\\.=CUDA0'\n"
     )
-    assert r.argv[-1] == "blk\\.(0|1|2|3|4|5)\\.=CUDA0"
+    assert r.argv[-1] == "^blk\\.(0|1|2|3|4|5)\\.=CUDA0"
     assert r.experimental
     assert any(n.startswith("EXPERIMENTAL partial KV split") for n in r.limitations)
 
@@ -244,7 +244,7 @@ def test_koboldcpp_flags_unsupported_kv_types():
     assert json.loads(odd.text)["quantkv"] == 2
     assert any("K q5_1 / V iq4_nl becomes K q4_0 / V q4_0" in n for n in odd.limitations)
     split = json.loads(export("koboldcpp", MODEL, SPLIT, model=IDENT).text)
-    assert split["gpulayers"] == 13 and split["overridetensors"] == "blk\\.(0|1|2|3|4|5)\\.=CUDA0"
+    assert split["gpulayers"] == 13 and split["overridetensors"] == "^blk\\.(0|1|2|3|4|5)\\.=CUDA0"
     with pytest.raises(ExportError, match="up to 262144"):
         export("koboldcpp", MODEL, PlanConfig(n_ctx=300000))
 
@@ -321,7 +321,7 @@ def test_ollama_and_koboldcpp_batch_is_the_effective_ubatch():
 
 def test_ollama_nkvo_note_only_when_layers_are_offloaded(default_model):
     """With -ngl 0 or 1 no repeating layer is on the GPU, so -nkvo changes nothing for Ollama."""
-    from kvtuner.core.config import PlanConfig as _PlanConfig
+    from kvtuner.core.plan.config import PlanConfig as _PlanConfig
     from kvtuner.core.export import export as _export
 
     def notes(ngl):

@@ -20,7 +20,7 @@ pytest.importorskip("pyqtgraph")
 from PySide6 import QtCore  # noqa: E402
 
 from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.config import PlanConfig  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui import bridge  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402

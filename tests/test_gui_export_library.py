@@ -19,9 +19,9 @@ pytest.importorskip("pyqtgraph")
 from PySide6 import QtCore, QtWidgets  # noqa: E402
 
 from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.config import PlanConfig  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
 from kvtuner.core.export import TARGETS, MachineFingerprint, ModelIdentity, export, write_text_atomic  # noqa: E402
-from kvtuner.core.library import ConfigLibrary  # noqa: E402
+from kvtuner.core.store.library import ConfigLibrary  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402

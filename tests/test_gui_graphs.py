@@ -7,21 +7,21 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import subprocess  
+import sys  
+from pathlib import Path  
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np  
+import pytest  
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from kvtuner.core.samplers import HostSample  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.series import Series  # noqa: E402
-from kvtuner.gui.widgets.live_graphs import MAX_PHASE_MARKERS, LiveGraphs, nice_ceil  # noqa: E402
+from kvtuner.core.monitor.sampler import HostSample
+from kvtuner.core.units import GiB  
+from kvtuner.gui.app import make_app  
+from kvtuner.gui.series import Series  
+from kvtuner.gui.widgets.live_graphs import MAX_PHASE_MARKERS, LiveGraphs, nice_ceil  
 
 
 def test_series_is_bounded_and_keeps_the_newest_points():

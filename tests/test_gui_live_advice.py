@@ -10,22 +10,23 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import importlib.util  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import importlib.util  
+import time  
+from pathlib import Path  
 
-import pytest  # noqa: E402
+import pytest  
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore  # noqa: E402
+from PySide6 import QtCore  
 
-from kvtuner.core.config import PlanConfig  # noqa: E402
-from kvtuner.core.samplers import HostSample, Sampler, detect_host  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.run_controller import BenchSettings  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  
+from kvtuner.core.monitor.sampler import HostSample, Sampler
+from kvtuner.core.hardware.host import detect_host
+from kvtuner.gui.app import make_app  
+from kvtuner.gui.main_window import MainWindow  
+from kvtuner.gui.run_controller import BenchSettings  
 
 # find_spec, not importorskip: the test process must never load llama_cpp (the runner child does)
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")

@@ -7,27 +7,28 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path  
 
-import psutil  # noqa: E402
-import pytest  # noqa: E402
+import psutil  
+import pytest  
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 # find_spec, not importorskip: the test process itself must never load llama_cpp (the runner
 # child does; test_runner_dryrun.py checks the parent stays clean)
-import importlib.util  # noqa: E402
+import importlib.util  
 
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("needs llama-cpp-python", allow_module_level=True)
 
-from PySide6 import QtCore  # noqa: E402
+from PySide6 import QtCore  
 
-from kvtuner.core.config import PlanConfig  # noqa: E402
-from kvtuner.core.samplers import Sampler, detect_host  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.run_controller import BenchSettings  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  
+from kvtuner.core.monitor.sampler import Sampler
+from kvtuner.core.hardware.host import detect_host
+from kvtuner.gui.app import make_app  
+from kvtuner.gui.main_window import MainWindow  
+from kvtuner.gui.run_controller import BenchSettings  
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 

@@ -85,8 +85,9 @@ def test_a_gui_run_records_a_run_and_the_prediction_uses_it(qtbot, tmp_path, mon
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6 import QtCore
 
-    from kvtuner.core.config import PlanConfig
-    from kvtuner.core.samplers import Sampler, detect_host
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.monitor.sampler import Sampler
+    from kvtuner.core.hardware.host import detect_host
     from kvtuner.gui.app import make_app
     from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings

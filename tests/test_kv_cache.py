@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import LLAMA2_7B, LLAMA31_8B, QWEN25_CODER_32B, ModelSpec, write_model
-from kvtuner.core.config import ALL_LAYERS, ConfigError, PlanConfig
-from kvtuner.core.hardware import what_if_gpu
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.model_profile import ModelProfile
+from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from kvtuner.core.hardware.specs import what_if_gpu
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.units import GiB, KiB, MiB
 
 
@@ -132,7 +132,7 @@ def test_two_gpus_split_by_memory(models):
 
 
 @pytest.mark.parametrize("config,match", [
-    (dict(kv_gpu_layers=20, n_gpu_layers=10), "at most 9"),
+    (dict(kv_gpu_layers=20, n_gpu_layers=10), "lower --kv-gpu-layers to 9 or less"),
 ])
 def test_impossible_configs_say_what_to_change(models, config, match):
     with pytest.raises(ConfigError, match=match):

@@ -20,7 +20,7 @@ def _core_modules() -> list[str]:
 def test_core_imports_with_qt_and_llama_cpp_blocked():
     """Import every core module in a fresh interpreter where the forbidden packages cannot load."""
     mods = _core_modules()
-    assert "kvtuner.core.memory_plan" in mods
+    assert "kvtuner.core.plan.memory_plan" in mods
     code = (
         "import sys\n"
         "for name in ('PySide6', 'pyqtgraph', 'llama_cpp', 'shiboken6'):\n"

@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvtuner.cli import main
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import GpuFingerprint, MachineFingerprint, ModelIdentity
-from kvtuner.core.library import (
-    ConfigLibrary,
-    LibraryError,
-    default_library_path,
-    record_completed_run,
-)
+from kvtuner.core.store.library import ConfigLibrary, LibraryError, default_library_path, record_completed_run
 
 MODEL_A = ModelIdentity("a.gguf", 1000, "aa" * 32, "llama", 32)
 MODEL_A_RENAMED = ModelIdentity("a copy.gguf", 1000, "aa" * 32, "llama", 32)
@@ -65,9 +60,9 @@ def test_best_first_per_model_and_machine(tmp_path):
 def test_persists_across_processes(tmp_path):
     db = tmp_path / "lib.sqlite3"
     code = (
-        "from kvtuner.core.library import ConfigLibrary\n"
+        "from kvtuner.core.store.library import ConfigLibrary\n"
         "from kvtuner.core.export import ModelIdentity, MachineFingerprint\n"
-        "from kvtuner.core.config import PlanConfig\n"
+        "from kvtuner.core.plan.config import PlanConfig\n"
         f"lib = ConfigLibrary({str(db)!r})\n"
         "lib.save(ModelIdentity('a.gguf', 1, 'cc'), PlanConfig(n_ctx=1024), {'decode_tok_s': 3.0},"
         " model_path='/a.gguf', machine=MachineFingerprint('Linux', 'x86_64', '', 0))\n"

@@ -77,8 +77,9 @@ def _window(qtbot, tmp_path: Path):
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6 import QtCore
 
-    from kvtuner.core.config import PlanConfig
-    from kvtuner.core.samplers import Sampler, detect_host
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.monitor.sampler import Sampler
+    from kvtuner.core.hardware.host import detect_host
     from kvtuner.gui.app import make_app
     from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings
@@ -95,8 +96,8 @@ def _window(qtbot, tmp_path: Path):
 
 
 def test_a_completed_gui_run_appears_in_known_good_and_restores(qtbot, tmp_path):
-    from kvtuner.core.config import PlanConfig
-    from kvtuner.core.library import ConfigLibrary
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.store.library import ConfigLibrary
 
     w = _window(qtbot, tmp_path)
     try:
@@ -127,7 +128,7 @@ def test_a_completed_gui_run_appears_in_known_good_and_restores(qtbot, tmp_path)
 
 
 def test_a_gui_run_with_remember_off_saves_nothing(qtbot, tmp_path):
-    from kvtuner.core.library import ConfigLibrary
+    from kvtuner.core.store.library import ConfigLibrary
 
     w = _window(qtbot, tmp_path)
     try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvtuner.core.advisor import AdvisorSettings, AllocationFailure, should_auto_stop
-from kvtuner.core.live import LiveTracker, free_bytes_on
-from kvtuner.core.samplers import GpuProcessInfo, GpuSample, HostSample
+from kvtuner.core.advice.advisor import AdvisorSettings, should_auto_stop
+from kvtuner.core.monitor.live import AllocationFailure
+from kvtuner.core.monitor.live import LiveTracker, free_bytes_on
+from kvtuner.core.hardware.nvml import GpuProcess
+from kvtuner.core.monitor.sampler import GpuSample, HostSample
 from kvtuner.runner.llama_log import allocation_request
 
 GiB = 1 << 30
@@ -50,7 +52,7 @@ def test_host_samples_kv_types_and_processes():
     lt.kv_cache("f16", "f16")
     lt.set_flash_attn(False)
     host = [HostSample(10.0 + i * 0.1, 16 * GiB, 1 * GiB, 0, 40 * MiB, 0.0, None) for i in range(30)]
-    procs = [GpuProcessInfo(77, "game", 0, 2 * GiB)]
+    procs = [GpuProcess(77, "game", 0, 2 * GiB)]
     st = lt.state(13.0, host, gpu_processes=procs, own_pids=(4242,))
     assert (st.total_ram_bytes, st.available_ram_bytes) == (16 * GiB, 1 * GiB)
     assert st.swap_in_bytes_s == pytest.approx(40 * MiB)

@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from gguf_factory import LLAMA2_7B, ModelSpec, tensor_bytes, write_model
-from kvtuner.core.model_profile import GGUFError, ModelProfile
+from kvtuner.core.model.profile import GGUFError, ModelProfile
 
 
 def test_default_model_profile(default_profile):

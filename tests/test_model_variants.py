@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import ModelSpec, write_model
-from kvtuner.core.config import ConfigError, PlanConfig
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.model_profile import ModelProfile
+from kvtuner.core.plan.config import ConfigError, PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.model.profile import ModelProfile
 
 
 def test_mla_caches_k_only(tmp_path):
@@ -73,7 +73,7 @@ def test_mamba_recurrent_state(tmp_path):
 
 def test_mamba_state_follows_its_layers(tmp_path):
     """The recurrent state lives on the layer's device with offload_kqv, on the host with -nkvo."""
-    from kvtuner.core.hardware import what_if_gpu
+    from kvtuner.core.hardware.specs import what_if_gpu
     from kvtuner.core.units import GiB
 
     spec = ModelSpec(arch="mamba", n_layer=4, n_embd=256, n_head=0, n_head_kv=0, n_vocab=512,

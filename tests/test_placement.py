@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from kvtuner.core.config import ALL_LAYERS, ConfigError, PlanConfig
-from kvtuner.core.placement import LayerPlacement, layer_regex, offloaded_repeating_layers, placement_for
+from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from kvtuner.core.plan.placement import LayerPlacement, layer_regex, offloaded_repeating_layers, placement_for
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_kv_split_on_another_device():
 
 
 def test_too_many_kv_layers_says_what_to_change():
-    with pytest.raises(ConfigError, match=r"--kv-gpu-layers 12 is more than the 9 repeating layers offloaded by --ngl 10"):
+    with pytest.raises(ConfigError, match=r"--kv-gpu-layers 12 exceeds the 9 repeating layers offloaded by --ngl 10"):
         placement_for(PlanConfig(n_gpu_layers=10, kv_gpu_layers=12), 32)
 
 

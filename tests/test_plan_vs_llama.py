@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import ModelSpec, write_model
-from kvtuner.core.config import PlanConfig
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.model_profile import ModelProfile
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.units import MiB
 
 pytestmark = pytest.mark.llama

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
 from kvtuner.runner.bench import BenchError, Stat, kv_bytes_from_report, run_bench
 from kvtuner.runner.dryrun import KvCacheReport

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from kvtuner.core.config import PlanConfig
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
 from kvtuner.runner.client import RunnerClient, RunnerError
 from kvtuner.runner.worker import FAULT_ENV

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kvtuner.core.config import ALL_LAYERS, PlanConfig
+from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
 from kvtuner.runner.dryrun import DryRunError, DryRunResult, KvCacheReport, dry_run
 
 pytestmark = [
@@ -96,7 +96,7 @@ def test_nkvo_and_ngl_are_accepted_without_a_gpu(default_model):
 
 
 def test_too_many_kv_gpu_layers(default_model):
-    with pytest.raises(DryRunError, match="--kv-gpu-layers 9 is more than the 4 repeating layers") as ei:
+    with pytest.raises(DryRunError, match="--kv-gpu-layers 9 exceeds the 4 repeating layers") as ei:
         dry_run(default_model, PlanConfig(n_ctx=512, n_gpu_layers=5, kv_gpu_layers=9))
     assert ei.value.kind == "invalid_config"
 

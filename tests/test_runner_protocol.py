@@ -77,7 +77,7 @@ def test_parent_side_modules_never_import_llama_cpp():
 
     code = (
         "import sys, kvtuner.runner, kvtuner.runner.client, kvtuner.runner.dryrun, kvtuner.runner.bench, "
-        "kvtuner.runner.protocol, kvtuner.runner.llama_log, kvtuner.core.placement, kvtuner.core.samplers, kvtuner.cli; "
+        "kvtuner.runner.protocol, kvtuner.runner.llama_log, kvtuner.core.plan.placement, kvtuner.core.monitor.sampler, kvtuner.cli; "
         "kvtuner.cli.build_parser(); "
         "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'; "
         "assert not any(m.startswith('PySide6') for m in sys.modules), 'Qt imported'"

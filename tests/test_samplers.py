@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvtuner.core import samplers as S
+from kvtuner.core.hardware import host as H
+from kvtuner.core.hardware import nvml as N
+from kvtuner.core.monitor import sampler as S
 
 
 class FakeNVMLError(Exception):
@@ -83,14 +85,14 @@ def fake_nvml(n_gpus: int = 2, *, init_error: Exception | None = None, runner_pi
 @pytest.fixture
 def nvml():
     """Inject a module into the choke point; always restore the real pynvml after."""
-    yield S.use_nvml_module
-    S.use_nvml_module(None)
+    yield N.use_nvml_module
+    N.use_nvml_module(None)
 
 
 def test_detect_gpus_through_the_choke_point(nvml):
     fake = fake_nvml(2)
     nvml(fake)
-    gpus = S.detect_gpus()
+    gpus = N.detect_gpus()
     assert [g.name for g in gpus] == ["NVIDIA GeForce RTX 3060", "NVIDIA RTX A2000 12GB"]
     assert [g.index for g in gpus] == [0, 1]
     assert gpus[0].total_bytes == 12 << 30 and gpus[0].free_bytes == 10 << 30 and gpus[1].free_bytes == 9 << 30
@@ -99,7 +101,7 @@ def test_detect_gpus_through_the_choke_point(nvml):
     assert gpus[0].mem_bandwidth_bytes_s == pytest.approx(360.05e9, rel=1e-3)
     assert gpus[1].mem_bandwidth_bytes_s is None  # bus width unsupported -> None, not an error
     assert gpus[0].pcie_bandwidth_bytes_s == pytest.approx(16 * 1969.2e6)
-    assert S.nvml_status() == S.NvmlStatus(True, "", "550.54.14")
+    assert N.nvml_status() == N.NvmlStatus(True, "", "550.54.14")
     assert fake.calls.count("nvmlInit") == 1  # lazily, once
 
 
@@ -110,11 +112,11 @@ def test_detect_gpus_through_the_choke_point(nvml):
 def test_no_driver_is_a_normal_state_reported_once(nvml, error, caplog):
     fake = fake_nvml(init_error=error)
     nvml(fake)
-    with caplog.at_level("INFO", logger="kvtuner.samplers"):
-        assert S.detect_gpus() == []
-        assert S.nvml_call("nvmlDeviceGetCount", default=-1) == -1
-        assert S.detect_gpus() == []
-        status = S.nvml_status()
+    with caplog.at_level("INFO", logger="kvtuner.nvml"):
+        assert N.detect_gpus() == []
+        assert N.nvml_call("nvmlDeviceGetCount", default=-1) == -1
+        assert N.detect_gpus() == []
+        status = N.nvml_status()
     assert not status.available
     assert status.message == f"no NVIDIA GPU found: {error}"
     assert fake.calls.count("nvmlInit") == 1  # not retried on every call
@@ -122,18 +124,18 @@ def test_no_driver_is_a_normal_state_reported_once(nvml, error, caplog):
 
 
 def test_real_machine_without_driver_is_not_an_error():
-    S.use_nvml_module(None)
-    status = S.nvml_status()  # this machine may or may not have a driver; either way no exception
+    N.use_nvml_module(None)
+    status = N.nvml_status()  # this machine may or may not have a driver; either way no exception
     assert isinstance(status.available, bool)
     if not status.available:
         assert status.message.startswith("no NVIDIA GPU found")
-        assert S.detect_gpus() == []
+        assert N.detect_gpus() == []
 
 
 def test_failed_query_returns_the_default(nvml):
     nvml(fake_nvml(1))
-    assert S.nvml_call("nvmlDeviceGetHandleByIndex", 5, default="nope") == "nope"
-    assert S.nvml_call("nvmlNoSuchFunction", default=0) == 0
+    assert N.nvml_call("nvmlDeviceGetHandleByIndex", 5, default="nope") == "nope"
+    assert N.nvml_call("nvmlNoSuchFunction", default=0) == 0
 
 
 def test_sampler_reads_gpus_and_the_runner_process_vram(nvml):
@@ -153,7 +155,7 @@ def test_sampler_reads_gpus_and_the_runner_process_vram(nvml):
 
 
 def test_host_sample_is_real():
-    S.use_nvml_module(None)
+    N.use_nvml_module(None)
     s = S.Sampler(pid=os.getpid(), gpus=False)
     first, gpus = s.sample_once()
     assert gpus == ()
@@ -213,7 +215,7 @@ def test_bad_interval():
 
 
 def test_detect_host():
-    h = S.detect_host()
+    h = H.detect_host()
     assert h.total_bytes > 0 and 0 < (h.available_bytes or 0) <= h.total_bytes
 
 
@@ -221,10 +223,10 @@ def test_gpu_process_list_through_the_choke_point(nvml):
     fake = fake_nvml(2, runner_pid=4242)
     fake.nvmlSystemGetProcessName = lambda pid: b"/usr/bin/llama-server" if pid == 1 else b""
     nvml(fake)
-    procs = S.gpu_processes()
+    procs = N.gpu_processes()
     # GPU 0 lists the runner twice (900 MiB and unknown): one entry with the known figure; GPU 1 is unsupported
-    assert procs == (S.GpuProcessInfo(1, "llama-server", 0, 100 << 20),
-                     S.GpuProcessInfo(4242, procs[1].name, 0, 900 << 20))
+    assert procs == (N.GpuProcess(1, "llama-server", 0, 100 << 20),
+                     N.GpuProcess(4242, procs[1].name, 0, 900 << 20))
     s = S.Sampler(interval_s=0.1, gpus=True)
     s.sample_once()
     assert s.gpu_processes() == procs  # taken on the sampling thread, read without NVML calls
@@ -232,7 +234,7 @@ def test_gpu_process_list_through_the_choke_point(nvml):
 
 def test_gpu_process_list_without_nvml_is_empty(nvml):
     nvml(fake_nvml(init_error=FakeNVMLError("Driver Not Loaded")))
-    assert S.gpu_processes() == ()
+    assert N.gpu_processes() == ()
     s = S.Sampler(interval_s=0.1)
     s.sample_once()
     assert s.gpu_processes() == ()

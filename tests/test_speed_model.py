@@ -1,4 +1,4 @@
-"""Speed model formulas (kvtuner.core.speed_model), with hand-computed expected values.
+"""Speed model formulas (kvtuner.core.speed.speed_model), with hand-computed expected values.
 
 The tiny synthetic model (``TINY``, written sparse with tests/gguf_factory.py) has, by the
 factory's tensor list (F16 weights, F32 norms):
@@ -19,17 +19,13 @@ import time
 import pytest
 
 from gguf_factory import ModelSpec, write_model
-from kvtuner.core.config import PlanConfig
-from kvtuner.core.hardware import GpuSpec, HostSpec, what_if_gpu
-from kvtuner.core.memory_plan import plan_memory
-from kvtuner.core.model_profile import ModelProfile
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.hardware.specs import GpuSpec, HostSpec, what_if_gpu
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.model.profile import ModelProfile
 from dataclasses import replace
 
-from kvtuner.core.speed_model import (
-    CPU_KERNEL_FACTORS_OTHER, GPU_SPEED_PRESETS, cpu_kernel_factors, SpeedConstants, SpeedInputs, SpeedModelError, DeviceRates, decode_tok_s, decode_workload,
-    gpu_rates, measure_host_bandwidth, predict_speed, prefill_tok_s, prefill_workload, speed_band, speed_inputs,
-    workload_time_s,
-)
+from kvtuner.core.speed.speed_model import CPU_KERNEL_FACTORS_OTHER, GPU_SPEED_PRESETS, cpu_kernel_factors, SpeedConstants, SpeedInputs, SpeedModelError, DeviceRates, decode_tok_s, decode_workload, gpu_rates, measure_host_bandwidth, predict_speed, prefill_tok_s, prefill_workload, speed_band, speed_inputs, workload_time_s
 
 TINY = ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=1024, n_ctx_train=4096, name="tiny")
 LAYER_BYTES = 1312768
@@ -48,7 +44,7 @@ HOST_BW = 1e9
 
 def test_effective_threads():
     """1 + (n - 1) x efficiency: the default 0.55 makes 2 threads 1.55x one (idle 2-core VM: 1.36-1.67x)."""
-    from kvtuner.core.speed_model import effective_threads
+    from kvtuner.core.speed.speed_model import effective_threads
 
     assert effective_threads(1, SpeedConstants()) == 1.0
     assert effective_threads(2, SpeedConstants()) == pytest.approx(1.55)

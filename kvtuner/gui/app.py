@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..core.config import PlanConfig
+from ..core.plan.config import PlanConfig
 
 
 def make_app(argv: list[str] | None = None) -> Any:

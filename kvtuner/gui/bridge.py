@@ -13,11 +13,11 @@ log = logging.getLogger("kvtuner.gui")
 
 
 def speed_inputs_for(gpus: Sequence[Any], host: Any, model: Any | None, *, measure: bool) -> Any | None:
-    """:func:`kvtuner.core.speed_model.speed_inputs` for this hardware, calibrated for ``model``
-    when :mod:`kvtuner.core.calibration` has runs; None when the speed model is unavailable.
+    """:func:`kvtuner.core.speed.speed_model.speed_inputs` for this hardware, calibrated for ``model``
+    when :mod:`kvtuner.core.speed.calibration` has runs; None when the speed model is unavailable.
     ``measure`` runs the ~0.2 s host bandwidth probe (call it off the GUI thread)."""
     try:
-        from ..core import speed_model
+        from ..core.speed import speed_model
     except ImportError:
         return None
     try:
@@ -27,7 +27,7 @@ def speed_inputs_for(gpus: Sequence[Any], host: Any, model: Any | None, *, measu
         return None
     if model is not None:
         try:
-            from ..core.calibration import calibrated_inputs
+            from ..core.speed.calibration import calibrated_inputs
 
             inputs = calibrated_inputs(inputs, model)
         except Exception as exc:
@@ -38,7 +38,7 @@ def speed_inputs_for(gpus: Sequence[Any], host: Any, model: Any | None, *, measu
 def measure_host_bandwidth() -> float | None:
     """The speed model's host memory bandwidth probe (~0.2 s; run it off the GUI thread), or None."""
     try:
-        from ..core.speed_model import measure_host_bandwidth as _measure
+        from ..core.speed.speed_model import measure_host_bandwidth as _measure
     except ImportError:
         return None
     try:
@@ -49,11 +49,11 @@ def measure_host_bandwidth() -> float | None:
 
 
 def predict_speed(plan: Any, inputs: Any | None) -> Any | None:
-    """:class:`~kvtuner.core.speed_model.SpeedPrediction` for ``plan`` or None."""
+    """:class:`~kvtuner.core.speed.speed_model.SpeedPrediction` for ``plan`` or None."""
     if inputs is None:
         return None
     try:
-        from ..core.speed_model import predict_speed as _predict
+        from ..core.speed.speed_model import predict_speed as _predict
     except ImportError:
         return None
     try:
@@ -68,7 +68,7 @@ def speed_band(tok_s: float | None) -> str | None:
     if tok_s is None:
         return None
     try:
-        from ..core.speed_model import speed_band as _band
+        from ..core.speed.speed_model import speed_band as _band
     except ImportError:
         return None
     try:
@@ -78,7 +78,7 @@ def speed_band(tok_s: float | None) -> str | None:
 
 
 def advisor_available() -> bool:
-    """Whether :mod:`kvtuner.core.advisor` is installed."""
+    """Whether :mod:`kvtuner.core.advice.advisor` is installed."""
     try:
         from ..core import advisor  # noqa: F401
     except ImportError:
@@ -87,9 +87,9 @@ def advisor_available() -> bool:
 
 
 def advise(plan: Any, speed: Any | None, live: Any | None = None) -> list[Any] | None:
-    """:func:`kvtuner.core.advisor.advise` or None when the advisor is not there yet."""
+    """:func:`kvtuner.core.advice.advisor.advise` or None when the advisor is not there yet."""
     try:
-        from ..core.advisor import advise as _advise
+        from ..core.advice.advisor import advise as _advise
     except ImportError:
         return None
     try:
@@ -100,12 +100,12 @@ def advise(plan: Any, speed: Any | None, live: Any | None = None) -> list[Any] |
 
 
 def should_auto_stop(live: Any | None, enabled: bool) -> bool:
-    """:func:`kvtuner.core.advisor.should_auto_stop` with the user's auto-stop choice; False
+    """:func:`kvtuner.core.advice.advisor.should_auto_stop` with the user's auto-stop choice; False
     when the advisor is not there."""
     if live is None or not enabled:
         return False
     try:
-        from ..core.advisor import AdvisorSettings, should_auto_stop as _should
+        from ..core.advice.advisor import AdvisorSettings, should_auto_stop as _should
     except ImportError:
         return False
     try:
@@ -117,9 +117,9 @@ def should_auto_stop(live: Any | None, enabled: bool) -> bool:
 
 def record_calibration(plan: Any, *, gpus: Sequence[Any], host: Any, n_threads: int, n_depth: int, n_prompt: int,
                        n_gen: int, prefill_tok_s: float | None, decode_tok_s: float | None) -> str:
-    """Record a finished run with :func:`kvtuner.core.calibration.record_bench` (slow: file I/O,
+    """Record a finished run with :func:`kvtuner.core.speed.calibration.record_bench` (slow: file I/O,
     call it off the GUI thread); returns a one-line note. Raises ``CalibrationError``."""
-    from ..core.calibration import CalibrationStore, record_bench
+    from ..core.speed.calibration import CalibrationStore, record_bench
 
     store = CalibrationStore()
     run = record_bench(plan, gpus=list(gpus), host=host, n_threads=n_threads, n_depth=n_depth, n_prompt=n_prompt,
@@ -185,7 +185,7 @@ def measured_figures(bench_result: Any) -> dict[str, float | int]:
 
 
 def library_available() -> bool:
-    """Whether :mod:`kvtuner.core.library` is installed."""
+    """Whether :mod:`kvtuner.core.store.library` is installed."""
     try:
         from ..core import library  # noqa: F401
     except ImportError:
@@ -196,7 +196,7 @@ def library_available() -> bool:
 def library_autosave_allowed() -> bool:
     """False when the environment opts out (``KVTUNER_LIBRARY=off``) or the library is absent."""
     try:
-        from ..core.library import autosave_enabled
+        from ..core.store.library import autosave_enabled
     except ImportError:
         return False
     return autosave_enabled()
@@ -204,20 +204,20 @@ def library_autosave_allowed() -> bool:
 
 def library_record(model: Any, config: Any, measured: dict[str, object], *, model_path: Path, machine: Any,
                    enabled: bool) -> int | None:
-    """Save a completed run (:func:`kvtuner.core.library.record_completed_run`); returns its id,
+    """Save a completed run (:func:`kvtuner.core.store.library.record_completed_run`); returns its id,
     or None when the user opted out. Opens its own database connection: call it on the worker
     thread that uses it. Raises ``LibraryError`` / ``ValueError``."""
-    from ..core.library import record_completed_run
+    from ..core.store.library import record_completed_run
 
     return record_completed_run(model, config, measured, model_path=model_path, enabled=enabled, machine=machine)
 
 
 def library_known_good(model: Any, machine: Any, limit: int = 50) -> list[Any]:
     """Saved runs of ``model`` (a ModelProfile) on ``machine``, best first
-    (:meth:`kvtuner.core.library.ConfigLibrary.known_good`). Opens and closes its own
+    (:meth:`kvtuner.core.store.library.ConfigLibrary.known_good`). Opens and closes its own
     connection (call it on a worker thread). Raises ``LibraryError``."""
     from ..core.export import ModelIdentity
-    from ..core.library import ConfigLibrary
+    from ..core.store.library import ConfigLibrary
 
     identity = model if isinstance(model, ModelIdentity) else ModelIdentity.from_profile(model)
     with ConfigLibrary() as lib:
@@ -226,7 +226,7 @@ def library_known_good(model: Any, machine: Any, limit: int = 50) -> list[Any]:
 
 def library_delete(run_id: int) -> bool:
     """Remove one saved run (own connection; call it on a worker thread)."""
-    from ..core.library import ConfigLibrary
+    from ..core.store.library import ConfigLibrary
 
     with ConfigLibrary() as lib:
         return lib.delete(run_id)

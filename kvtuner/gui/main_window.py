@@ -16,9 +16,9 @@ from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..core.config import ConfigError, PlanConfig
-from ..core.live import SWAP_WINDOW_S, LiveTracker, free_bytes_on
-from ..core.memory_plan import plan_memory
+from ..core.plan.config import ConfigError, PlanConfig
+from ..core.monitor.live import SWAP_WINDOW_S, LiveTracker, free_bytes_on
+from ..core.plan.memory_plan import plan_memory
 from . import bridge
 from .run_controller import BenchSettings, RunController, RunFinished, RunStarted
 from .tasks import BackgroundTasks
@@ -42,7 +42,8 @@ MAX_RECENT = 8
 
 def _detect_hardware() -> tuple[list, Any, str]:
     """Detected GPUs, host and why no GPU was found ("" when some were)."""
-    from ..core.samplers import detect_gpus, detect_host, nvml_status
+    from ..core.hardware.nvml import detect_gpus, nvml_status
+    from ..core.hardware.host import detect_host
 
     gpus = detect_gpus()
     note = "" if gpus else nvml_status().message.replace("no NVIDIA GPU found: ", "")
@@ -57,7 +58,7 @@ class MainWindow(QtWidgets.QMainWindow):
         settings: where settings persist (tests pass a QSettings on a temporary file).
         hardware: (gpus, host, note) instead of detecting them (tests).
         bench: the bench the Run button starts.
-        sampler: a started-or-not :class:`kvtuner.core.samplers.Sampler` (default: a 10 Hz one).
+        sampler: a started-or-not :class:`kvtuner.core.monitor.sampler.Sampler` (default: a 10 Hz one).
     """
 
     def __init__(self, config: PlanConfig | None = None, *, settings: QtCore.QSettings | None = None,
@@ -70,7 +71,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.tasks = BackgroundTasks(self)
         gpus, host, note = hardware or _detect_hardware()
         if sampler is None:
-            from ..core.samplers import Sampler
+            from ..core.monitor.sampler import Sampler
 
             sampler = Sampler(interval_s=0.1, capacity=600, gpus=bool(gpus))
         self.sampler = sampler
@@ -331,11 +332,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self.advisor.set_notes([])
 
         def load() -> tuple[Path, Any]:
-            from ..core.model_profile import ModelProfile
+            from ..core.model.profile import ModelProfile
 
             p = path
             if p is None:
-                from ..core.default_model import default_model_path
+                from ..core.model.default_model import default_model_path
 
                 p = default_model_path()
             return p, ModelProfile.from_gguf(Path(p).expanduser())
@@ -497,7 +498,7 @@ class MainWindow(QtWidgets.QMainWindow):
         try:
             # exact compute buffers apply to the devices the dry run ran on (not to a what-if GPU)
             if verified is not None and self.plan is not None and not any(g.what_if for g in self.hardware.gpus()):
-                from ..core.report import plan_dict
+                from ..cli.report import plan_dict
 
                 compute_override = plan_dict(self.plan, verified)["verified"]["compute_bytes"]
             plan = plan_memory(self.model, self._config, self.hardware.gpus(), self.hardware.host(),
@@ -511,7 +512,7 @@ class MainWindow(QtWidgets.QMainWindow):
         badge = bridge.speed_band(self.speed.decode_tok_s) if self.speed is not None else None
         verified_dict = None
         if verified is not None:
-            from ..core.report import plan_dict
+            from ..cli.report import plan_dict
 
             verified_dict = plan_dict(plan, verified)["verified"]
         self.prediction.set_plan(plan, self.speed, verified_dict, badge)
@@ -549,7 +550,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.live.tokens(series)
 
     def update_live(self, now: float | None = None, *, running: bool | None = None) -> Any:
-        """Build the :class:`~kvtuner.core.advisor.LiveState` from the samplers' latest samples
+        """Build the :class:`~kvtuner.core.monitor.live.LiveState` from the samplers' latest samples
         and the run's events, show the advice it gives, and stop the run when decode has stayed
         under 1 tok/s for 10 s and the user enabled auto-stop. Cheap (no blocking calls); the
         pull timer calls it every :data:`LIVE_ADVICE_INTERVAL_S` during a run. ``running``:

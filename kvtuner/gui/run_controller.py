@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.config import PlanConfig
+from ..core.plan.config import PlanConfig
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class RunController:
 
     Args:
         settings: the bench to run.
-        sampler: a :class:`kvtuner.core.samplers.Sampler` to point at the child (RSS, VRAM).
+        sampler: a :class:`kvtuner.core.monitor.sampler.Sampler` to point at the child (RSS, VRAM).
     """
 
     def __init__(self, settings: BenchSettings | None = None, sampler: Any = None) -> None:

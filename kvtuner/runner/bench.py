@@ -8,7 +8,7 @@ for a :class:`PlanConfig`, and per repetition clears the KV cache, fills ``n_dep
 prefill and decode share one run per repetition, so decode runs at depth
 ``n_depth + n_prompt``; statistics are median and spread (min, max, stdev).
 
-Memory: a :class:`kvtuner.core.samplers.Sampler` watches the child at 10 Hz (host RAM,
+Memory: a :class:`kvtuner.core.monitor.sampler.Sampler` watches the child at 10 Hz (host RAM,
 RSS, VRAM per device and per process when NVML works); the child adds its own exact peak
 RSS (``getrusage``).
 """
@@ -21,9 +21,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kvtuner.core.config import PlanConfig
-from kvtuner.core.ggml_types import kv_type
-from kvtuner.core.samplers import Sampler
+from ..core.plan.config import PlanConfig
+from ..core.model.ggml_types import kv_type
+from ..core.monitor.sampler import Sampler
 
 from . import protocol as P
 from .protocol import field_names as _field_names
@@ -273,7 +273,7 @@ class _NoPeaks:
 
     @staticmethod
     def peaks() -> Any:
-        from kvtuner.core.samplers import Peaks
+        from ..core.monitor.sampler import Peaks
 
         return Peaks(None, None, {}, {})
 

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from kvtuner.core.config import PlanConfig
+from ..core.plan.config import PlanConfig
 
 from . import protocol as P
 from .client import RunnerClient, RunnerError

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Union
 
+from ..core.plan.buffers import buffer_device
+
 #: ``enum ggml_log_level`` (ggml/include/ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4,
 #: CONT 5. (llama-cpp-python's _logger.py maps them off by one and hides errors.)
 LEVEL_NONE, LEVEL_DEBUG, LEVEL_INFO, LEVEL_WARN, LEVEL_ERROR, LEVEL_CONT = range(6)
@@ -255,13 +257,6 @@ _RE_ALLOC_CUDA = re.compile(rf"allocating {_F} MiB on device (\d+): \w+ failed")
 _RE_ALLOC_HOST = re.compile(rf"insufficient memory \(attempted to allocate\s*{_F} MB\)")
 
 
-def _buffer_device(buft: str) -> str:
-    """llama.cpp buffer name -> device: ``CUDA0`` stays, host buffers (``CPU``, ``CPU_Mapped``,
-    ``CUDA_Host`` ...) are ``CPU``."""
-    m = re.match(r"^([A-Za-z]+\d+)(?:$|_)", buft)
-    return m.group(1) if m and not buft.upper().startswith("CPU") else "CPU"
-
-
 def allocation_request(lines: Iterable[str]) -> tuple[str, int | None] | None:
     """The first failed allocation in ``lines`` (log lines or an error message) as
     ``(device, requested_bytes)``: ``("CUDA0", 1294467072)``, ``("CPU", None)`` when only the
@@ -270,7 +265,7 @@ def allocation_request(lines: Iterable[str]) -> tuple[str, int | None] | None:
     for raw in lines:
         line = raw.strip()
         if m := _RE_ALLOC_NAMED.search(line):
-            return _buffer_device(m.group(1)), int(m.group(2))
+            return buffer_device(m.group(1)), int(m.group(2))
         if m := _RE_ALLOC_CPU.search(line):
             return "CPU", int(m.group(2))
         if m := _RE_ALLOC_CUDA.search(line):

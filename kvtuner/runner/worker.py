@@ -34,13 +34,14 @@ import threading
 import time
 from typing import Any
 
-from kvtuner.core.config import ConfigError, PlanConfig
-from kvtuner.core.ggml_types import kv_type
+from ..core.plan.config import ConfigError, PlanConfig
+from ..core.model.ggml_types import kv_type
 
 from . import llama_log as L
 from . import protocol as P
 from .protocol import field_names as _field_names
-from kvtuner.core.placement import LayerPlacement, placement_for
+from ..core.hardware.host import physical_cores
+from ..core.plan.placement import LayerPlacement, placement_for
 
 FAULT_ENV = "KVTUNER_RUNNER_FAULT"
 EXIT_OK = 0
@@ -68,16 +69,6 @@ def _parse_faults(text: str | None) -> dict[str, str]:
             action, point = item.strip().split("@", 1)
             faults[point.strip()] = action.strip()
     return faults
-
-
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except Exception:  # pragma: no cover - psutil is a dependency
-        n = None
-    return max(int(n or os.cpu_count() or 1), 1)
 
 
 def _peak_rss_bytes() -> int:
@@ -541,7 +532,7 @@ class Worker:
         self._tail.clear()
         lc = self.llama
         placement, warnings = self._placement(cmd.model_path, cfg)
-        self.n_threads = int(cmd.n_threads or _physical_cores())
+        self.n_threads = int(cmd.n_threads or physical_cores())
         t0 = time.perf_counter()
         mp = self._model_params(cfg, placement, dry=False, progress=True)
         model = lc.llama_model_load_from_file(cmd.model_path.encode(), mp)

@@ -24,24 +24,24 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import PlanConfig
+from ..plan.config import PlanConfig
 from ._common import (
     MEASURED_KEYS,
     ExportError,
     ExportResult,
-    KvPlacement,
     clean_measured,
     kv_placement,
     write_text_atomic,
 )
-from .identity import GpuFingerprint, MachineFingerprint, ModelIdentity, llama_cpp_build
+from ..hardware.identity import GpuFingerprint, MachineFingerprint, llama_cpp_build
+from ..model.identity import ModelIdentity
 from .profile import LoadedProfile, Profile, ProfileError, load_profile, read_profile
 
 #: Every target name :func:`export` accepts, in the order a menu should show them.
 TARGETS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile")
 
 __all__ = [
-    "TARGETS", "MEASURED_KEYS", "ExportError", "ExportResult", "KvPlacement", "ProfileError", "Profile",
+    "TARGETS", "MEASURED_KEYS", "ExportError", "ExportResult", "ProfileError", "Profile",
     "LoadedProfile", "ModelIdentity", "MachineFingerprint", "GpuFingerprint", "export", "kv_placement",
     "write_text_atomic", "load_profile", "read_profile", "clean_measured", "llama_cpp_build",
 ]
@@ -66,7 +66,7 @@ def export(
         target: one of :data:`TARGETS`.
         model_path: the GGUF file (first part of a split model).
         config: the configuration.
-        model: the model's :class:`~kvtuner.core.model_profile.ModelProfile` or
+        model: the model's :class:`~kvtuner.core.model.profile.ModelProfile` or
             :class:`ModelIdentity` if already read; otherwise the file header is read only
             when needed (the profile target, or a partial KV split that needs the layer count).
         measured: measured results for the profile target (``decode_tok_s``, ``prefill_tok_s``,
@@ -91,7 +91,7 @@ def export(
             if model is not None:
                 cache["id"] = model if isinstance(model, ModelIdentity) else ModelIdentity.from_profile(model)
             else:
-                from ..gguf_header import GGUFError
+                from ..model.gguf_header import GGUFError
 
                 try:
                     cache["id"] = ModelIdentity.from_path(path)

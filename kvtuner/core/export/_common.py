@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..config import ALL_LAYERS, PlanConfig
+from ..plan.config import ConfigError, PlanConfig
 from ..fileio import write_temp
-from ..placement import offloaded_repeating_layers
+from ..plan.placement import LayerPlacement, layer_regex, placement_for
 
 
 class ExportError(ValueError):
@@ -62,65 +62,24 @@ def check_path_text(model_path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KvPlacement:
-    """How a configuration's KV placement maps onto llama.cpp's options.
-
-    llama.cpp keeps each layer's KV on that layer's device, or all KV on the host with
-    ``-nkvo`` (reference section 5). "Weights of R layers on the GPU, KV of only K < R of
-    them" is reached by offloading K layers with ``-ngl K+1`` (the output layer is one of
-    the ``n_gpu_layers``) and moving the weights of the other R - K layers to the GPU with
-    tensor overrides; their KV stays in host memory.
-
-    Attributes:
-        mode: ``"gpu"`` (KV with its layers), ``"host"`` (``-nkvo``) or ``"split"``.
-        n_gpu_layers: the ``-ngl`` value to pass (:data:`ALL_LAYERS` for all).
-        override_layers: repeating layers whose weights go to the GPU by tensor override
-            while their KV stays on the host (only for ``"split"``), ascending.
-    """
-
-    mode: str
-    n_gpu_layers: int
-    override_layers: tuple[int, ...] = ()
-
-
-def kv_placement(config: PlanConfig, n_layer: Callable[[], int]) -> KvPlacement:
-    """Resolve ``config.kv_gpu_layers`` against the model's layer count.
-
-    ``n_layer`` is called only when the answer depends on it (a partial split, or a
-    ``kv_gpu_layers`` to check against "all" layers), so exports of plain configurations
-    never read the model.
+def kv_placement(config: PlanConfig, n_layer: Callable[[], int]) -> LayerPlacement:
+    """The planner's placement rule (:func:`kvtuner.core.plan.placement.placement_for`) for an
+    export: ``n_layer`` is called only when the answer depends on it, so exports of plain
+    configurations never read the model.
 
     Raises:
         ExportError: ``kv_gpu_layers`` exceeds the offloaded repeating layers.
     """
-    kv = config.kv_gpu_layers
-    ngl = config.n_gpu_layers
-    if kv is None:
-        return KvPlacement("gpu", ngl)
-    if kv == 0:
-        return KvPlacement("host", ngl)
-    n = n_layer()
-    offloaded = offloaded_repeating_layers(ngl, n)
-    if kv > offloaded:
-        raise ExportError(
-            f"--kv-gpu-layers {kv} exceeds the {offloaded} repeating layers offloaded by --ngl "
-            f"{'all' if ngl == ALL_LAYERS else ngl}: lower --kv-gpu-layers to {offloaded} or less, or raise --ngl"
-        )
-    if kv == offloaded:
-        return KvPlacement("gpu", ngl)
-    first = n - offloaded
-    return KvPlacement("split", kv + 1, tuple(range(first, n - kv)))
+    try:
+        return placement_for(config, n_layer)
+    except ConfigError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def override_pattern(layers: tuple[int, ...], buffer_type: str) -> str:
-    """The ``-ot`` value moving every tensor of ``layers`` to ``buffer_type``.
-
-    llama.cpp matches the pattern with ``std::regex_search`` against tensor names such as
-    ``blk.12.attn_q.weight`` (common/arg.cpp ``parse_tensor_buffer_overrides``); ``blk\\.(3|4)\\.``
-    cannot match ``blk.13.`` because the layer number must follow ``blk.`` directly.
-    """
-    return "blk\\.(" + "|".join(str(i) for i in layers) + ")\\.=" + buffer_type
+    """The ``-ot`` value moving every tensor of ``layers`` to ``buffer_type``
+    (:func:`kvtuner.core.plan.placement.layer_regex` ``=`` buffer)."""
+    return layer_regex(layers) + "=" + buffer_type
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..config import ALL_LAYERS, PlanConfig
-from ..ggml_types import kv_type
+from ..plan.config import ALL_LAYERS, PlanConfig
+from ..model.ggml_types import kv_type
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: quantkv level -> KV type (koboldcpp --help).

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import ALL_LAYERS, PlanConfig
-from ..ggml_types import kv_type
+from ..plan.config import ALL_LAYERS, PlanConfig
+from ..model.ggml_types import kv_type
 from ._common import ExportResult, check_path_text, kv_placement, safe_stem
 
 

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from ..config import ALL_LAYERS, PlanConfig
+from ..plan.config import ALL_LAYERS, PlanConfig
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: The binaries this target writes for.

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Callable
 
-from ..config import ALL_LAYERS, PlanConfig
+from ..plan.config import ALL_LAYERS, PlanConfig
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, safe_stem
 from .koboldcpp import nearest_shared_kv_type
 

@@ -1,6 +1,6 @@
 """kvtuner profile: one configuration with everything needed to judge it later (JSON).
 
-Contents: the full :class:`~kvtuner.core.config.PlanConfig`, the model's identity (file name,
+Contents: the full :class:`~kvtuner.core.plan.config.PlanConfig`, the model's identity (file name,
 size, header hash), the machine's hardware fingerprint, the llama.cpp build and the measured
 results if any. :func:`load_profile` opens it again; a profile from another machine or for a
 changed model file loads with warnings, a malformed one fails with one clear line.
@@ -22,9 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
-from ..config import ConfigError, PlanConfig
+from ..plan.config import ConfigError, PlanConfig
 from ._common import ExportError, ExportResult, check_path_text, clean_measured, safe_stem
-from .identity import MachineFingerprint, ModelIdentity
+from ..hardware.identity import MachineFingerprint
+from ..model.identity import ModelIdentity
 
 PROFILE_FORMAT = 1
 #: Profiles larger than this are not kvtuner profiles (a real one is about 2 KiB).
@@ -249,8 +250,8 @@ def load_profile(
     Raises:
         ProfileError: the file is not a readable kvtuner profile (one line).
     """
-    from ..gguf_header import GGUFError
-    from .identity import llama_cpp_build as current_build
+    from ..model.gguf_header import GGUFError
+    from ..hardware.identity import llama_cpp_build as current_build
 
     p = Path(path).expanduser()
     prof = read_profile(p)

@@ -14,7 +14,7 @@ _ICONS = {
 
 
 class AdvisorPane(QtWidgets.QGroupBox):
-    """Lists :class:`kvtuner.core.advisor.Advice` items: severity icon, the sentence with its
+    """Lists :class:`kvtuner.core.advice.advisor.Advice` items: severity icon, the sentence with its
     numbers, the reason as tooltip, and an Apply button that emits :attr:`apply_fix` with the
     advice's ``fix`` (a dict of PlanConfig changes)."""
 

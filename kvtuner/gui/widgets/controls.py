@@ -3,7 +3,7 @@
 Every control says in its tooltip which llama.cpp flag it is and the formula behind the
 number it moves. The widget emits :attr:`ConfigControls.changed` on every move; the main
 window replans (the planner takes well under a millisecond). Building the
-:class:`~kvtuner.core.config.PlanConfig` may raise :class:`~kvtuner.core.config.ConfigError`
+:class:`~kvtuner.core.plan.config.PlanConfig` may raise :class:`~kvtuner.core.plan.config.ConfigError`
 (e.g. a quantized V cache with flash attention off): the message is shown, nothing else.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ...core.config import ALL_LAYERS, ConfigError, PlanConfig
-from ...core.ggml_types import KV_CACHE_TYPES
+from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ...core.model.ggml_types import KV_CACHE_TYPES
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
 CTX_MIN = 512

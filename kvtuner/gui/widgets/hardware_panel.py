@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6 import QtCore, QtWidgets
 
-from ...core.hardware import GPU_PRESETS_BYTES, GpuSpec, HostSpec, what_if_gpu
+from ...core.hardware.specs import GPU_PRESETS_BYTES, GpuSpec, HostSpec, what_if_gpu
 from ...core.units import GiB, fmt_bytes
 
 DETECTED = "detected"
@@ -16,8 +16,8 @@ class HardwarePanel(QtWidgets.QGroupBox):
     """Which devices the plan is laid out on. Emits :attr:`changed` when the choice changes.
 
     Args:
-        gpus: detected GPUs (from :func:`kvtuner.core.samplers.detect_gpus`).
-        host: the host (:func:`kvtuner.core.samplers.detect_host`).
+        gpus: detected GPUs (from :func:`kvtuner.core.hardware.nvml.detect_gpus`).
+        host: the host (:func:`kvtuner.core.hardware.host.detect_host`).
         gpu_note: why no GPU was found (shown when ``gpus`` is empty).
     """
 

@@ -14,7 +14,7 @@ _RESTORE_COL = len(_COLUMNS) - 1
 
 
 class KnownGoodPanel(QtWidgets.QGroupBox):
-    """Lists :class:`kvtuner.core.library.WorkingConfig` rows (the window loads them off the
+    """Lists :class:`kvtuner.core.store.library.WorkingConfig` rows (the window loads them off the
     GUI thread and passes them in, already ordered best first).
 
     Signals:

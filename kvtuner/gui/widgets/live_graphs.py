@@ -162,7 +162,7 @@ class LiveGraphs(QtWidgets.QWidget):
         return t_s - self.t0_s
 
     def add_host_samples(self, samples: Sequence) -> None:
-        """Append :class:`kvtuner.core.samplers.HostSample` items (oldest first)."""
+        """Append :class:`kvtuner.core.monitor.sampler.HostSample` items (oldest first)."""
         if not samples:
             return
         t = np.fromiter((s.t_s - self.t0_s for s in samples), float, len(samples))
@@ -177,7 +177,7 @@ class LiveGraphs(QtWidgets.QWidget):
         self.series["runner_rss"].extend(t, col(lambda s: s.process_rss_bytes))
 
     def add_gpu_samples(self, index: int, samples: Sequence) -> None:
-        """Append :class:`kvtuner.core.samplers.GpuSample` items of GPU ``index``."""
+        """Append :class:`kvtuner.core.monitor.sampler.GpuSample` items of GPU ``index``."""
         if not samples:
             return
         self._ensure_gpu(index)

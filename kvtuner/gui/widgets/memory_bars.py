@@ -45,7 +45,7 @@ class BarRow:
 
 
 def row_from_device(device: object, verified: frozenset[str] = frozenset()) -> BarRow:
-    """A :class:`BarRow` from a :class:`~kvtuner.core.memory_plan.DevicePlan`."""
+    """A :class:`BarRow` from a :class:`~kvtuner.core.plan.memory_plan.DevicePlan`."""
     d = device
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
     return BarRow(caption=name, weights_bytes=d.weights_bytes, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,

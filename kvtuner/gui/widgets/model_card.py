@@ -17,7 +17,7 @@ def fmt_count(n: int) -> str:
 
 class ModelCard(QtWidgets.QGroupBox):
     """Architecture, parameters, quant, file size, layers, heads/KV heads (MHA/GQA/MQA/MLA), head
-    size, sliding window and trained context of a :class:`~kvtuner.core.model_profile.ModelProfile`.
+    size, sliding window and trained context of a :class:`~kvtuner.core.model.profile.ModelProfile`.
     Every label uses ``Qt.PlainText``: a GGUF name is never interpreted as HTML."""
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:

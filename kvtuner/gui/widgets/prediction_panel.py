@@ -51,8 +51,8 @@ class PredictionPanel(QtWidgets.QGroupBox):
 
     def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
                  badge: str | None = None) -> None:
-        """Show a :class:`~kvtuner.core.memory_plan.MemoryPlan` (None: nothing to show), its
-        :class:`~kvtuner.core.speed_model.SpeedPrediction` (None: speed model not available) and
+        """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
+        :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: speed model not available) and
         the dry-run figures (``report.plan_dict(...)["verified"]``, or None)."""
         if plan is None:
             self.kv_label.setText("No plan: open a model.")

@@ -27,14 +27,14 @@ class StatusBar(QtWidgets.QStatusBar):
         self.fields[key].setText(text)
 
     def show_host(self, sample: object | None) -> None:
-        """Latest :class:`~kvtuner.core.samplers.HostSample`."""
+        """Latest :class:`~kvtuner.core.monitor.sampler.HostSample`."""
         if sample is None:
             return
         self.set_field("ram", f"RAM available {fmt_bytes(sample.available_bytes, 1)} of {fmt_bytes(sample.total_bytes, 1)}")
         self.set_field("swap", f"swap {fmt_bytes(sample.swap_used_bytes, 1)}")
 
     def show_gpu(self, sample: object | None) -> None:
-        """Latest :class:`~kvtuner.core.samplers.GpuSample` of the first GPU."""
+        """Latest :class:`~kvtuner.core.monitor.sampler.GpuSample` of the first GPU."""
         if sample is None:
             self.set_field("vram", "VRAM: no GPU")
             return

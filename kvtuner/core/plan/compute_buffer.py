@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
-from .units import pad_to
+from ..units import pad_to
 
 if TYPE_CHECKING:  # pragma: no cover
     from .memory_plan import LayerKV
-    from .model_profile import ModelProfile
+    from ..model.profile import ModelProfile
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Exact compute-buffer sizes remembered from llama.cpp dry-runs.
 
-The analytic compute estimate (:mod:`kvtuner.core.compute_buffer`) cannot reproduce
+The analytic compute estimate (:mod:`kvtuner.core.plan.compute_buffer`) cannot reproduce
 ggml-alloc's packing exactly, so every dry-run's ``sched_reserve`` figures are kept here,
 keyed by everything that shapes the reserve graph (model header hash, cells, streams,
 ubatch, flash attention, KV types, layer placement, devices). A later plan of the same
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .memory_plan import MemoryPlan
+    from ..plan.memory_plan import MemoryPlan
 
-from .fileio import replace_atomic
-from .paths import data_dir
+from ..fileio import replace_atomic
+from ..paths import data_dir
+from ..plan.buffers import bytes_by_device
 
 FILE_NAME = "compute-buffers.json"
 MAX_ENTRIES = 2000
@@ -56,16 +57,9 @@ def exact_for(plan: "MemoryPlan") -> dict[str, int] | None:
 def remember(plan: "MemoryPlan", compute_mib: dict[str, float]) -> dict[str, int]:
     """Store a dry-run's ``sched_reserve`` figures (MiB as printed, buffer-type names such as
     ``CPU`` or ``CUDA0``) for this plan; returns them in bytes per device."""
-    exact = {_device_of(buft): int(round(mib * (1 << 20))) for buft, mib in compute_mib.items()}
+    exact = bytes_by_device(compute_mib)
     store(compute_key(plan), exact)
     return exact
-
-
-def _device_of(buft: str) -> str:
-    """Buffer type name -> device name (``CUDA_Host`` and ``CPU_*`` are the host)."""
-    if buft.startswith("CPU") or buft.endswith("_Host"):
-        return "CPU"
-    return buft
 
 
 def _path() -> Path:

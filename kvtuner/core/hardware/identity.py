@@ -1,8 +1,8 @@
-"""Who and where: the identity of a model file, of this machine and of the llama.cpp build.
+"""The identity of this machine and of its llama.cpp build: the one machine identity.
 
-A kvtuner profile and the working-configs library use these to tell "the same model on the
-same machine" from "another copy, another machine": a configuration measured on a 12 GiB GPU
-says little about an 8 GiB one.
+The working-configs library, profiles and the speed model's calibration all key what they
+measured by :attr:`MachineFingerprint.fingerprint_id`: a configuration measured on a 12 GiB GPU
+says little about an 8 GiB one, and a CPU's calibration says nothing about a GPU's.
 """
 
 from __future__ import annotations
@@ -12,87 +12,12 @@ import json
 import platform
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..jsonfields import typed_field as _typed
 from ..units import GiB
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """A GGUF model file, identified without hashing its weights.
-
-    Attributes:
-        file_name: name of the (first) file, e.g. ``gemma-3-270m-q4_k_m.gguf``.
-        file_bytes: size in bytes of all split parts together.
-        header_sha256: sha256 of the first part's bytes before the tensor data (metadata and
-            tensor table, ``ModelProfile.header_sha256``); changes with any re-quantisation.
-        architecture: ``general.architecture``.
-        n_layer: repeating layers.
-        name: ``general.name`` or None.
-    """
-
-    file_name: str
-    file_bytes: int
-    header_sha256: str
-    architecture: str = ""
-    n_layer: int = 0
-    name: str | None = None
-
-    @classmethod
-    def from_profile(cls, profile: Any) -> "ModelIdentity":
-        """From a :class:`kvtuner.core.model_profile.ModelProfile`."""
-        return cls(
-            file_name=profile.file_name,
-            file_bytes=int(profile.file_bytes),
-            header_sha256=profile.header_sha256,
-            architecture=profile.architecture,
-            n_layer=int(profile.n_layer),
-            name=profile.name,
-        )
-
-    @classmethod
-    def from_path(cls, path: str | Path) -> "ModelIdentity":
-        """Read the file's header (never its weights).
-
-        Raises:
-            kvtuner.core.gguf_header.GGUFError: unreadable or not a GGUF language model (one line).
-        """
-        from ..model_profile import ModelProfile
-
-        return cls.from_profile(ModelProfile.from_gguf(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelIdentity":
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            ValueError: a missing key or a value of the wrong type (message names it).
-        """
-        if not isinstance(data, Mapping):
-            raise ValueError("'model' must be an object")
-        try:
-            out = cls(
-                file_name=_typed(data, "file_name", str),
-                file_bytes=_typed(data, "file_bytes", int),
-                header_sha256=_typed(data, "header_sha256", str),
-                architecture=_typed(data, "architecture", str, ""),
-                n_layer=_typed(data, "n_layer", int, 0),
-                name=_typed(data, "name", str, None),
-            )
-        except KeyError as exc:
-            raise ValueError(f"model.{exc.args[0]} is missing") from None
-        if out.file_bytes < 0:
-            raise ValueError("model.file_bytes must not be negative")
-        return out
-
-    def same_file_as(self, other: "ModelIdentity") -> bool:
-        """True when size and header hash agree (the file name may differ: a renamed copy)."""
-        return self.file_bytes == other.file_bytes and self.header_sha256 == other.header_sha256
+from .host import cpu_name, ram_total_bytes
+from .nvml import detect_gpus
 
 
 @dataclass(frozen=True)
@@ -200,11 +125,11 @@ class MachineFingerprint:
 
     @classmethod
     def current(cls, gpus: Iterable[Any] | None = None) -> "MachineFingerprint":
-        """This machine. ``gpus``: :class:`kvtuner.core.hardware.GpuSpec` values already
-        detected (what-if GPUs are skipped); None asks ``kvtuner.core.samplers.detect_gpus``
+        """This machine. ``gpus``: :class:`kvtuner.core.hardware.specs.GpuSpec` values already
+        detected (what-if GPUs are skipped); None asks ``kvtuner.core.hardware.nvml.detect_gpus``
         when it exists. No GPU, no driver: an empty list, never an error."""
         if gpus is None:
-            gpus = _detect_gpus()
+            gpus = detect_gpus()
         fps = tuple(
             GpuFingerprint(name=str(g.name), total_bytes=int(g.total_bytes))
             for g in gpus
@@ -213,41 +138,10 @@ class MachineFingerprint:
         return cls(
             os=f"{platform.system()} {platform.release()}".strip(),
             arch=platform.machine(),
-            cpu=_cpu_name(),
-            ram_total_bytes=_ram_total_bytes(),
+            cpu=cpu_name(),
+            ram_total_bytes=ram_total_bytes(),
             gpus=fps,
         )
-
-
-def _detect_gpus() -> list[Any]:
-    try:
-        from ..samplers import detect_gpus  # type: ignore[attr-defined]
-    except ImportError:
-        return []
-    try:
-        return list(detect_gpus())
-    except Exception:  # a broken driver is a normal state here, not a reason to fail an export
-        return []
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or ""
-
-
-def _ram_total_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:
-        return 0
 
 
 def llama_cpp_build() -> str:
@@ -262,17 +156,10 @@ def llama_cpp_build() -> str:
     return "; ".join(parts) or "unknown"
 
 
-def _typed(data: Mapping[str, Any], key: str, typ: type, *default: Any) -> Any:
-    """``data[key]`` checked against ``typ`` (bool is not an int here); ``default`` if absent."""
-    if key not in data:
-        if default:
-            return default[0]
-        raise KeyError(key)
-    value = data[key]
-    if value is None and default and default[0] is None:
-        return None
-    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{key} must be a whole number, not {value!r:.40}")
-    if typ is str and not isinstance(value, str):
-        raise ValueError(f"{key} must be text, not {value!r:.40}")
-    return value
+def machine_id(gpus: Iterable[Any] | None = None) -> str:
+    """This machine's :attr:`MachineFingerprint.fingerprint_id` (16 hex digits).
+
+    ``gpus``: GPUs already detected (what-if GPUs are skipped: they are not this machine);
+    None detects them through NVML. Calibration, the library and profiles all use this id.
+    """
+    return MachineFingerprint.current(gpus).fingerprint_id

@@ -60,7 +60,7 @@ Prefill (a prompt of ``n_prompt`` tokens at depth ``D0``, compute-bound; Kaplan 
 With a GPU, host-resident weights are copied to the GPU for every ubatch of 32 tokens or more
 (ggml-cuda ``offload_op``), hence the PCIe term.
 
-Constants live in :class:`SpeedConstants`; :mod:`kvtuner.core.calibration` refines them from
+Constants live in :class:`SpeedConstants`; :mod:`kvtuner.core.speed.calibration` refines them from
 measured runs. MoE models read ``n_expert_used / n_expert`` of their expert weights per token;
 the expert share of a layer is taken as :data:`MOE_EXPERT_FRACTION` (an approximation).
 """
@@ -74,9 +74,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from .hardware import GpuSpec, HostSpec
-from .memory_plan import HOST, MemoryPlan
-from .units import GiB, pad_to
+from ..hardware.host import physical_cores
+from ..hardware.specs import GpuSpec, HostSpec
+from ..plan.buffers import HOST
+from ..plan.memory_plan import MemoryPlan
+from ..units import GiB, pad_to
 
 #: Share of a MoE layer's bytes held by its experts (Mixtral ~0.96, Qwen3-30B-A3B ~0.9).
 MOE_EXPERT_FRACTION = 0.9
@@ -124,7 +126,7 @@ class GpuSpeedPreset:
     flop_s: float
 
 
-#: What-if presets of :data:`kvtuner.core.hardware.GPU_PRESETS_BYTES` with a typical card each
+#: What-if presets of :data:`kvtuner.core.hardware.specs.GPU_PRESETS_BYTES` with a typical card each
 #: (NVIDIA product pages: memory bandwidth, PCIe link, FP32 TFLOPS).
 GPU_SPEED_PRESETS: dict[str, GpuSpeedPreset] = {
     "8 GB": GpuSpeedPreset("RTX 4060 8GB (preset)", 8 * GiB, 272e9, 8 * 1.969e9, 15.1e12),
@@ -300,17 +302,6 @@ def host_rates(host: HostSpec | None = None, *, measure: bool = True) -> DeviceR
     return DeviceRates(HOST, DEFAULT_HOST_BANDWIDTH_BYTES_S, source="host bandwidth assumed")
 
 
-def default_threads() -> int:
-    """Physical CPU cores (llama.cpp's default thread count), at least 1."""
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except Exception:  # pragma: no cover - psutil is a dependency
-        n = None
-    return max(1, int(n or os.cpu_count() or 1))
-
-
 def speed_inputs(
     gpus: Sequence[GpuSpec] = (),
     host: HostSpec | None = None,
@@ -326,7 +317,7 @@ def speed_inputs(
     Raises:
         SpeedModelError: ``n_threads`` below 1.
     """
-    threads = default_threads() if n_threads is None else int(n_threads)
+    threads = physical_cores() if n_threads is None else int(n_threads)
     if threads < 1:
         raise SpeedModelError(f"n_threads must be 1 or more, not {n_threads}")
     rates = {g.device: gpu_rates(g) for g in gpus}
@@ -403,17 +394,8 @@ def _active(plan: MemoryPlan) -> float:
 
 
 def _weight_devices(plan: MemoryPlan) -> list[str]:
-    """Device of each repeating layer's weights: the last ``n_gpu_repeating`` layers go to the
-    GPUs in order, each GPU taking its ``n_layers`` (llama-model.cpp ``i_gpu_start``)."""
-    m = plan.model
-    devs = [HOST] * m.n_layer
-    il = m.n_layer - plan.n_gpu_repeating
-    for g in plan.gpus:
-        for _ in range(g.n_layers):
-            if il < m.n_layer:
-                devs[il] = g.device
-                il += 1
-    return devs
+    """Device of each repeating layer's weights, as the plan placed them."""
+    return list(plan.layer_devices[: plan.model.n_layer])
 
 
 def _window(plan: MemoryPlan, il: int, swa: bool) -> int:

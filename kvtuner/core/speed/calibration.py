@@ -2,8 +2,8 @@
 
 Every measured run (a bench: prefill and decode tokens/s at a known depth, thread count and
 configuration) is stored with the *workload* the speed model computed for it
-(:class:`kvtuner.core.speed_model.Workload`: bytes and FLOPs per device) and the device rates
-of the time. Fitting then re-evaluates :func:`~kvtuner.core.speed_model.workload_time_s` under
+(:class:`kvtuner.core.speed.speed_model.Workload`: bytes and FLOPs per device) and the device rates
+of the time. Fitting then re-evaluates :func:`~kvtuner.core.speed.speed_model.workload_time_s` under
 scaled constants and picks the scales ``s`` (natural log ``x = ln s``) that minimise
 
     sum_runs (ln t_predicted(run; s) - ln t_measured(run))^2 + PRIOR_WEIGHT * sum_params x^2
@@ -26,24 +26,20 @@ Storage: ``calibration.json`` in the user data directory (``platformdirs.user_da
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from .fileio import replace_atomic
-from .hardware import GpuSpec, HostSpec
-from .memory_plan import MemoryPlan
-from .model_profile import ModelProfile
-from .speed_model import (
-    DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload,
-    workload_time_s,
-)
+from ..fileio import replace_atomic
+from ..hardware.identity import machine_id
+from ..hardware.specs import GpuSpec, HostSpec
+from ..plan.memory_plan import MemoryPlan
+from ..model.profile import ModelProfile
+from .speed_model import DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
 
 SCHEMA_VERSION = 1
 FILE_NAME = "calibration.json"
@@ -74,31 +70,9 @@ class CalibrationError(ValueError):
 def data_dir() -> Path:
     """kvtuner's user data directory (:func:`kvtuner.core.paths.data_dir`: ``$KVTUNER_DATA_DIR``
     or platformdirs' user data dir)."""
-    from . import paths
+    from .. import paths
 
     return paths.data_dir()
-
-
-def machine_id(gpus: Sequence[GpuSpec] = ()) -> str:
-    """A stable id of this machine: sha256 of host name, CPU model, logical CPUs, RAM (GiB) and
-    GPU names, first 16 hex digits."""
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        ram_gib = round(psutil.virtual_memory().total / 2**30)
-    except Exception:  # pragma: no cover
-        ram_gib = 0
-    text = "|".join([platform.node(), cpu, str(os.cpu_count()), str(ram_gib), *sorted(g.name for g in gpus)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def model_family(model: ModelProfile) -> str:
@@ -399,12 +373,13 @@ def record_bench(
     prefill_tok_s: float | None,
     decode_tok_s: float | None,
     store: "CalibrationStore | None" = None,
+    machine: str | None = None,
 ) -> MeasuredRun:
     """Record one measured bench of ``plan`` in ``store`` (default: the user's), so later
     predictions for this machine and model family are calibrated.
 
-    ``gpus`` are the GPUs of this machine (they name it, :func:`machine_id`, as ``kvtuner plan``
-    does); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
+    ``gpus`` are the GPUs planned for; ``machine`` is this machine's id
+    (:func:`kvtuner.core.hardware.identity.machine_id`, default: from the non-what-if ``gpus``); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
     prediction, so the recorded device rates are the ones later predictions use. Speeds that
     are missing or not positive count as not measured.
 
@@ -414,7 +389,7 @@ def record_bench(
     from .speed_model import speed_inputs
 
     store = store or CalibrationStore()
-    mid = machine_id(gpus)
+    mid = machine or machine_id(gpus)
     if host is not None and not host.mem_bandwidth_bytes_s:
         bw = store.host_bandwidth_bytes_s(mid)
         if bw:

@@ -1,5 +1,5 @@
 """Live state of a running model for the advisor: the samplers' latest samples plus what the
-runner reported, folded into a :class:`kvtuner.core.advisor.LiveState`.
+runner reported, folded into a :class:`LiveState` that the advisor reads.
 
 Headless (no Qt, no runner imports): the GUI feeds a :class:`LiveTracker` with decode tokens
 (time stamp and duration of each), the KV types and flash attention the runner's log reports,
@@ -22,8 +22,47 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .advisor import AllocationFailure, GpuProcess, LiveState
-from .speed_model import ABANDON_TOK_S
+from ..hardware.nvml import GpuProcess
+from ..speed.speed_model import ABANDON_TOK_S
+
+@dataclass(frozen=True)
+class AllocationFailure:
+    """An allocation failure of the running model: the ``device`` (``CUDA0``, ``CPU``),
+    ``requested_bytes`` (None if unknown) and what NVML/psutil reported free at that moment."""
+
+    device: str
+    requested_bytes: int | None
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """Latest samples of a running model (all optional).
+
+    Attributes:
+        total_ram_bytes, available_ram_bytes: host RAM now.
+        swap_in_bytes_s: swap-in rate over the last samples, bytes/s.
+        decode_tok_s: measured decode speed over the last ``live_window_s`` (10 s).
+        below_abandon_s: for how long the measured decode has stayed under the abandon line, s.
+        kv_type_k, kv_type_v: KV types the runner's buffers report (``llama_kv_cache`` log line).
+        flash_attn: flash attention as the runner's context reports it (None: unknown).
+        gpu_processes: NVML's process list.
+        own_pids: pids of kvtuner and its runner (not "other" processes).
+        allocation_failure: the latest allocation failure, or None.
+    """
+
+    total_ram_bytes: int | None = None
+    available_ram_bytes: int | None = None
+    swap_in_bytes_s: float | None = None
+    decode_tok_s: float | None = None
+    below_abandon_s: float = 0.0
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
+    flash_attn: bool | None = None
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    own_pids: tuple[int, ...] = ()
+    allocation_failure: AllocationFailure | None = None
+
 
 #: The advisor's window for live speed (seconds).
 WINDOW_S = 10.0
@@ -127,9 +166,9 @@ class LiveTracker:
               gpu_processes: Sequence[Any] = (), own_pids: Sequence[int] = ()) -> LiveState:
         """The :class:`LiveState` at ``now``.
 
-        ``host_samples``: recent :class:`kvtuner.core.samplers.HostSample` (oldest first; RAM from
+        ``host_samples``: recent :class:`kvtuner.core.monitor.sampler.HostSample` (oldest first; RAM from
         the newest, swap-in averaged over the last :data:`SWAP_WINDOW_S`); ``gpu_processes``:
-        :class:`kvtuner.core.samplers.GpuProcessInfo` records; ``own_pids``: kvtuner and its runner.
+        :class:`kvtuner.core.hardware.nvml.GpuProcess` records; ``own_pids``: kvtuner and its runner.
         With ``running`` False only the run's facts remain (KV types, flash attention, an
         allocation failure): memory and speed describe a run, not an idle machine.
         """
@@ -145,8 +184,7 @@ class LiveTracker:
                      if s.swap_in_bytes_s is not None and s.t_s > last.t_s - SWAP_WINDOW_S]
             swap_in = sum(rates) / len(rates) if rates else None
         tok_s, below = self.decode_rate(now)
-        procs = tuple(GpuProcess(int(p.pid), str(getattr(p, "name", "") or ""), int(getattr(p, "gpu_index", 0)),
-                                 getattr(p, "used_bytes", None)) for p in gpu_processes)
+        procs = tuple(gpu_processes)
         pids = tuple(sorted({os.getpid(), *(int(p) for p in own_pids if p)}))
         return LiveState(
             total_ram_bytes=total, available_ram_bytes=avail, swap_in_bytes_s=swap_in,

@@ -1,13 +1,13 @@
 """What the plan is laid out on: GPUs (detected or what-if) and the host.
 
-Detection lives in :mod:`kvtuner.core.samplers`; these are plain values.
+Detection lives in :mod:`kvtuner.core.hardware.nvml` and :mod:`kvtuner.core.hardware.host`; these are plain values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .units import GiB
+from ..units import GiB
 
 
 @dataclass(frozen=True)

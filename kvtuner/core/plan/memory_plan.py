@@ -16,7 +16,7 @@
 - Sliding window (src/llama-kv-cache-iswa.cpp): SWA layers get
   ``GGML_PAD(min(kv_size, n_swa * (unified ? n_seq : 1) + n_ubatch), 256)`` cells unless swa_full.
 - Output buffer (llama-context.cpp ``output_reserve``): ``n_vocab * max(1, n_seq) * 4`` bytes, host.
-- Compute buffers: :mod:`kvtuner.core.compute_buffer` (estimate, or exact from a dry-run).
+- Compute buffers: :mod:`kvtuner.core.plan.compute_buffer` (estimate, or exact from a dry-run).
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .compute_buffer import ComputeEstimate, estimate_compute
+from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
-from .ggml_types import kv_type, row_size
-from .hardware import GpuSpec, HostSpec
-from .model_profile import ModelProfile
-from .units import MiB, pad_to
+from .placement import LayerPlacement, placement_for
+from ..model.ggml_types import kv_type, row_size
+from ..hardware.specs import GpuSpec, HostSpec
+from ..model.profile import ModelProfile
+from ..units import MiB, pad_to
 
 #: Driver/CUDA context memory per GPU that no llama.cpp buffer reports (reference §1: 300-500 MiB).
 DEFAULT_GPU_OVERHEAD_BYTES = 400 * MiB
@@ -38,7 +40,6 @@ DEFAULT_GPU_OVERHEAD_BYTES = 400 * MiB
 #: idle runner child before loading a model, see benchmarks/).
 DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
 
-HOST = "CPU"
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,12 @@ class MemoryPlan:
         kv_layers: per-layer KV (layers with KV only).
         kv_caches: llama.cpp's KV caches (one, or "full" + "swa").
         compute: the compute-buffer estimate per device, with its source.
+        layer_devices: device of each repeating layer's weights, ``n_layer`` entries, then the
+            output layer's (``"CPU"`` or ``"CUDA0"`` ...); the one per-layer placement every
+            consumer (speed model, exporters, views) reads.
+        placement: what llama.cpp is given to get this layout (``n_gpu_layers``,
+            ``offload_kqv``, tensor overrides), from :func:`kvtuner.core.plan.placement.placement_for`;
+            None for a CPU-only plan.
         warnings: notes the user should read (approximations, ignored settings).
     """
 
@@ -178,6 +185,8 @@ class MemoryPlan:
     kv_layers: tuple[LayerKV, ...]
     kv_caches: tuple[KvCacheSummary, ...]
     compute: ComputeEstimate
+    layer_devices: tuple[str, ...] = ()
+    placement: LayerPlacement | None = None
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -330,30 +339,26 @@ def plan_memory(
     n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
     output_on_gpu = devs[n_layer] != HOST
 
-    if cfg.kv_gpu_layers is None:
-        kv_gpu = n_gpu_repeating
-    else:
-        kv_gpu = cfg.kv_gpu_layers
-        if kv_gpu > n_gpu_repeating and not gpus:
-            raise ConfigError(
-                f"--kv-gpu-layers {kv_gpu} needs a GPU and none is planned for: "
-                "leave it out for a CPU-only plan, or plan a what-if card with --gpu-mem 12G"
-            )
-        if kv_gpu > n_gpu_repeating:
-            raise ConfigError(
-                f"--kv-gpu-layers {kv_gpu} is more than the {n_gpu_repeating} repeating layers offloaded: "
-                f"use at most {n_gpu_repeating}, or raise --ngl"
-            )
-    offload_kqv = kv_gpu > 0 or (cfg.kv_gpu_layers is None)
-    # Which offloaded layers keep KV on the GPU when 0 < kv_gpu < offloaded: the *last* kv_gpu
-    # offloaded layers stay in llama.cpp's -ngl range; the earlier ones are moved to the GPU by
-    # tensor overrides (weights only) and keep KV on the host (reference §5, experimental).
-    gpu_layer_ids = [il for il in range(n_layer) if devs[il] != HOST]
-    kv_on_gpu = set(gpu_layer_ids[len(gpu_layer_ids) - kv_gpu :]) if kv_gpu else set()
-    if 0 < kv_gpu < n_gpu_repeating:
-        warnings.append(
-            "KV of only some offloaded layers on the GPU uses tensor overrides (-ot); experimental, not yet checked on a GPU"
+    placement = None
+    if cfg.kv_gpu_layers is not None and cfg.kv_gpu_layers > n_gpu_repeating and not gpus:
+        raise ConfigError(
+            f"--kv-gpu-layers {cfg.kv_gpu_layers} needs a GPU and none is planned for: "
+            "leave it out for a CPU-only plan, or plan a what-if card with --gpu-mem 12G"
         )
+    if gpus:
+        # the one placement rule (plan/placement.py): which layers keep KV in VRAM, and what
+        # llama.cpp is given to get there
+        placement = placement_for(cfg.with_(n_gpu_layers=ngl_eff), n_layer, gpus[0].device)
+        kv_gpu, offload_kqv = placement.kv_gpu_layers, placement.offload_kqv
+        if placement.experimental:
+            warnings.append(
+                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot); experimental, not yet checked on a GPU"
+            )
+    else:
+        kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
+    # KV in VRAM for the last kv_gpu repeating layers: llama.cpp's -ngl range; the offloaded
+    # layers before them got their weights moved by tensor override and keep KV on the host
+    kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
 
     # --- context --------------------------------------------------------------------------------
     flash_attn = cfg.flash_attn != "off"
@@ -461,5 +466,6 @@ def plan_memory(
         model=model, config=cfg, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_stream=n_stream, n_ubatch=n_ubatch,
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
-        kv_caches=tuple(caches), compute=compute, warnings=tuple(warnings),
+        kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
+        warnings=tuple(warnings),
     )

@@ -1,77 +1,20 @@
-"""Text and JSON renderings of model profiles and memory plans (CLI output).
+"""Text renderings of model profiles and assessments (CLI output).
 
-The JSON schema of ``kvtuner plan --json`` is documented in README.md ("JSON schema") and
-is stable: keys are only ever added.
+The JSON document of ``kvtuner plan --json`` is :meth:`kvtuner.core.session.Assessment.to_dict`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING
 
-from .memory_plan import MemoryPlan
-from .model_profile import ModelProfile
-from .units import MiB, fmt_bytes
+from ..core.plan.memory_plan import MemoryPlan
+from ..core.model.profile import ModelProfile
+from ..core.plan.buffers import buffer_device
+from ..core.units import MiB, fmt_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .speed_model import SpeedPrediction
-
-SCHEMA_VERSION = 1
-
-
-class VerifiedKvCache(Protocol):
-    """One KV cache as a llama.cpp dry-run reported it (``kvtuner.runner.dryrun.KvCacheReport``)."""
-
-    size_mib: float
-    cells: int
-    layers: int
-    k_mib: float
-    v_mib: float
-
-
-class Verified(Protocol):
-    """What a llama.cpp dry-run reported (``kvtuner.runner.dryrun.DryRunResult``), MiB as printed."""
-
-    kv_caches: Sequence[VerifiedKvCache]
-    compute_mib: dict[str, float]
-    output_mib: dict[str, float]
-    model_mib: dict[str, float]
-
-
-def _mib_to_bytes(v: float) -> int:
-    return int(round(v * MiB))
-
-
-def plan_dict(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = (),
-              speed: "SpeedPrediction | None" = None) -> dict[str, Any]:
-    """The ``kvtuner plan --json`` document.
-
-    Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``, ``kv_bytes_per_token``,
-    ``weights_bytes``, ``kv_caches``, ``kv_layers``, ``compute_source``, ``devices``, ``warnings``,
-    ``advice`` (list of ``{id, severity, message, reason, fix, fix_label}``, see
-    :class:`kvtuner.core.advisor.Advice`), ``speed`` (null, or ``{decode_tok_s,
-    decode_tok_s_at_full_ctx, prefill_tok_s, band: [low, high], ...}`` from
-    :meth:`kvtuner.core.speed_model.SpeedPrediction.to_dict`), and ``verified`` (null, or the
-    dry-run's figures in bytes converted from llama.cpp's MiB with 2 decimals).
-    """
-    d = plan.to_dict()
-    d = {"schema": SCHEMA_VERSION, **d}
-    d["advice"] = list(advice)
-    d["speed"] = speed.to_dict() if speed is not None else None
-    d["verified"] = None
-    if verified is not None:
-        d["verified"] = {
-            "source": "llama.cpp dry-run (no_alloc)",
-            "kv_caches": [
-                {"cells": c.cells, "layers": c.layers, "kv_mib": c.size_mib, "k_mib": c.k_mib, "v_mib": c.v_mib,
-                 "kv_bytes": _mib_to_bytes(c.size_mib)}
-                for c in verified.kv_caches
-            ],
-            "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in verified.kv_caches),
-            "compute_bytes": {k: _mib_to_bytes(v) for k, v in verified.compute_mib.items()},
-            "output_bytes": {k: _mib_to_bytes(v) for k, v in verified.output_mib.items()},
-        }
-    return d
-
+    from ..core.session import Assessment
+    from ..core.speed.speed_model import SpeedPrediction
 
 def _table(rows: list[list[str]], right: set[int]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -106,10 +49,11 @@ def model_text(m: ModelProfile) -> str:
     return "\n".join(lines)
 
 
-def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequence[dict[str, Any]] = (),
-              speed: "SpeedPrediction | None" = None) -> str:
-    """Human-readable plan: config line, KV caches, a per-device table, predicted speed,
+def plan_text(assessment: "Assessment") -> str:
+    """Human-readable assessment: config line, KV caches, a per-device table, predicted speed,
     warnings and advice (each with its fix as command-line flags)."""
+    plan, verified, speed = assessment.plan, assessment.verified, assessment.speed
+    advice = [a.to_dict() for a in assessment.advice]
     m, c = plan.model, plan.config
     ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
     gpu_note = (f"{plan.n_gpu_repeating}/{m.n_layer} layers + output on GPU" if plan.output_on_gpu
@@ -147,7 +91,7 @@ def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequen
         for kc, vc in zip(plan.kv_caches, verified.kv_caches):
             rows.append([kc.kind, str(vc.cells), str(vc.layers), f"{kc.kv_bytes / MiB:.2f} MiB", f"{vc.size_mib:.2f} MiB"])
         for dev, mib in verified.compute_mib.items():
-            planned = plan.compute.estimate_on("CPU" if dev.startswith("CPU") or dev.endswith("_Host") else dev)
+            planned = plan.compute.estimate_on(buffer_device(dev))
             rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB (est.)", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
     if speed is not None:
@@ -156,7 +100,7 @@ def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequen
     for w in plan.warnings:
         lines.append(f"note: {w}")
     if advice:
-        from .advisor import fix_flags
+        from ..core.advice.advisor import fix_flags
 
         for a in advice:
             lines.append(f"[{a.get('severity', 'info')}] {a.get('id', '')}: {a.get('message', '')}")
@@ -168,7 +112,7 @@ def plan_text(plan: MemoryPlan, verified: Verified | None = None, advice: Sequen
 
 def _speed_text(speed: "SpeedPrediction") -> str:
     """Predicted speed lines: decode at depth 0 and full context with the seed's badges, prefill."""
-    from .speed_model import speed_band
+    from ..core.speed.speed_model import speed_band
 
     lo, hi = speed.band
     cal = (f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"

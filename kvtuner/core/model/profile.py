@@ -1,7 +1,7 @@
 """Model profile: everything the planner needs to know about a GGUF model.
 
 Read with :func:`ModelProfile.from_gguf` from the header alone (see
-:mod:`kvtuner.core.gguf_header`); a 40 GB model's weights are never read. Hyper-parameters
+:mod:`kvtuner.core.model.gguf_header`); a 40 GB model's weights are never read. Hyper-parameters
 follow llama.cpp's ``llama_model_base::load_hparams`` (src/llama-model.cpp) and the per-arch
 ``load_arch_hparams`` in src/models/*.cpp of the llama.cpp that llama-cpp-python 0.3.36 vendors.
 """

@@ -24,12 +24,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
-from .config import ALL_LAYERS, ConfigError, PlanConfig
-from .ggml_types import kv_type
-from .hardware import GpuSpec, HostSpec
-from .memory_plan import MemoryPlan, plan_memory
-from .speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
-from .units import GiB, MiB, fmt_bytes
+from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.fields import cli_flags
+from ..model.ggml_types import kv_type
+from ..hardware.specs import GpuSpec, HostSpec
+from ..monitor.live import AllocationFailure, LiveState
+from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
     "Advice", "AdvisorError", "AdvisorSettings", "AllocationFailure", "GpuProcess", "LiveState", "advise",
@@ -116,88 +118,20 @@ class AdvisorSettings:
                 raise AdvisorError(f"advisor setting {name} must be a fraction between 0 and 1, not {v!r}")
 
 
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process NVML lists on a GPU: ``used_bytes`` of VRAM (None when NVML cannot tell)."""
-
-    pid: int
-    name: str
-    gpu_index: int
-    used_bytes: int | None
-
-
-@dataclass(frozen=True)
-class AllocationFailure:
-    """An allocation failure of the running model: the ``device`` (``CUDA0``, ``CPU``),
-    ``requested_bytes`` (None if unknown) and what NVML/psutil reported free at that moment."""
-
-    device: str
-    requested_bytes: int | None
-    free_bytes: int | None
-
-
-@dataclass(frozen=True)
-class LiveState:
-    """Latest samples of a running model (all optional).
-
-    Attributes:
-        total_ram_bytes, available_ram_bytes: host RAM now.
-        swap_in_bytes_s: swap-in rate over the last samples, bytes/s.
-        decode_tok_s: measured decode speed over the last ``live_window_s`` (10 s).
-        below_abandon_s: for how long the measured decode has stayed under the abandon line, s.
-        kv_type_k, kv_type_v: KV types the runner's buffers report (``llama_kv_cache`` log line).
-        flash_attn: flash attention as the runner's context reports it (None: unknown).
-        gpu_processes: NVML's process list.
-        own_pids: pids of kvtuner and its runner (not "other" processes).
-        allocation_failure: the latest allocation failure, or None.
-    """
-
-    total_ram_bytes: int | None = None
-    available_ram_bytes: int | None = None
-    swap_in_bytes_s: float | None = None
-    decode_tok_s: float | None = None
-    below_abandon_s: float = 0.0
-    kv_type_k: str | None = None
-    kv_type_v: str | None = None
-    flash_attn: bool | None = None
-    gpu_processes: tuple[GpuProcess, ...] = ()
-    own_pids: tuple[int, ...] = ()
-    allocation_failure: AllocationFailure | None = None
-
-
 # ------------------------------------------------------------------------------------------
 # fixes
 
-_FLAGS = {
-    "n_ctx": "--ctx", "n_gpu_layers": "--ngl", "kv_gpu_layers": "--kv-gpu-layers", "type_k": "--cache-type-k",
-    "type_v": "--cache-type-v", "flash_attn": "--flash-attn", "n_seq": "--parallel", "n_ubatch": "--ubatch",
-    "n_batch": "--batch",
-}
-
-
 def fix_flags(fix: dict[str, object]) -> str:
     """The ``kvtuner`` command-line flags of a fix: ``{"n_ubatch": 256, "flash_attn": "on"}`` ->
-    ``"--ubatch 256 --flash-attn on"``.
+    ``"--ubatch 256 --flash-attn on"`` (:func:`kvtuner.core.plan.fields.cli_flags`).
 
     Raises:
         AdvisorError: a key that is not a PlanConfig field.
     """
-    parts = []
-    for key, value in fix.items():
-        if key in _FLAGS:
-            if key == "n_gpu_layers" and value == ALL_LAYERS:
-                parts.append("--ngl all")
-            elif key == "kv_gpu_layers" and value is None:
-                parts.append("(drop --kv-gpu-layers)")
-            else:
-                parts.append(f"{_FLAGS[key]} {value}")
-        elif key in ("swa_full", "kv_unified"):
-            parts.append(f"--{key.replace('_', '-')}" if value else f"(drop --{key.replace('_', '-')})")
-        elif key == "use_mmap":
-            parts.append("(drop --no-mmap)" if value else "--no-mmap")
-        else:
-            raise AdvisorError(f"fix key {key!r} is not a configuration field")
-    return " ".join(parts)
+    try:
+        return cli_flags(dict(fix))
+    except KeyError as exc:
+        raise AdvisorError(f"fix key {exc.args[0]!r} is not a configuration field") from None
 
 
 def _hardware(plan: MemoryPlan) -> tuple[list[GpuSpec], HostSpec | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
-from .ggml_types import kv_type
+from ..model.ggml_types import kv_type
 
 FlashAttn = Literal["on", "off", "auto"]
 

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 
-from .config import ConfigError, PlanConfig
-from .paths import data_dir
-from .export import MEASURED_KEYS, MachineFingerprint, ModelIdentity, clean_measured, llama_cpp_build
+from ..plan.config import ConfigError, PlanConfig
+from ..paths import data_dir
+from ..export import MEASURED_KEYS, clean_measured
+from ..hardware.identity import MachineFingerprint, llama_cpp_build
+from ..model.identity import ModelIdentity
 
 LIBRARY_FILE_NAME = "library.sqlite3"
 SCHEMA_VERSION = 1
@@ -323,7 +325,7 @@ def record_completed_run(
     """Save a run that completed, unless the user opted out; returns the id or None.
 
     Args:
-        model: the run's :class:`~kvtuner.core.model_profile.ModelProfile` or :class:`ModelIdentity`.
+        model: the run's :class:`~kvtuner.core.model.profile.ModelProfile` or :class:`ModelIdentity`.
         config: the configuration that ran.
         measured: measured figures as a plain dict.
         model_path: the model file (default ``model.path``).

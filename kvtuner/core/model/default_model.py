@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .paths import cache_dir
+from ..paths import cache_dir
 
 MODEL_FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
 #: Size in bytes of the assembled file (sha256 checked by the package on first assembly).

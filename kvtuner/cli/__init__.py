@@ -1,0 +1,57 @@
+"""``kvtuner`` command line.
+
+``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library``
+are headless and take ``--json``. One module per command (:mod:`.plan`, :mod:`.bench`,
+:mod:`.export`, :mod:`.gui`); the flags they share come from the configuration catalogue
+(:mod:`kvtuner.core.plan.fields`) in :mod:`.args`; text rendering is :mod:`.report`. Every user
+mistake ends in one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from typing import Sequence
+
+from .args import EXIT_USAGE, UserError
+
+__all__ = ["EXIT_USAGE", "UserError", "build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the usage errors on one line too (``kvtuner plan: error: ...``, exit 2),
+    not the whole usage block; ``--help`` still prints it. Subparsers inherit the class."""
+
+    def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    from . import bench, export, gui, plan
+
+    parser = _Parser(
+        prog="kvtuner",
+        description="Plan, monitor and tune llama.cpp memory for long contexts on small GPUs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (plan, bench, export, gui):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvtuner`` script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["gui", *(argv or [])])
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"kvtuner: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("kvtuner: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,186 @@
+"""What every command shares: the MODEL argument, the configuration flags (built from the
+catalogue :data:`kvtuner.core.plan.fields.FIELDS`), the hardware flags, and JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from ..core.plan.fields import FIELDS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
+    from ..core.hardware.specs import GpuSpec, HostSpec
+    from ..core.model.profile import ModelProfile
+    from ..core.plan.config import PlanConfig
+    from ..core.session import Session
+
+EXIT_USAGE = 2
+#: Smallest --gpu-mem / --ram taken as meant (bytes): below it a unit was surely forgotten.
+MIN_MEMORY_BYTES = 1 << 20
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as ``kvtuner: <message>`` with exit status 2."""
+
+
+def add_model_arg(parser: argparse.ArgumentParser) -> None:
+    """Optional positional MODEL (a .gguf path; default: the embedded Gemma 3 270M)."""
+    parser.add_argument("model", nargs="?", metavar="MODEL",
+                        help="GGUF model file (first part of a split model); default: embedded Gemma 3 270M Q4_K_M")
+
+
+def resolve_model(arg: str | None) -> "Path":
+    """The model path for a MODEL argument; None means the embedded default model.
+
+    Raises:
+        UserError: the default model package is broken.
+    """
+    from pathlib import Path
+
+    if arg:
+        return Path(arg).expanduser()
+    from ..core.model.default_model import DefaultModelError, default_model_path
+
+    try:
+        return default_model_path()
+    except DefaultModelError as exc:
+        raise UserError(str(exc)) from None
+
+
+def load_model(arg: str | None) -> "ModelProfile":
+    """Read the model profile for a MODEL argument; GGUF problems become :class:`UserError`."""
+    from ..core.model.profile import GGUFError, ModelProfile
+
+    try:
+        return ModelProfile.from_gguf(resolve_model(arg))
+    except GGUFError as exc:
+        raise UserError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number (range checks are the configuration's)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+
+
+def _layers(text: str) -> int:
+    from ..core.plan.config import ALL_LAYERS
+
+    if text.strip().lower() == "all":
+        return ALL_LAYERS
+    return positive_int(text)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The configuration flags, one per catalogue field (llama.cpp spellings accepted too)."""
+    g = parser.add_argument_group("configuration (llama.cpp flags in brackets)")
+    for f in FIELDS:
+        names = (f.flag, *f.aliases)
+        bracket = f" [{f.llama_flag}]" if f.llama_flag else ""
+        if f.kind in ("switch", "negated-switch"):
+            g.add_argument(*names, dest=f.dest, action="store_true", default=None, help=f.help + bracket)
+        elif f.kind == "choice":
+            g.add_argument(*names, dest=f.dest, default=None, choices=list(f.choices), help=f.help + bracket)
+        else:
+            metavar = "N|all" if f.kind == "layers" else ("T" if f.kind == "type" else "N")
+            typ = _layers if f.kind == "layers" else (positive_int if f.kind == "int" else str)
+            g.add_argument(*names, dest=f.dest, type=typ, default=None, metavar=metavar, help=f.help + bracket)
+
+
+def any_config_flag(args: argparse.Namespace) -> bool:
+    """Whether any configuration flag was given."""
+    return any(getattr(args, f.dest, None) is not None for f in FIELDS)
+
+
+def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None) -> "PlanConfig":
+    """Build a :class:`PlanConfig` from :func:`add_config_args` flags (unset flags keep ``base``).
+
+    Raises:
+        UserError: an impossible configuration, with what to change.
+    """
+    from dataclasses import replace
+
+    from ..core.plan.config import ConfigError, PlanConfig
+
+    changes = {}
+    for f in FIELDS:
+        value = getattr(args, f.dest, None)
+        if value is None:
+            continue
+        changes[f.name] = (not value) if f.kind == "negated-switch" else value
+    try:
+        return replace(base or PlanConfig(), **changes)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
+def add_hardware_args(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-mem SIZE`` (what-if GPU, repeatable), ``--no-gpu`` and ``--ram SIZE``."""
+    g = parser.add_argument_group("hardware")
+    g.add_argument("--gpu-mem", action="append", default=None, metavar="SIZE",
+                   help="plan for a what-if GPU of this size (e.g. 12G); repeat for several GPUs; default: the detected GPUs")
+    g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
+    g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
+
+
+def any_hardware_flag(args: argparse.Namespace) -> bool:
+    """Whether a hardware flag was given."""
+    return bool(getattr(args, "gpu_mem", None) or getattr(args, "no_gpu", False) or getattr(args, "ram", None))
+
+
+def detect_gpus() -> "list[GpuSpec]":
+    """This machine's NVIDIA GPUs (empty without one: a normal state)."""
+    from ..core.hardware.nvml import detect_gpus as _detect
+
+    return list(_detect())
+
+
+def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None" = None) -> "tuple[list[GpuSpec], HostSpec | None]":
+    """GPUs and host for the plan: what-if sizes if given, else detected (no GPU is normal).
+    ``detected``: GPUs already detected (None: ask NVML)."""
+    from ..core.hardware.host import detect_host
+    from ..core.hardware.specs import HostSpec, what_if_gpu
+    from ..core.units import parse_size
+
+    def size(flag: str, text: str) -> int:
+        try:
+            n = parse_size(text)
+        except ValueError as exc:
+            raise UserError(f"{flag}: {exc}") from None
+        if n < MIN_MEMORY_BYTES:  # 0, or a bare number read as bytes ("--gpu-mem 12")
+            raise UserError(f"{flag}: {text.strip()!r} is {n} bytes, too small for a memory size: give a unit, e.g. 12G")
+        return n
+
+    gpus: list = []
+    if getattr(args, "gpu_mem", None):
+        gpus = [what_if_gpu(size("--gpu-mem", s), index=i) for i, s in enumerate(args.gpu_mem)]
+    elif not getattr(args, "no_gpu", False):
+        gpus = detect_gpus() if detected is None else list(detected)
+    host = detect_host()
+    if getattr(args, "ram", None):
+        total = size("--ram", args.ram)
+        host = HostSpec(total_bytes=total, available_bytes=total)
+    return gpus, host
+
+
+def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig") -> "Session":
+    """The :class:`~kvtuner.core.session.Session` for a command's model, configuration and
+    hardware flags (what every headless command plans with)."""
+    from ..core.session import Session
+
+    detected = detect_gpus()
+    gpus, host = hardware_from_args(args, detected)
+    return Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected))
+
+
+def emit_json(obj: object) -> None:
+    """Print ``obj`` as indented JSON on stdout."""
+    import json
+
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")

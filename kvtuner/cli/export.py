@@ -1,0 +1,153 @@
+"""``kvtuner export`` and ``kvtuner library``: one configuration for the tool you run it with, and
+the configurations that ran well here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, any_hardware_flag, config_from_args,
+                   emit_json, load_model, positive_int, resolve_model, session_from_args)
+
+_EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``export`` and ``library``."""
+    p = sub.add_parser(
+        "export", help="write a configuration for llama-server, llama-cpp-python, Ollama, koboldcpp or a kvtuner profile",
+        description="Export one configuration to the tool you run it with. What the target cannot express is "
+                    "printed as notes on stderr. Files are written atomically and never overwritten without --force.")
+    add_model_arg(p)
+    add_config_args(p)
+    add_hardware_args(p)
+    p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,
+                   help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
+                        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile")
+    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profile", metavar="FILE", default=None,
+                     help="start from a kvtuner profile (its model and configuration; flags given here override)")
+    src.add_argument("--from-library", metavar="ID", type=positive_int, default=None,
+                     help="start from a saved working configuration (see 'kvtuner library')")
+    p.add_argument("--gpu-buffer-type", default="CUDA0", metavar="BUFT",
+                   help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)")
+    p.add_argument("--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command")
+    p.add_argument("--note", default=None, help="free text stored in a profile")
+    p.set_defaults(func=cmd_export)
+
+    lib = sub.add_parser("library", help="list saved working configurations, best first",
+                         description="Configurations that ran to completion, with measured speed, per model and machine.")
+    add_model_arg(lib)
+    lib.add_argument("--all-machines", action="store_true", help="include runs from other machines")
+    lib.add_argument("--all-models", action="store_true", help="list every model's runs (ignores MODEL)")
+    lib.add_argument("--json", action="store_true", help="machine-readable output")
+    lib.set_defaults(func=cmd_library)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``kvtuner export``."""
+    from ..core.export import ExportError, MachineFingerprint, ModelIdentity, export, load_profile, write_text_atomic
+    from ..core.store.library import ConfigLibrary, LibraryError
+
+    base = None
+    measured = None
+    warnings: tuple[str, ...] = ()
+    model_path = None
+    try:
+        if args.profile:
+            model_path, base, warnings = load_profile(args.profile, model_path=args.model)
+        elif args.from_library is not None:
+            with ConfigLibrary() as lib:
+                saved = lib.get(args.from_library)
+            model_path, base, measured = saved.model_path, saved.config, saved.measured
+            if args.model:
+                model_path = resolve_model(args.model)
+            if saved.machine.fingerprint_id != MachineFingerprint.current().fingerprint_id:
+                warnings = ("this configuration was measured on another machine: " + saved.machine.describe(),)
+    except (ExportError, LibraryError) as exc:
+        raise UserError(str(exc)) from None
+    except KeyError as exc:
+        raise UserError(f"{exc.args[0]}: see 'kvtuner library' for the ids") from None
+    for w in warnings:
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
+    if model_path is None:
+        model_path = resolve_model(args.model)
+    if not model_path.is_file():
+        raise UserError(f"{model_path}: model file not found: give the path of a .gguf file")
+    config = config_from_args(args, base)
+    if any_hardware_flag(args):
+        _check_fits(args, model_path, config)
+    model = None
+    if args.export_format == "profile":
+        from ..core.model.profile import GGUFError, ModelProfile
+
+        try:
+            model = ModelIdentity.from_profile(ModelProfile.from_gguf(model_path))
+        except GGUFError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        result = export(args.export_format, model_path, config, model=model, measured=measured,
+                        gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
+        if args.output is not None:  # -o '' is a mistake, not "stdout"
+            written = write_text_atomic(args.output, result.text, force=args.force)
+    except ExportError as exc:
+        raise UserError(str(exc)) from None
+    if args.output is not None:
+        print(f"kvtuner: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(result.text)
+    for note in result.limitations:
+        print(f"kvtuner: note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_library(args: argparse.Namespace) -> int:
+    """``kvtuner library``."""
+    from ..core.export import MachineFingerprint, ModelIdentity
+    from ..core.store.library import ConfigLibrary, LibraryError
+    from ..core.units import fmt_bytes
+
+    model = None if args.all_models else ModelIdentity.from_profile(load_model(args.model))
+    machine = None if args.all_machines else MachineFingerprint.current()
+    try:
+        with ConfigLibrary() as lib:
+            runs = lib.known_good(model, machine)
+    except LibraryError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        emit_json([{"id": r.id, "created_utc": r.created_utc, "model_path": str(r.model_path),
+                    "model": r.model.to_dict(), "machine": r.machine.to_dict(), "llama_cpp_build": r.llama_cpp_build,
+                    "config": r.config.to_dict(), "measured": r.measured, "note": r.note} for r in runs])
+        return 0
+    if not runs:
+        print("no saved working configurations" + ("" if args.all_machines else " on this machine")
+              + ("" if args.all_models else f" for {model.file_name}"))
+        return 0
+    print(f"{'id':>5}  {'decode tok/s':>12}  {'ctx':>7}  {'ngl':>4}  {'K/V':>11}  {'fa':>4}  {'peak VRAM':>10}  model")
+    for r in runs:
+        c = r.config
+        ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
+        tok = f"{r.decode_tok_s:.1f}" if r.decode_tok_s is not None else "-"
+        print(f"{r.id:>5}  {tok:>12}  {c.n_ctx:>7}  {ngl:>4}  {c.type_k + '/' + c.type_v:>11}  {c.flash_attn:>4}  "
+              f"{fmt_bytes(r.measured.get('peak_vram_bytes')):>10}  {r.model.file_name}")
+    return 0
+
+
+
+def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> None:
+    """With hardware flags, plan the exported configuration on that hardware and say on stderr
+    what does not fit (the export is still written: the target may be another machine)."""
+    from ..core.plan.config import ConfigError
+    from ..core.units import fmt_bytes
+
+    model = load_model(str(model_path))
+    try:
+        assessment = session_from_args(args, model, config).assess()  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    for d in assessment.plan.devices:
+        if d.headroom_bytes is not None and d.headroom_bytes < 0:
+            print(f"kvtuner: warning: on the hardware given this configuration does not fit: {d.device} needs "
+                  f"{fmt_bytes(d.total_bytes)} of {fmt_bytes(d.capacity_bytes)}", file=sys.stderr)

@@ -1,0 +1,58 @@
+"""``kvtuner gui`` (and plain ``kvtuner``): the desktop app."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .args import UserError, add_config_args, add_model_arg, any_config_flag, config_from_args
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``gui``."""
+    p = sub.add_parser("gui", help="open the desktop app (the default command)",
+                       description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control. "
+                                   "MODEL may also be a kvtuner profile (.json): its model and configuration open.")
+    add_model_arg(p)
+    add_config_args(p)
+    p.add_argument("--screenshot", metavar="FILE", default=None,
+                   help="render the main window offscreen to a PNG and exit (no display needed)")
+    p.add_argument("--run", action="store_true",
+                   help="with --screenshot: run a short bench first so the graphs show a real run")
+    p.set_defaults(func=cmd_gui)
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    """``kvtuner gui``."""
+    from pathlib import Path
+
+    config = config_from_args(args)
+    model = Path(args.model).expanduser() if args.model else None
+    if model is not None and not model.exists():
+        raise UserError(f"model file not found: {model}")
+    if args.screenshot:
+        shot = Path(args.screenshot).expanduser()
+        try:
+            shot.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--screenshot: cannot create the folder {shot.parent} ({exc.strerror}): "
+                            "give a path in a writable folder") from None
+        if shot.is_dir():
+            raise UserError(f"--screenshot: {shot} is a directory: give a file name ending in .png")
+    elif _no_display():  # Qt would abort with its own multi-line message (exit 134)
+        raise UserError("no display to open the app on (DISPLAY and WAYLAND_DISPLAY are not set): run it in a "
+                        "desktop session, or headless use 'kvtuner plan' or 'kvtuner gui --screenshot FILE'")
+    try:
+        from ..gui.app import run
+    except ImportError as exc:  # PySide6 / pyqtgraph missing
+        raise UserError(f"the desktop app needs PySide6 and pyqtgraph: {exc}") from None
+    return run(model, config if any_config_flag(args) else None, screenshot=args.screenshot, run=args.run)
+
+
+def _no_display() -> bool:
+    """Linux/BSD without an X11 or Wayland display and no Qt platform chosen (``QT_QPA_PLATFORM``):
+    Qt's default xcb plugin cannot start there."""
+    import os
+
+    if sys.platform in ("win32", "darwin") or os.environ.get("QT_QPA_PLATFORM"):
+        return False
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))

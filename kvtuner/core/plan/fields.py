@@ -1,0 +1,168 @@
+"""The catalogue of configuration fields: one entry per :class:`~kvtuner.core.plan.config.PlanConfig`
+field, with every name it goes by.
+
+The command line builds its flags from it, the app its labels and tooltips, the advisor its fix
+labels and the exporters the flags and keys of each target, so a field is described once.
+Flag spellings are llama.cpp's (common/arg.cpp ``common_params_parser_init``); Ollama parameter
+names from its Modelfile reference (docs/modelfile.md, ``PARAMETER``); koboldcpp keys from its
+``.kcpps`` settings (koboldcpp.py argparse destinations); llama-cpp-python keyword arguments
+from ``llama_cpp.Llama.__init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.ggml_types import KV_CACHE_TYPES
+from .config import ALL_LAYERS
+
+KV_CACHE_TYPES_HELP = " ".join(KV_CACHE_TYPES)
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One configuration field and its names.
+
+    Attributes:
+        name: the :class:`PlanConfig` attribute (``n_ctx``).
+        flag: kvtuner's long flag (``--ctx``); the CLI also accepts ``aliases``.
+        aliases: llama.cpp's spellings that kvtuner accepts too (``-c``, ``--ctx-size``).
+        llama_flag: the llama-server / llama-cli flag written by exports (``-c``); "" when the
+            value is written another way (``-nkvo`` for ``kv_gpu_layers`` 0).
+        kind: ``int``, ``layers`` (a whole number or ``all``), ``choice``, ``type`` (a KV
+            cache type), ``switch`` (a flag without value) or ``negated-switch`` (``--no-mmap``
+            sets the field False).
+        label: the app's label, with its ``&`` mnemonic.
+        help: one line for ``--help`` and the first line of the app's tooltip.
+        detail: the formula behind it, for the tooltip (may be "").
+        unit: ``tokens``, ``layers`` or "".
+        choices: allowed values for ``choice``.
+        llama_cpp_python: the ``Llama()`` keyword argument ("" if none).
+        ollama: the Ollama Modelfile ``PARAMETER`` ("" if Ollama has none).
+        koboldcpp: the koboldcpp ``.kcpps`` key ("" if none).
+    """
+
+    name: str
+    flag: str
+    aliases: tuple[str, ...]
+    llama_flag: str
+    kind: str
+    label: str
+    help: str
+    detail: str = ""
+    unit: str = ""
+    choices: tuple[str, ...] = ()
+    llama_cpp_python: str = ""
+    ollama: str = ""
+    koboldcpp: str = ""
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination of :attr:`flag` (``--kv-gpu-layers`` -> ``kv_gpu_layers``)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def tooltip(self) -> str:
+        """The app's tooltip: the flags, the help line and the formula."""
+        names = " / ".join(a for a in (self.llama_flag, *self.aliases) if a.startswith("-") and a != self.llama_flag)
+        head = f"{self.llama_flag} / {names}" if self.llama_flag and names else (self.llama_flag or self.flag)
+        return f"{head}: {self.help}" + (f"\n{self.detail}" if self.detail else "")
+
+    def cli_text(self, value: Any) -> str:
+        """The kvtuner flags that set this field to ``value`` (``--ngl all``, ``--swa-full``,
+        ``(drop --kv-gpu-layers)`` for a default that has no flag)."""
+        if self.kind == "switch":
+            return self.flag if value else f"(drop {self.flag})"
+        if self.kind == "negated-switch":
+            return f"(drop {self.flag})" if value else self.flag
+        if value is None:
+            return f"(drop {self.flag})"
+        if self.kind == "layers" and value == ALL_LAYERS:
+            return f"{self.flag} all"
+        return f"{self.flag} {value}"
+
+
+FIELDS: tuple[ConfigField, ...] = (
+    ConfigField(
+        "n_ctx", "--ctx", ("-c", "--ctx-size"), "-c", "int", "&Context (-c)",
+        "context size in tokens for all sequences together (default 4096)",
+        "llama.cpp pads it to a multiple of 256. KV cache = kv_bytes_per_token x n_ctx\n"
+        "(sliding-window layers stop at n_swa + n_ubatch cells).",
+        unit="tokens", llama_cpp_python="n_ctx", ollama="num_ctx", koboldcpp="contextsize"),
+    ConfigField(
+        "n_gpu_layers", "--ngl", ("-ngl", "--n-gpu-layers", "--gpu-layers"), "-ngl", "layers", "&GPU layers (-ngl)",
+        "layers whose weights go to the GPU, the output layer counted as one (default all)",
+        "llama.cpp offloads the LAST layers: i_gpu_start = max(n_layer + 1 - ngl, 0) (llama-model.cpp load_tensors).\n"
+        "'all' = n_layer + 1; ngl = n_layer keeps layer 0 on the CPU, not the output layer.",
+        unit="layers", llama_cpp_python="n_gpu_layers", ollama="num_gpu", koboldcpp="gpulayers"),
+    ConfigField(
+        "kv_gpu_layers", "--kv-gpu-layers", (), "", "int", "&KV layers on GPU",
+        "offloaded layers that keep their KV cache in VRAM; 0 = -nkvo (default: all offloaded)",
+        "'all' = llama.cpp's default (offload_kqv); 0 = -nkvo / --no-kv-offload (all KV in RAM).\n"
+        "Between: -ngl for those layers plus -ot tensor overrides for the rest (experimental).\n"
+        "KV bytes per layer = (row_size(ctk, n_embd_k_gqa) + row_size(ctv, n_embd_v_gqa)) x cells x streams.",
+        unit="layers", llama_cpp_python="offload_kqv", koboldcpp="lowvram"),
+    ConfigField(
+        "type_k", "--cache-type-k", ("-ctk",), "-ctk", "type", "K cache &type",
+        f"K cache type: {KV_CACHE_TYPES_HELP}",
+        "Bytes per element: f32 4, f16/bf16 2, q8_0 34/32, q5_1 24/32, q5_0 22/32, q4_1 20/32, q4_0 and\n"
+        "iq4_nl 18/32. K bytes = row_size(type, n_embd_k_gqa) x cells.",
+        llama_cpp_python="type_k", koboldcpp="quantkv"),
+    ConfigField(
+        "type_v", "--cache-type-v", ("-ctv",), "-ctv", "type", "V cache type",
+        "V cache type (a quantized V needs flash attention)",
+        "V bytes = row_size(type, n_embd_v_gqa) x cells.",
+        llama_cpp_python="type_v", koboldcpp="quantkv"),
+    ConfigField(
+        "flash_attn", "--flash-attn", ("-fa",), "-fa", "choice", "&Flash attention (-fa)",
+        "flash attention on, off or auto (default auto)",
+        "Needed for a quantized V cache; keeps V untransposed and shrinks the compute buffer\n"
+        "(no n_kv x n_ubatch x n_head score matrix).",
+        choices=("on", "off", "auto"), llama_cpp_python="flash_attn", koboldcpp="flashattention"),
+    ConfigField(
+        "n_seq", "--parallel", ("-np",), "-np", "int", "&Parallel seqs (-np)",
+        "parallel sequences (default 1)",
+        "Each gets its own KV stream of pad(n_ctx / np, 256) cells: the same total KV, split;\n"
+        "with --kv-unified one shared buffer.",
+        llama_cpp_python="n_seq_max", ollama="", koboldcpp=""),
+    ConfigField(
+        "n_ubatch", "--ubatch", ("-ub", "--ubatch-size"), "-ub", "int", "&Ubatch (-ub)",
+        "physical batch size in tokens (default 512)",
+        "Sizes the compute buffer (logits n_vocab x n_ubatch x 4 bytes, attention scores without\n"
+        "flash attention).",
+        unit="tokens", llama_cpp_python="n_ubatch", ollama="num_batch", koboldcpp="batchsize"),
+    ConfigField(
+        "n_batch", "--batch", ("-b", "--batch-size"), "-b", "int", "&Batch (-b)",
+        "logical batch size in tokens (default 2048)", unit="tokens", llama_cpp_python="n_batch"),
+    ConfigField(
+        "swa_full", "--swa-full", (), "--swa-full", "switch", "Full-size &SWA cache",
+        "full-size cache for sliding-window layers", llama_cpp_python="swa_full"),
+    ConfigField(
+        "kv_unified", "--kv-unified", ("-kvu",), "-kvu", "switch", "&Unified KV",
+        "one KV buffer for all sequences", llama_cpp_python="kv_unified"),
+    ConfigField(
+        "use_mmap", "--no-mmap", (), "--no-mmap", "negated-switch", "Memory-&map weights",
+        "read weights into RAM instead of memory-mapping them", llama_cpp_python="use_mmap", ollama="use_mmap",
+        koboldcpp="usemmap"),
+)
+
+_BY_NAME = {f.name: f for f in FIELDS}
+
+
+def config_field(name: str) -> ConfigField:
+    """The catalogue entry of a :class:`PlanConfig` field.
+
+    Raises:
+        KeyError: ``name`` is not a configuration field.
+    """
+    return _BY_NAME[name]
+
+
+def cli_flags(changes: dict[str, Any]) -> str:
+    """The kvtuner flags of a set of changes: ``{"n_ubatch": 256, "flash_attn": "on"}`` ->
+    ``"--ubatch 256 --flash-attn on"``.
+
+    Raises:
+        KeyError: a key that is not a configuration field.
+    """
+    return " ".join(config_field(k).cli_text(v) for k, v in changes.items())

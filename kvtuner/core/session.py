@@ -1,0 +1,305 @@
+"""The Qt-free session that the command line and the desktop app share.
+
+A :class:`Session` holds what a user is looking at -- a model, a configuration, the hardware
+planned for and this machine's stores (speed calibration, remembered exact compute buffers) --
+and answers one question, :meth:`Session.assess`: the memory plan, llama.cpp's verified
+figures when a dry run has been made, the predicted speed and the advice, as one
+:class:`Assessment`. ``kvtuner plan`` prints an Assessment; the app draws one on every slider
+move. Measured runs go back in through :meth:`Session.record_run`, keyed by this machine's one
+identity (:func:`kvtuner.core.hardware.identity.machine_id`), so the calibration a run feeds
+is the one the next prediction reads, on a GPU machine as on a CPU-only one.
+
+Nothing here touches Qt or llama.cpp; the dry run itself is the runner's
+(:func:`kvtuner.runner.dryrun.dry_run`), whose result is handed to :meth:`Session.set_verified`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Protocol, Sequence
+
+from .advice.advisor import Advice, advise
+from .hardware.identity import machine_id
+from .hardware.specs import GpuSpec, HostSpec
+from .model.profile import ModelProfile
+from .monitor.live import LiveState
+from .plan.buffers import bytes_by_device
+from .plan.config import PlanConfig
+from .plan.memory_plan import MemoryPlan, plan_memory
+from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
+from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
+from .store import compute_cache
+from .units import MiB
+
+log = logging.getLogger("kvtuner.session")
+
+#: Version of the ``kvtuner plan --json`` document (README "plan --json schema"; keys are only added).
+SCHEMA_VERSION = 1
+
+
+class VerifiedKvCache(Protocol):
+    """One KV cache as a llama.cpp dry run reported it (``kvtuner.runner.dryrun.KvCacheReport``)."""
+
+    size_mib: float
+    cells: int
+    layers: int
+    k_mib: float
+    v_mib: float
+
+
+class Verified(Protocol):
+    """What a llama.cpp dry run reported (``kvtuner.runner.dryrun.DryRunResult``), MiB as
+    printed, keyed by llama.cpp's buffer names (``CUDA0``, ``CUDA_Host``, ``CPU``)."""
+
+    kv_caches: Sequence[VerifiedKvCache]
+    compute_mib: dict[str, float]
+    output_mib: dict[str, float]
+    model_mib: dict[str, float]
+    devices: Sequence[str]
+
+
+def _mib_to_bytes(v: float) -> int:
+    return int(round(v * MiB))
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """Everything kvtuner says about one configuration on one machine.
+
+    Attributes:
+        plan: the memory plan; its compute buffers are llama.cpp's exact figures (mapped to
+            devices, ``CUDA_Host`` counted on the host) once a dry run verified them.
+        verified: the dry run's report for exactly this configuration and hardware, or None.
+        speed: the predicted speed (None when the speed model cannot predict; see ``speed_error``).
+        advice: the advisor's findings, errors first.
+        speed_error: why there is no speed prediction ("" when there is one).
+    """
+
+    plan: MemoryPlan
+    verified: Verified | None = None
+    speed: SpeedPrediction | None = None
+    advice: tuple[Advice, ...] = ()
+    speed_error: str = ""
+
+    @property
+    def fits(self) -> bool:
+        """Every device with a known capacity holds its planned total."""
+        return all(d.headroom_bytes is None or d.headroom_bytes >= 0 for d in self.plan.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtuner plan --json`` document (schema in README).
+
+        Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``,
+        ``kv_bytes_per_token``, ``weights_bytes``, ``kv_caches``, ``kv_layers``,
+        ``compute_source``, ``devices``, ``warnings``, ``advice`` (list of ``{id, severity,
+        message, reason, fix, fix_label}``), ``speed`` (null, or
+        :meth:`~kvtuner.core.speed.speed_model.SpeedPrediction.to_dict`) and ``verified`` (null,
+        or the dry run's figures in bytes, converted from llama.cpp's MiB with 2 decimals:
+        ``compute_bytes`` by llama.cpp buffer name, ``compute_bytes_by_device`` summed per device).
+        """
+        d: dict[str, Any] = {"schema": SCHEMA_VERSION, **self.plan.to_dict()}
+        d["advice"] = [a.to_dict() for a in self.advice]
+        d["speed"] = self.speed.to_dict() if self.speed is not None else None
+        d["verified"] = None
+        v = self.verified
+        if v is not None:
+            d["verified"] = {
+                "source": "llama.cpp dry-run (no_alloc)",
+                "kv_caches": [
+                    {"cells": c.cells, "layers": c.layers, "kv_mib": c.size_mib, "k_mib": c.k_mib, "v_mib": c.v_mib,
+                     "kv_bytes": _mib_to_bytes(c.size_mib)}
+                    for c in v.kv_caches
+                ],
+                "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in v.kv_caches),
+                "compute_bytes": {k: _mib_to_bytes(x) for k, x in v.compute_mib.items()},
+                "compute_bytes_by_device": bytes_by_device(v.compute_mib),
+                "output_bytes": {k: _mib_to_bytes(x) for k, x in v.output_mib.items()},
+            }
+        return d
+
+
+@dataclass
+class Session:
+    """A model, a configuration, the hardware planned for, and this machine's stores.
+
+    Attributes:
+        model: the model profile (None: nothing open yet; :meth:`assess` then raises).
+        config: the configuration.
+        gpus: the GPUs planned for: detected ones, what-if cards, or none (CPU only).
+        host: the host planned for (None: capacity unknown).
+        detected_gpus: the GPUs this machine really has (they name it: :attr:`machine_id`);
+            None: the GPUs in ``gpus`` that are not what-if cards.
+        calibration: the speed calibration store (None: the user's, opened on first use).
+        measure_host_bandwidth: run the ~0.25 s host bandwidth probe when no figure is stored
+            (False on the GUI thread: the app measures it on a worker and calls
+            :meth:`set_host_bandwidth`).
+        use_compute_cache: use exact compute buffers remembered from earlier dry runs.
+    """
+
+    model: ModelProfile | None = None
+    config: PlanConfig = field(default_factory=PlanConfig)
+    gpus: tuple[GpuSpec, ...] = ()
+    host: HostSpec | None = None
+    detected_gpus: tuple[GpuSpec, ...] | None = None
+    calibration: CalibrationStore | None = None
+    measure_host_bandwidth: bool = True
+    use_compute_cache: bool = True
+    _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
+    _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
+    _machine: tuple[tuple, str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.gpus = tuple(self.gpus)
+
+    # -- identity and stores ---------------------------------------------------------------
+
+    @property
+    def machine_gpus(self) -> tuple[GpuSpec, ...]:
+        """The GPUs this machine really has (what-if cards are not this machine)."""
+        if self.detected_gpus is not None:
+            return tuple(self.detected_gpus)
+        return tuple(g for g in self.gpus if not g.what_if)
+
+    @property
+    def machine_id(self) -> str:
+        """This machine's one identity (:func:`kvtuner.core.hardware.identity.machine_id`);
+        calibration runs are recorded and read under it."""
+        key = tuple((g.name, g.total_bytes) for g in self.machine_gpus)
+        if self._machine is None or self._machine[0] != key:
+            self._machine = (key, machine_id(self.machine_gpus))
+        return self._machine[1]
+
+    def calibration_store(self) -> CalibrationStore:
+        """The calibration store (opened on first use)."""
+        if self.calibration is None:
+            self.calibration = CalibrationStore()
+        return self.calibration
+
+    def _hardware_key(self) -> tuple:
+        return (tuple(self.gpus), self.host)
+
+    # -- verified figures --------------------------------------------------------------------
+
+    def set_verified(self, result: Verified | None, config: PlanConfig | None = None) -> None:
+        """Record a dry run's report for ``config`` (default: the current one) on the current
+        hardware; :meth:`assess` uses it while both stay the same. The exact compute buffers
+        are remembered for that configuration (:mod:`kvtuner.core.store.compute_cache`)."""
+        if result is None:
+            self._verified = None
+            return
+        cfg = config or self.config
+        self._verified = (cfg, self._hardware_key(), result)
+        if self.use_compute_cache and self.model is not None and self._verified_applies(result):
+            plan = plan_memory(self.model, cfg, self.gpus, self.host)
+            compute_cache.store(compute_cache.compute_key(plan), bytes_by_device(result.compute_mib))
+
+    @property
+    def verified(self) -> Verified | None:
+        """The dry-run report for the current configuration and hardware, or None."""
+        v = self._verified
+        if v is not None and v[0] == self.config and v[1] == self._hardware_key():
+            return v[2]
+        return None
+
+    def _verified_applies(self, v: Verified) -> bool:
+        """A CPU-only llama.cpp cannot verify a GPU plan's buffers: its figures are shown side by
+        side then, never put in the plan."""
+        return not (tuple(v.devices) == ("CPU",) and self.gpus)
+
+    # -- speed inputs --------------------------------------------------------------------------
+
+    def set_host_bandwidth(self, bytes_s: float | None) -> None:
+        """Use a measured host bandwidth (bytes/s) for speed predictions."""
+        if bytes_s and self.host is not None:
+            self.host = replace(self.host, mem_bandwidth_bytes_s=float(bytes_s))
+            self._inputs = None
+
+    def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
+        """The speed model's inputs for this hardware, calibrated for this model family on this
+        machine; ``(None, reason)`` when the speed model cannot be set up. Cached until the
+        hardware or the model family changes (:meth:`invalidate_speed`)."""
+        family = (self.model.architecture, self.model.file_type) if self.model is not None else None
+        key = (self._hardware_key(), family, self.machine_id)
+        if self._inputs is not None and self._inputs[0] == key:
+            return self._inputs[1], self._inputs[2]
+        try:
+            store = self.calibration_store()
+            host = self.host
+            if host is not None and not host.mem_bandwidth_bytes_s:
+                bw = store.host_bandwidth_bytes_s(self.machine_id, measure=self.measure_host_bandwidth)
+                if bw:
+                    host = replace(host, mem_bandwidth_bytes_s=bw)
+            inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth)
+            if self.model is not None:
+                inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
+            result: tuple[SpeedInputs | None, str] = (inputs, "")
+        except (SpeedModelError, CalibrationError, OSError, ValueError) as exc:
+            result = (None, str(exc))
+        self._inputs = (key, *result)
+        return result
+
+    def invalidate_speed(self) -> None:
+        """Forget the cached speed inputs (after a run was recorded, say)."""
+        self._inputs = None
+
+    # -- the question --------------------------------------------------------------------------
+
+    def plan(self) -> MemoryPlan:
+        """The memory plan alone (exact compute buffers when known).
+
+        Raises:
+            ConfigError: the configuration cannot work with this model (one line).
+            ValueError: no model is open.
+        """
+        if self.model is None:
+            raise ValueError("no model is open")
+        plan = plan_memory(self.model, self.config, self.gpus, self.host)
+        exact: Mapping[str, int] | None = None
+        v = self.verified
+        if v is not None and self._verified_applies(v):
+            exact = bytes_by_device(v.compute_mib)
+        elif self.use_compute_cache:
+            exact = compute_cache.exact_for(plan)
+        if exact:
+            plan = plan_memory(self.model, self.config, self.gpus, self.host, compute_override=dict(exact))
+        return plan
+
+    def assess(self, *, live: LiveState | None = None) -> Assessment:
+        """Plan, verified figures, speed and advice for the current configuration.
+
+        ``live``: the running model's latest state (the app's live advice).
+
+        Raises:
+            ConfigError: the configuration cannot work with this model (one line that says
+                what to change).
+            ValueError: no model is open.
+        """
+        plan = self.plan()
+        inputs, why = self.speed_inputs()
+        speed = None
+        if inputs is not None:
+            try:
+                speed = predict_speed(plan, inputs)
+            except SpeedModelError as exc:
+                why = str(exc)
+        advice = tuple(advise(plan, speed, live=live))
+        return Assessment(plan=plan, verified=self.verified, speed=speed, advice=advice, speed_error=why)
+
+    # -- measured runs -------------------------------------------------------------------------
+
+    def record_run(self, plan: MemoryPlan, *, n_threads: int, n_depth: int, n_prompt: int, n_gen: int,
+                   prefill_tok_s: float | None, decode_tok_s: float | None) -> str:
+        """Record a measured bench of ``plan`` for speed calibration on this machine (file I/O:
+        call it off the GUI thread); returns a one-line note for the user.
+
+        Raises:
+            CalibrationError: nothing was measured, or the store cannot be written.
+        """
+        store = self.calibration_store()
+        run = record_bench(plan, gpus=self.gpus, host=self.host, n_threads=n_threads, n_depth=n_depth,
+                           n_prompt=n_prompt, n_gen=n_gen, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s,
+                           store=store, machine=self.machine_id)
+        self.invalidate_speed()
+        n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
+        return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"

@@ -1,0 +1,1 @@
+"""kvtuner.core.speed."""
