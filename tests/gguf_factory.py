@@ -172,7 +172,7 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
     return path
 
 
-# Real models' shapes (from their config.json), for the seed documents' worked numbers.
+# Real models' shapes (from their config.json), for worked numbers people quote.
 LLAMA2_7B = ModelSpec(n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000, n_ctx_train=4096,
                       name="LLaMA-2-7B shape")
 LLAMA31_8B = ModelSpec(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, n_ctx_train=131072,

@@ -1,8 +1,9 @@
-"""KV cache arithmetic against the seed documents' worked numbers (computed, not copied).
+"""KV cache arithmetic on worked numbers people quote (computed here, not copied).
 
-Sources: seed 000 §2.1/§3.1 (7B MHA at 256K), seed 003 §2.2 table (per-token KV of six models,
-single and four sequences of 32K), and the public check Qwen2.5-Coder-32B q8_0 at 32768 =
-4352 MiB (reference §2). Shapes are the models' config.json values.
+Per-token KV = 2 (K and V) x n_layer x n_head_kv x head_dim x bytes per element, from each
+model's config.json (Llama-2-7B: 32 x 32 x 128 x 2 x 2 B = 512 KiB per token, so 128 GiB at
+256K); six models at one and four sequences of 32K; Qwen2.5-Coder-32B with q8_0 KV at 32768 is
+4352 MiB (64 layers x 8 KV heads x 128 x 34/32 B x 2 x 32768), as llama.cpp prints it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def models(tmp_path_factory):
     return {k: ModelProfile.from_gguf(write_model(d / f"{k}.gguf", s)) for k, s in specs.items()}
 
 
-# model, KV per token (all layers, f16), 32K single, 4 x 32K  -- seed 003 §2.2 table
+# model, KV per token (all layers, f16), 32K single, 4 x 32K  -- computed from config.json shapes
 SEED_TABLE = [
     ("llama2-7b", 512 * KiB, 16 * GiB, 64 * GiB),
     ("llama2-13b", 800 * KiB, 25 * GiB, 100 * GiB),
@@ -44,7 +45,7 @@ SEED_TABLE = [
 
 
 @pytest.mark.parametrize("name,per_token,one_32k,four_32k", SEED_TABLE)
-def test_seed_table(models, name, per_token, one_32k, four_32k):
+def test_quoted_table(models, name, per_token, one_32k, four_32k):
     m = models[name]
     one = plan_memory(m, PlanConfig(n_ctx=32768))
     assert one.kv_bytes_per_token() == per_token
@@ -55,16 +56,16 @@ def test_seed_table(models, name, per_token, one_32k, four_32k):
     assert four.kv_bytes == four_32k
 
 
-def test_seed_7b_mha_at_256k(models):
-    """Seed 000: 512 KiB/token x 262144 = 128 GiB; 16 KiB per token per layer."""
+def test_quoted_7b_mha_at_256k(models):
+    """7B MHA: 512 KiB/token x 262144 = 128 GiB; 16 KiB per token per layer."""
     m = models["llama2-7b"]
     plan = plan_memory(m, PlanConfig(n_ctx=262144))
     assert plan.kv_bytes == 128 * GiB
     assert plan.kv_layers[0].kv_bytes == 16 * KiB * 262144
 
 
-def test_seed_8_of_32_layers_kv_on_gpu(models):
-    """Seed 000 §3.1 keeps 8 layers' KV in VRAM and says "about 1 GB": it is 8 x 16 KiB x 262144
+def test_quoted_8_of_32_layers_kv_on_gpu(models):
+    """8 layers' KV in VRAM at 256K is often quoted as "about 1 GB": it is 8 x 16 KiB x 262144
     = 32 GiB (and the other 24 layers hold 96 GiB in RAM). kvtuner computes, never copies."""
     m = models["llama2-7b"]
     plan = plan_memory(m, PlanConfig(n_ctx=262144, n_gpu_layers=ALL_LAYERS, kv_gpu_layers=8), [what_if_gpu(12 * GiB)])
@@ -75,8 +76,8 @@ def test_seed_8_of_32_layers_kv_on_gpu(models):
     assert gpu.headroom_bytes < 0  # and it does not fit a 12 GiB card
 
 
-def test_seed_q8_0_halves_kv(models):
-    """Seed 000 §6.1 / 003 §4.2: q8_0 KV is 34/64 of f16 (8.5 bits per value, not exactly half)."""
+def test_quoted_q8_0_halves_kv(models):
+    """q8_0 KV is 34/64 of f16 (8.5 bits per value, not exactly half: ggml block_q8_0 is 32 int8 + one f16 scale)."""
     m = models["llama3.1-8b"]
     f16 = plan_memory(m, PlanConfig(n_ctx=32768)).kv_bytes
     q8 = plan_memory(m, PlanConfig(n_ctx=32768, type_k="q8_0", type_v="q8_0", flash_attn="on")).kv_bytes

@@ -44,3 +44,60 @@ def test_import_linter_contracts():
     out = subprocess.run([exe, "--no-cache"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "broken" not in out.stdout.lower().replace("0 broken", "")
+
+
+def _import_cycles(package: str) -> list[list[str]]:
+    """Strongly connected groups of modules (size > 1) in ``package``'s import graph, with
+    imports under ``if TYPE_CHECKING:`` counted too (grimp, import-linter's graph builder)."""
+    import grimp
+
+    graph = grimp.build_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return cycles
+
+
+def test_no_import_cycles_anywhere():
+    """No module of kvtuner imports itself back through others (TYPE_CHECKING imports included)."""
+    assert _import_cycles("kvtuner") == []
+
+
+def test_the_cycle_finder_sees_a_cycle(tmp_path, monkeypatch):
+    """The check above can fail: a two-module cycle written here is found."""
+    pkg = tmp_path / "cyclepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _import_cycles("cyclepkg") == [["cyclepkg.a", "cyclepkg.b"]]

@@ -111,7 +111,7 @@ def plan_text(assessment: "Assessment") -> str:
 
 
 def _speed_text(speed: "SpeedPrediction") -> str:
-    """Predicted speed lines: decode at depth 0 and full context with the seed's badges, prefill."""
+    """Predicted speed lines: decode at depth 0 and full context with their speed badges, prefill."""
     from ..core.speed.speed_model import speed_band
 
     lo, hi = speed.band

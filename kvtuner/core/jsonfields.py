@@ -19,3 +19,15 @@ def typed_field(data: Mapping[str, Any], key: str, typ: type, *default: Any) -> 
     if typ is str and not isinstance(value, str):
         raise ValueError(f"{key} must be text, not {value!r:.40}")
     return value
+
+
+def require_object(data: Any, what: str) -> Mapping[str, Any]:
+    """``data`` when it is a JSON object (a mapping).
+
+    Raises:
+        ValueError: ``'<what>' must be an object``.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"'{what}' must be an object")
+    return data
+

@@ -3,7 +3,7 @@ each with a one-click fix (PlanConfig field changes).
 
 :func:`advise` takes a :class:`MemoryPlan`, optionally its :class:`SpeedPrediction` and a
 :class:`LiveState` (latest samples of a running model) and returns :class:`Advice` records,
-errors first. Thresholds come from :class:`AdvisorSettings` (defaults from the seed documents,
+errors first. Thresholds come from :class:`AdvisorSettings` (each default explained there,
 see ``shared/reference/llama-cpp-memory.md`` section 6).
 
 Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentation-risk``,
@@ -14,18 +14,19 @@ Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentat
 A fix is applied with ``dataclasses.replace(plan.config, **advice.fix)``; every fix offered
 here is checked to build a valid :class:`PlanConfig`. ``fix`` is ``{}`` when no configuration
 change helps; then ``fix_label`` is ``""``, except for the live ``below-abandon-threshold``
-advice whose label ``"Stop the run"`` asks the GUI to offer stopping (:func:`should_auto_stop`
-says when to stop without asking).
+advice whose :attr:`Advice.action` is :attr:`AdviceAction.STOP_RUN`: the app offers to stop the
+run (:func:`should_auto_stop` says when to stop without asking).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Callable, Iterable
 
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
-from ..plan.fields import cli_flags
+from ..plan.fields import cli_flags, config_field
 from ..model.ggml_types import kv_type
 from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
@@ -34,7 +35,7 @@ from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction,
 from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
-    "Advice", "AdvisorError", "AdvisorSettings", "AllocationFailure", "GpuProcess", "LiveState", "advise",
+    "Advice", "AdviceAction", "AdvisorError", "AdvisorSettings", "AllocationFailure", "GpuProcess", "LiveState", "advise",
     "fix_flags", "should_auto_stop", "speed_band",
 ]
 
@@ -45,6 +46,17 @@ class AdvisorError(ValueError):
     """Bad advisor settings or live data; the message says what to change."""
 
 
+class AdviceAction(str, Enum):
+    """What acting on an :class:`Advice` does (what its button, if any, should do)."""
+
+    #: nothing to click: no configuration change helps
+    NONE = "none"
+    #: apply :attr:`Advice.fix` (PlanConfig field changes)
+    FIX = "fix"
+    #: stop the running model (the live "under 1 tok/s" advice)
+    STOP_RUN = "stop-run"
+
+
 @dataclass(frozen=True)
 class Advice:
     """One piece of advice.
@@ -53,9 +65,11 @@ class Advice:
         id: the rule (see the module docstring).
         severity: ``"error"`` (will fail or is unusable), ``"warning"`` or ``"info"``.
         message: one sentence with the numbers.
-        reason: the formula or the seed's rule behind it.
+        reason: the formula or the rule behind it.
         fix: PlanConfig field changes (``{"n_ubatch": 256, "flash_attn": "on"}``), ``{}`` if none.
         fix_label: button text (``"Use n_ubatch 256"``).
+        action: what acting on it does; by default :attr:`AdviceAction.FIX` when there is a
+            ``fix``, else :attr:`AdviceAction.NONE`.
     """
 
     id: str
@@ -64,6 +78,13 @@ class Advice:
     reason: str
     fix: dict[str, object]
     fix_label: str
+    action: AdviceAction | None = None
+
+    def __post_init__(self) -> None:
+        if self.action is None:
+            object.__setattr__(self, "action", AdviceAction.FIX if self.fix else AdviceAction.NONE)
+        elif not isinstance(self.action, AdviceAction):
+            object.__setattr__(self, "action", AdviceAction(self.action))
 
     def to_dict(self) -> dict[str, Any]:
         """``{id, severity, message, reason, fix, fix_label}`` (JSON-able)."""
@@ -76,13 +97,14 @@ class AdvisorSettings:
     """Thresholds (bytes, fractions 0..1, tokens/s, seconds).
 
     Attributes:
-        vram_margin_bytes: VRAM kept free per GPU for the driver and desktop (reference section 6: ~1 GiB).
-        ram_headroom_fraction: host need must stay under ``1 - this`` of available RAM (seed: 20 %).
+        vram_margin_bytes: VRAM kept free per GPU for the driver and desktop: 1 GiB, the
+            margin llama.cpp's own ``--fit`` keeps per device by default (``--fit-target``, src/llama.cpp ``llama_params_fit``).
+        ram_headroom_fraction: host need must stay under ``1 - this`` of available RAM (20 %: room for the OS page cache and other programs).
         frag_min_bytes, frag_min_fraction: headroom under ``max(fraction * capacity, bytes)`` risks
             fragmentation.
         frag_last_alloc_fraction: the compute buffer (allocated last) needing more than this share of
             what is free when it comes risks fragmentation.
-        abandon_tok_s: the seed's abandon line (1 tok/s).
+        abandon_tok_s: the abandon line (1 tok/s: 1000 tokens take over 16 minutes).
         live_window_s: how long measured decode must stay under the line before advising a stop.
         auto_stop_below_abandon: stop the run by itself after ``live_window_s`` under the line.
         swap_in_bytes_s: swap-in rate that counts as swapping during a run.
@@ -216,22 +238,10 @@ class _Ctx:
 
 
 def _label(fix: dict[str, object]) -> str:
+    """Button text of a fix, in the catalogue's words (``"Use context 8192, flash attention on"``)."""
     if not fix:
         return ""
-    words = {
-        "n_ctx": "context {}", "n_gpu_layers": "{} GPU layers", "kv_gpu_layers": "KV of {} layers on the GPU",
-        "type_k": "K cache {}", "type_v": "V cache {}", "flash_attn": "flash attention {}", "n_seq": "{} sequence(s)",
-        "n_ubatch": "n_ubatch {}", "n_batch": "n_batch {}",
-    }
-    parts = []
-    for k, v in fix.items():
-        if k == "n_gpu_layers" and v == ALL_LAYERS:
-            parts.append("all layers and the output layer on the GPU")
-        elif k == "kv_gpu_layers" and v is None:
-            parts.append("all offloaded layers' KV on the GPU")
-        else:
-            parts.append(words.get(k, k + " {}").format(v))
-    return "Use " + ", ".join(parts)
+    return "Use " + ", ".join(config_field(k).phrase_for(v) for k, v in fix.items())
 
 
 def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> Iterable[dict[str, object]]:
@@ -266,9 +276,9 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
 
 
 def _adv(id: str, severity: str, message: str, reason: str, fix: dict[str, object] | None = None,
-         label: str | None = None) -> Advice:
+         label: str | None = None, action: AdviceAction | None = None) -> Advice:
     fix = dict(fix or {})
-    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label)
+    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action)
 
 
 def _rule_vram_oom(c: _Ctx) -> list[Advice]:
@@ -284,7 +294,7 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
             f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}.",
             "total = weights + KV + compute + driver overhead must stay under capacity - margin "
-            "(reference section 6: leave ~1 GiB per GPU for the driver and desktop)",
+            "(llama.cpp's --fit keeps 1 GiB per device free by default for the driver and desktop)",
             fix,
         ))
     fail = c.live.allocation_failure if c.live else None
@@ -336,7 +346,7 @@ def _rule_fragmentation(c: _Ctx) -> list[Advice]:
     out = []
     reason = ("headroom under max(5 %, 512 MiB), or the last large allocation (llama.cpp allocates weights, then KV, "
               "then the compute buffer) needing more than half of what is free: free VRAM can suffice while no "
-              "contiguous block does (seed 000 section 5.1)")
+              "contiguous block does")
 
     def no_risk(p: MemoryPlan) -> bool:
         return c.fits(p) and all(_frag_risk(c, d) is None for d in p.gpus)
@@ -367,7 +377,7 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
     lim = c.ram_limit(c.plan)
     frac = 1 - c.s.ram_headroom_fraction
     reason = ("keep at least 20 % of RAM above the need; KV swapped to disk is unusable, not slow "
-              "(seed 000 section 4.3)")
+              "")
     if lim is not None and frac * lim < h.total_bytes <= lim:
         fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
                           lambda p: c.ram_ok(p, frac) and c.vram_ok(p))
@@ -386,7 +396,7 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
             "swap-risk", "warning",
             f"{fmt_bytes(h.weights_bytes)} of memory-mapped weights exceed the {fmt_bytes(h.free_bytes)} of free RAM: "
             "they will be streamed from disk at every token.",
-            "mapped weights that do not fit the page cache are re-read from disk (reference section 7)", gpu_fix,
+            "mapped weights that do not fit the page cache are re-read from disk", gpu_fix,
         ))
     lv = c.live
     if lv is not None:
@@ -409,7 +419,7 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
 
 def _rule_abandon(c: _Ctx) -> list[Advice]:
     out = []
-    reason = ("below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration (seed 000 section 6); "
+    reason = ("below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "
               "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent")
     sp = c.speed
     line = c.s.abandon_tok_s
@@ -445,6 +455,7 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
             "below-abandon-threshold", "error",
             f"Measured decode has stayed at {lv.decode_tok_s:.2f} tok/s for {lv.below_abandon_s:.0f} s, under the "
             f"{line:g} tok/s abandon line.", reason + "; measured over the last 10 s", {}, "Stop the run",
+            AdviceAction.STOP_RUN,
         ))
     return out
 
@@ -453,7 +464,7 @@ def _rule_v_needs_fa(c: _Ctx) -> list[Advice]:
     cfg = c.plan.config
     if not kv_type(cfg.type_v).is_quantized:
         return []
-    reason = "a quantized V cache requires flash attention; llama.cpp refuses the context without it (reference section 2)"
+    reason = "a quantized V cache requires flash attention; llama.cpp refuses the context without it (src/llama-context.cpp: 'V cache quantization requires flash_attn')"
     lv = c.live
     if lv is not None and lv.flash_attn is False:
         return [_adv("v-cache-needs-flash-attn", "error",
@@ -471,7 +482,7 @@ def _rule_kv_slow_path(c: _Ctx) -> list[Advice]:
         return []
     quant = kv_type(cfg.type_k).is_quantized or kv_type(cfg.type_v).is_quantized
     reason = ("CUDA flash-attention kernels exist for matching K/V types and, for quantized KV, head sizes other than 256; "
-              "otherwise attention runs on a slow path (reference section 7: Gemma 3 with quantized KV, 5x slower decode)")
+              "otherwise ggml-cuda reports the flash-attention op unsupported and the scheduler runs it on the CPU (ggml-cuda/fattn.cu; GGML_CUDA_FA_ALL_QUANTS builds more cases)")
     heads = {m.head_dim_k_at(l.il) for l in p.kv_layers}
     if cfg.type_k != cfg.type_v:
         # match the types; with head size 256 only f16/f16 avoids the slow path (no quantized kernel)
@@ -542,7 +553,7 @@ def _rule_mha(c: _Ctx) -> list[Advice]:
                  f"This MHA model keeps {fmt_bytes(per_tok)} of KV per token, {fmt_bytes(p.kv_bytes)} at "
                  f"{p.n_ctx_seq} tokens{gqa}.",
                  "KV bytes = 2 x layers x KV heads x head size x tokens x bytes; GQA models have 4-8x fewer KV heads "
-                 "(seed 003 section 2.2)", fix)]
+                 "", fix)]
 
 
 def _rule_parallel(c: _Ctx) -> list[Advice]:
@@ -553,7 +564,7 @@ def _rule_parallel(c: _Ctx) -> list[Advice]:
     return [_adv("parallel-multiplies-kv", "info",
                  f"{cfg.n_seq} parallel sequences each get their own {p.n_ctx_seq}-cell KV stream: "
                  f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}.",
-                 "sequences share the weights but each has its own KV (seed 003 section 3: 4 x 32K = 4 x one 32K cache)",
+                 "sequences share the weights but each has its own KV (4 x 32K = 4 x one 32K cache)",
                  {"n_seq": 1})]
 
 
@@ -568,7 +579,7 @@ def _rule_kv_quality(c: _Ctx) -> list[Advice]:
         fix = {}
     return [_adv("kv-quant-quality", "info",
                  f"A {'/'.join(sorted(set(quant)))} KV cache roughly halves KV memory; exact recall (numbers, quotes, code) may suffer.",
-                 "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (seed 003 section 4.2)",
+                 "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (KIVI, Liu et al. 2024, arXiv:2402.02750)",
                  fix)]
 
 
@@ -583,13 +594,13 @@ def _rule_kv_not_applied(c: _Ctx) -> list[Advice]:
     fix: dict[str, object] = {"flash_attn": "on"} if (kv_type(cfg.type_v).is_quantized and cfg.flash_attn != "on") else {}
     return [_adv("kv-type-not-applied", "warning",
                  f"Requested a {cfg.type_k}/{cfg.type_v} KV cache but the runner's buffers are {got_k}/{got_v}.",
-                 "measured llama_kv_cache line differs from the request (reference section 7: 'requested q4_0 KV, got f16')",
+                 "measured llama_kv_cache line differs from the request",
                  fix)]
 
 
 def _rule_other_processes(c: _Ctx) -> list[Advice]:
     out = []
-    reason = "VRAM held by other processes is not available to llama.cpp (reference section 7)"
+    reason = "VRAM held by other processes is not available to llama.cpp"
     lv = c.live
     seen: set[str] = set()
     if lv is not None and lv.gpu_processes:
@@ -648,7 +659,7 @@ def _rule_offload_knee(c: _Ctx) -> list[Advice]:
                   f"{fmt_bytes(extra)} ({extra / cap:.0%} of VRAM) and gains {gain:.0%} decode speed at full context "
                   f"({s0:.2f} -> {s1:.2f} tok/s): this offload is past the knee.",
                   "speed falls off a cliff once host bandwidth carries the KV; find the knee, do not minimise VRAM blindly "
-                  "(seed 000 section 4.2); step worth it when relative speed gain > relative VRAM cost", fix)]
+                  "; step worth it when relative speed gain > relative VRAM cost", fix)]
 
 
 _RULES = (

@@ -33,7 +33,7 @@ class ExportResult:
             None for file targets.
         env: environment variables the target needs set (Ollama's server settings ...).
         experimental: True when the export relies on an untested mechanism (the partial KV
-            split through tensor overrides, reference section 5).
+            split through tensor overrides, :mod:`kvtuner.core.plan.placement`).
     """
 
     target: str

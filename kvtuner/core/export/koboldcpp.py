@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..model.ggml_types import kv_type
+from ..plan.fields import FIELDS
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: quantkv level -> KV type (koboldcpp --help).
@@ -93,16 +94,17 @@ def render(
             f"attention): K {config.type_k} / V {config.type_v} becomes K {eff_k} / V {eff_v} (quantkv {level})."
         )
 
-    settings: dict[str, object] = {"model_param": path_text, "contextsize": contextsize}
+    key = {f.name: f.koboldcpp for f in FIELDS}  # .kcpps keys from the catalogue
+    settings: dict[str, object] = {"model_param": path_text, key["n_ctx"]: contextsize}
     if placement.mode == "split":
-        settings["gpulayers"] = placement.n_gpu_layers
+        settings[key["n_gpu_layers"]] = placement.n_gpu_layers
     else:
-        settings["gpulayers"] = ALL_LAYERS_GPULAYERS if config.n_gpu_layers == ALL_LAYERS else config.n_gpu_layers
+        settings[key["n_gpu_layers"]] = ALL_LAYERS_GPULAYERS if config.n_gpu_layers == ALL_LAYERS else config.n_gpu_layers
     settings.update({
-        "flashattention": fa,
-        "quantkv": level,
-        "lowvram": placement.mode == "host",
-        "usemmap": config.use_mmap,
+        key["flash_attn"]: fa,
+        key["type_k"]: level,
+        key["kv_gpu_layers"]: placement.mode == "host",
+        key["use_mmap"]: config.use_mmap,
         "useswa": not config.swa_full,
     })
     ubatch = min(config.n_batch, config.n_ubatch)  # llama.cpp clamps -ub to -b
@@ -110,7 +112,7 @@ def render(
     if batch != ubatch:
         notes.append(f"koboldcpp's batchsize is a power of two from {BATCH_CHOICES[0]} to {BATCH_CHOICES[-1]}: "
                      f"{batch} for n_ubatch {ubatch}.")
-    settings["batchsize"] = batch
+    settings[key["n_ubatch"]] = batch
     settings["blasbatchsize"] = batch
     experimental = False
     if placement.mode == "split":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..plan.config import ALL_LAYERS, PlanConfig
+from ..plan.fields import FIELDS
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: The binaries this target writes for.
@@ -50,18 +51,19 @@ def render(
     ]
 
     ngl = "all" if placement.n_gpu_layers == ALL_LAYERS else str(placement.n_gpu_layers)
-    argv: list[str] = [binary, "-m", path_text, "-c", str(config.n_ctx), "-ngl", ngl,
+    flag = {f.name: f.llama_flag for f in FIELDS}  # llama.cpp spellings from the catalogue
+    argv: list[str] = [binary, "-m", path_text, flag["n_ctx"], str(config.n_ctx), flag["n_gpu_layers"], ngl,
                        # a fixed -ngl: stop llama.cpp's auto-fit (common/fit.cpp) from rewriting it
-                       "--fit", "off",
-                       "-fa", config.flash_attn, "-ctk", config.type_k, "-ctv", config.type_v,
-                       "-np", str(config.n_seq), "-b", str(config.n_batch), "-ub", str(config.n_ubatch)]
+                       "--fit", "off"]
+    for name in ("flash_attn", "type_k", "type_v", "n_seq", "n_batch", "n_ubatch"):
+        argv += [flag[name], str(getattr(config, name))]
     if config.swa_full:
-        argv.append("--swa-full")
+        argv.append(flag["swa_full"])
     if config.kv_unified:
         if is_cli:
             limitations.append("llama-cli has no --kv-unified (server, batched and bench tools only): the cache is per sequence.")
         else:
-            argv.append("-kvu")
+            argv.append(flag["kv_unified"])
     if placement.mode == "host":
         argv.append("-nkvo")
     experimental = False

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Iterable, Mapping
 
+from ..jsonfields import require_object
 from ..jsonfields import typed_field as _typed
 from ..units import GiB
 from .host import cpu_name, ram_total_bytes
@@ -22,7 +23,12 @@ from .nvml import detect_gpus
 
 @dataclass(frozen=True)
 class GpuFingerprint:
-    """One GPU: its name and memory capacity in bytes."""
+    """One GPU as a machine's identity sees it.
+
+    Attributes:
+        name: NVML's name (``"NVIDIA GeForce RTX 3060"``).
+        total_bytes: memory capacity in bytes (rounded to GiB in the identity).
+    """
 
     name: str
     total_bytes: int
@@ -94,13 +100,9 @@ class MachineFingerprint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "MachineFingerprint":
-        """Inverse of :meth:`to_dict` (``fingerprint_id`` is recomputed, not trusted).
-
-        Raises:
-            ValueError: a missing key or a value of the wrong type (message names it).
-        """
-        if not isinstance(data, Mapping):
-            raise ValueError("'machine' must be an object")
+        """Inverse of :meth:`to_dict` (``fingerprint_id`` is recomputed, not trusted); a missing
+        key or a value of the wrong type raises ``ValueError`` naming it."""
+        data = require_object(data, "machine")
         try:
             gpus_raw = data.get("gpus", [])
             if not isinstance(gpus_raw, list):

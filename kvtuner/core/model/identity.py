@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..jsonfields import require_object
 from ..jsonfields import typed_field as _typed
 
 
@@ -63,13 +64,9 @@ class ModelIdentity:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ModelIdentity":
-        """Inverse of :meth:`to_dict`.
-
-        Raises:
-            ValueError: a missing key or a value of the wrong type (message names it).
-        """
-        if not isinstance(data, Mapping):
-            raise ValueError("'model' must be an object")
+        """Inverse of :meth:`to_dict`; a missing key or a value of the wrong type raises
+        ``ValueError`` naming it."""
+        data = require_object(data, "model")
         try:
             out = cls(
                 file_name=_typed(data, "file_name", str),

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..units import pad_to
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .memory_plan import LayerKV
+    from .kv_cache import LayerKV
     from ..model.profile import ModelProfile
 
 

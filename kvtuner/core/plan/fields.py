@@ -41,6 +41,7 @@ class ConfigField:
         llama_cpp_python: the ``Llama()`` keyword argument ("" if none).
         ollama: the Ollama Modelfile ``PARAMETER`` ("" if Ollama has none).
         koboldcpp: the koboldcpp ``.kcpps`` key ("" if none).
+        phrase: how an advice button names a value (``"context {}"`` -> "Use context 8192").
     """
 
     name: str
@@ -56,6 +57,7 @@ class ConfigField:
     llama_cpp_python: str = ""
     ollama: str = ""
     koboldcpp: str = ""
+    phrase: str = ""
 
     @property
     def dest(self) -> str:
@@ -63,10 +65,23 @@ class ConfigField:
         return self.flag.lstrip("-").replace("-", "_")
 
     def tooltip(self) -> str:
-        """The app's tooltip: the flags, the help line and the formula."""
-        names = " / ".join(a for a in (self.llama_flag, *self.aliases) if a.startswith("-") and a != self.llama_flag)
-        head = f"{self.llama_flag} / {names}" if self.llama_flag and names else (self.llama_flag or self.flag)
-        return f"{head}: {self.help}" + (f"\n{self.detail}" if self.detail else "")
+        """The app's tooltip: every flag spelling, the help line and the formula."""
+        names: list[str] = []
+        for n in (self.llama_flag, self.flag, *self.aliases):
+            if n and n not in names:
+                names.append(n)
+        return f"{' / '.join(names)}: {self.help}" + (f"\n{self.detail}" if self.detail else "")
+
+    def phrase_for(self, value: Any) -> str:
+        """The words an advice button uses for this value (``"context 8192"``,
+        ``"all layers and the output layer on the GPU"``)."""
+        if self.kind == "layers" and value == ALL_LAYERS:
+            return "all layers and the output layer on the GPU"
+        if self.name == "kv_gpu_layers" and value is None:
+            return "all offloaded layers' KV on the GPU"
+        if self.kind in ("switch", "negated-switch"):
+            return f"{self.label.replace('&', '').lower()} {'on' if value else 'off'}"
+        return (self.phrase or self.name + " {}").format(value)
 
     def cli_text(self, value: Any) -> str:
         """The kvtuner flags that set this field to ``value`` (``--ngl all``, ``--swa-full``,
@@ -88,52 +103,52 @@ FIELDS: tuple[ConfigField, ...] = (
         "context size in tokens for all sequences together (default 4096)",
         "llama.cpp pads it to a multiple of 256. KV cache = kv_bytes_per_token x n_ctx\n"
         "(sliding-window layers stop at n_swa + n_ubatch cells).",
-        unit="tokens", llama_cpp_python="n_ctx", ollama="num_ctx", koboldcpp="contextsize"),
+        unit="tokens", llama_cpp_python="n_ctx", ollama="num_ctx", koboldcpp="contextsize", phrase="context {}"),
     ConfigField(
         "n_gpu_layers", "--ngl", ("-ngl", "--n-gpu-layers", "--gpu-layers"), "-ngl", "layers", "&GPU layers (-ngl)",
         "layers whose weights go to the GPU, the output layer counted as one (default all)",
         "llama.cpp offloads the LAST layers: i_gpu_start = max(n_layer + 1 - ngl, 0) (llama-model.cpp load_tensors).\n"
         "'all' = n_layer + 1; ngl = n_layer keeps layer 0 on the CPU, not the output layer.",
-        unit="layers", llama_cpp_python="n_gpu_layers", ollama="num_gpu", koboldcpp="gpulayers"),
+        unit="layers", llama_cpp_python="n_gpu_layers", ollama="num_gpu", koboldcpp="gpulayers", phrase="{} GPU layers"),
     ConfigField(
         "kv_gpu_layers", "--kv-gpu-layers", (), "", "int", "&KV layers on GPU",
         "offloaded layers that keep their KV cache in VRAM; 0 = -nkvo (default: all offloaded)",
         "'all' = llama.cpp's default (offload_kqv); 0 = -nkvo / --no-kv-offload (all KV in RAM).\n"
         "Between: -ngl for those layers plus -ot tensor overrides for the rest (experimental).\n"
         "KV bytes per layer = (row_size(ctk, n_embd_k_gqa) + row_size(ctv, n_embd_v_gqa)) x cells x streams.",
-        unit="layers", llama_cpp_python="offload_kqv", koboldcpp="lowvram"),
+        unit="layers", llama_cpp_python="offload_kqv", koboldcpp="lowvram", phrase="KV of {} layers on the GPU"),
     ConfigField(
         "type_k", "--cache-type-k", ("-ctk",), "-ctk", "type", "K cache &type",
         f"K cache type: {KV_CACHE_TYPES_HELP}",
         "Bytes per element: f32 4, f16/bf16 2, q8_0 34/32, q5_1 24/32, q5_0 22/32, q4_1 20/32, q4_0 and\n"
         "iq4_nl 18/32. K bytes = row_size(type, n_embd_k_gqa) x cells.",
-        llama_cpp_python="type_k", koboldcpp="quantkv"),
+        llama_cpp_python="type_k", koboldcpp="quantkv", phrase="K cache {}"),
     ConfigField(
         "type_v", "--cache-type-v", ("-ctv",), "-ctv", "type", "V cache type",
         "V cache type (a quantized V needs flash attention)",
         "V bytes = row_size(type, n_embd_v_gqa) x cells.",
-        llama_cpp_python="type_v", koboldcpp="quantkv"),
+        llama_cpp_python="type_v", koboldcpp="quantkv", phrase="V cache {}"),
     ConfigField(
         "flash_attn", "--flash-attn", ("-fa",), "-fa", "choice", "&Flash attention (-fa)",
         "flash attention on, off or auto (default auto)",
         "Needed for a quantized V cache; keeps V untransposed and shrinks the compute buffer\n"
         "(no n_kv x n_ubatch x n_head score matrix).",
-        choices=("on", "off", "auto"), llama_cpp_python="flash_attn", koboldcpp="flashattention"),
+        choices=("on", "off", "auto"), llama_cpp_python="flash_attn", koboldcpp="flashattention", phrase="flash attention {}"),
     ConfigField(
         "n_seq", "--parallel", ("-np",), "-np", "int", "&Parallel seqs (-np)",
         "parallel sequences (default 1)",
         "Each gets its own KV stream of pad(n_ctx / np, 256) cells: the same total KV, split;\n"
         "with --kv-unified one shared buffer.",
-        llama_cpp_python="n_seq_max", ollama="", koboldcpp=""),
+        llama_cpp_python="n_seq_max", ollama="", koboldcpp="", phrase="{} sequence(s)"),
     ConfigField(
         "n_ubatch", "--ubatch", ("-ub", "--ubatch-size"), "-ub", "int", "&Ubatch (-ub)",
         "physical batch size in tokens (default 512)",
         "Sizes the compute buffer (logits n_vocab x n_ubatch x 4 bytes, attention scores without\n"
         "flash attention).",
-        unit="tokens", llama_cpp_python="n_ubatch", ollama="num_batch", koboldcpp="batchsize"),
+        unit="tokens", llama_cpp_python="n_ubatch", ollama="num_batch", koboldcpp="batchsize", phrase="n_ubatch {}"),
     ConfigField(
         "n_batch", "--batch", ("-b", "--batch-size"), "-b", "int", "&Batch (-b)",
-        "logical batch size in tokens (default 2048)", unit="tokens", llama_cpp_python="n_batch"),
+        "logical batch size in tokens (default 2048)", unit="tokens", llama_cpp_python="n_batch", phrase="n_batch {}"),
     ConfigField(
         "swa_full", "--swa-full", (), "--swa-full", "switch", "Full-size &SWA cache",
         "full-size cache for sliding-window layers", llama_cpp_python="swa_full"),

@@ -28,63 +28,20 @@ from typing import Any, Sequence
 from .compute_buffer import ComputeEstimate, estimate_compute
 from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .kv_cache import KvCacheSummary, LayerKV
 from .placement import LayerPlacement, placement_for
 from ..model.ggml_types import kv_type, row_size
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
 from ..units import MiB, pad_to
 
-#: Driver/CUDA context memory per GPU that no llama.cpp buffer reports (reference §1: 300-500 MiB).
+#: Driver/CUDA context memory per GPU that no llama.cpp buffer reports (CUDA context, cuBLAS
+#: workspace): an estimate until benchmarks/gpu_truth measures it with cudaMemGetInfo.
 DEFAULT_GPU_OVERHEAD_BYTES = 400 * MiB
 #: Host memory of the process itself: Python, llama.cpp and ggml libraries (measured RSS of an
 #: idle runner child before loading a model, see benchmarks/).
 DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
 
-
-
-@dataclass(frozen=True)
-class LayerKV:
-    """KV cache of one layer: ``cells`` per stream, K and V bytes over all streams, its device."""
-
-    il: int
-    device: str
-    swa: bool
-    cells: int
-    k_bytes: int
-    v_bytes: int
-
-    @property
-    def kv_bytes(self) -> int:
-        """K + V bytes."""
-        return self.k_bytes + self.v_bytes
-
-
-@dataclass(frozen=True)
-class KvCacheSummary:
-    """One llama.cpp KV cache, as its ``llama_kv_cache: size = ...`` log line reports it.
-
-    ``kind`` is ``"full"`` or ``"swa"``; sizes in bytes over all layers and streams.
-    """
-
-    kind: str
-    cells: int
-    layers: int
-    n_seq: int
-    n_stream: int
-    type_k: str
-    type_v: str
-    k_bytes: int
-    v_bytes: int
-
-    @property
-    def kv_bytes(self) -> int:
-        """K + V bytes."""
-        return self.k_bytes + self.v_bytes
-
-    @property
-    def bytes_per_cell(self) -> int:
-        """Bytes per cell (token position) per stream, all layers: ``kv_bytes / (cells * n_stream)``."""
-        return self.kv_bytes // (self.cells * self.n_stream) if self.cells else 0
 
 
 @dataclass(frozen=True)

@@ -638,7 +638,7 @@ class SpeedPrediction:
 
     @property
     def badge(self) -> str:
-        """The seed's band of :attr:`decode_tok_s` (:func:`speed_band`)."""
+        """The speed band of :attr:`decode_tok_s` (:func:`speed_band`)."""
         return speed_band(self.decode_tok_s)
 
     def to_dict(self) -> dict[str, Any]:
@@ -660,14 +660,15 @@ class SpeedPrediction:
         }
 
 
-#: The seed's decode bands, tokens/s (seed 000 section 6; reference section 6).
+#: Decode bands, tokens/s: under 1 a reply of 1000 tokens takes over 16 minutes (abandon); 5-10
+#: is about reading speed (interactive); 10 and more reads as fluent.
 ABANDON_TOK_S = 1.0
 INTERACTIVE_TOK_S = 5.0
 FLUENT_TOK_S = 10.0
 
 
 def speed_band(decode_tok_s: float) -> str:
-    """The seed's badge for a decode speed: ``"abandon"`` (< 1 tok/s), ``"offline"`` (1-5),
+    """The badge for a decode speed: ``"abandon"`` (< 1 tok/s), ``"offline"`` (1-5),
     ``"interactive"`` (5-10) or ``"fluent"`` (>= 10).
 
     Raises:

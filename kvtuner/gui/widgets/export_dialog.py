@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from .. import bridge
+from ...core.export import TARGETS, ExportError, export, write_text_atomic
+from ...core.model.gguf_header import GGUFError
 
 #: What each target is, for the combo box's tooltip line.
 _TARGET_HELP = {
@@ -58,7 +59,7 @@ class ExportDialog(QtWidgets.QDialog):
         row = QtWidgets.QHBoxLayout()
         label = QtWidgets.QLabel("&Target")
         self.target = QtWidgets.QComboBox()
-        for name in bridge.export_targets():
+        for name in TARGETS:
             self.target.addItem(name)
             self.target.setItemData(self.target.count() - 1, _TARGET_HELP.get(name, name),
                                     QtCore.Qt.ItemDataRole.ToolTipRole)
@@ -119,9 +120,9 @@ class ExportDialog(QtWidgets.QDialog):
         measured = self._measured if target == "profile" else None
         self.limitations.clear()
         try:
-            self.result = bridge.export(target, self._model_path, self._config, model=self._model,
-                                        measured=measured, machine=self._machine)
-        except Exception as exc:  # ExportError: one line saying what to change
+            self.result = export(target, self._model_path, self._config, model=self._model,
+                                 measured=measured, machine=self._machine)
+        except (ExportError, GGUFError, OSError) as exc:  # one line saying what to change
             self.result = None
             self.error = f"Cannot export to {target}: {exc}"
             self.preview.setPlainText("")
@@ -177,8 +178,8 @@ class ExportDialog(QtWidgets.QDialog):
                 return None
             force = True
         try:
-            written = bridge.write_export(path, self.result.text, force=force)
-        except Exception as exc:  # ExportError (exists meanwhile, folder not writable ...)
+            written = write_text_atomic(path, self.result.text, force=force)
+        except (ExportError, OSError) as exc:  # exists meanwhile, folder not writable ...
             self.error = f"Could not save: {exc}"
             return None
         self.error = ""

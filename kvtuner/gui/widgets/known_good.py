@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from PySide6 import QtCore, QtWidgets
 
-from .. import bridge
+from ...core.units import fmt_bytes
 
 _COLUMNS = ("decode", "context", "-ngl", "K / V", "-fa", "peak RAM", "")
 _RESTORE_COL = len(_COLUMNS) - 1
@@ -97,7 +97,7 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
             "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers),
             f"{c.type_k} / {c.type_v}",
             c.flash_attn,
-            bridge.fmt_bytes(m.get("peak_rss_bytes")),
+            fmt_bytes(m.get("peak_rss_bytes")),
         )
         prefill = m.get("prefill_tok_s")
         tip = "\n".join([
@@ -106,8 +106,8 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
             f"decode {decode:.2f} tok/s" if decode is not None else "decode -",
             f"prefill {prefill:.1f} tok/s" if prefill is not None else "prefill -",
             f"load {m['load_s']:.2f} s" if m.get("load_s") is not None else "load -",
-            f"peak RAM (runner) {bridge.fmt_bytes(m.get('peak_rss_bytes'))}, "
-            f"peak VRAM {bridge.fmt_bytes(m.get('peak_vram_bytes'))}, KV {bridge.fmt_bytes(m.get('kv_bytes'))}",
+            f"peak RAM (runner) {fmt_bytes(m.get('peak_rss_bytes'))}, "
+            f"peak VRAM {fmt_bytes(m.get('peak_vram_bytes'))}, KV {fmt_bytes(m.get('kv_bytes'))}",
             f"-c {c.n_ctx} -ngl {'all' if c.n_gpu_layers < 0 else c.n_gpu_layers} -ctk {c.type_k} -ctv {c.type_v} "
             f"-fa {c.flash_attn} -np {c.n_seq} -ub {c.n_ubatch}"
             + ("" if c.kv_gpu_layers is None else f", KV layers on GPU {c.kv_gpu_layers}"),
