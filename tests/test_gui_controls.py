@@ -22,7 +22,6 @@ from PySide6 import QtCore  # noqa: E402
 from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
 from kvtuner.core.plan.config import PlanConfig  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui import bridge  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index  # noqa: E402
@@ -134,8 +133,6 @@ def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, sett
 
 
 def test_advice_fix_applies_with_one_click(qtbot, settings):
-    if not bridge.advisor_available():
-        pytest.skip("advisor not built yet")
     w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
     assert w.advice, "expected advice for a 1M context on a 12 GB GPU"
     assert w.advisor.buttons, "expected a one-click fix"
@@ -193,8 +190,6 @@ def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot,
 def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings):
     """``--screenshot`` only calls processEvents(): rows of older advice must not paint under
     the new ones while their deleteLater is pending."""
-    if not bridge.advisor_available():
-        pytest.skip("advisor not built yet")
     from PySide6 import QtWidgets
 
     w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))
@@ -265,8 +260,6 @@ def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):
 
 
 def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path):
-    if not bridge.export_targets():
-        pytest.skip("export not built yet")
     w = _window(qtbot, settings)
     dlg = w.open_export()
     assert dlg is not None

@@ -124,8 +124,9 @@ def test_load_bench_unload_events(runner, default_model):
     pre = next(e for e in events if isinstance(e, P.PrefillResultEvent))
     assert pre.n_tokens == 16 and pre.prefill_s > 0 and pre.tok_s == pytest.approx(16 / pre.prefill_s)
     (rep,) = res.reps
-    assert rep["n_prompt"] == 16 and rep["n_gen"] == 4 and rep["ttft_s"] >= rep["prefill_s"] > 0
-    assert "type" not in rep
+    assert isinstance(rep, P.Repetition)
+    assert rep.n_prompt == 16 and rep.n_gen == 4 and rep.ttft_s >= rep.prefill_s > 0
+    assert rep.decode_tok_s == pytest.approx(4 / rep.decode_s)
     assert res.peak_rss_bytes > 200 << 20  # the weights are mapped and touched
     assert res.perf["n_eval"] >= 4
 
@@ -315,7 +316,7 @@ def test_polite_cancel_mid_bench(runner, default_model):
     assert c.cancel() == "idle"
     # the model is still loaded and the child still serves
     res = c.request(P.BenchCommand(n_prompt=0, n_gen=2, repetitions=1, warmup=False), P.BenchResultEvent, timeout_s=60)
-    assert res.reps[0]["n_gen"] == 2
+    assert res.reps[0].n_gen == 2
 
 
 def test_polite_cancel_mid_load(runner, default_model):

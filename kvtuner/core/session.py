@@ -177,7 +177,11 @@ class Session:
         return self.calibration
 
     def _hardware_key(self) -> tuple:
-        return (tuple(self.gpus), self.host)
+        """What a dry run's figures depend on: the model file and the devices' capacities (not the
+        host's measured bandwidth or available RAM, which change without changing the buffers)."""
+        model = self.model.header_sha256 if self.model is not None else None
+        gpus = tuple((g.device, g.name, g.total_bytes, g.what_if) for g in self.gpus)
+        return (model, gpus, self.host.total_bytes if self.host is not None else None)
 
     # -- verified figures --------------------------------------------------------------------
 
@@ -289,15 +293,20 @@ class Session:
     # -- measured runs -------------------------------------------------------------------------
 
     def record_run(self, plan: MemoryPlan, *, n_threads: int, n_depth: int, n_prompt: int, n_gen: int,
-                   prefill_tok_s: float | None, decode_tok_s: float | None) -> str:
+                   prefill_tok_s: float | None, decode_tok_s: float | None,
+                   gpus: Sequence[GpuSpec] | None = None) -> str:
         """Record a measured bench of ``plan`` for speed calibration on this machine (file I/O:
         call it off the GUI thread); returns a one-line note for the user.
+
+        ``gpus``: the devices the run really used (default: :attr:`machine_gpus`, never a what-if
+        card: a run on this machine says nothing about a card it does not have).
 
         Raises:
             CalibrationError: nothing was measured, or the store cannot be written.
         """
         store = self.calibration_store()
-        run = record_bench(plan, gpus=self.gpus, host=self.host, n_threads=n_threads, n_depth=n_depth,
+        used = tuple(self.machine_gpus if gpus is None else gpus)
+        run = record_bench(plan, gpus=used, host=self.host, n_threads=n_threads, n_depth=n_depth,
                            n_prompt=n_prompt, n_gen=n_gen, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s,
                            store=store, machine=self.machine_id)
         self.invalidate_speed()

@@ -5,6 +5,7 @@ with ``time.monotonic()``, in a queue that the window drains on its timer.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -13,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.plan.config import PlanConfig
+from ..runner import protocol as P
+from ..runner.bench import summarise_events
+from ..runner.client import RunnerClient, RunnerError
+
+log = logging.getLogger("kvtuner.gui")
 
 
 @dataclass(frozen=True)
@@ -120,12 +126,6 @@ class RunController:
         self._events.put((time.monotonic(), ev))
 
     def _work(self, model_path: Path, config: PlanConfig) -> None:
-        try:
-            from ..runner import protocol as P
-            from ..runner.client import RunnerClient, RunnerError
-        except ImportError as exc:  # pragma: no cover - broken install
-            self._put(RunFinished(False, False, f"the runner is not available: {exc}"))
-            return
         s = self.settings
         ok, message, summary = False, "", None
         seen: list[Any] = []
@@ -156,12 +156,12 @@ class RunController:
                                     timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
             ok = True
             try:
-                from ..runner.bench import summarise_events
-
                 summary = summarise_events(model_path, config, n_prompt=s.n_prompt, n_gen=s.n_gen, n_depth=0,
                                            repetitions=s.repetitions, started=started, loaded=loaded,
                                            result=result, events=seen, sampler=self.sampler)
-            except Exception:  # the run itself succeeded; only its summary is missing
+            except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+                # the run itself succeeded; only its summary (for the library) is missing
+                log.warning("no summary of the completed run: %s", exc)
                 summary = None
         except RunnerError as exc:
             message = f"{exc.kind}: {exc.message}"

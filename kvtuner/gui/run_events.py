@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.advice.advisor import AdvisorSettings, should_auto_stop
 from ..core.monitor.live import SWAP_WINDOW_S, LiveState, LiveTracker, free_bytes_on
@@ -30,9 +30,51 @@ from ..runner.llama_log import allocation_request
 from .run_controller import RunFinished, RunStarted
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .main_window import MainWindow
+    from ..core.hardware.identity import MachineFingerprint
+    from ..core.model.profile import ModelProfile
+    from .run_controller import RunController
+    from .tasks import BackgroundTasks
+    from .widgets.advisor_pane import AdvisorPane
+    from .widgets.live_graphs import LiveGraphs
+    from .widgets.run_controls import RunControls
+    from .widgets.status_bar import StatusBar
 
 log = logging.getLogger("kvtuner.gui")
+
+
+class RunWindow(Protocol):
+    """What :class:`RunEvents` needs from the window it serves
+    (:class:`kvtuner.gui.main_window.MainWindow`)."""
+
+    model: "ModelProfile | None"
+    model_path: Path | None
+    session: Session
+    machine: "MachineFingerprint"
+    tasks: "BackgroundTasks"
+    runner: "RunController"
+    sampler: Any
+    graphs: "LiveGraphs"
+    status: "StatusBar"
+    run_controls: "RunControls"
+    advisor: "AdvisorPane"
+    #: the latest GPU sample per GPU index
+    gpu_last: dict[int, Any]
+
+    @property
+    def config(self) -> PlanConfig: ...
+
+    @property
+    def remember_working_configs(self) -> bool: ...
+
+    def show_error(self, text: str) -> None: ...
+
+    def stop_run(self) -> None: ...
+
+    def replan(self) -> None: ...
+
+    def refresh_advice(self, running: bool | None = None) -> None: ...
+
+    def refresh_known_good(self) -> None: ...
 
 
 class RunEvents:
@@ -50,7 +92,7 @@ class RunEvents:
         library_note, saved_run_id: what saving it in the working-configs library said.
     """
 
-    def __init__(self, window: "MainWindow") -> None:
+    def __init__(self, window: RunWindow) -> None:
         self.window = window
         self.measured: dict[str, float] = {}
         self.last_load_progress = 0.0
@@ -210,8 +252,8 @@ class RunEvents:
         if ev is None or model is None or config is None or self.run_model_path != w.model_path:
             return
         s = w.runner.settings
-        pre = [r["n_prompt"] / r["prefill_s"] for r in ev.reps if r.get("n_prompt") and r.get("prefill_s", 0) > 0]
-        dec = [r["n_gen"] / r["decode_s"] for r in ev.reps if r.get("n_gen") and r.get("decode_s", 0) > 0]
+        pre = [r.prefill_tok_s for r in ev.reps if r.prefill_tok_s is not None]
+        dec = [r.decode_tok_s for r in ev.reps if r.decode_tok_s is not None]
         if not pre and not dec:
             return
         session = w.session
@@ -220,7 +262,7 @@ class RunEvents:
         run_session = Session(model=model, config=config, gpus=session.machine_gpus if self.run_gpu_offload else (),
                               host=session.host, detected_gpus=session.machine_gpus,
                               calibration=session.calibration_store(), measure_host_bandwidth=False)
-        n_depth = int(ev.reps[0].get("n_depth", 0)) if ev.reps else 0
+        n_depth = ev.reps[0].n_depth if ev.reps else 0
 
         def work() -> str:
             return run_session.record_run(

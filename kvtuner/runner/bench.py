@@ -109,7 +109,7 @@ class BenchResult:
         peak_rss_bytes: the child's peak resident memory (max of getrusage and samples).
         peak_host_used_bytes: peak of host RAM in use (total - available), all processes.
         peak_vram_used_bytes / peak_vram_process_bytes: per GPU index (NVML), empty without.
-        reps: the per-repetition records (RepResultEvent fields).
+        reps: the per-repetition records.
     """
 
     model_path: str
@@ -137,7 +137,7 @@ class BenchResult:
     llama_build: str
     kv_split_experimental: bool
     warnings: tuple[str, ...]
-    reps: tuple[dict, ...] = field(default=())
+    reps: tuple[P.Repetition, ...] = field(default=())
     perf: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,9 +248,9 @@ def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth
         exact = exact and e
     ctx = next((ev for ev in seen if isinstance(ev, P.ContextEvent)), None)
     reps = result.reps
-    prefill = [r["n_prompt"] / r["prefill_s"] for r in reps if r["n_prompt"] and r["prefill_s"] > 0]
-    decode = [r["n_gen"] / r["decode_s"] for r in reps if r["n_gen"] and r["decode_s"] > 0]
-    ttft = [r["ttft_s"] for r in reps if r["n_prompt"]]
+    prefill = [r.prefill_tok_s for r in reps if r.prefill_tok_s is not None]
+    decode = [r.decode_tok_s for r in reps if r.decode_tok_s is not None]
+    ttft = [r.ttft_s for r in reps if r.n_prompt]
     peaks = sampler.peaks()
     return BenchResult(
         model_path=path, config=config, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth, repetitions=repetitions,

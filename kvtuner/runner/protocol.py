@@ -298,16 +298,57 @@ class RepResultEvent(Message):
 
 
 @dataclass(frozen=True)
+class Repetition:
+    """One bench repetition: ``n_prompt`` tokens prefilled at depth ``n_depth`` in ``prefill_s``
+    seconds, ``n_gen`` decoded in ``decode_s``; ``ttft_s`` time to first token (prefill plus
+    picking the first token). Rates in tokens/s are None when nothing was measured."""
+
+    rep: int
+    n_depth: int
+    n_prompt: int
+    prefill_s: float
+    n_gen: int
+    decode_s: float
+    ttft_s: float
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        """Prefill tokens/s (None without a prompt or a time)."""
+        return self.n_prompt / self.prefill_s if self.n_prompt and self.prefill_s > 0 else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Decode tokens/s (None without generated tokens or a time)."""
+        return self.n_gen / self.decode_s if self.n_gen and self.decode_s > 0 else None
+
+    @classmethod
+    def of(cls, value: "Repetition | dict[str, Any]") -> "Repetition":
+        """From a decoded JSON object (unknown keys are ignored; a missing one raises
+        :class:`ProtocolError`)."""
+        if isinstance(value, Repetition):
+            return value
+        if not isinstance(value, dict):
+            raise ProtocolError(f"a repetition must be an object, not {type(value).__name__}")
+        try:
+            return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls)})
+        except KeyError as exc:
+            raise ProtocolError(f"a repetition lacks '{exc.args[0]}'") from None
+
+
+@dataclass(frozen=True)
 class BenchResultEvent(Message):
-    """All repetitions (:class:`RepResultEvent` dicts) and the child's own peak RSS in bytes
-    (``getrusage`` ru_maxrss). ``perf``: ``llama_perf_context`` of the last repetition
-    (t_load_ms, t_p_eval_ms, t_eval_ms, n_p_eval, n_eval)."""
+    """All repetitions and the child's own peak RSS in bytes (``getrusage`` ru_maxrss).
+    ``perf``: ``llama_perf_context`` of the last repetition (t_load_ms, t_p_eval_ms, t_eval_ms,
+    n_p_eval, n_eval)."""
 
     type: ClassVar[str] = "bench_result"
-    reps: tuple[dict, ...]
+    reps: tuple[Repetition, ...]
     peak_rss_bytes: int
     n_threads: int
     perf: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reps", tuple(Repetition.of(r) for r in self.reps))
 
 
 @dataclass(frozen=True)
@@ -359,6 +400,8 @@ def field_names(obj: Any) -> tuple[str, ...]:
 
 
 def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, list):

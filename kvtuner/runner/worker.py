@@ -629,7 +629,7 @@ class Worker:
             if cmd.n_gen:
                 self._decode(rand_tokens(1))
             lc.llama_synchronize(ctx)
-        reps: list[dict] = []
+        reps: list[P.Repetition] = []
         first_decode = True
         for rep in range(cmd.repetitions):
             lc.llama_memory_clear(mem, True)
@@ -668,7 +668,7 @@ class Worker:
             rec = P.RepResultEvent(rep=rep, n_depth=cmd.n_depth, n_prompt=len(prompt), prefill_s=prefill_s,
                                    n_gen=cmd.n_gen, decode_s=decode_s, ttft_s=ttft_s)
             self.emit(rec)
-            reps.append({k: getattr(rec, k) for k in _field_names(rec)})
+            reps.append(P.Repetition.of({k: getattr(rec, k) for k in _field_names(rec)}))
         pd = lc.llama_perf_context(ctx)
         perf_dict = {k: getattr(pd, k) for k in ("t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")}
         self.emit(P.BenchResultEvent(reps=tuple(reps), peak_rss_bytes=_peak_rss_bytes(), n_threads=self.n_threads,

@@ -66,12 +66,27 @@ def _path() -> Path:
     return data_dir() / FILE_NAME
 
 
+_LOADED: tuple[Path, int, int, dict[str, dict[str, int]]] | None = None  # path, mtime_ns, size, data
+
+
 def _load() -> dict[str, dict[str, int]]:
+    """The stored figures, read again only when the file changed (a slider move plans several
+    times a second; the file is small but re-parsing it each time is not free)."""
+    global _LOADED
+    path = _path()
     try:
-        data = json.loads(_path().read_text())
+        st = path.stat()
+    except OSError:
+        return {}
+    if _LOADED is not None and _LOADED[:3] == (path, st.st_mtime_ns, st.st_size):
+        return _LOADED[3]
+    try:
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    data = data if isinstance(data, dict) else {}
+    _LOADED = (path, st.st_mtime_ns, st.st_size, data)
+    return data
 
 
 def lookup(key: str) -> dict[str, int] | None:
@@ -84,7 +99,7 @@ def lookup(key: str) -> dict[str, int] | None:
 
 def store(key: str, bytes_by_device: dict[str, int]) -> None:
     """Remember exact compute bytes per device for ``key`` (atomic write; errors ignored)."""
-    data = _load()
+    data = dict(_load())
     data[key] = {k: int(v) for k, v in bytes_by_device.items()}
     if len(data) > MAX_ENTRIES:
         for old in list(data)[: len(data) - MAX_ENTRIES]:

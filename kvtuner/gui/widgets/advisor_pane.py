@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from PySide6 import QtCore, QtWidgets
+
+from ...core.advice.advisor import Advice, AdviceAction
 
 _ICONS = {
     "error": QtWidgets.QStyle.StandardPixmap.SP_MessageBoxCritical,
@@ -15,17 +17,15 @@ _ICONS = {
 
 class AdvisorPane(QtWidgets.QGroupBox):
     """Lists :class:`kvtuner.core.advice.advisor.Advice` items: severity icon, the sentence with its
-    numbers, the reason as tooltip, and an Apply button that emits :attr:`apply_fix` with the
-    advice's ``fix`` (a dict of PlanConfig changes)."""
+    numbers, the reason as tooltip, and a button by the advice's :class:`AdviceAction`: ``FIX``
+    emits :attr:`apply_fix` with the advice's ``fix`` (a dict of PlanConfig changes),
+    ``STOP_RUN`` emits :attr:`stop_requested`."""
 
     apply_fix = QtCore.Signal(dict)
     #: the user asked to stop the run (the live "under 1 tok/s" advice's button)
     stop_requested = QtCore.Signal()
     #: the "stop by itself" checkbox changed
     auto_stop_changed = QtCore.Signal(bool)
-
-    #: fix_label of advice that asks to stop the run rather than change the configuration
-    STOP_LABEL = "Stop the run"
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Advice", parent)
@@ -47,11 +47,11 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._rows.setSpacing(4)
         self._scroll.setWidget(self._body)
         self.auto_stop = QtWidgets.QCheckBox("Stop a run by itself when decode stays under 1 tok/s for 10 s")
-        self.auto_stop.setToolTip("Under 1 tok/s, 1000 tokens take over 15 minutes (the seed's abandon line). "
+        self.auto_stop.setToolTip("Under 1 tok/s, 1000 tokens take over 15 minutes: the abandon line. "
                                   "Unchecked, the advice offers a Stop button instead.")
         self.auto_stop.toggled.connect(self.auto_stop_changed.emit)
         outer.addWidget(self.auto_stop)
-        self.items: list[Any] = []
+        self.items: list[Advice] = []
         self.buttons: list[QtWidgets.QPushButton] = []
         self.stop_button: QtWidgets.QPushButton | None = None
         self.live = False
@@ -75,13 +75,12 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self.stop_button = None
 
     @staticmethod
-    def _item_key(a: Any) -> tuple:
-        fix = getattr(a, "fix", None) or {}
-        return (getattr(a, "id", ""), getattr(a, "severity", ""), str(getattr(a, "message", a)),
-                getattr(a, "fix_label", ""), tuple(sorted((k, repr(v)) for k, v in dict(fix).items())))
+    def _item_key(a: Advice) -> tuple:
+        return (a.id, a.severity, a.message, a.fix_label, a.action,
+                tuple(sorted((k, repr(v)) for k, v in dict(a.fix).items())))
 
-    def set_advice(self, advice: Sequence[Any] | None, *, live: bool = False) -> bool:
-        """Show advice items; None means the advisor is not available ("no advice yet").
+    def set_advice(self, advice: Sequence[Advice] | None, *, live: bool = False) -> bool:
+        """Show advice items; None means there is no plan to advise on yet.
         ``live``: the list includes measured advice of a running model. Rebuilds the rows only
         when something changed (the live timer calls this often); returns whether it did."""
         key = (None if advice is None else tuple(self._item_key(a) for a in advice), live)
@@ -92,7 +91,7 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._clear()
         self.items = list(advice or [])
         if advice is None:
-            self._rows.addWidget(self._note("No advice yet: the advisor is not installed in this build."))
+            self._rows.addWidget(self._note("No advice yet: open a model."))
         elif not self.items:
             self._rows.addWidget(self._note("No problems found for this configuration."))
         for a in self.items:
@@ -108,30 +107,27 @@ class AdvisorPane(QtWidgets.QGroupBox):
         label.setWordWrap(True)
         return label
 
-    def _row(self, a: Any) -> QtWidgets.QWidget:
+    def _row(self, a: Advice) -> QtWidgets.QWidget:
         row = QtWidgets.QWidget()
         lay = QtWidgets.QHBoxLayout(row)
         lay.setContentsMargins(0, 0, 0, 0)
         icon = QtWidgets.QLabel()
-        sev = str(getattr(a, "severity", "info"))
-        icon.setPixmap(self.style().standardIcon(_ICONS.get(sev, _ICONS["info"])).pixmap(18, 18))
-        icon.setToolTip(sev)
+        icon.setPixmap(self.style().standardIcon(_ICONS.get(a.severity, _ICONS["info"])).pixmap(18, 18))
+        icon.setToolTip(a.severity)
         lay.addWidget(icon, 0, QtCore.Qt.AlignmentFlag.AlignTop)
-        text = QtWidgets.QLabel(f"{getattr(a, 'message', a)}")
+        text = QtWidgets.QLabel(a.message)
         text.setTextFormat(QtCore.Qt.TextFormat.PlainText)
         text.setWordWrap(True)
-        reason = getattr(a, "reason", "")
-        text.setToolTip(f"[{getattr(a, 'id', '')}] {reason}")
+        text.setToolTip(f"[{a.id}] {a.reason}")
         lay.addWidget(text, 1)
-        fix = getattr(a, "fix", None)
-        if fix:
-            button = QtWidgets.QPushButton(getattr(a, "fix_label", None) or "Apply")
-            button.setToolTip("Apply: " + ", ".join(f"{k} = {v}" for k, v in dict(fix).items()))
-            button.clicked.connect(lambda _=False, f=dict(fix): self.apply_fix.emit(f))
+        if a.action is AdviceAction.FIX and a.fix:
+            button = QtWidgets.QPushButton(a.fix_label or "Apply")
+            button.setToolTip("Apply: " + ", ".join(f"{k} = {v}" for k, v in a.fix.items()))
+            button.clicked.connect(lambda _=False, f=dict(a.fix): self.apply_fix.emit(f))
             self.buttons.append(button)
             lay.addWidget(button, 0, QtCore.Qt.AlignmentFlag.AlignTop)
-        elif getattr(a, "fix_label", "") == self.STOP_LABEL:
-            button = QtWidgets.QPushButton(self.STOP_LABEL)
+        elif a.action is AdviceAction.STOP_RUN:
+            button = QtWidgets.QPushButton(a.fix_label or "Stop the run")
             button.setToolTip("Stop the running bench (its child process ends)")
             button.clicked.connect(lambda _=False: self.stop_requested.emit())
             self.stop_button = button

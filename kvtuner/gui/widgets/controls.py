@@ -1,7 +1,8 @@
 """Tuning controls: one slider with a typed entry per llama.cpp knob.
 
 Every control says in its tooltip which llama.cpp flag it is and the formula behind the
-number it moves. The widget emits :attr:`ConfigControls.changed` on every move; the main
+number it moves; labels and tooltips come from the configuration catalogue
+(:func:`kvtuner.core.plan.fields.config_field`). The widget emits :attr:`ConfigControls.changed` on every move; the main
 window replans (the planner takes well under a millisecond). Building the
 :class:`~kvtuner.core.plan.config.PlanConfig` may raise :class:`~kvtuner.core.plan.config.ConfigError`
 (e.g. a quantized V cache with flash attention off): the message is shown, nothing else.
@@ -14,8 +15,9 @@ from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ...core.model.ggml_types import KV_CACHE_TYPES
+from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ...core.plan.fields import config_field
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
 CTX_MIN = 512
@@ -137,26 +139,18 @@ class ConfigControls(QtWidgets.QGroupBox):
         form = QtWidgets.QFormLayout(self)
         form.setFieldGrowthPolicy(QtWidgets.QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
 
+        # labels and tooltips: the configuration catalogue (kvtuner.core.plan.fields), one
+        # description per field for the command line, the app and the exports
         self.ngl = _SliderEntry(_AllSpinBox())
-        self.ngl.setToolTip(
-            "-ngl / --n-gpu-layers: layers whose weights go to the GPU, the output layer counted as one.\n"
-            "llama.cpp offloads the LAST layers: i_gpu_start = max(n_layer + 1 - ngl, 0).\n"
-            "'all' = n_layer + 1; ngl = n_layer leaves the output layer on the CPU (slower).\n"
-            "GPU weights = sum of the offloaded layers' tensor bytes (+ output layer).")
+        self.ngl.setToolTip(config_field("n_gpu_layers").tooltip())
         self.kv = _SliderEntry(_AllSpinBox())
-        self.kv.setToolTip(
-            "KV layers on GPU: how many offloaded layers keep their KV cache in VRAM.\n"
-            "'all' = llama.cpp's default (offload_kqv); 0 = -nkvo / --no-kv-offload (all KV in RAM).\n"
-            "Between: -ngl for those layers plus -ot tensor overrides for the rest (experimental).\n"
-            "KV bytes per layer = (row_size(ctk, n_embd_k_gqa) + row_size(ctv, n_embd_v_gqa)) x cells x streams.")
+        self.kv.setToolTip(config_field("kv_gpu_layers").tooltip())
         self.ctx = _SliderEntry()
         self.ctx.spin.setRange(1, 1 << 24)
         self.ctx.spin.setSingleStep(256)
         self.ctx.spin.setSuffix(" tok")
-        self.ctx.setToolTip(
-            "-c / --ctx-size: context in tokens for all sequences together (slider: logarithmic, snaps to\n"
-            "powers of two and multiples of 256; type any value). llama.cpp pads it to a multiple of 256.\n"
-            "KV cache = kv_bytes_per_token x n_ctx (sliding-window layers stop at n_swa + n_ubatch cells).")
+        self.ctx.setToolTip(config_field("n_ctx").tooltip() + "\nThe slider is logarithmic and snaps to powers of two "
+                            "and multiples of 256; type any value.")
         # the ctx slider indexes ctx_slider_values(); the spin box holds the tokens
         self.ctx.slider.valueChanged.disconnect(self.ctx._on_slider_value_changed)
         self.ctx.spin.valueChanged.disconnect(self.ctx._on_spin_value_changed)
@@ -167,53 +161,40 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.type_v = QtWidgets.QComboBox()
         for combo in (self.type_k, self.type_v):
             combo.addItems(list(KV_CACHE_TYPES))
-        self.type_k.setToolTip(
-            "-ctk / --cache-type-k: K cache type. Bytes per element: f32 4, f16/bf16 2, q8_0 34/32,\n"
-            "q5_1 24/32, q5_0 22/32, q4_1 20/32, q4_0 and iq4_nl 18/32. K bytes = row_size(type, n_embd_k_gqa) x cells.")
-        self.type_v.setToolTip(
-            "-ctv / --cache-type-v: V cache type. A quantized V cache requires flash attention (-fa on or auto).\n"
-            "V bytes = row_size(type, n_embd_v_gqa) x cells.")
-        self.link_kv = QtWidgets.QCheckBox("linked")
+        self.type_k.setToolTip(config_field("type_k").tooltip())
+        self.type_v.setToolTip(config_field("type_v").tooltip())
+        self.link_kv = QtWidgets.QCheckBox("V = K (linked)")
         self.link_kv.setChecked(True)
         self.link_kv.setToolTip("Linked: changing the K type changes V too. Different K and V types can make\n"
                                 "llama.cpp fall back to a slower attention path.")
-        types_row = QtWidgets.QWidget()
-        tl = QtWidgets.QHBoxLayout(types_row)
+        type_k_row = QtWidgets.QWidget()
+        tl = QtWidgets.QHBoxLayout(type_k_row)
         tl.setContentsMargins(0, 0, 0, 0)
-        tl.addWidget(QtWidgets.QLabel("K"))
         tl.addWidget(self.type_k)
-        tl.addWidget(QtWidgets.QLabel("V"))
-        tl.addWidget(self.type_v)
         tl.addWidget(self.link_kv, 1)
 
         self.flash = QtWidgets.QComboBox()
-        self.flash.addItems(["auto", "on", "off"])
-        self.flash.setToolTip(
-            "-fa / --flash-attn on|off|auto: fused attention. Needed for a quantized V cache; keeps V\n"
-            "untransposed and shrinks the compute buffer (no n_kv x n_ubatch x n_head score matrix).")
+        self.flash.addItems(list(config_field("flash_attn").choices))
+        self.flash.setToolTip(config_field("flash_attn").tooltip())
         self.parallel = _SliderEntry()
         self.parallel.setRange(1, 16)
         self.parallel.spin.setRange(1, 256)
-        self.parallel.setToolTip(
-            "-np / --parallel: sequences served at once. Each gets its own KV stream of\n"
-            "pad(n_ctx / np, 256) cells: the same total KV, split; with --kv-unified one shared buffer.")
+        self.parallel.setToolTip(config_field("n_seq").tooltip())
         self.ubatch = QtWidgets.QSpinBox()
         self.ubatch.setRange(1, 8192)
         self.ubatch.setSingleStep(64)
         self.ubatch.setKeyboardTracking(False)
-        self.ubatch.setToolTip(
-            "-ub / --ubatch-size: tokens per physical batch. Sizes the compute buffer\n"
-            "(logits n_vocab x n_ubatch x 4 bytes, attention scores without flash attention).")
+        self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
         self._labels = {}
-        for key, text, w in (("ngl", "&GPU layers (-ngl)", self.ngl), ("kv", "&KV layers on GPU", self.kv),
-                             ("ctx", "&Context (-c)", self.ctx), ("types", "KV cache &type", types_row),
-                             ("flash", "&Flash attention (-fa)", self.flash),
-                             ("parallel", "&Parallel seqs (-np)", self.parallel), ("ubatch", "&Ubatch (-ub)", self.ubatch)):
-            label = QtWidgets.QLabel(text)
-            label.setBuddy(w.slider if isinstance(w, _SliderEntry) else (self.type_k if w is types_row else w))
-            label.setToolTip(w.toolTip())
-            self._labels[key] = label
+        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
+                               ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
+                               ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
+                               ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
+            label = QtWidgets.QLabel(config_field(name).label)
+            label.setBuddy(buddy)
+            label.setToolTip(buddy.toolTip())
+            self._labels[name] = label
             form.addRow(label, w)
         self.error_label = QtWidgets.QLabel()
         self.error_label.setTextFormat(QtCore.Qt.TextFormat.PlainText)

@@ -68,8 +68,8 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
         self.message.setText(text)
         self.message.setVisible(bool(text))
 
-    def set_runs(self, runs: Sequence[Any] | None, *, empty_text: str | None = None) -> None:
-        """Show ``runs`` (best first). None: the library is not available."""
+    def set_runs(self, runs: Sequence[Any], *, empty_text: str | None = None) -> None:
+        """Show ``runs`` (best first); ``empty_text`` replaces the message shown when there are none."""
         self.runs = list(runs or [])
         self.restore_buttons = []
         self.table.clearContents()
@@ -77,9 +77,7 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
         for row, wc in enumerate(self.runs):
             self._fill_row(row, wc)
         self.table.setVisible(bool(self.runs))
-        if runs is None:
-            self.set_message("The working-configs library is not available in this build.")
-        elif not self.runs:
+        if not self.runs:
             self.set_message(empty_text if empty_text is not None else
                              "Nothing saved for this model on this machine yet: every bench that completes "
                              "(Run bench) is kept here with its measured speed.")

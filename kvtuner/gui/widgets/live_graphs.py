@@ -19,6 +19,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6 import QtCore, QtWidgets
 
+from ...core.speed.speed_model import ABANDON_TOK_S, FLUENT_TOK_S
 from ...core.units import GiB
 from ..series import HOUR_AT_10HZ, Series
 
@@ -91,7 +92,7 @@ class LiveGraphs(QtWidgets.QWidget):
             plot.setFocusPolicy(QtCore.Qt.FocusPolicy.NoFocus)
             layout.addWidget(plot, 1)
         self.speed_plot.getPlotItem().setLabel("bottom", "time (s)")
-        # prefill runs 10-100x faster than decode: a log axis shows both (and the seed's bands)
+        # prefill runs 10-100x faster than decode: a log axis shows both (and the decode bands)
         self.speed_plot.getPlotItem().setLogMode(x=False, y=True)
         self.speed_plot.getPlotItem().setLabel("left", "speed (tok/s, log)")
         self.mem_plot.getPlotItem().getAxis("bottom").setStyle(showValues=False)
@@ -125,8 +126,9 @@ class LiveGraphs(QtWidgets.QWidget):
         self._add_curve("prefill", self.speed_plot, "prefill tok/s", COLORS["prefill"], symbol="o")
         self._gpu_keys: set[int] = set()
         self._predicted: list[tuple[pg.InfiniteLine, float]] = []
-        # the seed's decode bands: under 1 tok/s abandon, 10 and over fluent
-        for tok_s, label in ((1.0, "1 tok/s: abandon below"), (10.0, "10 tok/s: fluent above")):
+        # the decode bands (kvtuner.core.speed.speed_model.speed_band): under 1 tok/s abandon, 10 and over fluent
+        for tok_s, label in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below"),
+                             (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above")):
             dotted = _pen(COLORS["phase"], width=1)
             dotted.setStyle(QtCore.Qt.PenStyle.DotLine)
             line = pg.InfiniteLine(pos=math.log10(tok_s), angle=0, pen=dotted, label=label,

@@ -10,7 +10,7 @@ from PySide6 import QtCore, QtWidgets
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
-#: Badge colours for the seed's decode bands.
+#: Badge colours for the decode bands of :func:`kvtuner.core.speed.speed_model.speed_band`.
 BADGE_COLORS = {"abandon": "#c0392b", "offline": "#d35400", "interactive": "#2471a3", "fluent": "#1e8449"}
 
 
@@ -34,7 +34,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
             label.setWordWrap(True)
         self.badge.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
         self.badge.setMinimumWidth(110)
-        self.badge.setToolTip("The seed's decode bands: under 1 tok/s abandon, 1-5 offline only, "
+        self.badge.setToolTip("Decode bands: under 1 tok/s abandon, 1-5 offline only, "
                               "5-10 interactive, 10 and over fluent.")
         top = QtWidgets.QHBoxLayout()
         text_col = QtWidgets.QVBoxLayout()
@@ -50,10 +50,11 @@ class PredictionPanel(QtWidgets.QGroupBox):
         self.set_plan(None)
 
     def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
-                 badge: str | None = None) -> None:
+                 badge: str | None = None, speed_error: str = "") -> None:
         """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
-        :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: speed model not available) and
-        the dry-run figures (``report.plan_dict(...)["verified"]``, or None)."""
+        :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
+        reason ``speed_error``) and the dry-run figures
+        (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None)."""
         if plan is None:
             self.kv_label.setText("No plan: open a model.")
             self.speed_label.setText("")
@@ -70,7 +71,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
                 ", compute buffers exact" if plan.compute.source == "dry-run" else "")
         self.kv_label.setText(text)
         if speed is None:
-            self.speed_label.setText("Speed: no prediction (speed model not available)")
+            self.speed_label.setText(f"Speed: no prediction ({speed_error or 'speed model not available'})")
             self.badge.hide()
         else:
             lo, hi = speed.band
