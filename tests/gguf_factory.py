@@ -6,7 +6,11 @@ so a 7B model costs a few KiB of disk. ``random_weights=True`` writes real rando
 (for runs that compute).
 
 Tensor names and shapes follow llama.cpp's ``load_arch_tensors`` for ``llama`` and ``gemma3``
-(src/models/llama.cpp, src/models/gemma3.cpp).
+(src/models/llama.cpp, src/models/gemma3.cpp), and for the architectures the public-log truth set
+(benchmarks/gpu_logs) needs: ``gptneox`` (fused QKV, biases, LayerNorm), ``qwen2`` (QKV biases with ``qkv_bias``),
+``qwen3moe`` (Q/K norms, routed experts as 3-D ``*_exps`` tensors) and ``command-r`` (no FFN norm,
+tied output). ``tensor_types`` / ``more_bits_types`` give per-class quantization types so a
+fixture's weight bytes can follow a printed file type (llama-quant.cpp's ``use_more_bits`` layers).
 """
 
 from __future__ import annotations
@@ -40,10 +44,28 @@ class ModelSpec:
     tied_output: bool = False
     name: str = "kvtuner synthetic"
     extra_kv: dict = field(default_factory=dict)
+    # MoE (qwen3moe): routed experts, experts per token, width of one expert's FFN
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int | None = None
+    # per-class tensor types: class -> GGMLQuantizationType, class being the tensor name without
+    # "blk.N." and ".weight" ("token_embd", "output", "attn_v", "ffn_down_exps" ...); unlisted
+    # matrices use weight_type, norms and biases are F32
+    tensor_types: dict = field(default_factory=dict)
+    # classes that get another type in llama-quant.cpp's use_more_bits layers (Q4_K_M / Q5_K_M:
+    # attn_v and ffn_down become Q6_K in the first and last eighth and every third layer between)
+    more_bits_types: dict = field(default_factory=dict)
+    file_type: int | None = None  # general.file_type (LlamaFileType); default from weight_type
+    qkv_bias: bool = False  # Q/K/V bias tensors (qwen2 has them; off by default to keep older fixtures)
 
 
 def _per_layer(v: int | Sequence[int], n_layer: int) -> list[int]:
     return [int(v)] * n_layer if isinstance(v, int) else [int(x) for x in v]
+
+
+def _use_more_bits(il: int, n_layer: int) -> bool:
+    """llama-quant.cpp ``use_more_bits``: first and last eighth of the layers and every third between."""
+    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
 
 
 def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
@@ -53,9 +75,19 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
     hd = spec.head_dim or spec.n_embd // max(max(heads), 1)
     wt = spec.weight_type
     E, F, V = spec.n_embd, spec.n_ff, spec.n_vocab
-    out: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (E, V), wt), ("output_norm.weight", (E,), GQT.F32)]
+    F32 = GQT.F32
+
+    def ty(cls: str, il: int | None = None) -> int:
+        if il is not None and cls in spec.more_bits_types and _use_more_bits(il, spec.n_layer):
+            return spec.more_bits_types[cls]
+        return spec.tensor_types.get(cls, wt)
+
+    out: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (E, V), ty("token_embd")),
+                                                   ("output_norm.weight", (E,), F32)]
+    if spec.arch == "gptneox":
+        out.append(("output_norm.bias", (E,), F32))
     if not spec.tied_output:
-        out.append(("output.weight", (E, V), wt))
+        out.append(("output.weight", (E, V), ty("output")))
     for il in range(spec.n_layer):
         h, hkv = heads[il], kv_heads[il]
         p = f"blk.{il}."
@@ -64,16 +96,43 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
                     (p + "ffn_norm.weight", (E,), GQT.F32), (p + "ffn_gate.weight", (E, F), wt),
                     (p + "ffn_up.weight", (E, F), wt), (p + "ffn_down.weight", (F, E), wt)]
             continue
+        if spec.arch == "gptneox":  # src/models/gptneox.cpp: LayerNorm with bias, fused QKV, GELU FFN
+            out += [
+                (p + "attn_norm.weight", (E,), F32), (p + "attn_norm.bias", (E,), F32),
+                (p + "attn_qkv.weight", (E, 3 * E), ty("attn_qkv", il)), (p + "attn_qkv.bias", (3 * E,), F32),
+                (p + "attn_output.weight", (E, E), ty("attn_output", il)), (p + "attn_output.bias", (E,), F32),
+                (p + "ffn_norm.weight", (E,), F32), (p + "ffn_norm.bias", (E,), F32),
+                (p + "ffn_up.weight", (E, F), ty("ffn_up", il)), (p + "ffn_up.bias", (F,), F32),
+                (p + "ffn_down.weight", (F, E), ty("ffn_down", il)), (p + "ffn_down.bias", (E,), F32),
+            ]
+            continue
         out += [
-            (p + "attn_norm.weight", (E,), GQT.F32),
-            (p + "attn_q.weight", (E, h * hd), wt),
-            (p + "attn_k.weight", (E, hkv * hd), wt),
-            (p + "attn_v.weight", (E, hkv * hd), wt),
-            (p + "attn_output.weight", (h * hd, E), wt),
-            (p + "ffn_norm.weight", (E,), GQT.F32),
-            (p + "ffn_gate.weight", (E, F), wt),
-            (p + "ffn_up.weight", (E, F), wt),
-            (p + "ffn_down.weight", (F, E), wt),
+            (p + "attn_norm.weight", (E,), F32),
+            (p + "attn_q.weight", (E, h * hd), ty("attn_q", il)),
+            (p + "attn_k.weight", (E, hkv * hd), ty("attn_k", il)),
+            (p + "attn_v.weight", (E, hkv * hd), ty("attn_v", il)),
+            (p + "attn_output.weight", (h * hd, E), ty("attn_output", il)),
+        ]
+        if spec.qkv_bias:  # qwen2: Q/K/V biases (src/models/qwen2.cpp)
+            out += [(p + "attn_q.bias", (h * hd,), F32), (p + "attn_k.bias", (hkv * hd,), F32),
+                    (p + "attn_v.bias", (hkv * hd,), F32)]
+        if spec.arch == "qwen3moe":  # src/models/qwen3moe.cpp
+            Fe, X = spec.n_ff_exp or F, spec.n_expert
+            out += [
+                (p + "attn_q_norm.weight", (hd,), F32), (p + "attn_k_norm.weight", (hd,), F32),
+                (p + "ffn_norm.weight", (E,), F32),
+                (p + "ffn_gate_inp.weight", (E, X), F32),
+                (p + "ffn_gate_exps.weight", (E, Fe, X), ty("ffn_gate_exps", il)),
+                (p + "ffn_up_exps.weight", (E, Fe, X), ty("ffn_up_exps", il)),
+                (p + "ffn_down_exps.weight", (Fe, E, X), ty("ffn_down_exps", il)),
+            ]
+            continue
+        if spec.arch != "command-r":  # command-r: parallel attention/FFN off one norm (src/models/command-r.cpp)
+            out.append((p + "ffn_norm.weight", (E,), F32))
+        out += [
+            (p + "ffn_gate.weight", (E, F), ty("ffn_gate", il)),
+            (p + "ffn_up.weight", (E, F), ty("ffn_up", il)),
+            (p + "ffn_down.weight", (F, E), ty("ffn_down", il)),
         ]
         if spec.arch == "gemma3":
             out += [
@@ -83,6 +142,12 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
                 (p + "post_ffw_norm.weight", (E,), GQT.F32),
             ]
     return out
+
+
+def hd_rot(spec: ModelSpec) -> int:
+    """Head size of ``spec`` (``head_dim`` or ``n_embd / n_head``)."""
+    heads = _per_layer(spec.n_head, spec.n_layer)
+    return spec.head_dim or spec.n_embd // max(max(heads), 1)
 
 
 def _nbytes(shape: tuple[int, ...], t: int) -> int:
@@ -113,9 +178,25 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
     if spec.head_dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
+    if spec.arch == "gptneox":
+        w.add_layer_norm_eps(1e-5)
+        w.add_rope_dimension_count(max(1, hd_rot(spec) // 4))
+        w.add_bool(f"{a}.use_parallel_residual", True)
+    elif spec.arch == "command-r":
+        w.add_layer_norm_eps(1e-5)
+        w.add_float32(f"{a}.logit_scale", 0.0625)
+    else:
+        w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if spec.weight_type == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0))
+    if spec.n_expert:
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        if spec.n_ff_exp:
+            w.add_expert_feed_forward_length(spec.n_ff_exp)
+    if spec.file_type is not None:
+        w.add_file_type(int(spec.file_type))
+    else:
+        w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if spec.weight_type == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0))
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     if spec.swa_pattern is not None:

@@ -1,0 +1,73 @@
+"""The public-log truth set (benchmarks/gpu_logs): rows are complete, and compare.py plans a few.
+
+Fast: the fixtures are sparse GGUF files (header + tensor table, no weight data), and only three
+rows are planned (one full offload, one pre-#18148 partial offload, one MoE).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_LOGS = ROOT / "benchmarks" / "gpu_logs"
+sys.path.insert(0, str(GPU_LOGS))
+
+import compare  # noqa: E402  (benchmarks/gpu_logs/compare.py)
+
+ROWS = json.loads((GPU_LOGS / "rows.json").read_text())["rows"]
+
+
+def test_every_row_has_source_build_and_buffers():
+    assert len(ROWS) >= 16
+    ids = [r["id"] for r in ROWS]
+    assert len(ids) == len(set(ids))
+    for r in ROWS:
+        assert r["source"]["repo"] and (r["source"].get("url") or r["source"].get("path")), r["id"]
+        assert "printed" in r["build"], r["id"]
+        assert r["ngl_rule"] in ("pre-#18148", "post-#18148"), r["id"]
+        assert r["split"] in ("fit", "held_out", "not_plannable"), r["id"]
+        assert r["buffers"], r["id"]
+        for b in r["buffers"]:
+            assert b["kind"] in ("model", "kv", "compute", "output"), r["id"]
+            assert b["mib"] >= 0 and "buffer size" in b["line"], r["id"]
+            # the verbatim line carries the figure
+            assert f"{b['mib']:.2f}" in b["line"], (r["id"], b["line"])
+        if r["split"] == "not_plannable":
+            assert not r["plannable"] and r["not_plannable_reason"], r["id"]
+        else:
+            assert r["plannable"] and r["fixture"], r["id"]
+
+
+def test_held_out_part_is_big_enough():
+    assert sum(r["split"] == "held_out" for r in ROWS) >= 8
+
+
+@pytest.mark.parametrize("row_id", [
+    "ci-b4343-pythia2.8b-q4_0-ngl99",
+    "ci-b4343-pythia2.8b-q4_0-ngl10",
+    "gh13729-b5466-qwen3-30b-a3b-ngl30",
+])
+def test_compare_plans_rows(row_id, tmp_path):
+    row = next(r for r in ROWS if r["id"] == row_id)
+    res = compare.compare_row(row, tmp_path)
+    assert res["status"] == "planned"
+    by_key = {(b["kind"], b["device"]): b for b in res["buffers"]}
+    # the fixtures reproduce the printed GPU weights to the printed 0.01 MiB
+    assert by_key[("model", "CUDA0")]["rel_err"] == 0.0
+    if ("kv", "CUDA0") in by_key:
+        assert by_key[("kv", "CUDA0")]["rel_err"] == 0.0
+    if row_id.endswith("ngl10"):
+        # pre-#18148 partial offload: same repeating layers, compute not comparable
+        assert res["kvtuner_args"][res["kvtuner_args"].index("--ngl") + 1] == "11"
+        assert by_key[("compute", "CUDA0")]["excluded"]
+        assert by_key[("kv", "host")]["rel_err"] == 0.0
+
+
+def test_not_plannable_rows_are_listed_with_reason(tmp_path):
+    row = next(r for r in ROWS if r["split"] == "not_plannable")
+    res = compare.compare_row(row, tmp_path)
+    assert res["status"] == "not plannable yet" and res["reason"]
