@@ -8,9 +8,10 @@ so a 7B model costs a few KiB of disk. ``random_weights=True`` writes real rando
 Tensor names and shapes follow llama.cpp's ``load_arch_tensors`` for ``llama`` and ``gemma3``
 (src/models/llama.cpp, src/models/gemma3.cpp), and for the architectures the public-log truth set
 (benchmarks/gpu_logs) needs: ``gptneox`` (fused QKV, biases, LayerNorm), ``qwen2`` (QKV biases with ``qkv_bias``),
-``qwen3moe`` (Q/K norms, routed experts as 3-D ``*_exps`` tensors) and ``command-r`` (no FFN norm,
-tied output). ``tensor_types`` / ``more_bits_types`` give per-class quantization types so a
-fixture's weight bytes can follow a printed file type (llama-quant.cpp's ``use_more_bits`` layers).
+``qwen3moe`` (Q/K norms, routed experts as 3-D ``*_exps`` tensors), ``command-r`` (no FFN norm,
+tied output) and ``glm4`` (GLM-4-0414: post-attention/post-FFN norms, fused gate+up ``ffn_up``).
+``tensor_types`` / ``more_bits_types`` give per-class quantization types so a fixture's weight
+bytes can follow a printed file type (llama-quant.cpp's ``use_more_bits`` layers).
 """
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
             out += [(p + "attn_norm.weight", (E,), GQT.F32), (p + "attn_output.weight", (E, E), wt),
                     (p + "ffn_norm.weight", (E,), GQT.F32), (p + "ffn_gate.weight", (E, F), wt),
                     (p + "ffn_up.weight", (E, F), wt), (p + "ffn_down.weight", (F, E), wt)]
+            continue
+        if spec.arch == "glm4":  # src/models/glm4.cpp: post-attn/post-FFN norms, fused gate+up (ffn_up 2*n_ff wide)
+            out += [
+                (p + "attn_norm.weight", (E,), F32),
+                (p + "attn_q.weight", (E, h * hd), ty("attn_q", il)),
+                (p + "attn_k.weight", (E, hkv * hd), ty("attn_k", il)),
+                (p + "attn_v.weight", (E, hkv * hd), ty("attn_v", il)),
+                (p + "attn_output.weight", (h * hd, E), ty("attn_output", il)),
+                (p + "post_attention_norm.weight", (E,), F32),
+                (p + "ffn_norm.weight", (E,), F32),
+                (p + "ffn_up.weight", (E, 2 * F), ty("ffn_up", il)),
+                (p + "ffn_down.weight", (F, E), ty("ffn_down", il)),
+                (p + "post_ffw_norm.weight", (E,), F32),
+            ]
             continue
         if spec.arch == "gptneox":  # src/models/gptneox.cpp: LayerNorm with bias, fused QKV, GELU FFN
             out += [

@@ -11,10 +11,16 @@ with the row's settings and a what-if GPU of the printed free memory, and compar
     output  the logits buffer (host)
 
 Rules differ between builds (``rows.json`` ``ngl_rules``); kvtuner follows post-#18148 (output
-layer offloaded first). A pre-#18148 row with ``-ngl N <= n_layer`` is planned with ``--ngl N+1``
+layer offloaded first). A pre-#18148 row with ``0 < -ngl N <= n_layer`` is planned with ``--ngl N+1``
 (the same N repeating layers on the GPU) and the output layer's weights are moved back to the host
 in the comparison; its compute buffers are shown but left out of the medians (the output layer
-runs on another device than kvtuner plans). Buffers excluded from the medians say why.
+runs on another device than kvtuner plans). ``-ngl 0`` places nothing on the GPU under both rules.
+Buffers excluded from the medians say why.
+
+A not-plannable row with a ``partial_check`` (tensor overrides: ``-ot``, ``--n-cpu-moe``) is still
+planned without the overrides, and only the buffer kinds it names (KV per device, output: llama.cpp
+assigns layers and their KV to devices by ``-ngl`` and the free-memory split, whatever the overrides
+move) are compared; the rest are shown as ``n/c``.
 
 Usage::
 
@@ -81,6 +87,9 @@ def plan_args(row: dict, spec) -> tuple[list[str], dict]:
     ngl = s["n_gpu_layers"]
     if ngl is None or ngl > n_layer:
         args += ["--ngl", "all"]
+    elif ngl == 0:
+        # no layer on the GPU: the same placement under both rules
+        args += ["--ngl", "0"]
     elif row["ngl_rule"] == "pre-#18148":
         # old rule: N repeating layers, output on the CPU -> kvtuner --ngl N+1 puts the same N repeating
         # layers on the GPU plus the output layer; move the output layer back in the comparison
@@ -170,7 +179,8 @@ def compare_row(row: dict, workdir: Path) -> dict:
     """Plan one row; returns its per-buffer comparison (or why it was not planned)."""
     res = {"id": row["id"], "split": row["split"], "build_group": row["build_group"], "ngl_rule": row["ngl_rule"],
            "build": row["build"].get("number")}
-    if not row.get("plannable"):
+    partial = row.get("partial_check")
+    if not row.get("plannable") and not partial:
         res["status"] = "not plannable yet"
         res["reason"] = row.get("not_plannable_reason", "")
         return res
@@ -190,7 +200,10 @@ def compare_row(row: dict, workdir: Path) -> dict:
     for (kind, dev), mib in sorted(logged.items()):
         p = planned.get((kind, dev), 0.0)
         excluded = None
-        if kind == "compute" and not adapt["compute_comparable"]:
+        if partial and kind not in partial["kinds"]:
+            kinds = "/".join(partial["kinds"])
+            excluded = f"not plannable yet (see not_plannable_reason); partial check of {kinds} only"
+        elif kind == "compute" and not adapt["compute_comparable"]:
             excluded = "output layer on another device than kvtuner plans (pre-#18148 -ngl rule)"
         elif kind == "model" and dev == "host" and mmap and not full:
             excluded = "host weights of a partial offload: mmap span (+ CPU_AARCH64 repack), not a byte count"
@@ -199,7 +212,7 @@ def compare_row(row: dict, workdir: Path) -> dict:
         buffers.append({"kind": kind, "device": dev, "bucket": kind_of(kind, dev), "logged_mib": round(mib, 2),
                         "planned_mib": round(p, 2), "rel_err": None if err is None else round(err, 4),
                         "excluded": excluded})
-    res.update(status="planned", kvtuner_args=args, adapt=adapt, buffers=buffers,
+    res.update(status="partial" if partial else "planned", kvtuner_args=args, adapt=adapt, buffers=buffers,
                fixture_weights_mib=round(sum(tensor_bytes(spec).values()) / MiB, 2), warnings=plan.get("warnings", []))
     return res
 
@@ -228,7 +241,7 @@ def render(results: list[dict], med: dict) -> str:
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for r in results:
-        if r["status"] != "planned":
+        if r["status"] == "not plannable yet":
             lines.append(f"{r['id']:44} {r['split']:9} {str(r['build'] or '?'):>5} NOT PLANNABLE YET: {r['reason']}")
             continue
         for b in r["buffers"]:
@@ -237,8 +250,9 @@ def render(results: list[dict], med: dict) -> str:
             lines.append(f"{r['id']:44} {r['split']:9} {str(r['build'] or '?'):>5} {b['kind'] + ' ' + b['device']:15} "
                          f"{b['logged_mib']:9.2f} {b['planned_mib']:9.2f} {err:>8}  {note}")
     lines.append("")
-    lines.append("median |relative error| (signed median, n) per buffer kind; n/c buffers left out")
-    for split in ("fit", "held_out"):
+    lines.append("median |relative error| (signed median, n) per buffer kind; n/c buffers left out"
+                 " (not_plannable: the parts partial checks compare)")
+    for split in ("fit", "held_out", "not_plannable"):
         for group, buckets in med.get(split, {}).items():
             cells = ", ".join(f"{k} {v['median_abs_rel_err'] * 100:.1f}% ({v['median_signed_rel_err'] * 100:+.1f}%, n={v['n']})"
                               for k, v in sorted(buckets.items(), key=lambda kv: KINDS.index(kv[0])))
