@@ -59,7 +59,7 @@ STRIP=(
   vendor/llama.cpp/{grammars,requirements,requirements.txt,.devops,.github,.gemini,.pi,ci,skills,app}
   vendor/llama.cpp/{AUTHORS,flake.nix,build-xcframework.sh,mypy.ini,pyrightconfig.json,ty.toml}
   vendor/llama.cpp/{convert_hf_to_gguf.py,convert_hf_to_gguf_update.py,convert_llama_ggml_to_gguf.py}
-  vendor/llama.cpp/convert_lora_to_gguf.py
+  vendor/llama.cpp/convert_lora_to_gguf.py vendor/llama.cpp/.git
 )
 for p in "${STRIP[@]}"; do rm -rf "${SRC:?}/$p"; done
 for t in "$SRC"/vendor/llama.cpp/tools/*; do

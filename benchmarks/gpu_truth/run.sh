@@ -72,7 +72,9 @@ record_phase() { PHASES_JSON="${PHASES_JSON:+$PHASES_JSON, }\"$1\": $2"; say "PH
 
 # --- which machine ---------------------------------------------------------------------------------
 DEVICE=cpu
-if [[ $CPU -eq 0 ]]; then
+if [[ $CPU -eq 0 && -n "${GPU_TRUTH_FORCE_ARCH:-}" ]]; then
+  DEVICE=gpu; ARCH="$GPU_TRUTH_FORCE_ARCH"; CC="forced"   # rehearses the CUDA build without a GPU (build only)
+elif [[ $CPU -eq 0 ]]; then
   if command -v nvidia-smi >/dev/null 2>&1 && CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) && [[ -n "$CC" ]]; then
     DEVICE=gpu
     ARCH="${CC//./}"
@@ -108,6 +110,62 @@ llama_check() {  # prints "<file> <gpu_offload>" of the llama_cpp the measure ph
     'import llama_cpp as l; print(l.__file__, bool(l.llama_supports_gpu_offload()))' 2>/dev/null | tail -1
 }
 
+# Echoes "<CUDA toolkit root CMake should use>|<extra CMake flags>". A toolkit put
+# together from NVIDIA's pip wheels (this workplace's /usr/local/cuda-13.0 is: nvcc, cudart, nvvm,
+# cccl ... but no cuBLAS, no stubs/libcuda.so) makes llama.cpp's CMake fail ("Target ggml-cuda links
+# to CUDA::cublas / CUDA::cuda_driver but the target was not found"). Then assemble
+# $WORK/cudaroot: a copy of the toolkit plus cuBLAS from a pip wheel (nvidia/cu13 in a site-packages,
+# e.g. PyTorch's) and libcuda.so pointing at the driver's libcuda.so.1.
+cuda_root() {
+  local t="" d lib have_cublas=0 have_drv=0 r rlib found="" drv="" sp sub extra=""
+  for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*; do
+    if [[ -n "$d" && -x "$d/bin/nvcc" && -f "$d/include/cuda_runtime.h" ]]; then t="$d"; break; fi
+  done
+  [[ -n "$t" ]] || { echo "cuda_root: no CUDA toolkit with bin/nvcc and include/cuda_runtime.h" >&2; return 1; }
+  for d in "$t/lib64" "$t/targets/x86_64-linux/lib" "$t/lib"; do [[ -e "$d/libcudart.so" ]] && { lib="$d"; break; }; done
+  lib="${lib:-$t/lib64}"
+  [[ -e "$lib/libcublas.so" && ( -f "$t/include/cublas_v2.h" || -f "$t/targets/x86_64-linux/include/cublas_v2.h" ) ]] && have_cublas=1
+  for d in "$lib/stubs/libcuda.so" "$lib/libcuda.so" /usr/lib/x86_64-linux-gnu/libcuda.so /usr/lib64/libcuda.so /usr/local/nvidia/lib64/libcuda.so; do
+    [[ -e "$d" ]] && { have_drv=1; break; }
+  done
+  echo "cuda_root: toolkit $t (libraries $lib), cuBLAS $([[ $have_cublas -eq 1 ]] && echo found || echo missing), libcuda.so $([[ $have_drv -eq 1 ]] && echo found || echo missing)" >&2
+  if [[ $have_cublas -eq 1 && $have_drv -eq 1 ]]; then echo "$t|"; return 0; fi
+  r="$WORK/cudaroot"
+  rm -rf "$r"; mkdir -p "$r"; cp -a "$t/." "$r/"
+  rlib="$r/${lib#"$t"/}"
+  if [[ $have_cublas -eq 0 ]]; then
+    while IFS= read -r sp; do
+      for sub in nvidia/cu13 nvidia/cublas nvidia/cu12; do
+        if compgen -G "$sp/$sub/lib/libcublas.so.*" >/dev/null && [[ -f "$sp/$sub/include/cublas_v2.h" ]]; then found="$sp/$sub"; break 2; fi
+      done
+    done < <( { "$PYTHON" -c 'import sys; print("\n".join(p for p in sys.path if p))' 2>/dev/null; ls -d /opt/*/lib/python3*/site-packages /opt/*/.venv/lib/python3*/site-packages /usr/local/lib/python3*/dist-packages /usr/lib/python3/dist-packages 2>/dev/null; } )
+    [[ -n "$found" ]] || { echo "cuda_root: no cuBLAS (libcublas.so.* + cublas_v2.h) in the toolkit or any site-packages" >&2; return 1; }
+    echo "cuda_root: cuBLAS from $found" >&2
+    cp "$found"/include/cublas*.h "$r/include/" 2>/dev/null || cp "$found"/include/cublas*.h "$r/targets/x86_64-linux/include/"
+    for f in "$found"/lib/libcublas*.so.*; do
+      ln -sf "$f" "$rlib/$(basename "$f")"
+      ln -sf "$(basename "$f")" "$rlib/$(basename "$f" | sed -E 's/\.so\..*/.so/')"
+    done
+  fi
+  if [[ $have_drv -eq 0 ]]; then
+    drv="${GPU_TRUTH_LIBCUDA:-}"
+    if [[ -z "$drv" ]]; then
+      drv="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
+      for d in /usr/local/nvidia/lib64/libcuda.so.1 /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib64/libcuda.so.1; do
+        [[ -z "$drv" && -e "$d" ]] && drv="$d"
+      done
+    fi
+    if [[ -n "$drv" && -e "$drv" ]]; then
+      mkdir -p "$rlib/stubs"; ln -sf "$drv" "$rlib/stubs/libcuda.so"
+      echo "cuda_root: libcuda.so -> $drv" >&2
+    else
+      extra="-DGGML_CUDA_NO_VMM=ON"
+      echo "cuda_root: no libcuda.so.1 found: building with GGML_CUDA_NO_VMM (legacy memory pool)" >&2
+    fi
+  fi
+  echo "$r|$extra"
+}
+
 phase_build() {
   local t0 kind marker args log left
   t0=$(date +%s.%N)
@@ -135,13 +193,12 @@ phase_build() {
   tar -xzf "$CARRY/$LCP-stripped.tar.gz" -C "$WORK/src"
   args="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF"
   if [[ "$kind" == gpu ]]; then
-    if ! command -v nvcc >/dev/null 2>&1; then
-      for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [[ -x "$d/nvcc" ]] && export PATH="$d:$PATH" && break; done
-    fi
-    command -v nvcc >/dev/null 2>&1 || { say "build: nvcc not found"; record_phase build 0; return 1; }
-    export CUDACXX="${CUDACXX:-$(command -v nvcc)}"
-    say "build: $(nvcc --version | tail -2 | head -1)"
-    args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH $args"
+    local croot cextra cr
+    cr="$(cuda_root 2> >(tee -a "$RUNLOG" >&2))" || { say "build: no usable CUDA toolkit"; record_phase build 0; return 1; }
+    croot="${cr%%|*}"; cextra="${cr#*|}"
+    export CUDACXX="$croot/bin/nvcc" PATH="$croot/bin:$PATH"
+    say "build: $("$CUDACXX" --version | tail -2 | head -1) from $croot"
+    args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DCUDAToolkit_ROOT=$croot -DCMAKE_CUDA_COMPILER=$croot/bin/nvcc${cextra:+ $cextra} $args"
   else
     args="-DGGML_CUDA=off $args"
   fi
