@@ -105,6 +105,11 @@ phase_wheels() {
 }
 
 # --- (b) llama-cpp-python with CUDA for this GPU only ------------------------------------------------
+cuda_libpath() {  # the CUDA library folders the build linked against (cuBLAS may live in a pip wheel)
+  [[ -f "$SITE/.cuda_libdirs" ]] && export LD_LIBRARY_PATH="$(cat "$SITE/.cuda_libdirs")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  return 0
+}
+
 llama_check() {  # prints "<file> <gpu_offload>" of the llama_cpp the measure phase will import
   PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
     'import llama_cpp as l; print(l.__file__, bool(l.llama_supports_gpu_offload()))' 2>/dev/null | tail -1
@@ -125,7 +130,8 @@ cuda_root() {
   for d in "$t/lib64" "$t/targets/x86_64-linux/lib" "$t/lib"; do [[ -e "$d/libcudart.so" ]] && { lib="$d"; break; }; done
   lib="${lib:-$t/lib64}"
   [[ -e "$lib/libcublas.so" && ( -f "$t/include/cublas_v2.h" || -f "$t/targets/x86_64-linux/include/cublas_v2.h" ) ]] && have_cublas=1
-  for d in "$lib/stubs/libcuda.so" "$lib/libcuda.so" /usr/lib/x86_64-linux-gnu/libcuda.so /usr/lib64/libcuda.so /usr/local/nvidia/lib64/libcuda.so; do
+  # where FindCUDAToolkit looks for CUDA::cuda_driver (the toolkit's stubs and the default library paths)
+  for d in "$lib/stubs/libcuda.so" "$lib/libcuda.so" /usr/lib/x86_64-linux-gnu/libcuda.so /usr/lib64/libcuda.so; do
     [[ -e "$d" ]] && { have_drv=1; break; }
   done
   echo "cuda_root: toolkit $t (libraries $lib), cuBLAS $([[ $have_cublas -eq 1 ]] && echo found || echo missing), libcuda.so $([[ $have_drv -eq 1 ]] && echo found || echo missing)" >&2
@@ -196,6 +202,13 @@ phase_build() {
     local croot cextra cr
     cr="$(cuda_root 2> >(tee -a "$RUNLOG" >&2))" || { say "build: no usable CUDA toolkit"; record_phase build 0; return 1; }
     croot="${cr%%|*}"; cextra="${cr#*|}"
+    # at run time libggml-cuda.so needs libcudart/libcublas from there (RPATH may hold only $ORIGIN)
+    local d dirs=""
+    for d in "$croot/lib64" "$croot/targets/x86_64-linux/lib" "$croot/lib"; do
+      [[ -d "$d" ]] && dirs="${dirs:+$dirs:}$(cd "$d" && pwd -P)"
+    done
+    echo "$dirs" >"$SITE/.cuda_libdirs"
+    cuda_libpath
     export CUDACXX="$croot/bin/nvcc" PATH="$croot/bin:$PATH"
     say "build: $("$CUDACXX" --version | tail -2 | head -1) from $croot"
     args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DCUDAToolkit_ROOT=$croot -DCMAKE_CUDA_COMPILER=$croot/bin/nvcc${cextra:+ $cextra} $args"
@@ -273,6 +286,7 @@ phase_measure() {
 }
 
 status=0
+cuda_libpath
 phase_wheels
 case "$ACTION" in
   build) phase_build || status=1 ;;
