@@ -130,3 +130,59 @@ def test_cpu_rehearsal_quick(tmp_path):
     assert sp.get("error") is None, sp
     assert sp["measured"]["decode_tok_s"] > 0 and sp["predicted"]["decode_tok_s"] > 0
     assert "| tiny-full-2k |" in md and "## Speed" in md
+
+
+def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):
+    """The GPU-only paths (CUDA0 / CUDA_Host cells, the overhead arithmetic, the Markdown) on a
+    what-if GPU plan and a CUDA-shaped log, so they cannot break unseen before the device run."""
+    from gguf_factory import LLAMA31_8B, q4_k_m, write_model
+
+    model = write_model(tmp_path / "l8.gguf", q4_k_m(LLAMA31_8B))
+    r = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", str(model), "--ctx", "8192", "-fa", "on",
+                        "--ngl", "16", "--gpu-mem", "141G", "--json"], capture_output=True, text=True, cwd=str(ROOT),
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    gpu = next(d for d in plan["devices"] if d["kind"] == "gpu")
+    mib = gpu_truth.MiB
+    lines = [
+        ["info", f"load_tensors:        CUDA0 model buffer size = {gpu['weights_bytes'] / mib:8.2f} MiB"],
+        ["info", "load_tensors:   CPU_Mapped model buffer size =  2400.00 MiB"],
+        ["info", "llama_kv_cache:      CUDA0 KV buffer size =   480.00 MiB"],
+        ["info", "llama_kv_cache:        CPU KV buffer size =   544.00 MiB"],
+        ["info", "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, V (f16):  512.00 MiB"],
+        ["info", "llama_context:  CUDA_Host  output buffer size =     0.49 MiB"],
+        ["info", "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB"],
+        ["info", "sched_reserve:  CUDA_Host compute buffer size =    24.01 MiB"],
+        ["info", "sched_reserve: graph: nodes = 1158, splits = 3, input objects = 4, input tensors = 6"],
+    ]
+    parsed = gpu_truth.parse_log(lines)
+    cmp_ = gpu_truth.buffer_comparison(plan, parsed, real=True)
+    cells = cmp_["cells"]
+    assert cells["gpu_weights"]["rel_err"] == 0.0
+    assert cells["kv_total"]["rel_err"] == 0.0
+    assert {"gpu_kv", "gpu_compute", "host_compute", "host_kv", "host_weights", "output"} <= set(cells)
+    assert cmp_["llama_cuda_host_compute_mib"] == 24.01 and cmp_["llama_cpu_compute_mib"] == 0.0
+    assert parsed["graph"]["splits_pp"] == 3
+
+    G = 1 << 30
+    mem = [{"stage": "process_start", "nvml_used_bytes": 1 * G, "nvml_free_bytes": 139 * G, "rss_bytes": 50 * mib},
+           {"stage": "cuda_context", "nvml_used_bytes": 1 * G + 500 * mib, "nvml_free_bytes": 139 * G - 500 * mib,
+            "cuda_free_bytes": 139 * G - 500 * mib, "cuda_total_bytes": 140 * G, "rss_bytes": 300 * mib},
+           {"stage": "after_decode", "nvml_used_bytes": 1 * G + 500 * mib + int((gpu["weights_bytes"] / mib + 780) * mib) + 200 * mib,
+            "cuda_free_bytes": 100 * G, "cuda_total_bytes": 140 * G, "rss_bytes": 900 * mib}]
+    res = gpu_truth.overhead_result(mem, parsed)
+    assert res["cuda_context"]["overhead_bytes_nvml"] == 500 * mib
+    assert res["cuda_context"]["overhead_bytes_cuda"] == 500 * mib
+    assert abs(res["after_decode"]["overhead_bytes_nvml"] - 700 * mib) < mib  # 500 context + 200 beyond the buffers
+
+    doc = {"mode": "gpu", "buffers": [{"key": "x", "fixture": "l8", "real_load": True, "compare": cmp_, "llama": parsed,
+                                       "kvtuner_dry_run": {"same_compute": True, "same_output": True, "same_kv": True}}],
+           "overhead": [{"key": "o", "result": res, "kvtuner_overhead_bytes": {"gpu": 400 * mib, "host": 160 * mib}}],
+           "speed": [{"key": "s", "fixture": "l8", "flags": ["-fa", "on"], "n_depth": 0,
+                      "predicted": {"decode_tok_s": 150.0, "prefill_tok_s": 9000.0},
+                      "measured": {"decode_tok_s": 160.0, "prefill_tok_s": 8000.0}, "decode_tok_s_ratio": 0.938,
+                      "vram_used_by_run_bytes": 6 * G, "planned_gpu_total_bytes": 6 * G}]}
+    md = gpu_truth.render_md(doc)
+    assert "| x | l8 | yes |" in md and "| 500.0 / 500.0 |" in md and "150.0 / 160.0" in md
+    assert gpu_truth.summarise(doc)["decode_pred_over_meas"] == {"s": 0.938}

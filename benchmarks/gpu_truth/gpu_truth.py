@@ -763,6 +763,38 @@ def _plan_summary(pj: dict) -> dict:
 # phase: overhead
 
 
+def overhead_result(mem: list[dict], parsed: dict) -> dict:
+    """Per stage of a probe: NVML / cudaMemGetInfo used bytes relative to the process start,
+    RSS, and ``overhead_bytes_*`` = what the process holds on the GPU beyond llama.cpp's own
+    buffers (0 buffers at ``cuda_context``: the bare context)."""
+    stages = {m["stage"]: m for m in mem}
+    base = stages.get("process_start", {})
+    gpu_bufs = sum(v for t_ in ("model_mib", "kv_mib", "compute_mib", "output_mib")
+                   for k, v in parsed[t_].items() if is_gpu_buft(k)) * MiB
+    host_bufs = sum(v for t_ in ("kv_mib", "compute_mib", "output_mib") for k, v in parsed[t_].items()
+                    if not is_gpu_buft(k)) * MiB
+    res: dict[str, Any] = {"gpu_buffers_bytes": int(gpu_bufs), "host_buffers_bytes_excl_weights": int(host_bufs)}
+    for name, m in stages.items():
+        r: dict[str, Any] = {"rss_bytes": m.get("rss_bytes")}
+        if base.get("nvml_used_bytes") is not None and m.get("nvml_used_bytes") is not None:
+            r["nvml_used_delta_bytes"] = m["nvml_used_bytes"] - base["nvml_used_bytes"]
+        if m.get("cuda_free_bytes") is not None and base.get("nvml_free_bytes") is not None:
+            # CUDA's free memory now against NVML's at the start (CUDA cannot look before its context)
+            r["cuda_used_delta_bytes"] = base["nvml_free_bytes"] - m["cuda_free_bytes"]
+        if m.get("nvml_process_bytes") is not None:
+            r["nvml_process_bytes"] = m["nvml_process_bytes"]
+        res[name] = r
+    # the overhead: what the process holds on the GPU beyond llama.cpp's buffers
+    for name in ("cuda_context", "context_created", "after_decode"):
+        r = res.get(name)
+        if r and r.get("nvml_used_delta_bytes") is not None:
+            bufs = 0 if name == "cuda_context" else gpu_bufs
+            r["overhead_bytes_nvml"] = int(r["nvml_used_delta_bytes"] - bufs)
+            if r.get("cuda_used_delta_bytes") is not None:
+                r["overhead_bytes_cuda"] = int(r["cuda_used_delta_bytes"] - bufs)
+    return res
+
+
 def measure_overhead_row(ctx: Ctx, row: OverheadRow) -> dict:
     fx = ctx.fixtures.get(row.fixture)
     rec: dict[str, Any] = {"key": row.key, "fixture": row.fixture, "flags": list(row.flags), "note": row.note}
@@ -788,31 +820,7 @@ def measure_overhead_row(ctx: Ctx, row: OverheadRow) -> dict:
     rec["llama"] = parsed
     if probe.get("error"):
         rec["error"] = f"probe: {probe['error']}"
-    stages = {m["stage"]: m for m in mem}
-    base = stages.get("process_start", {})
-    gpu_bufs = sum(v for t_ in ("model_mib", "kv_mib", "compute_mib", "output_mib")
-                   for k, v in parsed[t_].items() if is_gpu_buft(k)) * MiB
-    host_bufs = sum(v for t_ in ("kv_mib", "compute_mib", "output_mib") for k, v in parsed[t_].items()
-                    if not is_gpu_buft(k)) * MiB
-    res: dict[str, Any] = {"gpu_buffers_bytes": int(gpu_bufs), "host_buffers_bytes_excl_weights": int(host_bufs)}
-    for name, m in stages.items():
-        r: dict[str, Any] = {"rss_bytes": m.get("rss_bytes")}
-        if base.get("nvml_used_bytes") is not None and m.get("nvml_used_bytes") is not None:
-            r["nvml_used_delta_bytes"] = m["nvml_used_bytes"] - base["nvml_used_bytes"]
-        if m.get("cuda_free_bytes") is not None and base.get("nvml_used_bytes") is not None:
-            r["cuda_used_delta_bytes"] = (m["cuda_total_bytes"] - m["cuda_free_bytes"]) - base["nvml_used_bytes"]
-        if m.get("nvml_process_bytes") is not None:
-            r["nvml_process_bytes"] = m["nvml_process_bytes"]
-        res[name] = r
-    # the overhead: what the process holds on the GPU beyond llama.cpp's buffers
-    for name in ("cuda_context", "context_created", "after_decode"):
-        r = res.get(name)
-        if r and r.get("nvml_used_delta_bytes") is not None:
-            bufs = 0 if name == "cuda_context" else gpu_bufs
-            r["overhead_bytes_nvml"] = int(r["nvml_used_delta_bytes"] - bufs)
-            if r.get("cuda_used_delta_bytes") is not None:
-                r["overhead_bytes_cuda"] = int(r["cuda_used_delta_bytes"] - bufs)
-    rec["result"] = res
+    rec["result"] = overhead_result(mem, parsed)
     pj = plan.get("json")
     if pj:
         devs = plan_devices(pj)
