@@ -243,7 +243,9 @@ phase_build() {
   local secs; secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
   if [[ $rc -ne 0 ]]; then
     say "build: FAILED with exit $rc after ${secs} s (124 = out of time); tail in $OUT/build_log_tail.txt"
-    tail -25 "$log"
+    # the error lines, cut short (nvcc command lines are kilobytes long; the tool shows 12,000 characters)
+    grep -iE "error|fatal|not found|failed" "$log" | grep -v -- "-Werror" | tail -20 | cut -c1-300
+    tail -5 "$log" | cut -c1-300
     record_phase build "$secs"
     return 1
   fi
