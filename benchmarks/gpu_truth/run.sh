@@ -112,7 +112,10 @@ cuda_libpath() {  # the CUDA library folders the build linked against (cuBLAS ma
 
 llama_check() {  # prints "<file> <gpu_offload>" of the llama_cpp the measure phase will import
   PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c \
-    'import llama_cpp as l; print(l.__file__, bool(l.llama_supports_gpu_offload()))' 2>/dev/null | tail -1
+    'import llama_cpp as l; print(l.__file__, bool(l.llama_supports_gpu_offload()))' 2>"$WORK/llama_check.err" | tail -1
+}
+llama_error() {  # why the last llama_check printed nothing (the import's last error line)
+  grep -v '^\s*$' "$WORK/llama_check.err" 2>/dev/null | tail -2 | cut -c1-300 | tr '\n' ' '
 }
 
 # Echoes "<CUDA toolkit root CMake should use>|<extra CMake flags>". A toolkit put
@@ -250,9 +253,9 @@ phase_build() {
     return 1
   fi
   local chk; chk="$(llama_check)"
-  say "build: done in ${secs} s: llama_cpp $chk"
+  say "build: done in ${secs} s: llama_cpp ${chk:-NOT importable: $(llama_error)}"
   if [[ "$kind" == gpu && "$chk" != *" True" ]]; then
-    say "build: the built llama_cpp does not offload to the GPU"
+    say "build: the built llama_cpp does not offload to the GPU (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
     record_phase build "$secs"
     return 1
   fi
@@ -267,13 +270,17 @@ phase_build() {
 phase_measure() {
   local left chk
   chk="$(llama_check)"
-  if [[ -z "$chk" ]]; then
-    say "measure: llama_cpp is not importable with PYTHONPATH=$SITE"
-    [[ "$DEVICE" == gpu ]] && { say "measure: building first"; phase_build || return 1; chk="$(llama_check)"; }
-  elif [[ "$DEVICE" == gpu && "$chk" != *" True" ]]; then
-    say "measure: the importable llama_cpp ($chk) cannot offload: building first"
+  if [[ "$DEVICE" == gpu && "$chk" != "$SITE"*" True" ]]; then
+    if [[ -f "$SITE/.llama_build.json" ]]; then  # built here, but it does not load: a rebuild would not help
+      say "measure: the build in $SITE does not load with CUDA (${chk:-$(llama_error)}): nothing measured"
+      return 1
+    fi
+    say "measure: no CUDA build in $SITE (${chk:-$(llama_error)}): building first"
     phase_build || return 1
     chk="$(llama_check)"
+  elif [[ -z "$chk" ]]; then
+    say "measure: llama_cpp is not importable: $(llama_error)"
+    return 1
   fi
   say "measure: llama_cpp $chk"
   left=$(( BUDGET - $(elapsed) ))
