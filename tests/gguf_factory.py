@@ -16,7 +16,7 @@ bytes can follow a printed file type (llama-quant.cpp's ``use_more_bits`` layers
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -275,3 +275,53 @@ LLAMA31_8B = ModelSpec(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=143
                        name="Llama-3.1-8B shape")
 QWEN25_CODER_32B = ModelSpec(arch="qwen2", n_layer=64, n_embd=5120, n_head=40, n_head_kv=8, n_ff=27648, n_vocab=152064,
                              n_ctx_train=32768, name="Qwen2.5-Coder-32B shape")
+# Gemma 3 12B (config.json of google/gemma-3-12b-it: 48 layers, hidden 3840, 16 heads, 8 KV heads
+# of 256, intermediate 15360, window 1024, 5 local : 1 global layers; vocab 262208; tied output)
+GEMMA3_12B = ModelSpec(arch="gemma3", n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, head_dim=256, n_ff=15360,
+                       n_vocab=262208, n_ctx_train=131072, sliding_window=1024, swa_pattern=6, tied_output=True,
+                       name="Gemma-3-12B shape")
+# Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads, 4 KV heads of
+# 128, 128 experts of width 768, 8 used; vocab 151936; untied output)
+QWEN3_30B_A3B = ModelSpec(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144,
+                          n_vocab=151936, n_ctx_train=40960, n_expert=128, n_expert_used=8, n_ff_exp=768,
+                          name="Qwen3-30B-A3B shape")
+
+
+def q4_k_m(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as a Q4_K_M file (``general.file_type`` 15), following llama-quant.cpp's
+    ``llama_tensor_get_type`` for the main classes: Q4_K matrices, Q6_K for the output matrix
+    (the token embedding when the output is tied) and for ``attn_v`` / ``ffn_down`` /
+    ``ffn_down_exps`` in the ``use_more_bits`` layers. Real files differ by a few MiB (not every
+    special case is copied); the fixture is self-consistent, which a plan-versus-llama.cpp
+    comparison needs. Zero-weight sparse files of real shapes run at real speed on a GPU."""
+    out = "token_embd" if spec.tied_output else "output"
+    return replace(spec, weight_type=GQT.Q4_K, file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M),
+                   tensor_types={out: GQT.Q6_K},
+                   more_bits_types={"attn_v": GQT.Q6_K, "ffn_down": GQT.Q6_K, "ffn_down_exps": GQT.Q6_K})
+
+
+def q8_0(spec: ModelSpec) -> ModelSpec:
+    """``spec`` as a Q8_0 file (every matrix Q8_0, ``general.file_type`` 7)."""
+    return replace(spec, weight_type=GQT.Q8_0, file_type=int(gguf.LlamaFileType.MOSTLY_Q8_0), tensor_types={},
+                   more_bits_types={})
+
+
+def copy_header_sparse(src: str | Path, dst: str | Path) -> Path:
+    """Write ``dst`` as ``src`` with every weight zero: the exact header, metadata and tensor
+    table of ``src`` (its vocabulary too), then a hole up to ``src``'s size. Returns ``dst``.
+    The header ends where gguf's reader says the tensor data starts."""
+    src, dst = Path(src), Path(dst)
+    offset = gguf.GGUFReader(str(src)).data_offset
+    with open(src, "rb") as f:
+        head = f.read(offset)
+    return write_header_sparse(head, src.stat().st_size, dst)
+
+
+def write_header_sparse(header: bytes, size: int, dst: str | Path) -> Path:
+    """Write ``header`` (a GGUF file's bytes up to its tensor data) at ``dst`` and extend the file
+    to ``size`` bytes with a hole (all-zero weights, no disk blocks)."""
+    dst = Path(dst)
+    with open(dst, "wb") as f:
+        f.write(header)
+        f.truncate(size)
+    return dst
