@@ -73,17 +73,17 @@ record_phase() { PHASES_JSON="${PHASES_JSON:+$PHASES_JSON, }\"$1\": $2"; say "PH
 # --- which machine ---------------------------------------------------------------------------------
 DEVICE=cpu
 if [[ $CPU -eq 0 && -n "${GPU_TRUTH_FORCE_ARCH:-}" ]]; then
-  DEVICE=gpu; ARCH="$GPU_TRUTH_FORCE_ARCH"; CC="forced"   # rehearses the CUDA build without a GPU (build only)
+  DEVICE=gpu; ARCH="$GPU_TRUTH_FORCE_ARCH"; CAP="forced"   # rehearses the CUDA build without a GPU (build only)
 elif [[ $CPU -eq 0 ]]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) && [[ -n "$CC" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1) && [[ -n "$CAP" ]]; then
     DEVICE=gpu
-    ARCH="${CC//./}"
+    ARCH="${CAP//./}"
     ARCH="${ARCH//[[:space:]]/}"
   else
     say "no NVIDIA GPU answered nvidia-smi: CPU mode (pass --cpu to say so)"
   fi
 fi
-say "$CMDLINE: device $DEVICE${ARCH:+ (compute capability ${CC}, CUDA architecture $ARCH)}, python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])' 2>&1), budget ${BUDGET} s, work $WORK, out $OUT"
+say "$CMDLINE: device $DEVICE${ARCH:+ (compute capability ${CAP}, CUDA architecture $ARCH)}, python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])' 2>&1), budget ${BUDGET} s, work $WORK, out $OUT"
 
 # --- (a) carried wheels ------------------------------------------------------------------------------
 phase_wheels() {

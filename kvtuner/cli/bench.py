@@ -232,6 +232,6 @@ def _bench_text(result: "BenchResult", side: dict) -> str:
     for w in r.warnings:
         lines.append(f"warning: {w}")
     if r.kv_split_experimental:
-        lines.append("note: the KV split across GPU and host uses tensor overrides (EXPERIMENTAL)")
+        lines.append("note: the KV split across GPU and host uses tensor overrides (-ot)")
     return "\n".join(lines)
 

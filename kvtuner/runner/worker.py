@@ -359,8 +359,8 @@ class Worker:
                                        placement.kv_gpu_layers, False)
         elif placement.experimental:
             warnings.append(
-                f"EXPERIMENTAL: KV of {placement.kv_gpu_layers} of {placement.offloaded_repeating_layers} offloaded "
-                "layers in VRAM via tensor overrides (not yet checked on a GPU)"
+                f"KV of {placement.kv_gpu_layers} of {placement.offloaded_repeating_layers} offloaded "
+                "layers in VRAM via tensor overrides (the others' KV stays in RAM)"
             )
         return placement, warnings
 

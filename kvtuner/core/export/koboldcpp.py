@@ -119,10 +119,10 @@ def render(
         settings["overridetensors"] = override_pattern(placement.override_layers, gpu_buffer_type)
         experimental = True
         notes.append(
-            f"EXPERIMENTAL partial KV split: gpulayers {placement.n_gpu_layers} keeps the KV of the last "
+            f"Partial KV split: gpulayers {placement.n_gpu_layers} keeps the KV of the last "
             f"{config.kv_gpu_layers} layers in VRAM; overridetensors moves the weights of layers "
             f"{placement.override_layers[0]}-{placement.override_layers[-1]} to {gpu_buffer_type}, their KV stays in RAM. "
-            "Not yet verified on a GPU."
+            "The same llama.cpp mechanism as llama-server's -ot: memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned)."
         )
     if not config.swa_full:
         notes.append("useswa (small sliding-window cache) turns off koboldcpp's context shifting.")

@@ -43,7 +43,7 @@ class PlanConfig:
             ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)``).
         kv_gpu_layers: how many of the offloaded repeating layers keep their KV cache in
             VRAM. ``None`` means all of them (llama.cpp's default, ``offload_kqv``);
-            0 means ``-nkvo``. Between, the split is done with tensor overrides (experimental).
+            0 means ``-nkvo``. Between, the split is done with tensor overrides.
         type_k, type_v: KV cache types (``-ctk`` / ``-ctv``), see :data:`KV_CACHE_TYPES`.
         flash_attn: ``on``, ``off`` or ``auto`` (``-fa``).
         n_seq: parallel sequences (``-np``, ``n_seq_max``), each with its own KV stream.

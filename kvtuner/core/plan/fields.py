@@ -114,7 +114,7 @@ FIELDS: tuple[ConfigField, ...] = (
         "kv_gpu_layers", "--kv-gpu-layers", (), "", "int", "&KV layers on GPU",
         "offloaded layers that keep their KV cache in VRAM; 0 = -nkvo (default: all offloaded)",
         "'all' = llama.cpp's default (offload_kqv); 0 = -nkvo / --no-kv-offload (all KV in RAM).\n"
-        "Between: -ngl for those layers plus -ot tensor overrides for the rest (experimental).\n"
+        "Between: -ngl for those layers plus -ot tensor overrides for the rest (their KV stays in RAM).\n"
         "KV bytes per layer = (row_size(ctk, n_embd_k_gqa) + row_size(ctv, n_embd_v_gqa)) x cells x streams.",
         unit="layers", llama_cpp_python="offload_kqv", koboldcpp="lowvram", phrase="KV of {} layers on the GPU"),
     ConfigField(

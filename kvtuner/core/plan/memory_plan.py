@@ -35,9 +35,12 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
 from ..units import MiB, pad_to
 
-#: Driver/CUDA context memory per GPU that no llama.cpp buffer reports (CUDA context, cuBLAS
-#: workspace): an estimate until benchmarks/gpu_truth measures it with cudaMemGetInfo.
-DEFAULT_GPU_OVERHEAD_BYTES = 400 * MiB
+#: Memory per GPU that no llama.cpp buffer reports (CUDA context, cuBLAS workspace, graphs):
+#: measured on an H200 (driver 580, CUDA 13.0) with cudaMemGetInfo as 527 MiB after the context
+#: is created and 609 MiB once a 512-token batch and one token have run
+#: (benchmarks/gpu_truth/results/2026-11-30-h200.md, "Per-process overhead"); consumer cards with
+#: fewer multiprocessors need somewhat less, so this errs on the safe side for them.
+DEFAULT_GPU_OVERHEAD_BYTES = 610 * MiB
 #: Host memory of the process itself: Python, llama.cpp and ggml libraries (measured RSS of an
 #: idle runner child before loading a model, see benchmarks/).
 DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
@@ -309,7 +312,7 @@ def plan_memory(
         kv_gpu, offload_kqv = placement.kv_gpu_layers, placement.offload_kqv
         if placement.experimental:
             warnings.append(
-                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot); experimental, not yet checked on a GPU"
+                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot): memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned); its speed is predicted too high"
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
@@ -386,6 +389,7 @@ def plan_memory(
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
+        kv_f16=tk.name == "f16" and tv.name == "f16",
     )
     if compute_override:
         compute = compute.with_exact(compute_override)
