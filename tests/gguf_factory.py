@@ -40,6 +40,9 @@ class ModelSpec:
     tied_output: bool = False
     name: str = "kvtuner synthetic"
     extra_kv: dict = field(default_factory=dict)
+    #: explicit tensor table ``[(name, ggml shape (ne0 first), ggml type)]`` for architectures
+    #: this module does not lay out itself (tests/gguf_families.py builds them)
+    tensors: list | None = None
 
 
 def _per_layer(v: int | Sequence[int], n_layer: int) -> list[int]:
@@ -48,6 +51,8 @@ def _per_layer(v: int | Sequence[int], n_layer: int) -> list[int]:
 
 def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
     """(name, ggml shape (ne0 first), ggml type) for every tensor."""
+    if spec.tensors is not None:
+        return [(n, tuple(sh), t) for n, sh, t in spec.tensors]
     heads = _per_layer(spec.n_head, spec.n_layer)
     kv_heads = _per_layer(spec.n_head_kv, spec.n_layer)
     hd = spec.head_dim or spec.n_embd // max(max(heads), 1)

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from .compute_buffer import ComputeEstimate, estimate_compute
 from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
 from .placement import LayerPlacement, placement_for
 from ..model.ggml_types import kv_type, row_size
@@ -318,11 +319,13 @@ def plan_memory(
     kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
 
     # --- context --------------------------------------------------------------------------------
+    st = model.structure
     flash_attn = cfg.flash_attn != "off"
-    if tv.is_quantized and not flash_attn:  # PlanConfig already refuses this; keep the rule here too
-        raise ConfigError("a quantized V cache requires flash attention: use --flash-attn on or auto")
-    if model.is_mla and cfg.type_k != cfg.type_v:
-        raise ConfigError(f"{model.architecture} (MLA) needs the same K and V cache type: set --cache-type-v {cfg.type_k}")
+    if flash_attn and model.architecture == "grok":
+        # llama-context.cpp llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
+        warnings.append("grok: llama.cpp turns flash attention off for this architecture")
+        flash_attn = False
+    check_context(model, cfg, flash_attn)
     n_ctx = pad_to(cfg.n_ctx, 256)
     if cfg.kv_unified:
         n_stream, n_ctx_seq = 1, n_ctx
@@ -336,21 +339,24 @@ def plan_memory(
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
+    if st.is_approximate:
+        warnings.append(f"approximate: {st.note} (plan --verify reads the real structure from llama.cpp)")
 
-    # --- KV cache -------------------------------------------------------------------------------
+    # --- KV cache (llama-kv-cache.cpp constructor, per layer with its own KV) --------------------
     v_trans = not flash_attn
-    kv_layer_ids = [il for il in range(n_layer) if model.has_kv(il)]
-    v_width_max = max((model.n_embd_v_gqa(il) for il in range(n_layer)), default=0)
     swa_cells = n_ctx_seq
-    if model.n_swa and not cfg.swa_full:
-        swa_cells = pad_to(min(n_ctx_seq, model.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
+    if st.is_iswa and not cfg.swa_full:
+        # llama-kv-cache-iswa.cpp: GGML_PAD(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch), 256)
+        swa_cells = pad_to(min(n_ctx_seq, st.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
 
     layers: list[LayerKV] = []
-    for il in kv_layer_ids:
-        swa = model.swa_layers[il]
+    for role in st.kv_layers:
+        il = role.il
+        # a plain (non-iSWA) cache holds every layer at full size, SWA-masked or not
+        swa = role.swa and st.is_iswa
         cells = swa_cells if swa else n_ctx_seq
-        k_width = model.n_embd_k_gqa(il)
-        v_width = 0 if model.is_mla else (v_width_max if v_trans else model.n_embd_v_gqa(il))
+        k_width = role.k_width
+        v_width = 0 if st.is_mla else (st.v_width_max if v_trans else role.v_width)
         for t, w, what in ((tk, k_width, "K"), (tv, v_width, "V")):
             if w % t.block_size:
                 raise ConfigError(
@@ -363,24 +369,25 @@ def plan_memory(
         layers.append(LayerKV(il, device, swa, cells, k_bytes, v_bytes))
 
     caches: list[KvCacheSummary] = []
-    for kind, sel in (("full", [l for l in layers if not l.swa]), ("swa", [l for l in layers if l.swa])):
+    for kind, sel in (("full", [l for l in layers if not l.swa]), (st.swa_label, [l for l in layers if l.swa])):
         if sel:
             caches.append(
                 KvCacheSummary(kind, sel[0].cells, len(sel), cfg.n_seq, n_stream, tk.name, tv.name,
                                sum(l.k_bytes for l in sel), sum(l.v_bytes for l in sel))
             )
-    # recurrent state (llama-memory-recurrent.cpp): f32, one cell per sequence, on the layer's
-    # device when offload_kqv, else the host
+    # recurrent state (llama-memory-recurrent.cpp constructor): per recurrent layer an f32 row of
+    # n_embd_r (R) and of n_embd_s (S) for each of max(1, n_seq_max) cells (x (1 + n_rs_seq),
+    # n_rs_seq = 0 by default); on the layer's device when offload_kqv, else the host
     recurrent_by_device: dict[str, int] = {}
-    if model.recurrent_state_floats and any(model.recurrent_layers):
-        per_layer = model.recurrent_state_floats * 4 * max(1, cfg.n_seq)
-        for il in range(n_layer):
-            if model.recurrent_layers[il]:
-                dev = devs[il] if offload_kqv else HOST
-                recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + per_layer
-        n_recr = sum(model.recurrent_layers)
-        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), n_recr, cfg.n_seq, 1, "f32", "f32",
-                                     per_layer * n_recr, 0))
+    rec = st.recurrent_layers
+    if rec:
+        rows = max(1, cfg.n_seq)
+        r_per_layer, s_per_layer = st.state_r * 4 * rows, st.state_s * 4 * rows
+        for role in rec:
+            dev = devs[role.il] if offload_kqv else HOST
+            recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + r_per_layer + s_per_layer
+        caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32",
+                                     r_per_layer * len(rec), s_per_layer * len(rec)))
 
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
