@@ -510,3 +510,58 @@ def qwen3(*, n_layer: int = 36, E: int = 4096, n_head: int = 32, n_head_kv: int 
         t.ffn(il, E, n_ff)
     return _spec("qwen3", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=40960,
                  t=t, head_dim=head)
+
+
+def deepseek2(*, n_layer: int = 27, E: int = 2048, n_head: int = 16, kv_lora: int = 512, rope: int = 64,
+              k_mla: int = 192, v_mla: int = 128, n_ff: int = 10944, n_expert: int = 64, n_expert_used: int = 6,
+              n_ff_exp: int = 1408, n_shared: int = 2, V: int = 102400,
+              name: str = "DeepSeek-V2-Lite shape") -> ModelSpec:
+    """deepseek2.cpp: MLA (a K-only latent cache of kv_lora_rank + rope per token, one KV head),
+    a dense first layer, then MoE with shared experts."""
+    t = _T()
+    t.io(E, V)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", E)
+        t.add(p + "attn_kv_a_norm.weight", kv_lora)
+        t.add(p + "attn_q.weight", E, n_head * k_mla)
+        t.add(p + "attn_kv_a_mqa.weight", E, kv_lora + rope)
+        t.add(p + "attn_k_b.weight", k_mla - rope, kv_lora, n_head)
+        t.add(p + "attn_v_b.weight", kv_lora, v_mla, n_head)
+        t.add(p + "attn_output.weight", n_head * v_mla, E)
+        t.add(p + "ffn_norm.weight", E)
+        if il == 0:
+            t.ffn(il, E, n_ff, norm=None)
+        else:
+            t.moe(il, E, n_ff_exp, n_expert, shexp=n_ff_exp * n_shared)
+    kv = {"deepseek2.attention.kv_lora_rank": kv_lora, "deepseek2.attention.key_length_mla": k_mla,
+          "deepseek2.attention.value_length_mla": v_mla, "deepseek2.attention.value_length": kv_lora,
+          "deepseek2.rope.dimension_count": rope, "deepseek2.leading_dense_block_count": 1,
+          "deepseek2.expert_count": n_expert, "deepseek2.expert_used_count": n_expert_used,
+          "deepseek2.expert_feed_forward_length": n_ff_exp, "deepseek2.expert_shared_count": n_shared}
+    return _spec("deepseek2", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=1, n_ff=n_ff, V=V, ctx=163840,
+                 t=t, head_dim=kv_lora + rope, kv=kv)
+
+
+def mamba(*, n_layer: int = 24, E: int = 768, d_state: int = 16, dt_rank: int = 48, d_conv: int = 4, V: int = 50280,
+          name: str = "Mamba-130M shape") -> ModelSpec:
+    """mamba.cpp: a pure recurrent model (no KV cache; conv + SSM state per layer)."""
+    t = _T()
+    t.io(E, V, tied=True)
+    d_inner = 2 * E
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", E)
+        t.add(p + "ssm_in.weight", E, 2 * d_inner)
+        t.add(p + "ssm_conv1d.weight", d_conv, d_inner, t=F32)
+        t.add(p + "ssm_conv1d.bias", d_inner)
+        t.add(p + "ssm_x.weight", d_inner, dt_rank + 2 * d_state)
+        t.add(p + "ssm_dt.weight", dt_rank, d_inner)
+        t.add(p + "ssm_dt.bias", d_inner)
+        t.add(p + "ssm_a", d_state, d_inner, t=F32)
+        t.add(p + "ssm_d", d_inner)
+        t.add(p + "ssm_out.weight", d_inner, E)
+    kv = {"mamba.ssm.conv_kernel": d_conv, "mamba.ssm.inner_size": d_inner, "mamba.ssm.state_size": d_state,
+          "mamba.ssm.time_step_rank": dt_rank}
+    return _spec("mamba", name, n_layer=n_layer, E=E, n_head=0, n_head_kv=0, n_ff=0, V=V, ctx=1 << 20, t=t, kv=kv,
+                 tied=True)

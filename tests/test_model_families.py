@@ -52,6 +52,8 @@ FAMILIES = {
     "qwen2": lambda: F.qwen2(),
     "qwen3": lambda: F.qwen3(),
     "stablelm": lambda: F.stablelm(),
+    "deepseek2": lambda: F.deepseek2(),
+    "mamba": lambda: F.mamba(),
 }
 
 
@@ -107,12 +109,14 @@ def test_family_matches_llama_cpp(family, ci, family_files):
     assert probed is not None and differences(model.structure, probed) == []
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("stablelm",)])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("stablelm", "mamba")])
 def test_family_kv_bytes_per_cell_exact(family, family_files):
     """At 65536 cells the printed MiB pins every cache's bytes per cell exactly."""
     path = family_files[family]
-    config = PlanConfig(n_ctx=65536, flash_attn="on", type_k="q8_0", type_v="q4_0", swa_full=True)
-    plan = plan_memory(ModelProfile.from_gguf(path), config)
+    model = ModelProfile.from_gguf(path)
+    config = PlanConfig(n_ctx=65536, flash_attn="on", type_k="q8_0", type_v="q8_0" if model.is_mla else "q4_0",
+                        swa_full=True)
+    plan = plan_memory(model, config)
     got = dryrun.dry_run(path, config)
     theirs = [c for c in got.kv_caches if c.layers > 0]
     ours = [c for c in plan.kv_caches if c.kind != "recurrent"]
@@ -124,7 +128,7 @@ def test_family_kv_bytes_per_cell_exact(family, family_files):
         assert o.v_bytes == round(t.v_mib * MiB / cells) * cells
 
 
-@pytest.mark.parametrize("family", ["qwen35", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2", "qwen3next"])
+@pytest.mark.parametrize("family", ["qwen35", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2", "qwen3next", "mamba"])
 @pytest.mark.parametrize("n_seq", [1, 4, 64])
 def test_recurrent_state_matches_llama_cpp(family, n_seq, family_files):
     path = family_files[family]

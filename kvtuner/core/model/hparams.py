@@ -48,7 +48,7 @@ SKIPS_MTP_ARCHS = frozenset({
 #: tests (tests/test_plan_vs_llama.py, tests/test_model_families.py, tests/test_model_variants.py).
 TESTED_ARCHS = frozenset({
     "llama", "deci", "gemma3", "deepseek2", "mamba",
-    "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2", "lfm2moe",
+    "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2",
     "llama4", "gemma3n", "gemma4", "glm4moe", "gpt-oss", "qwen2", "qwen3", "stablelm",
 })
 
