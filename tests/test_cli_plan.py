@@ -50,8 +50,8 @@ def test_inspect_json():
 @pytest.mark.parametrize("args,needle", [
     (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 exceeds the 4 repeating layers offloaded"),
     (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
-    (["--ctx", "0"], "--ctx must be a positive number"),
     (["--ctx", "-4096"], "--ctx must be a positive number"),
+    (["-np", "-2"], "or -1 for llama-server's auto"),
     (["--cache-type-k", "q2_k"], "unknown KV cache type"),
     (["--gpu-mem", "twelve"], "--gpu-mem"),
     (["--ngl", "-3"], "--ngl must be 0 or more"),

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   positive_int, resolve_model, session_from_args)
+                   load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -139,7 +139,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
-    config = config_from_args(args)
+    config = config_from_args(args, model=lambda: load_model(str(model_path)))
+    for note in getattr(args, "resolved_notes", ()):
+        print(f"kvtuner: {note}", file=sys.stderr)
     if not args.timeout > 0:  # also NaN
         raise UserError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     if args.threads is not None and args.threads < 1:  # llama.cpp would quietly use its own default

@@ -37,7 +37,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import report
 
     model = load_model(args.model)
-    config = config_from_args(args)
+    config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
@@ -48,10 +48,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if assessment.speed is None and assessment.speed_error:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
+    resolved = list(getattr(args, "resolved_notes", ()))
     if args.json:
-        emit_json(assessment.to_dict())
+        doc = assessment.to_dict()
+        doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
+        emit_json(doc)
     else:
-        print(report.plan_text(assessment))
+        text = report.plan_text(assessment)
+        print("\n".join([*(f"resolved: {n}" for n in resolved), text]))
     return 0
 
 
