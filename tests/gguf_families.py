@@ -565,3 +565,22 @@ def mamba(*, n_layer: int = 24, E: int = 768, d_state: int = 16, dt_rank: int = 
           "mamba.ssm.time_step_rank": dt_rank}
     return _spec("mamba", name, n_layer=n_layer, E=E, n_head=0, n_head_kv=0, n_ff=0, V=V, ctx=1 << 20, t=t, kv=kv,
                  tied=True)
+
+
+def granite_swa(*, n_layer: int = 8, E: int = 1024, n_head: int = 16, n_head_kv: int = 4, n_ff: int = 2048,
+                V: int = 16384, window: int = 512, period: int = 4, name: str = "granite_swa, small") -> ModelSpec:
+    """granite-swa.cpp: a per-layer SWA pattern array and attention sinks. kvtuner has no tested
+    rule for this architecture: the tests use it to show the structure probe at work."""
+    t = _T()
+    t.io(E, V)
+    hd = E // n_head
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t.add(p + "attn_norm.weight", E)
+        t.attn(il, E, hd * n_head, hd * n_head_kv, hd * n_head_kv, hd * n_head)
+        t.add(p + "attn_sinks.weight", n_head)
+        t.ffn(il, E, n_ff)
+    kv = {"granite_swa.logit_scale": 8.0,
+          "granite_swa.attention.sliding_window_pattern": [(il % period) != period - 1 for il in range(n_layer)]}
+    return _spec("granite_swa", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
+                 ctx=32768, t=t, window=window, kv=kv)

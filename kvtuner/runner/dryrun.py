@@ -130,3 +130,24 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
         log_tail=tuple(ev.log_tail), recurrent=tuple(RecurrentStateSize(**r) for r in ev.recurrent),
         structure_facts=dict(ev.structure_facts) if ev.structure_facts else None,
     )
+
+
+#: The configuration a structure probe loads: the smallest context, one sequence; the structure
+#: llama.cpp builds does not depend on it.
+PROBE_CONFIG = PlanConfig(n_ctx=256, n_ubatch=256, n_batch=256, flash_attn="auto")
+
+
+def probe_structure(model_path: str | os.PathLike, base: "ModelStructure", *,
+                    timeout_s: float = 120.0) -> "ModelStructure":
+    """The model's per-layer memory structure as the installed llama.cpp builds it: a dry run
+    of :data:`PROBE_CONFIG` whose per-layer log lines the structure probe reads
+    (:mod:`kvtuner.runner.structure_probe`); ``base`` is the header's analytic structure.
+
+    Raises:
+        DryRunError: the dry run failed, or its log described no structure.
+    """
+    result = dry_run(model_path, PROBE_CONFIG, timeout_s=timeout_s)
+    probed = result.structure(base)
+    if probed is None:
+        raise DryRunError("crashed", "llama.cpp's log described no per-layer structure for this model", result.log_tail)
+    return probed

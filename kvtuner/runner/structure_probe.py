@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
-from ..core.model.structure import LayerRole, ModelStructure
+from ..core.model.structure import LayerRole, ModelStructure, differences  # noqa: F401 (re-exported)
 from ..core.units import MiB
 from . import llama_log as L
 
@@ -140,24 +140,3 @@ def structure_from_facts(facts: dict[str, Any], base: ModelStructure, *,
     return replace(base, layers=tuple(layers), n_layer=n_layer, memory=memory, n_swa=n_swa, swa_type=swa_type,
                    state_r=state_r, state_s=state_s, v_width_max=max(v_gqa, default=0), source="probe",
                    note=note, llama_build=llama_build)
-
-
-def differences(a: ModelStructure, b: ModelStructure) -> list[str]:
-    """What differs between two structures of the same model (empty: the same memory).
-
-    Compares, per layer, KV ownership, SWA membership (of KV layers), reuse, recurrence, the
-    K/V widths of KV layers, and the window and state widths.
-    """
-    out: list[str] = []
-    if a.n_layer_all != b.n_layer_all:
-        return [f"{a.n_layer_all} vs {b.n_layer_all} blocks"]
-    for x, y in zip(a.layers, b.layers):
-        if (x.kv, x.reuse, x.recurrent) != (y.kv, y.reuse, y.recurrent):
-            out.append(f"layer {x.il}: kv/reuse/recurrent {x.kv}/{x.reuse}/{x.recurrent} vs {y.kv}/{y.reuse}/{y.recurrent}")
-        elif x.kv and (x.swa != y.swa or x.k_width != y.k_width or x.v_width != y.v_width):
-            out.append(f"layer {x.il}: swa/k/v {x.swa}/{x.k_width}/{x.v_width} vs {y.swa}/{y.k_width}/{y.v_width}")
-    if a.is_iswa != b.is_iswa or (a.is_iswa and a.n_swa != b.n_swa):
-        out.append(f"window {a.memory} {a.n_swa} vs {b.memory} {b.n_swa}")
-    if a.recurrent_layers and (a.state_r, a.state_s) != (b.state_r, b.state_s):
-        out.append(f"state rows {a.state_r}+{a.state_s} vs {b.state_r}+{b.state_s}")
-    return out

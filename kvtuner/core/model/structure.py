@@ -192,3 +192,24 @@ class ModelStructure:
         if s.memory not in MEMORY_KINDS or s.swa_type not in SWA_TYPES:
             raise ValueError(f"malformed structure record: memory {s.memory!r}, swa_type {s.swa_type!r}")
         return s
+
+
+def differences(a: ModelStructure, b: ModelStructure) -> list[str]:
+    """What differs between two structures of the same model (empty: the same memory).
+
+    Compares, per layer, KV ownership, SWA membership (of KV layers), reuse, recurrence, the
+    K/V widths of KV layers, and the window and state widths.
+    """
+    out: list[str] = []
+    if a.n_layer_all != b.n_layer_all:
+        return [f"{a.n_layer_all} vs {b.n_layer_all} blocks"]
+    for x, y in zip(a.layers, b.layers):
+        if (x.kv, x.reuse, x.recurrent) != (y.kv, y.reuse, y.recurrent):
+            out.append(f"layer {x.il}: kv/reuse/recurrent {x.kv}/{x.reuse}/{x.recurrent} vs {y.kv}/{y.reuse}/{y.recurrent}")
+        elif x.kv and (x.swa != y.swa or x.k_width != y.k_width or x.v_width != y.v_width):
+            out.append(f"layer {x.il}: swa/k/v {x.swa}/{x.k_width}/{x.v_width} vs {y.swa}/{y.k_width}/{y.v_width}")
+    if a.is_iswa != b.is_iswa or (a.is_iswa and a.n_swa != b.n_swa):
+        out.append(f"window {a.memory} {a.n_swa} vs {b.memory} {b.n_swa}")
+    if a.recurrent_layers and (a.state_r, a.state_s) != (b.state_r, b.state_s):
+        out.append(f"state rows {a.state_r}+{a.state_s} vs {b.state_r}+{b.state_s}")
+    return out

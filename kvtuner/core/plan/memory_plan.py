@@ -45,6 +45,29 @@ DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
 
 
 
+#: llama.cpp prints MiB with two decimals: a printed figure is exact to +-0.005 MiB.
+PRINT_TOLERANCE_BYTES = int(0.0051 * MiB)
+
+
+@dataclass(frozen=True)
+class ExactFigures:
+    """What llama.cpp itself reported for a configuration (a dry run), in bytes; the plan takes
+    these over its own arithmetic wherever they differ by more than the print's rounding.
+
+    Attributes:
+        kv: one ``(cells, layers, k_bytes, v_bytes)`` per attention cache with layers, in
+            llama.cpp's log order (full, then sliding-window/chunked), or None.
+        recurrent: ``(cells, r_bytes, s_bytes)`` of the recurrent state, or None.
+        compute: compute buffer bytes per device (``CPU``, ``CUDA0``), or None.
+        output: output buffer bytes per device, or None.
+    """
+
+    kv: tuple[tuple[int, int, int, int], ...] | None = None
+    recurrent: tuple[int, int, int] | None = None
+    compute: dict[str, int] | None = None
+    output: dict[str, int] | None = None
+
+
 @dataclass(frozen=True)
 class DevicePlan:
     """Memory of one device (a GPU or the host), bytes.
@@ -126,6 +149,7 @@ class MemoryPlan:
             ``offload_kqv``, tensor overrides), from :func:`kvtuner.core.plan.placement.placement_for`;
             None for a CPU-only plan.
         warnings: notes the user should read (approximations, ignored settings).
+        verified: llama.cpp's own figures (a dry run of this configuration) are in the plan.
     """
 
     model: ModelProfile
@@ -146,6 +170,7 @@ class MemoryPlan:
     layer_devices: tuple[str, ...] = ()
     placement: LayerPlacement | None = None
     warnings: tuple[str, ...] = field(default=())
+    verified: bool = False
 
     @property
     def kv_bytes(self) -> int:
@@ -218,6 +243,10 @@ class MemoryPlan:
                 {"il": l.il, "device": l.device, "swa": l.swa, "cells": l.cells, "k_bytes": l.k_bytes, "v_bytes": l.v_bytes}
                 for l in self.kv_layers
             ],
+            "structure": {"source": self.model.structure.source, "summary": self.model.structure.summary(),
+                          "memory": self.model.structure.memory, "llama_build": self.model.structure.llama_build,
+                          "note": self.model.structure.note},
+            "figures_source": "llama.cpp dry-run" if self.verified else "kvtuner",
             "compute_source": self.compute.source,
             "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
@@ -257,6 +286,7 @@ def plan_memory(
     gpu_overhead_bytes: int = DEFAULT_GPU_OVERHEAD_BYTES,
     host_overhead_bytes: int = DEFAULT_HOST_OVERHEAD_BYTES,
     compute_override: dict[str, int] | None = None,
+    exact: ExactFigures | None = None,
 ) -> MemoryPlan:
     """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
 
@@ -269,6 +299,9 @@ def plan_memory(
         host_overhead_bytes: process baseline on the host.
         compute_override: exact compute buffer bytes per device (from a dry-run); replaces
             the estimate for those devices.
+        exact: llama.cpp's figures for this configuration (:class:`ExactFigures`): every KV
+            cache, the recurrent state, compute and output per device replace the plan's own
+            where they differ by more than the print's rounding, and the plan is ``verified``.
 
     Returns:
         The :class:`MemoryPlan`; pure arithmetic, well under a millisecond for 100 layers.
@@ -339,7 +372,7 @@ def plan_memory(
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
-    if st.is_approximate:
+    if st.is_approximate and exact is None:
         warnings.append(f"approximate: {st.note} (plan --verify reads the real structure from llama.cpp)")
 
     # --- KV cache (llama-kv-cache.cpp constructor, per layer with its own KV) --------------------
@@ -368,6 +401,8 @@ def plan_memory(
         device = devs[il] if (offload_kqv and il in kv_on_gpu) else HOST
         layers.append(LayerKV(il, device, swa, cells, k_bytes, v_bytes))
 
+    if exact is not None and exact.kv is not None:
+        layers = _apply_exact_kv(layers, exact.kv, warnings)
     caches: list[KvCacheSummary] = []
     for kind, sel in (("full", [l for l in layers if not l.swa]), (st.swa_label, [l for l in layers if l.swa])):
         if sel:
@@ -382,23 +417,40 @@ def plan_memory(
     rec = st.recurrent_layers
     if rec:
         rows = max(1, cfg.n_seq)
-        r_per_layer, s_per_layer = st.state_r * 4 * rows, st.state_s * 4 * rows
-        for role in rec:
+        r_total, s_total = st.state_r * 4 * rows * len(rec), st.state_s * 4 * rows * len(rec)
+        if exact is not None and exact.recurrent is not None:
+            _, er, es = exact.recurrent
+            if abs(er - r_total) > PRINT_TOLERANCE_BYTES or abs(es - s_total) > PRINT_TOLERANCE_BYTES:
+                warnings.append(f"recurrent state: llama.cpp reports {(er + es) / MiB:.2f} MiB, "
+                                f"kvtuner's rule {(r_total + s_total) / MiB:.2f} MiB: using llama.cpp's")
+                r_total, s_total = er, es
+        for i, role in enumerate(rec):
             dev = devs[role.il] if offload_kqv else HOST
-            recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + r_per_layer + s_per_layer
-        caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32",
-                                     r_per_layer * len(rec), s_per_layer * len(rec)))
+            share = _share(r_total + s_total, i, len(rec))
+            recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + share
+        caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32", r_total, s_total))
+    elif exact is not None and exact.recurrent is not None:
+        _, er, es = exact.recurrent
+        warnings.append(f"llama.cpp keeps {(er + es) / MiB:.2f} MiB of recurrent state that kvtuner's structure has no "
+                        "layer for: counted on the host")
+        recurrent_by_device[HOST] = er + es
+        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), 0, cfg.n_seq, 1, "f32", "f32", er, es))
 
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
     )
+    if exact is not None and exact.compute:
+        compute_override = exact.compute
     if compute_override:
         compute = compute.with_exact(compute_override)
 
     # --- per device -----------------------------------------------------------------------------
     output_bytes = model.n_vocab * max(1, cfg.n_seq) * 4
+    output_exact = dict(exact.output) if (exact is not None and exact.output) else None
+    if output_exact is not None:
+        output_bytes = output_exact.pop(HOST, 0)
     out: list[DevicePlan] = []
     for g in gpus:
         ids = [il for il in range(n_layer) if devs[il] == g.device]
@@ -410,7 +462,8 @@ def plan_memory(
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
         out.append(DevicePlan(
             device=g.device, kind="gpu", name=g.name, weights_bytes=w, kv_bytes=kv,
-            compute_bytes=compute.bytes_on(g.device), output_bytes=0, overhead_bytes=gpu_overhead_bytes,
+            compute_bytes=compute.bytes_on(g.device), output_bytes=(output_exact or {}).get(g.device, 0),
+            overhead_bytes=gpu_overhead_bytes,
             capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
         ))
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
@@ -431,5 +484,50 @@ def plan_memory(
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), verified=exact is not None,
     )
+
+
+def _share(total: int, i: int, n: int) -> int:
+    """The ``i``-th of ``n`` near-equal integer parts of ``total`` (they sum to ``total``)."""
+    return total * (i + 1) // n - total * i // n
+
+
+def _scaled(values: list[int], total: int) -> list[int]:
+    """``values`` scaled to sum to ``total`` (integers, proportional; equal parts if all are 0)."""
+    have = sum(values)
+    if not values:
+        return []
+    if have == 0:
+        return [_share(total, i, len(values)) for i in range(len(values))]
+    out, acc, run = [], 0, 0
+    for v in values:
+        run += v
+        nxt = total * run // have
+        out.append(nxt - acc)
+        acc = nxt
+    return out
+
+
+def _apply_exact_kv(layers: list[LayerKV], exact: tuple[tuple[int, int, int, int], ...],
+                    warnings: list[str]) -> list[LayerKV]:
+    """Per-layer KV with llama.cpp's cache sizes where they differ from the plan's by more than
+    the print's rounding (K and V scaled within each cache; per layer, hence per device)."""
+    groups = [g for g in ([l for l in layers if not l.swa], [l for l in layers if l.swa]) if g]
+    same_shape = len(groups) == len(exact) and all(
+        (g[0].cells, len(g)) == (cells, n) for g, (cells, n, _, _) in zip(groups, exact))
+    if not same_shape:
+        total_k, total_v = sum(e[2] for e in exact), sum(e[3] for e in exact)
+        warnings.append(
+            "llama.cpp's KV caches (" + ", ".join(f"{n} layers x {c} cells" for c, n, _, _ in exact) + ") differ from "
+            "kvtuner's structure: totals are llama.cpp's, spread over the planned layers")
+        groups, exact = [layers], ((0, len(layers), total_k, total_v),)
+    out = {id(l): l for l in layers}
+    for g, (_, _, kb, vb) in zip(groups, exact):
+        pk, pv = sum(l.k_bytes for l in g), sum(l.v_bytes for l in g)
+        if abs(pk - kb) <= PRINT_TOLERANCE_BYTES and abs(pv - vb) <= PRINT_TOLERANCE_BYTES:
+            continue
+        ks, vs = _scaled([l.k_bytes for l in g], kb), _scaled([l.v_bytes for l in g], vb)
+        for l, k, v in zip(g, ks, vs):
+            out[id(l)] = LayerKV(l.il, l.device, l.swa, l.cells, k, v)
+    return [out[id(l)] for l in layers]
