@@ -29,8 +29,9 @@ def test_done_when_plan_json_default_model():
     for key in ("device", "weights_bytes", "kv_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
                 "total_bytes", "capacity_bytes"):
         assert key in host
-    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes",
-                                                         "overhead_bytes"))
+    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "repack_bytes", "kv_bytes", "compute_bytes",
+                                                         "output_bytes", "overhead_bytes"))
+    assert host["total_bytes"] == host["mapped_bytes"] + host["committed_bytes"]
     assert d["kv_bytes"] == 12.75 * MiB + 4_177_920 * 2
 
 

@@ -178,7 +178,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
     host = detect_host()
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
-        host = HostSpec(total_bytes=total, available_bytes=total)
+        host = HostSpec(total_bytes=total, available_bytes=total, cpu_features=host.cpu_features)
     return gpus, host
 
 

@@ -84,6 +84,13 @@ def plan_text(assessment: "Assessment") -> str:
             "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
         ])
     lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
+    h = plan.host
+    if h.repack_bytes or h.mapped_bytes:
+        lines.append(
+            f"host as the OS sees it: {fmt_bytes(h.mapped_bytes)} of mapped file pages (reclaimable) + "
+            f"{fmt_bytes(h.committed_bytes)} committed"
+            + (f" (includes ggml-cpu's {fmt_bytes(h.repack_bytes)} CPU_REPACK copy of the quantized weights)"
+               if h.repack_bytes else ""))
     lines.append(f"compute buffers: {plan.compute.label}")
     if verified is not None:
         lines.append("")

@@ -87,6 +87,8 @@ class ModelProfile:
         n_expert, n_expert_used: MoE experts (0 for dense).
         metadata: the raw scalar metadata (long arrays reduced to their length).
         warnings: things the planner can only approximate for this model.
+        tensors: the tensor table (names, shapes, types, bytes) of all parts, file order: what
+            the ``CPU_REPACK`` plan reads (:mod:`kvtuner.core.plan.repack`).
     """
 
     path: Path
@@ -120,6 +122,7 @@ class ModelProfile:
     n_expert_used: int
     metadata: dict[str, Any] = field(repr=False, compare=False)
     warnings: tuple[str, ...] = ()
+    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False, compare=False)
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -389,4 +392,5 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
         n_expert_used=m.int("{arch}.expert_used_count", 0),
         metadata={k: v for k, v in md.items() if not isinstance(v, ArrayInfo)},
         warnings=tuple(warnings),
+        tensors=tuple(tensors),
     )

@@ -31,6 +31,7 @@ from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
 from .placement import LayerPlacement, placement_for
+from .repack import repack_bytes
 from ..model.ggml_types import kv_type, row_size
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
@@ -76,6 +77,12 @@ class DevicePlan:
     ``free_bytes`` is what was free when measured (None for what-if GPUs).
     ``n_layers`` counts repeating layers whose weights live here; ``has_output`` the output layer.
     ``weights_mapped`` marks host weights that are memory-mapped from the file (page cache).
+    ``repack_bytes`` is the host's ``CPU_REPACK`` copy of repackable quantized weights
+    (:mod:`kvtuner.core.plan.repack`): committed memory on top of the mapped file pages.
+
+    As the OS sees the host: :attr:`mapped_bytes` are file pages (reclaimable page cache, read
+    again from disk when evicted), :attr:`committed_bytes` everything else (anonymous memory
+    that only swap can take); :attr:`total_bytes` is their sum, the peak RSS of the run.
     """
 
     device: str
@@ -91,11 +98,23 @@ class DevicePlan:
     n_layers: int = 0
     has_output: bool = False
     weights_mapped: bool = False
+    repack_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        """weights + KV + compute + output + overhead."""
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+        """weights + repacked copy + KV + compute + output + overhead."""
+        return (self.weights_bytes + self.repack_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+                + self.overhead_bytes)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Memory-mapped file pages (reclaimable): the weights when mapped, else 0."""
+        return self.weights_bytes if self.weights_mapped else 0
+
+    @property
+    def committed_bytes(self) -> int:
+        """Committed (anonymous) memory: everything but the mapped file pages."""
+        return self.total_bytes - self.mapped_bytes
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -119,6 +138,9 @@ class DevicePlan:
             "n_layers": self.n_layers,
             "has_output": self.has_output,
             "weights_mapped": self.weights_mapped,
+            "repack_bytes": self.repack_bytes,
+            "mapped_bytes": self.mapped_bytes,
+            "committed_bytes": self.committed_bytes,
         }
 
 
@@ -471,12 +493,19 @@ def plan_memory(
     if not output_on_gpu:
         # output.weight on the host; a tied output reuses token_embd's data (no second copy)
         host_w += model.output_bytes - (model.embd_bytes if model.tied_output else 0)
+    # ggml-cpu's CPU_REPACK copy (plan/repack.py): committed memory; with mmap the file pages it
+    # was read from stay mapped (llama-mmap.cpp maps the file with MAP_POPULATE), without mmap
+    # those tensors live only in the repack buffer
+    repack = repack_bytes(model, host_ids, not output_on_gpu, host.cpu_features if host else None,
+                          gpu_present=bool(gpus))
+    if repack and not cfg.use_mmap:
+        host_w -= repack
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
     out.append(DevicePlan(
         device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
         compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
         capacity_bytes=host.total_bytes if host else None, free_bytes=host.available_bytes if host else None,
-        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap,
+        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap, repack_bytes=repack,
     ))
 
     return MemoryPlan(
