@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import gguf
 
-from .gguf_header import ArrayInfo, GGUFError, GGUFHeader, TensorInfo, read_header
+from .gguf_header import ArrayInfo, GGUFError, GGUFHeader, TensorInfo, printable, read_header
 from .hparams import HYBRID_ARCHS, RECURRENT_ARCHS, Meta, derive_structure, read_hparams
 from .structure import LayerRole, ModelStructure
 
@@ -273,12 +274,14 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     if len(headers) > 1:
         count = md.get("split.count")
         if count is not None and count != len(headers):
-            raise GGUFError(f"{p}: split.count says {count} parts but the file names say {len(headers)}")
+            raise GGUFError(f"{p}: split.count says {printable(repr(count))} parts but the file names say {len(headers)}")
     arch = md.get("general.architecture")
     if arch is None:
         raise GGUFError(f"{p}: missing metadata key general.architecture (not a llama.cpp model file)")
     if not isinstance(arch, str):
         raise GGUFError(f"{p}: metadata general.architecture should be a string")
+    if not arch or len(arch) > 64 or not arch.isprintable() or any(c.isspace() for c in arch):
+        raise GGUFError(f"{p}: general.architecture {printable(arch)!r} is not an architecture name")
     gtype = md.get("general.type")
     if arch in NOT_LANGUAGE_MODELS or (isinstance(gtype, str) and gtype in NOT_MODEL_TYPES):
         what = gtype if isinstance(gtype, str) and gtype in NOT_MODEL_TYPES else arch
@@ -320,7 +323,7 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     extra_layers = 0
     for t in tensors:
         if t.name in names:
-            raise GGUFError(f"{p}: tensor {t.name} appears twice")
+            raise GGUFError(f"{p}: tensor {printable(t.name)} appears twice")
         names.add(t.name)
         mb = _BLK_RE.match(t.name)
         if mb:
@@ -347,6 +350,10 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
         output_bytes += embd_bytes  # llama.cpp creates output from token_embd (TENSOR_DUPLICATED)
     if extra_layers:
         warnings.append("tensors of layers beyond block_count (MTP/NextN heads) are kept on the host in this plan")
+    if first.big_endian and sys.byteorder == "little":
+        # ggml/src/gguf.cpp gguf_init_from_file_impl: "is there a mismatch between the host and model endianness?"
+        warnings.append("a big-endian GGUF: llama.cpp on this little-endian machine refuses it (convert it with "
+                        "gguf-py's gguf_convert_endian.py); planned as it would run on a big-endian host")
     structure = derive_structure(m, hp, tuple(layer_bytes))
     if structure.skipped_layer_bytes:
         layer_bytes = [b - s for b, s in zip(layer_bytes, structure.skipped_layer_bytes)]
