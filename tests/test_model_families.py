@@ -107,6 +107,32 @@ def test_family_matches_llama_cpp(family, ci, family_files):
     _compare(plan, got)
     probed = got.structure(model.structure)
     assert probed is not None and differences(model.structure, probed) == []
+    _compute_never_under(plan, got, family, CONFIGS[ci])
+
+
+def _compute_never_under(plan, got, family, kwargs):
+    """The analytic compute buffer may over-estimate, never under-estimate by more than 2% + 8 MiB."""
+    theirs = sum(got.compute_mib.values()) * MiB
+    ours = plan.compute.bytes_on("CPU")
+    print(f"compute {family} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB "
+          f"({ours / theirs - 1:+.1%})")
+    assert ours >= 0.98 * theirs - 8 * MiB
+
+
+LONG = [dict(n_ctx=131072, flash_attn="on"), dict(n_ctx=32768, flash_attn="on", swa_full=True),
+        dict(n_ctx=8192, flash_attn="off", n_ubatch=1024)]
+
+
+@pytest.mark.parametrize("family", ["llama4", "gemma4", "gpt-oss", "qwen35", "deepseek2", "qwen3", "falcon-h1"])
+@pytest.mark.parametrize("li", range(len(LONG)))
+def test_long_context_compute_never_under(family, li, family_files):
+    """Long contexts and large ubatches, where masks and scores outgrow the logits."""
+    path = family_files[family]
+    config = PlanConfig(**LONG[li])
+    plan = plan_memory(ModelProfile.from_gguf(path), config)
+    got = dryrun.dry_run(path, config)
+    _compare(plan, got)
+    _compute_never_under(plan, got, family, LONG[li])
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("stablelm", "mamba")])
