@@ -40,6 +40,8 @@ def model_text(m: ModelProfile) -> str:
         f"  weights       input {fmt_bytes(m.input_bytes)} (host)   layers {fmt_bytes(sum(m.layer_bytes))}   "
         f"output {fmt_bytes(m.output_bytes)}{' (tied to token_embd)' if m.tied_output else ''}",
     ]
+    st = m.structure
+    lines.append(f"  memory        {st.summary()} ({st.memory}; structure: {st.source})")
     if m.is_mla:
         lines.append(f"  MLA           kv_lora_rank {m.mla_kv_lora_rank}, K-only cache of {m.head_dim_k} per token per layer")
     if any(m.recurrent_layers):
