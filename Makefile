@@ -1,6 +1,6 @@
 # kvtuner developer entry points. `make run` opens the app on the embedded default model,
 # `make test` runs the test suite (both create .venv and install kvtuner into it first;
-# the test extras add pytest, pytest-qt, import-linter and llama.cpp's llama-server).
+# the test extras add pytest, pytest-qt, import-linter, hypothesis and llama.cpp's llama-server).
 PY ?= python3
 VENV := .venv
 

@@ -58,6 +58,9 @@ class ModelSpec:
     more_bits_types: dict = field(default_factory=dict)
     file_type: int | None = None  # general.file_type (LlamaFileType); default from weight_type
     qkv_bias: bool = False  # Q/K/V bias tensors (qwen2 has them; off by default to keep older fixtures)
+    #: explicit tensor table ``[(name, ggml shape (ne0 first), ggml type)]`` for architectures
+    #: this module does not lay out itself (tests/gguf_families.py builds them)
+    tensors: list | None = None
 
 
 def _per_layer(v: int | Sequence[int], n_layer: int) -> list[int]:
@@ -71,6 +74,8 @@ def _use_more_bits(il: int, n_layer: int) -> bool:
 
 def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
     """(name, ggml shape (ne0 first), ggml type) for every tensor."""
+    if spec.tensors is not None:
+        return [(n, tuple(sh), t) for n, sh, t in spec.tensors]
     heads = _per_layer(spec.n_head, spec.n_layer)
     kv_heads = _per_layer(spec.n_head_kv, spec.n_layer)
     hd = spec.head_dim or spec.n_embd // max(max(heads), 1)

@@ -29,8 +29,9 @@ def test_done_when_plan_json_default_model():
     for key in ("device", "weights_bytes", "kv_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
                 "total_bytes", "capacity_bytes"):
         assert key in host
-    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes",
-                                                         "overhead_bytes"))
+    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "repack_bytes", "kv_bytes", "compute_bytes",
+                                                         "output_bytes", "overhead_bytes"))
+    assert host["total_bytes"] == host["mapped_bytes"] + host["committed_bytes"]
     assert d["kv_bytes"] == 12.75 * MiB + 4_177_920 * 2
 
 
@@ -50,8 +51,8 @@ def test_inspect_json():
 @pytest.mark.parametrize("args,needle", [
     (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 exceeds the 4 repeating layers offloaded"),
     (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
-    (["--ctx", "0"], "--ctx must be a positive number"),
     (["--ctx", "-4096"], "--ctx must be a positive number"),
+    (["-np", "-2"], "or -1 for llama-server's auto"),
     (["--cache-type-k", "q2_k"], "unknown KV cache type"),
     (["--gpu-mem", "twelve"], "--gpu-mem"),
     (["--ngl", "-3"], "--ngl must be 0 or more"),

@@ -39,7 +39,7 @@ def test_output_file_force_and_no_clobber(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--ctx", "0"], "--ctx must be a positive number"),
+        (["--ctx", "-1"], "--ctx must be a positive number"),
         (["-ctv", "q4_0", "-fa", "off"], "requires flash attention"),
         (["--ngl", "5", "--kv-gpu-layers", "9"], "lower --kv-gpu-layers to 4 or less"),
         (["/no/such/model.gguf"], "model file not found"),

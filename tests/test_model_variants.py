@@ -51,10 +51,26 @@ def test_swa_pattern_from_metadata_array(tmp_path):
     assert plan.kv_caches[1].cells == 1024
 
 
-def test_unknown_swa_arch_warns(tmp_path):
+def test_llama_ignores_a_sliding_window_key(tmp_path):
+    """llama.cpp's llama loader never reads attention.sliding_window (src/models/llama.cpp):
+    every layer keeps a full-size cache, and kvtuner plans it so, without an approximation."""
     spec = ModelSpec(arch="llama", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, sliding_window=4096)
     m = ModelProfile.from_gguf(write_model(tmp_path / "x.gguf", spec))
-    assert m.n_swa == 0 and any("sliding window" in w for w in m.warnings)
+    assert m.n_swa == 0 and not any(m.swa_layers) and m.structure.source == "analytic"
+    plan = plan_memory(m, PlanConfig(n_ctx=8192))
+    assert [(c.kind, c.cells, c.layers) for c in plan.kv_caches] == [("full", 8192, 4)]
+    assert not any("approximate" in w for w in plan.warnings)
+
+
+def test_unknown_arch_is_approximate_in_one_visible_line(tmp_path):
+    """An architecture without a tested rule is planned with the generic rule (every layer
+    full-size KV) and says so in one line until a probe of llama.cpp replaces it."""
+    spec = ModelSpec(arch="starcoder2", n_layer=4, n_embd=256, n_head=4, n_head_kv=2)
+    m = ModelProfile.from_gguf(write_model(tmp_path / "x.gguf", spec))
+    assert m.structure.source == "approximate"
+    plan = plan_memory(m, PlanConfig(n_ctx=4096))
+    lines = [w for w in plan.warnings if w.startswith("approximate")]
+    assert len(lines) == 1 and "starcoder2" in lines[0]
 
 
 def test_mamba_recurrent_state(tmp_path):

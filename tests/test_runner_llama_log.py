@@ -39,9 +39,23 @@ CASES = [
     ("resolve_fused_ops: Flash Attention not supported, set to disabled", L.FlashAttnResolved(False)),
     ("llama_init_from_model: enabling flash_attn since it is required for quantized V cache", L.FlashAttnResolved(True)),
     ("llama_context: n_batch               = 2048", L.ContextParam("n_batch", "2048")),
+    # llama-memory-recurrent.cpp: "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB,
+    # S (%s): %7.2f MiB, P (%s): %7.2f MiB\n" (Qwen3.6-27B shapes, 4 sequences)
+    ("llama_memory_recurrent: size =  598.50 MiB (     4 cells,  64 layers,  4 seqs  0 rs_seq), R (f32):   30.00 MiB, "
+     "S (f32):  568.50 MiB, P (f32):    0.00 MiB", L.RecurrentStateSize(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5, 0.0)),
+    # the structure probe's lines: llama-kv-cache.cpp (DEBUG) "%s: layer %3d: dev = %s\n",
+    # "%s: - layer %3d: reuse layer %d, is_swa = %d\n"; llama-kv-cache-iswa.cpp "%s: creating non-SWA KV cache,
+    # size = %u cells\n"; llama-memory-recurrent.cpp (DEBUG) "%s, layer %3d: dev = %s\n"; print_info
+    ("llama_kv_cache: layer   3: dev = CPU", L.KvLayer(3, "CPU")),
+    ("llama_kv_cache: - layer  24: reuse layer 22, is_swa = 1", L.KvReuse(24, 22, True)),
+    ("llama_kv_cache_iswa: creating non-SWA KV cache, size = 8192 cells", L.IswaSection("base", 8192)),
+    ("llama_kv_cache_iswa: creating     SWA KV cache, size = 1024 cells", L.IswaSection("swa", 1024)),
+    ("llama_memory_recurrent, layer   0: dev = CUDA0", L.RecurrentLayer(0, "CUDA0")),
+    ("print_info: n_layer          = 18", L.ModelInfo("n_layer", "18")),
+    ("print_info: n_embd_k_gqa          = [0, 1024, 0]", L.ModelInfo("n_embd_k_gqa", "[0, 1024, 0]")),
     # nothing we track
     ("llama_context: freq_base             = 1000000.0", None),
-    ("print_info: n_layer          = 18", None),
+    ("print_info: n_rot                 = 64", None),
     ("sched_reserve: graph: nodes = 1000, splits = 1", None),
 ]
 

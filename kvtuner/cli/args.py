@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..core.plan.fields import FIELDS
 
@@ -97,15 +97,21 @@ def any_config_flag(args: argparse.Namespace) -> bool:
     return any(getattr(args, f.dest, None) is not None for f in FIELDS)
 
 
-def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None) -> "PlanConfig":
+def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
+                     model: "ModelProfile | Callable[[], ModelProfile] | None" = None) -> "PlanConfig":
     """Build a :class:`PlanConfig` from :func:`add_config_args` flags (unset flags keep ``base``).
+
+    llama-server's special values are accepted and resolved against the model
+    (:func:`kvtuner.core.plan.config.resolve_server_defaults`): ``--ctx 0`` is the training
+    context, ``-np -1`` four slots with a unified cache. ``model`` (a profile, or a callable
+    that loads it) is read only then; the resolution notes are left in ``args.resolved_notes``.
 
     Raises:
         UserError: an impossible configuration, with what to change.
     """
     from dataclasses import replace
 
-    from ..core.plan.config import ConfigError, PlanConfig
+    from ..core.plan.config import ConfigError, PlanConfig, resolve_server_defaults
 
     changes = {}
     for f in FIELDS:
@@ -113,10 +119,18 @@ def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None)
         if value is None:
             continue
         changes[f.name] = (not value) if f.kind == "negated-switch" else value
+    notes: list[str] = []
     try:
-        return replace(base or PlanConfig(), **changes)
+        if changes.get("n_ctx") == 0 or (isinstance(changes.get("n_seq"), int) and changes["n_seq"] < 0):
+            if model is None:
+                raise UserError("--ctx 0 and -np -1 need a model to resolve against")
+            profile = model() if callable(model) else model
+            changes, notes = resolve_server_defaults(changes, profile.n_ctx_train)
+        config = replace(base or PlanConfig(), **changes)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    args.resolved_notes = tuple(notes)
+    return config
 
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +178,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
     host = detect_host()
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
-        host = HostSpec(total_bytes=total, available_bytes=total)
+        host = HostSpec(total_bytes=total, available_bytes=total, cpu_features=host.cpu_features)
     return gpus, host
 
 

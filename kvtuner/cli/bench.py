@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   positive_int, resolve_model, session_from_args)
+                   load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -109,24 +109,33 @@ def _bench_side_by_side(plan: "MemoryPlan | None", result: "BenchResult") -> dic
                         ("compute", result.buffers.compute_mib), ("output", result.buffers.output_mib)):
         for buft, mib in table.items():
             dev = buffer_device(buft)
-            measured.setdefault(dev, {}).setdefault(f"{kind}_bytes", 0)
-            measured[dev][f"{kind}_bytes"] += int(round(mib * MiB))
+            k = "repack" if buft == "CPU_REPACK" else kind  # ggml-cpu's repacked copy, apart from the mapped file
+            measured.setdefault(dev, {}).setdefault(f"{k}_bytes", 0)
+            measured[dev][f"{k}_bytes"] += int(round(mib * MiB))
     doc: dict = {"measured_devices": measured, "measured_kv_bytes": result.kv_bytes,
                  "measured_kv_bytes_exact": result.kv_bytes_exact}
     if plan is not None:
-        planned_kv = plan.kv_bytes
-        doc["planned_kv_bytes"] = planned_kv
         doc["planned_devices"] = {
             d.device: {"weights_bytes": d.weights_bytes, "kv_bytes": d.kv_bytes, "compute_bytes": d.compute_bytes,
-                       "output_bytes": d.output_bytes}
+                       "output_bytes": d.output_bytes, "repack_bytes": d.repack_bytes, "total_bytes": d.total_bytes,
+                       "mapped_bytes": d.mapped_bytes, "committed_bytes": d.committed_bytes}
             for d in plan.devices
         }
         doc["planned_kv_caches"] = [
             {"kind": c.kind, "cells": c.cells, "layers": c.layers, "kv_bytes": c.kv_bytes} for c in plan.kv_caches
         ]
+        # the host as the OS sees it: the planned total against the runner's measured peak RSS
+        doc["planned_host_total_bytes"] = plan.host.total_bytes
+        doc["measured_peak_rss_bytes"] = int(result.peak_rss_bytes)
+        if plan.host.total_bytes:
+            doc["rss_vs_plan"] = round(result.peak_rss_bytes / plan.host.total_bytes - 1, 4)
         # llama.cpp prints each cache's K and V in MiB with 2 decimals: compare at that precision too
-        printed = [round(c.size_mib, 2) for c in result.buffers.kv_caches]
-        planned_printed = [round((c.k_bytes + c.v_bytes) / MiB, 2) for c in plan.kv_caches]
+        # (the attention caches: the recurrent state has its own line)
+        attn = [c for c in plan.kv_caches if c.kind != "recurrent"]
+        planned_kv = sum(c.kv_bytes for c in attn)
+        doc["planned_kv_bytes"] = planned_kv
+        printed = [round(c.size_mib, 2) for c in result.buffers.kv_caches if c.layers]
+        planned_printed = [round((c.k_bytes + c.v_bytes) / MiB, 2) for c in attn]
         doc["kv_bytes_match"] = (planned_kv == result.kv_bytes) if result.kv_bytes_exact else None
         doc["kv_mib_match"] = all(abs(a - b) <= 0.011 for a, b in zip(printed, planned_printed)) and len(printed) == len(planned_printed)
     return doc
@@ -139,7 +148,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
-    config = config_from_args(args)
+    config = config_from_args(args, model=lambda: load_model(str(model_path)))
+    for note in getattr(args, "resolved_notes", ()):
+        print(f"kvtuner: {note}", file=sys.stderr)
     if not args.timeout > 0:  # also NaN
         raise UserError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     if args.threads is not None and args.threads < 1:  # llama.cpp would quietly use its own default
@@ -202,7 +213,9 @@ def _bench_text(result: "BenchResult", side: dict) -> str:
         f"prefill    {r.n_prompt} tok at depth {r.n_depth}: {stat(r.prefill_tok_s, 'tok/s')}",
         f"decode     {r.n_gen} tok: {stat(r.decode_tok_s, 'tok/s')}",
         f"TTFT       {stat(r.ttft_s, 's', '{:.3f}')}",
-        f"peak RSS   {fmt_bytes(r.peak_rss_bytes)} (runner process)",
+        f"peak RSS   {fmt_bytes(r.peak_rss_bytes)} (runner process)"
+        + (f"; planned host total {fmt_bytes(side['planned_host_total_bytes'])} ({side['rss_vs_plan']:+.1%})"
+           if side.get("planned_host_total_bytes") and "rss_vs_plan" in side else ""),
     ]
     if r.peak_vram_used_bytes:
         for idx, used in sorted(r.peak_vram_used_bytes.items()):
@@ -214,7 +227,7 @@ def _bench_text(result: "BenchResult", side: dict) -> str:
     planned = side.get("planned_devices", {})
     measured = side.get("measured_devices", {})
     for dev in sorted(set(planned) | set(measured)):
-        for kind in ("weights", "kv", "compute", "output"):
+        for kind in ("weights", "repack", "kv", "compute", "output"):
             p = planned.get(dev, {}).get(f"{kind}_bytes")
             m = measured.get(dev, {}).get(f"{kind}_bytes")
             if not p and not m:

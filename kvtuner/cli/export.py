@@ -76,7 +76,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"{model_path}: model file not found: give the path of a .gguf file")
-    config = config_from_args(args, base)
+    config = config_from_args(args, base, model=lambda: load_model(str(model_path)))
+    for note in getattr(args, "resolved_notes", ()):
+        print(f"kvtuner: {note}", file=sys.stderr)
     if any_hardware_flag(args):
         _check_fits(args, model_path, config)
     model = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import UserError, add_config_args, add_model_arg, any_config_flag, config_from_args
+from .args import UserError, add_config_args, add_model_arg, any_config_flag, config_from_args, load_model
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``gui``."""
@@ -25,10 +25,10 @@ def cmd_gui(args: argparse.Namespace) -> int:
     """``kvtuner gui``."""
     from pathlib import Path
 
-    config = config_from_args(args)
     model = Path(args.model).expanduser() if args.model else None
     if model is not None and not model.exists():
         raise UserError(f"model file not found: {model}")
+    config = config_from_args(args, model=lambda: load_model(args.model))
     if args.screenshot:
         shot = Path(args.screenshot).expanduser()
         try:

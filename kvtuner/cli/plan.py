@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     add_hardware_args(p)
     p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
+    p.add_argument("--no-probe", action="store_true",
+                   help="never ask llama.cpp for the layer structure of an architecture kvtuner has no tested rule for "
+                        "(the plan then says it is approximate)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     p.set_defaults(func=cmd_plan)
 
@@ -37,21 +40,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import report
 
     model = load_model(args.model)
-    config = config_from_args(args)
+    config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
         if args.verify:
             session.set_verified(verify(model, config))
+        elif session.needs_structure_probe and not args.no_probe:
+            session.set_structure(probe(model))
         assessment = session.assess()
     except ConfigError as exc:
         raise UserError(str(exc)) from None
     if assessment.speed is None and assessment.speed_error:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
+    resolved = list(getattr(args, "resolved_notes", ()))
     if args.json:
-        emit_json(assessment.to_dict())
+        doc = assessment.to_dict()
+        doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
+        emit_json(doc)
     else:
-        print(report.plan_text(assessment))
+        text = report.plan_text(assessment)
+        print("\n".join([*(f"resolved: {n}" for n in resolved), text]))
     return 0
 
 
@@ -69,6 +78,26 @@ def verify(model: "ModelProfile", config: "PlanConfig") -> "object":
         return dry_run(model.path, config)
     except DryRunError as exc:
         raise UserError(f"llama.cpp refused this configuration ({exc.kind}): {exc}") from None
+
+
+def probe(model: "ModelProfile") -> "object":
+    """The model's layer structure read from the installed llama.cpp (a dry run in a child
+    process, once per model and llama.cpp build: the session remembers it); None when
+    llama.cpp is not installed or cannot load the model (the plan then stays approximate)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from ..runner.dryrun import DryRunError, probe_structure
+
+    if sys.stderr.isatty():
+        print(f"kvtuner: reading {model.architecture}'s layer structure from llama.cpp (once per model) ...",
+              file=sys.stderr)
+    try:
+        return probe_structure(model.path, model.structure)
+    except DryRunError as exc:
+        print(f"kvtuner: llama.cpp could not be asked for the layer structure ({exc.kind}): {exc}", file=sys.stderr)
+        return None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

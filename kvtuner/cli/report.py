@@ -40,6 +40,8 @@ def model_text(m: ModelProfile) -> str:
         f"  weights       input {fmt_bytes(m.input_bytes)} (host)   layers {fmt_bytes(sum(m.layer_bytes))}   "
         f"output {fmt_bytes(m.output_bytes)}{' (tied to token_embd)' if m.tied_output else ''}",
     ]
+    st = m.structure
+    lines.append(f"  memory        {st.summary()} ({st.memory}; structure: {st.source})")
     if m.is_mla:
         lines.append(f"  MLA           kv_lora_rank {m.mla_kv_lora_rank}, K-only cache of {m.head_dim_k} per token per layer")
     if any(m.recurrent_layers):
@@ -63,6 +65,7 @@ def plan_text(assessment: "Assessment") -> str:
         f"n_ctx {plan.n_ctx} (n_ctx_seq {plan.n_ctx_seq} x {plan.n_stream} stream{'s' if plan.n_stream > 1 else ''}), "
         f"-ngl {ngl} ({gpu_note}), KV {c.type_k}/{c.type_v}, flash_attn {c.flash_attn}, n_ubatch {plan.n_ubatch}"
         + (f", swa_full" if c.swa_full else ""),
+        f"layers: {m.structure.summary()} ({_structure_source(plan)})",
         "",
     ]
     rows = [["KV cache", "cells", "layers", "K", "V", "total"]]
@@ -83,16 +86,33 @@ def plan_text(assessment: "Assessment") -> str:
             "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
         ])
     lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
+    h = plan.host
+    if h.repack_bytes or h.mapped_bytes:
+        lines.append(
+            f"host as the OS sees it: {fmt_bytes(h.mapped_bytes)} of mapped file pages (reclaimable) + "
+            f"{fmt_bytes(h.committed_bytes)} committed"
+            + (f" (includes ggml-cpu's {fmt_bytes(h.repack_bytes)} CPU_REPACK copy of the quantized weights)"
+               if h.repack_bytes else ""))
     lines.append(f"compute buffers: {plan.compute.label}")
     if verified is not None:
         lines.append("")
-        lines.append("verified by llama.cpp (dry-run):")
-        rows = [["KV cache", "cells", "layers", "planned", "llama.cpp"]]
-        for kc, vc in zip(plan.kv_caches, verified.kv_caches):
-            rows.append([kc.kind, str(vc.cells), str(vc.layers), f"{kc.kv_bytes / MiB:.2f} MiB", f"{vc.size_mib:.2f} MiB"])
+        lines.append("verified by llama.cpp (dry-run); the figures above are llama.cpp's:")
+        rows = [["buffer", "cells", "layers", "kvtuner", "llama.cpp"]]
+        attn = [kc for kc in plan.kv_caches if kc.kind != "recurrent"]
+        theirs = [vc for vc in verified.kv_caches if vc.layers > 0]
+        for i, vc in enumerate(theirs):
+            kc = attn[i] if i < len(attn) else None
+            rows.append([f"KV {kc.kind}" if kc else "KV ?", str(vc.cells), str(vc.layers),
+                         f"{kc.kv_bytes / MiB:.2f} MiB" if kc else "-", f"{vc.size_mib:.2f} MiB"])
+        rec = [kc for kc in plan.kv_caches if kc.kind == "recurrent"]
+        for r in getattr(verified, "recurrent", ()) or ():
+            rows.append(["recurrent state", str(r.cells), str(rec[0].layers) if rec else "?",
+                         f"{rec[0].kv_bytes / MiB:.2f} MiB" if rec else "-", f"{r.r_mib + r.s_mib + r.p_mib:.2f} MiB"])
         for dev, mib in verified.compute_mib.items():
             planned = plan.compute.estimate_on(buffer_device(dev))
             rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB (est.)", f"{mib:.2f} MiB"])
+        for dev, mib in verified.output_mib.items():
+            rows.append([f"output {dev}", "", "", f"{m.n_vocab * max(1, c.n_seq) * 4 / MiB:.2f} MiB", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
     if speed is not None:
         lines.append("")
@@ -108,6 +128,16 @@ def plan_text(assessment: "Assessment") -> str:
             if fix:
                 lines.append(f"    fix: {fix_flags(fix)}")
     return "\n".join(lines)
+
+
+def _structure_source(plan: MemoryPlan) -> str:
+    """Where the plan's per-layer structure comes from, in words."""
+    st = plan.model.structure
+    if st.source == "analytic":
+        return "kvtuner's rule for this architecture, tested against llama.cpp"
+    if st.source == "probe":
+        return f"read from {st.llama_build or 'llama.cpp'}"
+    return "verified by llama.cpp's dry run" if plan.verified else "APPROXIMATE: no tested rule, llama.cpp not asked"
 
 
 def _speed_text(speed: "SpeedPrediction") -> str:

@@ -26,7 +26,9 @@ from .model.profile import ModelProfile
 from .monitor.live import LiveState
 from .plan.buffers import bytes_by_device
 from .plan.config import PlanConfig
-from .plan.memory_plan import MemoryPlan, plan_memory
+from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
+from .model.structure import ModelStructure, differences
+from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
@@ -48,15 +50,42 @@ class VerifiedKvCache(Protocol):
     v_mib: float
 
 
+class VerifiedRecurrent(Protocol):
+    """The recurrent state as a dry run reported it (``kvtuner.runner.llama_log.RecurrentStateSize``)."""
+
+    cells: int
+    r_mib: float
+    s_mib: float
+    p_mib: float
+
+
 class Verified(Protocol):
     """What a llama.cpp dry run reported (``kvtuner.runner.dryrun.DryRunResult``), MiB as
-    printed, keyed by llama.cpp's buffer names (``CUDA0``, ``CUDA_Host``, ``CPU``)."""
+    printed, keyed by llama.cpp's buffer names (``CUDA0``, ``CUDA_Host``, ``CPU``). A result may
+    also carry ``recurrent`` (records) and ``structure(base)`` (the structure probe)."""
 
     kv_caches: Sequence[VerifiedKvCache]
     compute_mib: dict[str, float]
     output_mib: dict[str, float]
     model_mib: dict[str, float]
     devices: Sequence[str]
+
+
+def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:
+    """A dry run's report as :class:`~kvtuner.core.plan.memory_plan.ExactFigures` (bytes from
+    the printed MiB). KV and recurrent sizes do not depend on the backend; compute and output
+    per device are taken only when ``device_figures`` (the dry run ran on the planned devices)."""
+    kv = tuple((c.cells, c.layers, _mib_to_bytes(c.k_mib), _mib_to_bytes(c.v_mib)) for c in v.kv_caches if c.layers > 0)
+    rec = tuple(getattr(v, "recurrent", ()) or ())
+    recurrent = None
+    if rec:
+        recurrent = (rec[0].cells, sum(_mib_to_bytes(r.r_mib) for r in rec),
+                     sum(_mib_to_bytes(r.s_mib + r.p_mib) for r in rec))
+    return ExactFigures(
+        kv=kv, recurrent=recurrent,
+        compute=bytes_by_device(v.compute_mib) if device_figures and v.compute_mib else None,
+        output=bytes_by_device(v.output_mib) if device_figures and v.output_mib else None,
+    )
 
 
 def _mib_to_bytes(v: float) -> int:
@@ -112,6 +141,9 @@ class Assessment:
                     for c in v.kv_caches
                 ],
                 "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in v.kv_caches),
+                "recurrent": [{"cells": r.cells, "r_mib": r.r_mib, "s_mib": r.s_mib,
+                               "bytes": _mib_to_bytes(r.r_mib + r.s_mib + r.p_mib)}
+                              for r in (getattr(v, "recurrent", ()) or ())],
                 "compute_bytes": {k: _mib_to_bytes(x) for k, x in v.compute_mib.items()},
                 "compute_bytes_by_device": bytes_by_device(v.compute_mib),
                 "output_bytes": {k: _mib_to_bytes(x) for k, x in v.output_mib.items()},
@@ -135,6 +167,7 @@ class Session:
             (False on the GUI thread: the app measures it on a worker and calls
             :meth:`set_host_bandwidth`).
         use_compute_cache: use exact compute buffers remembered from earlier dry runs.
+        use_structure_cache: use model structures remembered from earlier structure probes.
     """
 
     model: ModelProfile | None = None
@@ -145,7 +178,9 @@ class Session:
     calibration: CalibrationStore | None = None
     measure_host_bandwidth: bool = True
     use_compute_cache: bool = True
+    use_structure_cache: bool = True
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
+    _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
     _machine: tuple[tuple, str] | None = field(default=None, repr=False)
 
@@ -194,9 +229,58 @@ class Session:
             return
         cfg = config or self.config
         self._verified = (cfg, self._hardware_key(), result)
+        probe = getattr(result, "structure", None)
+        if self.model is not None and callable(probe):
+            self.set_structure(probe(self.model.structure))
         if self.use_compute_cache and self.model is not None and self._verified_applies(result):
-            plan = plan_memory(self.model, cfg, self.gpus, self.host)
+            plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host)
             compute_cache.store(compute_cache.compute_key(plan), bytes_by_device(result.compute_mib))
+
+    # -- model structure (analytic, or probed from llama.cpp) ------------------------------------
+
+    def set_structure(self, probed: ModelStructure | None) -> None:
+        """Use a structure the installed llama.cpp reported for the current model (a structure
+        probe or any dry run), and remember it (:mod:`kvtuner.core.store.structure_cache`) when
+        kvtuner's own rules are not tested for this architecture or disagree with it."""
+        m = self.model
+        if m is None or probed is None or probed.n_layer_all != m.n_layer:
+            return
+        if m.structure.source == "analytic" and not differences(m.structure, probed):
+            self._structures[m.header_sha256] = None  # the tested rule is llama.cpp's: nothing to remember
+            return
+        if m.structure.source == "analytic":
+            log.warning("%s: llama.cpp's structure differs from kvtuner's rule (%s); using llama.cpp's",
+                        m.architecture, "; ".join(differences(m.structure, probed)[:3]))
+        self._structures[m.header_sha256] = probed
+        if self.use_structure_cache:
+            structure_cache.store(m.header_sha256, probed)
+
+    def planned_model(self) -> ModelProfile:
+        """The model as planned: with the structure probed from llama.cpp when one is known for
+        it (this session's dry runs, or the structure cache), else as read from the header.
+
+        Raises:
+            ValueError: no model is open.
+        """
+        m = self.model
+        if m is None:
+            raise ValueError("no model is open")
+        key = m.header_sha256
+        if key not in self._structures:
+            cached = None
+            if self.use_structure_cache and m.structure.source != "analytic":
+                cached = structure_cache.lookup(key)
+                if cached is not None and cached.n_layer_all != m.n_layer:
+                    cached = None
+            self._structures[key] = cached
+        probed = self._structures[key]
+        return m.with_structure(probed) if probed is not None else m
+
+    @property
+    def needs_structure_probe(self) -> bool:
+        """True when the plan is approximate: no tested rule and no probe of llama.cpp for this
+        model (a dry run, e.g. ``plan --verify``, or :func:`kvtuner.runner.dryrun.probe_structure`, fixes it)."""
+        return self.model is not None and self.planned_model().structure.is_approximate
 
     @property
     def verified(self) -> Verified | None:
@@ -258,15 +342,19 @@ class Session:
         """
         if self.model is None:
             raise ValueError("no model is open")
-        plan = plan_memory(self.model, self.config, self.gpus, self.host)
-        exact: Mapping[str, int] | None = None
+        model = self.planned_model()
+        plan = plan_memory(model, self.config, self.gpus, self.host)
         v = self.verified
-        if v is not None and self._verified_applies(v):
-            exact = bytes_by_device(v.compute_mib)
-        elif self.use_compute_cache:
-            exact = compute_cache.exact_for(plan)
+        if v is not None:
+            # llama.cpp's own figures for exactly this configuration: every cache, the recurrent
+            # state, and (when it ran on these devices) compute and output buffers
+            ef = exact_figures(v, device_figures=self._verified_applies(v))
+            if ef.compute is None and self.use_compute_cache:
+                ef = replace(ef, compute=compute_cache.exact_for(plan))
+            return plan_memory(model, self.config, self.gpus, self.host, exact=ef)
+        exact: Mapping[str, int] | None = compute_cache.exact_for(plan) if self.use_compute_cache else None
         if exact:
-            plan = plan_memory(self.model, self.config, self.gpus, self.host, compute_override=dict(exact))
+            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact))
         return plan
 
     def assess(self, *, live: LiveState | None = None) -> Assessment:

@@ -13,12 +13,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.plan.config import PlanConfig
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.model.structure import ModelStructure
+
 from . import protocol as P
 from .client import RunnerClient, RunnerError
-from .llama_log import KvCacheSize
+from .llama_log import KvCacheSize, RecurrentStateSize
+from .structure_probe import structure_from_facts
 
 
 #: One ``llama_kv_cache: size = ...`` line (llama-kv-cache.cpp constructor), in log order:
@@ -43,6 +48,10 @@ class DryRunResult:
         devices: ggml backend devices (``"CPU"``, ``"CUDA0"`` ...).
         llama_build: the llama-cpp-python version.
         log_tail: the last llama.cpp log lines.
+        recurrent: ``llama_memory_recurrent: size = ...`` records (R and S MiB as printed;
+            ``layers`` is llama.cpp's ``n_layer``, not the recurrent layers).
+        structure_facts: the per-layer facts the structure probe read from the log
+            (:func:`kvtuner.runner.structure_probe.collect_facts`), None if none were logged.
     """
 
     kv_caches: tuple[KvCacheReport, ...]
@@ -57,11 +66,30 @@ class DryRunResult:
     devices: tuple[str, ...]
     llama_build: str
     log_tail: tuple[str, ...]
+    recurrent: tuple[RecurrentStateSize, ...] = ()
+    structure_facts: dict | None = None
 
     @property
     def kv_mib(self) -> float:
         """Sum of all KV caches in MiB (as printed)."""
         return round(sum(c.size_mib for c in self.kv_caches), 2)
+
+    @property
+    def recurrent_mib(self) -> float:
+        """Recurrent/conv state in MiB (R + S + P as printed), 0 without one."""
+        return round(sum(r.r_mib + r.s_mib + r.p_mib for r in self.recurrent), 2)
+
+    def structure(self, base: "ModelStructure") -> "ModelStructure | None":
+        """The model's structure as this llama.cpp built it (``source="probe"``), from the
+        facts of this dry run and ``base`` (the header's analytic structure); None when the
+        log had no facts or they do not fit the model."""
+        if not self.structure_facts:
+            return None
+        try:
+            return structure_from_facts(self.structure_facts, base, recurrent=self.recurrent,
+                                        llama_build=self.llama_build)
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 class DryRunError(RunnerError):
@@ -99,5 +127,27 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
         compute_mib=dict(ev.compute_mib), output_mib=dict(ev.output_mib), model_mib=dict(ev.model_mib),
         kv_buffer_mib=dict(ev.kv_buffer_mib), n_ctx=ev.n_ctx, n_ctx_seq=ev.n_ctx_seq, flash_attn=ev.flash_attn,
         gpu_offload_supported=ev.gpu_offload_supported, devices=tuple(ev.devices), llama_build=ev.llama_build,
-        log_tail=tuple(ev.log_tail),
+        log_tail=tuple(ev.log_tail), recurrent=tuple(RecurrentStateSize(**r) for r in ev.recurrent),
+        structure_facts=dict(ev.structure_facts) if ev.structure_facts else None,
     )
+
+
+#: The configuration a structure probe loads: the smallest context, one sequence; the structure
+#: llama.cpp builds does not depend on it.
+PROBE_CONFIG = PlanConfig(n_ctx=256, n_ubatch=256, n_batch=256, flash_attn="auto")
+
+
+def probe_structure(model_path: str | os.PathLike, base: "ModelStructure", *,
+                    timeout_s: float = 120.0) -> "ModelStructure":
+    """The model's per-layer memory structure as the installed llama.cpp builds it: a dry run
+    of :data:`PROBE_CONFIG` whose per-layer log lines the structure probe reads
+    (:mod:`kvtuner.runner.structure_probe`); ``base`` is the header's analytic structure.
+
+    Raises:
+        DryRunError: the dry run failed, or its log described no structure.
+    """
+    result = dry_run(model_path, PROBE_CONFIG, timeout_s=timeout_s)
+    probed = result.structure(base)
+    if probed is None:
+        raise DryRunError("crashed", "llama.cpp's log described no per-layer structure for this model", result.log_tail)
+    return probed

@@ -82,6 +82,87 @@ class KvCacheSize:
 
 
 @dataclass(frozen=True)
+class RecurrentStateSize:
+    """``llama_memory_recurrent: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s):
+    %7.2f MiB, S (%s): %7.2f MiB[, P (%s): %7.2f MiB]`` (llama-memory-recurrent.cpp constructor).
+
+    ``layers`` is what llama.cpp prints: ``hparams.n_layer()``, *not* the layers its filter kept
+    (the per-layer :class:`RecurrentLayer` lines say which); ``cells`` is max(1, n_seq_max).
+    """
+
+    size_mib: float
+    cells: int
+    layers: int
+    n_seq: int
+    n_rs_seq: int
+    type_r: str
+    r_mib: float
+    type_s: str
+    s_mib: float
+    p_mib: float = 0.0
+
+
+@dataclass(frozen=True)
+class KvLayer:
+    """DEBUG ``llama_kv_cache: layer %3d: dev = %s`` (llama-kv-cache.cpp constructor): layer ``il``
+    has its own K/V tensors in the cache being built, on device ``dev``."""
+
+    il: int
+    dev: str
+
+
+@dataclass(frozen=True)
+class KvReuse:
+    """DEBUG ``llama_kv_cache: - layer %3d: reuse layer %d, is_swa = %d`` (llama-kv-cache.cpp
+    constructor): layer ``il`` reads the KV of layer ``src`` (Gemma 3n / Gemma 4 shared KV)."""
+
+    il: int
+    src: int
+    swa: bool
+
+
+@dataclass(frozen=True)
+class IswaSection:
+    """``llama_kv_cache_iswa: creating non-SWA KV cache, size = %u cells`` / ``creating     SWA KV
+    cache`` (llama-kv-cache-iswa.cpp): the per-layer lines that follow belong to ``kind``
+    (``"base"`` or ``"swa"``)."""
+
+    kind: str
+    cells: int
+
+
+@dataclass(frozen=True)
+class RecurrentLayer:
+    """DEBUG ``llama_memory_recurrent, layer %3d: dev = %s`` (llama-memory-recurrent.cpp): layer
+    ``il`` has a recurrent state row."""
+
+    il: int
+    dev: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """``print_info: <name> = <value>`` (llama-model.cpp ``print_info``) for the hyper-parameters
+    the structure probe reads: ``n_layer``, ``n_layer_all``, ``n_swa``, ``n_embd_head_k``,
+    ``n_embd_head_v``, ``n_embd_head_k_swa``, ``n_embd_head_v_swa``, ``n_head_kv``,
+    ``n_embd_k_gqa``, ``n_embd_v_gqa``, ``n_embd``, ``arch`` (per-layer values print as
+    ``[a, b, ...]`` when they differ, else once)."""
+
+    name: str
+    value: str
+
+    def ints(self, n: int) -> tuple[int, ...]:
+        """The value as ``n`` integers (a single printed value repeated)."""
+        text = self.value.strip()
+        if text.startswith("["):
+            vals = tuple(int(x) for x in text.strip("[]").split(",") if x.strip())
+            if len(vals) != n:
+                raise ValueError(f"{self.name}: {len(vals)} values, expected {n}")
+            return vals
+        return (int(text),) * n
+
+
+@dataclass(frozen=True)
 class ComputeBuffer:
     """``sched_reserve: <buft> compute buffer size = <MiB> MiB`` (llama-context.cpp sched_reserve)."""
 
@@ -122,7 +203,8 @@ class LogError:
 
 Record = Union[
     ModelBuffer, OffloadedLayers, OutputBuffer, KvBuffer, KvCacheSize, ComputeBuffer,
-    ContextParam, FlashAttnResolved, LogError,
+    ContextParam, FlashAttnResolved, LogError, RecurrentStateSize, KvLayer, KvReuse, IswaSection,
+    RecurrentLayer, ModelInfo,
 ]
 
 _F = r"([0-9]+(?:\.[0-9]+)?)"  # a %f number
@@ -133,6 +215,18 @@ _RE_KV_BUF = re.compile(rf"^llama_kv_cache:\s+(\S+) KV buffer size =\s*{_F} MiB"
 _RE_KV_SIZE = re.compile(
     rf"^llama_kv_cache: size =\s*{_F} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\), "
     rf"K \((\w+)\):\s*{_F} MiB, V \((\w+)\):\s*{_F} MiB"
+)
+_RE_RS_SIZE = re.compile(
+    rf"^llama_memory_recurrent: size =\s*{_F} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+) seqs\s+(\d+) rs_seq\), "
+    rf"R \((\w+)\):\s*{_F} MiB, S \((\w+)\):\s*{_F} MiB(?:, P \(\w+\):\s*{_F} MiB)?"
+)
+_RE_KV_LAYER = re.compile(r"^llama_kv_cache: layer\s+(\d+): dev = (\S+)")
+_RE_KV_REUSE = re.compile(r"^llama_kv_cache: - layer\s+(\d+): reuse layer (\d+), is_swa = (\d)")
+_RE_ISWA = re.compile(r"^llama_kv_cache_iswa: creating\s+(non-SWA|SWA) KV cache, size = (\d+) cells")
+_RE_RS_LAYER = re.compile(r"^llama_memory_recurrent, layer\s+(\d+): dev = (\S+)")
+_RE_INFO = re.compile(
+    r"^print_info: (arch|n_embd|n_layer|n_layer_all|n_swa|n_embd_head_k|n_embd_head_v|n_embd_head_k_swa|"
+    r"n_embd_head_v_swa|n_head_kv|n_embd_k_gqa|n_embd_v_gqa)\s+= (.+)$"
 )
 _RE_COMPUTE_BUF = re.compile(rf"^sched_reserve:\s+(\S+) compute buffer size =\s*{_F} MiB")
 _RE_CTX_PARAM = re.compile(r"^llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn)\s+= (\S+)")
@@ -182,6 +276,22 @@ def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
             n_seq=int(m.group(4)), n_stream=int(m.group(5)),
             type_k=m.group(6), k_mib=float(m.group(7)), type_v=m.group(8), v_mib=float(m.group(9)),
         )
+    if m := _RE_RS_SIZE.match(line):
+        return RecurrentStateSize(
+            size_mib=float(m.group(1)), cells=int(m.group(2)), layers=int(m.group(3)), n_seq=int(m.group(4)),
+            n_rs_seq=int(m.group(5)), type_r=m.group(6), r_mib=float(m.group(7)), type_s=m.group(8),
+            s_mib=float(m.group(9)), p_mib=float(m.group(10) or 0.0),
+        )
+    if m := _RE_KV_LAYER.match(line):
+        return KvLayer(int(m.group(1)), m.group(2))
+    if m := _RE_KV_REUSE.match(line):
+        return KvReuse(int(m.group(1)), int(m.group(2)), m.group(3) == "1")
+    if m := _RE_ISWA.match(line):
+        return IswaSection("base" if m.group(1) == "non-SWA" else "swa", int(m.group(2)))
+    if m := _RE_RS_LAYER.match(line):
+        return RecurrentLayer(int(m.group(1)), m.group(2))
+    if m := _RE_INFO.match(line):
+        return ModelInfo(m.group(1), m.group(2).strip())
     if m := _RE_MODEL_BUF.match(line):
         return ModelBuffer(m.group(1), float(m.group(2)))
     if m := _RE_KV_BUF.match(line):

@@ -244,6 +244,10 @@ class DryRunResultEvent(Message):
     devices: tuple[str, ...]
     llama_build: str
     log_tail: tuple[str, ...]
+    #: ``llama_memory_recurrent: size = ...`` records as dicts (hybrid and recurrent models)
+    recurrent: tuple[dict, ...] = ()
+    #: the structure probe's facts (:func:`kvtuner.runner.structure_probe.collect_facts`), or None
+    structure_facts: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from ..core.model.ggml_types import kv_type
 from . import llama_log as L
 from . import protocol as P
 from .protocol import field_names as _field_names
+from .structure_probe import DEBUG_RECORDS, collect_facts
 from ..core.hardware.host import physical_cores
 from ..core.plan.placement import LayerPlacement, placement_for
 
@@ -91,6 +92,7 @@ class Worker:
         self._records: list[L.Record] = []
         self._errors: list[L.LogError] = []
         self._send_logs = True
+        self._capture_debug = False
         self.llama: Any = None
         self._ggml: Any = None
         self.model: Any = None
@@ -155,7 +157,15 @@ class Worker:
             pass
 
     def _on_line(self, level: int, line: str) -> None:
-        if level == L.LEVEL_DEBUG or not line.strip():
+        if level == L.LEVEL_DEBUG:
+            # DEBUG lines are dropped, except the per-layer memory lines a dry run's structure
+            # probe reads (runner/structure_probe.py)
+            if self._capture_debug:
+                rec = L.parse_line(line, level)
+                if isinstance(rec, DEBUG_RECORDS):
+                    self._records.append(rec)
+            return
+        if not line.strip():
             return
         self._tail.append(line)
         if self._send_logs:
@@ -497,7 +507,11 @@ class Worker:
             raise self._load_failure(cmd.model_path)
         try:
             cp = self._context_params(cfg, placement, 1)
-            ctx = lc.llama_init_from_model(model, cp)
+            self._capture_debug = True
+            try:
+                ctx = lc.llama_init_from_model(model, cp)
+            finally:
+                self._capture_debug = False
             if not ctx:
                 raise self._context_failure()
             lc.llama_free(ctx)
@@ -521,6 +535,9 @@ class Worker:
                 n_ctx=ctx_ev.n_ctx, n_ctx_seq=ctx_ev.n_ctx_seq, flash_attn=ctx_ev.flash_attn,
                 gpu_offload_supported=self.gpu_offload, devices=self.devices, llama_build=self.build,
                 log_tail=tuple(self._tail),
+                recurrent=tuple({k: getattr(r, k) for k in _field_names(r)} for r in recs
+                                if isinstance(r, L.RecurrentStateSize)),
+                structure_facts=collect_facts(recs),
             )
         )
 

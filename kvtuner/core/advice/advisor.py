@@ -318,11 +318,13 @@ def _rule_ram_oom(c: _Ctx) -> list[Advice]:
         return []
     fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p), gpu=False), c.fits)
     what = "available" if h.free_bytes is not None else "installed"
+    repack = f", repacked copy {fmt_bytes(h.repack_bytes)}" if h.repack_bytes else ""
     return [_adv(
         "ram-oom", "error",
-        f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}, KV {fmt_bytes(h.kv_bytes)}, "
+        f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}{repack}, KV {fmt_bytes(h.kv_bytes)}, "
         f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}.",
-        "host total = weights (mapped pages must stay resident) + KV + compute + output + process must fit the available RAM",
+        "host total = weights (mapped pages must stay resident) + ggml-cpu's repacked copy + KV + compute + output + "
+        "process must fit the available RAM",
         fix,
     )]
 
@@ -381,21 +383,25 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
     if lim is not None and frac * lim < h.total_bytes <= lim:
         fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
                           lambda p: c.ram_ok(p, frac) and c.vram_ok(p))
+        split = (f" ({fmt_bytes(h.committed_bytes)} committed, which only swap can take; {fmt_bytes(h.mapped_bytes)} of "
+                 "mapped file pages, which the OS drops and re-reads)" if h.mapped_bytes else "")
         out.append(_adv(
             "swap-risk", "warning",
             f"The host needs {fmt_bytes(h.total_bytes)}, {h.total_bytes / lim:.0%} of the {fmt_bytes(lim)} available "
-            f"(more than {frac:.0%}).", reason, fix,
+            f"(more than {frac:.0%}){split}.", reason, fix,
         ))
-    if h.weights_mapped and h.free_bytes is not None and h.weights_bytes > h.free_bytes:
+    # committed memory takes its share of free RAM first; the mapped weights get what is left
+    if h.weights_mapped and h.free_bytes is not None and h.mapped_bytes > h.free_bytes - h.committed_bytes:
         gpu_fix = c.first_fix(
             [{"n_gpu_layers": n} for n in ([c.largest("n_gpu_layers", 0, c.plan.model.n_layer + 1, c.fits)] if c.plan.gpus else [])
              if n is not None and n > c.plan.n_gpu_layers],
-            lambda p: p.host.weights_bytes <= (p.host.free_bytes or 0) and c.fits(p),
+            lambda p: p.host.mapped_bytes <= (p.host.free_bytes or 0) - p.host.committed_bytes and c.fits(p),
         )
+        room = max(h.free_bytes - h.committed_bytes, 0)
         out.append(_adv(
             "swap-risk", "warning",
-            f"{fmt_bytes(h.weights_bytes)} of memory-mapped weights exceed the {fmt_bytes(h.free_bytes)} of free RAM: "
-            "they will be streamed from disk at every token.",
+            f"{fmt_bytes(h.mapped_bytes)} of memory-mapped weights exceed the {fmt_bytes(room)} of free RAM left after "
+            f"{fmt_bytes(h.committed_bytes)} of committed memory: they will be streamed from disk at every token.",
             "mapped weights that do not fit the page cache are re-read from disk", gpu_fix,
         ))
     lv = c.live

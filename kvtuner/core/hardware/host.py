@@ -17,10 +17,61 @@ from .specs import HostSpec
 
 
 def detect_host() -> HostSpec:
-    """The host's RAM and swap now (psutil)."""
+    """The host's RAM and swap now (psutil) and its CPU's instruction sets (:func:`cpu_features`)."""
     vm = psutil.virtual_memory()
     sw = psutil.swap_memory()
-    return HostSpec(total_bytes=int(vm.total), available_bytes=int(vm.available), swap_total_bytes=int(sw.total))
+    return HostSpec(total_bytes=int(vm.total), available_bytes=int(vm.available), swap_total_bytes=int(sw.total),
+                    cpu_features=cpu_features())
+
+
+_CPU_FEATURES: frozenset[str] | None = None
+
+
+def cpu_features() -> frozenset[str]:
+    """The instruction sets ggml-cpu's weight repacking checks (ggml/src/ggml-cpu/repack.cpp
+    ``ggml_cpu_has_avx2``, ``_avx512``, ``_neon``, ``_dotprod``, ``_matmul_int8``), as this CPU
+    reports them: Linux ``/proc/cpuinfo`` flags (x86 ``avx2``, ``avx512f``; Arm ``asimd``,
+    ``asimddp``, ``i8mm``), macOS on Apple silicon ``sysctl hw.optional.arm.FEAT_*``.
+
+    llama.cpp's builds compile these in for the machine they are built on (GGML_NATIVE, the
+    default of a pip install from source), so the CPU's flags stand for the build's.
+    """
+    global _CPU_FEATURES
+    if _CPU_FEATURES is not None:
+        return _CPU_FEATURES
+    found: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    flags = set(line.split(":", 1)[1].split())
+                    if "avx2" in flags:
+                        found.add("avx2")
+                    if "avx512f" in flags:
+                        found.add("avx512")
+                    if "asimd" in flags:
+                        found.add("neon")
+                    if "asimddp" in flags:
+                        found.add("dotprod")
+                    if "i8mm" in flags:
+                        found.add("i8mm")
+                    break
+    except OSError:
+        pass
+    if sys.platform == "darwin" and platform.machine() == "arm64":  # Apple silicon: NEON and dot product always
+        found |= {"neon", "dotprod"}
+        try:
+            import subprocess
+
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_I8MM"], capture_output=True, text=True,
+                                 timeout=2).stdout.strip()
+            if out == "1":
+                found.add("i8mm")
+        except (OSError, subprocess.SubprocessError):
+            pass
+    _CPU_FEATURES = frozenset(found)
+    return _CPU_FEATURES
 
 
 # Linux fast path: the files psutil reads (psutil/_pslinux.py virtual_memory, swap_memory,

@@ -40,12 +40,15 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class HostSpec:
-    """The host: RAM capacity and availability in bytes, swap in bytes."""
+    """The host: RAM capacity and availability in bytes, swap in bytes, and the CPU's
+    instruction sets llama.cpp's CPU backend checks (``cpu_features``: ``avx2``, ``avx512``,
+    ``neon``, ``dotprod``, ``i8mm``; None when unknown), which decide the ``CPU_REPACK`` copy."""
 
     total_bytes: int
     available_bytes: int | None = None
     swap_total_bytes: int = 0
     mem_bandwidth_bytes_s: float | None = None
+    cpu_features: frozenset[str] | None = None
 
 
 #: What-if presets offered by the GUI and ``--gpu-mem`` (decimal "GB" cards hold binary GiB).

@@ -49,6 +49,13 @@ class GGUFError(ValueError):
     """A file that is not a readable GGUF model; ``str()`` is one line naming the file."""
 
 
+def printable(text: str, limit: int = 80) -> str:
+    """Text from a file, safe to quote in a one-line message: control characters escaped,
+    cut to ``limit`` characters."""
+    out = text if text.isprintable() else text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     """A metadata array too long to keep: its element type and length."""
@@ -93,6 +100,7 @@ class GGUFHeader:
         file_bytes: the file's size in bytes.
         header_sha256: sha256 of the bytes before ``data_offset`` (identity of the model
             without hashing gigabytes of weights).
+        big_endian: the file is big-endian (every field after the magic).
     """
 
     path: Path
@@ -102,6 +110,7 @@ class GGUFHeader:
     data_offset: int
     file_bytes: int
     header_sha256: str
+    big_endian: bool = False
 
 
 class _Cursor:
@@ -110,6 +119,7 @@ class _Cursor:
         self.size = size
         self.pos = 0
         self.path = path
+        self.order = "<"  # ">" for a big-endian file (gguf-py's GGUFEndian.BIG)
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what}")
@@ -119,6 +129,7 @@ class _Cursor:
             raise self.fail(f"truncated or corrupt: {what} runs past the end of the file (offset {self.pos})")
 
     def unpack(self, fmt: str, what: str) -> Any:
+        fmt = self.order + fmt[1:]
         n = struct.calcsize(fmt)
         self.need(n, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -153,7 +164,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
             width = struct.calcsize(fmt)
             cur.need(count * width, f"array {key} ({count} elements)")
             if count <= MAX_KEPT_ARRAY:
-                values = struct.unpack_from(f"<{count}{fmt[1]}", cur.buf, cur.pos)
+                values = struct.unpack_from(f"{cur.order}{count}{fmt[1]}", cur.buf, cur.pos)
                 cur.pos += count * width
                 return tuple(values)
             cur.pos += count * width
@@ -214,10 +225,15 @@ def read_header(path: str | os.PathLike[str], part: int = 0) -> GGUFHeader:
 
 def _parse(buf: mmap.mmap | bytes, size: int, p: Path, part: int) -> GGUFHeader:
     cur = _Cursor(buf, size, p)
-    magic = cur.unpack("<I", "magic")
+    magic = cur.unpack("<I", "magic")  # b"GGUF" in either byte order (gguf-py writes it little-endian)
     if magic != gguf.GGUF_MAGIC:
         raise GGUFError(f"{p}: not a GGUF file (magic {bytes(buf[0:4])!r}, expected b'GGUF')")
     version = cur.unpack("<I", "version")
+    if version & 0xFFFF == 0 and version >> 16:
+        # a big-endian file (gguf-py GGUFEndian.BIG, for s390x): every later field is big-endian
+        # (gguf-py GGUFReader's own test: "version & 65535 == 0")
+        cur.order = ">"
+        version = struct.unpack_from(">I", buf, 4)[0]
     if version not in (2, 3):
         raise GGUFError(f"{p}: unsupported GGUF version {version} (llama.cpp reads versions 2 and 3)")
     n_tensors = cur.unpack("<Q", "tensor count")
@@ -228,18 +244,20 @@ def _parse(buf: mmap.mmap | bytes, size: int, p: Path, part: int) -> GGUFHeader:
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string("metadata key")
-        vtype = cur.unpack("<I", f"type of {key}")
-        metadata[key] = _read_value(cur, vtype, key)
+        shown = printable(key)
+        vtype = cur.unpack("<I", f"type of {shown}")
+        metadata[key] = _read_value(cur, vtype, shown)
 
     infos: list[tuple[str, tuple[int, ...], int, int]] = []
     for _ in range(n_tensors):
         name = cur.string("tensor name")
-        n_dims = cur.unpack("<I", f"dimension count of {name}")
+        shown = printable(name)
+        n_dims = cur.unpack("<I", f"dimension count of {shown}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise GGUFError(f"{p}: corrupt: tensor {name} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-        shape = tuple(cur.unpack("<Q", f"shape of {name}") for _ in range(n_dims))
-        ggml_type = cur.unpack("<I", f"type of {name}")
-        offset = cur.unpack("<Q", f"offset of {name}")
+            raise GGUFError(f"{p}: corrupt: tensor {shown} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        shape = tuple(cur.unpack("<Q", f"shape of {shown}") for _ in range(n_dims))
+        ggml_type = cur.unpack("<I", f"type of {shown}")
+        offset = cur.unpack("<Q", f"offset of {shown}")
         infos.append((name, shape, ggml_type, offset))
 
     alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
@@ -252,19 +270,19 @@ def _parse(buf: mmap.mmap | bytes, size: int, p: Path, part: int) -> GGUFHeader:
         try:
             block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
         except (ValueError, KeyError):
-            raise GGUFError(f"{p}: tensor {name} has unknown ggml type {ggml_type}") from None
+            raise GGUFError(f"{p}: tensor {printable(name)} has unknown ggml type {ggml_type}") from None
         n_elements = 1
         for d in shape:
             n_elements *= d
         if shape[0] % block:
-            raise GGUFError(f"{p}: corrupt: tensor {name} row of {shape[0]} is not a multiple of its block size {block}")
+            raise GGUFError(f"{p}: corrupt: tensor {printable(name)} row of {shape[0]} is not a multiple of its block size {block}")
         n_bytes = n_elements // block * type_size
         start = data_offset + rel
         if start + n_bytes > size:
             raise GGUFError(
-                f"{p}: truncated: tensor {name} data ends at byte {start + n_bytes}, past the end of the file ({size} bytes)"
+                f"{p}: truncated: tensor {printable(name)} data ends at byte {start + n_bytes}, past the end of the file ({size} bytes)"
             )
         tensors.append(TensorInfo(name, shape, ggml_type, n_elements, n_bytes, start, part))
 
     digest = hashlib.sha256(buf[:data_offset] if not isinstance(buf, bytes) else buf[:data_offset]).hexdigest()
-    return GGUFHeader(p, version, metadata, tuple(tensors), data_offset, size, digest)
+    return GGUFHeader(p, version, metadata, tuple(tensors), data_offset, size, digest, big_endian=cur.order == ">")

@@ -77,7 +77,7 @@ class PlanConfig:
         if self.flash_attn not in ("on", "off", "auto"):
             raise ConfigError(f"--flash-attn must be on, off or auto, not '{self.flash_attn}'")
         if self.n_ctx <= 0:
-            raise ConfigError(f"--ctx must be a positive number of tokens, not {self.n_ctx}")
+            raise ConfigError(f"--ctx must be a positive number of tokens (or 0 for the model's training context), not {self.n_ctx}")
         if self.n_ctx > MAX_N_CTX:
             raise ConfigError(f"--ctx must be at most {MAX_N_CTX} tokens (llama.cpp's n_ctx is 32-bit), not {self.n_ctx}")
         if self.n_gpu_layers < ALL_LAYERS:
@@ -89,7 +89,7 @@ class PlanConfig:
         if self.kv_gpu_layers is not None and self.kv_gpu_layers < 0:
             raise ConfigError(f"--kv-gpu-layers must be 0 or more, not {self.kv_gpu_layers}")
         if not 1 <= self.n_seq <= 256:
-            raise ConfigError(f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), not {self.n_seq}")
+            raise ConfigError(f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), or -1 for llama-server's auto, not {self.n_seq}")
         if not 0 < self.n_ubatch <= MAX_UINT32:
             raise ConfigError(f"--ubatch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_ubatch}")
         if not 0 < self.n_batch <= MAX_UINT32:
@@ -116,3 +116,45 @@ class PlanConfig:
     def with_(self, **changes: Any) -> "PlanConfig":
         """A copy with ``changes`` applied (validated again)."""
         return replace(self, **changes)
+
+
+#: llama-server's ``-np -1`` (its default): 4 slots sharing one unified KV buffer
+#: (tools/server/server.cpp ``main``: "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true").
+SERVER_AUTO_PARALLEL = 4
+
+
+def resolve_server_defaults(values: dict[str, Any], n_ctx_train: int) -> tuple[dict[str, Any], list[str]]:
+    """Resolve llama-server's special values before a :class:`PlanConfig` is built.
+
+    - ``n_ctx == 0``: the model's training context (llama-context.cpp constructor
+      ``cparams.n_ctx = params.n_ctx == 0 ? hparams.n_ctx_train : params.n_ctx``); refused like
+      ``llama_init_from_model`` when the model has none ("n_ctx and model->hparams.n_ctx_train
+      cannot both be zero").
+    - ``n_seq == -1`` (``-np -1``, auto): :data:`SERVER_AUTO_PARALLEL` slots with a unified KV
+      cache (tools/server/server.cpp).
+
+    Args:
+        values: configuration field values (``PlanConfig`` names); others pass through.
+        n_ctx_train: the model's trained context in tokens (0: unknown).
+
+    Returns:
+        ``(values, notes)``: the resolved values and one line per resolution, e.g.
+        ``"ctx 0 -> 131072 (training context)"``.
+
+    Raises:
+        ConfigError: ``--ctx 0`` on a model without a training context, or ``-np`` below -1.
+    """
+    out = dict(values)
+    notes: list[str] = []
+    if out.get("n_seq") == -1:
+        out["n_seq"] = SERVER_AUTO_PARALLEL
+        out["kv_unified"] = True
+        notes.append(f"-np -1 -> {SERVER_AUTO_PARALLEL} sequences, unified KV cache (llama-server's auto)")
+    elif isinstance(out.get("n_seq"), int) and out["n_seq"] < -1:
+        raise ConfigError(f"--parallel must be between 1 and 256, or -1 for llama-server's auto, not {out['n_seq']}")
+    if out.get("n_ctx") == 0:
+        if not n_ctx_train:
+            raise ConfigError("--ctx 0 means the model's training context, and this model states none: give --ctx N")
+        out["n_ctx"] = n_ctx_train
+        notes.append(f"ctx 0 -> {n_ctx_train} (training context)")
+    return out, notes

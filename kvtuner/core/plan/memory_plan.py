@@ -28,8 +28,10 @@ from typing import Any, Sequence
 from .compute_buffer import ComputeEstimate, estimate_compute
 from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
 from .placement import LayerPlacement, placement_for
+from .repack import repack_bytes
 from ..model.ggml_types import kv_type, row_size
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
@@ -47,6 +49,29 @@ DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
 
 
 
+#: llama.cpp prints MiB with two decimals: a printed figure is exact to +-0.005 MiB.
+PRINT_TOLERANCE_BYTES = int(0.0051 * MiB)
+
+
+@dataclass(frozen=True)
+class ExactFigures:
+    """What llama.cpp itself reported for a configuration (a dry run), in bytes; the plan takes
+    these over its own arithmetic wherever they differ by more than the print's rounding.
+
+    Attributes:
+        kv: one ``(cells, layers, k_bytes, v_bytes)`` per attention cache with layers, in
+            llama.cpp's log order (full, then sliding-window/chunked), or None.
+        recurrent: ``(cells, r_bytes, s_bytes)`` of the recurrent state, or None.
+        compute: compute buffer bytes per device (``CPU``, ``CUDA0``), or None.
+        output: output buffer bytes per device, or None.
+    """
+
+    kv: tuple[tuple[int, int, int, int], ...] | None = None
+    recurrent: tuple[int, int, int] | None = None
+    compute: dict[str, int] | None = None
+    output: dict[str, int] | None = None
+
+
 @dataclass(frozen=True)
 class DevicePlan:
     """Memory of one device (a GPU or the host), bytes.
@@ -55,6 +80,12 @@ class DevicePlan:
     ``free_bytes`` is what was free when measured (None for what-if GPUs).
     ``n_layers`` counts repeating layers whose weights live here; ``has_output`` the output layer.
     ``weights_mapped`` marks host weights that are memory-mapped from the file (page cache).
+    ``repack_bytes`` is the host's ``CPU_REPACK`` copy of repackable quantized weights
+    (:mod:`kvtuner.core.plan.repack`): committed memory on top of the mapped file pages.
+
+    As the OS sees the host: :attr:`mapped_bytes` are file pages (reclaimable page cache, read
+    again from disk when evicted), :attr:`committed_bytes` everything else (anonymous memory
+    that only swap can take); :attr:`total_bytes` is their sum, the peak RSS of the run.
     """
 
     device: str
@@ -70,11 +101,23 @@ class DevicePlan:
     n_layers: int = 0
     has_output: bool = False
     weights_mapped: bool = False
+    repack_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        """weights + KV + compute + output + overhead."""
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+        """weights + repacked copy + KV + compute + output + overhead."""
+        return (self.weights_bytes + self.repack_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+                + self.overhead_bytes)
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Memory-mapped file pages (reclaimable): the weights when mapped, else 0."""
+        return self.weights_bytes if self.weights_mapped else 0
+
+    @property
+    def committed_bytes(self) -> int:
+        """Committed (anonymous) memory: everything but the mapped file pages."""
+        return self.total_bytes - self.mapped_bytes
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -98,6 +141,9 @@ class DevicePlan:
             "n_layers": self.n_layers,
             "has_output": self.has_output,
             "weights_mapped": self.weights_mapped,
+            "repack_bytes": self.repack_bytes,
+            "mapped_bytes": self.mapped_bytes,
+            "committed_bytes": self.committed_bytes,
         }
 
 
@@ -128,6 +174,7 @@ class MemoryPlan:
             ``offload_kqv``, tensor overrides), from :func:`kvtuner.core.plan.placement.placement_for`;
             None for a CPU-only plan.
         warnings: notes the user should read (approximations, ignored settings).
+        verified: llama.cpp's own figures (a dry run of this configuration) are in the plan.
     """
 
     model: ModelProfile
@@ -148,6 +195,7 @@ class MemoryPlan:
     layer_devices: tuple[str, ...] = ()
     placement: LayerPlacement | None = None
     warnings: tuple[str, ...] = field(default=())
+    verified: bool = False
 
     @property
     def kv_bytes(self) -> int:
@@ -220,6 +268,10 @@ class MemoryPlan:
                 {"il": l.il, "device": l.device, "swa": l.swa, "cells": l.cells, "k_bytes": l.k_bytes, "v_bytes": l.v_bytes}
                 for l in self.kv_layers
             ],
+            "structure": {"source": self.model.structure.source, "summary": self.model.structure.summary(),
+                          "memory": self.model.structure.memory, "llama_build": self.model.structure.llama_build,
+                          "note": self.model.structure.note},
+            "figures_source": "llama.cpp dry-run" if self.verified else "kvtuner",
             "compute_source": self.compute.source,
             "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
@@ -259,6 +311,7 @@ def plan_memory(
     gpu_overhead_bytes: int = DEFAULT_GPU_OVERHEAD_BYTES,
     host_overhead_bytes: int = DEFAULT_HOST_OVERHEAD_BYTES,
     compute_override: dict[str, int] | None = None,
+    exact: ExactFigures | None = None,
 ) -> MemoryPlan:
     """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
 
@@ -271,6 +324,9 @@ def plan_memory(
         host_overhead_bytes: process baseline on the host.
         compute_override: exact compute buffer bytes per device (from a dry-run); replaces
             the estimate for those devices.
+        exact: llama.cpp's figures for this configuration (:class:`ExactFigures`): every KV
+            cache, the recurrent state, compute and output per device replace the plan's own
+            where they differ by more than the print's rounding, and the plan is ``verified``.
 
     Returns:
         The :class:`MemoryPlan`; pure arithmetic, well under a millisecond for 100 layers.
@@ -321,11 +377,13 @@ def plan_memory(
     kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
 
     # --- context --------------------------------------------------------------------------------
+    st = model.structure
     flash_attn = cfg.flash_attn != "off"
-    if tv.is_quantized and not flash_attn:  # PlanConfig already refuses this; keep the rule here too
-        raise ConfigError("a quantized V cache requires flash attention: use --flash-attn on or auto")
-    if model.is_mla and cfg.type_k != cfg.type_v:
-        raise ConfigError(f"{model.architecture} (MLA) needs the same K and V cache type: set --cache-type-v {cfg.type_k}")
+    if flash_attn and model.architecture == "grok":
+        # llama-context.cpp llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
+        warnings.append("grok: llama.cpp turns flash attention off for this architecture")
+        flash_attn = False
+    check_context(model, cfg, flash_attn)
     n_ctx = pad_to(cfg.n_ctx, 256)
     if cfg.kv_unified:
         n_stream, n_ctx_seq = 1, n_ctx
@@ -339,21 +397,24 @@ def plan_memory(
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
+    if st.is_approximate and exact is None:
+        warnings.append(f"approximate: {st.note} (plan --verify reads the real structure from llama.cpp)")
 
-    # --- KV cache -------------------------------------------------------------------------------
+    # --- KV cache (llama-kv-cache.cpp constructor, per layer with its own KV) --------------------
     v_trans = not flash_attn
-    kv_layer_ids = [il for il in range(n_layer) if model.has_kv(il)]
-    v_width_max = max((model.n_embd_v_gqa(il) for il in range(n_layer)), default=0)
     swa_cells = n_ctx_seq
-    if model.n_swa and not cfg.swa_full:
-        swa_cells = pad_to(min(n_ctx_seq, model.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
+    if st.is_iswa and not cfg.swa_full:
+        # llama-kv-cache-iswa.cpp: GGML_PAD(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch), 256)
+        swa_cells = pad_to(min(n_ctx_seq, st.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
 
     layers: list[LayerKV] = []
-    for il in kv_layer_ids:
-        swa = model.swa_layers[il]
+    for role in st.kv_layers:
+        il = role.il
+        # a plain (non-iSWA) cache holds every layer at full size, SWA-masked or not
+        swa = role.swa and st.is_iswa
         cells = swa_cells if swa else n_ctx_seq
-        k_width = model.n_embd_k_gqa(il)
-        v_width = 0 if model.is_mla else (v_width_max if v_trans else model.n_embd_v_gqa(il))
+        k_width = role.k_width
+        v_width = 0 if st.is_mla else (st.v_width_max if v_trans else role.v_width)
         for t, w, what in ((tk, k_width, "K"), (tv, v_width, "V")):
             if w % t.block_size:
                 raise ConfigError(
@@ -365,25 +426,40 @@ def plan_memory(
         device = devs[il] if (offload_kqv and il in kv_on_gpu) else HOST
         layers.append(LayerKV(il, device, swa, cells, k_bytes, v_bytes))
 
+    if exact is not None and exact.kv is not None:
+        layers = _apply_exact_kv(layers, exact.kv, warnings)
     caches: list[KvCacheSummary] = []
-    for kind, sel in (("full", [l for l in layers if not l.swa]), ("swa", [l for l in layers if l.swa])):
+    for kind, sel in (("full", [l for l in layers if not l.swa]), (st.swa_label, [l for l in layers if l.swa])):
         if sel:
             caches.append(
                 KvCacheSummary(kind, sel[0].cells, len(sel), cfg.n_seq, n_stream, tk.name, tv.name,
                                sum(l.k_bytes for l in sel), sum(l.v_bytes for l in sel))
             )
-    # recurrent state (llama-memory-recurrent.cpp): f32, one cell per sequence, on the layer's
-    # device when offload_kqv, else the host
+    # recurrent state (llama-memory-recurrent.cpp constructor): per recurrent layer an f32 row of
+    # n_embd_r (R) and of n_embd_s (S) for each of max(1, n_seq_max) cells (x (1 + n_rs_seq),
+    # n_rs_seq = 0 by default); on the layer's device when offload_kqv, else the host
     recurrent_by_device: dict[str, int] = {}
-    if model.recurrent_state_floats and any(model.recurrent_layers):
-        per_layer = model.recurrent_state_floats * 4 * max(1, cfg.n_seq)
-        for il in range(n_layer):
-            if model.recurrent_layers[il]:
-                dev = devs[il] if offload_kqv else HOST
-                recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + per_layer
-        n_recr = sum(model.recurrent_layers)
-        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), n_recr, cfg.n_seq, 1, "f32", "f32",
-                                     per_layer * n_recr, 0))
+    rec = st.recurrent_layers
+    if rec:
+        rows = max(1, cfg.n_seq)
+        r_total, s_total = st.state_r * 4 * rows * len(rec), st.state_s * 4 * rows * len(rec)
+        if exact is not None and exact.recurrent is not None:
+            _, er, es = exact.recurrent
+            if abs(er - r_total) > PRINT_TOLERANCE_BYTES or abs(es - s_total) > PRINT_TOLERANCE_BYTES:
+                warnings.append(f"recurrent state: llama.cpp reports {(er + es) / MiB:.2f} MiB, "
+                                f"kvtuner's rule {(r_total + s_total) / MiB:.2f} MiB: using llama.cpp's")
+                r_total, s_total = er, es
+        for i, role in enumerate(rec):
+            dev = devs[role.il] if offload_kqv else HOST
+            share = _share(r_total + s_total, i, len(rec))
+            recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + share
+        caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32", r_total, s_total))
+    elif exact is not None and exact.recurrent is not None:
+        _, er, es = exact.recurrent
+        warnings.append(f"llama.cpp keeps {(er + es) / MiB:.2f} MiB of recurrent state that kvtuner's structure has no "
+                        "layer for: counted on the host")
+        recurrent_by_device[HOST] = er + es
+        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), 0, cfg.n_seq, 1, "f32", "f32", er, es))
 
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
@@ -391,11 +467,16 @@ def plan_memory(
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
         kv_f16=tk.name == "f16" and tv.name == "f16",
     )
+    if exact is not None and exact.compute:
+        compute_override = exact.compute
     if compute_override:
         compute = compute.with_exact(compute_override)
 
     # --- per device -----------------------------------------------------------------------------
     output_bytes = model.n_vocab * max(1, cfg.n_seq) * 4
+    output_exact = dict(exact.output) if (exact is not None and exact.output) else None
+    if output_exact is not None:
+        output_bytes = output_exact.pop(HOST, 0)
     out: list[DevicePlan] = []
     for g in gpus:
         ids = [il for il in range(n_layer) if devs[il] == g.device]
@@ -407,7 +488,8 @@ def plan_memory(
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
         out.append(DevicePlan(
             device=g.device, kind="gpu", name=g.name, weights_bytes=w, kv_bytes=kv,
-            compute_bytes=compute.bytes_on(g.device), output_bytes=0, overhead_bytes=gpu_overhead_bytes,
+            compute_bytes=compute.bytes_on(g.device), output_bytes=(output_exact or {}).get(g.device, 0),
+            overhead_bytes=gpu_overhead_bytes,
             capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
         ))
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
@@ -415,12 +497,19 @@ def plan_memory(
     if not output_on_gpu:
         # output.weight on the host; a tied output reuses token_embd's data (no second copy)
         host_w += model.output_bytes - (model.embd_bytes if model.tied_output else 0)
+    # ggml-cpu's CPU_REPACK copy (plan/repack.py): committed memory; with mmap the file pages it
+    # was read from stay mapped (llama-mmap.cpp maps the file with MAP_POPULATE), without mmap
+    # those tensors live only in the repack buffer
+    repack = repack_bytes(model, host_ids, not output_on_gpu, host.cpu_features if host else None,
+                          gpu_present=bool(gpus))
+    if repack and not cfg.use_mmap:
+        host_w -= repack
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
     out.append(DevicePlan(
         device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
         compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
         capacity_bytes=host.total_bytes if host else None, free_bytes=host.available_bytes if host else None,
-        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap,
+        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap, repack_bytes=repack,
     ))
 
     return MemoryPlan(
@@ -428,5 +517,50 @@ def plan_memory(
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), verified=exact is not None,
     )
+
+
+def _share(total: int, i: int, n: int) -> int:
+    """The ``i``-th of ``n`` near-equal integer parts of ``total`` (they sum to ``total``)."""
+    return total * (i + 1) // n - total * i // n
+
+
+def _scaled(values: list[int], total: int) -> list[int]:
+    """``values`` scaled to sum to ``total`` (integers, proportional; equal parts if all are 0)."""
+    have = sum(values)
+    if not values:
+        return []
+    if have == 0:
+        return [_share(total, i, len(values)) for i in range(len(values))]
+    out, acc, run = [], 0, 0
+    for v in values:
+        run += v
+        nxt = total * run // have
+        out.append(nxt - acc)
+        acc = nxt
+    return out
+
+
+def _apply_exact_kv(layers: list[LayerKV], exact: tuple[tuple[int, int, int, int], ...],
+                    warnings: list[str]) -> list[LayerKV]:
+    """Per-layer KV with llama.cpp's cache sizes where they differ from the plan's by more than
+    the print's rounding (K and V scaled within each cache; per layer, hence per device)."""
+    groups = [g for g in ([l for l in layers if not l.swa], [l for l in layers if l.swa]) if g]
+    same_shape = len(groups) == len(exact) and all(
+        (g[0].cells, len(g)) == (cells, n) for g, (cells, n, _, _) in zip(groups, exact))
+    if not same_shape:
+        total_k, total_v = sum(e[2] for e in exact), sum(e[3] for e in exact)
+        warnings.append(
+            "llama.cpp's KV caches (" + ", ".join(f"{n} layers x {c} cells" for c, n, _, _ in exact) + ") differ from "
+            "kvtuner's structure: totals are llama.cpp's, spread over the planned layers")
+        groups, exact = [layers], ((0, len(layers), total_k, total_v),)
+    out = {id(l): l for l in layers}
+    for g, (_, _, kb, vb) in zip(groups, exact):
+        pk, pv = sum(l.k_bytes for l in g), sum(l.v_bytes for l in g)
+        if abs(pk - kb) <= PRINT_TOLERANCE_BYTES and abs(pv - vb) <= PRINT_TOLERANCE_BYTES:
+            continue
+        ks, vs = _scaled([l.k_bytes for l in g], kb), _scaled([l.v_bytes for l in g], vb)
+        for l, k, v in zip(g, ks, vs):
+            out[id(l)] = LayerKV(l.il, l.device, l.swa, l.cells, k, v)
+    return [out[id(l)] for l in layers]

@@ -1,0 +1,164 @@
+"""Today's model families against llama.cpp's own dry run (no_alloc, a child process).
+
+Each family is a sparse GGUF with the published shapes of a model people download
+(tests/gguf_families.py). For each, kvtuner's plan must equal llama.cpp's report:
+
+- every KV cache (full, sliding-window, chunked): cells, layers, streams, types and the K, V
+  and total MiB as printed; and the bytes per cell *to the byte* at >= 65536 cells, where the
+  print's 0.005 MiB is under 0.1 byte per cell;
+- the recurrent / short-conv state (``llama_memory_recurrent: size = ...``): R and S MiB as
+  printed, at 1, 4 and 64 sequences;
+- the structure kvtuner derives from the header equals the one the structure probe reads from
+  llama.cpp's per-layer log lines (which layers hold KV, SWA, shared KV, recurrent state, MTP).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import gguf_families as F
+from gguf_factory import write_model
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import ConfigError, PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.units import MiB
+
+pytestmark = [
+    pytest.mark.llama,
+    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python"),
+]
+dryrun = pytest.importorskip("kvtuner.runner.dryrun")
+from kvtuner.runner.structure_probe import differences  # noqa: E402
+
+FAMILIES = {
+    "qwen35": lambda: F.qwen35(),
+    "qwen35-mtp": lambda: F.qwen35(n_layer=8, E=1024, n_head=8, n_head_kv=2, n_ff=2048, V=8192, d_inner=1024,
+                                   n_group=4, dt_rank=8, n_mtp=1, name="qwen35 small with an MTP block"),
+    "qwen35moe": lambda: F.qwen35moe(),
+    "qwen3next": lambda: F.qwen3next(),
+    "falcon-h1": lambda: F.falcon_h1(),
+    "nemotron_h": lambda: F.nemotron_h(),
+    "granitehybrid": lambda: F.granite_hybrid(),
+    "lfm2": lambda: F.lfm2(),
+    "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window"),
+    "llama4": lambda: F.llama4(),
+    "llama4-no-chunks": lambda: F.llama4(n_layer=8, window_key=0, name="llama4 with sliding_window = 0"),
+    "gemma3n": lambda: F.gemma3n(),
+    "gemma4": lambda: F.gemma4(),
+    "glm4moe": lambda: F.glm4moe(),
+    "gpt-oss": lambda: F.gpt_oss(),
+    "qwen2": lambda: F.qwen2(),
+    "qwen3": lambda: F.qwen3(),
+    "stablelm": lambda: F.stablelm(),
+    "deepseek2": lambda: F.deepseek2(),
+    "mamba": lambda: F.mamba(),
+}
+
+
+@pytest.fixture(scope="module")
+def family_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("families")
+    return {k: write_model(d / f"{k}.gguf", make()) for k, make in FAMILIES.items()}
+
+
+def _compare(plan, got):
+    """Every KV cache and the recurrent state of ``plan`` against the dry run ``got``."""
+    assert (plan.n_ctx, plan.n_ctx_seq) == (got.n_ctx, got.n_ctx_seq)
+    theirs = [c for c in got.kv_caches if c.layers > 0]  # an iSWA half without layers prints 0 layers
+    ours = [c for c in plan.kv_caches if c.kind != "recurrent"]
+    assert [(c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in ours] == \
+           [(c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in theirs]
+    for o, t in zip(ours, theirs):
+        assert (f"{o.k_bytes / MiB:.2f}", f"{o.v_bytes / MiB:.2f}", f"{o.kv_bytes / MiB:.2f}") == \
+               (f"{t.k_mib:.2f}", f"{t.v_mib:.2f}", f"{t.size_mib:.2f}")
+    rec = [c for c in plan.kv_caches if c.kind == "recurrent"]
+    if got.recurrent:
+        (r,) = got.recurrent
+        assert len(rec) == 1 and rec[0].cells == r.cells
+        assert (f"{rec[0].k_bytes / MiB:.2f}", f"{rec[0].v_bytes / MiB:.2f}") == (f"{r.r_mib:.2f}", f"{r.s_mib:.2f}")
+    else:
+        assert not rec
+
+
+CONFIGS = [
+    dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2),
+    dict(n_ctx=4096, flash_attn="off", n_seq=1),
+    dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256),
+]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("ci", range(len(CONFIGS)))
+def test_family_matches_llama_cpp(family, ci, family_files):
+    path = family_files[family]
+    config = PlanConfig(**CONFIGS[ci])
+    model = ModelProfile.from_gguf(path)
+    assert model.structure.source == "analytic", model.structure.note
+    try:
+        plan = plan_memory(model, config)
+    except ConfigError as exc:  # head size 80 and q8_0: llama.cpp must refuse it too
+        with pytest.raises(dryrun.DryRunError) as err:
+            dryrun.dry_run(path, config)
+        assert err.value.kind == "invalid_config", (exc, err.value)
+        return
+    got = dryrun.dry_run(path, config)
+    _compare(plan, got)
+    probed = got.structure(model.structure)
+    assert probed is not None and differences(model.structure, probed) == []
+    _compute_never_under(plan, got, family, CONFIGS[ci])
+
+
+def _compute_never_under(plan, got, family, kwargs):
+    """The analytic compute buffer may over-estimate, never under-estimate by more than 2% + 8 MiB."""
+    theirs = sum(got.compute_mib.values()) * MiB
+    ours = plan.compute.bytes_on("CPU")
+    print(f"compute {family} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB "
+          f"({ours / theirs - 1:+.1%})")
+    assert ours >= 0.98 * theirs - 8 * MiB
+
+
+LONG = [dict(n_ctx=131072, flash_attn="on"), dict(n_ctx=32768, flash_attn="on", swa_full=True),
+        dict(n_ctx=8192, flash_attn="off", n_ubatch=1024)]
+
+
+@pytest.mark.parametrize("family", ["llama4", "gemma4", "gpt-oss", "qwen35", "deepseek2", "qwen3", "falcon-h1"])
+@pytest.mark.parametrize("li", range(len(LONG)))
+def test_long_context_compute_never_under(family, li, family_files):
+    """Long contexts and large ubatches, where masks and scores outgrow the logits."""
+    path = family_files[family]
+    config = PlanConfig(**LONG[li])
+    plan = plan_memory(ModelProfile.from_gguf(path), config)
+    got = dryrun.dry_run(path, config)
+    _compare(plan, got)
+    _compute_never_under(plan, got, family, LONG[li])
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("stablelm", "mamba")])
+def test_family_kv_bytes_per_cell_exact(family, family_files):
+    """At 65536 cells the printed MiB pins every cache's bytes per cell exactly."""
+    path = family_files[family]
+    model = ModelProfile.from_gguf(path)
+    config = PlanConfig(n_ctx=65536, flash_attn="on", type_k="q8_0", type_v="q8_0" if model.is_mla else "q4_0",
+                        swa_full=True)
+    plan = plan_memory(model, config)
+    got = dryrun.dry_run(path, config)
+    theirs = [c for c in got.kv_caches if c.layers > 0]
+    ours = [c for c in plan.kv_caches if c.kind != "recurrent"]
+    assert len(ours) == len(theirs)
+    for o, t in zip(ours, theirs):
+        cells = t.cells * t.n_stream
+        assert cells >= 65536
+        assert o.k_bytes == round(t.k_mib * MiB / cells) * cells
+        assert o.v_bytes == round(t.v_mib * MiB / cells) * cells
+
+
+@pytest.mark.parametrize("family", ["qwen35", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2", "qwen3next", "mamba"])
+@pytest.mark.parametrize("n_seq", [1, 4, 64])
+def test_recurrent_state_matches_llama_cpp(family, n_seq, family_files):
+    path = family_files[family]
+    config = PlanConfig(n_ctx=4096, n_seq=n_seq, kv_unified=True, flash_attn="on")
+    plan = plan_memory(ModelProfile.from_gguf(path), config)
+    got = dryrun.dry_run(path, config)
+    _compare(plan, got)
