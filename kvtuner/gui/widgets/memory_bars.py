@@ -1,4 +1,4 @@
-"""Stacked memory bars: per device, weights | KV | compute | output | overhead | free, against
+"""Stacked memory bars: per device, weights | repacked copy | KV | compute | output | overhead | free, against
 capacity. Figures a llama.cpp dry-run confirmed are marked "verified"."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from ...core.units import fmt_bytes
 #: Segment order, label and colour (Okabe-Ito; "free" drawn as an outline).
 SEGMENTS = (
     ("weights", "weights", "#0072B2"),
+    ("repack", "repacked copy", "#56B4E9"),
     ("kv", "KV cache", "#E69F00"),
     ("compute", "compute", "#009E73"),
     ("output", "output", "#CC79A7"),
@@ -38,6 +39,7 @@ class BarRow:
     capacity_bytes: int | None
     free_bytes: int | None
     verified: frozenset[str] = frozenset()
+    repack_bytes: int = 0  # the host's CPU_REPACK copy of repackable quantized weights
 
     def segment_bytes(self, key: str) -> int:
         """Bytes of segment ``key`` (``weights``, ``kv`` ...)."""
@@ -50,7 +52,8 @@ def row_from_device(device: object, verified: frozenset[str] = frozenset()) -> B
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
     return BarRow(caption=name, weights_bytes=d.weights_bytes, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
                   output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes,
-                  capacity_bytes=d.capacity_bytes, free_bytes=d.headroom_bytes, verified=verified)
+                  capacity_bytes=d.capacity_bytes, free_bytes=d.headroom_bytes, verified=verified,
+                  repack_bytes=d.repack_bytes)
 
 
 class MemoryBars(QtWidgets.QWidget):
