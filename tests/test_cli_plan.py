@@ -161,3 +161,14 @@ def test_gui_without_a_display_is_one_line_not_a_qt_abort():
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtuner: no display to open the app on"), out.stderr
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`kvtuner plan --json | head -1`: the reader leaves early; kvtuner exits quietly."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvtuner.cli", "plan", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err

@@ -55,3 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvtuner: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`kvtuner plan --json | head`): not an error, and no traceback;
+        # point stdout at devnull so the interpreter's final flush does not fail again
+        # (Python docs, "Note on SIGPIPE")
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
