@@ -268,4 +268,4 @@ def test_bad_live_type(models):
 
 
 def test_default_constants_are_used_when_uncalibrated():
-    assert SpeedConstants().host_bw_efficiency > 0
+    assert SpeedConstants().host_decode_scale > 0 and SpeedConstants().gpu_bw_efficiency > 0

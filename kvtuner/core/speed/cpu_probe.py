@@ -1,0 +1,313 @@
+"""A short probe of this machine's CPU as llama.cpp uses it: the speed of its matrix kernels per
+weight type, of its flash-attention kernel per cached cell, and its fixed costs per layer and per
+token -- measured by running tiny zero-weight models through llama.cpp itself (the runner does
+it in a child process, :mod:`kvtuner.runner.probe`), so repacking (ggml-cpu/repack.cpp), the
+weight type's vec-dot and gemm kernels, OpenMP barriers and the page cache are all what a real
+model meets. Weight values never change a kernel's speed, so the models are sparse files of a
+few KiB on disk (the data are holes).
+
+The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-token vocabulary):
+
+- matrix, one per weight type T: 4 layers of width 4096 (32 query heads and 8 KV heads of 128,
+  FFN 14336), every matrix in T: 872 M parameters (490 MB in Q4_K), more than any desktop CPU's
+  last-level cache, so decode streams from RAM as a real model does.
+  Decode of ``MATRIX_GEN`` tokens: ``bytes_s[T] = weight_bytes / (t_token - overheads)``;
+  prefill of ``MATRIX_PROMPT`` tokens: ``flop_s[T] = 2 * params * n_prompt / (t_prompt - overheads)``.
+- attention: 4 layers of width 256 with 32 query heads and 8 KV heads of 128 (the common GQA
+  shape), a tiny FFN: decode and prefill at depth 0 and at depth ``ATTN_DEPTH``; the difference
+  is the flash-attention kernel's cost per (query head x cached cell), per token.
+- overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
+  build, scheduling, thread barriers of every op, sampling) solved from the two.
+
+Everything is per thread count (llama.cpp's ``-t``): rates are stored with the thread count
+they were measured at. Units in the field names (``_s`` seconds, ``_bytes_s`` bytes/s,
+``_flop_s`` FLOP/s).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import gguf
+import numpy as np
+
+#: Probe model shapes (see the module docstring).
+MATRIX_LAYERS, MATRIX_EMBD, MATRIX_FF, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM = 4, 4096, 14336, 32, 8, 128
+ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM, ATTN_FF = 4, 256, 32, 8, 128, 256
+OVERHEAD_LAYERS, OVERHEAD_EMBD = (24, 6), 64
+PROBE_VOCAB = 256
+#: Bench sizes: prompt and generated tokens of the matrix runs, depth of the attention run.
+MATRIX_PROMPT, MATRIX_GEN = 64, 16
+ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 1024, 64, 32
+OVERHEAD_GEN = 64
+#: The head sizes the attention probe uses (K + V), to scale its cost to other head sizes.
+ATTN_UNIT_HEAD_DIMS = 2 * ATTN_HEAD_DIM
+#: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
+PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ4_NL", "IQ4_XS", "MXFP4")
+#: A stored probe is re-measured after this long, seconds (hardware and kernels change rarely).
+PROBE_MAX_AGE_S = 7 * 24 * 3600.0
+
+
+class ProbeError(ValueError):
+    """A probe that cannot be made or read; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ProbeModel:
+    """One probe model to write and bench: ``key`` (``matrix:Q4_K``, ``attn``, ``overhead:24``),
+    the hyper-parameters, the weight type of its matrices and the bench it gets
+    (``runs``: ``(n_depth, n_prompt, n_gen)`` per bench)."""
+
+    key: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    weight_type: str
+    runs: tuple[tuple[int, int, int], ...]
+
+    @property
+    def n_ctx(self) -> int:
+        """Context for its deepest run, padded to 256."""
+        need = max(d + p + g for d, p, g in self.runs) + 16
+        return -(-need // 256) * 256
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``)."""
+        E, F, V, t = self.n_embd, self.n_ff, PROBE_VOCAB, self.weight_type
+        q, kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        out: list[tuple[str, tuple[int, ...], str]] = [
+            ("token_embd.weight", (E, V), "F32"), ("output_norm.weight", (E,), "F32"), ("output.weight", (E, V), "F32")]
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            out += [(p + "attn_norm.weight", (E,), "F32"), (p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
+                    (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t),
+                    (p + "ffn_norm.weight", (E,), "F32"), (p + "ffn_gate.weight", (E, F), t),
+                    (p + "ffn_up.weight", (E, F), t), (p + "ffn_down.weight", (F, E), t)]
+        return out
+
+    def matrix_bytes_params(self) -> tuple[int, int]:
+        """Bytes and parameters of the layers' matrices (the weights the probe times)."""
+        b = p = 0
+        for name, shape, t in self.tensors():
+            if name.startswith("blk.") and len(shape) == 2:
+                b += _nbytes(shape, t)
+                p += shape[0] * shape[1]
+        return b, p
+
+
+def _nbytes(shape: tuple[int, ...], type_name: str) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    n = int(np.prod(shape))
+    if shape[0] % block:
+        raise ProbeError(f"a row of {shape[0]} does not fit {type_name} blocks of {block}")
+    return n // block * size
+
+
+def matrix_model(weight_type: str) -> ProbeModel:
+    """The matrix probe of ``weight_type`` (a ggml type name, :data:`PROBE_TYPES`).
+
+    Raises:
+        ProbeError: a type the probe cannot write.
+    """
+    t = weight_type.upper()
+    if t not in PROBE_TYPES:
+        raise ProbeError(f"no CPU probe for weight type {weight_type}: probe types are {', '.join(PROBE_TYPES)}")
+    return ProbeModel(f"matrix:{t}", MATRIX_LAYERS, MATRIX_EMBD, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM, MATRIX_FF, t,
+                      ((0, MATRIX_PROMPT, MATRIX_GEN),))
+
+
+def attention_model() -> ProbeModel:
+    """The attention probe (runs at depth 0 and :data:`ATTN_DEPTH`)."""
+    return ProbeModel("attn", ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM, ATTN_FF, "F16",
+                      ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
+
+
+def overhead_models() -> tuple[ProbeModel, ...]:
+    """The two overhead probes (:data:`OVERHEAD_LAYERS` layers of width :data:`OVERHEAD_EMBD`)."""
+    return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16", ((0, 8, OVERHEAD_GEN),))
+                 for n in OVERHEAD_LAYERS)
+
+
+def probe_plan(weight_types: Sequence[str]) -> tuple[ProbeModel, ...]:
+    """The probe models for ``weight_types`` (types the probe cannot write are skipped): the
+    overhead and attention probes, then one matrix probe per type."""
+    types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
+    return (*overhead_models(), attention_model(), *(matrix_model(t) for t in types))
+
+
+def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
+    """Write ``m`` as a sparse GGUF (header and tensor table; the data a hole of the right size).
+
+    Raises:
+        ProbeError: the file cannot be written.
+    """
+    path = Path(path)
+    try:
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_name(f"kvtuner CPU probe {m.key}")
+        w.add_block_count(m.n_layer)
+        w.add_context_length(m.n_ctx)
+        w.add_embedding_length(m.n_embd)
+        w.add_feed_forward_length(m.n_ff)
+        w.add_head_count(m.n_head)
+        w.add_head_count_kv(m.n_head_kv)
+        w.add_key_length(m.head_dim)
+        w.add_value_length(m.head_dim)
+        w.add_rope_dimension_count(m.head_dim)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(10000.0)
+        w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+        w.add_tokenizer_model("none")
+        w.add_vocab_size(PROBE_VOCAB)
+        tensors = m.tensors()
+        for name, shape, t in tensors:
+            w.add_tensor_info(name, shape[::-1], np.dtype(np.float32), _nbytes(shape, t),
+                              raw_dtype=gguf.GGMLQuantizationType[t])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        align = gguf.GGUF_DEFAULT_ALIGNMENT
+        start = -(-path.stat().st_size // align) * align
+        total = sum(-(-_nbytes(s, t) // align) * align for _, s, t in tensors)
+        with open(path, "r+b") as f:
+            f.truncate(start + total)
+    except OSError as exc:
+        raise ProbeError(f"cannot write the CPU probe model {path}: {exc.strerror or exc}") from None
+    return path
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One measured bench of a probe model: ``key`` of the model, ``n_depth``, ``n_prompt``,
+    ``prefill_s`` (seconds for the prompt), ``n_gen``, ``decode_s`` (seconds for the tokens)."""
+
+    key: str
+    n_depth: int
+    n_prompt: int
+    prefill_s: float
+    n_gen: int
+    decode_s: float
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """This machine's CPU as llama.cpp uses it, at ``n_threads`` threads.
+
+    Attributes:
+        n_threads: llama.cpp threads (``-t``) of the measurement.
+        decode_bytes_s: per weight type, bytes/s of weights the mat-vec kernels stream (decode).
+        prefill_flop_s: per weight type, FLOP/s of the mat-mat kernels (a ``MATRIX_PROMPT``-token batch).
+        layer_s: fixed decode cost per layer per token (op dispatch, thread barriers), s.
+        token_s: fixed cost per token (graph build, scheduling, sampling), s.
+        attn_decode_s: decode cost of one query head over one cached cell with head sizes
+            K + V = :data:`ATTN_UNIT_HEAD_DIMS` (f16 KV, flash attention), s.
+        attn_prefill_s: the same per (query token x query head x cell) in a prompt, s.
+        kv_type: the KV type the attention probe used.
+        t_unix: when it was measured.
+        load_avg: the 1-minute load average then (a busy machine measures slow).
+        source: how it was obtained.
+    """
+
+    n_threads: int
+    decode_bytes_s: dict[str, float]
+    prefill_flop_s: dict[str, float]
+    layer_s: float
+    token_s: float
+    attn_decode_s: float
+    attn_prefill_s: float
+    kv_type: str = "f16"
+    t_unix: float = 0.0
+    load_avg: float | None = None
+    source: str = "llama.cpp probe"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (stored in the calibration file)."""
+        return {"n_threads": self.n_threads, "decode_bytes_s": dict(self.decode_bytes_s),
+                "prefill_flop_s": dict(self.prefill_flop_s), "layer_s": self.layer_s, "token_s": self.token_s,
+                "attn_decode_s": self.attn_decode_s, "attn_prefill_s": self.attn_prefill_s, "kv_type": self.kv_type,
+                "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CpuRates":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ProbeError: a malformed record.
+        """
+        try:
+            r = cls(int(d["n_threads"]), {str(k): float(v) for k, v in d["decode_bytes_s"].items()},
+                    {str(k): float(v) for k, v in d["prefill_flop_s"].items()}, float(d["layer_s"]), float(d["token_s"]),
+                    float(d["attn_decode_s"]), float(d["attn_prefill_s"]), str(d.get("kv_type", "f16")),
+                    float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProbeError(f"malformed CPU probe record: {exc}") from None
+        values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), r.layer_s, r.token_s, r.attn_decode_s,
+                  r.attn_prefill_s]
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
+        return r
+
+    def merged(self, other: "CpuRates") -> "CpuRates":
+        """These rates with ``other``'s weight types added (``other``'s fixed costs win: newer)."""
+        return CpuRates(other.n_threads, {**self.decode_bytes_s, **other.decode_bytes_s},
+                        {**self.prefill_flop_s, **other.prefill_flop_s}, other.layer_s, other.token_s,
+                        other.attn_decode_s, other.attn_prefill_s, other.kv_type, other.t_unix, other.load_avg, other.source)
+
+
+def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = "f16",
+                    load_avg: float | None = None) -> CpuRates:
+    """Turn the probe's measured runs into :class:`CpuRates` (formulas in the module docstring):
+
+    - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token;
+    - attention: ``attn_decode_s = (t_token(depth D) - t_token(0)) / (layers * heads * D)``, and
+      ``attn_prefill_s = (t_prompt(D) - t_prompt(0)) / (layers * heads * n_prompt * D)``;
+    - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``,
+      ``prefill_flop_s = 2 * params * n_prompt / (t_prompt - token_s)``.
+
+    A difference that comes out at or below zero (noise on a tiny model) is floored at 2 % of
+    the measured time.
+
+    Raises:
+        ProbeError: a run the formulas need is missing.
+    """
+    by = {(r.key, r.n_depth): r for r in runs}
+
+    def get(key: str, depth: int = 0) -> ProbeRun:
+        try:
+            return by[(key, depth)]
+        except KeyError:
+            raise ProbeError(f"the CPU probe has no run of {key} at depth {depth}") from None
+
+    def pos(x: float, whole: float) -> float:
+        return max(x, 0.02 * whole)
+
+    (n_hi, n_lo) = OVERHEAD_LAYERS
+    t_hi = get(f"overhead:{n_hi}").decode_s / OVERHEAD_GEN
+    t_lo = get(f"overhead:{n_lo}").decode_s / OVERHEAD_GEN
+    layer_s = pos(t_hi - t_lo, t_hi) / (n_hi - n_lo)
+    token_s = pos(t_lo - n_lo * layer_s, t_lo)
+    a0, a1 = get("attn", 0), get("attn", ATTN_DEPTH)
+    head_cells = ATTN_LAYERS * ATTN_HEADS * ATTN_DEPTH
+    td0, td1 = a0.decode_s / a0.n_gen, a1.decode_s / a1.n_gen
+    attn_decode_s = pos(td1 - td0, td1) / head_cells
+    attn_prefill_s = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
+    dec: dict[str, float] = {}
+    pre: dict[str, float] = {}
+    for r in runs:
+        if not r.key.startswith("matrix:"):
+            continue
+        t = r.key.split(":", 1)[1]
+        b, p = matrix_model(t).matrix_bytes_params()
+        td = r.decode_s / r.n_gen
+        dec[t] = b / pos(td - MATRIX_LAYERS * layer_s - token_s, td)
+        pre[t] = 2.0 * p * r.n_prompt / pos(r.prefill_s - token_s, r.prefill_s)
+    return CpuRates(n_threads, dec, pre, layer_s, token_s, attn_decode_s, attn_prefill_s, kv_type, time.time(), load_avg)
