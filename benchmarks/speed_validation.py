@@ -55,6 +55,8 @@ CPU_VALIDATE = [("llama-2-7b", "Q4_K_M"), ("llama-3.1-8b", "Q8_0"), ("gemma-2-9b
 CPU_DEPTHS = (0, 2048)
 CPU_PROMPT, CPU_GEN = 128, 32
 PUBLIC = ROOT / "benchmarks" / "speed_public_gpu.json"
+#: Version of the probe a stored measurement file holds (a newer probe measures again).
+PROBE_VERSION = 2
 
 
 def fixture(key: str, ftype: str, directory: Path) -> Path:
@@ -82,31 +84,34 @@ def cpu_config(depth: int):
 # CPU group
 
 
-def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict) -> dict:
-    """Probe this machine's CPU, then bench every CPU row not yet in ``data`` (resumable)."""
-    from kvtuner.core.speed.weights import weight_summary
+def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, sets: tuple[str, ...],
+                reprobe: bool = False) -> dict:
+    """Probe this machine's CPU, then bench every CPU row of ``sets`` not yet in ``data`` (resumable)."""
     from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.speed.cpu_probe import probe_needs
     from kvtuner.runner.bench import run_bench
     from kvtuner.runner.probe import run_cpu_probe
 
     rows = [(k, f, "fit") for k, f in CPU_FIT] + [(k, f, "validate") for k, f in CPU_VALIDATE]
-    if "probe" not in data:
+    if data.get("probe_version") != PROBE_VERSION or reprobe:
         types: set[str] = set()
+        dims: set[int] = set()
         for key, ftype, _ in rows:
-            wt = weight_summary(ModelProfile.from_gguf(fixture(key, ftype, directory))).types()
-            total = sum(wt.values())
-            types |= {t for t, b in wt.items() if b / total > 0.01 and t not in ("F32",)}
+            t, d = probe_needs(ModelProfile.from_gguf(fixture(key, ftype, directory)))
+            types |= set(t)
+            dims |= set(d)
         t0 = time.time()
-        rates = run_cpu_probe(sorted(types), threads)
+        rates = run_cpu_probe(sorted(types), threads, head_dims=sorted(dims))
         data["probe"] = rates.to_dict()
-        print(f"# CPU probe ({', '.join(sorted(types))}) at {threads} threads: {time.time() - t0:.0f} s, "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        data["probe_version"] = PROBE_VERSION
+        print(f"# CPU probe ({', '.join(sorted(types))}; heads {', '.join(map(str, sorted(dims)))}) at {threads} threads: "
+              f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
         _save(save, data)
     data.setdefault("runs", [])
     done = {(r["key"], r["ftype"], r["depth"]) for r in data["runs"]}
     for key, ftype, set_ in rows:
         for depth in CPU_DEPTHS:
-            if (key, ftype, depth) in done:
+            if (key, ftype, depth) in done or set_ not in sets:
                 continue
             path = fixture(key, ftype, directory)
             t0 = time.time()
@@ -241,14 +246,15 @@ def _err(pred: float | None, meas: float | None) -> float | None:
     return pred / meas - 1
 
 
-def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str) -> dict:
+def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str,
+              sets: tuple[str, ...] = ("fit", "validate")) -> dict:
     """Print the rows and the median |error| and RMS log error per set; returns the figures."""
     print(f"\n{title}")
     hdr = f"{'row':<34} {'set':<8} | {'prefill meas':>12} {'pred':>9} {'err':>7} | {'decode meas':>11} {'pred':>8} {'err':>7}"
     print(hdr)
     print("-" * len(hdr))
     figures: dict = {}
-    for set_ in ("fit", "validate"):
+    for set_ in sets:
         pe, de, pl, dl = [], [], [], []
         for r in rows:
             if r["set"] != set_:
@@ -283,28 +289,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     ap.add_argument("--save", default=None, help="keep the CPU measurements (and probe) in this JSON file")
     ap.add_argument("--load", default=None, help="predict stored CPU measurements instead of measuring")
+    ap.add_argument("--reprobe", action="store_true", help="run the CPU probe again (before measuring)")
+    ap.add_argument("--sets", default="fit,validate",
+                    help="which sets to measure and print (default fit,validate; 'fit' while choosing constants)")
     args = ap.parse_args(argv)
+    sets = tuple(x for x in args.sets.split(",") if x in ("fit", "validate"))
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-fixtures-"))
     directory.mkdir(parents=True, exist_ok=True)
     if args.gpu:
         if args.fit_gpu:
             fit_gpu(directory)
         summarise("GPU, public llama-bench rows (pp512 and tg at depth 0, full offload)", gpu_rows(directory),
-                  "pp512", "tg")
+                  "pp512", "tg", sets)
     if args.cpu:
         if args.load:
             data = json.loads(Path(args.load).read_text())
         else:
             save = Path(args.save) if args.save else None
             data = json.loads(save.read_text()) if save and save.exists() else {}
-            data = measure_cpu(directory, args.threads, save, data)
+            data = measure_cpu(directory, args.threads, save, data, sets, args.reprobe)
         print(f"\nCPU probe: {json.dumps({k: v for k, v in data['probe'].items() if k != 'source'})}")
-        loads = [r["load_avg"] for r in data["runs"]]
+        loads = [r["load_avg"] for r in data["runs"] if r["set"] in sets]
         print(f"load average while measuring: {min(loads):.2f}-{max(loads):.2f}")
         summarise(f"CPU, this machine, cold (probe, no calibration; -p {CPU_PROMPT} -n {CPU_GEN} -r 1)",
-                  predict_cpu(data, directory, calibrate=False), "prefill_tok_s", "decode_tok_s")
+                  predict_cpu(data, directory, calibrate=False), "prefill_tok_s", "decode_tok_s", sets)
         summarise("CPU, after one calibration bench of the default model (its depth-0 run)",
-                  predict_cpu(data, directory, calibrate=True), "prefill_tok_s", "decode_tok_s")
+                  predict_cpu(data, directory, calibrate=True), "prefill_tok_s", "decode_tok_s", sets)
     if not (args.cpu or args.gpu):
         ap.error("say --cpu, --gpu or both")
     return 0

@@ -122,11 +122,12 @@ def test_cpu_probe_is_stored_per_thread_count_and_merged(tmp_path):
 
     store = CalibrationStore(tmp_path / "cal.json")
     assert store.cpu_rates(2, machine="m1") is None
-    a = CpuRates(2, {"Q4_K": 20e9}, {"Q4_K": 200e9}, 50e-6, 0.3e-3, 50e-9, 5e-9, t_unix=__import__("time").time())
+    a = CpuRates(2, {"Q4_K": 20e9}, {"Q4_K": 200e9}, 50e-6, 0.3e-3, {"128": 50e-9}, {"128": 5e-9}, t_unix=__import__("time").time())
     store.set_cpu_rates(a, "m1")
-    b = CpuRates(2, {"Q8_0": 18e9}, {"Q8_0": 90e9}, 60e-6, 0.4e-3, 55e-9, 6e-9, t_unix=a.t_unix)
+    b = CpuRates(2, {"Q8_0": 18e9}, {"Q8_0": 90e9}, 60e-6, 0.4e-3, {"64": 55e-9}, {"64": 6e-9}, t_unix=a.t_unix)
     merged = store.set_cpu_rates(b, "m1")
     assert set(merged.decode_bytes_s) == {"Q4_K", "Q8_0"} and merged.layer_s == 60e-6  # newer fixed costs win
+    assert set(merged.attn_decode_s) == {"128", "64"}
     again = CalibrationStore(tmp_path / "cal.json")
     assert again.cpu_rates(2, machine="m1") == merged
     assert again.cpu_rates(1, machine="m1") is None  # another thread count is another probe

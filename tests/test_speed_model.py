@@ -9,7 +9,7 @@ factory's tensor list (F16 weights, F32 norms):
     parameters per layer: 2 x 256 + 4 x 65536 + 3 x 131072 = 655872
     output parameters: 256 x 1024 + 256 = 262400
     KV per cell per layer (f16, 8 KV heads x head size 32, K and V): 2 x 256 x 2 B = 1024 B
-    attention units per cell per layer: 8 query heads x (32 + 32) / 256 = 2
+    query heads per layer: 8, of head size 32
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ OUTPUT_BYTES = 524288 + 1024
 OUTPUT_PARAMS = 262400
 KV_CELL_LAYER = 1024
 # round numbers for the hand computations: 1 GB/s of F16 (F32 norms stream at the same rate),
-# 1 GFLOP/s, 10 us per layer, 1 ms per token, 1 ns per attention unit in decode, 0.1 ns in prefill
-RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, 1e-9, 0.1e-9)
+# 1 GFLOP/s at any batch (half_batch 0), 10 us per layer (5 us per layer per prompt batch), 1 ms per
+# token, 1 ns per head and cell of 32-wide heads in decode, 0.1 ns in prefill
+RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, {"32": 1e-9}, {"32": 0.1e-9},
+                 layer_prefill_s=5e-6)
 C = SpeedConstants()
 
 
@@ -74,9 +76,9 @@ def test_decode_cpu_depth0(tiny):
     # weights: 4 layers + output (token_embd is read one row at a time: not counted); KV: 1 cell x 4 layers
     assert host.bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER
     assert host.flops == pytest.approx(2 * LAYER_PARAMS * 4 + 2 * OUTPUT_PARAMS + 4 * 2 * 8 * 64, rel=1e-9)
-    assert host.attn_units == 4 * 2 and host.n_layers == 4
+    assert host.head_cells == ((32, 4 * 8),) and host.n_layers == 4
     assert w.n_crossings == 0 and w.pcie_bytes == 0
-    # t = weights / 1 GB/s + max(8 units x 1 ns, 4 KiB / 1 GB/s) + 4 x 10 us + 1 ms
+    # t = weights / 1 GB/s + max(32 head-cells x 1 ns, 4 KiB / 1 GB/s) + 4 x 10 us + 1 ms
     t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 4096 / 1e9 + 40e-6 + 1e-3
     assert workload_time_s(w, cpu_inputs()) == pytest.approx(t, rel=1e-9)
     assert decode_tok_s(plan, cpu_inputs(), 0) == pytest.approx(1 / t, rel=1e-9)
@@ -86,17 +88,17 @@ def test_decode_kv_grows_with_depth_and_stops_at_the_context(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
     w = decode_workload(plan, 1000)
     assert w.devices[0].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * 1001 * KV_CELL_LAYER
-    assert w.devices[0].attn_units == 4 * 2 * 1001
+    assert w.devices[0].head_cells == ((32, 4 * 8 * 1001),)
     with pytest.raises(SpeedModelError, match="between 0 and n_ctx_seq - 1 = 1023"):
         decode_workload(plan, 1024)
 
 
 def test_cpu_attention_cost_wins_over_streaming_the_kv(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    slow_attn = replace(RATES, attn_decode_s=1e-6)
+    slow_attn = replace(RATES, attn_decode_s={"32": 0.5e-6})
     w = decode_workload(plan, 99)
-    # 100 cells: 800 units x 1 us = 0.8 ms > 400 KiB at 1 GB/s = 0.41 ms
-    t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 800e-6 + 40e-6 + 1e-3
+    # 100 cells: 3200 head-cells x 0.5 us = 1.6 ms > 400 KiB at 1 GB/s = 0.41 ms
+    t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 1.6e-3 + 40e-6 + 1e-3
     assert workload_time_s(w, cpu_inputs(slow_attn)) == pytest.approx(t, rel=1e-9)
 
 
@@ -105,11 +107,11 @@ def test_prefill_cpu(tiny):
     w = prefill_workload(plan, 256, 0)
     (host,) = w.devices
     # causal attention with flash attention: sum_{p=1..256} p = 32896 cells per layer
-    assert host.attn_units == 4 * 2 * 32896
+    assert host.head_cells == ((32, 4 * 8 * 32896),)
     weight_flops = 2 * LAYER_PARAMS * 4 * 256 + 2 * OUTPUT_PARAMS  # logits of the last token only
     assert host.flops == pytest.approx(weight_flops + 4 * 1024 * 32896, rel=1e-9)
-    # weight FLOPs at 1 GFLOP/s + 263168 units x 0.1 ns + one call x 1 ms
-    t = weight_flops / 1e9 + 4 * 2 * 32896 * 0.1e-9 + 1e-3
+    # weight FLOPs at 1 GFLOP/s + 1052672 head-cells x 0.1 ns + one call x (1 ms + 4 layers x 5 us)
+    t = weight_flops / 1e9 + 4 * 8 * 32896 * 0.1e-9 + 1e-3 + 4 * 5e-6
     assert prefill_tok_s(plan, cpu_inputs(), 256, 0) == pytest.approx(256 / t, rel=1e-9)
 
 
@@ -117,7 +119,7 @@ def test_prefill_without_flash_attention_reads_the_padded_cache(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="off", n_ubatch=512, n_batch=512))
     w = prefill_workload(plan, 256, 0)
     # every token of the ubatch sees n_kv = pad(256, 256) = 256 cells
-    assert w.devices[0].attn_units == 4 * 2 * 256 * 256
+    assert w.devices[0].head_cells == ((32, 4 * 8 * 256 * 256),)
     with pytest.raises(SpeedModelError, match="must fit the context of 1024 tokens"):
         prefill_workload(plan, 1000, 100)
 
@@ -130,11 +132,22 @@ def test_each_weight_type_runs_at_its_own_rate(tmp_path):
     plan = plan_memory(m, PlanConfig(n_ctx=512, flash_attn="on"))
     rates = replace(RATES, decode_bytes_s={"Q4_K": 2e9, "Q6_K": 1e9, "F32": 4e9})
     (host,) = decode_workload(plan, 0).devices
-    by = {t: b for t, b, _ in host.weights}
+    by = {t: b for t, b, _, _ in host.weights}
     t_weights = by["Q4_K"] / 2e9 + by["Q6_K"] / 1e9 + by["F32"] / 4e9
     kv = host.kv_bytes / 4e9  # the KV streams at the fastest probed rate
-    t = t_weights + max(host.attn_units * 1e-9, kv) + 8 * 10e-6 + 1e-3
+    (hd, cells), = host.head_cells
+    # no 64-wide probe: the 32-wide cost scaled by the head size
+    t = t_weights + max(cells * 1e-9 * hd / 32, kv) + 8 * 10e-6 + 1e-3
     assert workload_time_s(decode_workload(plan, 0), cpu_inputs(rates)) == pytest.approx(t, rel=1e-9)
+
+
+def test_prefill_rate_saturates_with_the_batch():
+    r = replace(RATES, prefill_flop_s={"Q4_K": 100e9}, half_batch={"Q4_K": 16.0})
+    assert r.prefill_rate("Q4_K", 16) == pytest.approx(50e9)
+    assert r.prefill_rate("Q4_K", 112) == pytest.approx(87.5e9)
+    assert r.prefill_rate("Q6_K", 16) == pytest.approx(50e9)  # nearest probed type
+    assert r.attn_cost({"128": 2e-9, "64": 4e-9}, 64) == 4e-9
+    assert r.attn_cost({"128": 2e-9}, 256) == pytest.approx(4e-9)  # nearest size, scaled
 
 
 def test_an_unprobed_type_takes_the_nearest_in_bits_per_weight():
@@ -157,12 +170,14 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     assert experts == 3 * 256 * 256 * 8 // 32 * 34  # gate, up, down x 8 experts in Q8_0
     plan = plan_memory(m, PlanConfig(n_ctx=512, flash_attn="on"))
     (host,) = decode_workload(plan, 0).devices
-    weights = sum(b for _, b, _ in host.weights)
+    weights = sum(w[1] for w in host.weights)
     out = sum(w.bytes_ for w in s.output)
     assert weights == pytest.approx(2 * (dense + experts * 2 / 8) + out, rel=1e-12)
     # a 64-token ubatch touches 1 - (6/8)^64 of the experts: all of them, to 8 digits
     (p,) = prefill_workload(plan, 64, 0).devices
-    assert sum(b for _, b, _ in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
+    assert sum(w[1] for w in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
+    # an expert matmul gets 64 x 2 / 8 = 16 of the ubatch's rows, a dense one all 64
+    assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 16.0, 64.0}  # 1: the output, last token only
     assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
 
 
@@ -197,8 +212,8 @@ def test_quantized_prefill_runs_on_the_int8_rate(tmp_path):
     plan = plan_memory(m, PlanConfig(n_ctx=1024, flash_attn="on"), [gpu], HostSpec(16 << 30, 8 << 30))
     (g,) = prefill_workload(plan, 512, 0).devices
     e = GPU_CATALOGUE["RTX 4090"]
-    q8 = sum(f for t, _, f in g.weights if t == "Q8_0")
-    f32 = sum(f for t, _, f in g.weights if t == "F32")
+    q8 = sum(w[2] for w in g.weights if w[0] == "Q8_0")
+    f32 = sum(w[2] for w in g.weights if w[0] == "F32")
     t_cmp = q8 / (e.int8_op_s * C.gpu_int8_efficiency) + (f32 + g.attn_flops) / (e.fp16_tensor_flop_s * C.gpu_fp16_efficiency)
     inp = speed_inputs([gpu], HostSpec(16 << 30, mem_bandwidth_bytes_s=20e9), n_threads=2, cpu=RATES)
     from kvtuner.core.speed.speed_model import _gpu_time_s
@@ -213,7 +228,7 @@ def test_kv_on_host_sends_attention_to_the_cpu(tiny):
     w = decode_workload(plan, 500)
     by = {d.device: d for d in w.devices}
     assert by["CPU"].bytes_read == 4 * 501 * KV_CELL_LAYER  # the KV, read on the host
-    assert by["CPU"].attn_units == 4 * 2 * 501 and by["CPU"].n_layers == 0
+    assert by["CPU"].head_cells == ((32, 4 * 8 * 501),) and by["CPU"].n_layers == 0
     assert by["CUDA0"].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES
     # 1 crossing for the embedding + 2 per layer (Q/K/V down, result up): (256 + 2 x 256 + 256) x 4 B each
     assert w.n_crossings == 1 + 2 * 4
@@ -279,7 +294,7 @@ def test_threads_move_probe_rates():
     two = rates_for_threads(RATES, 2)
     assert two is RATES
     one = rates_for_threads(RATES, 1)
-    assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55) and one.attn_decode_s == pytest.approx(1e-9 * 1.55)
+    assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55) and one.attn_decode_s["32"] == pytest.approx(1e-9 * 1.55)
     fb = fallback_cpu_rates(2, 100e9)
     assert fb.decode_bytes_s == {"*": pytest.approx(1.55 * 5e9)} and "no CPU probe" in fb.source
 

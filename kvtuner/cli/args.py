@@ -221,8 +221,8 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
         return ""
     if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
         return ""  # everything that computes is on the GPUs: CPU kernels do not matter
-    missing = session.missing_probe_types()
-    if not missing:
+    missing, dims = session.missing_probe()
+    if not missing and not dims:
         return ""
     from ..core.speed.calibration import CalibrationError
     from ..core.speed.cpu_probe import ProbeError
@@ -230,10 +230,11 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
 
     n = session.threads()
     if not quiet:
-        print(f"kvtuner: timing llama.cpp's CPU kernels for {', '.join(missing)} at {n} thread{'s' if n != 1 else ''} "
-              "(once a week; about 20 s; --no-probe skips it) ...", file=sys.stderr)
+        what = ", ".join([*missing, *(f"{d}-wide attention heads" for d in dims)])
+        print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
+              "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n))
+        session.set_cpu_rates(run_cpu_probe(missing, n, head_dims=dims))
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
     return ""

@@ -29,9 +29,8 @@ from .plan.buffers import bytes_by_device
 from .plan.config import PlanConfig
 from .plan.memory_plan import MemoryPlan, plan_memory
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
-from .speed.cpu_probe import PROBE_TYPES, CpuRates
+from .speed.cpu_probe import CpuRates, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
-from .speed.weights import weight_summary
 from .store import compute_cache
 from .units import MiB
 
@@ -234,17 +233,22 @@ class Session:
         store = self.calibration_store()
         return kv if store.cpu_rates(self.threads(), kv, self.machine_id) is not None else "f16"
 
-    def missing_probe_types(self) -> tuple[str, ...]:
-        """Weight types of the model (over 1 % of its bytes) that this machine's stored CPU probe
-        lacks at :meth:`threads` threads (all of them when there is no probe): what
-        :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a prediction."""
+    def missing_probe(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Weight types (over 1 % of the model's bytes) and attention head sizes of the model that
+        this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
+        is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a
+        prediction. ``((), ())`` when nothing is missing."""
         if self.model is None:
-            return ()
-        types = weight_summary(self.model).types()
-        total = sum(types.values()) or 1
-        need = sorted(t for t, b in types.items() if b / total > 0.01 and t in PROBE_TYPES)
+            return (), ()
+        types, dims = probe_needs(self.model)
         have = self.calibration_store().cpu_rates(self.threads(), "f16", self.machine_id)
-        return tuple(t for t in need if have is None or t not in have.decode_bytes_s)
+        if have is None:
+            return types, dims
+        missing_t = tuple(t for t in types if t not in have.decode_bytes_s)
+        missing_d = tuple(d for d in dims if str(d) not in have.attn_decode_s)
+        if not missing_t and not missing_d:
+            return (), ()
+        return missing_t, missing_d or dims[:1]
 
     def set_cpu_rates(self, rates: CpuRates) -> None:
         """Store a CPU probe for this machine and use it from now on."""

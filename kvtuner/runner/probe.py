@@ -20,16 +20,18 @@ from . import protocol as P
 from .client import RunnerClient, RunnerError
 
 
-def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, kv_type: str = "f16", repetitions: int = 2,
-                  timeout_s: float = 600.0, on_step: Callable[[str], None] | None = None) -> CpuRates:
-    """Probe this machine's CPU for ``weight_types`` (ggml type names) at ``n_threads`` threads.
+def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, head_dims: Sequence[int] = (128,),
+                  kv_type: str = "f16", repetitions: int = 2, timeout_s: float = 600.0,
+                  on_step: Callable[[str], None] | None = None) -> CpuRates:
+    """Probe this machine's CPU for ``weight_types`` (ggml type names) and attention ``head_dims``
+    at ``n_threads`` threads.
 
     ``on_step`` is told each probe model's key before it runs (progress for the user).
 
     Raises:
         ProbeError: the child failed (its reason in the message), or the runs were unusable.
     """
-    models = probe_plan(weight_types)
+    models = probe_plan(weight_types, head_dims)
     runs: list[ProbeRun] = []
     with tempfile.TemporaryDirectory(prefix="kvtuner-probe-") as tmp:
         client = RunnerClient(env={"CUDA_VISIBLE_DEVICES": ""})
@@ -50,7 +52,7 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, kv_type: str =
                     assert isinstance(res, P.BenchResultEvent)
                     reps = [P.Repetition.of(r) for r in res.reps]
                     runs.append(ProbeRun(m.key, depth, n_prompt, min(r.prefill_s for r in reps), n_gen,
-                                         min(r.decode_s for r in reps)))
+                                         min(r.decode_s for r in reps) if n_gen else 0.0))
                 client.request(P.UnloadCommand(), P.UnloadedEvent, timeout_s=60.0)
         except RunnerError as exc:
             raise ProbeError(f"the CPU probe failed ({exc.kind}): {exc.message}") from None

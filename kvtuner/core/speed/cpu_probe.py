@@ -11,13 +11,21 @@ The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-toke
 - matrix, one per weight type T: 4 layers of width 4096 (32 query heads and 8 KV heads of 128,
   FFN 14336), every matrix in T: 872 M parameters (490 MB in Q4_K), more than any desktop CPU's
   last-level cache, so decode streams from RAM as a real model does.
-  Decode of ``MATRIX_GEN`` tokens: ``bytes_s[T] = weight_bytes / (t_token - overheads)``;
-  prefill of ``MATRIX_PROMPT`` tokens: ``flop_s[T] = 2 * params * n_prompt / (t_prompt - overheads)``.
-- attention: 4 layers of width 256 with 32 query heads and 8 KV heads of 128 (the common GQA
-  shape), a tiny FFN: decode and prefill at depth 0 and at depth ``ATTN_DEPTH``; the difference
-  is the flash-attention kernel's cost per (query head x cached cell), per token.
+  Decode of ``MATRIX_GEN`` tokens: ``bytes_s[T] = weight_bytes / (t_token - overheads)``.
+  Prefill at two batch sizes ``b`` (``MATRIX_PROMPT`` and ``MATRIX_SMALL_PROMPT`` tokens):
+  ``rate(b) = 2 * params * b / (t_prompt - overheads)``, and the two points give the mat-mat
+  kernels' rate as a function of the batch, ``rate(b) = flop_s[T] * b / (b + half_batch[T])``
+  (the usual saturation of a GEMM with the batch: a MoE expert that gets 16 of a prompt's
+  tokens runs well below the rate of a 128-token dense matmul).
+- attention, one per head size hd of the model: 4 layers of width 256 with 32 query heads and 8
+  KV heads of size hd (the common GQA ratio), a tiny FFN, at depth 0 and at depth
+  ``ATTN_DEPTH``: the difference is the flash-attention kernel's cost per (query head x cached
+  cell), per decoded token and per prompt token. It depends on the head size in ways its FLOPs do
+  not tell (64-wide heads cost more per cell than 128-wide ones on AVX-512 here), so each head
+  size the model has is measured.
 - overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
-  build, scheduling, thread barriers of every op, sampling) solved from the two.
+  build, scheduling, thread barriers of every op, sampling) solved from the two, and the same for
+  a prompt's per-layer cost ``layer_prefill_s``.
 
 Everything is per thread count (llama.cpp's ``-t``): rates are stored with the thread count
 they were measured at. Units in the field names (``_s`` seconds, ``_bytes_s`` bytes/s,
@@ -28,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,15 +45,16 @@ import numpy as np
 
 #: Probe model shapes (see the module docstring).
 MATRIX_LAYERS, MATRIX_EMBD, MATRIX_FF, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM = 4, 4096, 14336, 32, 8, 128
-ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM, ATTN_FF = 4, 256, 32, 8, 128, 256
+ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_FF = 4, 256, 32, 8, 256
 OVERHEAD_LAYERS, OVERHEAD_EMBD = (24, 6), 64
 PROBE_VOCAB = 256
-#: Bench sizes: prompt and generated tokens of the matrix runs, depth of the attention run.
-MATRIX_PROMPT, MATRIX_GEN = 64, 16
-ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 1024, 64, 32
-OVERHEAD_GEN = 64
-#: The head sizes the attention probe uses (K + V), to scale its cost to other head sizes.
-ATTN_UNIT_HEAD_DIMS = 2 * ATTN_HEAD_DIM
+#: Bench sizes: prompt (large and small batch) and generated tokens of the matrix runs, depth of
+#: the attention runs (the depth the CPU validation measures at).
+MATRIX_PROMPT, MATRIX_SMALL_PROMPT, MATRIX_GEN = 64, 16, 16
+ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 2048, 64, 32
+OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
+#: Head sizes the attention probe can measure (the ones llama.cpp's CPU flash attention meets).
+ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
 #: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
 PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ4_NL", "IQ4_XS", "MXFP4")
@@ -121,26 +130,48 @@ def matrix_model(weight_type: str) -> ProbeModel:
     if t not in PROBE_TYPES:
         raise ProbeError(f"no CPU probe for weight type {weight_type}: probe types are {', '.join(PROBE_TYPES)}")
     return ProbeModel(f"matrix:{t}", MATRIX_LAYERS, MATRIX_EMBD, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM, MATRIX_FF, t,
-                      ((0, MATRIX_PROMPT, MATRIX_GEN),))
+                      ((0, MATRIX_PROMPT, MATRIX_GEN), (0, MATRIX_SMALL_PROMPT, 0)))
 
 
-def attention_model() -> ProbeModel:
-    """The attention probe (runs at depth 0 and :data:`ATTN_DEPTH`)."""
-    return ProbeModel("attn", ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM, ATTN_FF, "F16",
+def attention_model(head_dim: int = 128) -> ProbeModel:
+    """The attention probe for heads of ``head_dim`` (runs at depth 0 and :data:`ATTN_DEPTH`).
+
+    Raises:
+        ProbeError: a head size outside :data:`ATTN_HEAD_DIMS`.
+    """
+    if head_dim not in ATTN_HEAD_DIMS:
+        raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
+                         f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
+    return ProbeModel(f"attn:{head_dim}", ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, head_dim, ATTN_FF, "F16",
                       ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
 
 
 def overhead_models() -> tuple[ProbeModel, ...]:
     """The two overhead probes (:data:`OVERHEAD_LAYERS` layers of width :data:`OVERHEAD_EMBD`)."""
-    return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16", ((0, 8, OVERHEAD_GEN),))
-                 for n in OVERHEAD_LAYERS)
+    return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16",
+                            ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
 
 
-def probe_plan(weight_types: Sequence[str]) -> tuple[ProbeModel, ...]:
-    """The probe models for ``weight_types`` (types the probe cannot write are skipped): the
-    overhead and attention probes, then one matrix probe per type."""
+def probe_plan(weight_types: Sequence[str], head_dims: Sequence[int] = (128,)) -> tuple[ProbeModel, ...]:
+    """The probe models for ``weight_types`` and ``head_dims`` (what the probe cannot write is
+    skipped): the overhead probes, one attention probe per head size, one matrix probe per type."""
     types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
-    return (*overhead_models(), attention_model(), *(matrix_model(t) for t in types))
+    dims = sorted({int(d) for d in head_dims if int(d) in ATTN_HEAD_DIMS})
+    return (*overhead_models(), *(attention_model(d) for d in dims), *(matrix_model(t) for t in types))
+
+
+def probe_needs(model: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """What a CPU prediction for ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`)
+    needs measured: its weight types of over 1 % of its bytes that the probe can write, and the
+    head sizes of its attention layers that the probe can measure."""
+    from .weights import weight_summary
+
+    wt = weight_summary(model).types()
+    total = sum(wt.values()) or 1
+    types = tuple(sorted(t for t, b in wt.items() if b / total > 0.01 and t in PROBE_TYPES))
+    dims = tuple(sorted({model.head_dim_k_at(il) for il in range(model.n_layer)
+                         if model.has_kv(il) and model.head_dim_k_at(il) in ATTN_HEAD_DIMS}))
+    return types, dims
 
 
 def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
@@ -205,13 +236,16 @@ class CpuRates:
     Attributes:
         n_threads: llama.cpp threads (``-t``) of the measurement.
         decode_bytes_s: per weight type, bytes/s of weights the mat-vec kernels stream (decode).
-        prefill_flop_s: per weight type, FLOP/s of the mat-mat kernels (a ``MATRIX_PROMPT``-token batch).
+        prefill_flop_s: per weight type, FLOP/s the mat-mat kernels tend to with a large batch.
         layer_s: fixed decode cost per layer per token (op dispatch, thread barriers), s.
         token_s: fixed cost per token (graph build, scheduling, sampling), s.
-        attn_decode_s: decode cost of one query head over one cached cell with head sizes
-            K + V = :data:`ATTN_UNIT_HEAD_DIMS` (f16 KV, flash attention), s.
-        attn_prefill_s: the same per (query token x query head x cell) in a prompt, s.
+        attn_decode_s: per head size (``"128"``), decode cost of one query head over one cached
+            cell (flash attention, ``kv_type`` KV, averaged over depths up to :data:`ATTN_DEPTH`), s.
+        attn_prefill_s: per head size, the same per (prompt token x query head x cell), s.
         kv_type: the KV type the attention probe used.
+        half_batch: per weight type, the batch at which the mat-mat kernels reach half of
+            ``prefill_flop_s`` (tokens).
+        layer_prefill_s: fixed cost per layer per prompt batch, s.
         t_unix: when it was measured.
         load_avg: the 1-minute load average then (a busy machine measures slow).
         source: how it was obtained.
@@ -222,19 +256,41 @@ class CpuRates:
     prefill_flop_s: dict[str, float]
     layer_s: float
     token_s: float
-    attn_decode_s: float
-    attn_prefill_s: float
+    attn_decode_s: dict[str, float]
+    attn_prefill_s: dict[str, float]
     kv_type: str = "f16"
     t_unix: float = 0.0
     load_avg: float | None = None
     source: str = "llama.cpp probe"
+    half_batch: dict[str, float] = field(default_factory=dict)
+    layer_prefill_s: float = 0.0
+
+    def prefill_rate(self, type_name: str, batch: float) -> float:
+        """FLOP/s of ``type_name``'s mat-mat kernels for a batch of ``batch`` rows:
+        ``prefill_flop_s * b / (b + half_batch)`` (rates of an unprobed type: :func:`nearest`)."""
+        peak = nearest(self.prefill_flop_s, type_name)
+        half = nearest(self.half_batch, type_name) if self.half_batch else 0.0
+        b = max(1.0, float(batch))
+        return peak * b / (b + half)
+
+    def attn_cost(self, table: dict[str, float], head_dim: int) -> float:
+        """Cost per head and cell for heads of ``head_dim`` from ``table`` (``attn_decode_s`` or
+        ``attn_prefill_s``): the measured size, else the nearest one scaled by the head size."""
+        if str(head_dim) in table:
+            return table[str(head_dim)]
+        sizes = [int(k) for k in table if k.isdigit()]
+        if not sizes:
+            return table.get("*", 0.0) * head_dim / 128
+        near = min(sizes, key=lambda d: abs(d - head_dim))
+        return table[str(near)] * head_dim / near
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored in the calibration file)."""
         return {"n_threads": self.n_threads, "decode_bytes_s": dict(self.decode_bytes_s),
-                "prefill_flop_s": dict(self.prefill_flop_s), "layer_s": self.layer_s, "token_s": self.token_s,
-                "attn_decode_s": self.attn_decode_s, "attn_prefill_s": self.attn_prefill_s, "kv_type": self.kv_type,
-                "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
+                "prefill_flop_s": dict(self.prefill_flop_s), "half_batch": dict(self.half_batch),
+                "layer_s": self.layer_s, "token_s": self.token_s, "layer_prefill_s": self.layer_prefill_s,
+                "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
+                "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CpuRates":
@@ -243,35 +299,71 @@ class CpuRates:
         Raises:
             ProbeError: a malformed record.
         """
+        def table(key: str) -> dict[str, float]:
+            return {str(k): float(v) for k, v in (d.get(key) or {}).items()}
+
         try:
-            r = cls(int(d["n_threads"]), {str(k): float(v) for k, v in d["decode_bytes_s"].items()},
-                    {str(k): float(v) for k, v in d["prefill_flop_s"].items()}, float(d["layer_s"]), float(d["token_s"]),
-                    float(d["attn_decode_s"]), float(d["attn_prefill_s"]), str(d.get("kv_type", "f16")),
-                    float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")))
+            r = cls(int(d["n_threads"]), table("decode_bytes_s"), table("prefill_flop_s"), float(d["layer_s"]),
+                    float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
+                    float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
+                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed CPU probe record: {exc}") from None
-        values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), r.layer_s, r.token_s, r.attn_decode_s,
-                  r.attn_prefill_s]
+        values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
+                  *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s]
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
         return r
 
     def merged(self, other: "CpuRates") -> "CpuRates":
-        """These rates with ``other``'s weight types added (``other``'s fixed costs win: newer)."""
+        """These rates with ``other``'s weight types and head sizes added (``other``'s fixed costs
+        win: newer)."""
         return CpuRates(other.n_threads, {**self.decode_bytes_s, **other.decode_bytes_s},
                         {**self.prefill_flop_s, **other.prefill_flop_s}, other.layer_s, other.token_s,
-                        other.attn_decode_s, other.attn_prefill_s, other.kv_type, other.t_unix, other.load_avg, other.source)
+                        {**self.attn_decode_s, **other.attn_decode_s}, {**self.attn_prefill_s, **other.attn_prefill_s},
+                        other.kv_type, other.t_unix, other.load_avg, other.source,
+                        {**self.half_batch, **other.half_batch}, other.layer_prefill_s)
+
+
+def _bits_per_weight(type_name: str) -> float:
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    except KeyError:
+        return 16.0
+    return 8.0 * size / block
+
+
+def nearest(table: dict[str, float], type_name: str) -> float:
+    """The value of ``type_name`` in a per-type table: its own, else the probed type nearest in
+    bits per weight (kernels of a family run alike), else ``table["*"]`` (a fallback).
+
+    Raises:
+        ProbeError: an empty table.
+    """
+    if type_name in table:
+        return table[type_name]
+    probed = [t for t in table if t != "*"]
+    if not probed:
+        try:
+            return table["*"]
+        except KeyError:
+            raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)") from None
+    bits = _bits_per_weight(type_name)
+    return table[min(probed, key=lambda t: abs(_bits_per_weight(t) - bits))]
 
 
 def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = "f16",
                     load_avg: float | None = None) -> CpuRates:
     """Turn the probe's measured runs into :class:`CpuRates` (formulas in the module docstring):
 
-    - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token;
-    - attention: ``attn_decode_s = (t_token(depth D) - t_token(0)) / (layers * heads * D)``, and
-      ``attn_prefill_s = (t_prompt(D) - t_prompt(0)) / (layers * heads * n_prompt * D)``;
-    - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``,
-      ``prefill_flop_s = 2 * params * n_prompt / (t_prompt - token_s)``.
+    - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token,
+      and per prompt ``p(24) - p(6) = 18 layer_prefill_s``;
+    - attention (head size hd): ``attn_decode_s[hd] = (t_token(D) - t_token(0)) / (layers * heads * D)``,
+      ``attn_prefill_s[hd] = (t_prompt(D) - t_prompt(0)) / (layers * heads * n_prompt * D)``;
+    - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``; the prompt
+      rates ``r(b) = 2 * params * b / (t_prompt(b) - token_s - layers * layer_prefill_s)`` at the two
+      batches give ``half_batch = b1 b2 (r1 - r2) / (b1 r2 - b2 r1)`` and
+      ``prefill_flop_s = r1 (b1 + half_batch) / b1`` (``rate(b) = peak * b / (b + half)``).
 
     A difference that comes out at or below zero (noise on a tiny model) is floored at 2 % of
     the measured time.
@@ -279,35 +371,48 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
     Raises:
         ProbeError: a run the formulas need is missing.
     """
-    by = {(r.key, r.n_depth): r for r in runs}
+    by = {(r.key, r.n_depth, r.n_prompt): r for r in runs}
 
-    def get(key: str, depth: int = 0) -> ProbeRun:
-        try:
-            return by[(key, depth)]
-        except KeyError:
-            raise ProbeError(f"the CPU probe has no run of {key} at depth {depth}") from None
+    def get(key: str, depth: int = 0, n_prompt: int | None = None) -> ProbeRun:
+        for (k, d, p), r in by.items():
+            if k == key and d == depth and (n_prompt is None or p == n_prompt):
+                return r
+        raise ProbeError(f"the CPU probe has no run of {key} at depth {depth}")
 
     def pos(x: float, whole: float) -> float:
         return max(x, 0.02 * whole)
 
     (n_hi, n_lo) = OVERHEAD_LAYERS
-    t_hi = get(f"overhead:{n_hi}").decode_s / OVERHEAD_GEN
-    t_lo = get(f"overhead:{n_lo}").decode_s / OVERHEAD_GEN
+    o_hi, o_lo = get(f"overhead:{n_hi}"), get(f"overhead:{n_lo}")
+    t_hi, t_lo = o_hi.decode_s / o_hi.n_gen, o_lo.decode_s / o_lo.n_gen
     layer_s = pos(t_hi - t_lo, t_hi) / (n_hi - n_lo)
     token_s = pos(t_lo - n_lo * layer_s, t_lo)
-    a0, a1 = get("attn", 0), get("attn", ATTN_DEPTH)
-    head_cells = ATTN_LAYERS * ATTN_HEADS * ATTN_DEPTH
-    td0, td1 = a0.decode_s / a0.n_gen, a1.decode_s / a1.n_gen
-    attn_decode_s = pos(td1 - td0, td1) / head_cells
-    attn_prefill_s = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
+    layer_prefill_s = pos(o_hi.prefill_s - o_lo.prefill_s, o_hi.prefill_s) / (n_hi - n_lo)
+    att_dec: dict[str, float] = {}
+    att_pre: dict[str, float] = {}
+    for key in sorted({r.key for r in runs if r.key.startswith("attn:")}):
+        a0, a1 = get(key, 0), get(key, ATTN_DEPTH)
+        head_cells = ATTN_LAYERS * ATTN_HEADS * ATTN_DEPTH
+        td0, td1 = a0.decode_s / a0.n_gen, a1.decode_s / a1.n_gen
+        hd = key.split(":", 1)[1]
+        att_dec[hd] = pos(td1 - td0, td1) / head_cells
+        att_pre[hd] = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
     dec: dict[str, float] = {}
     pre: dict[str, float] = {}
-    for r in runs:
-        if not r.key.startswith("matrix:"):
-            continue
-        t = r.key.split(":", 1)[1]
+    half: dict[str, float] = {}
+    for key in sorted({r.key for r in runs if r.key.startswith("matrix:")}):
+        t = key.split(":", 1)[1]
         b, p = matrix_model(t).matrix_bytes_params()
-        td = r.decode_s / r.n_gen
+        big, small = get(key, 0, MATRIX_PROMPT), get(key, 0, MATRIX_SMALL_PROMPT)
+        td = big.decode_s / big.n_gen
         dec[t] = b / pos(td - MATRIX_LAYERS * layer_s - token_s, td)
-        pre[t] = 2.0 * p * r.n_prompt / pos(r.prefill_s - token_s, r.prefill_s)
-    return CpuRates(n_threads, dec, pre, layer_s, token_s, attn_decode_s, attn_prefill_s, kv_type, time.time(), load_avg)
+        fixed = token_s + MATRIX_LAYERS * layer_prefill_s
+        b1, b2 = float(big.n_prompt), float(small.n_prompt)
+        r1 = 2.0 * p * b1 / pos(big.prefill_s - fixed, big.prefill_s)
+        r2 = 2.0 * p * b2 / pos(small.prefill_s - fixed, small.prefill_s)
+        den = b1 * r2 - b2 * r1
+        h = b1 * b2 * (r1 - r2) / den if den > 0 and r1 > r2 else 0.0
+        half[t] = h
+        pre[t] = r1 * (b1 + h) / b1
+    return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,
+                    half_batch=half, layer_prefill_s=layer_prefill_s)

@@ -10,7 +10,8 @@ Decode (one token at KV depth ``D``)::
     t_decode(D) = sum_dev t_dev + pcie_bytes / (pcie_bw * pcie_efficiency) + n_crossings * crossing_latency_s
                   + token overhead (host: the probe's token_s; with a GPU: gpu_token_overhead_s)
     host:  t_dev = sum_T bytes_T / decode_bytes_s[T]                          (probe, per weight type T)
-                   + max(attn_units * attn_decode_s, kv_bytes / stream_bytes_s)  (probe; KV from RAM)
+                   + max(sum_hd head_cells_hd * attn_decode_s[hd], kv_bytes / stream_bytes_s)
+                                                                                (probe per head size hd)
                    + n_layers_on_host * layer_s                                 (probe)
     GPU:   t_dev = (weight bytes + kv_bytes) / (bandwidth * gpu_bw_efficiency)  (catalogue or NVML)
                    + n_layers_on_gpu * gpu_layer_overhead_s
@@ -18,13 +19,16 @@ Decode (one token at KV depth ``D``)::
     bytes_T: the weights a token reads (weights.py: every 2-D weight once; of MoE experts
              n_expert_used / n_expert; the output matrix once; the input embedding one row)
     kv_bytes: sum over layers of bytes_per_cell * cells_read, cells_read = min(D + 1, window)
-    attn_units: query heads x cells_read x (head_dim_k + head_dim_v) / 256, the CPU
-             flash-attention kernel's cost unit (it walks the cache once per query head:
-             ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16``)
+    head_cells: query heads x cells_read, per head size: the CPU flash-attention kernel walks
+             the cache once per query head (ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16``),
+             at a cost per cell the probe measures for each head size
 
 Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(n_ubatch, n_prompt)``)::
 
-    host:  sum_T flops_T / prefill_flop_s[T] + attn_units * attn_prefill_s + calls * token_s
+    host:  sum_T flops_T / rate_T(batch) + sum_hd head_cells_hd * attn_prefill_s[hd]
+           + calls * (token_s + n_layers * layer_prefill_s)
+           rate_T(b) = prefill_flop_s[T] * b / (b + half_batch[T]) (probe); b = the ubatch's tokens,
+           for MoE experts the tokens each expert gets, u * n_expert_used / n_expert
     GPU:   sum_T flops_T / (rate_T * efficiency_T) + attn_flops / (fp16 rate * gpu_fp16_efficiency)
            + weight bytes per ubatch / (bandwidth * gpu_bw_efficiency) + calls * gpu_token_overhead_s
            rate_T: quantized T -> int8 tensor ops/s (MMQ, ggml-cuda/mmq.cu ``ggml_cuda_should_use_mmq``:
@@ -65,7 +69,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
-from .cpu_probe import ATTN_UNIT_HEAD_DIMS, CpuRates
+from .cpu_probe import CpuRates, ProbeError, nearest
 from .weights import WeightSummary, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -275,8 +279,8 @@ def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRate
     bw = min(host_bandwidth_bytes_s, thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)
     flop = thr * FALLBACK_PREFILL_FLOP_S_PER_THREAD
     return CpuRates(n_threads, {"*": bw}, {"*": flop}, FALLBACK_LAYER_S, FALLBACK_TOKEN_S,
-                    FALLBACK_ATTN_DECODE_BYTES / (thr * FALLBACK_DECODE_BYTES_S_PER_THREAD),
-                    FALLBACK_ATTN_PREFILL_FLOPS / flop, source="assumed (no CPU probe)")
+                    {"*": FALLBACK_ATTN_DECODE_BYTES / (thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)},
+                    {"*": FALLBACK_ATTN_PREFILL_FLOPS / flop}, source="assumed (no CPU probe)")
 
 
 def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
@@ -286,33 +290,22 @@ def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
     k = effective_threads(n_threads) / effective_threads(rates.n_threads)
     return replace(rates, n_threads=n_threads, decode_bytes_s={t: v * k for t, v in rates.decode_bytes_s.items()},
                    prefill_flop_s={t: v * k for t, v in rates.prefill_flop_s.items()},
-                   attn_decode_s=rates.attn_decode_s / k, attn_prefill_s=rates.attn_prefill_s / k,
+                   attn_decode_s={t: v / k for t, v in rates.attn_decode_s.items()},
+                   attn_prefill_s={t: v / k for t, v in rates.attn_prefill_s.items()},
                    source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads")
 
 
-def _bits_per_weight(type_name: str) -> float:
-    import gguf
-
-    try:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-    except KeyError:
-        return 16.0
-    return 8.0 * size / block
-
-
 def cpu_rate(table: dict[str, float], type_name: str) -> float:
-    """The rate of ``type_name`` in a probe table: its own, else the probed type nearest in bits per
-    weight (kernels of a family run alike), else ``table["*"]`` (the fallback)."""
-    if type_name in table:
-        return table[type_name]
-    probed = [t for t in table if t != "*"]
-    if not probed:
-        try:
-            return table["*"]
-        except KeyError:
-            raise SpeedModelError("no CPU rates: run the CPU probe") from None
-    bits = _bits_per_weight(type_name)
-    return table[min(probed, key=lambda t: abs(_bits_per_weight(t) - bits))]
+    """The rate of ``type_name`` in a probe table (:func:`kvtuner.core.speed.cpu_probe.nearest`:
+    its own, else the probed type nearest in bits per weight, else the fallback ``"*"``).
+
+    Raises:
+        SpeedModelError: an empty table.
+    """
+    try:
+        return nearest(table, type_name)
+    except ProbeError as exc:
+        raise SpeedModelError(str(exc)) from None
 
 
 def catalogue_entry(gpu: GpuSpec) -> GpuModel:
@@ -397,42 +390,50 @@ class DeviceWork:
 
     Attributes:
         device, kind: ``CUDA0``/``gpu`` or ``CPU``/``host``.
-        weights: ``(ggml type, bytes read, FLOPs)`` per weight type.
+        weights: ``(ggml type, bytes read, FLOPs, batch)`` per weight type and batch (the rows
+            each matmul gets: 1 in decode, the ubatch's tokens in a prompt, fewer for MoE experts).
         kv_bytes: KV cache bytes read.
         attn_flops: attention FLOPs (QK^T and softmax(QK^T)V).
-        attn_units: CPU attention cost units (query heads x cells x (head_dim_k + head_dim_v) / 256).
+        head_cells: ``(head size, query heads x cells)`` pairs of the attention computed here.
         n_layers: repeating layers computed here (per-layer overheads).
     """
 
     device: str
     kind: str  # "gpu" | "host"
-    weights: tuple[tuple[str, float, float], ...] = ()
+    weights: tuple[tuple[str, float, float, float], ...] = ()
     kv_bytes: float = 0.0
     attn_flops: float = 0.0
-    attn_units: float = 0.0
+    head_cells: tuple[tuple[int, float], ...] = ()
     n_layers: int = 0
 
     @property
     def bytes_read(self) -> float:
         """Weights and KV bytes read."""
-        return sum(b for _, b, _ in self.weights) + self.kv_bytes
+        return sum(w[1] for w in self.weights) + self.kv_bytes
 
     @property
     def flops(self) -> float:
         """Weight and attention FLOPs."""
-        return sum(f for _, _, f in self.weights) + self.attn_flops
+        return sum(w[2] for w in self.weights) + self.attn_flops
+
+    @property
+    def n_head_cells(self) -> float:
+        """Query heads x cells over every head size."""
+        return sum(c for _, c in self.head_cells)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
         return {"device": self.device, "kind": self.kind, "weights": [list(w) for w in self.weights],
-                "kv_bytes": self.kv_bytes, "attn_flops": self.attn_flops, "attn_units": self.attn_units,
-                "n_layers": self.n_layers}
+                "kv_bytes": self.kv_bytes, "attn_flops": self.attn_flops,
+                "head_cells": [list(h) for h in self.head_cells], "n_layers": self.n_layers}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DeviceWork":
         """Inverse of :meth:`to_dict`."""
-        return cls(str(d["device"]), str(d["kind"]), tuple((str(t), float(b), float(f)) for t, b, f in d["weights"]),
-                   float(d["kv_bytes"]), float(d["attn_flops"]), float(d["attn_units"]), int(d["n_layers"]))
+        return cls(str(d["device"]), str(d["kind"]),
+                   tuple((str(t), float(b), float(f), float(n)) for t, b, f, n in d["weights"]),
+                   float(d["kv_bytes"]), float(d["attn_flops"]), tuple((int(h), float(c)) for h, c in d["head_cells"]),
+                   int(d["n_layers"]))
 
 
 @dataclass(frozen=True)
@@ -469,23 +470,29 @@ class _Acc:
 
     def __init__(self, plan: MemoryPlan) -> None:
         self.kinds = {d.device: d.kind for d in plan.devices}
-        self.w: dict[str, dict[str, list[float]]] = {d: {} for d in self.kinds}
+        self.w: dict[str, dict[tuple[str, float], list[float]]] = {d: {} for d in self.kinds}
         self.kv = dict.fromkeys(self.kinds, 0.0)
         self.af = dict.fromkeys(self.kinds, 0.0)
-        self.au = dict.fromkeys(self.kinds, 0.0)
+        self.hc: dict[str, dict[int, float]] = {d: {} for d in self.kinds}
         self.nl = dict.fromkeys(self.kinds, 0)
 
-    def weight(self, dev: str, t: str, b: float, f: float) -> None:
-        acc = self.w[dev].setdefault(t, [0.0, 0.0])
+    def weight(self, dev: str, t: str, b: float, f: float, batch: float = 1.0) -> None:
+        acc = self.w[dev].setdefault((t, batch), [0.0, 0.0])
         acc[0] += b
         acc[1] += f
 
+    def cells(self, dev: str, head_dim: int, n: float) -> None:
+        self.hc[dev][head_dim] = self.hc[dev].get(head_dim, 0.0) + n
+
+    def device(self, d: str) -> DeviceWork:
+        return DeviceWork(d, self.kinds[d], tuple((t, b, f, n) for (t, n), (b, f) in sorted(self.w[d].items())),
+                          self.kv[d], self.af[d], tuple(sorted(self.hc[d].items())), self.nl[d])
+
     def devices(self) -> tuple[DeviceWork, ...]:
         out = []
-        for d, kind in self.kinds.items():
-            dw = DeviceWork(d, kind, tuple((t, b, f) for t, (b, f) in sorted(self.w[d].items())), self.kv[d],
-                            self.af[d], self.au[d], self.nl[d])
-            if dw.bytes_read or dw.flops or dw.attn_units:
+        for d in self.kinds:
+            dw = self.device(d)
+            if dw.bytes_read or dw.flops or dw.head_cells:
                 out.append(dw)
         return tuple(out)
 
@@ -508,21 +515,23 @@ def _attn_dims(plan: MemoryPlan, il: int) -> tuple[int, int]:
     return m.n_head[il], m.head_dim_k_at(il) + m.head_dim_v_at(il)
 
 
-def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tuple[str, float, float]]:
-    """(type, bytes read per call, FLOPs per token) of layer ``il``'s weights."""
+def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tuple[str, float, float, float]]:
+    """(type, bytes read per call, FLOPs per token, rows per matmul) of layer ``il``'s weights: an
+    expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least 1)."""
     share = s.expert_share(n_tokens_per_call)
     act = s.active_fraction()
-    return [(w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0))
-            for w in s.layers[il]]
+    u = float(n_tokens_per_call)
+    return [(w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
+             max(1.0, u * act) if w.expert else u) for w in s.layers[il]]
 
 
 @dataclass(frozen=True)
 class _DecodeParts:
     """Depth-independent part of a decode workload and, per KV layer, (device, bytes per cell,
-    attention units per cell, FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
+    head size, query heads, FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
 
     acc: _Acc
-    kv: tuple[tuple[str, float, float, float, int], ...]
+    kv: tuple[tuple[str, float, int, int, float, int], ...]
     crossings: float
     pcie: float
 
@@ -533,7 +542,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     wdev, out_dev = _devices_of(plan)
     acc = _Acc(plan)
     for il in range(m.n_layer):
-        for t, b, f in _layer_weights(s, il, 1):
+        for t, b, f, _ in _layer_weights(s, il, 1):
             acc.weight(wdev[il], t, b, f)
         acc.nl[wdev[il]] += 1
     for w in s.output:
@@ -544,7 +553,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
-        kv.append((lk.device, per_cell, heads * dims / ATTN_UNIT_HEAD_DIMS, 2.0 * heads * dims,
+        kv.append((lk.device, per_cell, m.head_dim_k_at(lk.il), heads, 2.0 * heads * dims,
                    min(_window(plan, lk.swa), lk.cells)))
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
@@ -560,25 +569,22 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
 
 def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workload:
     acc = parts.acc
-    kv = dict.fromkeys(acc.kinds, 0.0)
-    au = dict.fromkeys(acc.kinds, 0.0)
-    af = dict.fromkeys(acc.kinds, 0.0)
-    for dev, b, u, f, cap in parts.kv:
-        cells = min(depth + 1, cap)
-        kv[dev] += b * cells
-        au[dev] += u * cells
-        af[dev] += f * cells
-    devs = tuple(
-        DeviceWork(d.device, d.kind, d.weights, kv[d.device], af[d.device], au[d.device], d.n_layers)
-        for d in _with_all(acc)
-        if d.bytes_read or d.flops or kv[d.device] or au[d.device]
-    )
-    return Workload("decode", 1, devs, parts.crossings, parts.pcie, 1, plan.model.n_layer)
-
-
-def _with_all(acc: _Acc) -> tuple[DeviceWork, ...]:
-    return tuple(DeviceWork(d, kind, tuple((t, b, f) for t, (b, f) in sorted(acc.w[d].items())), 0.0, 0.0, 0.0,
-                            acc.nl[d]) for d, kind in acc.kinds.items())
+    devs = []
+    for d in acc.kinds:
+        base = acc.device(d)
+        kv = af = 0.0
+        hc: dict[int, float] = {}
+        for dev, b, hd, heads, f, cap in parts.kv:
+            if dev != d:
+                continue
+            cells = min(depth + 1, cap)
+            kv += b * cells
+            af += f * cells
+            hc[hd] = hc.get(hd, 0.0) + heads * cells
+        dw = replace(base, kv_bytes=kv, attn_flops=af, head_cells=tuple(sorted(hc.items())))
+        if dw.bytes_read or dw.flops or dw.head_cells:
+            devs.append(dw)
+    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, plan.model.n_layer)
 
 
 def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | None = None) -> Workload:
@@ -618,8 +624,8 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     pcie = crossings = 0.0
     for il in range(m.n_layer):
         run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
-        for t, b, f in _layer_weights(s, il, u):
-            acc.weight(run_on, t, b * n_calls, f * n_prompt)
+        for t, b, f, rows in _layer_weights(s, il, u):
+            acc.weight(run_on, t, b * n_calls, f * n_prompt, rows)
             if run_on != wdev[il]:
                 pcie += b * n_calls  # host weights copied to the GPU for every ubatch
         acc.nl[run_on] += 1
@@ -644,7 +650,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
             pcie += kv_read  # host KV copied to the GPU for every ubatch
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
-        acc.au[run_on] += heads * dims / ATTN_UNIT_HEAD_DIMS * cells
+        acc.cells(run_on, m.head_dim_k_at(lk.il), heads * cells)
     seq = [HOST] + wdev + [out_dev]
     for a_dev, b_dev in zip(seq, seq[1:]):
         if a_dev != b_dev and not offload:
@@ -676,19 +682,24 @@ def _sum_min_range(lo: int, hi: int, cap: int) -> float:
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants) -> float:
+def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n_calls: int) -> float:
     cpu = r.cpu or fallback_cpu_rates(1, r.bandwidth_bytes_s)
     t = 0.0
-    if phase == "decode":
-        for typ, b, _ in d.weights:
-            t += b / (cpu_rate(cpu.decode_bytes_s, typ) * c.host_decode_scale)
-        stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
-        t += max(d.attn_units * cpu.attn_decode_s / c.host_attn_scale, d.kv_bytes / stream)
-        t += d.n_layers * cpu.layer_s / c.host_overhead_scale
-    else:
-        for typ, _, f in d.weights:
-            t += f / (cpu_rate(cpu.prefill_flop_s, typ) * c.host_prefill_scale)
-        t += d.attn_units * cpu.attn_prefill_s / c.host_attn_scale
+    try:
+        if phase == "decode":
+            for typ, b, _, _ in d.weights:
+                t += b / (nearest(cpu.decode_bytes_s, typ) * c.host_decode_scale)
+            stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
+            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd) for hd, n in d.head_cells)
+            t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
+            t += d.n_layers * cpu.layer_s / c.host_overhead_scale
+        else:
+            for typ, _, f, rows in d.weights:
+                t += f / (cpu.prefill_rate(typ, rows) * c.host_prefill_scale)
+            t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
+            t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
+    except ProbeError as exc:
+        raise SpeedModelError(str(exc)) from None
     return t
 
 
@@ -700,7 +711,7 @@ def _gpu_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants) ->
     fp16 = (r.fp16_flop_s or r.flop_s or r.bandwidth_bytes_s * 40) * c.gpu_fp16_efficiency
     int8 = (r.int8_op_s or (r.fp16_flop_s or 0) * 2 or r.bandwidth_bytes_s * 80) * c.gpu_int8_efficiency
     t_cmp = d.attn_flops / fp16
-    for typ, _, f in d.weights:
+    for typ, _, f, _ in d.weights:
         t_cmp += f / (fp16 if typ in _FLOAT_TYPES else int8)
     return max(t_mem, t_cmp) + d.n_layers * c.gpu_layer_overhead_s
 
@@ -713,7 +724,7 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
     for d in work.devices:
         r = inputs.rate(d.device)
         if d.kind == "host":
-            t += _host_time_s(d, r, work.phase, c)
+            t += _host_time_s(d, r, work.phase, c, work.n_calls)
         else:
             has_gpu = True
             t += _gpu_time_s(d, r, work.phase, c)
