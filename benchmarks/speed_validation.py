@@ -56,7 +56,7 @@ CPU_DEPTHS = (0, 2048)
 CPU_PROMPT, CPU_GEN = 128, 32
 PUBLIC = ROOT / "benchmarks" / "speed_public_gpu.json"
 #: Version of the probe a stored measurement file holds (a newer probe measures again).
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 
 def fixture(key: str, ftype: str, directory: Path) -> Path:
@@ -95,16 +95,16 @@ def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, se
     rows = [(k, f, "fit") for k, f in CPU_FIT] + [(k, f, "validate") for k, f in CPU_VALIDATE]
     if data.get("probe_version") != PROBE_VERSION or reprobe:
         types: set[str] = set()
-        dims: set[int] = set()
+        dims: set[str] = set()
         for key, ftype, _ in rows:
             t, d = probe_needs(ModelProfile.from_gguf(fixture(key, ftype, directory)))
             types |= set(t)
             dims |= set(d)
         t0 = time.time()
-        rates = run_cpu_probe(sorted(types), threads, head_dims=sorted(dims))
+        rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(dims))
         data["probe"] = rates.to_dict()
         data["probe_version"] = PROBE_VERSION
-        print(f"# CPU probe ({', '.join(sorted(types))}; heads {', '.join(map(str, sorted(dims)))}) at {threads} threads: "
+        print(f"# CPU probe ({', '.join(sorted(types))}; attention {', '.join(sorted(dims))}) at {threads} threads: "
               f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
         _save(save, data)
     data.setdefault("runs", [])

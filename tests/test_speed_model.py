@@ -43,8 +43,8 @@ KV_CELL_LAYER = 1024
 # round numbers for the hand computations: 1 GB/s of F16 (F32 norms stream at the same rate),
 # 1 GFLOP/s at any batch (half_batch 0), 10 us per layer (5 us per layer per prompt batch), 1 ms per
 # token, 1 ns per head and cell of 32-wide heads in decode, 0.1 ns in prefill
-RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, {"32": 1e-9}, {"32": 0.1e-9},
-                 layer_prefill_s=5e-6)
+RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, {"8/8/32": 1e-9},
+                 {"8/8/32": 0.1e-9}, layer_prefill_s=5e-6)
 C = SpeedConstants()
 
 
@@ -76,7 +76,7 @@ def test_decode_cpu_depth0(tiny):
     # weights: 4 layers + output (token_embd is read one row at a time: not counted); KV: 1 cell x 4 layers
     assert host.bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER
     assert host.flops == pytest.approx(2 * LAYER_PARAMS * 4 + 2 * OUTPUT_PARAMS + 4 * 2 * 8 * 64, rel=1e-9)
-    assert host.head_cells == ((32, 4 * 8),) and host.n_layers == 4
+    assert host.head_cells == (("8/8/32", 4 * 8),) and host.n_layers == 4
     assert w.n_crossings == 0 and w.pcie_bytes == 0
     # t = weights / 1 GB/s + max(32 head-cells x 1 ns, 4 KiB / 1 GB/s) + 4 x 10 us + 1 ms
     t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 4096 / 1e9 + 40e-6 + 1e-3
@@ -88,14 +88,14 @@ def test_decode_kv_grows_with_depth_and_stops_at_the_context(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
     w = decode_workload(plan, 1000)
     assert w.devices[0].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * 1001 * KV_CELL_LAYER
-    assert w.devices[0].head_cells == ((32, 4 * 8 * 1001),)
+    assert w.devices[0].head_cells == (("8/8/32", 4 * 8 * 1001),)
     with pytest.raises(SpeedModelError, match="between 0 and n_ctx_seq - 1 = 1023"):
         decode_workload(plan, 1024)
 
 
 def test_cpu_attention_cost_wins_over_streaming_the_kv(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    slow_attn = replace(RATES, attn_decode_s={"32": 0.5e-6})
+    slow_attn = replace(RATES, attn_decode_s={"8/8/32": 0.5e-6})
     w = decode_workload(plan, 99)
     # 100 cells: 3200 head-cells x 0.5 us = 1.6 ms > 400 KiB at 1 GB/s = 0.41 ms
     t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 1.6e-3 + 40e-6 + 1e-3
@@ -107,7 +107,7 @@ def test_prefill_cpu(tiny):
     w = prefill_workload(plan, 256, 0)
     (host,) = w.devices
     # causal attention with flash attention: sum_{p=1..256} p = 32896 cells per layer
-    assert host.head_cells == ((32, 4 * 8 * 32896),)
+    assert host.head_cells == (("8/8/32", 4 * 8 * 32896),)
     weight_flops = 2 * LAYER_PARAMS * 4 * 256 + 2 * OUTPUT_PARAMS  # logits of the last token only
     assert host.flops == pytest.approx(weight_flops + 4 * 1024 * 32896, rel=1e-9)
     # weight FLOPs at 1 GFLOP/s + 1052672 head-cells x 0.1 ns + one call x (1 ms + 4 layers x 5 us)
@@ -119,7 +119,7 @@ def test_prefill_without_flash_attention_reads_the_padded_cache(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="off", n_ubatch=512, n_batch=512))
     w = prefill_workload(plan, 256, 0)
     # every token of the ubatch sees n_kv = pad(256, 256) = 256 cells
-    assert w.devices[0].head_cells == ((32, 4 * 8 * 256 * 256),)
+    assert w.devices[0].head_cells == (("8/8/32", 4 * 8 * 256 * 256),)
     with pytest.raises(SpeedModelError, match="must fit the context of 1024 tokens"):
         prefill_workload(plan, 1000, 100)
 
@@ -136,8 +136,9 @@ def test_each_weight_type_runs_at_its_own_rate(tmp_path):
     t_weights = by["Q4_K"] / 2e9 + by["Q6_K"] / 1e9 + by["F32"] / 4e9
     kv = host.kv_bytes / 4e9  # the KV streams at the fastest probed rate
     (hd, cells), = host.head_cells
-    # no 64-wide probe: the 32-wide cost scaled by the head size
-    t = t_weights + max(cells * 1e-9 * hd / 32, kv) + 8 * 10e-6 + 1e-3
+    # no probe of 4/4/64: the 8/8/32 cost scaled by the head size
+    assert hd == "4/4/64"
+    t = t_weights + max(cells * 1e-9 * 64 / 32, kv) + 8 * 10e-6 + 1e-3
     assert workload_time_s(decode_workload(plan, 0), cpu_inputs(rates)) == pytest.approx(t, rel=1e-9)
 
 
@@ -146,8 +147,11 @@ def test_prefill_rate_saturates_with_the_batch():
     assert r.prefill_rate("Q4_K", 16) == pytest.approx(50e9)
     assert r.prefill_rate("Q4_K", 112) == pytest.approx(87.5e9)
     assert r.prefill_rate("Q6_K", 16) == pytest.approx(50e9)  # nearest probed type
-    assert r.attn_cost({"128": 2e-9, "64": 4e-9}, 64) == 4e-9
-    assert r.attn_cost({"128": 2e-9}, 256) == pytest.approx(4e-9)  # nearest size, scaled
+    assert r.attn_cost({"32/8/128": 2e-9, "32/8/64": 4e-9}, "32/8/64") == 4e-9
+    assert r.attn_cost({"32/8/128": 2e-9}, "16/8/256") == pytest.approx(4e-9)  # nearest size, scaled
+    # same head size: the nearest grouping of query heads per KV head
+    assert r.attn_cost({"32/8/128": 2e-9, "32/32/128": 3e-9}, "40/40/128") == 3e-9
+    assert r.attn_cost({"*": 1e-9}, "32/8/64") == pytest.approx(0.5e-9)
 
 
 def test_an_unprobed_type_takes_the_nearest_in_bits_per_weight():
@@ -228,7 +232,7 @@ def test_kv_on_host_sends_attention_to_the_cpu(tiny):
     w = decode_workload(plan, 500)
     by = {d.device: d for d in w.devices}
     assert by["CPU"].bytes_read == 4 * 501 * KV_CELL_LAYER  # the KV, read on the host
-    assert by["CPU"].head_cells == ((32, 4 * 8 * 501),) and by["CPU"].n_layers == 0
+    assert by["CPU"].head_cells == (("8/8/32", 4 * 8 * 501),) and by["CPU"].n_layers == 0
     assert by["CUDA0"].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES
     # 1 crossing for the embedding + 2 per layer (Q/K/V down, result up): (256 + 2 x 256 + 256) x 4 B each
     assert w.n_crossings == 1 + 2 * 4
@@ -294,7 +298,8 @@ def test_threads_move_probe_rates():
     two = rates_for_threads(RATES, 2)
     assert two is RATES
     one = rates_for_threads(RATES, 1)
-    assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55) and one.attn_decode_s["32"] == pytest.approx(1e-9 * 1.55)
+    assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55)
+    assert one.attn_decode_s["8/8/32"] == pytest.approx(1e-9 * 1.55)
     fb = fallback_cpu_rates(2, 100e9)
     assert fb.decode_bytes_s == {"*": pytest.approx(1.55 * 5e9)} and "no CPU probe" in fb.source
 

@@ -230,11 +230,11 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
 
     n = session.threads()
     if not quiet:
-        what = ", ".join([*missing, *(f"{d}-wide attention heads" for d in dims)])
+        what = ", ".join([*missing, *(f"attention {d}" for d in dims)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
               "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, head_dims=dims))
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims))
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
     return ""

@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU threads (llama.cpp's -t; default: the physical cores)")
     p.add_argument("--types", default=None, metavar="T,T",
                    help="weight types to time (default: those of MODEL), e.g. Q4_K,Q6_K,Q8_0")
-    p.add_argument("--head-dims", default=None, metavar="N,N",
-                   help="attention head sizes to time (default: those of MODEL, or 128 with --types)")
+    p.add_argument("--attn", default=None, metavar="H/K/D,...",
+                   help="attention shapes to time, query heads/KV heads/head size (default: those of MODEL, or "
+                        "32/8/128 with --types)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_probe)
 
@@ -68,7 +69,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ..core.hardware.host import physical_cores
     from ..core.session import Session
     from ..core.speed.calibration import CalibrationError
-    from ..core.speed.cpu_probe import ATTN_HEAD_DIMS, PROBE_TYPES, ProbeError, probe_needs
+    from ..core.speed.cpu_probe import PROBE_TYPES, ProbeError, attention_model, probe_needs
     from ..runner.probe import run_cpu_probe
 
     n = args.threads or physical_cores()
@@ -78,26 +79,24 @@ def cmd_probe(args: argparse.Namespace) -> int:
         if bad:
             raise UserError(f"--types: cannot probe {', '.join(bad)}: probe types are {', '.join(PROBE_TYPES)}")
         session = Session(measure_host_bandwidth=False, n_threads=n)
-        dims: list[int] = [128]
+        dims: list[str] = ["32/8/128"]
     else:
         model = load_model(args.model)
         session = Session(model=model, measure_host_bandwidth=False, n_threads=n)
         t_needed, d_needed = probe_needs(model)
-        types, dims = list(t_needed), list(d_needed) or [128]
-    if args.head_dims:
-        try:
-            dims = [int(x) for x in args.head_dims.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--head-dims: {args.head_dims!r} is not a list of whole numbers") from None
-        bad_d = [d for d in dims if d not in ATTN_HEAD_DIMS]
-        if bad_d:
-            raise UserError(f"--head-dims: cannot probe {', '.join(map(str, bad_d))}: probe head sizes are "
-                            f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
+        types, dims = list(t_needed), list(d_needed) or ["32/8/128"]
+    if args.attn:
+        dims = [x.strip() for x in args.attn.split(",") if x.strip()]
+        for d in dims:
+            try:
+                attention_model(d)
+            except ProbeError as exc:
+                raise UserError(f"--attn: {exc}") from None
     if not args.json:
         print(f"kvtuner: timing llama.cpp's CPU kernels for {', '.join(types)} at {n} thread{'s' if n != 1 else ''} ...",
               file=sys.stderr)
     try:
-        rates = run_cpu_probe(types, n, head_dims=dims,
+        rates = run_cpu_probe(types, n, attn_shapes=dims,
                               on_step=None if args.json else lambda k: print(f"  {k}", file=sys.stderr))
         session.set_cpu_rates(rates)
     except (ProbeError, CalibrationError) as exc:
@@ -108,8 +107,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for t in sorted(rates.decode_bytes_s):
         print(f"{t:<6} decode {rates.decode_bytes_s[t] / 1e9:6.2f} GB/s   prefill {rates.prefill_flop_s[t] / 1e9:7.1f} GFLOP/s "
               f"(half of it at a {rates.half_batch.get(t, 0):.0f}-token batch)")
-    for d in sorted(rates.attn_decode_s, key=lambda k: int(k) if k.isdigit() else 0):
-        print(f"attention, {d}-wide heads: {rates.attn_decode_s[d] * 1e9:.1f} ns per head and cell in decode, "
+    for d in sorted(rates.attn_decode_s):
+        print(f"attention {d} (query heads/KV heads/head size): {rates.attn_decode_s[d] * 1e9:.1f} ns per head and cell in decode, "
               f"{rates.attn_prefill_s.get(d, 0) * 1e9:.2f} ns per token, head and cell in prefill")
     print(f"per layer {rates.layer_s * 1e6:.1f} us (prefill {rates.layer_prefill_s * 1e6:.1f} us), per token "
           f"{rates.token_s * 1e3:.2f} ms (load average {rates.load_avg:.2f})")

@@ -233,8 +233,8 @@ class Session:
         store = self.calibration_store()
         return kv if store.cpu_rates(self.threads(), kv, self.machine_id) is not None else "f16"
 
-    def missing_probe(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """Weight types (over 1 % of the model's bytes) and attention head sizes of the model that
+    def missing_probe(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Weight types (over 1 % of the model's bytes) and attention shapes of the model that
         this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
         is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a
         prediction. ``((), ())`` when nothing is missing."""
@@ -245,7 +245,7 @@ class Session:
         if have is None:
             return types, dims
         missing_t = tuple(t for t in types if t not in have.decode_bytes_s)
-        missing_d = tuple(d for d in dims if str(d) not in have.attn_decode_s)
+        missing_d = tuple(d for d in dims if d not in have.attn_decode_s)
         if not missing_t and not missing_d:
             return (), ()
         return missing_t, missing_d or dims[:1]

@@ -17,12 +17,15 @@ The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-toke
   kernels' rate as a function of the batch, ``rate(b) = flop_s[T] * b / (b + half_batch[T])``
   (the usual saturation of a GEMM with the batch: a MoE expert that gets 16 of a prompt's
   tokens runs well below the rate of a 128-token dense matmul).
-- attention, one per head size hd of the model: 4 layers of width 256 with 32 query heads and 8
-  KV heads of size hd (the common GQA ratio), a tiny FFN, at depth 0 and at depth
-  ``ATTN_DEPTH``: the difference is the flash-attention kernel's cost per (query head x cached
-  cell), per decoded token and per prompt token. It depends on the head size in ways its FLOPs do
-  not tell (64-wide heads cost more per cell than 128-wide ones on AVX-512 here), so each head
-  size the model has is measured.
+- attention, one per attention shape of the model (query heads, KV heads, head size): 4 layers of
+  width 256 with exactly those heads, a tiny FFN, at depth 0 and at depth ``ATTN_DEPTH``: the
+  difference is the flash-attention kernel's cost per (query head x cached cell), per decoded
+  token and per prompt token. It depends on the shape in ways its FLOPs do not tell (measured here
+  at depth 2048, one thread: 45 ns per head and cell for 16 query heads over 2 KV heads of 128, 121
+  ns for 32 over 8, 132 ns for 32 over 32; 64-wide heads cost more than 128-wide ones), because
+  the decode kernel walks each query head's KV rows in turn (ggml-cpu/ops.cpp
+  ``ggml_compute_forward_flash_attn_ext_f16``, split-KV path) and how much of that stays in cache
+  depends on the grouping; so the model's own shape is measured.
 - overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
   build, scheduling, thread barriers of every op, sampling) solved from the two, and the same for
   a prompt's per-layer cost ``layer_prefill_s``.
@@ -45,7 +48,7 @@ import numpy as np
 
 #: Probe model shapes (see the module docstring).
 MATRIX_LAYERS, MATRIX_EMBD, MATRIX_FF, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM = 4, 4096, 14336, 32, 8, 128
-ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, ATTN_FF = 4, 256, 32, 8, 256
+ATTN_LAYERS, ATTN_EMBD, ATTN_FF = 4, 256, 256
 OVERHEAD_LAYERS, OVERHEAD_EMBD = (24, 6), 64
 PROBE_VOCAB = 256
 #: Bench sizes: prompt (large and small batch) and generated tokens of the matrix runs, depth of
@@ -55,6 +58,18 @@ ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 2048, 64, 32
 OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
 #: Head sizes the attention probe can measure (the ones llama.cpp's CPU flash attention meets).
 ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
+
+
+def attn_key(n_head: int, n_head_kv: int, head_dim: int) -> str:
+    """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads, head size)."""
+    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}"
+
+
+def _parse_attn_key(key: str) -> tuple[int, int, int] | None:
+    parts = key.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
 #: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
 PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ4_NL", "IQ4_XS", "MXFP4")
@@ -133,16 +148,21 @@ def matrix_model(weight_type: str) -> ProbeModel:
                       ((0, MATRIX_PROMPT, MATRIX_GEN), (0, MATRIX_SMALL_PROMPT, 0)))
 
 
-def attention_model(head_dim: int = 128) -> ProbeModel:
-    """The attention probe for heads of ``head_dim`` (runs at depth 0 and :data:`ATTN_DEPTH`).
+def attention_model(shape: str = "32/8/128") -> ProbeModel:
+    """The attention probe of an attention shape (:func:`attn_key`; runs at depth 0 and :data:`ATTN_DEPTH`).
 
     Raises:
-        ProbeError: a head size outside :data:`ATTN_HEAD_DIMS`.
+        ProbeError: a head size outside :data:`ATTN_HEAD_DIMS`, or query heads not a multiple of the KV heads.
     """
+    parsed = _parse_attn_key(shape)
+    if parsed is None or not parsed[0] or not parsed[1] or parsed[0] % parsed[1]:
+        raise ProbeError(f"no CPU attention probe for the shape {shape!r}: give query heads/KV heads/head size, "
+                         "query heads a multiple of KV heads")
+    n_head, n_head_kv, head_dim = parsed
     if head_dim not in ATTN_HEAD_DIMS:
         raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
                          f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
-    return ProbeModel(f"attn:{head_dim}", ATTN_LAYERS, ATTN_EMBD, ATTN_HEADS, ATTN_KV_HEADS, head_dim, ATTN_FF, "F16",
+    return ProbeModel(f"attn:{shape}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
                       ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
 
 
@@ -152,26 +172,43 @@ def overhead_models() -> tuple[ProbeModel, ...]:
                             ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
 
 
-def probe_plan(weight_types: Sequence[str], head_dims: Sequence[int] = (128,)) -> tuple[ProbeModel, ...]:
-    """The probe models for ``weight_types`` and ``head_dims`` (what the probe cannot write is
-    skipped): the overhead probes, one attention probe per head size, one matrix probe per type."""
+def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",)) -> tuple[ProbeModel, ...]:
+    """The probe models for ``weight_types`` and ``attn_shapes`` (:func:`attn_key`; what the probe
+    cannot write is skipped): the overhead probes, one attention probe per shape, one matrix probe
+    per type."""
     types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
-    dims = sorted({int(d) for d in head_dims if int(d) in ATTN_HEAD_DIMS})
-    return (*overhead_models(), *(attention_model(d) for d in dims), *(matrix_model(t) for t in types))
+    shapes = []
+    for key in sorted(set(attn_shapes)):
+        try:
+            shapes.append(attention_model(key))
+        except ProbeError:
+            continue
+    return (*overhead_models(), *shapes, *(matrix_model(t) for t in types))
 
 
-def probe_needs(model: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def model_attn_shapes(model: Any) -> tuple[str, ...]:
+    """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV."""
+    return tuple(sorted({attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il))
+                         for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]}))
+
+
+def probe_needs(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What a CPU prediction for ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`)
     needs measured: its weight types of over 1 % of its bytes that the probe can write, and the
-    head sizes of its attention layers that the probe can measure."""
+    attention shapes of its layers that the probe can measure."""
     from .weights import weight_summary
 
     wt = weight_summary(model).types()
     total = sum(wt.values()) or 1
     types = tuple(sorted(t for t, b in wt.items() if b / total > 0.01 and t in PROBE_TYPES))
-    dims = tuple(sorted({model.head_dim_k_at(il) for il in range(model.n_layer)
-                         if model.has_kv(il) and model.head_dim_k_at(il) in ATTN_HEAD_DIMS}))
-    return types, dims
+    shapes = []
+    for key in model_attn_shapes(model):
+        try:
+            attention_model(key)
+        except ProbeError:
+            continue
+        shapes.append(key)
+    return types, tuple(shapes)
 
 
 def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
@@ -239,9 +276,10 @@ class CpuRates:
         prefill_flop_s: per weight type, FLOP/s the mat-mat kernels tend to with a large batch.
         layer_s: fixed decode cost per layer per token (op dispatch, thread barriers), s.
         token_s: fixed cost per token (graph build, scheduling, sampling), s.
-        attn_decode_s: per head size (``"128"``), decode cost of one query head over one cached
-            cell (flash attention, ``kv_type`` KV, averaged over depths up to :data:`ATTN_DEPTH`), s.
-        attn_prefill_s: per head size, the same per (prompt token x query head x cell), s.
+        attn_decode_s: per attention shape (:func:`attn_key`, ``"32/8/128"``), decode cost of one
+            query head over one cached cell (flash attention, ``kv_type`` KV, averaged over depths
+            up to :data:`ATTN_DEPTH`), s.
+        attn_prefill_s: per attention shape, the same per (prompt token x query head x cell), s.
         kv_type: the KV type the attention probe used.
         half_batch: per weight type, the batch at which the mat-mat kernels reach half of
             ``prefill_flop_s`` (tokens).
@@ -273,16 +311,20 @@ class CpuRates:
         b = max(1.0, float(batch))
         return peak * b / (b + half)
 
-    def attn_cost(self, table: dict[str, float], head_dim: int) -> float:
-        """Cost per head and cell for heads of ``head_dim`` from ``table`` (``attn_decode_s`` or
-        ``attn_prefill_s``): the measured size, else the nearest one scaled by the head size."""
-        if str(head_dim) in table:
-            return table[str(head_dim)]
-        sizes = [int(k) for k in table if k.isdigit()]
-        if not sizes:
-            return table.get("*", 0.0) * head_dim / 128
-        near = min(sizes, key=lambda d: abs(d - head_dim))
-        return table[str(near)] * head_dim / near
+    def attn_cost(self, table: dict[str, float], shape: str) -> float:
+        """Cost per head and cell of an attention shape (:func:`attn_key`) from ``table``
+        (``attn_decode_s`` or ``attn_prefill_s``): the measured shape, else the measured one
+        nearest in head size and then in query heads per KV head, scaled by the head size; else
+        the fallback ``"*"`` (for 128-wide heads) scaled by the head size."""
+        if shape in table:
+            return table[shape]
+        want = _parse_attn_key(shape) or (32, 8, 128)
+        known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table) if p is not None]
+        if not known:
+            return table.get("*", 0.0) * want[2] / 128
+        ratio = want[0] / max(1, want[1])
+        k, p = min(known, key=lambda kp: (abs(kp[1][2] - want[2]), abs(kp[1][0] / kp[1][1] - ratio)))
+        return table[k] * want[2] / p[2]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored in the calibration file)."""
@@ -358,8 +400,9 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
 
     - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token,
       and per prompt ``p(24) - p(6) = 18 layer_prefill_s``;
-    - attention (head size hd): ``attn_decode_s[hd] = (t_token(D) - t_token(0)) / (layers * heads * D)``,
-      ``attn_prefill_s[hd] = (t_prompt(D) - t_prompt(0)) / (layers * heads * n_prompt * D)``;
+    - attention (shape s = query heads/KV heads/head size):
+      ``attn_decode_s[s] = (t_token(D) - t_token(0)) / (layers * query heads * D)``,
+      ``attn_prefill_s[s] = (t_prompt(D) - t_prompt(0)) / (layers * query heads * n_prompt * D)``;
     - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``; the prompt
       rates ``r(b) = 2 * params * b / (t_prompt(b) - token_s - layers * layer_prefill_s)`` at the two
       batches give ``half_batch = b1 b2 (r1 - r2) / (b1 r2 - b2 r1)`` and
@@ -392,11 +435,11 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
     att_pre: dict[str, float] = {}
     for key in sorted({r.key for r in runs if r.key.startswith("attn:")}):
         a0, a1 = get(key, 0), get(key, ATTN_DEPTH)
-        head_cells = ATTN_LAYERS * ATTN_HEADS * ATTN_DEPTH
+        shape = key.split(":", 1)[1]
+        head_cells = ATTN_LAYERS * attention_model(shape).n_head * ATTN_DEPTH
         td0, td1 = a0.decode_s / a0.n_gen, a1.decode_s / a1.n_gen
-        hd = key.split(":", 1)[1]
-        att_dec[hd] = pos(td1 - td0, td1) / head_cells
-        att_pre[hd] = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
+        att_dec[shape] = pos(td1 - td0, td1) / head_cells
+        att_pre[shape] = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
     dec: dict[str, float] = {}
     pre: dict[str, float] = {}
     half: dict[str, float] = {}

@@ -69,7 +69,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
-from .cpu_probe import CpuRates, ProbeError, nearest
+from .cpu_probe import CpuRates, ProbeError, attn_key, nearest
 from .weights import WeightSummary, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -394,7 +394,8 @@ class DeviceWork:
             each matmul gets: 1 in decode, the ubatch's tokens in a prompt, fewer for MoE experts).
         kv_bytes: KV cache bytes read.
         attn_flops: attention FLOPs (QK^T and softmax(QK^T)V).
-        head_cells: ``(head size, query heads x cells)`` pairs of the attention computed here.
+        head_cells: ``(attention shape, query heads x cells)`` pairs of the attention computed
+            here (shape: :func:`~kvtuner.core.speed.cpu_probe.attn_key`, ``"32/8/128"``).
         n_layers: repeating layers computed here (per-layer overheads).
     """
 
@@ -403,7 +404,7 @@ class DeviceWork:
     weights: tuple[tuple[str, float, float, float], ...] = ()
     kv_bytes: float = 0.0
     attn_flops: float = 0.0
-    head_cells: tuple[tuple[int, float], ...] = ()
+    head_cells: tuple[tuple[str, float], ...] = ()
     n_layers: int = 0
 
     @property
@@ -432,7 +433,7 @@ class DeviceWork:
         """Inverse of :meth:`to_dict`."""
         return cls(str(d["device"]), str(d["kind"]),
                    tuple((str(t), float(b), float(f), float(n)) for t, b, f, n in d["weights"]),
-                   float(d["kv_bytes"]), float(d["attn_flops"]), tuple((int(h), float(c)) for h, c in d["head_cells"]),
+                   float(d["kv_bytes"]), float(d["attn_flops"]), tuple((str(h), float(c)) for h, c in d["head_cells"]),
                    int(d["n_layers"]))
 
 
@@ -473,7 +474,7 @@ class _Acc:
         self.w: dict[str, dict[tuple[str, float], list[float]]] = {d: {} for d in self.kinds}
         self.kv = dict.fromkeys(self.kinds, 0.0)
         self.af = dict.fromkeys(self.kinds, 0.0)
-        self.hc: dict[str, dict[int, float]] = {d: {} for d in self.kinds}
+        self.hc: dict[str, dict[str, float]] = {d: {} for d in self.kinds}
         self.nl = dict.fromkeys(self.kinds, 0)
 
     def weight(self, dev: str, t: str, b: float, f: float, batch: float = 1.0) -> None:
@@ -481,8 +482,8 @@ class _Acc:
         acc[0] += b
         acc[1] += f
 
-    def cells(self, dev: str, head_dim: int, n: float) -> None:
-        self.hc[dev][head_dim] = self.hc[dev].get(head_dim, 0.0) + n
+    def cells(self, dev: str, shape: str, n: float) -> None:
+        self.hc[dev][shape] = self.hc[dev].get(shape, 0.0) + n
 
     def device(self, d: str) -> DeviceWork:
         return DeviceWork(d, self.kinds[d], tuple((t, b, f, n) for (t, n), (b, f) in sorted(self.w[d].items())),
@@ -528,10 +529,10 @@ def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tu
 @dataclass(frozen=True)
 class _DecodeParts:
     """Depth-independent part of a decode workload and, per KV layer, (device, bytes per cell,
-    head size, query heads, FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
+    attention shape, query heads, FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
 
     acc: _Acc
-    kv: tuple[tuple[str, float, int, int, float, int], ...]
+    kv: tuple[tuple[str, float, str, int, float, int], ...]
     crossings: float
     pcie: float
 
@@ -553,7 +554,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
-        kv.append((lk.device, per_cell, m.head_dim_k_at(lk.il), heads, 2.0 * heads * dims,
+        kv.append((lk.device, per_cell, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads, 2.0 * heads * dims,
                    min(_window(plan, lk.swa), lk.cells)))
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
@@ -573,7 +574,7 @@ def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workl
     for d in acc.kinds:
         base = acc.device(d)
         kv = af = 0.0
-        hc: dict[int, float] = {}
+        hc: dict[str, float] = {}
         for dev, b, hd, heads, f, cap in parts.kv:
             if dev != d:
                 continue
@@ -650,7 +651,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
             pcie += kv_read  # host KV copied to the GPU for every ubatch
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
-        acc.cells(run_on, m.head_dim_k_at(lk.il), heads * cells)
+        acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads * cells)
     seq = [HOST] + wdev + [out_dev]
     for a_dev, b_dev in zip(seq, seq[1:]):
         if a_dev != b_dev and not offload:
