@@ -116,7 +116,7 @@ def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, se
             path = fixture(key, ftype, directory)
             t0 = time.time()
             r = run_bench(path, cpu_config(depth), n_prompt=CPU_PROMPT, n_gen=CPU_GEN, n_depth=depth, repetitions=1,
-                          n_threads=threads, timeout_s=3600)
+                          n_threads=threads, timeout_s=3600, idle_timeout_s=3600)  # the depth fill is silent
             rec = {"key": key, "ftype": ftype, "set": set_, "depth": depth, "threads": threads,
                    "prefill_tok_s": r.prefill_tok_s.median, "decode_tok_s": r.decode_tok_s.median,
                    "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0], "t_unix": time.time()}
