@@ -35,6 +35,8 @@ def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     base = tmp_path_factory.mktemp("userdirs")
     monkeypatch.setenv("KVTUNER_DATA_DIR", str(base / "data"))
     monkeypatch.setenv("KVTUNER_CONFIG_DIR", str(base / "config"))
+    # the CPU probe (llama.cpp in a child, ~20 s) runs only in the tests that ask for it
+    monkeypatch.setenv("KVTUNER_CPU_PROBE", "off")
 
 
 @pytest.fixture(autouse=True)

@@ -330,3 +330,261 @@ def write_header_sparse(header: bytes, size: int, dst: str | Path) -> Path:
         f.write(header)
         f.truncate(size)
     return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# Real architectures as zero-weight fixtures (speed validation; benchmarks/speed_validation.py)
+#
+# A zero-weight file with a real model's shapes, tensor types and vocabulary size runs at that
+# model's real speed on llama.cpp's CPU and GPU kernels, which never look at weight values -- with
+# one exception kept here: a MoE router that sees all-zero hidden states sends every token to the
+# same experts. So MoE fixtures carry real data in the few small tensors routing depends on
+# (random token embeddings, unit norms, a random router), and every token picks its own experts.
+
+
+@dataclass(frozen=True)
+class RealShape:
+    """A published model's architecture (from its Hugging Face ``config.json``, URL in ``source``).
+
+    ``qk_norm``: ``"head"`` (Qwen3: per-head q/k norms), ``"embd"`` (OLMoE: over n_embd) or None.
+    ``fused``: Phi-3's fused ``attn_qkv`` and gate+up ``ffn_up``. MoE: ``n_expert``,
+    ``n_expert_used``, ``n_ff_exp`` (expert FFN width), ``n_ff_shexp`` (shared expert, 0: none).
+    """
+
+    key: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    tied: bool
+    source: str
+    head_dim: int | None = None
+    qkv_bias: bool = False
+    qk_norm: str | None = None
+    fused: bool = False
+    post_norms: bool = False
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    sliding_window: int | None = None
+    extra_kv: tuple = ()
+
+    @property
+    def hd(self) -> int:
+        """Head size."""
+        return self.head_dim or self.n_embd // self.n_head
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+
+#: Real shapes by key (config.json figures; the key names the model).
+REAL_SHAPES: dict[str, RealShape] = {s.key: s for s in (
+    RealShape("llama-3.2-1b", "llama", 16, 2048, 32, 8, 8192, 128256, 131072, True, _HF.format("meta-llama/Llama-3.2-1B"),
+              head_dim=64),
+    RealShape("qwen2.5-3b", "qwen2", 36, 2048, 16, 2, 11008, 151936, 32768, True, _HF.format("Qwen/Qwen2.5-3B"),
+              qkv_bias=True),
+    RealShape("granite-3.0-1b-a400m", "granitemoe", 24, 1024, 16, 8, 512, 49155, 4096, True,
+              _HF.format("ibm-granite/granite-3.0-1b-a400m-base"), n_expert=32, n_expert_used=8, n_ff_exp=512,
+              extra_kv=(("granitemoe.logit_scale", 6.0), ("granitemoe.residual_scale", 0.22),
+                        ("granitemoe.embedding_scale", 12.0), ("granitemoe.attention.scale", 0.015625))),
+    RealShape("llama-2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096, False, _HF.format("meta-llama/Llama-2-7b-hf")),
+    RealShape("llama-3.1-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 131072, False, _HF.format("meta-llama/Llama-3.1-8B")),
+    RealShape("llama-2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096, False, _HF.format("meta-llama/Llama-2-13b-hf")),
+    RealShape("mistral-7b-v0.3", "llama", 32, 4096, 32, 8, 14336, 32768, 32768, False,
+              _HF.format("mistralai/Mistral-7B-v0.3")),
+    RealShape("gemma-2-9b", "gemma2", 42, 3584, 16, 8, 14336, 256000, 8192, True, _HF.format("google/gemma-2-9b"),
+              head_dim=256, post_norms=True, sliding_window=4096,
+              extra_kv=(("gemma2.attn_logit_softcapping", 50.0), ("gemma2.final_logit_softcapping", 30.0))),
+    RealShape("qwen2.5-14b", "qwen2", 48, 5120, 40, 8, 13824, 152064, 32768, False, _HF.format("Qwen/Qwen2.5-14B"),
+              qkv_bias=True),
+    RealShape("phi-3-mini-4k", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, False,
+              _HF.format("microsoft/Phi-3-mini-4k-instruct"), fused=True),
+    RealShape("olmoe-1b-7b", "olmoe", 16, 2048, 16, 16, 1024, 50304, 4096, False, _HF.format("allenai/OLMoE-1B-7B-0924"),
+              qk_norm="embd", n_expert=64, n_expert_used=8, n_ff_exp=1024),
+    RealShape("qwen1.5-moe-a2.7b", "qwen2moe", 24, 2048, 16, 16, 5632, 151936, 8192, False,
+              _HF.format("Qwen/Qwen1.5-MoE-A2.7B"), qkv_bias=True, n_expert=60, n_expert_used=4, n_ff_exp=1408,
+              n_ff_shexp=5632),
+)}
+
+
+_K_FALLBACK = {GQT.Q4_K: GQT.Q5_0, GQT.Q5_K: GQT.Q5_1, GQT.Q6_K: GQT.Q8_0, GQT.Q3_K: GQT.Q4_0}
+
+#: File types the factory writes: (default tensor type, gguf.LlamaFileType).
+REAL_FTYPES = {
+    "F16": (GQT.F16, gguf.LlamaFileType.MOSTLY_F16), "Q8_0": (GQT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "Q4_0": (GQT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0), "Q4_1": (GQT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
+    "Q5_0": (GQT.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0), "Q3_K_S": (GQT.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_S),
+    "Q4_K_S": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S), "Q4_K_M": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
+}
+
+
+def _real_type(name: str, shape: tuple[int, ...], ftype: str, s: RealShape, counters: dict[str, int]) -> int:
+    """The tensor type ``llama-quantize`` gives ``name`` for ``ftype`` (src/llama-quant.cpp
+    ``llama_tensor_get_type_impl``, non-falcon, n_expert != 8), with its fallback for rows not a
+    multiple of the block (``tensor_type_fallback``)."""
+    if len(shape) == 1 or "ffn_gate_inp" in name:
+        return GQT.F32  # norms, biases and routers are not quantized
+    if ftype in ("F16", "Q8_0"):
+        return GQT[ftype]
+    if ftype not in REAL_FTYPES:
+        raise ValueError(f"file type {ftype} is not written by the factory ({', '.join(REAL_FTYPES)})")
+    t = REAL_FTYPES[ftype][0]
+    il = int(name.split(".")[1]) if name.startswith("blk.") else -1
+    if name == "output.weight" or (s.tied and name == "token_embd.weight"):
+        t = GQT.Q6_K
+    elif ftype == "Q4_K_S" and ".attn_v." in name:
+        t = GQT.Q5_K if counters["attn_v"] < 4 else GQT.Q4_K
+        counters["attn_v"] += 1
+    elif ftype == "Q4_K_S" and ".ffn_down" in name:
+        t = GQT.Q5_K if il < s.n_layer // 8 else GQT.Q4_K
+    elif ftype != "Q4_K_M":
+        pass
+    elif ".attn_v." in name:
+        t = GQT.Q6_K if _use_more_bits(counters["attn_v"], s.n_layer) else GQT.Q4_K
+        counters["attn_v"] += 1
+    elif ".attn_qkv." in name:
+        t = GQT.Q5_K
+    elif ".ffn_down" in name:
+        n_down = s.n_layer * (2 if s.n_ff_shexp else 1)
+        i = il if s.n_expert > 1 else counters["ffn_down"]
+        t = GQT.Q6_K if _use_more_bits(i, n_down) else GQT.Q4_K
+        counters["ffn_down"] += 1
+    block = gguf.GGML_QUANT_SIZES[GQT(t)][0]
+    if shape[0] % block:
+        t = _K_FALLBACK.get(GQT(t), GQT.F16)
+    return t
+
+
+def _real_tensors(s: RealShape) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, ggml shape) of every tensor, in llama.cpp's ``load_arch_tensors`` order for the arch
+    (src/models/{llama,qwen2,gemma2,phi3,olmoe,qwen2moe,granite}.cpp)."""
+    E, V, hd = s.n_embd, s.n_vocab, s.hd
+    q, kv = s.n_head * hd, s.n_head_kv * hd
+    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (E, V)), ("output_norm.weight", (E,))]
+    if not s.tied:
+        out.append(("output.weight", (E, V)))
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        out.append((p + "attn_norm.weight", (E,)))
+        if s.fused:
+            out.append((p + "attn_qkv.weight", (E, q + 2 * kv)))
+        else:
+            out += [(p + "attn_q.weight", (E, q)), (p + "attn_k.weight", (E, kv)), (p + "attn_v.weight", (E, kv))]
+        if s.qkv_bias:
+            out += [(p + "attn_q.bias", (q,)), (p + "attn_k.bias", (kv,)), (p + "attn_v.bias", (kv,))]
+        if s.qk_norm == "embd":
+            out += [(p + "attn_q_norm.weight", (q,)), (p + "attn_k_norm.weight", (kv,))]
+        elif s.qk_norm == "head":
+            out += [(p + "attn_q_norm.weight", (hd,)), (p + "attn_k_norm.weight", (hd,))]
+        out.append((p + "attn_output.weight", (q, E)))
+        if s.post_norms:
+            out.append((p + "post_attention_norm.weight", (E,)))
+        out.append((p + "ffn_norm.weight", (E,)))
+        if s.n_expert:
+            X, F = s.n_expert, s.n_ff_exp
+            out += [(p + "ffn_gate_inp.weight", (E, X)), (p + "ffn_gate_exps.weight", (E, F, X)),
+                    (p + "ffn_down_exps.weight", (F, E, X)), (p + "ffn_up_exps.weight", (E, F, X))]
+            if s.n_ff_shexp:
+                S = s.n_ff_shexp
+                out += [(p + "ffn_gate_inp_shexp.weight", (E,)), (p + "ffn_gate_shexp.weight", (E, S)),
+                        (p + "ffn_down_shexp.weight", (S, E)), (p + "ffn_up_shexp.weight", (E, S))]
+        elif s.fused:
+            out += [(p + "ffn_down.weight", (s.n_ff, E)), (p + "ffn_up.weight", (E, 2 * s.n_ff))]
+        else:
+            out += [(p + "ffn_gate.weight", (E, s.n_ff)), (p + "ffn_up.weight", (E, s.n_ff)),
+                    (p + "ffn_down.weight", (s.n_ff, E))]
+        if s.post_norms:
+            out.append((p + "post_ffw_norm.weight", (E,)))
+    return out
+
+
+def real_shape_tensors(s: RealShape, ftype: str) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, ggml shape, ggml type) of every tensor of ``s`` quantized as ``ftype``."""
+    counters = {"attn_v": 0, "ffn_down": 0}
+    return [(n, sh, _real_type(n, sh, ftype, s, counters)) for n, sh in _real_tensors(s)]
+
+
+def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones: bool = False) -> bytes:
+    """Bytes of a tensor with finite non-zero values: F32 (ones or N(0, 1)), F16 or a block
+    type whose scale fields are set (Q8_0/Q4_K: f16 d first; Q6_K: f16 d last) over random quants."""
+    n = int(np.prod(shape))
+    if t == GQT.F32:
+        return (np.ones(n, np.float32) if ones else rng.standard_normal(n).astype(np.float32)).tobytes()
+    if t == GQT.F16:
+        return rng.standard_normal(n).astype(np.float16).tobytes()
+    block, size = gguf.GGML_QUANT_SIZES[GQT(t)]
+    raw = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if t in (GQT.Q8_0, GQT.Q5_0, GQT.Q4_K, GQT.Q5_K):
+        raw[:, 0:2] = d
+        if t in (GQT.Q4_K, GQT.Q5_K):
+            raw[:, 2:4] = 0  # dmin
+    elif t == GQT.Q6_K:
+        raw[:, size - 2:size] = d
+    else:
+        raise ValueError(f"no random data for type {GQT(t).name}")
+    return raw.tobytes()
+
+
+def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_K_M", *, seed: int = 0) -> Path:
+    """Write a zero-weight (sparse) GGUF of a real architecture quantized as ``ftype`` (a key of
+    :data:`REAL_FTYPES`, with llama-quantize's per-tensor types); MoE files carry the routing data
+    described above. Returns the path."""
+    s = REAL_SHAPES[shape] if isinstance(shape, str) else shape
+    path = Path(path)
+    tensors = real_shape_tensors(s, ftype)
+    w = gguf.GGUFWriter(str(path), s.arch)
+    a = s.arch
+    w.add_name(f"{s.key} shape (zero weights)")
+    w.add_block_count(s.n_layer)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    if s.head_dim:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(s.hd)
+    w.add_file_type(int(REAL_FTYPES[ftype][1]))
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_exp)
+        if s.n_ff_shexp:
+            w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
+    for k, v in s.extra_kv:
+        w.add_float32(k, v) if isinstance(v, float) else w.add_uint32(k, v)
+    w.add_tokenizer_model("none")
+    w.add_vocab_size(s.n_vocab)
+    for name, shape_, t in tensors:
+        w.add_tensor_info(name, shape_[::-1], np.dtype(np.float32), _nbytes(shape_, t), raw_dtype=GQT(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    align = gguf.GGUF_DEFAULT_ALIGNMENT
+    data_start = -(-path.stat().st_size // align) * align
+    offsets, off = {}, 0
+    for name, shape_, t in tensors:
+        offsets[name] = off
+        off += -(-_nbytes(shape_, t) // align) * align
+    with open(path, "r+b") as f:
+        f.truncate(data_start + off)
+        if s.n_expert:  # routing data (see above)
+            rng = np.random.default_rng(seed)
+            for name, shape_, t in tensors:
+                routing = name == "token_embd.weight" or "ffn_gate_inp" in name or name.endswith("_norm.weight")
+                if routing:
+                    f.seek(data_start + offsets[name])
+                    f.write(_random_data(shape_, t, rng, ones=name.endswith("_norm.weight")))
+    return path

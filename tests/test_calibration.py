@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvtuner.core.speed.calibration import FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, CalibrationError, CalibrationStore, calibrated_inputs, data_dir, fit_calibration, measured_run, model_family
+from kvtuner.core.speed.calibration import FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, PRIOR_SIGMA_DECODE, PRIOR_SIGMA_PREFILL, SCHEMA_VERSION, CalibrationError, CalibrationStore, calibrated_inputs, data_dir, fit_calibration, measured_run, model_family
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.plan.memory_plan import plan_memory
@@ -62,14 +62,15 @@ def test_one_run_reproduces_itself(plan):
 
 def test_band_narrows_as_runs_accumulate(plan):
     base = fit_calibration([], None)
-    assert base.constants == SpeedConstants() and base.decode_sigma_log == PRIOR_SIGMA
+    assert base.constants == SpeedConstants() and base.decode_sigma_log == PRIOR_SIGMA_DECODE
+    assert base.prefill_sigma_log == PRIOR_SIGMA_PREFILL
     sigmas = []
     runs = []
     for i, threads in enumerate((2, 1, 2, 1, 2, 1)):
         runs.append(run_of(plan, threads, 10.0 if threads == 2 else 6.0, 80.0 if threads == 2 else 45.0, depth=i * 100))
         sigmas.append(fit_calibration(runs, model_family(plan.model)).decode_sigma_log)
     assert sigmas == sorted(sigmas, reverse=True)
-    assert sigmas[0] < PRIOR_SIGMA and sigmas[-1] < 0.5 * PRIOR_SIGMA
+    assert sigmas[0] < PRIOR_SIGMA_DECODE and sigmas[-1] < 0.5 * PRIOR_SIGMA_DECODE
 
 
 def test_other_family_gets_the_machine_fit_with_a_wider_band(plan):
@@ -114,3 +115,28 @@ def test_host_bandwidth_probe_is_stored(tmp_path):
     data = json.loads((tmp_path / "cal.json").read_text())
     assert data["machines"]["m1"]["host_bandwidth"]["bytes_s"] == bw
     assert CalibrationStore(tmp_path / "cal.json").host_bandwidth_bytes_s("m1", measure=False) == bw
+
+
+def test_cpu_probe_is_stored_per_thread_count_and_merged(tmp_path):
+    from kvtuner.core.speed.cpu_probe import CpuRates
+
+    store = CalibrationStore(tmp_path / "cal.json")
+    assert store.cpu_rates(2, machine="m1") is None
+    a = CpuRates(2, {"Q4_K": 20e9}, {"Q4_K": 200e9}, 50e-6, 0.3e-3, {"128": 50e-9}, {"128": 5e-9}, t_unix=__import__("time").time())
+    store.set_cpu_rates(a, "m1")
+    b = CpuRates(2, {"Q8_0": 18e9}, {"Q8_0": 90e9}, 60e-6, 0.4e-3, {"64": 55e-9}, {"64": 6e-9}, t_unix=a.t_unix)
+    merged = store.set_cpu_rates(b, "m1")
+    assert set(merged.decode_bytes_s) == {"Q4_K", "Q8_0"} and merged.layer_s == 60e-6  # newer fixed costs win
+    assert set(merged.attn_decode_s) == {"128", "64"}
+    again = CalibrationStore(tmp_path / "cal.json")
+    assert again.cpu_rates(2, machine="m1") == merged
+    assert again.cpu_rates(1, machine="m1") is None  # another thread count is another probe
+    assert again.cpu_rates(2, machine="m1", max_age_s=-1) is None  # too old
+
+
+def test_runs_of_an_older_schema_are_dropped(tmp_path):
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps({"schema": 1, "machines": {"m1": {"runs": [{"old": 1}], "host_bandwidth": {"bytes_s": 1e10, "t_unix": 0}}}}))
+    store = CalibrationStore(p)
+    assert store.runs("m1") == [] and store._data["schema"] == SCHEMA_VERSION
+    assert store._data["machines"]["m1"]["host_bandwidth"]["bytes_s"] == 1e10  # the probe is kept

@@ -269,3 +269,26 @@ def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path):
     out = dlg.save_to(str(tmp_path / "run.sh"))
     assert out is not None and Path(out).read_text() == dlg.result.text
     assert dlg.save_to(str(tmp_path / "run.sh"), confirm_overwrite=lambda p: False) is None
+
+
+def test_what_if_list_is_the_gpu_catalogue(qtbot, settings):
+    """The what-if list names real cards with their figures; the chosen card's rates drive the
+    prediction (a bigger card decodes faster), and the generic sizes and a custom size remain."""
+    from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
+
+    w = _window(qtbot, settings)
+    hw = w.hardware
+    assert hw.current_choice() == "card:RTX 3060 12GB"  # no GPU found: a common 12 GB card
+    texts = [hw.choice.itemText(i) for i in range(hw.choice.count())]
+    assert any(t.startswith("what-if RTX 4090 (24 GiB, 1008 GB/s") for t in texts)
+    assert sum(t.startswith("what-if ") and "GB/s" in t for t in texts) == len(GPU_CATALOGUE)
+    assert hw.choice.findData("12 GB") >= 0 and hw.choice.findData("custom") >= 0
+    assert "RTX 3060 12GB: 12 GiB, 360 GB/s" in hw.figures.text()
+    slow = w.speed.decode_tok_s
+    hw.choice.setCurrentIndex(hw.choice.findData("card:RTX 4090"))
+    qtbot.waitUntil(lambda: w.speed is not None and w.speed.decode_tok_s != slow, timeout=10_000)
+    assert w.speed.decode_tok_s > slow
+    assert "RTX 4090: 24 GiB, 1008 GB/s" in hw.figures.text()
+    assert [g.catalogue for g in hw.gpus()] == ["RTX 4090"]
+    hw.choice.setCurrentIndex(hw.choice.findData("16 GB"))
+    assert "rates of the RTX 4060 Ti 16GB" in hw.figures.text()

@@ -6,49 +6,46 @@ factory's tensor list (F16 weights, F32 norms):
     token_embd 256 x 1024 x 2 B = 524288 B; output.weight 524288 B; output_norm 256 x 4 = 1024 B
     per layer: 2 norms 2 x 1024 B, q/k/v/o 4 x 256 x 256 x 2 = 524288 B,
                gate/up/down 3 x 256 x 512 x 2 = 786432 B  -> 1312768 B per layer
-    parameters: 2 x 262144 (embd, output) + 256 + 4 x (512 + 4 x 65536 + 3 x 131072) = 3148032
-    layer parameters (all but the two vocab matrices, shared by layer bytes) = (3148032 - 524288) / 4 = 655936
+    parameters per layer: 2 x 256 + 4 x 65536 + 3 x 131072 = 655872
+    output parameters: 256 x 1024 + 256 = 262400
     KV per cell per layer (f16, 8 KV heads x head size 32, K and V): 2 x 256 x 2 B = 1024 B
+    query heads per layer: 8, of head size 32
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 
-from gguf_factory import ModelSpec, write_model
-from kvtuner.core.plan.config import PlanConfig
-from kvtuner.core.hardware.specs import GpuSpec, HostSpec, what_if_gpu
-from kvtuner.core.plan.memory_plan import plan_memory
+from gguf_factory import ModelSpec, RealShape, write_model, write_real_shape
+from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
+from kvtuner.core.hardware.specs import GpuSpec, HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
-from dataclasses import replace
-
-from kvtuner.core.speed.speed_model import CPU_KERNEL_FACTORS_OTHER, GPU_SPEED_PRESETS, cpu_kernel_factors, SpeedConstants, SpeedInputs, SpeedModelError, DeviceRates, decode_tok_s, decode_workload, gpu_rates, measure_host_bandwidth, predict_speed, prefill_tok_s, prefill_workload, speed_band, speed_inputs, workload_time_s
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.speed.cpu_probe import CpuRates
+from kvtuner.core.speed.speed_model import (SpeedConstants, SpeedInputs, SpeedModelError, DeviceRates, cpu_rate,
+                                            decode_tok_s, decode_workload, effective_threads, fallback_cpu_rates,
+                                            gpu_rates, measure_host_bandwidth, predict_speed, prefill_tok_s,
+                                            prefill_workload, rates_for_threads, speed_band, speed_inputs,
+                                            workload_time_s)
+from kvtuner.core.speed.weights import summary_from_profile, weight_summary
 
 TINY = ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=1024, n_ctx_train=4096, name="tiny")
 LAYER_BYTES = 1312768
+LAYER_PARAMS = 655872
 OUTPUT_BYTES = 524288 + 1024
-LAYER_PARAMS = 655936
+OUTPUT_PARAMS = 262400
 KV_CELL_LAYER = 1024
-# round numbers for the hand computations
-CONST = SpeedConstants(host_bw_efficiency=1.0, host_decode_flop_s_per_thread=1e9, host_prefill_flop_s_per_thread=1e9,
-                       gpu_bw_efficiency=0.75, gpu_flop_efficiency=0.5, pcie_efficiency=0.8,
-                       crossing_latency_s=20e-6, token_overhead_s=0.5e-3, layer_overhead_s=40e-6,
-                       host_decode_bytes_s_per_thread=5e9,  # 2 threads: 10 GB/s, above the 1 GB/s of HOST_BW
-                       host_attn_bytes_per_head_cell=0.0, host_attn_flops_per_head_cell=0.0,
-                       host_thread_efficiency=1.0)  # linear threads keep the hand numbers simple
-HOST_BW = 1e9
-
-
-def test_effective_threads():
-    """1 + (n - 1) x efficiency: the default 0.55 makes 2 threads 1.55x one (idle 2-core VM: 1.36-1.67x)."""
-    from kvtuner.core.speed.speed_model import effective_threads
-
-    assert effective_threads(1, SpeedConstants()) == 1.0
-    assert effective_threads(2, SpeedConstants()) == pytest.approx(1.55)
-    assert effective_threads(8, CONST) == 8.0
+# round numbers for the hand computations: 1 GB/s of F16 (F32 norms stream at the same rate),
+# 1 GFLOP/s at any batch (half_batch 0), 10 us per layer (5 us per layer per prompt batch), 1 ms per
+# token, 1 ns per head and cell of 32-wide heads in decode, 0.1 ns in prefill
+RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, {"8/8/32": 1e-9},
+                 {"8/8/32": 0.1e-9}, layer_prefill_s=5e-6)
+C = SpeedConstants()
 
 
 @pytest.fixture(scope="module")
@@ -56,123 +53,211 @@ def tiny(tmp_path_factory) -> ModelProfile:
     return ModelProfile.from_gguf(write_model(tmp_path_factory.mktemp("m") / "tiny.gguf", TINY))
 
 
-def cpu_inputs(n_threads: int = 2) -> SpeedInputs:
-    return SpeedInputs({"CPU": DeviceRates("CPU", HOST_BW)}, n_threads, CONST)
+def cpu_inputs(rates: CpuRates = RATES) -> SpeedInputs:
+    return SpeedInputs({"CPU": DeviceRates("CPU", 20e9, cpu=rates)}, rates.n_threads, C)
 
 
-def test_tiny_profile_matches_the_hand_numbers(tiny):
-    assert tiny.layer_bytes == (LAYER_BYTES,) * 4
-    assert tiny.output_bytes == OUTPUT_BYTES
-    assert tiny.n_params == 3148032
+def test_weight_summary_reads_the_tensor_table(tiny):
+    s = weight_summary(tiny)
+    assert s.source == "tensor table"
+    assert [sum(w.bytes_ for w in g) for g in s.layers] == [LAYER_BYTES] * 4
+    assert sum(w.params for w in s.layers[0]) == LAYER_PARAMS
+    assert {w.ggml_type for w in s.layers[0]} == {"F16", "F32"}
+    assert sum(w.bytes_ for w in s.output) == OUTPUT_BYTES and sum(w.params for w in s.output) == OUTPUT_PARAMS
+    # without the file: the profile's bytes in the file type's main type
+    est = summary_from_profile(tiny)
+    assert est.source == "profile estimate" and [sum(w.bytes_ for w in g) for g in est.layers] == [LAYER_BYTES] * 4
 
 
 def test_decode_cpu_depth0(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    w = decode_workload(plan, 0, CONST)
+    w = decode_workload(plan, 0)
     (host,) = w.devices
     # weights: 4 layers + output (token_embd is read one row at a time: not counted); KV: 1 cell x 4 layers
-    assert host.bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER == 5780480
-    # 2 x layer params x 4 + 2 x n_vocab x n_embd (logits) + attention 4 x 2 x 8 x (32 + 32) x 1 cell
-    assert host.flops == pytest.approx(2 * LAYER_PARAMS * 4 + 2 * 1024 * 256 + 4 * 1024, rel=1e-9)
+    assert host.bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER
+    assert host.flops == pytest.approx(2 * LAYER_PARAMS * 4 + 2 * OUTPUT_PARAMS + 4 * 2 * 8 * 64, rel=1e-9)
+    assert host.head_cells == (("8/8/32", 4 * 8),) and host.n_layers == 4
     assert w.n_crossings == 0 and w.pcie_bytes == 0
-    # t = max(5780480 / 1e9, 5775872 / 2e9) + 0.5 ms + 4 x 40 us = 5.78048 ms + 0.66 ms = 6.44048 ms
-    assert workload_time_s(w, cpu_inputs()) == pytest.approx(6.44048e-3, rel=1e-9)
-    assert decode_tok_s(plan, cpu_inputs(), 0) == pytest.approx(1 / 6.44048e-3, rel=1e-9)
-
-
-def test_decode_is_compute_bound_with_one_slow_thread(tiny):
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    inp = SpeedInputs({"CPU": DeviceRates("CPU", HOST_BW)}, 1, CONST.scaled(host_decode_flop_s_per_thread=0.5))
-    # flops 5775872 / (1 thread x 0.5e9) = 11.551744 ms > 5.78048 ms of memory; + 0.66 ms
-    assert workload_time_s(decode_workload(plan, 0, inp.constants), inp) == pytest.approx(11.551744e-3 + 0.66e-3, rel=1e-9)
+    # t = weights / 1 GB/s + max(32 head-cells x 1 ns, 4 KiB / 1 GB/s) + 4 x 10 us + 1 ms
+    t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 4096 / 1e9 + 40e-6 + 1e-3
+    assert workload_time_s(w, cpu_inputs()) == pytest.approx(t, rel=1e-9)
+    assert decode_tok_s(plan, cpu_inputs(), 0) == pytest.approx(1 / t, rel=1e-9)
 
 
 def test_decode_kv_grows_with_depth_and_stops_at_the_context(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    w = decode_workload(plan, 1000, CONST)
-    # 1001 cells x 1024 B x 4 layers of KV on top of the weights
+    w = decode_workload(plan, 1000)
     assert w.devices[0].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * 1001 * KV_CELL_LAYER
+    assert w.devices[0].head_cells == (("8/8/32", 4 * 8 * 1001),)
     with pytest.raises(SpeedModelError, match="between 0 and n_ctx_seq - 1 = 1023"):
-        decode_workload(plan, 1024, CONST)
+        decode_workload(plan, 1024)
+
+
+def test_cpu_attention_cost_wins_over_streaming_the_kv(tiny):
+    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
+    slow_attn = replace(RATES, attn_decode_s={"8/8/32": 0.5e-6})
+    w = decode_workload(plan, 99)
+    # 100 cells: 3200 head-cells x 0.5 us = 1.6 ms > 400 KiB at 1 GB/s = 0.41 ms
+    t = (4 * LAYER_BYTES + OUTPUT_BYTES) / 1e9 + 1.6e-3 + 40e-6 + 1e-3
+    assert workload_time_s(w, cpu_inputs(slow_attn)) == pytest.approx(t, rel=1e-9)
 
 
 def test_prefill_cpu(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_ubatch=512, n_batch=512))
-    w = prefill_workload(plan, 256, 0, CONST)
+    w = prefill_workload(plan, 256, 0)
     (host,) = w.devices
-    # causal attention with flash attention: sum_{p=1..256} p = 32896 cells per layer, 1024 FLOP per cell
-    attn = 4 * 1024 * 32896
-    assert host.flops == pytest.approx(2 * LAYER_PARAMS * 4 * 256 + 2 * 1024 * 256 + attn, rel=1e-9)
-    # weights once per ubatch (1 call) + output + KV written/read: 256 cells x 1024 B x 4 layers
-    assert host.bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 256 * KV_CELL_LAYER * 4
-    # compute-bound: 1478623232 / 2e9 = 0.739311616 s, + 0.66 ms overhead for the one ubatch
-    assert prefill_tok_s(plan, cpu_inputs(), 256, 0) == pytest.approx(256 / (0.739311616 + 0.66e-3), rel=1e-9)
+    # causal attention with flash attention: sum_{p=1..256} p = 32896 cells per layer
+    assert host.head_cells == (("8/8/32", 4 * 8 * 32896),)
+    weight_flops = 2 * LAYER_PARAMS * 4 * 256 + 2 * OUTPUT_PARAMS  # logits of the last token only
+    assert host.flops == pytest.approx(weight_flops + 4 * 1024 * 32896, rel=1e-9)
+    # weight FLOPs at 1 GFLOP/s + 1052672 head-cells x 0.1 ns + one call x (1 ms + 4 layers x 5 us)
+    t = weight_flops / 1e9 + 4 * 8 * 32896 * 0.1e-9 + 1e-3 + 4 * 5e-6
+    assert prefill_tok_s(plan, cpu_inputs(), 256, 0) == pytest.approx(256 / t, rel=1e-9)
 
 
 def test_prefill_without_flash_attention_reads_the_padded_cache(tiny):
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="off", n_ubatch=512, n_batch=512))
-    w = prefill_workload(plan, 256, 0, CONST)
-    # every token of the ubatch sees n_kv = pad(256, 256) = 256 cells: 256 x 256 x 1024 FLOP x 4 layers
-    assert w.devices[0].flops == pytest.approx(2 * LAYER_PARAMS * 4 * 256 + 2 * 1024 * 256 + 4 * 1024 * 256 * 256, rel=1e-9)
+    w = prefill_workload(plan, 256, 0)
+    # every token of the ubatch sees n_kv = pad(256, 256) = 256 cells
+    assert w.devices[0].head_cells == (("8/8/32", 4 * 8 * 256 * 256),)
     with pytest.raises(SpeedModelError, match="must fit the context of 1024 tokens"):
         prefill_workload(plan, 1000, 100)
 
 
-def test_decode_full_offload_on_the_8gb_preset(tiny):
-    gpu = what_if_gpu(8 << 30)
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"), [gpu], HostSpec(16 << 30, 8 << 30))
-    w = decode_workload(plan, 0, CONST)
+def test_each_weight_type_runs_at_its_own_rate(tmp_path):
+    shape = RealShape("mini", "llama", 8, 256, 4, 4, 512, 512, 2048, False, "test")
+    m = ModelProfile.from_gguf(write_real_shape(tmp_path / "mini.gguf", shape, "Q4_K_M"))
+    types = weight_summary(m).types()
+    assert set(types) == {"F32", "Q4_K", "Q6_K"}  # Q6_K for half of attn_v/ffn_down and the output
+    plan = plan_memory(m, PlanConfig(n_ctx=512, flash_attn="on"))
+    rates = replace(RATES, decode_bytes_s={"Q4_K": 2e9, "Q6_K": 1e9, "F32": 4e9})
+    (host,) = decode_workload(plan, 0).devices
+    by = {t: b for t, b, _, _ in host.weights}
+    t_weights = by["Q4_K"] / 2e9 + by["Q6_K"] / 1e9 + by["F32"] / 4e9
+    kv = host.kv_bytes / 4e9  # the KV streams at the fastest probed rate
+    (hd, cells), = host.head_cells
+    # no probe of 4/4/64: the 8/8/32 cost scaled by the head size
+    assert hd == "4/4/64"
+    t = t_weights + max(cells * 1e-9 * 64 / 32, kv) + 8 * 10e-6 + 1e-3
+    assert workload_time_s(decode_workload(plan, 0), cpu_inputs(rates)) == pytest.approx(t, rel=1e-9)
+
+
+def test_prefill_rate_saturates_with_the_batch():
+    r = replace(RATES, prefill_flop_s={"Q4_K": 100e9}, half_batch={"Q4_K": 16.0})
+    assert r.prefill_rate("Q4_K", 16) == pytest.approx(50e9)
+    assert r.prefill_rate("Q4_K", 112) == pytest.approx(87.5e9)
+    assert r.prefill_rate("Q6_K", 16) == pytest.approx(50e9)  # nearest probed type
+    assert r.attn_cost({"32/8/128": 2e-9, "32/8/64": 4e-9}, "32/8/64") == 4e-9
+    assert r.attn_cost({"32/8/128": 2e-9}, "16/8/256") == pytest.approx(4e-9)  # nearest size, scaled
+    # same head size: the nearest grouping of query heads per KV head
+    assert r.attn_cost({"32/8/128": 2e-9, "32/32/128": 3e-9}, "40/40/128") == 3e-9
+    assert r.attn_cost({"*": 1e-9}, "32/8/64") == pytest.approx(0.5e-9)
+
+
+def test_an_unprobed_type_takes_the_nearest_in_bits_per_weight():
+    table = {"Q4_K": 20e9, "Q8_0": 15e9}
+    assert cpu_rate(table, "Q4_K") == 20e9
+    assert cpu_rate(table, "Q5_K") == 20e9  # 5.5 bits: nearer Q4_K's 4.5 than Q8_0's 8.5
+    assert cpu_rate(table, "Q6_K") == 15e9  # 6.56 bits: nearer 8.5
+    assert cpu_rate({"*": 7e9}, "Q4_K") == 7e9
+    with pytest.raises(SpeedModelError, match="run the CPU probe"):
+        cpu_rate({}, "Q4_K")
+
+
+def test_moe_decode_reads_only_the_active_experts(tmp_path):
+    shape = RealShape("mini-moe", "olmoe", 2, 256, 4, 4, 256, 512, 2048, False, "test", qk_norm="embd",
+                      n_expert=8, n_expert_used=2, n_ff_exp=256)
+    m = ModelProfile.from_gguf(write_real_shape(tmp_path / "moe.gguf", shape, "Q8_0"))
+    s = weight_summary(m)
+    experts = sum(w.bytes_ for w in s.layers[0] if w.expert)
+    dense = sum(w.bytes_ for w in s.layers[0] if not w.expert)
+    assert experts == 3 * 256 * 256 * 8 // 32 * 34  # gate, up, down x 8 experts in Q8_0
+    plan = plan_memory(m, PlanConfig(n_ctx=512, flash_attn="on"))
+    (host,) = decode_workload(plan, 0).devices
+    weights = sum(w[1] for w in host.weights)
+    out = sum(w.bytes_ for w in s.output)
+    assert weights == pytest.approx(2 * (dense + experts * 2 / 8) + out, rel=1e-12)
+    # a 64-token ubatch touches 1 - (6/8)^64 of the experts: all of them, to 8 digits
+    (p,) = prefill_workload(plan, 64, 0).devices
+    assert sum(w[1] for w in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
+    # an expert matmul gets 64 x 2 / 8 = 16 of the ubatch's rows, a dense one all 64
+    assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 16.0, 64.0}  # 1: the output, last token only
+    assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
+
+
+def test_gpu_decode_and_prefill_on_a_catalogue_card(tiny):
+    gpu = catalogue_gpu("RTX 3060 12GB")
+    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_ubatch=512, n_batch=512), [gpu],
+                       HostSpec(16 << 30, 8 << 30))
+    inp = SpeedInputs({"CUDA0": gpu_rates(gpu), "CPU": DeviceRates("CPU", 20e9, cpu=RATES)}, 2, C)
+    w = decode_workload(plan, 0)
     (g,) = w.devices  # the host only does get_rows: no bytes, no FLOPs
-    assert (g.device, g.bytes_read) == ("CUDA0", 5780480)
+    assert (g.device, g.kind, g.bytes_read) == ("CUDA0", "gpu", 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER)
     assert w.n_crossings == 1 and w.pcie_bytes == 4 * 256  # the embedding row goes up once
-    preset = GPU_SPEED_PRESETS["8 GB"]  # RTX 4060: 272 GB/s, PCIe 4.0 x8, 15.1 TFLOPS
-    inp = SpeedInputs({"CUDA0": gpu_rates(gpu), "CPU": DeviceRates("CPU", HOST_BW)}, 2, CONST)
-    t = (max(5780480 / (272e9 * 0.75), g.flops / (15.1e12 * 0.5)) + 1024 / (preset.pcie_bandwidth_bytes_s * 0.8)
-         + 20e-6 + 0.66e-3)
+    e = GPU_CATALOGUE["RTX 3060 12GB"]
+    t = (g.bytes_read / (360e9 * C.gpu_bw_efficiency) + 4 * C.gpu_layer_overhead_s
+         + 1024 / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency) + C.crossing_latency_s + C.gpu_token_overhead_s)
     assert workload_time_s(w, inp) == pytest.approx(t, rel=1e-9)
+    # prefill: F16 weights on the FP16 tensor rate, attention too
+    p = prefill_workload(plan, 256, 0)
+    (gp,) = p.devices
+    fp16 = e.fp16_tensor_flop_s * C.gpu_fp16_efficiency
+    t_cmp = gp.flops / fp16
+    t_mem = gp.bytes_read / (360e9 * C.gpu_bw_efficiency)
+    t = max(t_cmp, t_mem) + 4 * C.gpu_layer_overhead_s + p.pcie_bytes / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency) \
+        + p.n_crossings * C.crossing_latency_s + C.gpu_token_overhead_s
+    assert workload_time_s(p, inp) == pytest.approx(t, rel=1e-9)
 
 
-def test_one_thread_streams_slower_than_memory(tiny):
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    inp = SpeedInputs({"CPU": DeviceRates("CPU", 20e9)}, 1, CONST)
-    # min(20 GB/s x 1.0, 1 thread x 5 GB/s) = 5 GB/s: 5780480 / 5e9 = 1.156096 ms; FLOPs 5775872 / 1e9 = 5.775872 ms bind
-    assert workload_time_s(decode_workload(plan, 0, CONST), inp) == pytest.approx(5.775872e-3 + 0.66e-3, rel=1e-9)
-    fast = SpeedInputs({"CPU": DeviceRates("CPU", 20e9)}, 1, CONST.scaled(host_decode_flop_s_per_thread=100))
-    assert workload_time_s(decode_workload(plan, 0, CONST), fast) == pytest.approx(1.156096e-3 + 0.66e-3, rel=1e-9)
+def test_quantized_prefill_runs_on_the_int8_rate(tmp_path):
+    shape = RealShape("mini", "llama", 4, 256, 4, 4, 512, 512, 2048, False, "test")
+    m = ModelProfile.from_gguf(write_real_shape(tmp_path / "q8.gguf", shape, "Q8_0"))
+    gpu = catalogue_gpu("RTX 4090")
+    plan = plan_memory(m, PlanConfig(n_ctx=1024, flash_attn="on"), [gpu], HostSpec(16 << 30, 8 << 30))
+    (g,) = prefill_workload(plan, 512, 0).devices
+    e = GPU_CATALOGUE["RTX 4090"]
+    q8 = sum(w[2] for w in g.weights if w[0] == "Q8_0")
+    f32 = sum(w[2] for w in g.weights if w[0] == "F32")
+    t_cmp = q8 / (e.int8_op_s * C.gpu_int8_efficiency) + (f32 + g.attn_flops) / (e.fp16_tensor_flop_s * C.gpu_fp16_efficiency)
+    inp = speed_inputs([gpu], HostSpec(16 << 30, mem_bandwidth_bytes_s=20e9), n_threads=2, cpu=RATES)
+    from kvtuner.core.speed.speed_model import _gpu_time_s
 
-
-def test_cpu_attention_pays_per_query_head(tiny):
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on"))
-    c = replace(CONST, host_attn_bytes_per_head_cell=100.0, host_attn_flops_per_head_cell=50.0)
-    # decode at depth 9: 10 cells x 8 heads x (1024 B / 8 KV heads + 100) per layer, 4 layers
-    w = decode_workload(plan, 9, c)
-    assert w.devices[0].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * 10 * 8 * (128 + 100)
-    # prefill of 10 tokens: 55 cells x (1024 + 8 x 50) FLOP per layer on top of the weights
-    p = prefill_workload(plan, 10, 0, c)
-    assert p.devices[0].flops == pytest.approx(2 * LAYER_PARAMS * 4 * 10 + 2 * 1024 * 256 + 4 * 55 * (1024 + 400), rel=1e-9)
-
-
-def test_kernel_factors():
-    assert cpu_kernel_factors("MOSTLY_F16") == (1.0, 1.0)
-    assert cpu_kernel_factors("MOSTLY_Q4_K_M") == CPU_KERNEL_FACTORS_OTHER
+    assert _gpu_time_s(g, inp.rate("CUDA0"), "prefill", C) == pytest.approx(
+        max(t_cmp, g.bytes_read / (e.mem_bandwidth_bytes_s * C.gpu_bw_efficiency)) + 4 * C.gpu_layer_overhead_s, rel=1e-9)
 
 
 def test_kv_on_host_sends_attention_to_the_cpu(tiny):
     gpu = what_if_gpu(8 << 30)
     plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", kv_gpu_layers=0), [gpu], HostSpec(16 << 30, 8 << 30))
-    w = decode_workload(plan, 500, CONST)
+    w = decode_workload(plan, 500)
     by = {d.device: d for d in w.devices}
-    assert by["CPU"].bytes_read == 4 * 501 * KV_CELL_LAYER  # the KV, read at host bandwidth
+    assert by["CPU"].bytes_read == 4 * 501 * KV_CELL_LAYER  # the KV, read on the host
+    assert by["CPU"].head_cells == (("8/8/32", 4 * 8 * 501),) and by["CPU"].n_layers == 0
     assert by["CUDA0"].bytes_read == 4 * LAYER_BYTES + OUTPUT_BYTES
     # 1 crossing for the embedding + 2 per layer (Q/K/V down, result up): (256 + 2 x 256 + 256) x 4 B each
     assert w.n_crossings == 1 + 2 * 4
     assert w.pcie_bytes == 4 * 256 + 4 * (4 * 1024)
 
 
+def test_large_batches_run_host_weights_on_the_gpu(tiny):
+    """ggml-cuda's offload_op: a ubatch of 32+ tokens runs every op on the GPU; host weights cross PCIe."""
+    gpu = what_if_gpu(8 << 30)
+    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_gpu_layers=2, kv_gpu_layers=0), [gpu],
+                       HostSpec(16 << 30, 8 << 30))
+    p = prefill_workload(plan, 256, 0)
+    assert [d.device for d in p.devices] == ["CUDA0"]
+    host_layers = [d for d in plan.layer_devices[:4] if d == "CPU"]
+    assert len(host_layers) == 3  # -ngl 2: the output and one repeating layer offloaded
+    kv = 4 * 256 * KV_CELL_LAYER  # every layer's KV is on the host, read once in the one ubatch
+    assert p.pcie_bytes == pytest.approx(3 * LAYER_BYTES + kv + 4 * 256 * 256, rel=1e-12)
+    small = prefill_workload(plan, 16, 0)  # 16 < 32: ops stay where their weights are
+    assert {d.device for d in small.devices} == {"CPU", "CUDA0"}
+
+
 def test_offloading_kv_is_slower_and_the_curve_falls(tiny):
     gpu = what_if_gpu(8 << 30)
     host = HostSpec(16 << 30, 8 << 30, mem_bandwidth_bytes_s=20e9)
-    inp = speed_inputs([gpu], host, n_threads=4)
+    inp = speed_inputs([gpu], host, n_threads=4, cpu=RATES)
     on = predict_speed(plan_memory(tiny, PlanConfig(n_ctx=4096), [gpu], host), inp)
     off = predict_speed(plan_memory(tiny, PlanConfig(n_ctx=4096, kv_gpu_layers=0), [gpu], host), inp)
     assert off.decode_tok_s_at_full_ctx < on.decode_tok_s_at_full_ctx
@@ -184,12 +269,39 @@ def test_offloading_kv_is_slower_and_the_curve_falls(tiny):
     assert d["badge"] == speed_band(on.decode_tok_s)
 
 
-def test_nvml_bandwidth_wins_over_the_preset():
-    g = GpuSpec("NVIDIA GeForce RTX 3060", 12 << 30, 11 << 30, mem_bandwidth_bytes_s=360e9, pcie_bandwidth_bytes_s=8e9)
+def test_nvml_bandwidth_wins_over_the_catalogue():
+    g = GpuSpec("NVIDIA GeForce RTX 3060", 12 << 30, 11 << 30, mem_bandwidth_bytes_s=300e9, pcie_bandwidth_bytes_s=8e9,
+                catalogue="RTX 3060 12GB")
     r = gpu_rates(g)
-    assert (r.bandwidth_bytes_s, r.pcie_bandwidth_bytes_s, r.flop_s) == (360e9, 8e9, 12.7e12)
-    unknown = gpu_rates(GpuSpec("Some GPU", 10 << 30, mem_bandwidth_bytes_s=500e9))
-    assert unknown.flop_s == 500e9 * 40  # GPU_FLOP_PER_BYTE
+    assert (r.bandwidth_bytes_s, r.pcie_bandwidth_bytes_s) == (300e9, 8e9)
+    assert r.int8_op_s == GPU_CATALOGUE["RTX 3060 12GB"].int8_op_s
+    assert "NVML" in r.source and "tensor rates of the RTX 3060 12GB" in r.source
+
+
+def test_a_generic_card_takes_the_catalogue_card_of_its_size():
+    r = gpu_rates(what_if_gpu(24 << 30))
+    assert r.bandwidth_bytes_s == GPU_CATALOGUE["RTX 3090"].mem_bandwidth_bytes_s
+    assert "nearest catalogue card" in r.source
+    unknown = gpu_rates(GpuSpec("Some GPU", 11 << 30, mem_bandwidth_bytes_s=500e9))
+    assert unknown.bandwidth_bytes_s == 500e9  # its own (NVML) bandwidth, the 12 GB card's tensor rates
+    assert unknown.int8_op_s == GPU_CATALOGUE["RTX 3060 12GB"].int8_op_s
+
+
+def test_a_bigger_catalogue_card_is_faster():
+    """The what-if list is cards, not sizes: an RTX 4090 decodes faster than an RTX 3060."""
+    a, b = gpu_rates(catalogue_gpu("RTX 3060 12GB")), gpu_rates(catalogue_gpu("RTX 4090"))
+    assert b.bandwidth_bytes_s > a.bandwidth_bytes_s and b.int8_op_s > a.int8_op_s
+
+
+def test_threads_move_probe_rates():
+    assert effective_threads(1) == 1.0 and effective_threads(2) == pytest.approx(1.55)
+    two = rates_for_threads(RATES, 2)
+    assert two is RATES
+    one = rates_for_threads(RATES, 1)
+    assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55)
+    assert one.attn_decode_s["8/8/32"] == pytest.approx(1e-9 * 1.55)
+    fb = fallback_cpu_rates(2, 100e9)
+    assert fb.decode_bytes_s == {"*": pytest.approx(1.55 * 5e9)} and "no CPU probe" in fb.source
 
 
 @pytest.mark.parametrize("tok_s, badge", [
@@ -207,8 +319,8 @@ def test_speed_band_rejects_nonsense(bad):
 
 
 def test_bad_constants_and_threads():
-    with pytest.raises(SpeedModelError, match="host_bw_efficiency must be a finite number"):
-        SpeedConstants(host_bw_efficiency=-1)
+    with pytest.raises(SpeedModelError, match="gpu_bw_efficiency must be a finite number"):
+        SpeedConstants(gpu_bw_efficiency=-1)
     with pytest.raises(SpeedModelError, match="n_threads must be 1 or more"):
         speed_inputs([], HostSpec(1 << 30, mem_bandwidth_bytes_s=1e9), n_threads=0)
 

@@ -134,17 +134,27 @@ def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
 
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-mem SIZE`` (what-if GPU, repeatable), ``--no-gpu`` and ``--ram SIZE``."""
+    """``--gpu NAME`` (a catalogue card, repeatable), ``--gpu-mem SIZE`` (a generic card,
+    repeatable), ``--no-gpu``, ``--ram SIZE`` and ``--no-probe``."""
     g = parser.add_argument_group("hardware")
+    g.add_argument("--gpu", action="append", default=None, metavar="NAME", dest="gpu_name",
+                   help="plan for a named card of the catalogue (e.g. \"RTX 3090\"; 'kvtuner gpus' lists them); "
+                        "repeat for several GPUs; default: the detected GPUs")
     g.add_argument("--gpu-mem", action="append", default=None, metavar="SIZE",
-                   help="plan for a what-if GPU of this size (e.g. 12G); repeat for several GPUs; default: the detected GPUs")
+                   help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs")
     g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
+    g.add_argument("--no-probe", action="store_true",
+                   help="run no probe of the installed llama.cpp: neither the CPU probe (about 20 s, once a week per "
+                        "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
+                        "rates; KVTUNER_CPU_PROBE=off does the same) nor, for plan, the structure probe of an "
+                        "architecture kvtuner has no tested rule for (the plan then says it is approximate)")
 
 
 def any_hardware_flag(args: argparse.Namespace) -> bool:
     """Whether a hardware flag was given."""
-    return bool(getattr(args, "gpu_mem", None) or getattr(args, "no_gpu", False) or getattr(args, "ram", None))
+    return bool(getattr(args, "gpu_mem", None) or getattr(args, "gpu_name", None) or getattr(args, "no_gpu", False)
+                or getattr(args, "ram", None))
 
 
 def detect_gpus() -> "list[GpuSpec]":
@@ -155,10 +165,16 @@ def detect_gpus() -> "list[GpuSpec]":
 
 
 def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None" = None) -> "tuple[list[GpuSpec], HostSpec | None]":
-    """GPUs and host for the plan: what-if sizes if given, else detected (no GPU is normal).
-    ``detected``: GPUs already detected (None: ask NVML)."""
+    """GPUs and host for the plan: the named catalogue cards (``--gpu``) then the generic ones
+    (``--gpu-mem``) if given, else the detected GPUs (no GPU is normal). ``detected``: GPUs
+    already detected (None: ask NVML).
+
+    Raises:
+        UserError: an unknown card name, a size without a unit.
+    """
+    from ..core.hardware.gpu_catalogue import UnknownGpuError
     from ..core.hardware.host import detect_host
-    from ..core.hardware.specs import HostSpec, what_if_gpu
+    from ..core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
     from ..core.units import parse_size
 
     def size(flag: str, text: str) -> int:
@@ -171,8 +187,15 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
         return n
 
     gpus: list = []
-    if getattr(args, "gpu_mem", None):
-        gpus = [what_if_gpu(size("--gpu-mem", s), index=i) for i, s in enumerate(args.gpu_mem)]
+    names = getattr(args, "gpu_name", None) or []
+    sizes = getattr(args, "gpu_mem", None) or []
+    if names or sizes:
+        for name in names:
+            try:
+                gpus.append(catalogue_gpu(name, index=len(gpus)))
+            except UnknownGpuError as exc:
+                raise UserError(f"--gpu: {exc}") from None
+        gpus += [what_if_gpu(size("--gpu-mem", s), index=len(gpus) + i) for i, s in enumerate(sizes)]
     elif not getattr(args, "no_gpu", False):
         gpus = detect_gpus() if detected is None else list(detected)
     host = detect_host()
@@ -190,6 +213,46 @@ def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "
     detected = detect_gpus()
     gpus, host = hardware_from_args(args, detected)
     return Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected))
+
+
+def probe_disabled(args: argparse.Namespace) -> bool:
+    """``--no-probe`` or ``KVTUNER_CPU_PROBE=off``."""
+    import os
+
+    return bool(getattr(args, "no_probe", False)) or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no")
+
+
+def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False) -> str:
+    """Run the CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`, in a child process) for the
+    weight types of the session's model this machine has no probe of, when the plan puts any
+    weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a note for
+    stderr ("" when nothing was done). A failed probe is a note: the prediction then uses the
+    assumed rates."""
+    if probe_disabled(args) or session.model is None:
+        return ""
+    try:
+        plan = session.plan()
+    except Exception:  # the caller reports the configuration error itself
+        return ""
+    if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
+        return ""  # everything that computes is on the GPUs: CPU kernels do not matter
+    missing, dims = session.missing_probe()
+    if not missing and not dims:
+        return ""
+    from ..core.speed.calibration import CalibrationError
+    from ..core.speed.cpu_probe import ProbeError
+    from ..runner.probe import run_cpu_probe
+
+    n = session.threads()
+    if not quiet:
+        what = ", ".join([*missing, *(f"attention {d}" for d in dims)])
+        print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
+              "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
+    try:
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims))
+    except (ProbeError, CalibrationError) as exc:
+        return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
+    return ""
 
 
 def emit_json(obj: object) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   load_model, positive_int, resolve_model, session_from_args)
+                   ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -168,6 +168,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  | {line}", file=sys.stderr)
         return 1
     session, plan, plan_error = _bench_session(args, model_path, config, result.gpu_offload_supported)
+    if session is not None and plan is not None and not args.no_record:
+        session.n_threads = result.n_threads
+        note = ensure_cpu_probe(session, args, quiet=args.json)
+        if note:
+            print(note, file=sys.stderr)
     side = _bench_side_by_side(plan, result)
     if plan_error:
         side["plan_error"] = plan_error

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   load_model, session_from_args)
+                   ensure_cpu_probe, load_model, positive_int, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -21,10 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_config_args(p)
     add_hardware_args(p)
+    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads to predict the speed for (llama.cpp's -t; default: the physical cores)")
     p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
-    p.add_argument("--no-probe", action="store_true",
-                   help="never ask llama.cpp for the layer structure of an architecture kvtuner has no tested rule for "
-                        "(the plan then says it is approximate)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     p.set_defaults(func=cmd_plan)
 
@@ -42,8 +41,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
+        session.n_threads = args.threads
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
+        note = ensure_cpu_probe(session, args, quiet=args.json)
+        if note:
+            print(note, file=sys.stderr)
         if args.verify:
             session.set_verified(verify(model, config))
         elif session.needs_structure_probe and not args.no_probe:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 from .advice.advisor import Advice, advise
+from .hardware.host import physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
 from .model.profile import ModelProfile
@@ -30,6 +31,7 @@ from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .model.structure import ModelStructure, differences
 from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
+from .speed.cpu_probe import CpuRates, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
 from .units import MiB
@@ -168,6 +170,8 @@ class Session:
             :meth:`set_host_bandwidth`).
         use_compute_cache: use exact compute buffers remembered from earlier dry runs.
         use_structure_cache: use model structures remembered from earlier structure probes.
+        n_threads: CPU threads the speed is predicted for (None: llama.cpp's default, the
+            physical cores).
     """
 
     model: ModelProfile | None = None
@@ -179,6 +183,7 @@ class Session:
     measure_host_bandwidth: bool = True
     use_compute_cache: bool = True
     use_structure_cache: bool = True
+    n_threads: int | None = None
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
@@ -303,12 +308,44 @@ class Session:
             self.host = replace(self.host, mem_bandwidth_bytes_s=float(bytes_s))
             self._inputs = None
 
+    def threads(self) -> int:
+        """CPU threads the speed is predicted for (:attr:`n_threads`, else the physical cores)."""
+        return int(self.n_threads) if self.n_threads else physical_cores()
+
+    def _probe_kv_type(self) -> str:
+        kv = self.config.type_k
+        store = self.calibration_store()
+        return kv if store.cpu_rates(self.threads(), kv, self.machine_id) is not None else "f16"
+
+    def missing_probe(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Weight types (over 1 % of the model's bytes) and attention shapes of the model that
+        this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
+        is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a
+        prediction. ``((), ())`` when nothing is missing."""
+        if self.model is None:
+            return (), ()
+        types, dims = probe_needs(self.model)
+        have = self.calibration_store().cpu_rates(self.threads(), "f16", self.machine_id)
+        if have is None:
+            return types, dims
+        missing_t = tuple(t for t in types if t not in have.decode_bytes_s)
+        missing_d = tuple(d for d in dims if d not in have.attn_decode_s)
+        if not missing_t and not missing_d:
+            return (), ()
+        return missing_t, missing_d or dims[:1]
+
+    def set_cpu_rates(self, rates: CpuRates) -> None:
+        """Store a CPU probe for this machine and use it from now on."""
+        self.calibration_store().set_cpu_rates(rates, self.machine_id)
+        self._inputs = None
+
     def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
         """The speed model's inputs for this hardware, calibrated for this model family on this
-        machine; ``(None, reason)`` when the speed model cannot be set up. Cached until the
-        hardware or the model family changes (:meth:`invalidate_speed`)."""
+        machine, with this machine's CPU probe when one is stored; ``(None, reason)`` when the
+        speed model cannot be set up. Cached until the hardware, the model family or the KV type
+        changes (:meth:`invalidate_speed`)."""
         family = (self.model.architecture, self.model.file_type) if self.model is not None else None
-        key = (self._hardware_key(), family, self.machine_id)
+        key = (self._hardware_key(), family, self.machine_id, self.threads(), self.config.type_k)
         if self._inputs is not None and self._inputs[0] == key:
             return self._inputs[1], self._inputs[2]
         try:
@@ -318,7 +355,9 @@ class Session:
                 bw = store.host_bandwidth_bytes_s(self.machine_id, measure=self.measure_host_bandwidth)
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
-            inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth)
+            cpu = store.cpu_rates(self.threads(), self._probe_kv_type(), self.machine_id)
+            inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
+                                  cpu=cpu)
             if self.model is not None:
                 inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
             result: tuple[SpeedInputs | None, str] = (inputs, "")

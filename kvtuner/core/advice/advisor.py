@@ -424,12 +424,19 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
 
 
 def _rule_abandon(c: _Ctx) -> list[Advice]:
+    """Under the abandon line only when even the optimistic end of the prediction's band is: the
+    band is the measured spread of the speed model's errors (kvtuner.core.speed.calibration
+    PRIOR_SIGMA_DECODE, from benchmarks/speed_validation.py), so a model predicted at 0.9 tok/s
+    that may well run at 1.1 is not called hopeless. The fix offered is the first candidate whose
+    predicted full-context decode clears the line, and the message says what it predicts."""
     out = []
     reason = ("below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "
-              "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent")
+              "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent; the line is compared with the "
+              "optimistic end of the prediction's band (the measured spread of the speed model's errors)")
     sp = c.speed
     line = c.s.abandon_tok_s
-    if sp is not None and sp.decode_tok_s_at_full_ctx < line:
+    k = sp.band[1] / sp.decode_tok_s if sp is not None and sp.decode_tok_s > 0 and sp.band[1] > 0 else 1.0
+    if sp is not None and sp.decode_tok_s_at_full_ctx * k < line:
         def fast(p: MemoryPlan) -> bool:
             v = c.decode(p, full=True)
             return c.fits(p) and v is not None and v >= line
@@ -446,13 +453,20 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
                 break
             cands.append({"n_ctx": n_ctx})
         fix = c.first_fix(cands, fast)
-        if sp.decode_tok_s < line:
-            msg = (f"Predicted decode is {sp.decode_tok_s:.2f} tok/s even with an empty cache, under the "
-                   f"{line:g} tok/s abandon line.")
+        effect = ""
+        if fix:
+            fixed = c.replan(fix)
+            v = c.decode(fixed, full=True) if fixed is not None else None
+            if v is not None:
+                effect = f" With {fix_flags(fix)}: {v:.2f} tok/s predicted at full context."
+        if sp.decode_tok_s * k < line:
+            msg = (f"Predicted decode is {sp.decode_tok_s:.2f} tok/s (at most {sp.band[1]:.2f}) even with an empty cache, "
+                   f"under the {line:g} tok/s abandon line.{effect}")
             sev = "error"
         else:
             msg = (f"Predicted decode falls from {sp.decode_tok_s:.2f} tok/s to {sp.decode_tok_s_at_full_ctx:.2f} tok/s "
-                   f"at the full {c.plan.n_ctx_seq}-token context, under the {line:g} tok/s abandon line.")
+                   f"(at most {sp.decode_tok_s_at_full_ctx * k:.2f}) at the full {c.plan.n_ctx_seq}-token context, under "
+                   f"the {line:g} tok/s abandon line.{effect}")
             sev = "warning"
         out.append(_adv("below-abandon-threshold", sev, msg, reason, fix))
     lv = c.live

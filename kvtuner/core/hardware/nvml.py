@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from .gpu_catalogue import PCIE_LANE_BYTES_S, match_nvml_name
 from .specs import GpuSpec
 
 log = logging.getLogger("kvtuner.nvml")
@@ -122,17 +123,20 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-# PCIe per-lane throughput after encoding, bytes/s (PCI-SIG: 2.5/5 GT/s 8b/10b, 8+ GT/s 128b/130b).
-_PCIE_LANE_BYTES_S = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7563e6}
 _NVML_CLOCK_MEM = 2  # nvml.h nvmlClockType_t NVML_CLOCK_MEM
 
 
 def detect_gpus() -> list[GpuSpec]:
     """The NVIDIA GPUs NVML sees, in NVML order (empty list when there is none or no driver).
 
-    ``mem_bandwidth_bytes_s`` = max memory clock (MHz) x bus width (bits) / 8 x 2 (double data
-    rate), an estimate; ``pcie_bandwidth_bytes_s`` = max link generation's lane rate x max
-    width. Note: NVML orders by PCI bus id, CUDA by speed unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    ``mem_bandwidth_bytes_s`` = max memory clock (MHz) x bus width (bits) / 8 x 2: NVML's memory
+    clock is half the data rate per pin for GDDR5/6/6X/7 and HBM alike (an RTX 3090 reports 9751
+    MHz for 19.5 Gbps, an A100 1593 MHz for 3.19 Gbps HBM2e), so this gives the datasheet
+    bandwidth; ``pcie_bandwidth_bytes_s`` = max link generation's lane rate
+    (:data:`~kvtuner.core.hardware.gpu_catalogue.PCIE_LANE_BYTES_S`) x max width; ``catalogue`` =
+    the :mod:`~kvtuner.core.hardware.gpu_catalogue` entry NVML's name picks (nearest memory size
+    when a name has several). Note: NVML orders by PCI bus id, CUDA by speed unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
     """
     gpus: list[GpuSpec] = []
     count = nvml_call("nvmlDeviceGetCount", default=0) or 0
@@ -148,12 +152,13 @@ def detect_gpus() -> list[GpuSpec]:
         bw = float(clock) * 1e6 * float(width) / 8 * 2 if clock and width else None
         gen = nvml_call("nvmlDeviceGetMaxPcieLinkGeneration", h)
         lanes = nvml_call("nvmlDeviceGetMaxPcieLinkWidth", h)
-        pcie = _PCIE_LANE_BYTES_S[gen] * lanes if gen in _PCIE_LANE_BYTES_S and lanes else None
+        pcie = PCIE_LANE_BYTES_S[gen] * lanes if gen in PCIE_LANE_BYTES_S and lanes else None
+        name = _text(nvml_call("nvmlDeviceGetName", h, default=f"GPU {i}"))
+        entry = match_nvml_name(name, int(mem.total))
         gpus.append(
             GpuSpec(
-                name=_text(nvml_call("nvmlDeviceGetName", h, default=f"GPU {i}")),
-                total_bytes=int(mem.total), free_bytes=int(mem.free), index=i,
-                mem_bandwidth_bytes_s=bw, pcie_bandwidth_bytes_s=pcie,
+                name=name, total_bytes=int(mem.total), free_bytes=int(mem.free), index=i,
+                mem_bandwidth_bytes_s=bw, pcie_bandwidth_bytes_s=pcie, catalogue=entry.name if entry else None,
             )
         )
     return gpus

@@ -22,6 +22,9 @@ class GpuSpec:
         mem_bandwidth_bytes_s: memory bandwidth in bytes/s, or None when unknown.
         pcie_bandwidth_bytes_s: host link bandwidth in bytes/s, or None when unknown.
         what_if: True for a GPU the user described rather than one that was detected.
+        catalogue: the :mod:`kvtuner.core.hardware.gpu_catalogue` entry this card is (its tensor
+            throughput and link come from there), or None for a generic card (``--gpu-mem``) or
+            one the catalogue does not know.
     """
 
     name: str
@@ -31,6 +34,7 @@ class GpuSpec:
     mem_bandwidth_bytes_s: float | None = None
     pcie_bandwidth_bytes_s: float | None = None
     what_if: bool = False
+    catalogue: str | None = None
 
     @property
     def device(self) -> str:
@@ -62,5 +66,21 @@ GPU_PRESETS_BYTES: dict[str, int] = {
 
 
 def what_if_gpu(total_bytes: int, index: int = 0) -> GpuSpec:
-    """A GPU the user describes by its size (``--gpu-mem 12G``)."""
+    """A generic GPU the user describes by its size (``--gpu-mem 12G``): no catalogue entry, so the
+    speed model uses the catalogue card nearest in memory size for its rates."""
     return GpuSpec(name=f"what-if {total_bytes / GiB:g} GiB GPU", total_bytes=total_bytes, index=index, what_if=True)
+
+
+def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
+    """A what-if GPU that is a named card of :mod:`kvtuner.core.hardware.gpu_catalogue`
+    (``--gpu "RTX 3090"``): its memory, bandwidth and PCIe link from the catalogue.
+
+    Raises:
+        UnknownGpuError: the catalogue does not know ``name`` (the message lists what it knows).
+    """
+    from .gpu_catalogue import find_gpu
+
+    g = find_gpu(name)
+    return GpuSpec(name=f"{g.name} (what-if)", total_bytes=g.vram_bytes, index=index,
+                   mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
+                   what_if=True, catalogue=g.name)

@@ -10,15 +10,22 @@ scaled constants and picks the scales ``s`` (natural log ``x = ln s``) that mini
 
 (least squares in log space with a ridge prior toward the starting constants; with one run the
 prior picks the smallest change, i.e. the constant of the bottleneck term moves). Decode fits
-``host_bw_efficiency``, ``host_decode_bytes_s_per_thread``, ``host_decode_flop_s_per_thread``,
-``gpu_bw_efficiency`` and ``layer_overhead_s``; prefill fits ``host_prefill_flop_s_per_thread`` and ``gpu_flop_efficiency``.
-A family (``architecture/file_type``) is fitted starting from the machine-wide fit.
+``host_decode_scale``, ``host_attn_scale``, ``host_overhead_scale``, ``gpu_bw_efficiency`` and
+``gpu_token_overhead_s``; prefill fits ``host_prefill_scale``, ``gpu_int8_efficiency`` and
+``gpu_fp16_efficiency``. A family (``architecture/file_type``) is fitted starting from the
+machine-wide fit.
 
-Band: the relative 1-sigma uncertainty (natural log) shrinks with the runs behind a fit,
+Band: the relative 1-sigma uncertainty (natural log) starts at the measured spread of the
+uncalibrated model's errors on the validation sets (:data:`PRIOR_SIGMA_DECODE`,
+:data:`PRIOR_SIGMA_PREFILL`: the root mean square of ``ln(predicted / measured)`` printed by
+``benchmarks/speed_validation.py``, CPU and public-GPU rows together) and shrinks with the runs
+behind a fit,
 
     sigma^2 = (PRIOR_SIGMA^2 * PRIOR_RUNS + sum residual^2) / (PRIOR_RUNS + n_runs)
 
 plus FAMILY_TRANSFER_SIGMA in quadrature when the family has no run of its own.
+
+The CPU probe (:mod:`.cpu_probe`) is stored here too, per machine and thread count.
 
 Storage: ``calibration.json`` in the user data directory (``platformdirs.user_data_dir("kvtuner")``,
 ``KVTUNER_DATA_DIR`` overrides), written atomically (temporary file + ``os.replace``).
@@ -39,14 +46,19 @@ from ..hardware.identity import machine_id
 from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.memory_plan import MemoryPlan
 from ..model.profile import ModelProfile
+from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
 from .speed_model import DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500
-#: Relative 1-sigma error of the uncalibrated model (natural log; exp(0.35) = x1.42).
-PRIOR_SIGMA = 0.35
+#: Relative 1-sigma error of the uncalibrated model, decode and prefill (natural log): the RMS of
+#: ln(predicted / measured) over the validation rows of benchmarks/speed_validation.py.
+PRIOR_SIGMA_DECODE = 0.25
+PRIOR_SIGMA_PREFILL = 0.3
+#: The larger of the two (older callers).
+PRIOR_SIGMA = max(PRIOR_SIGMA_DECODE, PRIOR_SIGMA_PREFILL)
 #: Weight of the prior sigma, in runs.
 PRIOR_RUNS = 1.0
 #: Extra sigma when a family is predicted from other families' runs.
@@ -56,11 +68,9 @@ PRIOR_WEIGHT = 0.02
 #: Host bandwidth probe results are reused for this long, seconds.
 HOST_BANDWIDTH_MAX_AGE_S = 7 * 24 * 3600.0
 
-DECODE_PARAMS = (
-    "host_bw_efficiency", "host_decode_bytes_s_per_thread", "host_decode_flop_s_per_thread", "gpu_bw_efficiency",
-    "layer_overhead_s",
-)
-PREFILL_PARAMS = ("host_prefill_flop_s_per_thread", "gpu_flop_efficiency")
+DECODE_PARAMS = ("host_decode_scale", "host_attn_scale", "host_overhead_scale", "gpu_bw_efficiency",
+                 "gpu_token_overhead_s")
+PREFILL_PARAMS = ("host_prefill_scale", "gpu_int8_efficiency", "gpu_fp16_efficiency")
 
 
 class CalibrationError(ValueError):
@@ -114,9 +124,7 @@ class MeasuredRun:
         return {
             "machine": self.machine, "family": self.family, "model_sha256": self.model_sha256,
             "n_threads": self.n_threads, "config": self.config,
-            "rates": {k: {"bandwidth_bytes_s": r.bandwidth_bytes_s, "flop_s": r.flop_s,
-                          "pcie_bandwidth_bytes_s": r.pcie_bandwidth_bytes_s, "source": r.source}
-                      for k, r in self.rates.items()},
+            "rates": {k: r.to_dict() for k, r in self.rates.items()},
             "decode_work": self.decode_work.to_dict() if self.decode_work else None, "decode_tok_s": self.decode_tok_s,
             "prefill_work": self.prefill_work.to_dict() if self.prefill_work else None, "prefill_tok_s": self.prefill_tok_s,
             "t_unix": self.t_unix,
@@ -128,8 +136,7 @@ class MeasuredRun:
         return cls(
             machine=str(d["machine"]), family=str(d["family"]), model_sha256=str(d.get("model_sha256", "")),
             n_threads=int(d["n_threads"]), config=dict(d.get("config") or {}),
-            rates={k: DeviceRates(k, float(r["bandwidth_bytes_s"]), r.get("flop_s"), r.get("pcie_bandwidth_bytes_s"),
-                                  str(r.get("source", ""))) for k, r in d["rates"].items()},
+            rates={k: DeviceRates.from_dict(k, r) for k, r in d["rates"].items()},
             decode_work=Workload.from_dict(d["decode_work"]) if d.get("decode_work") else None,
             decode_tok_s=float(d["decode_tok_s"]) if d.get("decode_tok_s") else None,
             prefill_work=Workload.from_dict(d["prefill_work"]) if d.get("prefill_work") else None,
@@ -182,8 +189,8 @@ class Calibration:
     """A fit: constants and 1-sigma log uncertainty for decode and prefill, and run counts."""
 
     constants: SpeedConstants
-    decode_sigma_log: float = PRIOR_SIGMA
-    prefill_sigma_log: float = PRIOR_SIGMA
+    decode_sigma_log: float = PRIOR_SIGMA_DECODE
+    prefill_sigma_log: float = PRIOR_SIGMA_PREFILL
     n_runs: int = 0
     n_family_runs: int = 0
 
@@ -241,15 +248,16 @@ def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple
     return c, [math.log(_run_time_s(w, r, c)) - lt for r, w, lt in data]
 
 
-def _sigma(residuals: Sequence[float]) -> float:
+def _sigma(residuals: Sequence[float], prior: float) -> float:
     n = len(residuals)
-    return math.sqrt((PRIOR_SIGMA**2 * PRIOR_RUNS + sum(r * r for r in residuals)) / (PRIOR_RUNS + n))
+    return math.sqrt((prior**2 * PRIOR_RUNS + sum(r * r for r in residuals)) / (PRIOR_RUNS + n))
 
 
 def fit_calibration(runs: Sequence[MeasuredRun], family: str | None = None,
                     base: SpeedConstants | None = None) -> Calibration:
     """Fit constants to ``runs`` (one machine's); with ``family``, refine the machine-wide fit
-    on that family's runs. No runs: the defaults with :data:`PRIOR_SIGMA`."""
+    on that family's runs. No runs: the defaults with :data:`PRIOR_SIGMA_DECODE` and
+    :data:`PRIOR_SIGMA_PREFILL`."""
     base = base or SpeedConstants()
     machine_c, dec_res = _fit(runs, base, "decode")
     machine_c2, pre_res = _fit(runs, machine_c, "prefill")
@@ -257,10 +265,12 @@ def fit_calibration(runs: Sequence[MeasuredRun], family: str | None = None,
     if fam_runs:
         c, fdec = _fit(fam_runs, machine_c2, "decode")
         c, fpre = _fit(fam_runs, c, "prefill")
-        return Calibration(c, _sigma(fdec), _sigma(fpre), len(runs), len(fam_runs))
+        return Calibration(c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs),
+                           len(fam_runs))
     extra = FAMILY_TRANSFER_SIGMA if (family is not None and runs) else 0.0
     return Calibration(
-        machine_c2, math.hypot(_sigma(dec_res), extra), math.hypot(_sigma(pre_res), extra), len(runs), 0,
+        machine_c2, math.hypot(_sigma(dec_res, PRIOR_SIGMA_DECODE), extra),
+        math.hypot(_sigma(pre_res, PRIOR_SIGMA_PREFILL), extra), len(runs), 0,
     )
 
 
@@ -287,6 +297,11 @@ class CalibrationStore:
             data = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("machines"), dict):
                 raise ValueError("not a calibration file")
+            if data.get("schema") != SCHEMA_VERSION:  # runs hold an older speed model's workloads
+                for m in data["machines"].values():
+                    if isinstance(m, dict):
+                        m["runs"] = []
+                data["schema"] = SCHEMA_VERSION
             return data
         except ValueError:
             try:
@@ -311,7 +326,8 @@ class CalibrationStore:
         return self._data["machines"].setdefault(machine, {"runs": []})
 
     def runs(self, machine: str | None = None) -> list[MeasuredRun]:
-        """Stored runs of ``machine`` (default: this one); malformed records are skipped."""
+        """Stored runs of ``machine`` (default: this one); malformed records and records of an
+        older schema (other workload fields) are skipped."""
         m = self._data["machines"].get(machine or machine_id(), {})
         out = []
         for d in m.get("runs", []):
@@ -341,6 +357,36 @@ class CalibrationStore:
         """:func:`fit_calibration` over this machine's runs."""
         return fit_calibration(self.runs(machine), family, base)
 
+    def cpu_rates(self, n_threads: int, kv_type: str = "f16", machine: str | None = None,
+                  *, max_age_s: float = PROBE_MAX_AGE_S) -> CpuRates | None:
+        """The stored CPU probe of ``machine`` (default: this one) at ``n_threads`` threads with
+        ``kv_type`` KV, or None when there is none younger than ``max_age_s`` seconds."""
+        m = self._data["machines"].get(machine or machine_id(), {})
+        rec = (m.get("cpu_probe") or {}).get(_probe_key(n_threads, kv_type)) if isinstance(m, dict) else None
+        if not isinstance(rec, dict):
+            return None
+        try:
+            rates = CpuRates.from_dict(rec)
+        except ProbeError:
+            return None
+        if time.time() - rates.t_unix > max_age_s:
+            return None
+        return rates
+
+    def set_cpu_rates(self, rates: CpuRates, machine: str | None = None) -> CpuRates:
+        """Keep a CPU probe (merged with the stored weight types of the same thread count and KV
+        type) and save; returns what is now stored.
+
+        Raises:
+            CalibrationError: the file cannot be written.
+        """
+        old = self.cpu_rates(rates.n_threads, rates.kv_type, machine)
+        new = old.merged(rates) if old is not None else rates
+        m = self._machine(machine or machine_id())
+        m.setdefault("cpu_probe", {})[_probe_key(rates.n_threads, rates.kv_type)] = new.to_dict()
+        self._save()
+        return new
+
     def host_bandwidth_bytes_s(self, machine: str | None = None, *, measure: bool = True) -> float | None:
         """This machine's host bandwidth: the stored probe if younger than
         :data:`HOST_BANDWIDTH_MAX_AGE_S`, else a fresh probe (stored; None if ``measure`` is False)."""
@@ -359,6 +405,10 @@ class CalibrationStore:
         except CalibrationError:
             pass  # a read-only data dir must not stop a prediction
         return bw
+
+
+def _probe_key(n_threads: int, kv_type: str) -> str:
+    return f"{int(n_threads)}/{kv_type}"
 
 
 def record_bench(
@@ -398,8 +448,9 @@ def record_bench(
     def positive(v: float | None) -> float | None:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
+    cpu = store.cpu_rates(max(1, int(n_threads)), machine=mid)
     try:
-        inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=max(1, int(n_threads)))
+        inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=max(1, int(n_threads)), cpu=cpu)
     except SpeedModelError as exc:
         raise CalibrationError(str(exc)) from None
     run = measured_run(plan, inputs, n_threads=max(1, int(n_threads)), n_depth=n_depth, n_prompt=n_prompt, n_gen=n_gen,

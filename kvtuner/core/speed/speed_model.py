@@ -1,140 +1,104 @@
 """Speed model: predicted decode and prefill tokens/s for a :class:`MemoryPlan`.
 
-The model is a roofline per device, summed over the devices a token passes through (llama.cpp
-runs one sequence's layers device after device, so their times add up):
+llama.cpp runs a sequence's layers device after device, so the times of the devices a token
+passes through add up (ggml-backend's scheduler, ggml/src/ggml-backend.cpp ``ggml_backend_sched``).
+Per device the model is a roofline (Williams et al., "Roofline", CACM 2009) over the kernels
+llama.cpp picks for each weight type:
 
-Decode (one token at KV depth ``D``, memory-bound; Williams et al., "Roofline", CACM 2009, and
-llama.cpp's own decode analysis, ggml-org/llama.cpp discussion #638)::
+Decode (one token at KV depth ``D``)::
 
-    t_decode(D) = sum_dev max(bytes_dev(D) / bw_dev, flops_dev(D) / flop_s_dev)
-                  + n_crossings * crossing_latency_s + pcie_bytes / pcie_bandwidth_bytes_s
-                  + token_overhead_s + n_layer * layer_overhead_s
-    decode_tok_s(D) = 1 / t_decode(D)
+    t_decode(D) = sum_dev t_dev + pcie_bytes / (pcie_bw * pcie_efficiency) + n_crossings * crossing_latency_s
+                  + token overhead (host: the probe's token_s; with a GPU: gpu_token_overhead_s)
+    host:  t_dev = sum_T bytes_T / decode_bytes_s[T]                          (probe, per weight type T)
+                   + max(sum_hd head_cells_hd * attn_decode_s[hd], kv_bytes / stream_bytes_s)
+                                                                                (probe per head size hd)
+                   + n_layers_on_host * layer_s                                 (probe)
+    GPU:   t_dev = (weight bytes + kv_bytes) / (bandwidth * gpu_bw_efficiency)  (catalogue or NVML)
+                   + n_layers_on_gpu * gpu_layer_overhead_s
 
-    bytes_dev(D) = weights read on dev                     (every weight once per token, except
-                                                            the input embedding: one row, get_rows)
-                 + sum_{layers with KV on dev} kv_bytes_per_cell(il) * cells_read(il, D)
-    cells_read(il, D) = min(D + 1, n_swa) for sliding-window layers, else min(D + 1, n_ctx_seq)
-    flops_dev(D) = 2 * params_dev                          (one multiply-add per weight)
-                 + sum_{layers with KV on dev} 2 * n_head(il) * (head_dim_k + head_dim_v) * cells_read
-    (measured copy bandwidth: :func:`measure_host_bandwidth`)
-    bw_host = min(measured copy bandwidth * host_bw_efficiency,
-                  threads * host_decode_bytes_s_per_thread)   (one core cannot stream at full bandwidth)
-    flop_s_host = threads * host_decode_flop_s_per_thread
-    threads = 1 + (n_threads - 1) * host_thread_efficiency    (threads do not scale linearly)
-    bw_gpu = GPU bandwidth (NVML: memory clock x bus width x 2, or a preset) * gpu_bw_efficiency
+    bytes_T: the weights a token reads (weights.py: every 2-D weight once; of MoE experts
+             n_expert_used / n_expert; the output matrix once; the input embedding one row)
+    kv_bytes: sum over layers of bytes_per_cell * cells_read, cells_read = min(D + 1, window)
+    head_cells: query heads x cells_read, per head size: the CPU flash-attention kernel walks
+             the cache once per query head (ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16``),
+             at a cost per cell the probe measures for each head size
 
-On the CPU two kernel effects enter the host terms (ggml/src/ggml-cpu): weight bytes and
-mat-mat FLOPs are divided by the weight type's kernel factor (:data:`CPU_KERNEL_FACTORS`: F16
-and Q8_0/Q4_0 have llamafile sgemm kernels on AVX2, K-quants go through ggml's vec-dot), and
-the CPU flash-attention kernel walks the KV once per *query* head with a fixed cost per head and
-cell (online softmax ``expf``, f16 conversions) that dominates 64-256-wide dot products, so on the
-host attention costs, per cached cell read,
+Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(n_ubatch, n_prompt)``)::
 
-    decode:  n_head * (kv_bytes_per_cell / n_head_kv + host_attn_bytes_per_head_cell)  bytes-equivalent
-    prefill: n_head * (2 * (head_dim_k + head_dim_v) + host_attn_flops_per_head_cell)  FLOP-equivalent
+    host:  sum_T flops_T / rate_T(batch) + sum_hd head_cells_hd * attn_prefill_s[hd]
+           + calls * (token_s + n_layers * layer_prefill_s)
+           rate_T(b) = prefill_flop_s[T] * b / (b + half_batch[T]) (probe); b = the ubatch's tokens,
+           for MoE experts the tokens each expert gets, u * n_expert_used / n_expert
+    GPU:   sum_T flops_T / (rate_T * efficiency_T) + attn_flops / (fp16 rate * gpu_fp16_efficiency)
+           + weight bytes per ubatch / (bandwidth * gpu_bw_efficiency) + calls * gpu_token_overhead_s
+           rate_T: quantized T -> int8 tensor ops/s (MMQ, ggml-cuda/mmq.cu ``ggml_cuda_should_use_mmq``:
+                   int8 ``mma`` from Turing on, DP4A on Pascal), efficiency gpu_int8_efficiency;
+                   F16/BF16/F32 -> FP16 tensor FLOP/s (cuBLAS, ``CUBLAS_COMPUTE_16F``),
+                   efficiency gpu_fp16_efficiency
+    flops_T = 2 * active parameters of type T * n_prompt (Kaplan et al. 2020, section 2.1: 2 N per token)
+    attention FLOPs: 2 * n_head * (head_dim_k + head_dim_v) per (token, cached cell); flash
+    attention skips masked cells (causal: token p reads min(p + 1, window) cells), without it
+    every token of a ubatch reads the padded ``n_kv``.
 
-(GQA saves memory, not CPU time).
+With a GPU, an op of 32 or more rows runs on the GPU whatever device its weights or KV live on
+(ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``, ``GGML_OP_OFFLOAD_MIN_BATCH`` default 32):
+in such a prefill, host-resident weights and KV cross PCIe once per ubatch and their FLOPs run
+at the GPU's rates. A one-token decode runs each op where its weights or KV live: a layer whose
+KV stays on the host (``-nkvo``, ``kv_gpu_layers``) computes its attention on the CPU, and the
+activations cross PCIe twice per such layer (Q/K/V down, the result up); each change of device
+along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
 
-Where the KV of a GPU layer lives on the host (``-nkvo`` / ``kv_gpu_layers`` below the offloaded
-layers), llama.cpp computes that layer's attention on the CPU for a one-token batch (the ggml
-scheduler keeps an op on the backend of its KV buffer; ggml-cuda's ``offload_op`` only pulls ops
-to the GPU for batches of 32 or more, ggml/src/ggml-cuda/ggml-cuda.cu): the KV is read at host
-bandwidth and the activations cross PCIe twice per such layer (Q/K/V out, the result back:
-``(n_head * head_dim_k + 2 * n_head_kv * head_dim_k + n_head * head_dim_v) * 4`` bytes).
-Each change of device along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
-
-Prefill (a prompt of ``n_prompt`` tokens at depth ``D0``, compute-bound; Kaplan et al.,
-"Scaling Laws for Neural Language Models", 2020, section 2.1: C_forward ~ 2 N + 2 n_layer n_ctx d_attn)::
-
-    t_prefill = sum_dev max(flops_dev / flop_s_dev, n_ubatches * weight_bytes_dev / bw_dev)
-                + [GPU present] n_ubatches * host_weight_bytes / pcie_bandwidth_bytes_s
-                + n_ubatches * (token_overhead_s + n_layer * layer_overhead_s)
-    flops_dev = 2 * params_dev * n_prompt + 2 * n_vocab * n_embd (logits of the last token only,
-                llama_batch_get_one) + attention: for each token at position p and layer il,
-                2 * n_head * (head_dim_k + head_dim_v) * cells(p), cells(p) = min(p + 1, window)
-                with flash attention (masked cells skipped), the padded ``n_kv`` of the ubatch without it
-    flop_s_host = threads * host_prefill_flop_s_per_thread
-    flop_s_gpu = GPU FLOP/s (preset, or bandwidth x 40 FLOP/byte) * gpu_flop_efficiency
-
-With a GPU, host-resident weights are copied to the GPU for every ubatch of 32 tokens or more
-(ggml-cuda ``offload_op``), hence the PCIe term.
-
-Constants live in :class:`SpeedConstants`; :mod:`kvtuner.core.speed.calibration` refines them from
-measured runs. MoE models read ``n_expert_used / n_expert`` of their expert weights per token;
-the expert share of a layer is taken as :data:`MOE_EXPERT_FRACTION` (an approximation).
+Where each constant comes from: the CPU rates from the probe (:mod:`.cpu_probe`, run by the
+runner and stored per machine), the GPU figures from the catalogue
+(:mod:`kvtuner.core.hardware.gpu_catalogue`: vendor datasheets) or NVML, the efficiencies and
+overheads in :class:`SpeedConstants` (each with its source there). Calibration
+(:mod:`.calibration`) scales them from this machine's measured runs.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name
 from ..hardware.host import physical_cores
 from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
+from .cpu_probe import CpuRates, ProbeError, attn_key, nearest
+from .weights import WeightSummary, weight_summary
 
-#: Share of a MoE layer's bytes held by its experts (Mixtral ~0.96, Qwen3-30B-A3B ~0.9).
-MOE_EXPERT_FRACTION = 0.9
-#: FLOP per byte of bandwidth assumed for a detected GPU whose FLOP/s are unknown (the presets
-#: below range from 35 to 55 FP32 FLOP per byte).
-GPU_FLOP_PER_BYTE = 40.0
-#: PCIe bandwidth assumed when neither NVML nor a preset tells (PCIe 4.0 x16 after encoding).
-DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.969e9
-#: Host bandwidth assumed when the probe cannot run (dual-channel DDR4-3200 is 51 GB/s peak).
+#: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
+DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.9692e9
+#: Host bandwidth assumed when the probe cannot run (dual-channel DDR4-3200 peaks at 51 GB/s; a
+#: single thread streams about 20).
 DEFAULT_HOST_BANDWIDTH_BYTES_S = 20e9
-#: CPU kernel factors by file type: (decode bytes-rate factor, prefill FLOP-rate factor), relative
-#: to F16. Measured with benchmarks/speed_accuracy.py on the reference 2-core AVX2 machine (decode
-#: bytes/s: Q4_K_M 0.8x of F16; Q8_0 1.0x on an idle machine, 12.8 vs 12.1 GB/s effective; prefill
-#: FLOP/s Q4_K_M 0.62x, Q8_0 0.73x); other types by kernel family. Calibration refines a family's constants from its own runs.
-CPU_KERNEL_FACTORS: dict[str, tuple[float, float]] = {
-    "ALL_F32": (1.0, 0.8), "MOSTLY_F16": (1.0, 1.0), "MOSTLY_BF16": (1.0, 0.9),
-    "MOSTLY_Q8_0": (1.0, 0.73), "MOSTLY_Q4_0": (0.8, 0.7), "MOSTLY_Q4_1": (0.8, 0.65),
-    "MOSTLY_Q5_0": (0.8, 0.6), "MOSTLY_Q5_1": (0.8, 0.6),
-}
-#: Factors of file types not in the table (K-quants, i-quants, ...).
-CPU_KERNEL_FACTORS_OTHER = (0.8, 0.62)
-
-
-def cpu_kernel_factors(file_type: str | None) -> tuple[float, float]:
-    """(decode bytes-rate factor, prefill FLOP-rate factor) of a llama.cpp file type on the CPU."""
-    return CPU_KERNEL_FACTORS.get(file_type or "", CPU_KERNEL_FACTORS_OTHER)
-
-
+#: Catalogue cards standing in for a generic what-if GPU of a memory size (``--gpu-mem``): the
+#: entry of that size most sold for local inference (the what-if presets of the app).
+GENERIC_CARDS: dict[int, str] = {8 * GiB: "RTX 4060", 12 * GiB: "RTX 3060 12GB", 16 * GiB: "RTX 4060 Ti 16GB",
+                                 24 * GiB: "RTX 3090", 48 * GiB: "RTX A6000"}
 #: Depths at which the decode curve is evaluated (fractions of n_ctx_seq).
 CURVE_POINTS = 17
-
-
-@dataclass(frozen=True)
-class GpuSpeedPreset:
-    """Typical card for a what-if memory size (spec-sheet figures, labelled as presets).
-
-    ``mem_bandwidth_bytes_s``: memory bandwidth, bytes/s; ``pcie_bandwidth_bytes_s``: host link
-    after encoding, bytes/s (lanes x 1.969 GB/s for PCIe 4.0); ``flop_s``: FP32 shader FLOP/s.
-    """
-
-    card: str
-    total_bytes: int
-    mem_bandwidth_bytes_s: float
-    pcie_bandwidth_bytes_s: float
-    flop_s: float
-
-
-#: What-if presets of :data:`kvtuner.core.hardware.specs.GPU_PRESETS_BYTES` with a typical card each
-#: (NVIDIA product pages: memory bandwidth, PCIe link, FP32 TFLOPS).
-GPU_SPEED_PRESETS: dict[str, GpuSpeedPreset] = {
-    "8 GB": GpuSpeedPreset("RTX 4060 8GB (preset)", 8 * GiB, 272e9, 8 * 1.969e9, 15.1e12),
-    "12 GB": GpuSpeedPreset("RTX 3060 12GB (preset)", 12 * GiB, 360e9, 16 * 1.969e9, 12.7e12),
-    "16 GB": GpuSpeedPreset("RTX 4060 Ti 16GB (preset)", 16 * GiB, 288e9, 8 * 1.969e9, 22.1e12),
-    "24 GB": GpuSpeedPreset("RTX 3090 24GB (preset)", 24 * GiB, 936e9, 16 * 1.969e9, 35.6e12),
-    "48 GB": GpuSpeedPreset("RTX A6000 48GB (preset)", 48 * GiB, 768e9, 16 * 1.969e9, 38.7e12),
-}
+#: Ubatch size from which ops run on the GPU whatever holds their data (ggml-cuda.cu
+#: ``GGML_OP_OFFLOAD_MIN_BATCH`` default).
+OFFLOAD_MIN_BATCH = 32
+#: Without a CPU probe: per-thread rates from this project's earlier measurements on a 2-core
+#: AVX2/AVX-512 VM (benchmarks/speed_accuracy.py, commit fcce6d6): 5 GB/s of weights per decode
+#: thread, 30 GFLOP/s per prefill thread, 40 us per layer, 0.5 ms per token, and the flash-attention
+#: kernel's 1280 B-equivalent per (head x cell) in decode and 1024 FLOP-equivalent in prefill.
+FALLBACK_DECODE_BYTES_S_PER_THREAD = 5e9
+FALLBACK_PREFILL_FLOP_S_PER_THREAD = 30e9
+FALLBACK_LAYER_S = 40e-6
+FALLBACK_TOKEN_S = 0.5e-3
+FALLBACK_ATTN_DECODE_BYTES = 1280.0
+FALLBACK_ATTN_PREFILL_FLOPS = 1024.0
+#: What each CPU thread after the first adds (measured 1.36-1.67x for 2 threads on that VM); used
+#: only to move probe rates to another thread count than they were measured at.
+THREAD_EFFICIENCY = 0.55
 
 
 class SpeedModelError(ValueError):
@@ -143,44 +107,50 @@ class SpeedModelError(ValueError):
 
 @dataclass(frozen=True)
 class SpeedConstants:
-    """Effective constants of the roofline (defaults before any calibration).
+    """The model's constants beyond the measured rates (defaults: before any calibration).
+
+    Host rates come from the CPU probe; the ``host_*_scale`` factors (1 = as probed) are what a
+    calibration on this machine's benches moves: rates are multiplied, costs divided by them.
+
+    GPU constants were fitted (least squares in log space: ``benchmarks/speed_validation.py --gpu
+    --fit-gpu``) on the five public llama-bench rows of the fitting set in
+    ``benchmarks/speed_public_gpu.json`` (``"set": "fit"``: RTX 3090 llama 7B F16 and Q4_0 from
+    llama.cpp PR #4766, RTX 4090 LLaMA 3 8B Q4_K_M and F16 from XiongjieDai/GPU-Benchmarks-on-LLM-
+    Inference, RTX 3090 Ti -nkvo from PR #4812); the validation rows were not used. Those builds
+    (January-May 2024) ran quantized prefill through cuBLAS after dequantisation, before MMQ used
+    int8 tensor cores (llama.cpp PR #7676, June 2024: +65 % pp512 on an RTX 4090), and had no CUDA
+    graphs for the January rows: on a current build prefill of quantized models is faster and the
+    per-layer cost smaller than predicted here.
 
     Attributes:
-        host_bw_efficiency: share of the measured copy bandwidth llama.cpp's CPU mat-vec reaches.
-        host_decode_bytes_s_per_thread: bytes/s of F16 weights one CPU thread streams through
-            the mat-vec kernels (the decode limit on machines with few threads).
-        host_decode_flop_s_per_thread: FLOP/s one CPU thread sustains in decode (mat-vec with
-            on-the-fly dequantisation; AVX2 reaches a small part of its FMA peak there).
-        host_prefill_flop_s_per_thread: FLOP/s one CPU thread sustains in prefill (mat-mat).
-        host_attn_bytes_per_head_cell: fixed decode cost of one query head over one cached cell on
-            the CPU, in bytes-equivalent of the mat-vec stream.
-        host_attn_flops_per_head_cell: the same for prefill, in FLOP-equivalent.
-        gpu_bw_efficiency: share of the GPU's peak bandwidth reached in decode (llama.cpp CUDA
-            reaches 70-85 % on large models).
-        gpu_flop_efficiency: share of the GPU's FLOP/s reached in prefill.
-        pcie_efficiency: share of the PCIe link rate reached by copies.
-        crossing_latency_s: fixed cost of one device crossing (copy + synchronisation), s.
-        token_overhead_s: fixed cost per llama_decode call (graph build, scheduling, sampling), s.
-        layer_overhead_s: per layer per llama_decode call (op dispatch and thread barriers), s.
-        host_thread_efficiency: what each CPU thread after the first adds, as a share of the
-            first: effective threads = 1 + (n_threads - 1) * efficiency. Measured here with
-            benchmarks/speed_accuracy.py on an idle 2-core VM: 2 threads run 1.36-1.67x one thread
-            (prefill and decode alike; shared caches, memory controller and OpenMP barriers).
+        host_decode_scale: multiplies the probe's decode bytes/s.
+        host_prefill_scale: multiplies the probe's prefill FLOP/s.
+        host_attn_scale: divides the probe's attention cost per head and cell.
+        host_overhead_scale: divides the probe's per-layer and per-token costs.
+        gpu_bw_efficiency: share of the datasheet bandwidth decode reaches (weights + KV); fitted 0.88.
+        gpu_int8_efficiency: share of the int8 tensor (or DP4A) rate quantized prefill reaches; fitted 0.16.
+        gpu_fp16_efficiency: share of the FP16 tensor rate cuBLAS and attention reach; fitted 0.41.
+        gpu_token_overhead_s: fixed time per llama_decode call on a GPU (launch, synchronise,
+            copy the logits back, sample), s; fitted 0.68 ms.
+        gpu_layer_overhead_s: per offloaded layer per call (kernel launches), s; fitted 71 us.
+        pcie_efficiency: share of the PCIe link rate a copy reaches (PCIe 4.0 x16 copies reach
+            about 26 of 31.5 GB/s: NVIDIA bandwidthTest, pinned memory).
+        crossing_latency_s: fixed cost of one device crossing in a decode (copy, synchronise, the
+            CPU op on the way), s; fitted 91 us to the -nkvo row of llama.cpp PR #4812 (RTX 3090 Ti,
+            llama 7B Q4_0: tg128 127.4 -> 60.0 tok/s with the KV on the host).
     """
 
-    host_bw_efficiency: float = 1.0
-    host_decode_bytes_s_per_thread: float = 5e9
-    host_decode_flop_s_per_thread: float = 20e9
-    host_prefill_flop_s_per_thread: float = 30e9
-    host_attn_bytes_per_head_cell: float = 1280.0
-    host_attn_flops_per_head_cell: float = 1024.0
-    gpu_bw_efficiency: float = 0.75
-    gpu_flop_efficiency: float = 0.5
+    host_decode_scale: float = 1.0
+    host_prefill_scale: float = 1.0
+    host_attn_scale: float = 1.0
+    host_overhead_scale: float = 1.0
+    gpu_bw_efficiency: float = 0.88
+    gpu_int8_efficiency: float = 0.16
+    gpu_fp16_efficiency: float = 0.41
+    gpu_token_overhead_s: float = 0.68e-3
+    gpu_layer_overhead_s: float = 71e-6
     pcie_efficiency: float = 0.8
-    crossing_latency_s: float = 20e-6
-    token_overhead_s: float = 0.5e-3
-    layer_overhead_s: float = 40e-6
-    host_thread_efficiency: float = 0.55
+    crossing_latency_s: float = 91e-6
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -194,15 +164,41 @@ class SpeedConstants:
 
 @dataclass(frozen=True)
 class DeviceRates:
-    """Peak rates of one device. ``bandwidth_bytes_s``: memory bandwidth, bytes/s;
-    ``flop_s``: FLOP/s (None for the host: threads x per-thread constant);
-    ``pcie_bandwidth_bytes_s``: host link (GPUs), bytes/s; ``source``: where the figures came from."""
+    """Rates of one device.
+
+    Attributes:
+        device: ``CUDA0`` ... or ``CPU``.
+        bandwidth_bytes_s: memory bandwidth, bytes/s (GPU: datasheet or NVML; host: the numpy probe).
+        flop_s: GPU FP32 FLOP/s (None for the host).
+        pcie_bandwidth_bytes_s: the GPU's host link, bytes/s.
+        source: where the figures came from.
+        fp16_flop_s: GPU FP16 tensor FLOP/s (dense, FP16 accumulate).
+        int8_op_s: GPU int8 tensor (or DP4A) ops/s.
+        cpu: the host's probe rates (None: not probed, fallbacks used).
+    """
 
     device: str
     bandwidth_bytes_s: float
     flop_s: float | None = None
     pcie_bandwidth_bytes_s: float | None = None
     source: str = ""
+    fp16_flop_s: float | None = None
+    int8_op_s: float | None = None
+    cpu: CpuRates | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (stored with calibration runs)."""
+        return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "flop_s": self.flop_s,
+                "pcie_bandwidth_bytes_s": self.pcie_bandwidth_bytes_s, "source": self.source,
+                "fp16_flop_s": self.fp16_flop_s, "int8_op_s": self.int8_op_s,
+                "cpu": self.cpu.to_dict() if self.cpu else None}
+
+    @classmethod
+    def from_dict(cls, device: str, d: dict[str, Any]) -> "DeviceRates":
+        """Inverse of :meth:`to_dict` (KeyError/TypeError/ValueError when malformed)."""
+        cpu = CpuRates.from_dict(d["cpu"]) if d.get("cpu") else None
+        return cls(device, float(d["bandwidth_bytes_s"]), d.get("flop_s"), d.get("pcie_bandwidth_bytes_s"),
+                   str(d.get("source", "")), d.get("fp16_flop_s"), d.get("int8_op_s"), cpu)
 
 
 @dataclass(frozen=True)
@@ -232,7 +228,7 @@ class SpeedInputs:
         try:
             return self.rates[device]
         except KeyError:
-            raise SpeedModelError(f"no bandwidth known for device {device}: pass its GpuSpec to speed_inputs()") from None
+            raise SpeedModelError(f"no rates known for device {device}: pass its GpuSpec to speed_inputs()") from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -271,35 +267,93 @@ def measure_host_bandwidth(budget_s: float = 0.25, array_bytes: int = 32 << 20) 
     return 2.0 * n * 8 / best if best > 0 else DEFAULT_HOST_BANDWIDTH_BYTES_S
 
 
-def gpu_speed_preset(total_bytes: int) -> GpuSpeedPreset:
-    """The preset whose memory size is nearest ``total_bytes`` (ties: the smaller card)."""
-    return min(GPU_SPEED_PRESETS.values(), key=lambda p: (abs(p.total_bytes - total_bytes), p.total_bytes))
+def effective_threads(n_threads: int) -> float:
+    """CPU threads' combined throughput in units of one thread: ``1 + (n - 1) * THREAD_EFFICIENCY``."""
+    return 1.0 + max(0, n_threads - 1) * THREAD_EFFICIENCY
+
+
+def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRates:
+    """CPU rates without a probe (the ``FALLBACK_*`` constants): every weight type decodes at
+    ``min(copy bandwidth, threads * 5 GB/s)`` and prefills at ``threads * 30 GFLOP/s``."""
+    thr = effective_threads(n_threads)
+    bw = min(host_bandwidth_bytes_s, thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)
+    flop = thr * FALLBACK_PREFILL_FLOP_S_PER_THREAD
+    return CpuRates(n_threads, {"*": bw}, {"*": flop}, FALLBACK_LAYER_S, FALLBACK_TOKEN_S,
+                    {"*": FALLBACK_ATTN_DECODE_BYTES / (thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)},
+                    {"*": FALLBACK_ATTN_PREFILL_FLOPS / flop}, source="assumed (no CPU probe)")
+
+
+def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
+    """``rates`` moved to ``n_threads`` threads by :func:`effective_threads` (identity when equal)."""
+    if rates.n_threads == n_threads:
+        return rates
+    k = effective_threads(n_threads) / effective_threads(rates.n_threads)
+    return replace(rates, n_threads=n_threads, decode_bytes_s={t: v * k for t, v in rates.decode_bytes_s.items()},
+                   prefill_flop_s={t: v * k for t, v in rates.prefill_flop_s.items()},
+                   attn_decode_s={t: v / k for t, v in rates.attn_decode_s.items()},
+                   attn_prefill_s={t: v / k for t, v in rates.attn_prefill_s.items()},
+                   source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads")
+
+
+def cpu_rate(table: dict[str, float], type_name: str) -> float:
+    """The rate of ``type_name`` in a probe table (:func:`kvtuner.core.speed.cpu_probe.nearest`:
+    its own, else the probed type nearest in bits per weight, else the fallback ``"*"``).
+
+    Raises:
+        SpeedModelError: an empty table.
+    """
+    try:
+        return nearest(table, type_name)
+    except ProbeError as exc:
+        raise SpeedModelError(str(exc)) from None
+
+
+def catalogue_entry(gpu: GpuSpec) -> GpuModel:
+    """The catalogue entry whose figures a GpuSpec's rates use: its own entry (``--gpu NAME``, or
+    NVML's name); for a generic card (``--gpu-mem``) or an unknown name the card of
+    :data:`GENERIC_CARDS` nearest in memory size."""
+    if gpu.catalogue and gpu.catalogue in GPU_CATALOGUE:
+        return GPU_CATALOGUE[gpu.catalogue]
+    if not gpu.what_if:
+        hit = match_nvml_name(gpu.name, gpu.total_bytes)
+        if hit is not None:
+            return hit
+    size = min(GENERIC_CARDS, key=lambda b: (abs(b - gpu.total_bytes), b))
+    return GPU_CATALOGUE[GENERIC_CARDS[size]]
 
 
 def gpu_rates(gpu: GpuSpec) -> DeviceRates:
-    """Rates of one GPU: NVML's figures where the GpuSpec has them, else the nearest preset."""
-    preset = gpu_speed_preset(gpu.total_bytes)
-    bw = gpu.mem_bandwidth_bytes_s
+    """Rates of one GPU: bandwidth and PCIe from NVML where the GpuSpec has them (measured clocks
+    and bus width), else the catalogue; tensor rates from the catalogue entry
+    (:func:`catalogue_entry`)."""
+    entry = catalogue_entry(gpu)
+    own = gpu.catalogue == entry.name or (not gpu.what_if and match_nvml_name(gpu.name, gpu.total_bytes) is entry)
     src = []
-    if bw:
-        src.append("bandwidth from NVML")
-        known = [p for p in GPU_SPEED_PRESETS.values() if p.card.rsplit(" ", 2)[0] in gpu.name]
-        flop = max(known, key=lambda p: len(p.card)).flop_s if known else bw * GPU_FLOP_PER_BYTE
+    bw = gpu.mem_bandwidth_bytes_s or entry.mem_bandwidth_bytes_s
+    if gpu.mem_bandwidth_bytes_s and not gpu.what_if:
+        src.append("bandwidth from NVML (memory clock x bus width)")
     else:
-        bw, flop = preset.mem_bandwidth_bytes_s, preset.flop_s
-        src.append(f"bandwidth of a {preset.card}")
-    pcie = gpu.pcie_bandwidth_bytes_s or preset.pcie_bandwidth_bytes_s
-    src.append("PCIe from NVML" if gpu.pcie_bandwidth_bytes_s else f"PCIe of a {preset.card}")
-    return DeviceRates(gpu.device, float(bw), float(flop), float(pcie), ", ".join(src))
+        src.append(f"bandwidth of the {entry.name} (catalogue)")
+    pcie = gpu.pcie_bandwidth_bytes_s or entry.pcie_bandwidth_bytes_s
+    src.append("PCIe from NVML" if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if) else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}")
+    src.append(f"tensor rates of the {entry.name}" + ("" if own else " (nearest catalogue card)"))
+    return DeviceRates(gpu.device, float(bw), entry.fp32_flop_s, float(pcie), ", ".join(src),
+                       entry.fp16_tensor_flop_s if entry.has_int8_tensor_cores else entry.fp32_flop_s, entry.int8_op_s)
 
 
-def host_rates(host: HostSpec | None = None, *, measure: bool = True) -> DeviceRates:
-    """Rates of the host: the HostSpec's bandwidth, else the probe, else the default."""
+def host_rates(host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None,
+               n_threads: int | None = None) -> DeviceRates:
+    """Rates of the host: bandwidth from the HostSpec, else the numpy probe, else the default;
+    ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`."""
     if host is not None and host.mem_bandwidth_bytes_s:
-        return DeviceRates(HOST, float(host.mem_bandwidth_bytes_s), source="host bandwidth given")
-    if measure:
-        return DeviceRates(HOST, measure_host_bandwidth(), source="host bandwidth measured (numpy copy)")
-    return DeviceRates(HOST, DEFAULT_HOST_BANDWIDTH_BYTES_S, source="host bandwidth assumed")
+        bw, src = float(host.mem_bandwidth_bytes_s), "host bandwidth given"
+    elif measure:
+        bw, src = measure_host_bandwidth(), "host bandwidth measured (numpy copy)"
+    else:
+        bw, src = DEFAULT_HOST_BANDWIDTH_BYTES_S, "host bandwidth assumed"
+    threads = n_threads or (cpu.n_threads if cpu else physical_cores())
+    rates = rates_for_threads(cpu, threads) if cpu is not None else fallback_cpu_rates(threads, bw)
+    return DeviceRates(HOST, bw, source=f"{src}; CPU kernels: {rates.source}", cpu=rates)
 
 
 def speed_inputs(
@@ -311,8 +365,9 @@ def speed_inputs(
     sigma_log: float = 0.35,
     n_calibration_runs: int = 0,
     measure: bool = True,
+    cpu: CpuRates | None = None,
 ) -> SpeedInputs:
-    """Build :class:`SpeedInputs` for the given hardware.
+    """Build :class:`SpeedInputs` for the given hardware; ``cpu``: the CPU probe's rates.
 
     Raises:
         SpeedModelError: ``n_threads`` below 1.
@@ -321,7 +376,7 @@ def speed_inputs(
     if threads < 1:
         raise SpeedModelError(f"n_threads must be 1 or more, not {n_threads}")
     rates = {g.device: gpu_rates(g) for g in gpus}
-    rates[HOST] = host_rates(host, measure=measure)
+    rates[HOST] = host_rates(host, measure=measure, cpu=cpu, n_threads=threads)
     return SpeedInputs(rates, threads, constants or SpeedConstants(), sigma_log, n_calibration_runs)
 
 
@@ -331,13 +386,55 @@ def speed_inputs(
 
 @dataclass(frozen=True)
 class DeviceWork:
-    """What one device does: ``bytes_read`` from its memory and ``flops``; for prefill,
-    ``weight_bytes`` read once per ubatch is already inside ``bytes_read``."""
+    """What one device does in a workload.
+
+    Attributes:
+        device, kind: ``CUDA0``/``gpu`` or ``CPU``/``host``.
+        weights: ``(ggml type, bytes read, FLOPs, batch)`` per weight type and batch (the rows
+            each matmul gets: 1 in decode, the ubatch's tokens in a prompt, fewer for MoE experts).
+        kv_bytes: KV cache bytes read.
+        attn_flops: attention FLOPs (QK^T and softmax(QK^T)V).
+        head_cells: ``(attention shape, query heads x cells)`` pairs of the attention computed
+            here (shape: :func:`~kvtuner.core.speed.cpu_probe.attn_key`, ``"32/8/128"``).
+        n_layers: repeating layers computed here (per-layer overheads).
+    """
 
     device: str
     kind: str  # "gpu" | "host"
-    bytes_read: float
-    flops: float
+    weights: tuple[tuple[str, float, float, float], ...] = ()
+    kv_bytes: float = 0.0
+    attn_flops: float = 0.0
+    head_cells: tuple[tuple[str, float], ...] = ()
+    n_layers: int = 0
+
+    @property
+    def bytes_read(self) -> float:
+        """Weights and KV bytes read."""
+        return sum(w[1] for w in self.weights) + self.kv_bytes
+
+    @property
+    def flops(self) -> float:
+        """Weight and attention FLOPs."""
+        return sum(w[2] for w in self.weights) + self.attn_flops
+
+    @property
+    def n_head_cells(self) -> float:
+        """Query heads x cells over every head size."""
+        return sum(c for _, c in self.head_cells)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {"device": self.device, "kind": self.kind, "weights": [list(w) for w in self.weights],
+                "kv_bytes": self.kv_bytes, "attn_flops": self.attn_flops,
+                "head_cells": [list(h) for h in self.head_cells], "n_layers": self.n_layers}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DeviceWork":
+        """Inverse of :meth:`to_dict`."""
+        return cls(str(d["device"]), str(d["kind"]),
+                   tuple((str(t), float(b), float(f), float(n)) for t, b, f, n in d["weights"]),
+                   float(d["kv_bytes"]), float(d["attn_flops"]), tuple((str(h), float(c)) for h, c in d["head_cells"]),
+                   int(d["n_layers"]))
 
 
 @dataclass(frozen=True)
@@ -345,7 +442,7 @@ class Workload:
     """The work of one decode step, or of one whole prefill (``n_tokens`` tokens).
 
     ``n_crossings``: device crossings; ``pcie_bytes``: bytes over PCIe; ``n_calls``: llama_decode
-    graph evaluations (ubatches); ``n_layer``: repeating layers (for the per-layer overhead).
+    graph evaluations (ubatches); ``n_layer``: repeating layers.
     """
 
     phase: str  # "decode" | "prefill"
@@ -358,126 +455,149 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
-        return {
-            "phase": self.phase, "n_tokens": self.n_tokens,
-            "devices": [{"device": d.device, "kind": d.kind, "bytes_read": d.bytes_read, "flops": d.flops} for d in self.devices],
-            "n_crossings": self.n_crossings, "pcie_bytes": self.pcie_bytes, "n_calls": self.n_calls, "n_layer": self.n_layer,
-        }
+        return {"phase": self.phase, "n_tokens": self.n_tokens, "devices": [d.to_dict() for d in self.devices],
+                "n_crossings": self.n_crossings, "pcie_bytes": self.pcie_bytes, "n_calls": self.n_calls,
+                "n_layer": self.n_layer}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Workload":
         """Inverse of :meth:`to_dict`."""
-        return cls(
-            phase=str(d["phase"]), n_tokens=int(d["n_tokens"]),
-            devices=tuple(DeviceWork(str(x["device"]), str(x["kind"]), float(x["bytes_read"]), float(x["flops"])) for x in d["devices"]),
-            n_crossings=float(d["n_crossings"]), pcie_bytes=float(d["pcie_bytes"]), n_calls=int(d["n_calls"]), n_layer=int(d["n_layer"]),
-        )
+        return cls(str(d["phase"]), int(d["n_tokens"]), tuple(DeviceWork.from_dict(x) for x in d["devices"]),
+                   float(d["n_crossings"]), float(d["pcie_bytes"]), int(d["n_calls"]), int(d["n_layer"]))
 
 
-def _layer_params(plan: MemoryPlan) -> list[float]:
-    """Parameters of each repeating layer: all parameters minus the embedding and output
-    matrices (``n_vocab * n_embd`` each; one when tied), shared out in proportion to layer bytes."""
-    m = plan.model
-    mat = m.n_vocab * m.n_embd
-    rest = max(0.0, float(m.n_params - mat * (1 if m.tied_output else 2)))
-    total_bytes = sum(m.layer_bytes) or 1
-    return [rest * b / total_bytes for b in m.layer_bytes]
+class _Acc:
+    """Per-device accumulator while a workload is built."""
+
+    def __init__(self, plan: MemoryPlan) -> None:
+        self.kinds = {d.device: d.kind for d in plan.devices}
+        self.w: dict[str, dict[tuple[str, float], list[float]]] = {d: {} for d in self.kinds}
+        self.kv = dict.fromkeys(self.kinds, 0.0)
+        self.af = dict.fromkeys(self.kinds, 0.0)
+        self.hc: dict[str, dict[str, float]] = {d: {} for d in self.kinds}
+        self.nl = dict.fromkeys(self.kinds, 0)
+
+    def weight(self, dev: str, t: str, b: float, f: float, batch: float = 1.0) -> None:
+        acc = self.w[dev].setdefault((t, batch), [0.0, 0.0])
+        acc[0] += b
+        acc[1] += f
+
+    def cells(self, dev: str, shape: str, n: float) -> None:
+        self.hc[dev][shape] = self.hc[dev].get(shape, 0.0) + n
+
+    def device(self, d: str) -> DeviceWork:
+        return DeviceWork(d, self.kinds[d], tuple((t, b, f, n) for (t, n), (b, f) in sorted(self.w[d].items())),
+                          self.kv[d], self.af[d], tuple(sorted(self.hc[d].items())), self.nl[d])
+
+    def devices(self) -> tuple[DeviceWork, ...]:
+        out = []
+        for d in self.kinds:
+            dw = self.device(d)
+            if dw.bytes_read or dw.flops or dw.head_cells:
+                out.append(dw)
+        return tuple(out)
 
 
-def _active(plan: MemoryPlan) -> float:
-    """Share of a layer's weights read per token: 1 for dense models; for MoE
-    ``(1 - f) + f * n_expert_used / n_expert`` with f = :data:`MOE_EXPERT_FRACTION`."""
-    m = plan.model
-    if m.n_expert > 0 and m.n_expert_used > 0:
-        return (1 - MOE_EXPERT_FRACTION) + MOE_EXPERT_FRACTION * m.n_expert_used / m.n_expert
-    return 1.0
+def _devices_of(plan: MemoryPlan) -> tuple[list[str], str]:
+    """Device of each repeating layer's weights, and the output layer's."""
+    n = plan.model.n_layer
+    devs = list(plan.layer_devices[:n]) or [HOST] * n
+    out = plan.layer_devices[n] if len(plan.layer_devices) > n else next(
+        (g.device for g in plan.gpus if g.has_output), HOST)
+    return devs, out
 
 
-def _weight_devices(plan: MemoryPlan) -> list[str]:
-    """Device of each repeating layer's weights, as the plan placed them."""
-    return list(plan.layer_devices[: plan.model.n_layer])
-
-
-def _window(plan: MemoryPlan, il: int, swa: bool) -> int:
+def _window(plan: MemoryPlan, swa: bool) -> int:
     return plan.model.n_swa if (swa and plan.model.n_swa) else plan.n_ctx_seq
 
 
-def _attn_flops_per_cell(plan: MemoryPlan, il: int) -> float:
-    """2 * n_head * (head_dim_k + head_dim_v): QK^T and softmax(QK^T) V for one cached cell."""
+def _attn_dims(plan: MemoryPlan, il: int) -> tuple[int, int]:
     m = plan.model
-    return 2.0 * m.n_head[il] * (m.head_dim_k_at(il) + m.head_dim_v_at(il))
+    return m.n_head[il], m.head_dim_k_at(il) + m.head_dim_v_at(il)
+
+
+def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tuple[str, float, float, float]]:
+    """(type, bytes read per call, FLOPs per token, rows per matmul) of layer ``il``'s weights: an
+    expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least 1)."""
+    share = s.expert_share(n_tokens_per_call)
+    act = s.active_fraction()
+    u = float(n_tokens_per_call)
+    return [(w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
+             max(1.0, u * act) if w.expert else u) for w in s.layers[il]]
 
 
 @dataclass(frozen=True)
 class _DecodeParts:
-    """Depth-independent part of a decode workload plus, per KV layer, (device, bytes per cell,
-    FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
+    """Depth-independent part of a decode workload and, per KV layer, (device, bytes per cell,
+    attention shape, query heads, FLOPs per cell, cells cap), so a decode curve costs O(layers) per point."""
 
-    bytes_: dict[str, float]
-    flops: dict[str, float]
-    kv: tuple[tuple[str, float, float, int], ...]
+    acc: _Acc
+    kv: tuple[tuple[str, float, str, int, float, int], ...]
     crossings: float
     pcie: float
 
 
-def _decode_parts(plan: MemoryPlan, c: SpeedConstants) -> _DecodeParts:
+def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     m = plan.model
-    act = _active(plan)
-    params = _layer_params(plan)
-    wdev = _weight_devices(plan)
-    f_dec, _ = cpu_kernel_factors(m.file_type)
-    bytes_: dict[str, float] = {d.device: 0.0 for d in plan.devices}
-    flops: dict[str, float] = {d.device: 0.0 for d in plan.devices}
+    s = weight_summary(m)
+    wdev, out_dev = _devices_of(plan)
+    acc = _Acc(plan)
     for il in range(m.n_layer):
-        bytes_[wdev[il]] += m.layer_bytes[il] * act / (f_dec if wdev[il] == HOST else 1.0)
-        flops[wdev[il]] += 2.0 * params[il] * act
-    out_dev = next((g.device for g in plan.gpus if g.has_output), HOST)
-    bytes_[out_dev] += m.output_bytes / (f_dec if out_dev == HOST else 1.0)
-    flops[out_dev] += 2.0 * m.n_vocab * m.n_embd
-    crossings = 0.0
-    pcie = 0.0
+        for t, b, f, _ in _layer_weights(s, il, 1):
+            acc.weight(wdev[il], t, b, f)
+        acc.nl[wdev[il]] += 1
+    for w in s.output:
+        acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
+    crossings = pcie = 0.0
     kv = []
     n_stream = max(1, plan.n_stream)
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
-        if lk.device == HOST:  # per query head: its KV-head row plus the kernel's fixed cost
-            per_cell = m.n_head[lk.il] * (per_cell / max(1, m.n_head_kv[lk.il]) + c.host_attn_bytes_per_head_cell)
-        kv.append((lk.device, per_cell, _attn_flops_per_cell(plan, lk.il), min(_window(plan, lk.il, lk.swa), lk.cells)))
+        heads, dims = _attn_dims(plan, lk.il)
+        kv.append((lk.device, per_cell, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads, 2.0 * heads * dims,
+                   min(_window(plan, lk.swa), lk.cells)))
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
             pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv)
-    # activations crossing devices along the layer sequence: input (host) -> layers -> output
-    seq = [HOST] + wdev + [out_dev]
+    seq = [HOST] + wdev + [out_dev]  # input embedding (host) -> layers -> output
     for a, b in zip(seq, seq[1:]):
         if a != b:
             crossings += 1
             pcie += 4.0 * m.n_embd
-    return _DecodeParts(bytes_, flops, tuple(kv), crossings, pcie)
+    return _DecodeParts(acc, tuple(kv), crossings, pcie)
 
 
 def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workload:
-    bytes_ = dict(parts.bytes_)
-    flops = dict(parts.flops)
-    for dev, b, f, cap in parts.kv:
-        cells = min(depth + 1, cap)
-        bytes_[dev] += b * cells
-        flops[dev] += f * cells
-    devs = tuple(DeviceWork(d.device, d.kind, bytes_[d.device], flops[d.device]) for d in plan.devices
-                 if bytes_[d.device] or flops[d.device])
-    return Workload("decode", 1, devs, parts.crossings, parts.pcie, 1, plan.model.n_layer)
+    acc = parts.acc
+    devs = []
+    for d in acc.kinds:
+        base = acc.device(d)
+        kv = af = 0.0
+        hc: dict[str, float] = {}
+        for dev, b, hd, heads, f, cap in parts.kv:
+            if dev != d:
+                continue
+            cells = min(depth + 1, cap)
+            kv += b * cells
+            af += f * cells
+            hc[hd] = hc.get(hd, 0.0) + heads * cells
+        dw = replace(base, kv_bytes=kv, attn_flops=af, head_cells=tuple(sorted(hc.items())))
+        if dw.bytes_read or dw.flops or dw.head_cells:
+            devs.append(dw)
+    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, plan.model.n_layer)
 
 
 def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | None = None) -> Workload:
     """The work of decoding one token with ``depth`` tokens already in the KV cache
-    (formulas in the module docstring).
+    (formulas in the module docstring). ``constants`` is accepted for symmetry and unused.
 
     Raises:
         SpeedModelError: ``depth`` negative or not below the context (``n_ctx_seq``).
     """
     if depth < 0 or depth >= plan.n_ctx_seq:
         raise SpeedModelError(f"depth {depth} must be between 0 and n_ctx_seq - 1 = {plan.n_ctx_seq - 1}")
-    return _assemble_decode(plan, _decode_parts(plan, constants or SpeedConstants()), depth)
+    return _assemble_decode(plan, _decode_parts(plan), depth)
 
 
 def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
@@ -494,32 +614,28 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
             "lower the prompt or depth, or raise --ctx"
         )
     m = plan.model
-    const = constants or SpeedConstants()
-    act = _active(plan)
-    params = _layer_params(plan)
-    wdev = _weight_devices(plan)
+    s = weight_summary(m)
+    wdev, out_dev = _devices_of(plan)
     n_ub = max(1, plan.n_ubatch)
     n_calls = math.ceil(n_prompt / n_ub)
-    bytes_: dict[str, float] = {d.device: 0.0 for d in plan.devices}
-    flops: dict[str, float] = {d.device: 0.0 for d in plan.devices}
-    has_gpu = bool(plan.gpus)
-    host_weight_bytes = 0.0
-    _, f_pre = cpu_kernel_factors(m.file_type)
+    u = min(n_ub, n_prompt)
+    gpu0 = plan.gpus[0].device if plan.gpus else None
+    offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of >= 32 rows run on the GPU
+    acc = _Acc(plan)
+    pcie = crossings = 0.0
     for il in range(m.n_layer):
-        # MoE: a ubatch touches more experts than one token; take all of them for ubatches >= 32
-        share = 1.0 if n_ub >= 32 else act
-        bytes_[wdev[il]] += m.layer_bytes[il] * share * n_calls
-        flops[wdev[il]] += 2.0 * params[il] * act * n_prompt / (f_pre if wdev[il] == HOST else 1.0)
-        if wdev[il] == HOST:
-            host_weight_bytes += m.layer_bytes[il] * share
-    out_dev = next((g.device for g in plan.gpus if g.has_output), HOST)
-    bytes_[out_dev] += m.output_bytes
-    flops[out_dev] += 2.0 * m.n_vocab * m.n_embd  # logits of the last token only
+        run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
+        for t, b, f, rows in _layer_weights(s, il, u):
+            acc.weight(run_on, t, b * n_calls, f * n_prompt, rows)
+            if run_on != wdev[il]:
+                pcie += b * n_calls  # host weights copied to the GPU for every ubatch
+        acc.nl[run_on] += 1
+    for w in s.output:  # logits of the last token only
+        acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
+    n_stream = max(1, plan.n_stream)
     for lk in plan.kv_layers:
-        window = min(_window(plan, lk.il, lk.swa), lk.cells)
-        per_cell_flops = _attn_flops_per_cell(plan, lk.il)
-        if lk.device == HOST:
-            per_cell_flops += m.n_head[lk.il] * const.host_attn_flops_per_head_cell
+        window = min(_window(plan, lk.swa), lk.cells)
+        heads, dims = _attn_dims(plan, lk.il)
         cells = 0.0
         for c in range(n_calls):
             a = depth + c * n_ub
@@ -528,22 +644,23 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                 cells += _sum_min_range(a + 1, b, window)
             else:  # the whole padded n_kv for every token of the ubatch
                 cells += (b - a) * min(pad_to(b, 256), lk.cells)
-        flops[lk.device] += per_cell_flops * cells
-        n_stream = max(1, plan.n_stream)
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
-        bytes_[lk.device] += per_cell * min(depth + n_prompt, window) * n_calls
-    pcie = 0.0
-    crossings = 0.0
-    if has_gpu and n_ub >= 32:
-        pcie += host_weight_bytes * n_calls  # ggml-cuda offload_op: host weights go to the GPU
+        kv_read = per_cell * min(depth + n_prompt, window) * n_calls
+        run_on = gpu0 if (offload and lk.device == HOST) else lk.device
+        if run_on != lk.device:
+            pcie += kv_read  # host KV copied to the GPU for every ubatch
+        acc.kv[run_on] += kv_read
+        acc.af[run_on] += 2.0 * heads * dims * cells
+        acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads * cells)
     seq = [HOST] + wdev + [out_dev]
     for a_dev, b_dev in zip(seq, seq[1:]):
-        if a_dev != b_dev:
+        if a_dev != b_dev and not offload:
             crossings += n_calls
             pcie += 4.0 * m.n_embd * n_prompt
-    devs = tuple(DeviceWork(d.device, d.kind, bytes_[d.device], flops[d.device]) for d in plan.devices
-                 if bytes_[d.device] or flops[d.device])
-    return Workload("prefill", n_prompt, devs, crossings, pcie, n_calls, m.n_layer)
+    if offload:
+        crossings += n_calls  # the input embeddings go up once per ubatch
+        pcie += 4.0 * m.n_embd * n_prompt
+    return Workload("prefill", n_prompt, acc.devices(), crossings, pcie, n_calls, m.n_layer)
 
 
 def _sum_min_range(lo: int, hi: int, cap: int) -> float:
@@ -563,36 +680,66 @@ def _sum_min_range(lo: int, hi: int, cap: int) -> float:
 # times
 
 
-def effective_threads(n_threads: int, constants: SpeedConstants) -> float:
-    """CPU threads' combined throughput in units of one thread: ``1 + (n - 1) * host_thread_efficiency``."""
-    return 1.0 + max(0, n_threads - 1) * constants.host_thread_efficiency
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n_calls: int) -> float:
+    cpu = r.cpu or fallback_cpu_rates(1, r.bandwidth_bytes_s)
+    t = 0.0
+    try:
+        if phase == "decode":
+            for typ, b, _, _ in d.weights:
+                t += b / (nearest(cpu.decode_bytes_s, typ) * c.host_decode_scale)
+            stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
+            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd) for hd, n in d.head_cells)
+            t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
+            t += d.n_layers * cpu.layer_s / c.host_overhead_scale
+        else:
+            for typ, _, f, rows in d.weights:
+                t += f / (cpu.prefill_rate(typ, rows) * c.host_prefill_scale)
+            t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
+            t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
+    except ProbeError as exc:
+        raise SpeedModelError(str(exc)) from None
+    return t
+
+
+def _gpu_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants) -> float:
+    bw = r.bandwidth_bytes_s * c.gpu_bw_efficiency
+    t_mem = d.bytes_read / bw if bw > 0 else math.inf
+    if phase == "decode":
+        return t_mem + d.n_layers * c.gpu_layer_overhead_s
+    fp16 = (r.fp16_flop_s or r.flop_s or r.bandwidth_bytes_s * 40) * c.gpu_fp16_efficiency
+    int8 = (r.int8_op_s or (r.fp16_flop_s or 0) * 2 or r.bandwidth_bytes_s * 80) * c.gpu_int8_efficiency
+    t_cmp = d.attn_flops / fp16
+    for typ, _, f, _ in d.weights:
+        t_cmp += f / (fp16 if typ in _FLOAT_TYPES else int8)
+    return max(t_mem, t_cmp) + d.n_layers * c.gpu_layer_overhead_s
 
 
 def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
-    """Seconds for ``work`` under ``inputs`` (the roofline sum of the module docstring)."""
+    """Seconds for ``work`` under ``inputs`` (the sums of the module docstring)."""
     c = inputs.constants
     t = 0.0
+    has_gpu = False
     for d in work.devices:
         r = inputs.rate(d.device)
         if d.kind == "host":
-            bw = r.bandwidth_bytes_s * c.host_bw_efficiency
-            threads = effective_threads(inputs.n_threads, c)
-            if work.phase == "decode":
-                bw = min(bw, threads * c.host_decode_bytes_s_per_thread)
-            per_thread = c.host_decode_flop_s_per_thread if work.phase == "decode" else c.host_prefill_flop_s_per_thread
-            flop_s = threads * per_thread
+            t += _host_time_s(d, r, work.phase, c, work.n_calls)
         else:
-            bw = r.bandwidth_bytes_s * c.gpu_bw_efficiency
-            flop_s = (r.flop_s or r.bandwidth_bytes_s * GPU_FLOP_PER_BYTE) * c.gpu_flop_efficiency
-        t_mem = d.bytes_read / bw if bw > 0 else math.inf
-        t_cmp = d.flops / flop_s if flop_s > 0 else math.inf
-        t += max(t_mem, t_cmp)
+            has_gpu = True
+            t += _gpu_time_s(d, r, work.phase, c)
     if work.pcie_bytes:
         pcie = min((r.pcie_bandwidth_bytes_s for r in inputs.rates.values() if r.pcie_bandwidth_bytes_s),
                    default=DEFAULT_PCIE_BANDWIDTH_BYTES_S)
         t += work.pcie_bytes / (pcie * c.pcie_efficiency)
     t += work.n_crossings * c.crossing_latency_s
-    t += work.n_calls * (c.token_overhead_s + work.n_layer * c.layer_overhead_s)
+    if has_gpu:
+        t += work.n_calls * c.gpu_token_overhead_s
+    else:
+        host = inputs.rates.get(HOST)
+        cpu = host.cpu if host is not None and host.cpu is not None else None
+        t += work.n_calls * (cpu.token_s if cpu else FALLBACK_TOKEN_S) / c.host_overhead_scale
     return t
 
 
@@ -614,13 +761,14 @@ class SpeedPrediction:
         decode_tok_s: decode tokens/s at depth 0 (empty cache).
         decode_tok_s_at_full_ctx: decode tokens/s with the cache full (depth ``n_ctx_seq - 1``).
         prefill_tok_s: prefill tokens/s of a ``prefill_tokens`` prompt at depth 0.
-        band: (low, high) decode tokens/s at depth 0, 1 sigma of the calibration's spread.
+        band: (low, high) decode tokens/s at depth 0: the measured spread of the model's errors
+            (see :mod:`.calibration`), narrowed by this machine's calibration runs.
         curve: ``(depth, decode_tok_s)`` pairs from 0 to the full context.
         prefill_band: (low, high) of ``prefill_tok_s``.
         prefill_tokens: prompt length of ``prefill_tok_s``.
         n_threads: CPU threads assumed.
         n_calibration_runs: measured runs behind the constants (0: defaults).
-        sources: where the bandwidth figures came from.
+        sources: where the rates came from.
         inputs: the inputs used (for re-predicting variants; not serialised).
     """
 
@@ -642,8 +790,7 @@ class SpeedPrediction:
         return speed_band(self.decode_tok_s)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``speed`` object of ``kvtuner plan --json`` (tokens/s rounded to 3 significant digits
-        is left to the reader; values are floats)."""
+        """The ``speed`` object of ``kvtuner plan --json`` (floats, tokens/s)."""
         return {
             "decode_tok_s": self.decode_tok_s,
             "decode_tok_s_at_full_ctx": self.decode_tok_s_at_full_ctx,
@@ -696,7 +843,7 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     """
     n_full = plan.n_ctx_seq - 1
     depths = sorted({round(n_full * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
-    parts = _decode_parts(plan, inputs.constants)
+    parts = _decode_parts(plan)
     curve = tuple((d, 1.0 / workload_time_s(_assemble_decode(plan, parts, d), inputs)) for d in depths)
     dec0 = curve[0][1]
     dec_full = curve[-1][1]

@@ -1,15 +1,22 @@
-"""Hardware: the detected GPUs and RAM, or a what-if GPU (8/12/16/24/48 GB presets or custom)."""
+"""Hardware: the detected GPUs and RAM, or a what-if GPU: a named card of the catalogue
+(:mod:`kvtuner.core.hardware.gpu_catalogue`, its figures shown), a generic card of a memory size
+(8/12/16/24/48 GB, or a custom size)."""
 
 from __future__ import annotations
 
 from PySide6 import QtCore, QtWidgets
 
-from ...core.hardware.specs import GPU_PRESETS_BYTES, GpuSpec, HostSpec, what_if_gpu
+from ...core.hardware.gpu_catalogue import GPU_CATALOGUE
+from ...core.hardware.specs import GPU_PRESETS_BYTES, GpuSpec, HostSpec, catalogue_gpu, what_if_gpu
 from ...core.units import GiB, fmt_bytes
 
 DETECTED = "detected"
 CPU_ONLY = "cpu"
 CUSTOM = "custom"
+#: Choice prefix of a catalogue card (``card:RTX 3090``).
+CARD = "card:"
+#: The what-if choice when no GPU is detected.
+DEFAULT_WHAT_IF = CARD + "RTX 3060 12GB"
 
 
 class HardwarePanel(QtWidgets.QGroupBox):
@@ -47,9 +54,17 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.choice = QtWidgets.QComboBox()
         if gpus:
             self.choice.addItem(f"detected GPU{'s' if len(gpus) > 1 else ''}", DETECTED)
-        for name in GPU_PRESETS_BYTES:
-            self.choice.addItem(f"what-if {name} GPU", name)
-        self.choice.addItem("what-if custom size", CUSTOM)
+        for g in GPU_CATALOGUE.values():
+            self.choice.addItem(f"what-if {g.name} ({g.vram_bytes / GiB:g} GiB, {g.mem_bandwidth_bytes_s / 1e9:.0f} GB/s)",
+                                CARD + g.name)
+            self.choice.setItemData(self.choice.count() - 1, g.describe() + "\nsource: " + g.source,
+                                    QtCore.Qt.ItemDataRole.ToolTipRole)
+        from ...core.speed.speed_model import GENERIC_CARDS
+
+        for name, size in GPU_PRESETS_BYTES.items():
+            like = GENERIC_CARDS.get(size)
+            self.choice.addItem(f"what-if generic {name} GPU" + (f" (speed of an {like})" if like else ""), name)
+        self.choice.addItem("what-if custom size (generic card)", CUSTOM)
         self.choice.addItem("CPU only (no GPU)", CPU_ONLY)
         self.choice.setToolTip("The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
                                "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold.")
@@ -69,7 +84,13 @@ class HardwarePanel(QtWidgets.QGroupBox):
         label = QtWidgets.QLabel("&Plan for")
         label.setBuddy(self.choice)
         form.addRow(label, row)
-        self.set_choice(DETECTED if gpus else "12 GB")
+        self.figures = QtWidgets.QLabel()
+        self.figures.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.figures.setWordWrap(True)
+        self.figures.setToolTip("The figures the speed prediction uses for the chosen card (vendor specifications).")
+        form.addRow("Card", self.figures)
+        self.set_choice(DETECTED if gpus else DEFAULT_WHAT_IF)
+        self._show_figures()
         self.choice.currentIndexChanged.connect(self._on_choice_changed)
         self.custom.valueChanged.connect(self._on_choice_changed)
 
@@ -82,7 +103,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         return list(self._detected)
 
     def current_choice(self) -> str:
-        """``detected``, a preset name (``12 GB``), ``custom`` or ``cpu``."""
+        """``detected``, a catalogue card (``card:RTX 3090``), a generic size (``12 GB``), ``custom`` or ``cpu``."""
         return str(self.choice.currentData())
 
     def custom_bytes(self) -> int:
@@ -102,6 +123,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.custom.setEnabled(choice == CUSTOM)
         for w in (self.choice, self.custom):
             w.blockSignals(False)
+        self._show_figures()
 
     def gpus(self) -> list[GpuSpec]:
         """The GPUs to plan for."""
@@ -112,8 +134,26 @@ class HardwarePanel(QtWidgets.QGroupBox):
             return []
         if c == CUSTOM:
             return [what_if_gpu(self.custom_bytes())]
+        if c.startswith(CARD):
+            return [catalogue_gpu(c[len(CARD):])]
         return [what_if_gpu(GPU_PRESETS_BYTES[c])]
+
+    def _show_figures(self) -> None:
+        """The chosen card's figures (the catalogue entry the speed model uses)."""
+        from ...core.speed.speed_model import catalogue_entry
+
+        gpus = self.gpus()
+        if not gpus:
+            self.figures.setText("none: every layer on the CPU")
+            return
+        lines = []
+        for g in gpus:
+            e = catalogue_entry(g)
+            own = g.catalogue == e.name
+            lines.append(e.describe() if own else f"{g.name}: rates of the {e.name} ({e.describe().split(': ', 1)[1]})")
+        self.figures.setText("\n".join(lines))
 
     def _on_choice_changed(self, *_: object) -> None:
         self.custom.setEnabled(self.current_choice() == CUSTOM)
+        self._show_figures()
         self.changed.emit()

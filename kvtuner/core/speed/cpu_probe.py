@@ -1,0 +1,461 @@
+"""A short probe of this machine's CPU as llama.cpp uses it: the speed of its matrix kernels per
+weight type, of its flash-attention kernel per cached cell, and its fixed costs per layer and per
+token -- measured by running tiny zero-weight models through llama.cpp itself (the runner does
+it in a child process, :mod:`kvtuner.runner.probe`), so repacking (ggml-cpu/repack.cpp), the
+weight type's vec-dot and gemm kernels, OpenMP barriers and the page cache are all what a real
+model meets. Weight values never change a kernel's speed, so the models are sparse files of a
+few KiB on disk (the data are holes).
+
+The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-token vocabulary):
+
+- matrix, one per weight type T: 4 layers of width 4096 (32 query heads and 8 KV heads of 128,
+  FFN 14336), every matrix in T: 872 M parameters (490 MB in Q4_K), more than any desktop CPU's
+  last-level cache, so decode streams from RAM as a real model does.
+  Decode of ``MATRIX_GEN`` tokens: ``bytes_s[T] = weight_bytes / (t_token - overheads)``.
+  Prefill at two batch sizes ``b`` (``MATRIX_PROMPT`` and ``MATRIX_SMALL_PROMPT`` tokens):
+  ``rate(b) = 2 * params * b / (t_prompt - overheads)``, and the two points give the mat-mat
+  kernels' rate as a function of the batch, ``rate(b) = flop_s[T] * b / (b + half_batch[T])``
+  (the usual saturation of a GEMM with the batch: a MoE expert that gets 16 of a prompt's
+  tokens runs well below the rate of a 128-token dense matmul).
+- attention, one per attention shape of the model (query heads, KV heads, head size): 4 layers of
+  width 256 with exactly those heads, a tiny FFN, at depth 0 and at depth ``ATTN_DEPTH``: the
+  difference is the flash-attention kernel's cost per (query head x cached cell), per decoded
+  token and per prompt token. It depends on the shape in ways its FLOPs do not tell (measured here
+  at depth 2048, one thread: 45 ns per head and cell for 16 query heads over 2 KV heads of 128, 121
+  ns for 32 over 8, 132 ns for 32 over 32; 64-wide heads cost more than 128-wide ones), because
+  the decode kernel walks each query head's KV rows in turn (ggml-cpu/ops.cpp
+  ``ggml_compute_forward_flash_attn_ext_f16``, split-KV path) and how much of that stays in cache
+  depends on the grouping; so the model's own shape is measured.
+- overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
+  build, scheduling, thread barriers of every op, sampling) solved from the two, and the same for
+  a prompt's per-layer cost ``layer_prefill_s``.
+
+Everything is per thread count (llama.cpp's ``-t``): rates are stored with the thread count
+they were measured at. Units in the field names (``_s`` seconds, ``_bytes_s`` bytes/s,
+``_flop_s`` FLOP/s).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import gguf
+import numpy as np
+
+#: Probe model shapes (see the module docstring).
+MATRIX_LAYERS, MATRIX_EMBD, MATRIX_FF, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM = 4, 4096, 14336, 32, 8, 128
+ATTN_LAYERS, ATTN_EMBD, ATTN_FF = 4, 256, 256
+OVERHEAD_LAYERS, OVERHEAD_EMBD = (24, 6), 64
+PROBE_VOCAB = 256
+#: Bench sizes: prompt (large and small batch) and generated tokens of the matrix runs, depth of
+#: the attention runs (the depth the CPU validation measures at).
+MATRIX_PROMPT, MATRIX_SMALL_PROMPT, MATRIX_GEN = 64, 16, 16
+ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 2048, 64, 32
+OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
+#: Head sizes the attention probe can measure (the ones llama.cpp's CPU flash attention meets).
+ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
+
+
+def attn_key(n_head: int, n_head_kv: int, head_dim: int) -> str:
+    """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads, head size)."""
+    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}"
+
+
+def _parse_attn_key(key: str) -> tuple[int, int, int] | None:
+    parts = key.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+#: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
+PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ4_NL", "IQ4_XS", "MXFP4")
+#: A stored probe is re-measured after this long, seconds (hardware and kernels change rarely).
+PROBE_MAX_AGE_S = 7 * 24 * 3600.0
+
+
+class ProbeError(ValueError):
+    """A probe that cannot be made or read; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ProbeModel:
+    """One probe model to write and bench: ``key`` (``matrix:Q4_K``, ``attn``, ``overhead:24``),
+    the hyper-parameters, the weight type of its matrices and the bench it gets
+    (``runs``: ``(n_depth, n_prompt, n_gen)`` per bench)."""
+
+    key: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    weight_type: str
+    runs: tuple[tuple[int, int, int], ...]
+
+    @property
+    def n_ctx(self) -> int:
+        """Context for its deepest run, padded to 256."""
+        need = max(d + p + g for d, p, g in self.runs) + 16
+        return -(-need // 256) * 256
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``)."""
+        E, F, V, t = self.n_embd, self.n_ff, PROBE_VOCAB, self.weight_type
+        q, kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        out: list[tuple[str, tuple[int, ...], str]] = [
+            ("token_embd.weight", (E, V), "F32"), ("output_norm.weight", (E,), "F32"), ("output.weight", (E, V), "F32")]
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            out += [(p + "attn_norm.weight", (E,), "F32"), (p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
+                    (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t),
+                    (p + "ffn_norm.weight", (E,), "F32"), (p + "ffn_gate.weight", (E, F), t),
+                    (p + "ffn_up.weight", (E, F), t), (p + "ffn_down.weight", (F, E), t)]
+        return out
+
+    def matrix_bytes_params(self) -> tuple[int, int]:
+        """Bytes and parameters of the layers' matrices (the weights the probe times)."""
+        b = p = 0
+        for name, shape, t in self.tensors():
+            if name.startswith("blk.") and len(shape) == 2:
+                b += _nbytes(shape, t)
+                p += shape[0] * shape[1]
+        return b, p
+
+
+def _nbytes(shape: tuple[int, ...], type_name: str) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    n = int(np.prod(shape))
+    if shape[0] % block:
+        raise ProbeError(f"a row of {shape[0]} does not fit {type_name} blocks of {block}")
+    return n // block * size
+
+
+def matrix_model(weight_type: str) -> ProbeModel:
+    """The matrix probe of ``weight_type`` (a ggml type name, :data:`PROBE_TYPES`).
+
+    Raises:
+        ProbeError: a type the probe cannot write.
+    """
+    t = weight_type.upper()
+    if t not in PROBE_TYPES:
+        raise ProbeError(f"no CPU probe for weight type {weight_type}: probe types are {', '.join(PROBE_TYPES)}")
+    return ProbeModel(f"matrix:{t}", MATRIX_LAYERS, MATRIX_EMBD, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM, MATRIX_FF, t,
+                      ((0, MATRIX_PROMPT, MATRIX_GEN), (0, MATRIX_SMALL_PROMPT, 0)))
+
+
+def attention_model(shape: str = "32/8/128") -> ProbeModel:
+    """The attention probe of an attention shape (:func:`attn_key`; runs at depth 0 and :data:`ATTN_DEPTH`).
+
+    Raises:
+        ProbeError: a head size outside :data:`ATTN_HEAD_DIMS`, or query heads not a multiple of the KV heads.
+    """
+    parsed = _parse_attn_key(shape)
+    if parsed is None or not parsed[0] or not parsed[1] or parsed[0] % parsed[1]:
+        raise ProbeError(f"no CPU attention probe for the shape {shape!r}: give query heads/KV heads/head size, "
+                         "query heads a multiple of KV heads")
+    n_head, n_head_kv, head_dim = parsed
+    if head_dim not in ATTN_HEAD_DIMS:
+        raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
+                         f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
+    return ProbeModel(f"attn:{shape}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
+                      ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
+
+
+def overhead_models() -> tuple[ProbeModel, ...]:
+    """The two overhead probes (:data:`OVERHEAD_LAYERS` layers of width :data:`OVERHEAD_EMBD`)."""
+    return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16",
+                            ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
+
+
+def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",)) -> tuple[ProbeModel, ...]:
+    """The probe models for ``weight_types`` and ``attn_shapes`` (:func:`attn_key`; what the probe
+    cannot write is skipped): the overhead probes, one attention probe per shape, one matrix probe
+    per type."""
+    types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
+    shapes = []
+    for key in sorted(set(attn_shapes)):
+        try:
+            shapes.append(attention_model(key))
+        except ProbeError:
+            continue
+    return (*overhead_models(), *shapes, *(matrix_model(t) for t in types))
+
+
+def model_attn_shapes(model: Any) -> tuple[str, ...]:
+    """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV."""
+    return tuple(sorted({attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il))
+                         for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]}))
+
+
+def probe_needs(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a CPU prediction for ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`)
+    needs measured: its weight types of over 1 % of its bytes that the probe can write, and the
+    attention shapes of its layers that the probe can measure."""
+    from .weights import weight_summary
+
+    wt = weight_summary(model).types()
+    total = sum(wt.values()) or 1
+    types = tuple(sorted(t for t, b in wt.items() if b / total > 0.01 and t in PROBE_TYPES))
+    shapes = []
+    for key in model_attn_shapes(model):
+        try:
+            attention_model(key)
+        except ProbeError:
+            continue
+        shapes.append(key)
+    return types, tuple(shapes)
+
+
+def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
+    """Write ``m`` as a sparse GGUF (header and tensor table; the data a hole of the right size).
+
+    Raises:
+        ProbeError: the file cannot be written.
+    """
+    path = Path(path)
+    try:
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_name(f"kvtuner CPU probe {m.key}")
+        w.add_block_count(m.n_layer)
+        w.add_context_length(m.n_ctx)
+        w.add_embedding_length(m.n_embd)
+        w.add_feed_forward_length(m.n_ff)
+        w.add_head_count(m.n_head)
+        w.add_head_count_kv(m.n_head_kv)
+        w.add_key_length(m.head_dim)
+        w.add_value_length(m.head_dim)
+        w.add_rope_dimension_count(m.head_dim)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_rope_freq_base(10000.0)
+        w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+        w.add_tokenizer_model("none")
+        w.add_vocab_size(PROBE_VOCAB)
+        tensors = m.tensors()
+        for name, shape, t in tensors:
+            w.add_tensor_info(name, shape[::-1], np.dtype(np.float32), _nbytes(shape, t),
+                              raw_dtype=gguf.GGMLQuantizationType[t])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        align = gguf.GGUF_DEFAULT_ALIGNMENT
+        start = -(-path.stat().st_size // align) * align
+        total = sum(-(-_nbytes(s, t) // align) * align for _, s, t in tensors)
+        with open(path, "r+b") as f:
+            f.truncate(start + total)
+    except OSError as exc:
+        raise ProbeError(f"cannot write the CPU probe model {path}: {exc.strerror or exc}") from None
+    return path
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One measured bench of a probe model: ``key`` of the model, ``n_depth``, ``n_prompt``,
+    ``prefill_s`` (seconds for the prompt), ``n_gen``, ``decode_s`` (seconds for the tokens)."""
+
+    key: str
+    n_depth: int
+    n_prompt: int
+    prefill_s: float
+    n_gen: int
+    decode_s: float
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """This machine's CPU as llama.cpp uses it, at ``n_threads`` threads.
+
+    Attributes:
+        n_threads: llama.cpp threads (``-t``) of the measurement.
+        decode_bytes_s: per weight type, bytes/s of weights the mat-vec kernels stream (decode).
+        prefill_flop_s: per weight type, FLOP/s the mat-mat kernels tend to with a large batch.
+        layer_s: fixed decode cost per layer per token (op dispatch, thread barriers), s.
+        token_s: fixed cost per token (graph build, scheduling, sampling), s.
+        attn_decode_s: per attention shape (:func:`attn_key`, ``"32/8/128"``), decode cost of one
+            query head over one cached cell (flash attention, ``kv_type`` KV, averaged over depths
+            up to :data:`ATTN_DEPTH`), s.
+        attn_prefill_s: per attention shape, the same per (prompt token x query head x cell), s.
+        kv_type: the KV type the attention probe used.
+        half_batch: per weight type, the batch at which the mat-mat kernels reach half of
+            ``prefill_flop_s`` (tokens).
+        layer_prefill_s: fixed cost per layer per prompt batch, s.
+        t_unix: when it was measured.
+        load_avg: the 1-minute load average then (a busy machine measures slow).
+        source: how it was obtained.
+    """
+
+    n_threads: int
+    decode_bytes_s: dict[str, float]
+    prefill_flop_s: dict[str, float]
+    layer_s: float
+    token_s: float
+    attn_decode_s: dict[str, float]
+    attn_prefill_s: dict[str, float]
+    kv_type: str = "f16"
+    t_unix: float = 0.0
+    load_avg: float | None = None
+    source: str = "llama.cpp probe"
+    half_batch: dict[str, float] = field(default_factory=dict)
+    layer_prefill_s: float = 0.0
+
+    def prefill_rate(self, type_name: str, batch: float) -> float:
+        """FLOP/s of ``type_name``'s mat-mat kernels for a batch of ``batch`` rows:
+        ``prefill_flop_s * b / (b + half_batch)`` (rates of an unprobed type: :func:`nearest`)."""
+        peak = nearest(self.prefill_flop_s, type_name)
+        half = nearest(self.half_batch, type_name) if self.half_batch else 0.0
+        b = max(1.0, float(batch))
+        return peak * b / (b + half)
+
+    def attn_cost(self, table: dict[str, float], shape: str) -> float:
+        """Cost per head and cell of an attention shape (:func:`attn_key`) from ``table``
+        (``attn_decode_s`` or ``attn_prefill_s``): the measured shape, else the measured one
+        nearest in head size and then in query heads per KV head, scaled by the head size; else
+        the fallback ``"*"`` (for 128-wide heads) scaled by the head size."""
+        if shape in table:
+            return table[shape]
+        want = _parse_attn_key(shape) or (32, 8, 128)
+        known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table) if p is not None]
+        if not known:
+            return table.get("*", 0.0) * want[2] / 128
+        ratio = want[0] / max(1, want[1])
+        k, p = min(known, key=lambda kp: (abs(kp[1][2] - want[2]), abs(kp[1][0] / kp[1][1] - ratio)))
+        return table[k] * want[2] / p[2]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (stored in the calibration file)."""
+        return {"n_threads": self.n_threads, "decode_bytes_s": dict(self.decode_bytes_s),
+                "prefill_flop_s": dict(self.prefill_flop_s), "half_batch": dict(self.half_batch),
+                "layer_s": self.layer_s, "token_s": self.token_s, "layer_prefill_s": self.layer_prefill_s,
+                "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
+                "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CpuRates":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ProbeError: a malformed record.
+        """
+        def table(key: str) -> dict[str, float]:
+            return {str(k): float(v) for k, v in (d.get(key) or {}).items()}
+
+        try:
+            r = cls(int(d["n_threads"]), table("decode_bytes_s"), table("prefill_flop_s"), float(d["layer_s"]),
+                    float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
+                    float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
+                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProbeError(f"malformed CPU probe record: {exc}") from None
+        values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
+                  *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s]
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
+        return r
+
+    def merged(self, other: "CpuRates") -> "CpuRates":
+        """These rates with ``other``'s weight types and head sizes added (``other``'s fixed costs
+        win: newer)."""
+        return CpuRates(other.n_threads, {**self.decode_bytes_s, **other.decode_bytes_s},
+                        {**self.prefill_flop_s, **other.prefill_flop_s}, other.layer_s, other.token_s,
+                        {**self.attn_decode_s, **other.attn_decode_s}, {**self.attn_prefill_s, **other.attn_prefill_s},
+                        other.kv_type, other.t_unix, other.load_avg, other.source,
+                        {**self.half_batch, **other.half_batch}, other.layer_prefill_s)
+
+
+def _bits_per_weight(type_name: str) -> float:
+    try:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    except KeyError:
+        return 16.0
+    return 8.0 * size / block
+
+
+def nearest(table: dict[str, float], type_name: str) -> float:
+    """The value of ``type_name`` in a per-type table: its own, else the probed type nearest in
+    bits per weight (kernels of a family run alike), else ``table["*"]`` (a fallback).
+
+    Raises:
+        ProbeError: an empty table.
+    """
+    if type_name in table:
+        return table[type_name]
+    probed = [t for t in table if t != "*"]
+    if not probed:
+        try:
+            return table["*"]
+        except KeyError:
+            raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)") from None
+    bits = _bits_per_weight(type_name)
+    return table[min(probed, key=lambda t: abs(_bits_per_weight(t) - bits))]
+
+
+def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = "f16",
+                    load_avg: float | None = None) -> CpuRates:
+    """Turn the probe's measured runs into :class:`CpuRates` (formulas in the module docstring):
+
+    - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token,
+      and per prompt ``p(24) - p(6) = 18 layer_prefill_s``;
+    - attention (shape s = query heads/KV heads/head size):
+      ``attn_decode_s[s] = (t_token(D) - t_token(0)) / (layers * query heads * D)``,
+      ``attn_prefill_s[s] = (t_prompt(D) - t_prompt(0)) / (layers * query heads * n_prompt * D)``;
+    - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``; the prompt
+      rates ``r(b) = 2 * params * b / (t_prompt(b) - token_s - layers * layer_prefill_s)`` at the two
+      batches give ``half_batch = b1 b2 (r1 - r2) / (b1 r2 - b2 r1)`` and
+      ``prefill_flop_s = r1 (b1 + half_batch) / b1`` (``rate(b) = peak * b / (b + half)``).
+
+    A difference that comes out at or below zero (noise on a tiny model) is floored at 2 % of
+    the measured time.
+
+    Raises:
+        ProbeError: a run the formulas need is missing.
+    """
+    by = {(r.key, r.n_depth, r.n_prompt): r for r in runs}
+
+    def get(key: str, depth: int = 0, n_prompt: int | None = None) -> ProbeRun:
+        for (k, d, p), r in by.items():
+            if k == key and d == depth and (n_prompt is None or p == n_prompt):
+                return r
+        raise ProbeError(f"the CPU probe has no run of {key} at depth {depth}")
+
+    def pos(x: float, whole: float) -> float:
+        return max(x, 0.02 * whole)
+
+    (n_hi, n_lo) = OVERHEAD_LAYERS
+    o_hi, o_lo = get(f"overhead:{n_hi}"), get(f"overhead:{n_lo}")
+    t_hi, t_lo = o_hi.decode_s / o_hi.n_gen, o_lo.decode_s / o_lo.n_gen
+    layer_s = pos(t_hi - t_lo, t_hi) / (n_hi - n_lo)
+    token_s = pos(t_lo - n_lo * layer_s, t_lo)
+    layer_prefill_s = pos(o_hi.prefill_s - o_lo.prefill_s, o_hi.prefill_s) / (n_hi - n_lo)
+    att_dec: dict[str, float] = {}
+    att_pre: dict[str, float] = {}
+    for key in sorted({r.key for r in runs if r.key.startswith("attn:")}):
+        a0, a1 = get(key, 0), get(key, ATTN_DEPTH)
+        shape = key.split(":", 1)[1]
+        head_cells = ATTN_LAYERS * attention_model(shape).n_head * ATTN_DEPTH
+        td0, td1 = a0.decode_s / a0.n_gen, a1.decode_s / a1.n_gen
+        att_dec[shape] = pos(td1 - td0, td1) / head_cells
+        att_pre[shape] = pos(a1.prefill_s - a0.prefill_s, a1.prefill_s) / (head_cells * a1.n_prompt)
+    dec: dict[str, float] = {}
+    pre: dict[str, float] = {}
+    half: dict[str, float] = {}
+    for key in sorted({r.key for r in runs if r.key.startswith("matrix:")}):
+        t = key.split(":", 1)[1]
+        b, p = matrix_model(t).matrix_bytes_params()
+        big, small = get(key, 0, MATRIX_PROMPT), get(key, 0, MATRIX_SMALL_PROMPT)
+        td = big.decode_s / big.n_gen
+        dec[t] = b / pos(td - MATRIX_LAYERS * layer_s - token_s, td)
+        fixed = token_s + MATRIX_LAYERS * layer_prefill_s
+        b1, b2 = float(big.n_prompt), float(small.n_prompt)
+        r1 = 2.0 * p * b1 / pos(big.prefill_s - fixed, big.prefill_s)
+        r2 = 2.0 * p * b2 / pos(small.prefill_s - fixed, small.prefill_s)
+        den = b1 * r2 - b2 * r1
+        h = b1 * b2 * (r1 - r2) / den if den > 0 and r1 > r2 else 0.0
+        half[t] = h
+        pre[t] = r1 * (b1 + h) / b1
+    return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,
+                    half_batch=half, layer_prefill_s=layer_prefill_s)

@@ -1,0 +1,87 @@
+"""Run the CPU probe (:mod:`kvtuner.core.speed.cpu_probe`) in one runner child: write the probe
+models (sparse, a few KiB each) to a temporary directory, then for each load it, bench it (a
+warm-up pass, then ``repetitions``), unload it. The child sees no GPU (``CUDA_VISIBLE_DEVICES``
+empty): it measures the CPU's kernels only.
+
+Other programs on the machine slow a measurement down now and then, so each figure is a median:
+a prompt's time the median of the repetitions, a decoded token's time the median of every token
+of every repetition (a single token takes a few milliseconds; one interruption would spoil a
+whole repetition's mean, while the median stays what the machine typically gives, as a long run
+on it would see).
+
+Takes about 10-25 s on an idle 2-core machine for a model of two weight types; the result is
+stored per machine and thread count by :class:`kvtuner.core.speed.calibration.CalibrationStore`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..core.plan.config import PlanConfig
+from ..core.speed.cpu_probe import CpuRates, ProbeError, ProbeRun, probe_plan, rates_from_runs, write_probe_model
+from . import protocol as P
+from .client import RunnerClient, RunnerError
+
+#: Quantile of the per-token decode times taken as a probe's token time (see the module docstring).
+TOKEN_QUANTILE = 0.5
+
+
+def _quantile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return 0.0
+    i = q * (len(v) - 1)
+    lo = int(i)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (i - lo)
+
+
+def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: Sequence[str] = ("32/8/128",),
+                  kv_type: str = "f16", repetitions: int = 3, timeout_s: float = 600.0,
+                  on_step: Callable[[str], None] | None = None) -> CpuRates:
+    """Probe this machine's CPU for ``weight_types`` (ggml type names) and ``attn_shapes``
+    (``"32/8/128"``: query heads/KV heads/head size) at ``n_threads`` threads.
+
+    ``on_step`` is told each probe model's key before it runs (progress for the user).
+
+    Raises:
+        ProbeError: the child failed (its reason in the message), or the runs were unusable.
+    """
+    models = probe_plan(weight_types, attn_shapes)
+    runs: list[ProbeRun] = []
+    with tempfile.TemporaryDirectory(prefix="kvtuner-probe-") as tmp:
+        client = RunnerClient(env={"CUDA_VISIBLE_DEVICES": ""})
+        try:
+            client.start(timeout_s=120.0)
+            for m in models:
+                if on_step is not None:
+                    on_step(m.key)
+                path = write_probe_model(Path(tmp) / f"{m.key.replace(':', '-').replace('/', '-')}.gguf", m)
+                cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=kv_type, type_v=kv_type, flash_attn="on",
+                                 n_batch=512, n_ubatch=512)
+                client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
+                               P.LoadedEvent, timeout_s=timeout_s, idle_timeout_s=timeout_s)
+                for depth, n_prompt, n_gen in m.runs:
+                    tokens: list[float] = []
+
+                    def keep(ev: P.Message) -> None:
+                        if isinstance(ev, P.TokenEvent):
+                            tokens.append(ev.dt_s)
+
+                    res = client.request(P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth,
+                                                        repetitions=repetitions), P.BenchResultEvent,
+                                         timeout_s=timeout_s, idle_timeout_s=timeout_s, on_other=keep)
+                    assert isinstance(res, P.BenchResultEvent)
+                    reps = [P.Repetition.of(r) for r in res.reps]
+                    decode_s = n_gen * _quantile(tokens, TOKEN_QUANTILE) if n_gen and tokens else 0.0
+                    prefill_s = _quantile([r.prefill_s for r in reps], 0.5)
+                    runs.append(ProbeRun(m.key, depth, n_prompt, prefill_s, n_gen, decode_s))
+                client.request(P.UnloadCommand(), P.UnloadedEvent, timeout_s=60.0)
+        except RunnerError as exc:
+            raise ProbeError(f"the CPU probe failed ({exc.kind}): {exc.message}") from None
+        finally:
+            client.close(timeout_s=5.0)
+    return rates_from_runs(runs, n_threads, kv_type=kv_type, load_avg=os.getloadavg()[0])

@@ -1,0 +1,113 @@
+"""The GPU catalogue (kvtuner.core.hardware.gpu_catalogue): lookups by a user's name and by
+NVML's, the what-if card it builds, NVML-derived bandwidth (stand-in NVML), and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nvml_standin import fake_nvml
+from kvtuner.core.hardware import nvml
+from kvtuner.core.hardware.gpu_catalogue import (GPU_CATALOGUE, UnknownGpuError, find_gpu, match_nvml_name,
+                                                 pcie_bandwidth_bytes_s)
+from kvtuner.core.hardware.specs import catalogue_gpu
+from kvtuner.core.speed.speed_model import gpu_rates
+from kvtuner.core.units import GiB
+
+
+@pytest.mark.parametrize("text, name", [
+    ("RTX 3090", "RTX 3090"), ("rtx3090", "RTX 3090"), ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+    ("rtx-4060-ti-16gb", "RTX 4060 Ti 16GB"), ("5090", "RTX 5090"), ("P40", "Tesla P40"), ("tesla p40", "Tesla P40"),
+    ("A100 80GB", "A100 80GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"), ("H100 SXM", "H100 SXM"), ("h200", "H200"),
+    ("RTX 3060 12GB", "RTX 3060 12GB"),
+])
+def test_find_gpu(text, name):
+    assert find_gpu(text).name == name
+
+
+@pytest.mark.parametrize("text, match", [
+    ("RTX 30", "matches several catalogue entries: RTX 3060 12GB, RTX 3070"),
+    ("RTX 4060 Ti", "matches several catalogue entries: RTX 4060 Ti 8GB, RTX 4060 Ti 16GB"),
+    ("Voodoo 5", "is not in the catalogue"),
+    ("  ", "empty GPU name"),
+])
+def test_find_gpu_says_what_to_change(text, match):
+    with pytest.raises(UnknownGpuError, match=match):
+        find_gpu(text)
+
+
+def test_nvml_names_pick_the_entry_by_memory_size():
+    assert match_nvml_name("NVIDIA GeForce RTX 4060 Ti", 16 * GiB).name == "RTX 4060 Ti 16GB"
+    assert match_nvml_name("NVIDIA GeForce RTX 4060 Ti", 8 * GiB).name == "RTX 4060 Ti 8GB"
+    assert match_nvml_name("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert match_nvml_name("NVIDIA GeForce RTX 3060 Ti") is None  # another card than the RTX 3060
+    assert match_nvml_name("Some GPU") is None
+
+
+def test_catalogue_figures_are_the_datasheets():
+    g = GPU_CATALOGUE
+    assert g["RTX 3090"].mem_bandwidth_bytes_s == 936.2e9
+    assert g["RTX 3090"].fp16_tensor_flop_s == pytest.approx(142.3e12, rel=1e-3)  # GA102 whitepaper: 142 TFLOPS
+    assert g["RTX 4090"].int8_op_s == pytest.approx(660.6e12, rel=1e-3)  # Ada whitepaper: 660.6 TOPS dense
+    assert g["RTX 5090"].mem_bandwidth_bytes_s == 1792e9 and g["RTX 5090"].pcie_gen == 5
+    assert g["H200"].vram_bytes == 141 * GiB and g["H200"].mem_bandwidth_bytes_s == 4.8e12
+    assert not g["Tesla P40"].has_int8_tensor_cores and g["RTX 2080 Ti"].has_int8_tensor_cores
+    assert pcie_bandwidth_bytes_s(4, 16) == pytest.approx(31.5e9, rel=1e-3)
+    assert g["RTX 4060 Ti 16GB"].pcie_bandwidth_bytes_s == pytest.approx(15.75e9, rel=1e-3)  # x8
+    for e in g.values():
+        assert e.source and e.vram_bytes > 0 and e.mem_bandwidth_bytes_s > 0 and e.int8_op_s > 0
+
+
+def test_catalogue_gpu_is_a_what_if_card_with_its_figures():
+    g = catalogue_gpu("rtx 4090", index=1)
+    assert (g.name, g.device, g.total_bytes, g.what_if, g.catalogue) == ("RTX 4090 (what-if)", "CUDA1", 24 * GiB, True, "RTX 4090")
+    assert g.mem_bandwidth_bytes_s == 1008e9
+    r = gpu_rates(g)
+    assert r.int8_op_s == GPU_CATALOGUE["RTX 4090"].int8_op_s and "bandwidth of the RTX 4090" in r.source
+
+
+def test_nvml_bandwidth_and_catalogue_entry():
+    """Stand-in NVML: an RTX 3060 reporting 7501 MHz memory clock and a 192-bit bus is
+    7501e6 x 2 x 192 / 8 = 360 GB/s; its name picks the catalogue entry; a card NVML cannot tell
+    the bus width of has no bandwidth (the catalogue or nearest card then gives one)."""
+    nvml.use_nvml_module(fake_nvml(2))
+    try:
+        a, b = nvml.detect_gpus()
+    finally:
+        nvml.use_nvml_module(None)
+    assert a.mem_bandwidth_bytes_s == pytest.approx(360.048e9)
+    assert a.pcie_bandwidth_bytes_s == pytest.approx(16 * 1969.2e6)
+    assert a.catalogue == "RTX 3060 12GB"
+    r = gpu_rates(a)
+    assert r.bandwidth_bytes_s == pytest.approx(360.048e9) and "NVML" in r.source
+    assert b.mem_bandwidth_bytes_s is None and b.catalogue is None  # RTX A2000: unsupported query, not catalogued
+    rb = gpu_rates(b)
+    assert rb.bandwidth_bytes_s == GPU_CATALOGUE["RTX 3060 12GB"].mem_bandwidth_bytes_s
+    assert "nearest catalogue card" in rb.source
+
+
+def kvtuner(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_gpus_lists_the_catalogue():
+    out = kvtuner("gpus")
+    assert out.returncode == 0
+    assert "RTX 3060 12GB" in out.stdout and "H200" in out.stdout and "936" in out.stdout
+    doc = json.loads(kvtuner("gpus", "--json").stdout)
+    assert {e["name"] for e in doc["catalogue"]} == set(GPU_CATALOGUE)
+    assert all(e["source"] for e in doc["catalogue"])
+
+
+def test_cli_plan_for_a_named_card_and_bad_names():
+    doc = json.loads(kvtuner("plan", "--gpu", "RTX 4090", "--gpu", "RTX 3060 12GB", "--json").stdout)
+    names = [d["name"] for d in doc["devices"] if d["kind"] == "gpu"]
+    assert names == ["RTX 4090 (what-if)", "RTX 3060 12GB (what-if)"]
+    assert any("tensor rates of the RTX 4090" in s for s in doc["speed"]["sources"])
+    bad = kvtuner("plan", "--gpu", "RTX 30")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "matches several catalogue entries" in bad.stderr
+    assert kvtuner("plan", "--gpu", "Voodoo").returncode == 2
