@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..plan.memory_plan import MemoryPlan
 
-from ..fileio import replace_atomic
-from ..paths import data_dir
 from ..plan.buffers import bytes_by_device
+from .keyed_json import KeyedJsonFile
 
 FILE_NAME = "compute-buffers.json"
 MAX_ENTRIES = 2000
@@ -62,36 +60,12 @@ def remember(plan: "MemoryPlan", compute_mib: dict[str, float]) -> dict[str, int
     return exact
 
 
-def _path() -> Path:
-    return data_dir() / FILE_NAME
-
-
-_LOADED: tuple[Path, int, int, dict[str, dict[str, int]]] | None = None  # path, mtime_ns, size, data
-
-
-def _load() -> dict[str, dict[str, int]]:
-    """The stored figures, read again only when the file changed (a slider move plans several
-    times a second; the file is small but re-parsing it each time is not free)."""
-    global _LOADED
-    path = _path()
-    try:
-        st = path.stat()
-    except OSError:
-        return {}
-    if _LOADED is not None and _LOADED[:3] == (path, st.st_mtime_ns, st.st_size):
-        return _LOADED[3]
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    data = data if isinstance(data, dict) else {}
-    _LOADED = (path, st.st_mtime_ns, st.st_size, data)
-    return data
+_FILE = KeyedJsonFile(FILE_NAME, MAX_ENTRIES)
 
 
 def lookup(key: str) -> dict[str, int] | None:
     """Exact compute bytes per device for ``key``, or None."""
-    entry = _load().get(key)
+    entry = _FILE.get(key)
     if not isinstance(entry, dict) or not all(isinstance(v, int) for v in entry.values()):
         return None
     return dict(entry)
@@ -99,12 +73,4 @@ def lookup(key: str) -> dict[str, int] | None:
 
 def store(key: str, bytes_by_device: dict[str, int]) -> None:
     """Remember exact compute bytes per device for ``key`` (atomic write; errors ignored)."""
-    data = dict(_load())
-    data[key] = {k: int(v) for k, v in bytes_by_device.items()}
-    if len(data) > MAX_ENTRIES:
-        for old in list(data)[: len(data) - MAX_ENTRIES]:
-            del data[old]
-    try:
-        replace_atomic(_path(), json.dumps(data))
-    except OSError:
-        pass
+    _FILE.put(key, {k: int(v) for k, v in bytes_by_device.items()})

@@ -11,14 +11,10 @@ written atomically; a damaged file or record is ignored, never fatal.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
 
-from ..fileio import replace_atomic
 from ..model.structure import ModelStructure
-from ..paths import data_dir
+from .keyed_json import KeyedJsonFile
 
 FILE_NAME = "model-structures.json"
 MAX_ENTRIES = 500
@@ -40,16 +36,7 @@ def _key(header_sha256: str, llama_build: str) -> str:
     return f"{header_sha256}|{llama_build}"
 
 
-def _path() -> Path:
-    return data_dir() / FILE_NAME
-
-
-def _load() -> dict[str, Any]:
-    try:
-        data = json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+_FILE = KeyedJsonFile(FILE_NAME, MAX_ENTRIES)
 
 
 def lookup(header_sha256: str, llama_build: str | None = None) -> ModelStructure | None:
@@ -57,7 +44,7 @@ def lookup(header_sha256: str, llama_build: str | None = None) -> ModelStructure
     build = installed_llama_build() if llama_build is None else llama_build
     if not build:
         return None
-    entry = _load().get(_key(header_sha256, build))
+    entry = _FILE.get(_key(header_sha256, build))
     if not isinstance(entry, dict):
         return None
     try:
@@ -71,12 +58,4 @@ def store(header_sha256: str, structure: ModelStructure) -> None:
     (atomic write; errors ignored)."""
     if not structure.llama_build:
         return
-    data = _load()
-    data[_key(header_sha256, structure.llama_build)] = structure.to_dict()
-    if len(data) > MAX_ENTRIES:
-        for old in list(data)[: len(data) - MAX_ENTRIES]:
-            del data[old]
-    try:
-        replace_atomic(_path(), json.dumps(data))
-    except OSError:
-        pass
+    _FILE.put(_key(header_sha256, structure.llama_build), structure.to_dict())
