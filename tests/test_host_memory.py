@@ -80,7 +80,8 @@ def test_swap_advice_names_committed_and_mapped(llama7b_q4k):
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
-@pytest.mark.skipif(psutil.virtual_memory().available < 12 * GiB, reason="needs 12 GiB of free RAM for a 7B load")
+@pytest.mark.skipif(psutil.virtual_memory().available < 16 * GiB,
+                    reason="needs 16 GiB of free RAM: an 8 GiB 7B load whose mapped pages other processes must not evict")
 def test_bench_peak_rss_within_5_percent_of_the_plan(llama7b_q4k):
     """A real load of LLaMA-2-7B shapes in Q4_K (zero weights): the runner's peak RSS against the
     planned host total (mapped file + CPU_REPACK copy + KV + compute + output + process); one
