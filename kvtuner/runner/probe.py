@@ -59,7 +59,7 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
             for m in models:
                 if on_step is not None:
                     on_step(m.key)
-                path = write_probe_model(Path(tmp) / f"{m.key.replace(':', '-')}.gguf", m)
+                path = write_probe_model(Path(tmp) / f"{m.key.replace(':', '-').replace('/', '-')}.gguf", m)
                 cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=kv_type, type_v=kv_type, flash_attn="on",
                                  n_batch=512, n_ubatch=512)
                 client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
