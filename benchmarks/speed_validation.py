@@ -246,9 +246,31 @@ def _err(pred: float | None, meas: float | None) -> float | None:
     return pred / meas - 1
 
 
+MARKDOWN = False
+
+
+def _md_table(title: str, rows: list[dict], meas_pre: str, meas_dec: str, sets: tuple[str, ...]) -> None:
+    """The rows as a Markdown table (README)."""
+    print(f"\n**{title}**\n")
+    print("| row | set | prefill measured | predicted | error | decode measured | predicted | error |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["set"] not in sets:
+            continue
+        name = r.get("id") or f"{r['key']} {r['ftype']} d{r['depth']}"
+        if r.get("gpu"):
+            name = f"{r['gpu']}, {r['model']} {r['ftype']} ({r['id']})"
+        ep, ed = _err(r["pred_prefill"], r.get(meas_pre)), _err(r["pred_decode"], r.get(meas_dec))
+        f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+        print(f"| {name} | {r['set']} | {f(r.get(meas_pre), '.1f')} | {r['pred_prefill']:.1f} | {f(ep, '+.0%')} | "
+              f"{f(r.get(meas_dec), '.2f')} | {r['pred_decode']:.2f} | {f(ed, '+.0%')} |")
+
+
 def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str,
               sets: tuple[str, ...] = ("fit", "validate")) -> dict:
     """Print the rows and the median |error| and RMS log error per set; returns the figures."""
+    if MARKDOWN:
+        _md_table(title, rows, meas_pre, meas_dec, sets)
     print(f"\n{title}")
     hdr = f"{'row':<34} {'set':<8} | {'prefill meas':>12} {'pred':>9} {'err':>7} | {'decode meas':>11} {'pred':>8} {'err':>7}"
     print(hdr)
@@ -290,10 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", default=None, help="keep the CPU measurements (and probe) in this JSON file")
     ap.add_argument("--load", default=None, help="predict stored CPU measurements instead of measuring")
     ap.add_argument("--reprobe", action="store_true", help="run the CPU probe again (before measuring)")
+    ap.add_argument("--markdown", action="store_true", help="also print the rows as Markdown tables (README)")
     ap.add_argument("--sets", default="fit,validate",
                     help="which sets to measure and print (default fit,validate; 'fit' while choosing constants)")
     args = ap.parse_args(argv)
     sets = tuple(x for x in args.sets.split(",") if x in ("fit", "validate"))
+    global MARKDOWN
+    MARKDOWN = args.markdown
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-fixtures-"))
     directory.mkdir(parents=True, exist_ok=True)
     if args.gpu:
