@@ -351,3 +351,15 @@ def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, wei
              if sources["activation"] == "estimated" else ""]
     return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, avail, block, blocks, tokens, conc, sources,
                     tuple(x for x in notes if x))
+
+
+#: Share of a card's nominal memory that CUDA reports as ``total_gpu_memory`` (the driver keeps
+#: the rest): 23.58 GiB of an RTX 3090's 24 (vllm-project/vllm#10517), 79.22 GiB of an H100's 80
+#: (vllm-project/vllm#12126); kvtuner takes 0.985, between the two.
+CUDA_REPORTED_FRACTION = 0.985
+
+
+def cuda_reported_total(nominal_bytes: int) -> int:
+    """``total_gpu_memory`` vLLM will see on a card of ``nominal_bytes``:
+    ``nominal x CUDA_REPORTED_FRACTION`` bytes."""
+    return int(nominal_bytes * CUDA_REPORTED_FRACTION)
