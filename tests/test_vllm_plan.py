@@ -101,6 +101,7 @@ def test_public_logs_within_5_percent():
     assert len(pairs) >= 5
     arith = [v for r in results for v in r.get("arith_ratios", {}).values()]
     assert len(arith) >= 7 and all(abs(v - 1) < 0.01 for v in arith), arith
+    assert all(r["export_blocks"] == r["full"]["blocks"] for r in results if "full" in r)  # the export prints them
     for r in results:
         if r["multimodal"] or "weights_gib" not in json.dumps(r.get("full", {})) or r["id"].startswith("qwen15"):
             continue

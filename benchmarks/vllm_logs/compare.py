@@ -9,7 +9,9 @@ Two checks per row, printed as ratios ``predicted / logged``:
 2. **Full prediction** (``plan_vllm``): from the card's memory as PyTorch reports it and the
    model's config.json alone: weights, activation peak and non-torch memory estimated by
    kvtuner, each logged component shown beside ours. Multimodal rows are printed but kept out of
-   the summary (vision-encoder profiling is not modelled).
+   the summary (vision-encoder profiling is not modelled). The exporter's text
+   (``kvtuner export --format vllm``, kvtuner/core/export/vllm.py ``render``) is parsed too and
+   must print the same blocks.
 
     python benchmarks/vllm_logs/compare.py            # table + summary
     python benchmarks/vllm_logs/compare.py --json     # the same figures as JSON
@@ -26,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kvtuner.core.export.vllm import render  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
 from kvtuner.core.plan.vllm import (VllmModel, VllmSettings, estimate_activation_bytes,  # noqa: E402
                                     plan_vllm, pool_from_available)
 from kvtuner.core.units import GiB  # noqa: E402
@@ -88,6 +92,12 @@ def evaluate(doc: dict) -> list[dict]:
             if "max_concurrency" in lg:
                 r["max_concurrency"] = plan.max_concurrency / lg["max_concurrency"]
             res["full_ratios"] = r
+            # the same prediction as `kvtuner export --format vllm` prints it
+            text = render(row["model"], model, PlanConfig(), settings, _gib(total), weights).text
+            blocks_line = next(x for x in text.splitlines() if "# GPU blocks:" in x)
+            res["export_blocks"] = int(blocks_line.rsplit(":", 1)[1])
+            if "gpu_blocks" in lg:
+                res["export_ratios"] = {"blocks": res["export_blocks"] / lg["gpu_blocks"]}
         out.append(res)
     return out
 
@@ -121,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     full = [abs(v - 1) for r in results if not r["multimodal"] for v in r.get("full_ratios", {}).values()]
     pairs = {(r["model"], r["card"]) for r in results if r.get("arith_ratios") or r.get("full_ratios")}
     print()
+    same = all(r["export_blocks"] == r["full"]["blocks"] for r in results if "full" in r)
+    print(f"kvtuner export --format vllm prints the same blocks as the full prediction on every row: {same}")
     print(f"model/card pairs checked: {len(pairs)}; rows: {len(results)}")
     if arith:
         print(f"pool arithmetic: {len(arith)} figures, max |error| {max(arith):.2%}, median {statistics.median(arith):.2%}")

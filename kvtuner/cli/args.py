@@ -316,6 +316,23 @@ def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32"],
                    help="vLLM KV dtype (default: fp8 when llama.cpp's K and V are quantized, else auto)")
     g.add_argument("--vllm-engine", default=None, choices=["v1", "v0"], help="vLLM engine (default v1)")
+    g.add_argument("--weight-bits", type=float, default=None, metavar="B",
+                   help="bits per weight as the engine holds them (default 16: a bf16 checkpoint in vLLM; about 4.25 "
+                        "for AWQ/GPTQ int4, 8 for FP8; plan --table with --hf-config uses it too)")
+
+
+def vllm_weights_from_args(args: argparse.Namespace, model: "object") -> "int | None":
+    """Weights bytes for ``--weight-bits`` (``n_params x bits / 8``), None when not given.
+
+    Raises:
+        UserError: bits outside (0, 32].
+    """
+    bits = getattr(args, "weight_bits", None)
+    if bits is None:
+        return None
+    if not 0 < bits <= 32:
+        raise UserError(f"--weight-bits must be between 0 and 32, not {bits}")
+    return int(model.n_params * bits / 8)  # type: ignore[attr-defined]
 
 
 def vllm_model_from_args(args: argparse.Namespace, model_arg: "str | None") -> "tuple[object, str]":

@@ -8,7 +8,7 @@ import sys
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
                    config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model,
-                   session_from_args, vllm_model_from_args, vllm_settings_from_args)
+                   session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
 _EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
                    "vllm")
@@ -112,7 +112,7 @@ def _export_vllm(args: argparse.Namespace, model_path: "object", config: "object
     settings = vllm_settings_from_args(args, config)  # type: ignore[arg-type]
     gpus, _host = hardware_from_args(args)
     total = cuda_reported_total(gpus[0].total_bytes) if gpus else None
-    return render(ref, model, config, settings, total)  # type: ignore[arg-type]
+    return render(ref, model, config, settings, total, vllm_weights_from_args(args, model))  # type: ignore[arg-type]
 
 
 def _export_llama(args: argparse.Namespace, model_path: "object", config: "object", measured: "object") -> "object":

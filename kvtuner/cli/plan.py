@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, add_workload_args,
                    any_workload_flag, config_from_args, emit_json, ensure_cpu_probe, hardware_from_args, load_model,
-                   positive_int, session_from_args, vllm_model_from_args, vllm_settings_from_args, workload_from_args)
+                   positive_int, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args,
+                   workload_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -35,9 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-sequence windows of the table in tokens (default 8192,16384,32768)")
     t.add_argument("--table-kv", default="f16,q8_0,fp8", metavar="LIST",
                    help="KV types of the table: llama.cpp types and fp8 (vLLM; default f16,q8_0,fp8)")
-    t.add_argument("--weight-bits", type=float, default=None, metavar="B",
-                   help="bits per weight for the table with --hf-config (default 16: a bf16 checkpoint; "
-                        "about 4.85 for a Q4_K_M GGUF); a GGUF MODEL uses its file's weights")
     t.add_argument("--vllm", action="store_true", help="also plan vLLM's KV pool, blocks and maximum concurrency on the card")
     add_vllm_args(p)
     p.set_defaults(func=cmd_plan)
@@ -135,7 +133,8 @@ def _vllm_plan(args: argparse.Namespace, config: "PlanConfig") -> "tuple[dict, s
     if not gpus:
         raise UserError("--vllm needs a GPU: give --gpu NAME or --gpu-mem SIZE")
     try:
-        vp = plan_vllm(model, settings, cuda_reported_total(gpus[0].total_bytes))  # type: ignore[arg-type]
+        vp = plan_vllm(model, settings, cuda_reported_total(gpus[0].total_bytes),  # type: ignore[arg-type]
+                       weights_bytes=vllm_weights_from_args(args, model))
     except VllmError as exc:
         raise UserError(str(exc)) from None
     return vp.to_dict(), report.vllm_text(vp, gpus[0].name)
@@ -163,10 +162,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     model, _ = vllm_model_from_args(args, args.model)
     assert isinstance(model, VllmModel)
     if args.hf_config:
-        bits = 16.0 if args.weight_bits is None else args.weight_bits
-        if not 0 < bits <= 32:
-            raise UserError(f"--weight-bits must be between 0 and 32, not {args.weight_bits}")
-        weights = int(model.n_params * bits / 8)
+        weights = vllm_weights_from_args(args, model) or model.weights_bytes
     else:
         weights = load_model(args.model).weights_bytes
     gpus, _host = hardware_from_args(args)

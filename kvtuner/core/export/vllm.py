@@ -56,7 +56,7 @@ def _args(settings: VllmSettings) -> list[tuple[str, object]]:
 
 
 def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmSettings,
-           total_bytes: int | None = None) -> ExportResult:
+           total_bytes: int | None = None, weights_bytes: int | None = None) -> ExportResult:
     """The ``vllm serve`` line, the ``LLM(...)`` kwargs and, given the card's memory as PyTorch
     reports it (``total_bytes``), the blocks and concurrency vLLM will log.
 
@@ -66,6 +66,8 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
         config: the llama.cpp configuration the export starts from (for the limitations).
         settings: the vLLM settings (:func:`settings_from_config`).
         total_bytes: the GPU's memory, or None to leave out the prediction.
+        weights_bytes: the weights as vLLM holds them when not ``n_params x 2`` (a GPTQ/AWQ/FP8
+            checkpoint); None: :attr:`VllmModel.weights_bytes`.
     """
     argv: list[str] = ["vllm", "serve", model_ref]
     kwargs: list[str] = [f"model={model_ref!r}"]
@@ -79,7 +81,7 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
     lines = [shlex.join(argv), "", "# Python:", f"# from vllm import LLM", f"# llm = LLM({', '.join(kwargs)})"]
     plan: VllmPlan | None = None
     if total_bytes:
-        plan = plan_vllm(model, settings, total_bytes)
+        plan = plan_vllm(model, settings, total_bytes, weights_bytes=weights_bytes)
         lines += ["", f"# kvtuner's prediction for a {total_bytes / GiB:.2f} GiB GPU "
                       f"(utilization {settings.gpu_memory_utilization}):",
                   f"#   weights {plan.weights_bytes / GiB:.2f} GiB, activation peak {plan.activation_bytes / GiB:.2f} GiB "
@@ -93,7 +95,9 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
             lines.append(f"#   vLLM will refuse to start: max_model_len {settings.max_model_len} > {plan.kv_tokens} KV tokens")
     limits = [
         "vLLM loads the original (safetensors) checkpoint or its own quantizations (AWQ, GPTQ, FP8); "
-        "llama.cpp's GGUF k-quant weights are not what it holds: weights are planned at 2 bytes per parameter",
+        "llama.cpp's GGUF k-quant weights are not what it holds: weights are planned at "
+        + ("2 bytes per parameter (--weight-bits for a quantized checkpoint)" if weights_bytes is None
+           else f"{weights_bytes / GiB:.2f} GiB (--weight-bits)"),
         "vLLM keeps every layer's KV on the GPU: per-layer KV placement (-ngl below all, --kv-gpu-layers, -nkvo) "
         "and CPU layers have no equivalent" if (config.n_gpu_layers >= 0 or config.kv_gpu_layers is not None) else "",
         f"llama.cpp's {config.type_k}/{config.type_v} KV becomes --kv-cache-dtype {settings.kv_cache_dtype} "
