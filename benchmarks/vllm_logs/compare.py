@@ -73,7 +73,7 @@ def evaluate(doc: dict) -> list[dict]:
             plan = plan_vllm(model, settings, _gib(total), weights_bytes=weights)
             logged_act = lg.get("activation_gib")
             if logged_act is None and "peak_torch_gib" in lg:
-                logged_act = lg["peak_torch_gib"] - lg["weights_gib"]
+                logged_act = round(lg["peak_torch_gib"] - lg["weights_gib"], 3)
             res["full"] = {
                 "total_gib": total, "weights_gib": round(plan.weights_bytes / GiB, 3),
                 "weights_logged_gib": lg.get("weights_gib"),
