@@ -40,3 +40,25 @@ def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path):
     assert "safe for the expected (average) case only" in text and "-c 32768" in text
     w.workload.avg.setValue(9000)  # longer than the window: one line saying what to change
     assert "--avg-tokens" in w.workload.text()
+
+
+def test_decision_table_dialog_on_a_what_if_card(qtbot, tmp_path: Path):
+    from kvtuner.core.hardware.specs import catalogue_gpu
+    from kvtuner.core.plan.decision_table import kv_bytes_per_token
+    from kvtuner.core.plan.vllm import VllmModel
+    from kvtuner.core.units import GiB
+
+    make_app()
+    gpu = catalogue_gpu("RTX 3090")
+    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([gpu], HOST, "test"), sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    w.workload.table_button.click()
+    d = w.workload.table_dialog
+    assert d is not None and len(d.cells) == 4 * 3 * 3
+    per = kv_bytes_per_token(VllmModel.from_profile(w.assessment.plan.model), "f16")
+    c = next(c for c in d.cells if (c.n_seq, c.window, c.kv_type) == (4, 32768, "f16"))
+    assert c.kv_bytes == 4 * 32768 * per and c.fits and c.total_bytes < 24 * GiB
+    assert d.cell_text(4, 32768, "f16").startswith(f"fits: KV {fmt_bytes(4 * 32768 * per)}, ")
+    assert "tok/s" in d.cell_text(1, 8192, "fp8")

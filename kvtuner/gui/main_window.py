@@ -519,7 +519,8 @@ class MainWindow(QtWidgets.QMainWindow):
         badge = speed_band(speed.decode_tok_s) if speed is not None else None
         verified = a.to_dict()["verified"] if a.verified is not None else None
         self.prediction.set_plan(plan, speed, verified, badge, speed_error=a.speed_error)
-        self.workload.set_plan(plan)
+        gpu_specs = self.hardware.gpus()
+        self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
         gpus = self.hardware.gpus()
         memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, gpus) if not spec.what_if]

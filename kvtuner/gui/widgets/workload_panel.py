@@ -31,7 +31,13 @@ class WorkloadPanel(QtWidgets.QGroupBox):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(QtCore.Qt.TextFormat.PlainText)
         form.addRow(self.summary)
+        self.table_button = QtWidgets.QPushButton("Decision &table...")
+        self.table_button.setToolTip("sequences x window x KV type -> fits / does not fit on the first GPU (plan --table)")
+        self.table_button.clicked.connect(self.open_table)
+        form.addRow(self.table_button)
+        self.table_dialog: QtWidgets.QDialog | None = None
         self._plan: Any = None
+        self._bandwidth: float | None = None
 
     def _spin(self, tip: str) -> QtWidgets.QSpinBox:
         s = QtWidgets.QSpinBox()
@@ -45,10 +51,20 @@ class WorkloadPanel(QtWidgets.QGroupBox):
         self._update()
         self.changed.emit()
 
-    def set_plan(self, plan: Any) -> None:
-        """Show the workload's KV for ``plan`` (None clears it)."""
+    def set_plan(self, plan: Any, bandwidth_bytes_s: float | None = None) -> None:
+        """Show the workload's KV for ``plan`` (None clears it); ``bandwidth_bytes_s`` (the first
+        GPU's) gives the decision table its tok/s."""
         self._plan = plan
+        self._bandwidth = bandwidth_bytes_s
         self._update()
+
+    def open_table(self) -> None:
+        """Open the decision table for the current plan."""
+        from .decision_table import DecisionTableDialog
+
+        self.table_dialog = DecisionTableDialog(self._plan, self._bandwidth, self)
+        self.table_dialog.resize(760, 420)
+        self.table_dialog.show()
 
     def _update(self) -> None:
         plan = self._plan
