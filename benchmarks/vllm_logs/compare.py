@@ -30,8 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvtuner.core.export.vllm import render  # noqa: E402
 from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.plan.vllm import (VllmModel, VllmSettings, estimate_activation_bytes,  # noqa: E402
-                                    plan_vllm, pool_from_available)
+from kvtuner.core.plan.vllm import VllmModel, VllmSettings, plan_vllm, pool_from_available  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 
 ROWS = Path(__file__).with_name("rows.json")
@@ -70,7 +69,7 @@ def evaluate(doc: dict) -> list[dict]:
         total = lg.get("total_gpu_gib", row.get("total_gpu_gib_assumed"))
         if total is not None:
             weights = _gib(row.get("weights_gib_assumed"))
-            plan = plan_vllm(model, settings, _gib(total), weights_bytes=weights)
+            plan = plan_vllm(model, settings, _gib(total), weights_bytes=weights, gpu_name=row["card"])
             logged_act = lg.get("activation_gib")
             if logged_act is None and "peak_torch_gib" in lg:
                 logged_act = round(lg["peak_torch_gib"] - lg["weights_gib"], 3)
@@ -81,8 +80,7 @@ def evaluate(doc: dict) -> list[dict]:
                 "non_torch_gib": round(plan.non_torch_bytes / GiB, 3), "non_torch_logged_gib": lg.get("non_torch_gib"),
                 "kv_gib": round(plan.available_kv_bytes / GiB, 3), "kv_logged_gib": lg.get("kv_cache_gib"),
                 "blocks": plan.num_blocks, "kv_tokens": plan.kv_tokens, "max_concurrency": round(plan.max_concurrency, 3),
-                "batched_tokens": settings.batched_tokens(),
-                "activation_estimate_at_logged_tokens_gib": round(estimate_activation_bytes(model, settings.batched_tokens()) / GiB, 3),
+                "batched_tokens": plan.batched_tokens,
             }
             r: dict = {}
             if "gpu_blocks" in lg:
@@ -93,7 +91,7 @@ def evaluate(doc: dict) -> list[dict]:
                 r["max_concurrency"] = plan.max_concurrency / lg["max_concurrency"]
             res["full_ratios"] = r
             # the same prediction as `kvtuner export --format vllm` prints it
-            text = render(row["model"], model, PlanConfig(), settings, _gib(total), weights).text
+            text = render(row["model"], model, PlanConfig(), settings, _gib(total), weights, row["card"]).text
             blocks_line = next(x for x in text.splitlines() if "# GPU blocks:" in x)
             res["export_blocks"] = int(blocks_line.rsplit(":", 1)[1])
             if "gpu_blocks" in lg:

@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``kvtuner export``."""
-    from ..core.export import ExportError, MachineFingerprint, ModelIdentity, export, load_profile, write_text_atomic
+    from ..core.export import ExportError, MachineFingerprint, load_profile, write_text_atomic
     from ..core.store.library import ConfigLibrary, LibraryError
 
     base = None
@@ -112,7 +112,8 @@ def _export_vllm(args: argparse.Namespace, model_path: "object", config: "object
     settings = vllm_settings_from_args(args, config)  # type: ignore[arg-type]
     gpus, _host = hardware_from_args(args)
     total = cuda_reported_total(gpus[0].total_bytes) if gpus else None
-    return render(ref, model, config, settings, total, vllm_weights_from_args(args, model))  # type: ignore[arg-type]
+    return render(ref, model, config, settings, total, vllm_weights_from_args(args, model),  # type: ignore[arg-type]
+                  gpus[0].name if gpus else "")
 
 
 def _export_llama(args: argparse.Namespace, model_path: "object", config: "object", measured: "object") -> "object":

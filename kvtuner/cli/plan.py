@@ -134,7 +134,7 @@ def _vllm_plan(args: argparse.Namespace, config: "PlanConfig") -> "tuple[dict, s
         raise UserError("--vllm needs a GPU: give --gpu NAME or --gpu-mem SIZE")
     try:
         vp = plan_vllm(model, settings, cuda_reported_total(gpus[0].total_bytes),  # type: ignore[arg-type]
-                       weights_bytes=vllm_weights_from_args(args, model))
+                       weights_bytes=vllm_weights_from_args(args, model), gpu_name=gpus[0].name)
     except VllmError as exc:
         raise UserError(str(exc)) from None
     return vp.to_dict(), report.vllm_text(vp, gpus[0].name)

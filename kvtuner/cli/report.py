@@ -195,7 +195,7 @@ def vllm_text(plan: "object", gpu_name: str) -> str:
         f"vLLM on {gpu_name} (total_gpu_memory {fmt_bytes(p.total_bytes)} x {s.gpu_memory_utilization} = "  # type: ignore[attr-defined]
         f"{fmt_bytes(p.usable_bytes)}, engine {s.engine}, kv_cache_dtype {s.kv_cache_dtype}):",  # type: ignore[attr-defined]
         f"  weights {fmt_bytes(p.weights_bytes)} ({src['weights']}), activation peak {fmt_bytes(p.activation_bytes)} "  # type: ignore[attr-defined]
-        f"({src['activation']}, {s.batched_tokens()} tokens), non-torch {fmt_bytes(p.non_torch_bytes)} ({src['non_torch']})",  # type: ignore[attr-defined]
+        f"({src['activation']}, {p.batched_tokens} tokens), non-torch {fmt_bytes(p.non_torch_bytes)} ({src['non_torch']})",  # type: ignore[attr-defined]
         f"  KV cache {fmt_bytes(p.available_kv_bytes)}: # GPU blocks: {p.num_blocks} "  # type: ignore[attr-defined]
         f"({fmt_bytes(p.block_bytes)} each), GPU KV cache size: {p.kv_tokens:,} tokens",  # type: ignore[attr-defined]
         f"  Maximum concurrency for {s.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",  # type: ignore[attr-defined]
@@ -210,7 +210,6 @@ def table_text(model_name: str, gpu_name: str, gpu_bytes: int, weights_bytes: in
     """The decision table: one row per (sequences, window), one column per KV type, each cell
     ``fits``/``no`` with the total and roofline tok/s."""
     kv_types = list(dict.fromkeys(c.kv_type for c in cells))
-    head = ["seqs", "window", *[f"{t} (KV/token)" for t in kv_types]]
     per = {c.kv_type: c.kv_bytes_per_token for c in cells}
     head = ["seqs", "window", *[f"{t} ({fmt_bytes(per[t])}/token)" for t in kv_types]]
     rows = [head]

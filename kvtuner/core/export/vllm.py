@@ -56,7 +56,7 @@ def _args(settings: VllmSettings) -> list[tuple[str, object]]:
 
 
 def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmSettings,
-           total_bytes: int | None = None, weights_bytes: int | None = None) -> ExportResult:
+           total_bytes: int | None = None, weights_bytes: int | None = None, gpu_name: str = "") -> ExportResult:
     """The ``vllm serve`` line, the ``LLM(...)`` kwargs and, given the card's memory as PyTorch
     reports it (``total_bytes``), the blocks and concurrency vLLM will log.
 
@@ -68,6 +68,7 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
         total_bytes: the GPU's memory, or None to leave out the prediction.
         weights_bytes: the weights as vLLM holds them when not ``n_params x 2`` (a GPTQ/AWQ/FP8
             checkpoint); None: :attr:`VllmModel.weights_bytes`.
+        gpu_name: the card's name (vLLM's default batch size depends on it).
     """
     argv: list[str] = ["vllm", "serve", model_ref]
     kwargs: list[str] = [f"model={model_ref!r}"]
@@ -81,11 +82,11 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
     lines = [shlex.join(argv), "", "# Python:", f"# from vllm import LLM", f"# llm = LLM({', '.join(kwargs)})"]
     plan: VllmPlan | None = None
     if total_bytes:
-        plan = plan_vllm(model, settings, total_bytes, weights_bytes=weights_bytes)
+        plan = plan_vllm(model, settings, total_bytes, weights_bytes=weights_bytes, gpu_name=gpu_name)
         lines += ["", f"# kvtuner's prediction for a {total_bytes / GiB:.2f} GiB GPU "
                       f"(utilization {settings.gpu_memory_utilization}):",
                   f"#   weights {plan.weights_bytes / GiB:.2f} GiB, activation peak {plan.activation_bytes / GiB:.2f} GiB "
-                  f"(estimated at {settings.batched_tokens()} tokens), non-torch {plan.non_torch_bytes / GiB:.2f} GiB",
+                  f"(estimated at {plan.batched_tokens} tokens), non-torch {plan.non_torch_bytes / GiB:.2f} GiB",
                   f"#   KV cache {plan.available_kv_bytes / GiB:.2f} GiB = {plan.num_blocks} blocks of {settings.block_size} "
                   f"tokens ({plan.block_bytes / (1 << 20):.2f} MiB each)",
                   f"#   # GPU blocks: {plan.num_blocks}",

@@ -233,16 +233,19 @@ class VllmSettings:
             raise VllmError(f"vLLM engine must be v0 or v1, not '{self.engine}'")
         kv_dtype_bytes(self.kv_cache_dtype)
 
-    def batched_tokens(self) -> int:
+    def batched_tokens(self, total_bytes: int | None = None, gpu_name: str = "") -> int:
         """Tokens of the profiling forward pass: ``--max-num-batched-tokens`` if given; v1
-        (chunked prefill always on): 2048 for ``vllm serve`` (``arg_utils.py``
-        ``_set_default_args_v1``, OPENAI_API_SERVER default); v0 without chunked prefill:
-        ``max(max_model_len, 2048)`` (``vllm/config.py`` ``SchedulerConfig.__post_init__``),
-        v0 with ``max_model_len`` above 32K turns chunked prefill on with 512 (v0.6.x)."""
+        (chunked prefill always on), for ``vllm serve``: 2048, or 8192 on a GPU of 70 GiB or more
+        that is not an A100 (``vllm/engine/arg_utils.py`` ``EngineArgs.get_batch_defaults``,
+        v0.9 - v0.11; ``_set_default_args_v1`` in v0.8 had 2048 for every card); v0 without
+        chunked prefill: ``max(max_model_len, 2048)`` (``vllm/config.py``
+        ``SchedulerConfig.__post_init__``), v0 with ``max_model_len`` above 32K turns chunked
+        prefill on with 512 (v0.6.x)."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         if self.engine == "v1":
-            return 2048
+            big = total_bytes is not None and total_bytes >= 70 * GiB and "a100" not in gpu_name.lower()
+            return 8192 if big else 2048
         return 512 if self.max_model_len > 32768 else max(self.max_model_len, 2048)
 
 
@@ -275,6 +278,7 @@ class VllmPlan:
         max_concurrency: requests of ``max_model_len`` tokens the pool holds at once.
         sources: per component, ``logged`` or ``estimated``.
         notes: what the figures do not include.
+        batched_tokens: tokens of the profiling pass the activation figure is for.
     """
 
     settings: VllmSettings
@@ -291,6 +295,7 @@ class VllmPlan:
     max_concurrency: float
     sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    batched_tokens: int = 0
 
     @property
     def fits(self) -> bool:
@@ -306,6 +311,7 @@ class VllmPlan:
                 "available_kv_bytes": self.available_kv_bytes, "block_bytes": self.block_bytes,
                 "num_blocks": self.num_blocks, "kv_tokens": self.kv_tokens,
                 "max_concurrency": round(self.max_concurrency, 4), "fits": self.fits, "sources": dict(self.sources),
+                "batched_tokens": self.batched_tokens,
                 "notes": list(self.notes)}
 
 
@@ -323,12 +329,13 @@ def pool_from_available(model: VllmModel, settings: VllmSettings, available_kv_b
 
 
 def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, weights_bytes: int | None = None,
-              activation_bytes: int | None = None, non_torch_bytes: int | None = None) -> VllmPlan:
+              activation_bytes: int | None = None, non_torch_bytes: int | None = None, gpu_name: str = "") -> VllmPlan:
     """Plan vLLM's KV pool on one GPU of ``total_bytes``.
 
     Components given (e.g. from a log) are used as they are; the others are estimated: weights
     ``n_params x weight_bytes_per_param``, the activation peak by
-    :func:`estimate_activation_bytes` at :meth:`VllmSettings.batched_tokens`, non-torch memory
+    :func:`estimate_activation_bytes` at :meth:`VllmSettings.batched_tokens` (for this card,
+    ``gpu_name``), non-torch memory
     :data:`DEFAULT_NON_TORCH_BYTES`.
 
     Raises:
@@ -340,7 +347,8 @@ def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, wei
                "activation": "logged" if activation_bytes is not None else "estimated",
                "non_torch": "logged" if non_torch_bytes is not None else "estimated"}
     w = model.weights_bytes if weights_bytes is None else int(weights_bytes)
-    a = estimate_activation_bytes(model, settings.batched_tokens()) if activation_bytes is None else int(activation_bytes)
+    n_tokens = settings.batched_tokens(total_bytes, gpu_name)
+    a = estimate_activation_bytes(model, n_tokens) if activation_bytes is None else int(activation_bytes)
     n = DEFAULT_NON_TORCH_BYTES if non_torch_bytes is None else int(non_torch_bytes)
     usable = int(total_bytes * settings.gpu_memory_utilization)
     avail = max(usable - w - a - n, 0)
@@ -350,7 +358,7 @@ def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, wei
              "vLLM measures the activation peak at start-up; kvtuner's figure is an estimate"
              if sources["activation"] == "estimated" else ""]
     return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, avail, block, blocks, tokens, conc, sources,
-                    tuple(x for x in notes if x))
+                    tuple(x for x in notes if x), n_tokens)
 
 
 #: Share of a card's nominal memory that CUDA reports as ``total_gpu_memory`` (the driver keeps
