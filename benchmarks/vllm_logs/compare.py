@@ -83,6 +83,8 @@ def evaluate(doc: dict) -> list[dict]:
                 "batched_tokens": plan.batched_tokens,
             }
             r: dict = {}
+            if "kv_cache_gib" in lg:
+                r["kv_bytes"] = plan.available_kv_bytes / _gib(lg["kv_cache_gib"])
             if "gpu_blocks" in lg:
                 r["blocks"] = plan.num_blocks / lg["gpu_blocks"]
             if "kv_tokens" in lg:
