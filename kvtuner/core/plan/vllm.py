@@ -159,7 +159,9 @@ class VllmModel:
     def from_profile(cls, profile: Any) -> "VllmModel":
         """From a GGUF :class:`~kvtuner.core.model.profile.ModelProfile`: the same architecture as
         vLLM would load it from the original bf16 checkpoint (2 bytes per parameter; the GGUF's
-        quantization is not what vLLM holds).
+        quantization is not what vLLM holds). Sliding-window layers count as full layers (vLLM's
+        v0 cache engine allocates them in full; v1's hybrid allocator, v0.10+, gives them fewer
+        blocks, so the pool of a Gemma-style model is then underestimated).
 
         Raises:
             VllmError: a model without attention KV (recurrent only) or with MLA (vLLM caches
