@@ -164,10 +164,21 @@ def test_plan_cli_workload_section(llama8b):
     assert w["llama_cpp"]["worst_bytes"] == 16 * GiB and w["llama_cpp"]["expected_bytes"] == 32000 * 131072
     assert w["llama_cpp"]["p95_tokens"] == 80000 and w["vllm"]["expected_tokens"] == 26000
     assert "safe for the P95 case only" not in w["advice"] and "expected (average) case only" in w["advice"]
+    items = {a["id"]: a for a in w["advice_items"]}
+    assert items["workload-not-worst-safe"]["fix"] == {"n_ctx": 131072}
+    # split streams: one unified pool sized for the P95 total (4 x 20000, padded to 256) would do
+    split = kvtuner("plan", str(llama8b), "--ctx", "131072", "-np", "4", "--avg-tokens", "8000", "--p95-tokens", "20000",
+                    "--no-gpu", "--no-probe", "--json")
+    assert split.returncode == 0, split.stderr
+    ws = json.loads(split.stdout)["workload"]
+    assert ws["llama_cpp"]["expected_tokens"] == ws["llama_cpp"]["worst_tokens"] == 131072
+    adv = {a["id"]: a for a in ws["advice_items"]}["workload-unified-saves"]
+    assert adv["fix"] == {"kv_unified": True, "n_ctx": 80128} and f"{(131072 - 80000) * 131072 // (1 << 20)} MiB" in adv["message"]
     text = kvtuner("plan", str(llama8b), "--ctx", "65536", "-np", "4", "--kv-unified", "--window", "32768",
                    "--avg-tokens", "8000", "--no-gpu", "--no-probe")
     assert text.returncode == 0, text.stderr
     assert "worst case" in text.stdout and "16.00 GiB (131072)" in text.stdout and "llama-server shares no prefix" in text.stdout
+    assert "[warning] workload-not-worst-safe" in text.stdout and "fix: --ctx 131072" in text.stdout
     bad = kvtuner("plan", str(llama8b), "--window", "1000", "--avg-tokens", "5000", "--no-gpu", "--no-probe")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--avg-tokens" in bad.stderr
 

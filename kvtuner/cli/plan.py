@@ -105,9 +105,17 @@ def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanCo
         w = workload_from_args(args, config.n_seq, window)
         per = plan.kv_bytes_per_token()  # type: ignore[attr-defined]
         ll = workload_kv(per, w, engine="llama.cpp", unified=config.kv_unified)
+        from ..core.advice.workload import advise_unified, advise_workload
+
+        items = advise_workload(ll, plan.n_ctx)  # type: ignore[attr-defined]
+        if not config.kv_unified:
+            uni = workload_kv(per, w, engine="llama.cpp", unified=True)
+            items += advise_unified(ll.worst_tokens, uni.p95_tokens if uni.p95_tokens is not None else uni.expected_tokens,
+                                    per)
         doc["workload"] = {"n_seq": w.n_seq, "window_tokens": w.window_tokens, "avg_tokens": w.avg_tokens,
                            "p95_tokens": w.p95_tokens, "shared_prefix_tokens": w.shared_prefix_tokens,
-                           "llama_cpp": ll.to_dict(), "advice": workload_advice(ll, plan.n_ctx)}  # type: ignore[attr-defined]
+                           "llama_cpp": ll.to_dict(), "advice": workload_advice(ll, plan.n_ctx),  # type: ignore[attr-defined]
+                           "advice_items": [a.to_dict() for a in items]}
         try:
             vm = VllmModel.from_profile(plan.model)  # type: ignore[attr-defined]
             vl = workload_kv(vm.kv_bytes_per_token("fp8" if config.type_k != "f16" and config.type_v != "f16" else "auto"),
@@ -116,6 +124,10 @@ def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanCo
         except VllmError:
             vl = None
         lines += ["", report.workload_text(w, ll, vl, doc["workload"]["advice"])]
+        from ..core.advice.advisor import fix_flags
+
+        for a in items:
+            lines.append(f"[{a.severity}] {a.id}: {a.message}\n    fix: {fix_flags(a.fix)}")
     if args.vllm:
         doc["vllm"], text = _vllm_plan(args, config)
         lines += ["", text]
