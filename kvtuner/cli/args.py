@@ -261,3 +261,121 @@ def emit_json(obj: object) -> None:
 
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The expected workload (:class:`kvtuner.core.plan.workload.Workload`): ``--avg-tokens``,
+    ``--p95-tokens`` and ``--shared-prefix``, next to ``-np``."""
+    g = parser.add_argument_group("workload (expected lengths; worst case = every sequence at the window)")
+    g.add_argument("--window", type=positive_int, default=None, metavar="N",
+                   help="most tokens one sequence may reach (default: its llama.cpp stream, n_ctx / -np; "
+                        "with --kv-unified the whole n_ctx)")
+    g.add_argument("--avg-tokens", type=positive_int, default=None, metavar="N",
+                   help="average tokens per sequence (prompt + output): the plan shows the expected case beside the worst")
+    g.add_argument("--p95-tokens", type=positive_int, default=None, metavar="N",
+                   help="95th percentile of tokens per sequence (prompt + output)")
+    g.add_argument("--shared-prefix", type=positive_int, default=None, metavar="N",
+                   help="leading tokens every sequence shares (system prompt, one document); vLLM's prefix caching "
+                        "stores its full blocks once, llama-server shares none between requests")
+
+
+def any_workload_flag(args: argparse.Namespace) -> bool:
+    """Whether a workload flag was given."""
+    return any(getattr(args, k, None) is not None for k in ("avg_tokens", "p95_tokens", "shared_prefix", "window"))
+
+
+def workload_from_args(args: argparse.Namespace, n_seq: int, window_tokens: int) -> "object":
+    """The :class:`~kvtuner.core.plan.workload.Workload` of the workload flags.
+
+    Raises:
+        UserError: lengths that make no sense together.
+    """
+    from ..core.plan.workload import Workload, WorkloadError
+
+    try:
+        return Workload(n_seq, window_tokens, args.avg_tokens, args.p95_tokens, args.shared_prefix or 0)
+    except WorkloadError as exc:
+        raise UserError(str(exc)) from None
+
+
+def add_vllm_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM engine arguments (``vllm serve`` spellings) and ``--hf-config``."""
+    g = parser.add_argument_group("vLLM (for --format vllm and plan --vllm; defaults from the llama.cpp flags)")
+    g.add_argument("--hf-config", metavar="FILE", default=None,
+                   help="the model's Hugging Face config.json (instead of reading the GGUF header)")
+    g.add_argument("--hf-model", metavar="ID", default=None,
+                   help="what vLLM loads (HF repo id or directory; default: the GGUF's name)")
+    g.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
+                   help="tokens per request (default: the llama.cpp window n_ctx / n_seq)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
+                   help="share of the GPU vLLM may use (default 0.9)")
+    g.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                   help="sequences per batch (default: -np)")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N",
+                   help="tokens per scheduler step; sizes vLLM's profiling (activation) peak")
+    g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32"],
+                   help="vLLM KV dtype (default: fp8 when llama.cpp's K and V are quantized, else auto)")
+    g.add_argument("--vllm-engine", default=None, choices=["v1", "v0"], help="vLLM engine (default v1)")
+    g.add_argument("--weight-bits", type=float, default=None, metavar="B",
+                   help="bits per weight as the engine holds them (default 16: a bf16 checkpoint in vLLM; about 4.25 "
+                        "for AWQ/GPTQ int4, 8 for FP8; plan --table with --hf-config uses it too)")
+
+
+def vllm_weights_from_args(args: argparse.Namespace, model: "object") -> "int | None":
+    """Weights bytes for ``--weight-bits`` (``n_params x bits / 8``), None when not given.
+
+    Raises:
+        UserError: bits outside (0, 32].
+    """
+    bits = getattr(args, "weight_bits", None)
+    if bits is None:
+        return None
+    if not 0 < bits <= 32:
+        raise UserError(f"--weight-bits must be between 0 and 32, not {bits}")
+    return int(model.n_params * bits / 8)  # type: ignore[attr-defined]
+
+
+def vllm_model_from_args(args: argparse.Namespace, model_arg: "str | None") -> "tuple[object, str]":
+    """``(VllmModel, model_ref)`` from ``--hf-config`` or the GGUF MODEL.
+
+    Raises:
+        UserError: an unreadable or incomplete config.json, an MLA model.
+    """
+    import json
+    from pathlib import Path
+
+    from ..core.plan.vllm import VllmError, VllmModel
+
+    try:
+        if args.hf_config:
+            p = Path(args.hf_config).expanduser()
+            try:
+                cfg = json.loads(p.read_text())
+            except (OSError, ValueError) as exc:
+                raise UserError(f"--hf-config {p}: cannot read it as JSON ({exc}): give a model's config.json") from None
+            if not isinstance(cfg, dict):
+                raise UserError(f"--hf-config {p}: not a config.json object")
+            model = VllmModel.from_hf_config(cfg, name=args.hf_model or p.parent.name or "model")
+        else:
+            model = VllmModel.from_profile(load_model(model_arg))
+    except VllmError as exc:
+        raise UserError(str(exc)) from None
+    return model, args.hf_model or model.name
+
+
+def vllm_settings_from_args(args: argparse.Namespace, config: "PlanConfig") -> "object":
+    """:class:`~kvtuner.core.plan.vllm.VllmSettings` for ``config`` with the vLLM flags applied.
+
+    Raises:
+        UserError: a value vLLM refuses.
+    """
+    from ..core.export.vllm import settings_from_config
+    from ..core.plan.vllm import VllmError
+
+    try:
+        return settings_from_config(config, max_model_len=args.max_model_len,
+                                    gpu_memory_utilization=args.gpu_memory_utilization,
+                                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                    kv_cache_dtype=args.kv_cache_dtype, engine=args.vllm_engine)
+    except VllmError as exc:
+        raise UserError(str(exc)) from None

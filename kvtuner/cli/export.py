@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, any_hardware_flag, config_from_args,
-                   emit_json, load_model, positive_int, resolve_model, session_from_args)
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
+                   config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model,
+                   session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
-_EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile")
+_EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
+                   "vllm")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,
                    help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
-                        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile")
+                        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile, vllm serve line (+ LLM kwargs and the "
+                        "KV blocks / maximum concurrency vLLM will log on the --gpu given)")
     p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     src = p.add_mutually_exclusive_group()
@@ -35,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)")
     p.add_argument("--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command")
     p.add_argument("--note", default=None, help="free text stored in a profile")
+    add_vllm_args(p)
     p.set_defaults(func=cmd_export)
 
     lib = sub.add_parser("library", help="list saved working configurations, best first",
@@ -48,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``kvtuner export``."""
-    from ..core.export import ExportError, MachineFingerprint, ModelIdentity, export, load_profile, write_text_atomic
+    from ..core.export import ExportError, MachineFingerprint, load_profile, write_text_atomic
     from ..core.store.library import ConfigLibrary, LibraryError
 
     base = None
@@ -79,8 +83,43 @@ def cmd_export(args: argparse.Namespace) -> int:
     config = config_from_args(args, base, model=lambda: load_model(str(model_path)))
     for note in getattr(args, "resolved_notes", ()):
         print(f"kvtuner: {note}", file=sys.stderr)
-    if any_hardware_flag(args):
-        _check_fits(args, model_path, config)
+    if args.export_format == "vllm":
+        result = _export_vllm(args, model_path, config)
+    else:
+        if any_hardware_flag(args):
+            _check_fits(args, model_path, config)
+        result = _export_llama(args, model_path, config, measured)
+    if args.output is not None:  # -o '' is a mistake, not "stdout"
+        try:
+            written = write_text_atomic(args.output, result.text, force=args.force)
+        except ExportError as exc:
+            raise UserError(str(exc)) from None
+        print(f"kvtuner: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(result.text)
+    for note in result.limitations:
+        print(f"kvtuner: note: {note}", file=sys.stderr)
+    return 0
+
+
+def _export_vllm(args: argparse.Namespace, model_path: "object", config: "object") -> "object":
+    """The vLLM export: model fields from --hf-config or the GGUF, the card from the hardware
+    flags (or the detected GPU; without either the prediction is left out)."""
+    from ..core.export.vllm import render
+    from ..core.plan.vllm import cuda_reported_total
+
+    model, ref = vllm_model_from_args(args, str(model_path))
+    settings = vllm_settings_from_args(args, config)  # type: ignore[arg-type]
+    gpus, _host = hardware_from_args(args)
+    total = cuda_reported_total(gpus[0].total_bytes) if gpus else None
+    return render(ref, model, config, settings, total, vllm_weights_from_args(args, model),  # type: ignore[arg-type]
+                  gpus[0].name if gpus else "")
+
+
+def _export_llama(args: argparse.Namespace, model_path: "object", config: "object", measured: "object") -> "object":
+    """The llama.cpp-family exports (every format but vllm)."""
+    from ..core.export import ExportError, ModelIdentity, export
+
     model = None
     if args.export_format == "profile":
         from ..core.model.profile import GGUFError, ModelProfile
@@ -90,19 +129,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         except GGUFError as exc:
             raise UserError(str(exc)) from None
     try:
-        result = export(args.export_format, model_path, config, model=model, measured=measured,
-                        gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
-        if args.output is not None:  # -o '' is a mistake, not "stdout"
-            written = write_text_atomic(args.output, result.text, force=args.force)
+        return export(args.export_format, model_path, config, model=model, measured=measured,  # type: ignore[arg-type]
+                      gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
     except ExportError as exc:
         raise UserError(str(exc)) from None
-    if args.output is not None:
-        print(f"kvtuner: wrote {written}", file=sys.stderr)
-    else:
-        sys.stdout.write(result.text)
-    for note in result.limitations:
-        print(f"kvtuner: note: {note}", file=sys.stderr)
-    return 0
 
 
 def cmd_library(args: argparse.Namespace) -> int:

@@ -6,8 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   ensure_cpu_probe, load_model, positive_int, session_from_args)
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, add_workload_args,
+                   any_workload_flag, config_from_args, emit_json, ensure_cpu_probe, hardware_from_args, load_model,
+                   positive_int, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args,
+                   workload_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -25,6 +27,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU threads to predict the speed for (llama.cpp's -t; default: the physical cores)")
     p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
+    add_workload_args(p)
+    t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
+    t.add_argument("--table", action="store_true",
+                   help="print the grid sequences x window x KV type -> fits / does not fit, roofline tok/s, for the card")
+    t.add_argument("--table-seqs", default="1,2,4,8", metavar="LIST", help="sequence counts of the table (default 1,2,4,8)")
+    t.add_argument("--table-windows", default="8192,16384,32768", metavar="LIST",
+                   help="per-sequence windows of the table in tokens (default 8192,16384,32768)")
+    t.add_argument("--table-kv", default="f16,q8_0,fp8", metavar="LIST",
+                   help="KV types of the table: llama.cpp types and fp8 (vLLM; default f16,q8_0,fp8)")
+    t.add_argument("--vllm", action="store_true", help="also plan vLLM's KV pool, blocks and maximum concurrency on the card")
+    add_vllm_args(p)
     p.set_defaults(func=cmd_plan)
 
     i = sub.add_parser("inspect", help="show what kvtuner reads from a GGUF model (headless)")
@@ -38,6 +51,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..core.plan.config import ConfigError
     from . import report
 
+    if args.table:
+        return cmd_table(args)
     model = load_model(args.model)
     config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
@@ -60,13 +75,122 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if assessment.speed is None and assessment.speed_error:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
     resolved = list(getattr(args, "resolved_notes", ()))
+    extra_doc, extra_text = _workload_and_vllm(args, assessment.plan, config)
     if args.json:
         doc = assessment.to_dict()
         doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
+        doc.update(extra_doc)
         emit_json(doc)
     else:
         text = report.plan_text(assessment)
-        print("\n".join([*(f"resolved: {n}" for n in resolved), text]))
+        print("\n".join([*(f"resolved: {n}" for n in resolved), text, *extra_text]))
+    return 0
+
+
+def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanConfig") -> "tuple[dict, list[str]]":
+    """The workload section (worst / P95 / expected KV for llama.cpp and vLLM) and the vLLM budget,
+    as JSON keys and text lines; empty without ``--avg-tokens``/``--p95-tokens``/``--shared-prefix``
+    and ``--vllm``."""
+    from . import report
+
+    doc: dict = {}
+    lines: list[str] = []
+    if any_workload_flag(args):
+        from ..core.plan.vllm import VllmError, VllmModel
+        from ..core.plan.workload import workload_advice, workload_kv
+
+        # the most one sequence may hold: --window, else what llama.cpp lets it reach (its stream's
+        # n_ctx_seq; with --kv-unified the whole buffer, llama-server's per-slot n_ctx, ggml-org/llama.cpp#16736)
+        window = args.window or (plan.n_ctx if config.kv_unified else plan.n_ctx_seq)  # type: ignore[attr-defined]
+        w = workload_from_args(args, config.n_seq, window)
+        per = plan.kv_bytes_per_token()  # type: ignore[attr-defined]
+        ll = workload_kv(per, w, engine="llama.cpp", unified=config.kv_unified)
+        from ..core.advice.workload import advise_unified, advise_workload
+
+        items = advise_workload(ll, plan.n_ctx)  # type: ignore[attr-defined]
+        if not config.kv_unified:
+            uni = workload_kv(per, w, engine="llama.cpp", unified=True)
+            items += advise_unified(ll.worst_tokens, uni.p95_tokens if uni.p95_tokens is not None else uni.expected_tokens,
+                                    per)
+        doc["workload"] = {"n_seq": w.n_seq, "window_tokens": w.window_tokens, "avg_tokens": w.avg_tokens,
+                           "p95_tokens": w.p95_tokens, "shared_prefix_tokens": w.shared_prefix_tokens,
+                           "llama_cpp": ll.to_dict(), "advice": workload_advice(ll, plan.n_ctx),  # type: ignore[attr-defined]
+                           "advice_items": [a.to_dict() for a in items]}
+        try:
+            vm = VllmModel.from_profile(plan.model)  # type: ignore[attr-defined]
+            vl = workload_kv(vm.kv_bytes_per_token("fp8" if config.type_k != "f16" and config.type_v != "f16" else "auto"),
+                             w, engine="vllm")
+            doc["workload"]["vllm"] = vl.to_dict()
+        except VllmError:
+            vl = None
+        lines += ["", report.workload_text(w, ll, vl, doc["workload"]["advice"])]
+        from ..core.advice.advisor import fix_flags
+
+        for a in items:
+            lines.append(f"[{a.severity}] {a.id}: {a.message}\n    fix: {fix_flags(a.fix)}")
+    if args.vllm:
+        doc["vllm"], text = _vllm_plan(args, config)
+        lines += ["", text]
+    return doc, lines
+
+
+def _vllm_plan(args: argparse.Namespace, config: "PlanConfig") -> "tuple[dict, str]":
+    """vLLM's budget on the first GPU of the hardware flags."""
+    from ..core.plan.vllm import VllmError, cuda_reported_total, plan_vllm
+    from . import report
+
+    model, _ = vllm_model_from_args(args, args.model)
+    settings = vllm_settings_from_args(args, config)
+    gpus, _host = hardware_from_args(args)
+    if not gpus:
+        raise UserError("--vllm needs a GPU: give --gpu NAME or --gpu-mem SIZE")
+    try:
+        vp = plan_vllm(model, settings, cuda_reported_total(gpus[0].total_bytes),  # type: ignore[arg-type]
+                       weights_bytes=vllm_weights_from_args(args, model), gpu_name=gpus[0].name)
+    except VllmError as exc:
+        raise UserError(str(exc)) from None
+    return vp.to_dict(), report.vllm_text(vp, gpus[0].name)
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UserError(f"{flag}: '{text}' is not a comma-separated list of whole numbers, e.g. 1,2,4") from None
+    if not out or min(out) < 1:
+        raise UserError(f"{flag}: give positive whole numbers, e.g. 1,2,4")
+    return out
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    """``kvtuner plan --table``: the decision table for the model and the card."""
+    from ..core.plan.decision_table import TableError, decision_table
+    from ..core.plan.vllm import VllmModel
+    from . import report
+
+    seqs = _int_list("--table-seqs", args.table_seqs)
+    windows = _int_list("--table-windows", args.table_windows)
+    kv_types = [x for x in args.table_kv.replace(" ", "").split(",") if x]
+    model, _ = vllm_model_from_args(args, args.model)
+    assert isinstance(model, VllmModel)
+    if args.hf_config:
+        weights = vllm_weights_from_args(args, model) or model.weights_bytes
+    else:
+        weights = load_model(args.model).weights_bytes
+    gpus, _host = hardware_from_args(args)
+    if not gpus:
+        raise UserError("--table needs a card: give --gpu NAME or --gpu-mem SIZE")
+    gpu = gpus[0]
+    try:
+        cells = decision_table(model, gpu.total_bytes, weights_bytes=weights, seqs=seqs, windows=windows,
+                               kv_types=kv_types, bandwidth_bytes_s=gpu.mem_bandwidth_bytes_s)
+    except TableError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        emit_json({"model": model.name, "gpu": gpu.name, "gpu_bytes": gpu.total_bytes, "weights_bytes": weights,
+                   "cells": [c.to_dict() for c in cells]})
+    else:
+        print(report.table_text(model.name, gpu.name, gpu.total_bytes, weights, cells))
     return 0
 
 

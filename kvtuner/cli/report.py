@@ -154,3 +154,79 @@ def _speed_text(speed: "SpeedPrediction") -> str:
         f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",
         f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)",
     ])
+
+
+def workload_text(workload: "object", llama: "object", vllm: "object | None", advice: str) -> str:
+    """The workload section of ``plan``: KV of the worst, P95 and expected cases for llama.cpp (this
+    configuration) and vLLM (paged blocks, prefix caching), and which case the pool is safe for."""
+    w = workload
+    desc = [f"{w.n_seq} sequence(s), window {w.window_tokens}"]  # type: ignore[attr-defined]
+    if w.avg_tokens is not None:  # type: ignore[attr-defined]
+        desc.append(f"average {w.avg_tokens}")  # type: ignore[attr-defined]
+    if w.p95_tokens is not None:  # type: ignore[attr-defined]
+        desc.append(f"P95 {w.p95_tokens}")  # type: ignore[attr-defined]
+    if w.shared_prefix_tokens:  # type: ignore[attr-defined]
+        desc.append(f"shared prefix {w.shared_prefix_tokens}")  # type: ignore[attr-defined]
+    rows = [["KV for the workload", "worst case", "P95", "expected", "prefix saved"]]
+    for label, kv in (("llama.cpp" + (" (unified)" if llama.unified else " (split streams)"), llama),  # type: ignore[attr-defined]
+                      ("vLLM (16-token blocks)", vllm)):
+        if kv is None:
+            continue
+
+        def cell(tokens: "int | None") -> str:
+            return "-" if tokens is None else f"{fmt_bytes(kv.bytes(tokens))} ({tokens})"  # type: ignore[attr-defined]
+
+        rows.append([label, cell(kv.worst_tokens), cell(kv.p95_tokens), cell(kv.expected_tokens),  # type: ignore[attr-defined]
+                     fmt_bytes(kv.bytes(kv.shared_saving_tokens))])  # type: ignore[attr-defined]
+    notes = ["llama-server shares no prefix between requests (only a request's own n_cmpl children, via "
+             "llama_memory_seq_cp); vLLM's prefix caching stores the prefix's full blocks once"]
+    if not llama.unified:  # type: ignore[attr-defined]
+        notes.append("split streams are allocated whole: use --kv-unified to size the pool by the expected case")
+    return "\n".join([f"workload: {', '.join(desc)}", _table(rows, {1, 2, 3, 4}), f"advice: {advice}",
+                      *(f"note: {n}" for n in notes)])
+
+
+def vllm_text(plan: "object", gpu_name: str) -> str:
+    """vLLM's budget on one card, as its start-up log would print it."""
+    p = plan
+    s = p.settings  # type: ignore[attr-defined]
+    src = p.sources  # type: ignore[attr-defined]
+    lines = [
+        f"vLLM on {gpu_name} (total_gpu_memory {fmt_bytes(p.total_bytes)} x {s.gpu_memory_utilization} = "  # type: ignore[attr-defined]
+        f"{fmt_bytes(p.usable_bytes)}, engine {s.engine}, kv_cache_dtype {s.kv_cache_dtype}):",  # type: ignore[attr-defined]
+        f"  weights {fmt_bytes(p.weights_bytes)} ({src['weights']}), activation peak {fmt_bytes(p.activation_bytes)} "  # type: ignore[attr-defined]
+        f"({src['activation']}, {p.batched_tokens} tokens), non-torch {fmt_bytes(p.non_torch_bytes)} ({src['non_torch']})",  # type: ignore[attr-defined]
+        f"  KV cache {fmt_bytes(p.available_kv_bytes)}: # GPU blocks: {p.num_blocks} "  # type: ignore[attr-defined]
+        f"({fmt_bytes(p.block_bytes)} each), GPU KV cache size: {p.kv_tokens:,} tokens",  # type: ignore[attr-defined]
+        f"  Maximum concurrency for {s.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",  # type: ignore[attr-defined]
+    ]
+    if not p.fits:  # type: ignore[attr-defined]
+        lines.append(f"  vLLM would refuse to start: --max-model-len {s.max_model_len} exceeds the {p.kv_tokens} KV tokens")  # type: ignore[attr-defined]
+    lines += [f"  note: {n}" for n in p.notes]  # type: ignore[attr-defined]
+    return "\n".join(lines)
+
+
+def table_text(model_name: str, gpu_name: str, gpu_bytes: int, weights_bytes: int, cells: "list") -> str:
+    """The decision table: one row per (sequences, window), one column per KV type, each cell
+    ``fits``/``no`` with the total and roofline tok/s."""
+    kv_types = list(dict.fromkeys(c.kv_type for c in cells))
+    per = {c.kv_type: c.kv_bytes_per_token for c in cells}
+    head = ["seqs", "window", *[f"{t} ({fmt_bytes(per[t])}/token)" for t in kv_types]]
+    rows = [head]
+    by_key: dict = {}
+    for c in cells:
+        by_key.setdefault((c.n_seq, c.window), {})[c.kv_type] = c
+    for (s, w), d in by_key.items():
+        row = [str(s), str(w)]
+        for t in kv_types:
+            c = d[t]
+            tok = f", {c.decode_tok_s:.0f} tok/s" if c.decode_tok_s is not None else ""
+            row.append(f"{'fits' if c.fits else 'no  '} KV {fmt_bytes(c.kv_bytes)}, total {fmt_bytes(c.total_bytes)}{tok}")
+        rows.append(row)
+    return "\n".join([
+        f"decision table: {model_name} on {gpu_name} ({fmt_bytes(gpu_bytes)}), weights {fmt_bytes(weights_bytes)}, "
+        "+1 GiB overhead (CUDA context, compute buffer)",
+        _table(rows, {0, 1}),
+        "KV = sequences x window x 2 x n_layer x n_kv_head x head_dim x bytes/element; tok/s = aggregate decode "
+        "roofline (sequences x bandwidth / (weights + KV)), an upper bound",
+    ])

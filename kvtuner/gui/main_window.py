@@ -45,6 +45,7 @@ from .widgets.known_good import KnownGoodPanel
 from .widgets.live_graphs import LiveGraphs
 from .widgets.model_card import ModelCard
 from .widgets.prediction_panel import PredictionPanel
+from .widgets.workload_panel import WorkloadPanel
 from .widgets.run_controls import RunControls
 from .widgets.status_bar import StatusBar
 
@@ -144,6 +145,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.model_card = ModelCard()
         self.hardware = HardwarePanel(gpus, host, note)
         self.controls = ConfigControls()
+        self.workload = WorkloadPanel()  # issue 16: expected-case KV next to -np
         self.prediction = PredictionPanel()
         self.graphs = LiveGraphs()
         self.advisor = AdvisorPane()
@@ -164,6 +166,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.addWidget(self.model_card)
         ll.addWidget(self.hardware)
         ll.addWidget(self.controls)
+        ll.addWidget(self.workload)
         ll.addWidget(self.known_good, 1)
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
@@ -516,6 +519,8 @@ class MainWindow(QtWidgets.QMainWindow):
         badge = speed_band(speed.decode_tok_s) if speed is not None else None
         verified = a.to_dict()["verified"] if a.verified is not None else None
         self.prediction.set_plan(plan, speed, verified, badge, speed_error=a.speed_error)
+        gpu_specs = self.hardware.gpus()
+        self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
         gpus = self.hardware.gpus()
         memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, gpus) if not spec.what_if]

@@ -1,0 +1,64 @@
+"""The workload fields next to -np (issue 16): real widgets offscreen, the default model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.core.units import fmt_bytes  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+
+
+def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path):
+    make_app()
+    w = MainWindow(PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True), settings=ini_settings(tmp_path),
+                   hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    plan = w.assessment.plan
+    per = plan.kv_bytes_per_token()
+    assert "give an average" in w.workload.text()
+    w.workload.avg.setValue(1000)
+    w.workload.p95.setValue(3000)
+    text = w.workload.text()
+    # unified: each of the 4 sequences may reach the whole n_ctx (8192): worst 4 x 8192 cells
+    assert f"worst {fmt_bytes(4 * 8192 * per)}" in text
+    assert f"P95 {fmt_bytes(4 * 3000 * per)}" in text and f"expected {fmt_bytes(4 * 1000 * per)}" in text
+    # the 8192-cell pool holds 4 x 1000 (expected) but not 4 x 3000 (P95)
+    assert "safe for the expected (average) case only" in text and "-c 32768" in text
+    w.workload.avg.setValue(9000)  # longer than the window: one line saying what to change
+    assert "--avg-tokens" in w.workload.text()
+
+
+def test_decision_table_dialog_on_a_what_if_card(qtbot, tmp_path: Path):
+    from kvtuner.core.hardware.specs import catalogue_gpu
+    from kvtuner.core.plan.decision_table import kv_bytes_per_token
+    from kvtuner.core.plan.vllm import VllmModel
+    from kvtuner.core.units import GiB
+
+    make_app()
+    gpu = catalogue_gpu("RTX 3090")
+    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([gpu], HOST, "test"), sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    w.workload.table_button.click()
+    d = w.workload.table_dialog
+    assert d is not None and len(d.cells) == 4 * 3 * 3
+    per = kv_bytes_per_token(VllmModel.from_profile(w.assessment.plan.model), "f16")
+    c = next(c for c in d.cells if (c.n_seq, c.window, c.kv_type) == (4, 32768, "f16"))
+    assert c.kv_bytes == 4 * 32768 * per and c.fits and c.total_bytes < 24 * GiB
+    assert d.cell_text(4, 32768, "f16").startswith(f"fits: KV {fmt_bytes(4 * 32768 * per)}, ")
+    assert "tok/s" in d.cell_text(1, 8192, "fp8")
