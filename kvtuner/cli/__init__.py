@@ -1,7 +1,7 @@
 """``kvtuner`` command line.
 
-``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library|gpus|probe``
-are headless and take ``--json``. One module per command (:mod:`.plan`, :mod:`.bench`,
+``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library|gpus|probe|install-desktop``
+are headless and take ``--json``; ``kvtuner --version`` names the llama.cpp build it plans for. One module per command (:mod:`.plan`, :mod:`.bench`,
 :mod:`.export`, :mod:`.gui`); the flags they share come from the configuration catalogue
 (:mod:`kvtuner.core.plan.fields`) in :mod:`.args`; text rendering is :mod:`.report`. Every user
 mistake ends in one line on stderr and exit status 2, never a traceback.
