@@ -33,6 +33,7 @@ from ..core.session import Assessment, Session
 from ..core.speed.speed_model import speed_band
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run
+from .about import install_help_menu
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
 from .settings import AppSettings, open_settings
@@ -243,6 +244,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
         for a in (self.run_action, self.stop_action, self.verify_action):
             run_menu.addAction(a)
+        install_help_menu(self)  # Help > About, app icon (gui/about.py)
         tb = self.addToolBar("Main")
         tb.setObjectName("main-toolbar")
         tb.setMovable(False)
