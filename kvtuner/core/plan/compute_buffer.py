@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from ..units import pad_to
+from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kv_cache import LayerKV
@@ -145,6 +146,9 @@ def estimate_compute(
     gpu_devices: Sequence[str],
     host: str,
     kv_f16: bool = True,
+    n_stream: int | None = None,
+    type_k: str = "f16",
+    type_v: str = "f16",
 ) -> ComputeEstimate:
     """Estimate the compute buffer of every backend, bytes.
 
@@ -168,11 +172,22 @@ def estimate_compute(
         kv_layers: per-layer KV placement (attention runs where its KV is when they differ).
         gpu_devices: GPU device names; ``host``: the host device name.
         kv_f16: K and V caches are both f16 (else the GPU's flash attention converts them).
+        n_stream: KV streams (``n_seq``, or 1 with a unified cache); ``None``: ``n_seq``.
+        type_k, type_v: KV cache types (a quantized cache rotates Q/K or V: more graph nodes).
+
+    Plain transformers on the CPU alone (:func:`reserve_graph.transformer_shape` says which) skip
+    the phase walk: their reserve graph is rebuilt node by node and placed by a model of ggml-alloc
+    (:mod:`.reserve_graph`, :mod:`.ggml_graph`), which gives llama.cpp's figure to the byte.
 
     Returns:
         A :class:`ComputeEstimate` with ``source="estimate"``.
     """
     T = n_ubatch
+    if not gpu_devices and all(d == host for d in layer_devices):
+        shape = transformer_shape(model, kv_layers, type_k, type_v)
+        if shape is not None:
+            exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn)
+            return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
     n_layer = model.n_layer

@@ -465,7 +465,8 @@ def plan_memory(
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
-        kv_f16=tk.name == "f16" and tv.name == "f16",
+        kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
+        type_k=tk.name, type_v=tv.name,
     )
     if exact is not None and exact.compute:
         compute_override = exact.compute

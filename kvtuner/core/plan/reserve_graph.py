@@ -1,0 +1,300 @@
+"""llama.cpp's worst-case (reserve) graph for plain transformer layers, shape only.
+
+``llama_context::sched_reserve`` (src/llama-context.cpp) builds the prompt-processing graph for
+``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output, over a full KV cache, and the
+CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_graph.allocate`).
+:func:`transformer_reserve_bytes` rebuilds that graph for the decoder layer of ``llm_build_llama``
+(src/models/llama.cpp) and its relatives (Qwen2 biases, Qwen3 Q/K norms, DeciLM per-layer head
+counts), with ``llm_graph_context::build_attn`` / ``build_attn_mha`` (src/llama-graph.cpp) for the
+attention (flash attention or ``kq`` / ``soft_max`` / ``kqv``), ``build_ffn`` for the SwiGLU
+feed-forward, and the KV cache writes of ``llama_kv_cache::cpy_k`` / ``cpy_v``
+(src/llama-kv-cache.cpp, ``ggml_set_rows``; V transposed without flash attention). The node
+order and the op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the vendored
+llama.cpp (llama-cpp-python 0.3.36).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Sequence
+
+from .ggml_graph import Graph, Tensor, allocate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kv_cache import LayerKV
+    from ..model.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One decoder layer: ``n_head`` / ``n_head_kv`` heads (``n_head_kv`` 0: no attention),
+    head sizes in elements, ``n_ff`` feed-forward width, ``n_kv`` KV cells it attends over."""
+
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
+    n_ff: int
+    n_kv: int
+    swa: bool = False  # a sliding-window layer (the iSWA memory's SWA cache)
+    iswa: bool = False  # the model's memory is iSWA (build_attn expands Q, K, V in that order)
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """What the reserve graph of a plain transformer depends on (all counts, no bytes)."""
+
+    n_embd: int
+    n_vocab: int
+    layers: tuple[LayerShape, ...]
+    qkv_bias: bool = False  # Qwen2: bq, bk, bv added after the projections
+    qk_norm: bool = False  # Qwen3: RMS norms of Q and K per head
+    fused_qkv: bool = False  # Phi-3: one QKV projection
+    fused_up: bool = False  # Phi-3: one up+gate projection
+    q_scale: bool = False  # Phi-3, Gemma 3: Q scaled after RoPE
+    residual_first: bool = False  # Phi-3: l_out = residual + ffn_out
+    embd_scale: bool = False  # Gemma: scaled input embeddings
+    post_norms: bool = False  # Gemma 2/3: norms after attention and feed-forward
+    rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
+    rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
+
+
+def hadamard_size(head: int) -> int:
+    """Size of the Hadamard matrix llama.cpp rotates heads of ``head`` elements with: the largest
+    power of two dividing it (llama-kv-cache.cpp, ``attn_rot_hadamard``)."""
+    return head & -head if head > 0 else 0
+
+
+def attn_rotation(type_name: str, heads: Sequence[int]) -> bool:
+    """Whether llama.cpp rotates a cache of ``type_name`` over layers with head sizes ``heads``:
+    ``attn_rot_k = ggml_is_quantized(type_k) && n_embd_head_k_all > 0 && n_embd_head_k % 64 == 0``
+    (llama-kv-cache.cpp constructor, llama.cpp PR 21038; V likewise), i.e. a quantized type and one
+    head size for every layer, a multiple of 64."""
+    sizes = set(heads)
+    return type_name not in ("f32", "f16", "bf16") and len(sizes) == 1 and next(iter(sizes)) % 64 == 0
+
+
+def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+    g = Graph()
+    T, E = n_tokens, shape.n_embd
+    tps = T // max(1, n_stream)  # tokens per stream
+    ns = max(1, n_stream)
+    tok = g.input("inp_tokens", (T,), "i32")
+    embd = g.op("GET_ROWS", "embd", (E, T), g.leaf("token_embd.weight", (E, shape.n_vocab)), tok)
+    # build_inp_embd keeps both inputs in the graph (ggml_build_forward_select, llama.cpp PR 18550):
+    # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
+    g.expand(embd)
+    g.expand(g.input("inp_embd", (E, T), "f32"))
+    pos = g.input("inp_pos", (T,), "i32")
+    masks: dict[int, Tensor] = {}
+    k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
+    v_idx_cache: dict[int, Tensor] = {}
+    out_ids = g.input("out_ids", (T,), "i32")
+    cache_inputs: dict[bool, dict[str, Tensor]] = {}
+    def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
+        """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
+        m = cache_input(swa, f"attn_inp_{which}_rot", (size, size), "f32")
+        n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
+        r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
+        return g.reshape(r, *x.ne)
+    inpL = embd
+    if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
+        inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
+    n_layer = len(shape.layers)
+
+    def cache_input(swa: bool, name: str, ne: tuple[int, ...], etype: str) -> Tensor:
+        """One input per KV cache (the sliding-window cache of an iSWA memory has its own)."""
+        d = cache_inputs.setdefault(swa, {})
+        if name not in d:
+            d[name] = g.input(name, ne, etype)
+        return d[name]
+
+    for il, L in enumerate(shape.layers):
+        inpSA = inpL
+        w = lambda name, *ne: g.leaf(f"blk.{il}.{name}", ne)  # noqa: E731
+        norm = g.op("RMS_NORM", f"norm-{il}", (E, T), inpL)
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), norm, w("attn_norm", E))
+        if L.n_head_kv > 0:
+            hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
+            if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
+                qkv = g.op("MUL_MAT", f"wqkv-{il}", (hk * H + hk * Hkv + hv * Hkv, T),
+                           w("attn_qkv", E, hk * H + 2 * hk * Hkv), cur)
+                q = g.view(qkv, (hk, H, T), (hk * 4, qkv.nb[1]), 0)
+                k = g.view(qkv, (hk, Hkv, T), (hk * 4, qkv.nb[1]), 4 * hk * H)
+                v = g.view(qkv, (hv, Hkv, T), (hv * 4, qkv.nb[1]), 4 * (hk * H + hk * Hkv))
+            else:
+                q = g.op("MUL_MAT", f"Qcur-{il}", (hk * H, T), w("attn_q", E, hk * H), cur)
+                k = g.op("MUL_MAT", f"Kcur-{il}", (hk * Hkv, T), w("attn_k", E, hk * Hkv), cur)
+                v = g.op("MUL_MAT", f"Vcur-{il}", (hv * Hkv, T), w("attn_v", E, hv * Hkv), cur)
+                if shape.qkv_bias:
+                    q = g.op("ADD", f"Qcur-{il}", q.ne, q, w("attn_q.bias", hk * H))
+                    k = g.op("ADD", f"Kcur-{il}", k.ne, k, w("attn_k.bias", hk * Hkv))
+                    v = g.op("ADD", f"Vcur-{il}", v.ne, v, w("attn_v.bias", hv * Hkv))
+                q = g.reshape(q, hk, H, T)
+                k = g.reshape(k, hk, Hkv, T)
+                v = g.reshape(v, hv, Hkv, T)
+            if shape.qk_norm:
+                q = g.op("MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk))
+                k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
+            q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
+            k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
+            if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
+                q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
+            # build_attn (llama-graph.cpp): the Hadamard rotations of a quantized cache, then
+            # Q, V, K expanded in that order (iSWA caches: Q, K, V), then the cache writes
+            if shape.rot_k:
+                q = rotate(q, shape.rot_k, "k", L.swa)
+            if shape.rot_v:
+                v = rotate(v, shape.rot_v, "v", L.swa)
+            if shape.rot_k:
+                k = rotate(k, shape.rot_k, "k", L.swa)
+            g.expand(q)
+            if L.iswa:
+                g.expand(k)
+                g.expand(v)
+            else:
+                g.expand(v)
+                g.expand(k)
+            n_kv = L.n_kv
+            sw = L.swa
+            cache_k = g.leaf(f"cache_k_l{il}", (hk * Hkv, n_kv * ns), "f16")
+            cache_v = g.leaf(f"cache_v_l{il}", (hv * Hkv, n_kv * ns), "f16")
+            k_idxs = cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
+            kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
+            g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
+            if flash_attn:
+                vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
+                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
+                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
+            else:
+                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T * hv * Hkv,), "i64")
+                vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), 1, T * hv * Hkv)
+                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
+                                      g.reshape(cache_v, 1, hv * Hkv * n_kv * ns), vr, v_idxs))
+            mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
+            qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
+            kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
+            if flash_attn:
+                vview = g.permute(g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)),
+                                  0, 2, 1, 3)
+                fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
+                attn = g.reshape(fa, hv * H, T)
+                if shape.rot_v:
+                    attn = rotate(attn, shape.rot_v, "v", L.swa)
+            else:
+                vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
+                kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
+                kq = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+                kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
+                perm = g.permute(kqv, 0, 2, 1, 3)
+                attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
+            cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
+        if il == n_layer - 1:
+            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], T), cur, out_ids)
+            inpSA = g.op("GET_ROWS", "node_sa", (E, T), inpSA, out_ids)
+        if shape.post_norms:
+            cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur),
+                       w("post_attention_norm", E))
+        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
+        norm = g.op("RMS_NORM", f"norm-{il}", (E, T), ffn_inp)
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), norm, w("ffn_norm", E))
+        if L.n_ff > 0:
+            if shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, T), w("ffn_up", E, 2 * L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, T), up)
+            else:
+                gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, T), w("ffn_gate", E, L.n_ff), cur)
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, T), w("ffn_up", E, L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, T), gate, up)
+            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), w("ffn_down", L.n_ff, E), act)
+        if shape.post_norms:
+            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur),
+                       w("post_ffw_norm", E))
+        if shape.residual_first:
+            cur = g.op("ADD", f"l_out-{il}", (E, T), ffn_inp, cur)
+        else:
+            cur = g.op("ADD", f"l_out-{il}", (E, T), cur, ffn_inp)
+        inpL = cur
+    norm = g.op("RMS_NORM", "norm", (E, T), inpL)
+    result_norm = g.op("MUL", "result_norm", (E, T), norm, g.leaf("output_norm.weight", (E,)))
+    result_norm.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, T), g.leaf("output.weight", (E, shape.n_vocab)), result_norm)
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
+@lru_cache(maxsize=256)
+def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> int:
+    """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
+    prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams.
+
+    Cached per shape and configuration. When every layer has the same shape only the first
+    :data:`UNIFORM_LAYERS_SIMULATED` are rebuilt: the allocator's free list is the same after
+    every middle layer, so the peak is (tests/test_compute_exact.py checks it against the full
+    graph over a grid of shapes); a 32-layer graph takes ~13 ms in full, ~1.5 ms cut.
+    """
+    if len(shape.layers) > UNIFORM_LAYERS_SIMULATED and len(set(shape.layers)) == 1:
+        shape = replace(shape, layers=shape.layers[:UNIFORM_LAYERS_SIMULATED])
+    return allocate(_build(shape, n_tokens, n_stream, flash_attn))
+
+
+#: layers of a uniform model rebuilt by :func:`transformer_reserve_bytes` (first, middle, last)
+UNIFORM_LAYERS_SIMULATED = 3
+
+
+#: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
+#: (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp, gemma3.cpp); traits that depend on the
+#: file (biases, Q/K norms, fused projections) are read from its tensor names
+EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "phi3": {"q_scale": True, "residual_first": True},
+    "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
+}
+
+
+def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
+                      type_v: str = "f16") -> TransformerShape | None:
+    """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
+    rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES`, dense (no experts),
+    every layer with its own KV (no shared KV, recurrent state or MTP block; sliding-window layers
+    only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
+    extra = EXACT_ARCHITECTURES.get(model.architecture)
+    st = model.structure
+    if extra is None or model.n_expert or st.is_mla or st.recurrent_layers:
+        return None
+    rows = st.layers
+    if len(rows) != model.n_layer or any(not r.kv or r.reuse >= 0 or r.nextn for r in rows):
+        return None
+    if any(r.swa for r in rows) and model.architecture != "gemma3":
+        return None
+    names = {t.name[len("blk.0."):] for t in model.tensors if t.name.startswith("blk.0.")}
+    flags = dict(extra)
+    flags["fused_qkv"] = "attn_qkv.weight" in names
+    flags["fused_up"] = "ffn_gate.weight" not in names
+    flags["qkv_bias"] = "attn_q.bias" in names
+    flags["qk_norm"] = "attn_q_norm.weight" in names
+    known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
+             "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+             "post_attention_norm.weight", "post_ffw_norm.weight"}
+    if not names <= known or flags["fused_up"] and model.architecture != "phi3":
+        return None
+    if flags["fused_qkv"] and model.architecture != "phi3":
+        return None
+    cells = {l.il: l.cells for l in kv_layers}
+    if len(cells) != model.n_layer:
+        return None
+    ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 0)
+    ffs = [int(x) for x in ff] if isinstance(ff, tuple) else [int(ff) if isinstance(ff, int) else 0] * model.n_layer
+    iswa = st.is_iswa
+    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells[il],
+                              swa=r.swa and iswa, iswa=iswa)
+                   for il, r in enumerate(rows))
+    rot_k = hadamard_size(layers[0].head_k) if attn_rotation(type_k, [l.head_k for l in layers]) else 0
+    # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
+    rot_v = 64 if attn_rotation(type_v, [l.head_v for l in layers]) else 0
+    return TransformerShape(model.n_embd, model.n_vocab, layers, rot_k=rot_k, rot_v=rot_v, **flags)
