@@ -25,8 +25,6 @@ All sizes are bytes; shapes are ggml's ``ne`` (innermost first).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 #: ops that ``ggml_op_can_inplace`` (ggml-alloc.c) lets reuse a parent's memory
 INPLACE_OPS = frozenset({
     "FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV", "SQR",
@@ -41,34 +39,34 @@ ELEMENT_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}
 CPU_ALIGNMENT = 32
 
 
-@dataclass(eq=False)
 class Tensor:
     """One ggml tensor: ``ne`` elements per dimension, ``nb`` byte strides, ``etype`` a key of
-    :data:`ELEMENT_BYTES`; ``view_src`` the root tensor whose memory a view shares."""
+    :data:`ELEMENT_BYTES`; ``view_src`` the root tensor whose memory a view shares; ``nbytes``
+    is ``ggml_nbytes`` (the span of the strided data). The last five slots are the allocator's
+    state (:func:`allocate`)."""
 
-    name: str
-    op: str
-    ne: tuple[int, int, int, int]
-    etype: str
-    src: tuple["Tensor", ...] = ()
-    nb: tuple[int, int, int, int] = (0, 0, 0, 0)
-    view_src: "Tensor | None" = None
-    view_offs: int = 0
-    is_input: bool = False
-    is_output: bool = False
-    external: bool = False  # allocated elsewhere (weights, KV cache)
+    __slots__ = ("name", "op", "ne", "etype", "src", "nb", "view_src", "view_offs", "is_input", "is_output",
+                 "external", "nbytes", "n_children", "n_views", "allocated", "placed", "addr", "visited")
 
-    def __post_init__(self) -> None:
-        if self.nb == (0, 0, 0, 0):
-            self.nb = contiguous_nb(self.ne, self.etype)
+    def __init__(self, name: str, op: str, ne: tuple[int, int, int, int], etype: str, src: tuple["Tensor", ...] = (),
+                 nb: tuple[int, int, int, int] | None = None, view_src: "Tensor | None" = None, view_offs: int = 0,
+                 *, is_input: bool = False, external: bool = False) -> None:
+        self.name, self.op, self.ne, self.etype, self.src = name, op, ne, etype, src
+        if nb is None:
+            nb = contiguous_nb(ne, etype)
+        self.nb = nb
+        self.view_src, self.view_offs = view_src, view_offs
+        self.is_input, self.is_output, self.external = is_input, False, external
+        if ne[0] and ne[1] and ne[2] and ne[3]:
+            self.nbytes = ELEMENT_BYTES[etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
+                (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+        else:
+            self.nbytes = 0
+        self.n_children = self.n_views = self.addr = 0
+        self.allocated = self.placed = self.visited = False
 
-    @property
-    def nbytes(self) -> int:
-        """``ggml_nbytes``: the span of the strided data, bytes."""
-        es = ELEMENT_BYTES[self.etype]
-        if any(n == 0 for n in self.ne):
-            return 0
-        return es + sum((n - 1) * b for n, b in zip(self.ne, self.nb))
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.op}, ne={self.ne}, {self.etype})"
 
 
 def contiguous_nb(ne: tuple[int, ...], etype: str) -> tuple[int, int, int, int]:
@@ -92,7 +90,6 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
-        self._seen: set[int] = set()
 
     # ---- creation helpers (ggml.c) ----
     def leaf(self, name: str, ne: tuple[int, ...], etype: str = "f32", *, external: bool = True,
@@ -104,9 +101,10 @@ class Graph:
         """A graph input the allocator places first (``ggml_set_input``)."""
         return self.leaf(name, ne, etype, external=False, is_input=True)
 
-    def op(self, op: str, name: str, ne: tuple[int, ...], *src: Tensor, etype: str = "f32") -> Tensor:
-        """A new contiguous result tensor of ``op`` over ``src``."""
-        return Tensor(name, op, _ne4(ne), etype, tuple(src))
+    def op(self, op: str, name: str, ne: tuple[int, ...], *src: Tensor | None, etype: str = "f32") -> Tensor:
+        """A new contiguous result tensor of ``op`` over ``src``; ``None`` sources stand for weights,
+        which live in another buffer and so never change the allocation (left out for speed)."""
+        return Tensor(name, op, _ne4(ne), etype, tuple(t for t in src if t is not None))
 
     def view(self, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...] | None = None, offs: int = 0,
              op: str = "VIEW", name: str = "") -> Tensor:
@@ -154,25 +152,28 @@ class Graph:
     # ---- ggml_build_forward_expand ----
     def expand(self, t: Tensor) -> None:
         """Append ``t`` and its not yet listed ancestors, sources first (ggml.c ``ggml_visit_parents``)."""
+        if t.visited:
+            return
+        t.visited = True
         stack: list[tuple[Tensor, int]] = [(t, 0)]
+        nodes, leafs = self.nodes, self.leafs
         while stack:
-            node, i = stack.pop()
-            if i == 0 and id(node) in self._seen:
-                continue
-            if i == 0:
-                self._seen.add(id(node))
+            node, i = stack[-1]
             srcs = node.src
-            # visit the next unvisited source
-            while i < len(srcs) and id(srcs[i]) in self._seen:
+            n = len(srcs)
+            while i < n and srcs[i].visited:
                 i += 1
-            if i < len(srcs):
-                stack.append((node, i + 1))
-                stack.append((srcs[i], 0))
+            if i < n:
+                stack[-1] = (node, i + 1)
+                child = srcs[i]
+                child.visited = True
+                stack.append((child, 0))
                 continue
+            stack.pop()
             if node.op == "NONE":
-                self.leafs.append(node)
+                leafs.append(node)
             else:
-                self.nodes.append(node)
+                nodes.append(node)
 
 
 class _Allocator:
@@ -236,64 +237,56 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 
 def allocate(graph: Graph, alignment: int = CPU_ALIGNMENT) -> int:
     """Peak bytes ``ggml_gallocr`` reserves for ``graph`` on one buffer (ggml-alloc.c
-    ``ggml_gallocr_alloc_graph_impl``, ``ggml_gallocr_allocate_node``, ``ggml_gallocr_free_node``)."""
-    alloc = _Allocator(alignment)
-    children: dict[int, int] = {}
-    views: dict[int, int] = {}
-    allocated: dict[int, bool] = {}
-    addr: dict[int, int] = {}
+    ``ggml_gallocr_alloc_graph_impl``, ``ggml_gallocr_allocate_node``, ``ggml_gallocr_free_node``).
 
-    def is_view(t: Tensor) -> bool:
-        return t.view_src is not None
+    The allocator state lives on the tensors, so a graph is allocated once."""
+    alloc = _Allocator(alignment)
+    align = alloc._align
 
     def allocate_node(t: Tensor) -> None:
-        k = id(t)
-        if t.external or allocated.get(k) or k in addr or is_view(t):
+        if t.external or t.allocated or t.placed or t.view_src is not None:
             return
-        allocated[k] = True
+        t.allocated = t.placed = True
         if t.op in INPLACE_OPS:
             for p in t.src:
-                pk = id(p)
-                if not allocated.get(pk):
+                if not p.allocated:
                     continue
                 if p.is_output or (p.view_src is not None and p.view_src.is_output):
                     continue
-                if not _same_layout(t, p):
+                if not (t.etype == p.etype and t.ne == p.ne and t.nb == p.nb):
                     continue
-                if children.get(pk, 0) == 1 and views.get(pk, 0) == 0:
-                    if is_view(p):
-                        vs = p.view_src
-                        vk = id(vs)
-                        if views.get(vk, 0) == 1 and children.get(vk, 0) == 0 and p.view_offs == 0:
-                            addr[k] = addr[vk]
-                            allocated[pk] = False
-                            allocated[vk] = False
-                            extra = alloc._align(vs.nbytes) - alloc._align(t.nbytes)
+                if p.n_children == 1 and p.n_views == 0:
+                    vs = p.view_src
+                    if vs is not None:
+                        if vs.n_views == 1 and vs.n_children == 0 and p.view_offs == 0:
+                            t.addr = vs.addr
+                            p.allocated = False
+                            vs.allocated = False
+                            extra = align(vs.nbytes) - align(t.nbytes)
                             if extra > 0:
-                                alloc.free(addr[k] + alloc._align(t.nbytes), extra)
+                                alloc.free(t.addr + align(t.nbytes), extra)
                             return
                     else:
-                        addr[k] = addr[pk]
-                        allocated[pk] = False
+                        t.addr = p.addr
+                        p.allocated = False
                         return
-        addr[k] = alloc.alloc(t.nbytes)
+        t.addr = alloc.alloc(t.nbytes)
 
     def free_node(t: Tensor) -> None:
         if t.is_output:
             return
-        alloc.free(addr[id(t)], t.nbytes)
-        allocated[id(t)] = False
+        alloc.free(t.addr, t.nbytes)
+        t.allocated = False
 
     for leaf in graph.leafs:
         allocate_node(leaf)
     for node in graph.nodes:
-        if is_view(node) and node.op != "NONE":
-            vk = id(node.view_src)
-            views[vk] = views.get(vk, 0) + 1
+        if node.view_src is not None and node.op != "NONE":
+            node.view_src.n_views += 1
         if node.is_input:
             allocate_node(node)
         for s in node.src:
-            children[id(s)] = children.get(id(s), 0) + 1
+            s.n_children += 1
             if s.is_input:
                 allocate_node(s)
     for node in graph.nodes:
@@ -301,15 +294,13 @@ def allocate(graph: Graph, alignment: int = CPU_ALIGNMENT) -> int:
             allocate_node(p)
         allocate_node(node)
         for p in node.src:
-            pk = id(p)
-            children[pk] -= 1
-            if children[pk] == 0 and views.get(pk, 0) == 0:
-                if is_view(p):
-                    vs = p.view_src
-                    vk = id(vs)
-                    views[vk] -= 1
-                    if views[vk] == 0 and children.get(vk, 0) == 0 and allocated.get(vk):
+            p.n_children -= 1
+            if p.n_children == 0 and p.n_views == 0:
+                vs = p.view_src
+                if vs is not None:
+                    vs.n_views -= 1
+                    if vs.n_views == 0 and vs.n_children == 0 and vs.allocated:
                         free_node(vs)
-                elif allocated.get(pk):
+                elif p.allocated:
                     free_node(p)
     return alloc.max_size

@@ -75,13 +75,18 @@ def attn_rotation(type_name: str, heads: Sequence[int]) -> bool:
     return type_name not in ("f32", "f16", "bf16") and len(sizes) == 1 and next(iter(sizes)) % 64 == 0
 
 
+def _weight(name: str, *ne: int) -> None:
+    """A weight: in the model's buffers, so left out of the graph (:meth:`Graph.op`)."""
+    return None
+
+
 def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
     tps = T // max(1, n_stream)  # tokens per stream
     ns = max(1, n_stream)
     tok = g.input("inp_tokens", (T,), "i32")
-    embd = g.op("GET_ROWS", "embd", (E, T), g.leaf("token_embd.weight", (E, shape.n_vocab)), tok)
+    embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
     # build_inp_embd keeps both inputs in the graph (ggml_build_forward_select, llama.cpp PR 18550):
     # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
     g.expand(embd)
@@ -112,7 +117,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
 
     for il, L in enumerate(shape.layers):
         inpSA = inpL
-        w = lambda name, *ne: g.leaf(f"blk.{il}.{name}", ne)  # noqa: E731
+        w = _weight
         norm = g.op("RMS_NORM", f"norm-{il}", (E, T), inpL)
         cur = g.op("MUL", f"attn_norm-{il}", (E, T), norm, w("attn_norm", E))
         if L.n_head_kv > 0:
@@ -217,9 +222,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             cur = g.op("ADD", f"l_out-{il}", (E, T), cur, ffn_inp)
         inpL = cur
     norm = g.op("RMS_NORM", "norm", (E, T), inpL)
-    result_norm = g.op("MUL", "result_norm", (E, T), norm, g.leaf("output_norm.weight", (E,)))
+    result_norm = g.op("MUL", "result_norm", (E, T), norm, None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, T), g.leaf("output.weight", (E, shape.n_vocab)), result_norm)
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, T), None, result_norm)
     logits.is_output = True
     g.expand(logits)
     return g
@@ -230,18 +235,28 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
     prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams.
 
-    Cached per shape and configuration. When every layer has the same shape only the first
-    :data:`UNIFORM_LAYERS_SIMULATED` are rebuilt: the allocator's free list is the same after
-    every middle layer, so the peak is (tests/test_compute_exact.py checks it against the full
-    graph over a grid of shapes); a 32-layer graph takes ~13 ms in full, ~1.5 ms cut.
+    Cached per shape and configuration. Layers that repeat with a period ``p`` (every layer alike:
+    ``p = 1``; Gemma 3's five sliding-window layers and one global: ``p = 6``) are cut to
+    ``3 p + n_layer mod p``: the allocator's free list is the same after every period, so the peak
+    is too (tests/test_compute_exact.py checks the cut against the full graph over a grid of
+    shapes and patterns); a 32-layer graph takes ~13 ms in full, ~1 ms cut.
     """
-    if len(shape.layers) > UNIFORM_LAYERS_SIMULATED and len(set(shape.layers)) == 1:
-        shape = replace(shape, layers=shape.layers[:UNIFORM_LAYERS_SIMULATED])
-    return allocate(_build(shape, n_tokens, n_stream, flash_attn))
+    return allocate(_build(cut_periodic_layers(shape), n_tokens, n_stream, flash_attn))
 
 
-#: layers of a uniform model rebuilt by :func:`transformer_reserve_bytes` (first, middle, last)
-UNIFORM_LAYERS_SIMULATED = 3
+def cut_periodic_layers(shape: TransformerShape) -> TransformerShape:
+    """``shape`` with its periodic layers cut to three periods plus the remainder (see
+    :func:`transformer_reserve_bytes`); unchanged when no period leaves fewer layers."""
+    layers = shape.layers
+    n = len(layers)
+    for p in range(1, n // 2 + 1):
+        if all(layers[i] == layers[i - p] for i in range(p, n)):
+            keep = 2 * p + n % p
+            return replace(shape, layers=layers[:keep]) if keep < n else shape
+    return shape
+
+
+
 
 
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
