@@ -47,7 +47,7 @@ def configurations(tmp: Path):
     real = {}
     for shape, kwargs in E.REAL:
         if shape not in real:
-            real[shape] = write_real_shape(tmp / f"{shape}.gguf", shape, "Q4_K_M")
+            real[shape] = write_real_shape(tmp / f"{shape}.gguf", E.EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
         yield shape, real[shape], kwargs
 
 

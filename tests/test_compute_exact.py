@@ -20,6 +20,18 @@ from kvtuner.core.plan.reserve_graph import (LayerShape, TransformerShape, _buil
                                              transformer_reserve_bytes)
 from kvtuner.core.units import MiB
 
+from gguf_factory import RealShape  # noqa: E402
+
+#: MoE shapes not in gguf_factory.REAL_SHAPES (layers cut to 8: the reserve graph repeats per layer)
+EXTRA_SHAPES = {
+    "qwen3-30b-a3b": RealShape("qwen3-30b-a3b", "qwen3moe", 8, 2048, 32, 4, 6144, 151936, 40960, False,
+                               "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json", head_dim=128,
+                               qk_norm="head", n_expert=128, n_expert_used=8, n_ff_exp=768),
+    "mixtral-8x7b": RealShape("mixtral-8x7b", "llama", 8, 4096, 32, 8, 14336, 32000, 32768, False,
+                              "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
+                              n_expert=8, n_expert_used=2, n_ff_exp=14336),
+}
+
 REAL = [
     ("llama-2-7b", dict(n_ctx=4096)),  # issue 10's counterexample: fa auto, n_ubatch 512
     ("llama-2-7b", dict(n_ctx=4096, flash_attn="off")),
@@ -40,6 +52,11 @@ REAL = [
     ("phi-3-mini-4k", dict(n_ctx=4096)),
     ("phi-3-mini-4k", dict(n_ctx=4096, flash_attn="off", n_ubatch=2048)),
     ("olmoe-1b-7b", dict(n_ctx=4096, n_ubatch=1024)),
+    ("olmoe-1b-7b", dict(n_ctx=16384, flash_attn="off")),
+    ("qwen1.5-moe-a2.7b", dict(n_ctx=8192)),
+    ("qwen3-30b-a3b", dict(n_ctx=32768, n_ubatch=1024)),
+    ("qwen3-30b-a3b", dict(n_ctx=8192, flash_attn="off", type_k="q8_0")),
+    ("mixtral-8x7b", dict(n_ctx=32768)),
 ]
 
 
@@ -92,13 +109,13 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
-    from kvtuner.core.plan.reserve_graph import EXACT_ARCHITECTURES
+    from kvtuner.core.plan.reserve_graph import transformer_shape
 
     d = tmp_path_factory.getbasetemp() / "real_shapes"
     d.mkdir(exist_ok=True)
     path = d / f"{shape}.gguf"
     if not path.exists():
-        write_real_shape(path, shape, "Q4_K_M")
+        write_real_shape(path, EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
     model = ModelProfile.from_gguf(path)
     config = PlanConfig(**kwargs)
     plan = plan_memory(model, config)
@@ -106,6 +123,6 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     theirs = sum(got.compute_mib.values()) * MiB
     ours = plan.compute.bytes_on("CPU")
     print(f"{shape} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB ({ours / theirs - 1:+.2%})")
-    if model.architecture in EXACT_ARCHITECTURES and not model.n_expert:
+    if transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) is not None:
         assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"
     assert ours >= 0.98 * theirs - 8 * MiB

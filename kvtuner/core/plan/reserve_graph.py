@@ -38,6 +38,10 @@ class LayerShape:
     n_ff: int
     n_kv: int
     swa: bool = False  # a sliding-window layer (the iSWA memory's SWA cache)
+    n_expert: int = 0  # experts of a mixture-of-experts FFN (0: dense, ``n_ff`` wide)
+    n_expert_used: int = 0  # experts per token
+    n_ff_exp: int = 0  # width of one expert
+    n_ff_shexp: int = 0  # width of the shared expert (Qwen2-MoE), 0: none
     iswa: bool = False  # the model's memory is iSWA (build_attn expands Q, K, V in that order)
 
 
@@ -56,6 +60,7 @@ class TransformerShape:
     residual_first: bool = False  # Phi-3: l_out = residual + ffn_out
     embd_scale: bool = False  # Gemma: scaled input embeddings
     post_norms: bool = False  # Gemma 2/3: norms after attention and feed-forward
+    moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
 
@@ -78,6 +83,49 @@ def attn_rotation(type_name: str, heads: Sequence[int]) -> bool:
 def _weight(name: str, *ne: int) -> None:
     """A weight: in the model's buffers, so left out of the graph (:meth:`Graph.op`)."""
     return None
+
+
+def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: int) -> Tensor:
+    """``llm_graph_context::build_moe_ffn`` (llama-graph.cpp) with softmax gating and SwiGLU
+    experts: router logits and probabilities ``[n_expert, T]``, the top-k ``argsort`` and the
+    selected weights (normalized when ``moe_norm_w``), gate/up/down ``mul_mat_id``
+    ``[n_ff_exp | n_embd, n_expert_used, T]``, the weighted sum of the expert views."""
+    E, k = cur.ne[0], L.n_expert_used
+    logits = g.op("MUL_MAT", "ffn_moe_logits", (L.n_expert, T), None, cur)
+    probs = g.op("SOFT_MAX", "ffn_moe_probs", (L.n_expert, T), logits)
+    argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), probs, etype="i32")
+    topk = g.view(argsort, (k, T), (argsort.nb[1],))
+    weights = g.op("GET_ROWS", "ffn_moe_weights", (1, k, T), g.reshape(probs, 1, L.n_expert, T), topk)
+    if shape.moe_norm_w:
+        w2 = g.reshape(weights, k, T)
+        wsum = g.op("SUM_ROWS", "ffn_moe_weights_sum", (1, T), w2)
+        wsum = g.op("CLAMP", "ffn_moe_weights_sum_clamped", (1, T), wsum)
+        weights = g.reshape(g.op("DIV", "ffn_moe_weights_norm", (k, T), w2, wsum), 1, k, T)
+    g.expand(weights)
+    x = g.reshape(cur, E, 1, T)
+    up = g.op("MUL_MAT_ID", "ffn_moe_up", (L.n_ff_exp, k, T), None, x, topk)
+    gate = g.op("MUL_MAT_ID", "ffn_moe_gate", (L.n_ff_exp, k, T), None, x, topk)
+    act = g.op("GLU", "ffn_moe_swiglu", (L.n_ff_exp, k, T), gate, up)
+    experts = g.op("MUL_MAT_ID", "ffn_moe_down", (E, k, T), None, act, topk)
+    experts = g.op("MUL", "ffn_moe_weighted", (E, k, T), experts, weights)
+    g.expand(experts)
+    views = [g.view(experts, (E, T), (experts.nb[2],), i * experts.nb[1]) for i in range(k)]
+    for v in views:
+        g.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = g.op("ADD", "ffn_moe_add", (E, T), out, v)
+        g.expand(out)
+    if k == 1:
+        out = g.op("CONT", "ffn_moe_out", (E, T), out)
+    if L.n_ff_shexp:  # qwen2moe.cpp: a dense shared expert times sigmoid(gate_inp_shexp x), added
+        gate = g.op("MUL_MAT", "ffn_gate", (L.n_ff_shexp, T), None, cur)
+        up = g.op("MUL_MAT", "ffn_up", (L.n_ff_shexp, T), None, cur)
+        sh = g.op("MUL_MAT", "ffn_shexp", (E, T), None, g.op("GLU", "ffn_swiglu", (L.n_ff_shexp, T), gate, up))
+        gi = g.op("MUL_MAT", "ffn_shexp_gate_inp", (1, T), None, cur)
+        sg = g.op("DIV", "ffn_shexp_gate", (1, T), g.op("UNARY", "silu", (1, T), gi), gi)
+        out = g.op("ADD", "ffn_out", (E, T), out, g.op("MUL", "ffn_shexp_out", (E, T), sh, sg))
+    return out
 
 
 def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
@@ -204,7 +252,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
         norm = g.op("RMS_NORM", f"norm-{il}", (E, T), ffn_inp)
         cur = g.op("MUL", f"ffn_norm-{il}", (E, T), norm, w("ffn_norm", E))
-        if L.n_ff > 0:
+        if L.n_expert:
+            cur = _moe_ffn(g, shape, L, cur, T)
+        elif L.n_ff > 0:
             if shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
                 up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, T), w("ffn_up", E, 2 * L.n_ff), cur)
                 act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, T), up)
@@ -268,7 +318,15 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3": {},
     "phi3": {"q_scale": True, "residual_first": True},
     "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
+    "olmoe": {},
+    "qwen3moe": {},
+    "qwen2moe": {},
 }
+
+#: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
+#: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
+#: true; olmoe.cpp false)
+MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
 
 
 def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
@@ -279,7 +337,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
-    if extra is None or model.n_expert or st.is_mla or st.recurrent_layers:
+    if extra is None or st.is_mla or st.recurrent_layers:
         return None
     rows = st.layers
     if len(rows) != model.n_layer or any(not r.kv or r.reuse >= 0 or r.nextn for r in rows):
@@ -295,8 +353,27 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
              "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
              "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-             "post_attention_norm.weight", "post_ffw_norm.weight"}
+             "post_attention_norm.weight", "post_ffw_norm.weight",
+             "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
+             "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    if names & shexp and (model.architecture != "qwen2moe" or not shexp <= names):
+        return None
+    moe = "ffn_gate_inp.weight" in names
+    if moe:
+        flags["fused_up"] = False
+        if not {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"} <= names:
+            return None
+        if model.architecture not in MOE_NORM_W:
+            return None
+        flags["moe_norm_w"] = MOE_NORM_W[model.architecture]
     if not names <= known or flags["fused_up"] and model.architecture != "phi3":
+        return None
+    moe_layers = {int(t.name.split(".")[1]): t.shape for t in model.tensors
+                  if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
+    shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in model.tensors
+                if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
+    if moe and len(moe_layers) != model.n_layer:
         return None
     if flags["fused_qkv"] and model.architecture != "phi3":
         return None
@@ -307,7 +384,10 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     ffs = [int(x) for x in ff] if isinstance(ff, tuple) else [int(ff) if isinstance(ff, int) else 0] * model.n_layer
     iswa = st.is_iswa
     layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells[il],
-                              swa=r.swa and iswa, iswa=iswa)
+                              swa=r.swa and iswa, iswa=iswa,
+                              n_expert=int(moe_layers[il][2]) if moe else 0,
+                              n_expert_used=model.n_expert_used if moe else 0,
+                              n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
                    for il, r in enumerate(rows))
     rot_k = hadamard_size(layers[0].head_k) if attn_rotation(type_k, [l.head_k for l in layers]) else 0
     # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
