@@ -51,11 +51,44 @@ def configurations(tmp: Path):
         yield shape, real[shape], kwargs
 
 
+def timing() -> int:
+    """Median and worst time of ``plan_memory`` per context step (a slider move: a new n_ctx each
+    time, so no cache hit), CPU only, for the default model and real-size llama/MoE shapes."""
+    import os
+    import time
+
+    from gguf_factory import write_real_shape
+    from kvtuner.core.model.default_model import default_model_path
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+    import test_compute_exact as E
+
+    with tempfile.TemporaryDirectory() as d:
+        paths = {"gemma-3-270m (default)": default_model_path()}
+        for shape in ("llama-2-7b", "qwen2.5-14b", "olmoe-1b-7b"):
+            paths[shape] = write_real_shape(Path(d) / f"{shape}.gguf", E.EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
+        for label, path in paths.items():
+            model = ModelProfile.from_gguf(path)
+            times = []
+            for i in range(40):
+                t = time.perf_counter()
+                plan_memory(model, PlanConfig(n_ctx=4096 + 256 * i))
+                times.append(time.perf_counter() - t)
+            times.sort()
+            print(f"{label:24s} plan_memory per slider step: median {times[20] * 1e3:.2f} ms, "
+                  f"worst {times[-1] * 1e3:.2f} ms (load average {os.getloadavg()[0]:.2f})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="only configurations whose model name contains this")
     ap.add_argument("--markdown", action="store_true", help="print the distribution as a README table")
+    ap.add_argument("--timing", action="store_true", help="only time plan_memory over a slider of contexts")
     args = ap.parse_args()
+    if args.timing:
+        return timing()
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ConfigError, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory

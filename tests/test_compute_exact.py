@@ -11,13 +11,9 @@ by more than 2% + 8 MiB).
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from kvtuner.core.plan.ggml_graph import allocate
-from kvtuner.core.plan.reserve_graph import (LayerShape, TransformerShape, _build, cut_periodic_layers,
-                                             transformer_reserve_bytes)
+from kvtuner.core.plan.reserve_graph import LayerShape, TransformerShape, transformer_reserve_bytes
 from kvtuner.core.units import MiB
 
 from gguf_factory import RealShape  # noqa: E402
@@ -58,39 +54,6 @@ REAL = [
     ("qwen3-30b-a3b", dict(n_ctx=8192, flash_attn="off", type_k="q8_0")),
     ("mixtral-8x7b", dict(n_ctx=32768)),
 ]
-
-
-def _uniform(n_layer, n_kv, E=4096, H=32, Hkv=8, hd=128, ff=14336, V=128256):
-    return TransformerShape(E, V, tuple(LayerShape(H, Hkv, hd, hd, ff, n_kv) for _ in range(n_layer)))
-
-
-def test_uniform_layers_cut_is_exact():
-    """Rebuilding 3 of 32 identical layers gives the full graph's peak, over contexts, batches,
-    streams and both attention paths."""
-    for n_kv, T, ns, fa in itertools.product([256, 4096, 100000], [1, 7, 512, 2048], [1, 4], [True, False]):
-        if T % ns:
-            continue
-        shape = _uniform(32, n_kv)
-        assert len(cut_periodic_layers(shape).layers) == 2
-        assert transformer_reserve_bytes(shape, T, ns, fa) == allocate(_build(shape, T, ns, fa))
-
-
-def _gemma3(n_layer, pattern, n_kv, swa_kv, E=640, H=4, Hkv=1, hd=256, ff=2048, V=262144):
-    layers = []
-    for il in range(n_layer):
-        swa = (il + 1) % pattern != 0
-        layers.append(LayerShape(H, Hkv, hd, hd, ff, swa_kv if swa else n_kv, swa=swa, iswa=True))
-    return TransformerShape(E, V, tuple(layers), qk_norm=True, q_scale=True, embd_scale=True, post_norms=True)
-
-
-def test_periodic_layers_cut_is_exact():
-    """Gemma 3 patterns (5 sliding-window layers, 1 global; 26, 34, 48 and 62 layers, so the last
-    period is partial or whole) cut to three periods give the full graph's peak."""
-    for n_layer, (n_kv, swa_kv), T, fa in itertools.product([26, 34, 48, 62], [(4096, 1024), (131072, 1536), (512, 512)],
-                                                            [64, 512, 2048], [True, False]):
-        shape = _gemma3(n_layer, 6, n_kv, swa_kv)
-        assert len(cut_periodic_layers(shape).layers) < n_layer
-        assert transformer_reserve_bytes(shape, T, 1, fa) == allocate(_build(shape, T, 1, fa))
 
 
 def test_tiny_llama_figures():

@@ -68,6 +68,15 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, {self.op}, ne={self.ne}, {self.etype})"
 
+    def resize(self, ne0: int) -> None:
+        """Give this contiguous tensor ``ne0`` elements in its first dimension (a graph reused
+        for another KV size, :attr:`Graph.kv_sized`)."""
+        ne = (ne0, self.ne[1], self.ne[2], self.ne[3])
+        self.ne = ne
+        self.nb = nb = contiguous_nb(ne, self.etype)
+        self.nbytes = ELEMENT_BYTES[self.etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
+            (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+
 
 def contiguous_nb(ne: tuple[int, ...], etype: str) -> tuple[int, int, int, int]:
     """Byte strides of a contiguous tensor (ggml.c ``ggml_new_tensor_impl``)."""
@@ -90,6 +99,9 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
+        #: contiguous tensors whose first dimension is a KV cache's cell count, and which cache
+        #: (``True``: the sliding-window one): the KQ masks and, without flash attention, the scores
+        self.kv_sized: list[tuple[Tensor, bool]] = []
 
     # ---- creation helpers (ggml.c) ----
     def leaf(self, name: str, ne: tuple[int, ...], etype: str = "f32", *, external: bool = True,
@@ -239,9 +251,16 @@ def allocate(graph: Graph, alignment: int = CPU_ALIGNMENT) -> int:
     """Peak bytes ``ggml_gallocr`` reserves for ``graph`` on one buffer (ggml-alloc.c
     ``ggml_gallocr_alloc_graph_impl``, ``ggml_gallocr_allocate_node``, ``ggml_gallocr_free_node``).
 
-    The allocator state lives on the tensors, so a graph is allocated once."""
+    The allocator state lives on the tensors and is reset first, so a graph can be allocated
+    again after :meth:`Tensor.resize`."""
     alloc = _Allocator(alignment)
     align = alloc._align
+    for t in graph.leafs:
+        t.n_children = t.n_views = t.addr = 0
+        t.allocated = t.placed = False
+    for t in graph.nodes:
+        t.n_children = t.n_views = t.addr = 0
+        t.allocated = t.placed = False
 
     def allocate_node(t: Tensor) -> None:
         if t.external or t.allocated or t.placed or t.view_src is not None:
@@ -291,8 +310,10 @@ def allocate(graph: Graph, alignment: int = CPU_ALIGNMENT) -> int:
                 allocate_node(s)
     for node in graph.nodes:
         for p in node.src:
-            allocate_node(p)
-        allocate_node(node)
+            if not (p.external or p.placed or p.view_src is not None):
+                allocate_node(p)
+        if not (node.placed or node.view_src is not None):
+            allocate_node(node)
         for p in node.src:
             p.n_children -= 1
             if p.n_children == 0 and p.n_views == 0:

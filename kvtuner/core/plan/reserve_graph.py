@@ -15,6 +15,7 @@ llama.cpp (llama-cpp-python 0.3.36).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
@@ -226,6 +227,8 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
                                       g.reshape(cache_v, 1, hv * Hkv * n_kv * ns), vr, v_idxs))
             mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
+            if not any(t is mask for t, _ in g.kv_sized):
+                g.kv_sized.append((mask, sw))
             qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
             kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
             if flash_attn:
@@ -238,7 +241,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             else:
                 vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
                 kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
-                kq = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+                sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+                g.kv_sized += [(kq, sw), (sm, sw)]
+                kq = sm
                 kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
                 perm = g.permute(kqv, 0, 2, 1, 3)
                 attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
@@ -285,28 +290,33 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
     prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams.
 
-    Cached per shape and configuration. Layers that repeat with a period ``p`` (every layer alike:
-    ``p = 1``; Gemma 3's five sliding-window layers and one global: ``p = 6``) are cut to
-    ``3 p + n_layer mod p``: the allocator's free list is the same after every period, so the peak
-    is too (tests/test_compute_exact.py checks the cut against the full graph over a grid of
-    shapes and patterns); a 32-layer graph takes ~13 ms in full, ~1 ms cut.
+    Cached per shape and configuration. The whole graph is placed: cutting repeated layers to a
+    few periods is *not* exact (the allocator's free list keeps changing for many layers: 5 of 300
+    random shapes differed with four periods kept), and exactness is the point. The graph itself
+    depends on the KV cell counts only through the masks and scores, so it is built once per
+    shape and resized (:func:`_template`); a new context then costs one allocation pass, ~1 ms
+    for 32 layers (benchmarks/compute_accuracy.py ``--timing``).
     """
-    return allocate(_build(cut_periodic_layers(shape), n_tokens, n_stream, flash_attn))
+    kv = {}
+    for L in shape.layers:
+        if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
+            return allocate(_build(shape, n_tokens, n_stream, flash_attn))  # per-layer sizes: no template
+    template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
+    with _TEMPLATE_LOCK:
+        g = _template(template, n_tokens, n_stream, flash_attn)
+        for t, swa in g.kv_sized:
+            t.resize(kv[swa])
+        return allocate(g)
 
 
-def cut_periodic_layers(shape: TransformerShape) -> TransformerShape:
-    """``shape`` with its periodic layers cut to three periods plus the remainder (see
-    :func:`transformer_reserve_bytes`); unchanged when no period leaves fewer layers."""
-    layers = shape.layers
-    n = len(layers)
-    for p in range(1, n // 2 + 1):
-        if all(layers[i] == layers[i - p] for i in range(p, n)):
-            keep = 2 * p + n % p
-            return replace(shape, layers=layers[:keep]) if keep < n else shape
-    return shape
+_TEMPLATE_LOCK = threading.Lock()
 
 
-
+@lru_cache(maxsize=8)
+def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+    """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
+    shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
+    return _build(shape, n_tokens, n_stream, flash_attn)
 
 
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
@@ -329,6 +339,26 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
 MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
 
 
+_FACTS: dict[int, tuple[object, tuple]] = {}
+
+
+def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[int, int]]:
+    """Layer 0's tensor names (without ``blk.0.``), each layer's ``ffn_up_exps`` shape and shared
+    expert width; remembered per tensor table (a plan runs per slider move)."""
+    hit = _FACTS.get(id(tensors))
+    if hit is not None and hit[0] is tensors:
+        return hit[1]  # type: ignore[return-value]
+    names = {t.name[len("blk.0."):] for t in tensors if t.name.startswith("blk.0.")}
+    moe_layers = {int(t.name.split(".")[1]): tuple(t.shape) for t in tensors
+                  if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
+    shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in tensors
+                if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
+    if len(_FACTS) > 16:
+        _FACTS.clear()
+    _FACTS[id(tensors)] = (tensors, (names, moe_layers, shexp_ff))
+    return names, moe_layers, shexp_ff
+
+
 def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
                       type_v: str = "f16") -> TransformerShape | None:
     """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
@@ -344,7 +374,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         return None
     if any(r.swa for r in rows) and model.architecture != "gemma3":
         return None
-    names = {t.name[len("blk.0."):] for t in model.tensors if t.name.startswith("blk.0.")}
+    names, moe_layers, shexp_ff = _tensor_facts(model.tensors)
     flags = dict(extra)
     flags["fused_qkv"] = "attn_qkv.weight" in names
     flags["fused_up"] = "ffn_gate.weight" not in names
@@ -369,10 +399,6 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         flags["moe_norm_w"] = MOE_NORM_W[model.architecture]
     if not names <= known or flags["fused_up"] and model.architecture != "phi3":
         return None
-    moe_layers = {int(t.name.split(".")[1]): t.shape for t in model.tensors
-                  if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
-    shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in model.tensors
-                if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
     if moe and len(moe_layers) != model.n_layer:
         return None
     if flags["fused_qkv"] and model.architecture != "phi3":
@@ -389,6 +415,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
                               n_expert_used=model.n_expert_used if moe else 0,
                               n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
                    for il, r in enumerate(rows))
+    type_k, type_v = type_k.lower(), type_v.lower()
     rot_k = hadamard_size(layers[0].head_k) if attn_rotation(type_k, [l.head_k for l in layers]) else 0
     # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
     rot_v = 64 if attn_rotation(type_v, [l.head_v for l in layers]) else 0
