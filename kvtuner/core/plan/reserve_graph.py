@@ -61,6 +61,10 @@ class TransformerShape:
     residual_first: bool = False  # Phi-3: l_out = residual + ffn_out
     embd_scale: bool = False  # Gemma: scaled input embeddings
     post_norms: bool = False  # Gemma 2/3: norms after attention and feed-forward
+    layer_norm: bool = False  # StableLM: LayerNorm (ggml_norm) instead of RMSNorm
+    attn_norm_bias: bool = False  # StableLM: norm biases (an in-place add after the weight)
+    ffn_norm_bias: bool = False
+    output_norm_bias: bool = False
     moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
@@ -152,6 +156,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
         r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
         return g.reshape(r, *x.ne)
+    norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
     inpL = embd
     if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
@@ -167,8 +172,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     for il, L in enumerate(shape.layers):
         inpSA = inpL
         w = _weight
-        norm = g.op("RMS_NORM", f"norm-{il}", (E, T), inpL)
-        cur = g.op("MUL", f"attn_norm-{il}", (E, T), norm, w("attn_norm", E))
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
+        if shape.attn_norm_bias:
+            cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
         if L.n_head_kv > 0:
             hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
             if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
@@ -255,8 +261,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur),
                        w("post_attention_norm", E))
         ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
-        norm = g.op("RMS_NORM", f"norm-{il}", (E, T), ffn_inp)
-        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), norm, w("ffn_norm", E))
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), ffn_inp), w("ffn_norm", E))
+        if shape.ffn_norm_bias:
+            cur = g.op("ADD", f"ffn_norm-{il}", (E, T), cur, None)
         if L.n_expert:
             cur = _moe_ffn(g, shape, L, cur, T)
         elif L.n_ff > 0:
@@ -276,8 +283,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         else:
             cur = g.op("ADD", f"l_out-{il}", (E, T), cur, ffn_inp)
         inpL = cur
-    norm = g.op("RMS_NORM", "norm", (E, T), inpL)
-    result_norm = g.op("MUL", "result_norm", (E, T), norm, None)
+    result_norm = g.op("MUL", "result_norm", (E, T), g.op(norm_op, "norm", (E, T), inpL), None)
+    if shape.output_norm_bias:
+        result_norm = g.op("ADD", "result_norm", (E, T), result_norm, None)
     result_norm.is_output = True
     logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, T), None, result_norm)
     logits.is_output = True
@@ -331,6 +339,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "olmoe": {},
     "qwen3moe": {},
     "qwen2moe": {},
+    "stablelm": {"layer_norm": True},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
@@ -342,9 +351,10 @@ MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False
 _FACTS: dict[int, tuple[object, tuple]] = {}
 
 
-def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[int, int]]:
+def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[int, int], set[str]]:
     """Layer 0's tensor names (without ``blk.0.``), each layer's ``ffn_up_exps`` shape and shared
-    expert width; remembered per tensor table (a plan runs per slider move)."""
+    expert width, and the names outside the blocks; remembered per tensor table (a plan runs per
+    slider move)."""
     hit = _FACTS.get(id(tensors))
     if hit is not None and hit[0] is tensors:
         return hit[1]  # type: ignore[return-value]
@@ -353,10 +363,11 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
                   if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
     shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in tensors
                 if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
+    top = {t.name for t in tensors if not t.name.startswith("blk.")}
     if len(_FACTS) > 16:
         _FACTS.clear()
-    _FACTS[id(tensors)] = (tensors, (names, moe_layers, shexp_ff))
-    return names, moe_layers, shexp_ff
+    _FACTS[id(tensors)] = (tensors, (names, moe_layers, shexp_ff, top))
+    return names, moe_layers, shexp_ff, top
 
 
 def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
@@ -374,16 +385,23 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         return None
     if any(r.swa for r in rows) and model.architecture != "gemma3":
         return None
-    names, moe_layers, shexp_ff = _tensor_facts(model.tensors)
+    names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
+    if "ffn_norm.weight" not in names:
+        return None  # parallel residual (StableLM 2 without ffn_norm), or no feed-forward norm: not rebuilt
     flags = dict(extra)
     flags["fused_qkv"] = "attn_qkv.weight" in names
     flags["fused_up"] = "ffn_gate.weight" not in names
     flags["qkv_bias"] = "attn_q.bias" in names
     flags["qk_norm"] = "attn_q_norm.weight" in names
+    flags["attn_norm_bias"] = "attn_norm.bias" in names
+    flags["ffn_norm_bias"] = "ffn_norm.bias" in names
+    flags["output_norm_bias"] = "output_norm.bias" in top
+    if flags["qk_norm"] and flags.get("layer_norm"):
+        return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
     known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
              "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
              "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-             "post_attention_norm.weight", "post_ffw_norm.weight",
+             "post_attention_norm.weight", "post_ffw_norm.weight", "attn_norm.bias", "ffn_norm.bias",
              "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
              "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
     shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
