@@ -92,6 +92,7 @@ def main() -> int:
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ConfigError, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.plan.reserve_graph import transformer_shape
     from kvtuner.runner import dryrun
 
     rows = []
@@ -100,16 +101,18 @@ def main() -> int:
             if args.only and args.only not in label:
                 continue
             config = PlanConfig(**kwargs)
+            model = ModelProfile.from_gguf(path)
             try:
-                plan = plan_memory(ModelProfile.from_gguf(path), config)
+                plan = plan_memory(model, config)
             except ConfigError:
                 continue  # refused by both (tests/test_model_families.py checks llama.cpp refuses it too)
             got = dryrun.dry_run(path, config)
             theirs = sum(got.compute_mib.values()) * MiB
             ours = plan.compute.bytes_on("CPU")
             err = ours / theirs - 1
-            rows.append((label, kwargs, ours, theirs, err))
-            print(f"{label:18s} {str(kwargs):95s} planned {ours / MiB:9.2f} llama.cpp {theirs / MiB:9.2f} "
+            how = "graph" if transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) else "phases"
+            rows.append((label, kwargs, ours, theirs, err, how))
+            print(f"{label:18s} {str(kwargs):95s} {how:6s} planned {ours / MiB:9.2f} llama.cpp {theirs / MiB:9.2f} "
                   f"{err:+7.2%}", flush=True)
     n = len(rows)
     within = {p: sum(abs(r[4]) <= p / 100 for r in rows) for p in (2, 5, 10)}
@@ -119,12 +122,20 @@ def main() -> int:
           f"({within[5] / n:.0%}), within 10% {within[10]} ({within[10] / n:.0%}), worst {worst:.1%}, "
           f"under by more than 2% + 8 MiB: {len(under)}")
     if args.markdown:
-        print("\n| within | 2% | 5% | 10% | worst | under llama.cpp by more than 2% + 8 MiB |")
-        print("|---|---|---|---|---|---|")
-        print(f"| configurations ({n}) | {within[2]} ({within[2] / n:.0%}) | {within[5]} ({within[5] / n:.0%}) | "
-              f"{within[10]} ({within[10] / n:.0%}) | {worst:.1%} | {len(under)} |")
+        print("\n| configurations | exact (0.01 MiB) | within 2% | 5% | 10% | worst | under llama.cpp by more than 2% + 8 MiB |")
+        print("|---|---|---|---|---|---|---|")
+        for title, sel in (("all", rows), ("rebuilt graph", [r for r in rows if r[5] == "graph"]),
+                           ("phase estimate", [r for r in rows if r[5] == "phases"])):
+            m = len(sel)
+            if not m:
+                continue
+            exact = sum(f"{r[2] / MiB:.2f}" == f"{r[3] / MiB:.2f}" for r in sel)
+            w = {p: sum(abs(r[4]) <= p / 100 for r in sel) for p in (2, 5, 10)}
+            print(f"| {title} ({m}) | {exact} | {w[2]} ({w[2] / m:.0%}) | {w[5]} ({w[5] / m:.0%}) | "
+                  f"{w[10]} ({w[10] / m:.0%}) | {max(abs(r[4]) for r in sel):.1%} | "
+                  f"{sum(r[2] < 0.98 * r[3] - 8 * MiB for r in sel)} |")
         print("\nMisses (over 2%):\n")
-        for label, kwargs, ours, theirs, err in rows:
+        for label, kwargs, ours, theirs, err, _how in rows:
             if abs(err) > 0.02:
                 print(f"- {label} `{kwargs}`: {ours / MiB:.2f} vs {theirs / MiB:.2f} MiB ({err:+.1%})")
     return 0

@@ -68,10 +68,10 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor({self.name!r}, {self.op}, ne={self.ne}, {self.etype})"
 
-    def resize(self, ne0: int) -> None:
-        """Give this contiguous tensor ``ne0`` elements in its first dimension (a graph reused
-        for another KV size, :attr:`Graph.kv_sized`)."""
-        ne = (ne0, self.ne[1], self.ne[2], self.ne[3])
+    def resize(self, n: int, dim: int = 0) -> None:
+        """Give this contiguous tensor ``n`` elements in dimension ``dim`` (a graph reused for
+        another KV size, :attr:`Graph.kv_sized`)."""
+        ne = tuple(n if i == dim else x for i, x in enumerate(self.ne))  # type: ignore[assignment]
         self.ne = ne
         self.nb = nb = contiguous_nb(ne, self.etype)
         self.nbytes = ELEMENT_BYTES[self.etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
@@ -99,9 +99,11 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
-        #: contiguous tensors whose first dimension is a KV cache's cell count, and which cache
-        #: (``True``: the sliding-window one): the KQ masks and, without flash attention, the scores
-        self.kv_sized: list[tuple[Tensor, bool]] = []
+        #: contiguous tensors with a dimension of a KV cache's cell count, and which cache (``True``:
+        #: the sliding-window one): the KQ masks, the scores without flash attention, f16 copies of
+        #: an f32 cache for flash attention
+        #: (the dimension is the third item)
+        self.kv_sized: list[tuple[Tensor, bool, int]] = []
 
     # ---- creation helpers (ggml.c) ----
     def leaf(self, name: str, ne: tuple[int, ...], etype: str = "f32", *, external: bool = True,
@@ -154,6 +156,12 @@ class Graph:
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``."""
         return self.permute(a, 1, 0, 2, 3)
+
+    def cast_f16(self, a: Tensor) -> Tensor:
+        """``ggml_cast(a, GGML_TYPE_F16)``: a new contiguous f16 tensor, op CPY, sources ``a`` and itself."""
+        t = Tensor(a.name + " (f16)", "CPY", a.ne, "f16", (a,))
+        t.src = (a, t)
+        return t
 
     def view_of_op(self, op: str, name: str, target: Tensor, *src: Tensor) -> Tensor:
         """An op whose result is a view of ``target`` (``ggml_set_rows``, ``ggml_cpy``)."""

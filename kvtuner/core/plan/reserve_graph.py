@@ -65,6 +65,8 @@ class TransformerShape:
     attn_norm_bias: bool = False  # StableLM: norm biases (an in-place add after the weight)
     ffn_norm_bias: bool = False
     output_norm_bias: bool = False
+    k_f32: bool = False  # an f32 K cache (cast to f16 for flash attention)
+    v_f32: bool = False  # an f32 V cache (likewise)
     moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
@@ -172,10 +174,15 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     for il, L in enumerate(shape.layers):
         inpSA = inpL
         w = _weight
-        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
+        if L.n_head == 0:  # deci.cpp: an attention-free layer (Llama-3.1-Nemotron-51B)
+            cur = inpL
+        else:
+            cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
         if shape.attn_norm_bias:
             cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
-        if L.n_head_kv > 0:
+        if L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
+            cur = g.op("MUL_MAT", f"wo-{il}", (E, T), None, cur)
+        elif L.n_head_kv > 0:
             hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
             if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
                 qkv = g.op("MUL_MAT", f"wqkv-{il}", (hk * H + hk * Hkv + hv * Hkv, T),
@@ -233,13 +240,21 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
                                       g.reshape(cache_v, 1, hv * Hkv * n_kv * ns), vr, v_idxs))
             mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
-            if not any(t is mask for t, _ in g.kv_sized):
-                g.kv_sized.append((mask, sw))
+            if not any(t is mask for t, _, _ in g.kv_sized):
+                g.kv_sized.append((mask, sw, 0))
             qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
             kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
             if flash_attn:
                 vview = g.permute(g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)),
                                   0, 2, 1, 3)
+                # build_attn_mha: an f32 cache is cast to f16 for flash attention (ggml_cast: a new
+                # tensor, its own second source)
+                if shape.k_f32:
+                    kview = g.cast_f16(kview)
+                    g.kv_sized.append((kview, sw, 1))
+                if shape.v_f32:
+                    vview = g.cast_f16(vview)
+                    g.kv_sized.append((vview, sw, 1))
                 fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
                 attn = g.reshape(fa, hv * H, T)
                 if shape.rot_v:
@@ -248,7 +263,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
                 kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
                 sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
-                g.kv_sized += [(kq, sw), (sm, sw)]
+                g.kv_sized += [(kq, sw, 0), (sm, sw, 0)]
                 kq = sm
                 kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
                 perm = g.permute(kqv, 0, 2, 1, 3)
@@ -260,7 +275,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         if shape.post_norms:
             cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur),
                        w("post_attention_norm", E))
-        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
+        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA) if L.n_head > 0 else cur
         cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), ffn_inp), w("ffn_norm", E))
         if shape.ffn_norm_bias:
             cur = g.op("ADD", f"ffn_norm-{il}", (E, T), cur, None)
@@ -312,8 +327,8 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
         g = _template(template, n_tokens, n_stream, flash_attn)
-        for t, swa in g.kv_sized:
-            t.resize(kv[swa])
+        for t, swa, dim in g.kv_sized:
+            t.resize(kv[swa], dim)
         return allocate(g)
 
 
@@ -340,6 +355,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3moe": {},
     "qwen2moe": {},
     "stablelm": {"layer_norm": True},
+    "deci": {},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
@@ -381,8 +397,10 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     if extra is None or st.is_mla or st.recurrent_layers:
         return None
     rows = st.layers
-    if len(rows) != model.n_layer or any(not r.kv or r.reuse >= 0 or r.nextn for r in rows):
+    if len(rows) != model.n_layer or any(r.reuse >= 0 or r.nextn for r in rows):
         return None
+    if any(not r.kv and (model.architecture != "deci" or model.n_head_kv[r.il] > 0) for r in rows):
+        return None  # a layer without KV: only deci's attention-free and "linear attention" layers
     if any(r.swa for r in rows) and model.architecture != "gemma3":
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
@@ -422,19 +440,25 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     if flags["fused_qkv"] and model.architecture != "phi3":
         return None
     cells = {l.il: l.cells for l in kv_layers}
-    if len(cells) != model.n_layer:
+    if len(cells) != sum(r.kv for r in rows):
         return None
     ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 0)
     ffs = [int(x) for x in ff] if isinstance(ff, tuple) else [int(ff) if isinstance(ff, int) else 0] * model.n_layer
     iswa = st.is_iswa
-    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells[il],
+    if model.architecture == "deci" and 0 in ffs:
+        return None  # deci.cpp skips the rest of an FFN-free layer ("continue"): not rebuilt
+    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells.get(il, 0),
                               swa=r.swa and iswa, iswa=iswa,
                               n_expert=int(moe_layers[il][2]) if moe else 0,
                               n_expert_used=model.n_expert_used if moe else 0,
                               n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
                    for il, r in enumerate(rows))
     type_k, type_v = type_k.lower(), type_v.lower()
-    rot_k = hadamard_size(layers[0].head_k) if attn_rotation(type_k, [l.head_k for l in layers]) else 0
+    kv_layers_ = [l for l in layers if l.n_head_kv > 0]
+    if not kv_layers_:
+        return None
+    rot_k = hadamard_size(kv_layers_[0].head_k) if attn_rotation(type_k, [l.head_k for l in kv_layers_]) else 0
     # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
-    rot_v = 64 if attn_rotation(type_v, [l.head_v for l in layers]) else 0
-    return TransformerShape(model.n_embd, model.n_vocab, layers, rot_k=rot_k, rot_v=rot_v, **flags)
+    rot_v = 64 if attn_rotation(type_v, [l.head_v for l in kv_layers_]) else 0
+    return TransformerShape(model.n_embd, model.n_vocab, layers, rot_k=rot_k, rot_v=rot_v,
+                            k_f32=type_k == "f32", v_f32=type_v == "f32", **flags)
