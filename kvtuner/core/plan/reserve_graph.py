@@ -3,14 +3,26 @@
 ``llama_context::sched_reserve`` (src/llama-context.cpp) builds the prompt-processing graph for
 ``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output, over a full KV cache, and the
 CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_graph.allocate`).
-:func:`transformer_reserve_bytes` rebuilds that graph for the decoder layer of ``llm_build_llama``
-(src/models/llama.cpp) and its relatives (Qwen2 biases, Qwen3 Q/K norms, DeciLM per-layer head
-counts), with ``llm_graph_context::build_attn`` / ``build_attn_mha`` (src/llama-graph.cpp) for the
-attention (flash attention or ``kq`` / ``soft_max`` / ``kqv``), ``build_ffn`` for the SwiGLU
-feed-forward, and the KV cache writes of ``llama_kv_cache::cpy_k`` / ``cpy_v``
-(src/llama-kv-cache.cpp, ``ggml_set_rows``; V transposed without flash attention). The node
-order and the op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the vendored
-llama.cpp (llama-cpp-python 0.3.36).
+:func:`transformer_reserve_bytes` rebuilds that graph:
+
+- the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
+  ``inp_embd`` of ``build_inp_embd`` (``ggml_build_forward_select``, PR 18550: allocated, never
+  freed), positions, per KV cache its K/V row indices and KQ mask (f16 with flash attention),
+  ``out_ids``; the Hadamard matrices of a quantized cache (llama-kv-cache.cpp ``attn_rot_k/v``);
+- the decoder layer of ``llm_build_llama`` (src/models/llama.cpp) and its relatives: Qwen2
+  biases, Qwen3/OLMoE Q/K norms, Phi-3's fused QKV and gate+up projections, Gemma 3 (scaled
+  embeddings, post-norms, scaled Q, iSWA caches), StableLM's LayerNorm with biases, DeciLM's
+  attention-free and "linear attention" layers;
+- ``build_attn`` / ``build_attn_mha``: Q, V, K expanded first (Q, K, V for iSWA), the cache
+  writes (``ggml_set_rows``; V transposed without flash attention, one index per element), then
+  flash attention or ``kq`` / ``soft_max`` / ``kqv``, f16 casts of an f32 cache;
+- ``build_ffn`` (SwiGLU/GeGLU) or ``build_moe_ffn`` (softmax routing, top-k ``argsort``,
+  ``mul_mat_id`` experts, the weighted sum of expert views; Qwen2-MoE's shared expert);
+- the last layer's ``get_rows`` of the output rows and the output norm and head.
+
+The node order and op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the
+vendored llama.cpp (llama-cpp-python 0.3.36), and the result equals llama.cpp's dry run to the
+printed 0.01 MiB on every configuration the tests cover for these architectures.
 """
 
 from __future__ import annotations
