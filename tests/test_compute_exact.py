@@ -37,6 +37,8 @@ REAL = [
     ("llama-3.1-8b", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024)),
     ("llama-3.1-8b", dict(n_ctx=131072, flash_attn="on", n_ubatch=2048)),
     ("llama-3.1-8b", dict(n_ctx=16384, n_seq=4)),
+    ("llama-2-7b", dict(n_ctx=6144, n_seq=3)),  # 512 tokens over 3 streams: 171 each, 513 in all
+    ("llama-2-7b", dict(n_ctx=300)),  # n_batch = min(n_ctx as asked, n_batch) = 300 tokens, 512 cells
     ("llama-3.1-8b", dict(n_ctx=32768, type_k="q8_0", type_v="q8_0", flash_attn="on")),  # Hadamard rotations
     ("llama-2-7b", dict(n_ctx=8192, type_k="q4_0", flash_attn="off", n_ubatch=1024)),  # K rotation only
     ("mistral-7b-v0.3", dict(n_ctx=32768, flash_attn="on", n_ubatch=2048)),

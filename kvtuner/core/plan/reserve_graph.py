@@ -150,7 +150,12 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
 def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
-    tps = T // max(1, n_stream)  # tokens per stream
+    # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per stream, so
+    # n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 streams); n_outputs = n_tokens
+    ns_ = max(1, n_stream)
+    tps = -(-T // ns_)
+    n_out = T
+    T = tps * ns_
     ns = max(1, n_stream)
     tok = g.input("inp_tokens", (T,), "i32")
     embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
@@ -162,7 +167,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     masks: dict[int, Tensor] = {}
     k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
     v_idx_cache: dict[int, Tensor] = {}
-    out_ids = g.input("out_ids", (T,), "i32")
+    out_ids = g.input("out_ids", (n_out,), "i32")
     cache_inputs: dict[bool, dict[str, Tensor]] = {}
     def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
         """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
@@ -281,40 +286,42 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 perm = g.permute(kqv, 0, 2, 1, 3)
                 attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
             cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
-        if il == n_layer - 1:
-            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], T), cur, out_ids)
-            inpSA = g.op("GET_ROWS", "node_sa", (E, T), inpSA, out_ids)
+        Tc = T
+        if il == n_layer - 1:  # the output rows only (out_ids: n_outputs of them)
+            Tc = n_out
+            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
+            inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
         if shape.post_norms:
-            cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur),
+            cur = g.op("MUL", f"attn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
                        w("post_attention_norm", E))
-        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA) if L.n_head > 0 else cur
-        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), ffn_inp), w("ffn_norm", E))
+        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, Tc), cur, inpSA) if L.n_head > 0 else cur
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, Tc), g.op(norm_op, f"norm-{il}", (E, Tc), ffn_inp), w("ffn_norm", E))
         if shape.ffn_norm_bias:
-            cur = g.op("ADD", f"ffn_norm-{il}", (E, T), cur, None)
+            cur = g.op("ADD", f"ffn_norm-{il}", (E, Tc), cur, None)
         if L.n_expert:
-            cur = _moe_ffn(g, shape, L, cur, T)
+            cur = _moe_ffn(g, shape, L, cur, Tc)
         elif L.n_ff > 0:
             if shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
-                up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, T), w("ffn_up", E, 2 * L.n_ff), cur)
-                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, T), up)
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, Tc), w("ffn_up", E, 2 * L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), up)
             else:
-                gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, T), w("ffn_gate", E, L.n_ff), cur)
-                up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, T), w("ffn_up", E, L.n_ff), cur)
-                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, T), gate, up)
-            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), w("ffn_down", L.n_ff, E), act)
+                gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, Tc), w("ffn_gate", E, L.n_ff), cur)
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, Tc), w("ffn_up", E, L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up)
+            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), w("ffn_down", L.n_ff, E), act)
         if shape.post_norms:
-            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur),
+            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), cur),
                        w("post_ffw_norm", E))
         if shape.residual_first:
-            cur = g.op("ADD", f"l_out-{il}", (E, T), ffn_inp, cur)
+            cur = g.op("ADD", f"l_out-{il}", (E, Tc), ffn_inp, cur)
         else:
-            cur = g.op("ADD", f"l_out-{il}", (E, T), cur, ffn_inp)
+            cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, ffn_inp)
         inpL = cur
-    result_norm = g.op("MUL", "result_norm", (E, T), g.op(norm_op, "norm", (E, T), inpL), None)
+    result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
     if shape.output_norm_bias:
-        result_norm = g.op("ADD", "result_norm", (E, T), result_norm, None)
+        result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, T), None, result_norm)
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
     logits.is_output = True
     g.expand(logits)
     return g
