@@ -2,9 +2,9 @@
 and placed by a model of ggml-alloc (core/plan/ggml_graph.py), against llama.cpp's own dry run.
 
 ``REAL`` are real-size shapes (tests/gguf_factory.py ``write_real_shape``, sparse Q4_K_M files)
-on the CPU alone, with flash attention auto/on/off, n_ubatch 512/1024/2048 and contexts from 2K to
-128K; among them the llama-2-7B counterexample of issue 10 (fa auto, n_ubatch 512, ctx 4096:
-llama.cpp 100.51 MiB, the phase estimate 84.51). Architectures the graph model rebuilds must match
+on the CPU alone, with flash attention auto/on/off, n_ubatch 512/1024/2048, contexts from 300 tokens
+to 128K, 1-4 streams and quantized or f32 caches; among them the llama-2-7B counterexample of
+issue 10 (fa auto, n_ubatch 512, ctx 4096: llama.cpp 100.51 MiB, the phase estimate 84.51). Architectures the graph model rebuilds must match
 to the printed 0.01 MiB; the others keep the phase estimate and its bound (never under llama.cpp
 by more than 2% + 8 MiB).
 """
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from gguf_factory import RealShape
 from kvtuner.core.plan.reserve_graph import LayerShape, TransformerShape, transformer_reserve_bytes
 from kvtuner.core.units import MiB
-
-from gguf_factory import RealShape  # noqa: E402
 
 #: MoE shapes not in gguf_factory.REAL_SHAPES (layers cut to 8: the reserve graph repeats per layer)
 EXTRA_SHAPES = {
@@ -56,6 +55,25 @@ REAL = [
     ("qwen3-30b-a3b", dict(n_ctx=8192, flash_attn="off", type_k="q8_0")),
     ("mixtral-8x7b", dict(n_ctx=32768)),
 ]
+
+
+def test_allocator_reuses_in_place_frees_at_last_use_and_merges_blocks():
+    """ggml-alloc's rules on a five-node graph: x (1 KiB input) at 0, y (2 KiB) at 1024, SCALE
+    runs in place on y, x is freed after y so w (512 B) best-fits at 0, freeing y's block merges it
+    with the buffer's end, and the output (4 KiB) lands at 512: peak 4608 bytes."""
+    from kvtuner.core.plan.ggml_graph import Graph, allocate
+
+    g = Graph()
+    x = g.input("x", (256,), "f32")
+    y = g.op("MUL_MAT", "y", (512,), None, x)
+    z = g.op("SCALE", "z", (512,), y)
+    w = g.op("MUL_MAT", "w", (128,), None, z)
+    out = g.op("MUL_MAT", "out", (1024,), None, w)
+    out.is_output = True
+    g.expand(out)
+    assert [t.name for t in g.nodes] == ["y", "z", "w", "out"] and [t.name for t in g.leafs] == ["x"]
+    assert allocate(g) == 4608
+    assert (x.addr, y.addr, z.addr, w.addr, out.addr) == (0, 1024, 1024, 0, 512)
 
 
 def test_tiny_llama_figures():
