@@ -32,7 +32,7 @@ from ..core.plan.config import ConfigError, PlanConfig
 from ..core.session import Assessment, Session
 from ..core.speed.speed_model import speed_band
 from ..core.store.library import ConfigLibrary, autosave_enabled
-from ..runner.dryrun import dry_run
+from ..runner.dryrun import dry_run, probe_structure
 from .about import install_help_menu
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
@@ -346,6 +346,31 @@ class MainWindow(QtWidgets.QMainWindow):
         self.status.showMessage(f"opened {self.model_path.name}", 5000)
         self.replan()
         self.refresh_known_good()
+        self._probe_structure_if_needed()
+
+    def _probe_structure_if_needed(self) -> None:
+        """A model whose layer structure kvtuner's rules do not cover (the plan says "approximate"):
+        read it from the installed llama.cpp once, off the GUI thread (a no_alloc load in a child
+        process, remembered by the session's structure store), then replan; as ``kvtuner plan``
+        does (cli/plan.py ``probe``)."""
+        if self.model_path is None or not self.session.needs_structure_probe:
+            return
+        model, path = self.model, self.model_path
+        self.status.showMessage(f"reading {model.architecture}'s layer structure from llama.cpp (once per model) ...")
+
+        def done(probed: Any) -> None:
+            if model is not self.model:
+                return
+            self.session.set_structure(probed)
+            self.status.showMessage(f"{model.architecture}'s layer structure read from llama.cpp", 5000)
+            self.replan()
+
+        def failed(exc: BaseException) -> None:
+            log.warning("structure probe of %s failed: %s", path, exc)
+            self.status.showMessage("llama.cpp could not be asked for the layer structure: the plan stays approximate",
+                                    8000)
+
+        self.tasks.submit(lambda: probe_structure(path, model.structure), done, failed)
 
     def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
         name = path.name if path else "the default model"
@@ -443,6 +468,8 @@ class MainWindow(QtWidgets.QMainWindow):
             self.controls.show_error(str(exc))
             return
         self.controls.show_error(None)
+        if self.controls.resolved_notes:  # llama-server defaults, shown resolved
+            self.status.showMessage("; ".join(self.controls.resolved_notes), 8000)
         self.set_config(config)
 
     def _on_hardware_changed(self) -> None:

@@ -393,7 +393,8 @@ def plan_memory(
         if n_ctx_seq == 0:  # pragma: no cover - pad_to of a positive number is >= 256
             raise ConfigError("n_ctx / n_seq rounds to 0: raise --ctx or lower --parallel")
         n_ctx = n_ctx_seq * cfg.n_seq
-    n_batch = min(n_ctx, cfg.n_batch)
+    # llama-context.cpp: n_batch = min(n_ctx, n_batch) with the context as asked, before it is padded
+    n_batch = min(cfg.n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
@@ -465,7 +466,8 @@ def plan_memory(
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
-        kv_f16=tk.name == "f16" and tv.name == "f16",
+        kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
+        type_k=tk.name, type_v=tv.name,
     )
     if exact is not None and exact.compute:
         compute_override = exact.compute
