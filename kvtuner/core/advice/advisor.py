@@ -237,6 +237,20 @@ class _Ctx:
         return best
 
 
+    def smallest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool]) -> int | None:
+        """Smallest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone:
+        more experts on the host never needs more VRAM)."""
+        best = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = self.replan({field: mid})
+            if p is not None and ok(p):
+                best, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        return best
+
+
 def _label(fix: dict[str, object]) -> str:
     """Button text of a fix, in the catalogue's words (``"Use context 8192, flash attention on"``)."""
     if not fix:
@@ -250,6 +264,12 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     cfg, plan = c.plan.config, c.plan
     if cfg.flash_attn == "off":
         yield {"flash_attn": "on"}
+    if gpu and plan.model.n_expert and not cfg.cpu_moe and any(d.expert_bytes for d in plan.gpus):
+        # MoE: experts to the host before anything else (issue 12): attention, KV and the dense part
+        # stay in VRAM and a token reads only n_expert_used / n_expert of the moved experts
+        n = c.smallest("n_cpu_moe", cfg.n_cpu_moe + 1, plan.model.n_layer, ok)
+        if n is not None:
+            yield {"n_cpu_moe": n}
     for ub in (256, 128):
         if plan.n_ubatch > ub:
             yield {"n_ubatch": ub}
@@ -292,7 +312,7 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             "vram-oom", "error",
             f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV {fmt_bytes(d.kv_bytes)}, "
             f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
-            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}.",
+            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}." + _moe_note(c, fix),
             "total = weights + KV + compute + driver overhead must stay under capacity - margin "
             "(llama.cpp's --fit keeps 1 GiB per device free by default for the driver and desktop)",
             fix,
@@ -309,6 +329,19 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             "an allocation larger than the free VRAM fails (measured during the run)", fix,
         ))
     return out
+
+
+def _moe_note(c: _Ctx, fix: dict[str, object]) -> str:
+    """For an ``n_cpu_moe`` fix: what moves and the decode speed predicted with it."""
+    if "n_cpu_moe" not in fix:
+        return ""
+    p = c.replan(fix)
+    if p is None:
+        return ""
+    tok_s = c.decode(p)
+    speed = f", decode predicted {tok_s:.1f} tok/s" if tok_s else ""
+    return (f" With the experts of the first {fix['n_cpu_moe']} layers in RAM ({fmt_bytes(p.host.expert_bytes)}) "
+            f"it fits{speed}.")
 
 
 def _rule_ram_oom(c: _Ctx) -> list[Advice]:

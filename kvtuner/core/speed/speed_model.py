@@ -70,7 +70,7 @@ from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
 from .cpu_probe import CpuRates, ProbeError, attn_key, nearest
-from .weights import WeightSummary, weight_summary
+from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
 DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.9692e9
@@ -516,14 +516,23 @@ def _attn_dims(plan: MemoryPlan, il: int) -> tuple[int, int]:
     return m.n_head[il], m.head_dim_k_at(il) + m.head_dim_v_at(il)
 
 
-def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tuple[str, float, float, float]]:
-    """(type, bytes read per call, FLOPs per token, rows per matmul) of layer ``il``'s weights: an
-    expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least 1)."""
+def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int,
+                   moved: dict[int, list[tuple[str, TypedWeights]]] | None = None,
+                   ) -> list[tuple[str | None, str, float, float, float]]:
+    """(device, type, bytes read per call, FLOPs per token, rows per matmul) of layer ``il``'s
+    weights: an expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least
+    1). ``device`` is None for weights on the layer's device, else where a tensor override put
+    them (``moved``: :func:`.weights.moved_weights`)."""
     share = s.expert_share(n_tokens_per_call)
     act = s.active_fraction()
     u = float(n_tokens_per_call)
-    return [(w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
-             max(1.0, u * act) if w.expert else u) for w in s.layers[il]]
+    groups: list[tuple[str | None, TypedWeights]] = [(None, w) for w in s.layers[il]]
+    for dev, mw in (moved or {}).get(il, ()):
+        groups = [(d, replace(w, bytes_=max(0, w.bytes_ - mw.bytes_), params=max(0, w.params - mw.params)))
+                  if d is None and (w.ggml_type, w.expert) == (mw.ggml_type, mw.expert) else (d, w) for d, w in groups]
+        groups.append((dev, mw))
+    return [(d, w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
+             max(1.0, u * act) if w.expert else u) for d, w in groups if w.bytes_ or w.params]
 
 
 @dataclass(frozen=True)
@@ -542,13 +551,21 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     s = weight_summary(m)
     wdev, out_dev = _devices_of(plan)
     acc = _Acc(plan)
+    moved = moved_weights(m, plan.moves.device_of())
+    crossings = pcie = 0.0
     for il in range(m.n_layer):
-        for t, b, f, _ in _layer_weights(s, il, 1):
-            acc.weight(wdev[il], t, b, f)
+        away = set()
+        for dev, t, b, f, _ in _layer_weights(s, il, 1, moved):
+            acc.weight(dev or wdev[il], t, b, f)
+            if dev and dev != wdev[il]:
+                away.add(dev)
         acc.nl[wdev[il]] += 1
+        # a layer whose experts (or other tensors) sit on another device runs those ops there:
+        # the activations go there and back (ggml_backend_sched splits at each device change)
+        crossings += 2 * len(away)
+        pcie += 2 * 4.0 * m.n_embd * len(away)
     for w in s.output:
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
-    crossings = pcie = 0.0
     kv = []
     n_stream = max(1, plan.n_stream)
     for lk in plan.kv_layers:
@@ -623,12 +640,20 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of >= 32 rows run on the GPU
     acc = _Acc(plan)
     pcie = crossings = 0.0
+    moved = moved_weights(m, plan.moves.device_of())
     for il in range(m.n_layer):
         run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
-        for t, b, f, rows in _layer_weights(s, il, u):
-            acc.weight(run_on, t, b * n_calls, f * n_prompt, rows)
-            if run_on != wdev[il]:
-                pcie += b * n_calls  # host weights copied to the GPU for every ubatch
+        for dev, t, b, f, rows in _layer_weights(s, il, u, moved):
+            home = dev or wdev[il]
+            run = gpu0 if (offload and home == HOST) else home
+            acc.weight(run, t, b * n_calls, f * n_prompt, rows)
+            if run != home:
+                # host weights copied to the GPU for every ubatch; of expert tensors only the
+                # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
+                pcie += b * n_calls
+            elif dev and dev != wdev[il] and not offload:
+                crossings += 2 * n_calls
+                pcie += 2 * 4.0 * m.n_embd * n_prompt
         acc.nl[run_on] += 1
     for w in s.output:  # logits of the last token only
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
