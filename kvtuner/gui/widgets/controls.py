@@ -186,8 +186,13 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ubatch.setKeyboardTracking(False)
         self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
+        # MoE only (shown by set_model_layers): --n-cpu-moe, the experts of the first N layers in RAM
+        self.moe = _SliderEntry()
+        self.moe.setToolTip(config_field("n_cpu_moe").tooltip())
+
         self._labels = {}
         for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
+                               ("n_cpu_moe", self.moe, self.moe.slider),
                                ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
                                ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
@@ -205,6 +210,7 @@ class ConfigControls(QtWidgets.QGroupBox):
 
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
+        self.moe.valueChanged.connect(self._emit)
         self.parallel.valueChanged.connect(self._emit)
         self.ubatch.valueChanged.connect(self._emit)
         self.type_k.currentTextChanged.connect(self._on_type_k_changed)
@@ -215,10 +221,14 @@ class ConfigControls(QtWidgets.QGroupBox):
 
     # -- model and config in -------------------------------------------------------------------
 
-    def set_model_layers(self, n_layer: int, n_ctx_train: int) -> None:
-        """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M)."""
+    def set_model_layers(self, n_layer: int, n_ctx_train: int, n_expert: int = 0) -> None:
+        """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M);
+        the "MoE layers with experts on CPU" slider (0 .. n_layer) only for a MoE model (``n_expert`` > 0)."""
         self._n_layer = n_layer
         self.ngl.setRange(0, n_layer + 1)
+        self.moe.setRange(0, n_layer)
+        for w in (self.moe, self._labels["n_cpu_moe"]):
+            w.setVisible(n_expert > 0)
         self._ctx_values = ctx_slider_values(n_ctx_train)
         self.ctx.slider.blockSignals(True)
         self.ctx.slider.setRange(0, len(self._ctx_values) - 1)
@@ -264,6 +274,7 @@ class ConfigControls(QtWidgets.QGroupBox):
                 w.setCurrentText(v)
                 w.blockSignals(False)
             self.parallel.setValue(config.n_seq)
+            self.moe.setValue(self._n_layer if config.cpu_moe else min(config.n_cpu_moe, self._n_layer))
             self.ubatch.blockSignals(True)
             self.ubatch.setValue(config.n_ubatch)
             self.ubatch.blockSignals(False)
@@ -288,6 +299,9 @@ class ConfigControls(QtWidgets.QGroupBox):
             "n_seq": self.parallel.value(),
             "n_ubatch": self.ubatch.value(),
         }
+        if not self.moe.isHidden() and not (self._base.cpu_moe and self.moe.value() >= self._n_layer):
+            changes["n_cpu_moe"] = self.moe.value()
+            changes["cpu_moe"] = False  # the slider now says how many layers
         return self._base.with_(**changes)
 
     def show_error(self, message: str | None) -> None:
