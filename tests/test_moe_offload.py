@@ -196,3 +196,57 @@ def test_llama_cpp_python_snippet_with_overrides_runs(tmp_path, granite_moe):
     out = subprocess.run([sys.executable, "-c", child, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("decoded 4")
+
+
+# ---------------------------------------------------------------- --n-cpu-ffn (issue 12, item 7)
+@pytest.fixture(scope="module")
+def llama8b(tmp_path_factory):
+    from gguf_factory import write_real_shape
+
+    return write_real_shape(tmp_path_factory.mktemp("dense") / "llama-3.1-8b.gguf", "llama-3.1-8b", "Q4_K_M")
+
+
+def test_n_cpu_ffn_moves_the_dense_ffn_of_the_first_layers(llama8b):
+    from kvtuner.core.plan.placement import FFN_DENSE_REGEX
+
+    cfg = PlanConfig(n_cpu_ffn=3, flash_attn="on")
+    assert tensor_overrides(cfg) == tuple((rf"blk\.{i}" + FFN_DENSE_REGEX, "CPU") for i in range(3))
+    table = _table(llama8b)
+    plan = plan_memory(ModelProfile.from_gguf(llama8b), cfg, [what_if_gpu(24 * GiB)])
+    want = {n: b for n, b in table.items() if re.search(r"^blk\.[0-2]\.ffn_(up|down|gate)\.", n)}
+    assert len(want) == 9 and {n: b for n, _, _, b in plan.moves.moved} == want
+    assert all(lk.device == "CUDA0" for lk in plan.kv_layers)  # attention and KV stay in VRAM
+    assert "--n-cpu-ffn 3" in export("llama-server", llama8b, cfg).text
+    kobold = json.loads(export("koboldcpp", llama8b, cfg).text)
+    assert kobold["overridetensors"].count("=CPU") == 3
+
+
+def test_advisor_offers_the_fastest_of_kv_split_ngl_cut_and_n_cpu_ffn(llama8b):
+    """Item 7: the KV split, the -ngl cut and the FFN split are ordered by predicted decode speed."""
+    from kvtuner.core.speed.speed_model import decode_tok_s, predict_speed, speed_inputs
+
+    model = ModelProfile.from_gguf(llama8b)
+    gpus, host = [what_if_gpu(6 * GiB)], HostSpec(total_bytes=64 * GiB, available_bytes=60 * GiB)
+    inputs = speed_inputs(gpus, host, n_threads=4, measure=False)
+    limit = 5 * GiB  # 6 GiB less the advisor's 1 GiB margin
+    chosen = set()
+    for n_ctx in (8192, 32768):
+        base = PlanConfig(n_ctx=n_ctx, flash_attn="on", type_k="q8_0", type_v="q8_0", n_ubatch=128)
+        plan = plan_memory(model, base, gpus, host)
+        (oom,) = [a for a in advise(plan, predict_speed(plan, inputs)) if a.id == "vram-oom"]
+
+        def fits(cfg):
+            return plan_memory(model, cfg, gpus, host).gpus[0].total_bytes <= limit
+
+        def mean(cfg):
+            p = plan_memory(model, cfg, gpus, host)
+            return (decode_tok_s(p, inputs, 0) + decode_tok_s(p, inputs, p.n_ctx_seq - 1)) / 2
+
+        kv = [k for k in range(model.n_layer) if fits(base.with_(kv_gpu_layers=k))]
+        ngl = [n for n in range(model.n_layer + 1) if fits(base.with_(n_gpu_layers=n))]
+        ffn = [n for n in range(model.n_layer + 1) if fits(base.with_(n_cpu_ffn=n))]
+        cands = ([{"kv_gpu_layers": max(kv)}] if kv else []) + ([{"n_gpu_layers": max(ngl)}] if ngl else []) \
+            + ([{"n_cpu_ffn": min(ffn)}] if ffn else [])
+        assert oom.fix == max(cands, key=lambda fx: mean(base.with_(**fx)))
+        chosen.add(next(iter(oom.fix)))
+    assert "n_cpu_ffn" in chosen  # the FFN split wins somewhere

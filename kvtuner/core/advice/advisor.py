@@ -276,13 +276,26 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     if cfg.type_k == "f16" or cfg.type_v == "f16":
         yield {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if cfg.flash_attn == "off" else {})}
     if gpu and plan.n_gpu_repeating:
+        fixes = []
         k = c.largest("kv_gpu_layers", 0, plan.n_gpu_repeating - 1, ok) if plan.kv_gpu_layers else None
         if k is not None:
-            yield {"kv_gpu_layers": k}
+            fixes.append({"kv_gpu_layers": k})
         top = plan.model.n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
         n = c.largest("n_gpu_layers", 0, top - 1, ok, {"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else None)
         if n is not None:
-            yield {"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})}
+            fixes.append({"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})})
+        if not plan.model.n_expert and cfg.n_gpu_layers == ALL_LAYERS and cfg.kv_gpu_layers is None:
+            # the other direction (issue 12, item 7): every layer's attention and KV stay in VRAM,
+            # the FFN of the first layers goes to RAM (llama.cpp's --n-cpu-ffn)
+            f = c.smallest("n_cpu_ffn", cfg.n_cpu_ffn + 1, plan.model.n_layer, ok)
+            if f is not None:
+                fixes.append({"n_cpu_ffn": f})
+        if len(fixes) > 1 and c.speed is not None and c.speed.inputs is not None:
+            # KV split, -ngl cut or FFN split: the speed model orders them, fastest first (mean of
+            # the predicted decode with an empty and a full context); without a prediction the
+            # order stays KV split, -ngl cut, FFN split
+            fixes.sort(key=lambda fx: -_mean_decode(c, fx))
+        yield from fixes
     n_ctx = cfg.n_ctx
     for _ in range(8):
         n_ctx //= 2
@@ -329,6 +342,16 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             "an allocation larger than the free VRAM fails (measured during the run)", fix,
         ))
     return out
+
+
+def _mean_decode(c: _Ctx, fix: dict[str, object]) -> float:
+    """Mean of the predicted decode tok/s with an empty and a full context for ``fix`` (0 when
+    there is no speed prediction)."""
+    p = c.replan(fix)
+    if p is None:
+        return 0.0
+    a, b = c.decode(p), c.decode(p, full=True)
+    return (a + b) / 2 if a and b else 0.0
 
 
 def _moe_note(c: _Ctx, fix: dict[str, object]) -> str:

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..model.ggml_types import kv_type
 from ..plan.fields import FIELDS
+from ..plan.placement import tensor_overrides
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: quantkv level -> KV type (koboldcpp --help).
@@ -121,6 +122,8 @@ def render(
     if config.n_cpu_moe or config.cpu_moe:
         settings[key["n_cpu_moe"]] = n_layer() if config.cpu_moe else config.n_cpu_moe
     overrides = list(config.tensor_overrides)
+    if config.n_cpu_ffn:  # koboldcpp has no --n-cpu-ffn: llama.cpp's overrides, spelled out
+        overrides += [f"{p}={b}" for p, b in tensor_overrides(config)[-config.n_cpu_ffn:]]
     experimental = False
     if placement.mode == "split":
         overrides.append(override_pattern(placement.override_layers, gpu_buffer_type))

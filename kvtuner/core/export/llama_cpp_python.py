@@ -70,6 +70,8 @@ def _override_words(config: PlanConfig) -> list[str]:
         out.append("--cpu-moe")
     if config.n_cpu_moe:
         out.append(f"--n-cpu-moe {config.n_cpu_moe}")
+    if config.n_cpu_ffn:
+        out.append(f"--n-cpu-ffn {config.n_cpu_ffn}")
     return out
 
 

@@ -58,6 +58,9 @@ class PlanConfig:
             per layer ``i < N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``, ``LLM_FFN_EXPS_REGEX``).
         cpu_moe: keep every layer's expert tensors in host memory (``--cpu-moe``: one override
             ``\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU``, common/common.h ``llm_ffn_exps_cpu_override``).
+        n_cpu_ffn: keep the dense FFN tensors of the first N layers in host memory
+            (``--n-cpu-ffn N``): one override ``blk\\.i\\.ffn_(up|down|gate)\\.=CPU`` per layer
+            ``i < N`` (common/common.h ``LLM_FFN_DENSE_REGEX``): attention and KV stay in VRAM.
         tensor_overrides: ``PATTERN=BUFFER`` tensor buffer-type overrides (``-ot``, in the order
             given; llama.cpp takes the first pattern that ``std::regex_search`` finds in a tensor's
             name, llama-model-loader.cpp). BUFFER is ``CPU`` or ``CUDA0``, ``CUDA1`` ...
@@ -77,6 +80,7 @@ class PlanConfig:
     use_mmap: bool = True
     n_cpu_moe: int = 0
     cpu_moe: bool = False
+    n_cpu_ffn: int = 0
     tensor_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -108,6 +112,8 @@ class PlanConfig:
             raise ConfigError(f"--batch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_batch}")
         if not 0 <= self.n_cpu_moe <= MAX_INT32:
             raise ConfigError(f"--n-cpu-moe must be a number of layers from 0 up, not {self.n_cpu_moe}")
+        if not 0 <= self.n_cpu_ffn <= MAX_INT32:
+            raise ConfigError(f"--n-cpu-ffn must be a number of layers from 0 up, not {self.n_cpu_ffn}")
         object.__setattr__(self, "tensor_overrides", tuple(self.tensor_overrides))
         for text in self.tensor_overrides:
             parse_override(text)

@@ -175,6 +175,12 @@ FIELDS: tuple[ConfigField, ...] = (
         "keep the MoE expert weights of every layer in host RAM",
         "llama.cpp's -ot \\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU (common/common.h llm_ffn_exps_cpu_override)."),
     ConfigField(
+        "n_cpu_ffn", "--n-cpu-ffn", ("-ncffn",), "--n-cpu-ffn", "int", "Layers with FFN on CPU",
+        "keep the dense FFN weights of the first N layers in host RAM (default 0)",
+        "llama.cpp adds -ot blk\\.i\\.ffn_(up|down|gate)\\.=CPU for each layer i < N (common/common.h\n"
+        "LLM_FFN_DENSE_REGEX): attention and KV stay in VRAM, the CPU computes those FFNs.",
+        unit="layers", phrase="FFN of {} layers on the CPU"),
+    ConfigField(
         "tensor_overrides", "--override-tensor", ("-ot",), "-ot", "list", "Tensor overrides (-ot)",
         "PATTERN=BUFFER: put tensors whose name matches the regex in BUFFER (CPU, CUDA0 ...); repeatable, comma-separated",
         "llama.cpp takes the first pattern std::regex_search finds in the tensor name (llama-model-loader.cpp);\n"

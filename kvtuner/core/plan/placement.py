@@ -101,10 +101,11 @@ def ffn_block_regex(il: int, ffn_regex: str = FFN_EXPS_REGEX) -> str:
 
 def tensor_overrides(config: PlanConfig) -> tuple[tuple[str, str], ...]:
     """The ``(regex, buffer)`` tensor overrides a configuration gives llama.cpp, in the order
-    common/arg.cpp appends them for ``-ot ... --cpu-moe --n-cpu-moe N`` (kvtuner's exports
-    write the flags in that order): the ``-ot`` overrides as given, then ``--cpu-moe``'s
+    common/arg.cpp appends them for ``-ot ... --cpu-moe --n-cpu-moe N --n-cpu-ffn M`` (kvtuner's
+    exports write the flags in that order): the ``-ot`` overrides as given, then ``--cpu-moe``'s
     ``FFN_EXPS_REGEX=CPU`` (``llm_ffn_exps_cpu_override``), then one ``blk\\.i`` + ``FFN_EXPS_REGEX
-    =CPU`` per layer ``i < n_cpu_moe`` (``llm_add_n_cpu_ffn_overrides``). llama.cpp takes the
+    =CPU`` per layer ``i < n_cpu_moe`` (``llm_add_n_cpu_ffn_overrides``), then ``blk\\.i`` +
+    ``FFN_DENSE_REGEX=CPU`` per layer ``i < n_cpu_ffn``. llama.cpp takes the
     first match (llama-model-loader.cpp ``create_tensor``: ``break`` after ``regex_search``).
 
     Raises:
@@ -114,6 +115,7 @@ def tensor_overrides(config: PlanConfig) -> tuple[tuple[str, str], ...]:
     if config.cpu_moe:
         out.append((FFN_EXPS_REGEX, "CPU"))
     out += [(ffn_block_regex(i), "CPU") for i in range(config.n_cpu_moe)]
+    out += [(ffn_block_regex(i, FFN_DENSE_REGEX), "CPU") for i in range(config.n_cpu_ffn)]
     return tuple(out)
 
 
