@@ -13,7 +13,10 @@ calibration), like benchmarks/speed_validation.py, whose stored runs this reuses
                     (benchmarks/speed_cpu_runs.json, measured before this constant existed), and
                     the rows of benchmarks/moe_cpu_runs.json measured here with --measure:
                     Qwen3-30B-A3B's per-layer shapes (qwen3moe, 128 experts / 8 used) with 8 of its
-                    48 layers (the full model does not fit beside three other jobs in 24 GiB)
+                    48 layers (the full model does not fit beside three other jobs in 24 GiB),
+                    each benched between two runs of the fitting row (the "anchor"), so that a
+                    measurement taken while other jobs load the machine can be read against the
+                    slowdown they caused (its quiet-machine speed is stored)
 
 Errors are ``predicted / measured - 1``.
 
@@ -103,23 +106,37 @@ def fit(rows: list[dict], probe: dict, directory: Path) -> float:
     return (lo + hi) / 2
 
 
-def measure(probe_threads: int, directory: Path, data: dict) -> dict:
+def _bench(path: Path, depth: int, threads: int) -> dict:
     from kvtuner.runner.bench import run_bench
 
+    t0 = time.time()
+    r = run_bench(path, SV.cpu_config(depth), n_prompt=SV.CPU_PROMPT, n_gen=SV.CPU_GEN, n_depth=depth, repetitions=1,
+                  n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
+    return {"depth": depth, "threads": threads, "prefill_tok_s": r.prefill_tok_s.median,
+            "decode_tok_s": r.decode_tok_s.median, "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0],
+            "t_unix": time.time()}
+
+
+def measure(threads: int, directory: Path, data: dict) -> dict:
+    """Bench the extra shapes, each between two runs of the anchor (the fitting row, stored from a
+    quiet machine), so a run beside other jobs can be read against the slowdown they caused."""
     data.setdefault("runs", [])
+    data.setdefault("anchors", [])
+    anchor = SV.fixture(FIT_ROW[0], FIT_ROW[1], directory)
     done = {(r["key"], r["depth"]) for r in data["runs"]}
     for key, _, _, ft in EXTRA_SHAPES:
         for depth in SV.CPU_DEPTHS:
             if (key, depth) in done:
                 continue
-            t0 = time.time()
-            r = run_bench(fixture(key, ft, directory), SV.cpu_config(depth), n_prompt=SV.CPU_PROMPT, n_gen=SV.CPU_GEN,
-                          n_depth=depth, repetitions=1, n_threads=probe_threads, timeout_s=3600, idle_timeout_s=3600)
-            data["runs"].append({"key": key, "ftype": ft, "set": "validate", "depth": depth, "threads": probe_threads,
-                                 "prefill_tok_s": r.prefill_tok_s.median, "decode_tok_s": r.decode_tok_s.median,
-                                 "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0], "t_unix": time.time()})
+            before = _bench(anchor, FIT_ROW[2], threads)
+            rec = {"key": key, "ftype": ft, "set": "validate", **_bench(fixture(key, ft, directory), depth, threads)}
+            after = _bench(anchor, FIT_ROW[2], threads)
+            rec["anchor"] = {k: (before[k] + after[k]) / 2 for k in ("prefill_tok_s", "decode_tok_s", "load_avg")}
+            data["runs"].append(rec)
+            data["anchors"] += [before, after]
             EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-            print(f"# measured {key} depth {depth}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"# measured {key} depth {depth}: {rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}; anchor "
+                  f"{rec['anchor']['prefill_tok_s']:.1f} / {rec['anchor']['decode_tok_s']:.2f} tok/s", flush=True)
     return data
 
 
@@ -157,6 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     for s, e in errs.items():
         if e:
             print(f"  {s:8} max |error| {max(e):.1%}, rows within 25%: {sum(x <= 0.25 for x in e)}/{len(e)}")
+    anchored = [r for r in rows if "anchor" in r]
+    if anchored:
+        (fit_row,) = [r for r in rows if (r["key"], r["ftype"], r["depth"]) == FIT_ROW and "anchor" not in r]
+        print("\nrows measured beside other jobs, read against the anchor (the fitting row benched just before and"
+              " after,\nwhose quiet-machine speed is stored): measured x (anchor quiet / anchor now)")
+        for r in predict(anchored, probe, directory):
+            fp = fit_row["prefill_tok_s"] / r["anchor"]["prefill_tok_s"]
+            fd = fit_row["decode_tok_s"] / r["anchor"]["decode_tok_s"]
+            mp, md = r["prefill_tok_s"] * fp, r["decode_tok_s"] * fd
+            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | slowdown x{fp:.2f} / "
+                  f"x{fd:.2f} | prefill {mp:7.1f} pred {r['pred_prefill']:7.1f} err {r['pred_prefill'] / mp - 1:+7.1%} | "
+                  f"decode {md:6.2f} pred {r['pred_decode']:6.2f} err {r['pred_decode'] / md - 1:+7.1%}")
     return 0
 
 
