@@ -166,8 +166,12 @@ def test_runner_passes_the_overrides_to_llama_cpp(small_moe):
     """On this CPU-only build the overrides to CPU are no-ops, but they must reach llama.cpp and load."""
     from kvtuner.runner.dryrun import dry_run
 
-    r = dry_run(small_moe, PlanConfig(n_ctx=512, n_cpu_moe=2, tensor_overrides=("output=CPU",), flash_attn="on"))
-    assert r.kv_caches
+    cfg = PlanConfig(n_ctx=512, n_cpu_moe=2, tensor_overrides=("output=CPU",), flash_attn="on")
+    r = dry_run(small_moe, cfg)
+    plain = dry_run(small_moe, PlanConfig(n_ctx=512, flash_attn="on"))
+    # a CPU-only build: the same buffers with and without the overrides (every weight is on the CPU)
+    assert (r.compute_mib, r.output_mib, r.kv_caches) == (plain.compute_mib, plain.output_mib, plain.kv_caches)
+    assert set(r.compute_mib) == {"CPU"}
 
 
 @pytest.fixture(scope="module")
