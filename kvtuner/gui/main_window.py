@@ -338,7 +338,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.run_events.reset_measured()
         self.setWindowTitle(f"kvtuner - {self.model_path.name}")
         self.model_card.set_model(model)
-        self.controls.set_model_layers(model.n_layer, model.n_ctx_train)
+        self.controls.set_model_layers(model.n_layer, model.n_ctx_train, model.n_expert)
         self.controls.set_config(self._config)
         self.show_error("")
         self.app_settings.add_recent_model(self.model_path)

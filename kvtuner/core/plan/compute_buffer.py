@@ -60,6 +60,13 @@ class ComputeEstimate:
         estimate = self.estimate_by_device or self.bytes_by_device
         return replace(self, bytes_by_device=dict(exact), source="dry-run", estimate_by_device=dict(estimate))
 
+    def plus(self, device: str, n_bytes: int) -> "ComputeEstimate":
+        """A copy with ``n_bytes`` more on ``device`` (the tensor-override planner's weight copies,
+        :mod:`kvtuner.core.plan.overrides`; added in memory_plan.py, not in this estimate)."""
+        out = dict(self.bytes_by_device)
+        out[device] = out.get(device, 0) + n_bytes
+        return replace(self, bytes_by_device=out)
+
     def estimate_on(self, device: str) -> int:
         """The analytic estimate on ``device`` even when exact figures are known."""
         return (self.estimate_by_device or self.bytes_by_device).get(device, 0)

@@ -192,8 +192,13 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ubatch.setKeyboardTracking(False)
         self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
+        # MoE only (shown by set_model_layers): --n-cpu-moe, the experts of the first N layers in RAM
+        self.moe = _SliderEntry()
+        self.moe.setToolTip(config_field("n_cpu_moe").tooltip())
+
         self._labels = {}
         for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
+                               ("n_cpu_moe", self.moe, self.moe.slider),
                                ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
                                ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
@@ -211,6 +216,7 @@ class ConfigControls(QtWidgets.QGroupBox):
 
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
+        self.moe.valueChanged.connect(self._emit)
         self.parallel.valueChanged.connect(self._emit)
         self.ubatch.valueChanged.connect(self._emit)
         self.type_k.currentTextChanged.connect(self._on_type_k_changed)
@@ -221,12 +227,16 @@ class ConfigControls(QtWidgets.QGroupBox):
 
     # -- model and config in -------------------------------------------------------------------
 
-    def set_model_layers(self, n_layer: int, n_ctx_train: int) -> None:
+    def set_model_layers(self, n_layer: int, n_ctx_train: int, n_expert: int = 0) -> None:
         """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M);
-        ``n_ctx_train`` is what a context of 0 ("training") resolves to."""
+        ``n_ctx_train`` is what a context of 0 ("training") resolves to; the "MoE layers with
+        experts on CPU" slider (0 .. n_layer) only for a MoE model (``n_expert`` > 0)."""
         self._n_layer = n_layer
         self._n_ctx_train = n_ctx_train
         self.ngl.setRange(0, n_layer + 1)
+        self.moe.setRange(0, n_layer)
+        for w in (self.moe, self._labels["n_cpu_moe"]):
+            w.setVisible(n_expert > 0)
         self._ctx_values = ctx_slider_values(n_ctx_train)
         self.ctx.slider.blockSignals(True)
         self.ctx.slider.setRange(0, len(self._ctx_values) - 1)
@@ -272,6 +282,7 @@ class ConfigControls(QtWidgets.QGroupBox):
                 w.setCurrentText(v)
                 w.blockSignals(False)
             self.parallel.setValue(config.n_seq)
+            self.moe.setValue(self._n_layer if config.cpu_moe else min(config.n_cpu_moe, self._n_layer))
             self.ubatch.blockSignals(True)
             self.ubatch.setValue(config.n_ubatch)
             self.ubatch.blockSignals(False)
@@ -296,6 +307,9 @@ class ConfigControls(QtWidgets.QGroupBox):
             "n_seq": self.parallel.value(),
             "n_ubatch": self.ubatch.value(),
         }
+        if not self.moe.isHidden() and not (self._base.cpu_moe and self.moe.value() >= self._n_layer):
+            changes["n_cpu_moe"] = self.moe.value()
+            changes["cpu_moe"] = False  # the slider now says how many layers
         if self._auto_unified is not None and changes["n_seq"] != -1:
             changes["kv_unified"] = self._auto_unified  # leaving "auto" restores the cache layout it replaced
             self._auto_unified = None
