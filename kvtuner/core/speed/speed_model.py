@@ -102,6 +102,10 @@ FALLBACK_ATTN_PREFILL_FLOPS = 1024.0
 THREAD_EFFICIENCY = 0.55
 
 
+#: Calibration parameter name prefix for one weight type's host prefill scale.
+PREFILL_TYPE_PARAM = "host_prefill_type:"
+
+
 class SpeedModelError(ValueError):
     """Bad input to the speed model; the message says what to change."""
 
@@ -125,7 +129,14 @@ class SpeedConstants:
 
     Attributes:
         host_decode_scale: multiplies the probe's decode bytes/s.
-        host_prefill_scale: multiplies the probe's prefill FLOP/s.
+        host_prefill_scale: multiplies the probe's prefill FLOP/s (every weight type).
+        host_prefill_type_scales: ``((type name, factor), ...)``: multiplies the probe's prefill
+            FLOP/s of that weight type on top of ``host_prefill_scale``; what a calibration run
+            moves, in proportion to the time its model spends in each type's kernel. One shared
+            scale did not transfer: on the 2-core VM the probe's Q5_0 rate was about 30 % optimistic
+            (most of the default model's prefill) while its Q8_0 rate was within 8 %
+            (benchmarks/speed_cpu_runs.json), so a scale fitted on the default model made every
+            Q8_0 row 17-29 % too slow.
         host_attn_scale: divides the probe's attention cost per head and cell.
         host_overhead_scale: divides the probe's per-layer and per-token costs.
         gpu_bw_efficiency: share of the datasheet bandwidth decode reaches (weights + KV); fitted 0.88.
@@ -149,6 +160,7 @@ class SpeedConstants:
 
     host_decode_scale: float = 1.0
     host_prefill_scale: float = 1.0
+    host_prefill_type_scales: tuple[tuple[str, float], ...] = ()
     host_attn_scale: float = 1.0
     host_overhead_scale: float = 1.0
     gpu_bw_efficiency: float = 0.88
@@ -162,12 +174,30 @@ class SpeedConstants:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
+            if name == "host_prefill_type_scales":
+                for typ, v in value:
+                    if not (isinstance(typ, str) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                        raise SpeedModelError(f"prefill scale of {typ!r} must be a finite number > 0, not {v!r}")
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise SpeedModelError(f"speed constant {name} must be a finite number >= 0, not {value!r}")
 
     def scaled(self, **factors: float) -> "SpeedConstants":
-        """A copy with the named constants multiplied by ``factors``."""
-        return replace(self, **{k: getattr(self, k) * v for k, v in factors.items()})
+        """A copy with the named constants multiplied by ``factors``; a name
+        ``host_prefill_type:TYPE`` multiplies that weight type's prefill scale."""
+        types = dict(self.host_prefill_type_scales)
+        plain = {}
+        for k, v in factors.items():
+            if k.startswith(PREFILL_TYPE_PARAM):
+                typ = k[len(PREFILL_TYPE_PARAM):]
+                types[typ] = types.get(typ, 1.0) * v
+            else:
+                plain[k] = getattr(self, k) * v
+        return replace(self, host_prefill_type_scales=tuple(sorted(types.items())), **plain)
+
+    def prefill_scale(self, type_name: str) -> float:
+        """The host prefill rate factor for weights of ``type_name`` (dimensionless)."""
+        return self.host_prefill_scale * dict(self.host_prefill_type_scales).get(type_name, 1.0)
 
 
 @dataclass(frozen=True)
@@ -736,7 +766,7 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:
             for typ, _, f, rows in d.weights:
-                t += f / (cpu.prefill_rate(typ, rows) * c.host_prefill_scale)
+                t += f / (cpu.prefill_rate(typ, rows) * c.prefill_scale(typ))
             t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
             t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
     except ProbeError as exc:
