@@ -25,6 +25,7 @@ from kvtuner.core.store.library import ConfigLibrary  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
 
 MEASURED = {"decode_tok_s": 41.5, "prefill_tok_s": 900.0, "load_s": 0.8, "peak_rss_bytes": 600 << 20, "kv_bytes": 3 << 20}
 
@@ -34,10 +35,14 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
     return ini_settings(tmp_path)
 
 
-def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True) -> MainWindow:
+def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True,
+            what_if: bool = True) -> MainWindow:
+    """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
     make_app()
     w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
     qtbot.addWidget(w)
+    if what_if:
+        w.hardware.set_choice(DEFAULT_WHAT_IF)
     if open_default:
         w.open_model(None)
         qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)

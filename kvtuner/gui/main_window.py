@@ -30,9 +30,9 @@ from ..core.model.default_model import default_model_path
 from ..core.model.profile import ModelProfile
 from ..core.plan.config import ConfigError, PlanConfig
 from ..core.session import Assessment, Session
-from ..core.speed.speed_model import speed_band
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run
+from .config_state import effective_config, fix_for_error, gui_wording
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
 from .settings import AppSettings, open_settings
@@ -54,6 +54,8 @@ log = logging.getLogger("kvtuner.gui")
 PULL_INTERVAL_MS = 100
 #: How often live advice is re-evaluated during a run, seconds (the pane rebuilds only on change).
 LIVE_ADVICE_INTERVAL_S = 0.5
+#: The live graphs' title.
+GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
 
 def _detect_hardware() -> tuple[list[GpuSpec], HostSpec, str]:
@@ -111,6 +113,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.runner = RunController(bench, sampler=self.sampler)
 
         self.model: ModelProfile | None = None
+        #: why the configuration asked for was refused ("" when it was not): the figures shown are stale
+        self.stale = ""
+        self._tooltips: dict[Any, str] = {}
         self.model_path: Path | None = None
         self.assessment: Assessment | None = None
         self.last_error = ""
@@ -172,7 +177,7 @@ class MainWindow(QtWidgets.QMainWindow):
         left_scroll.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         left_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
 
-        graphs_box = QtWidgets.QGroupBox("Live: memory and speed (dashed: predicted; dotted: run phases)")
+        graphs_box = self.graphs_box = QtWidgets.QGroupBox(GRAPHS_TITLE)
         gl = QtWidgets.QVBoxLayout(graphs_box)
         gl.setContentsMargins(4, 4, 4, 4)
         gl.addWidget(self.graphs)
@@ -202,6 +207,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self._build_actions()
         self.controls.changed.connect(self._on_controls_changed)
+        self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
@@ -257,11 +263,11 @@ class MainWindow(QtWidgets.QMainWindow):
         # a configuration from the command line is this session's; the remembered one stays
         # remembered until the configuration is changed in the window
         self._remember_config = config is None
-        self._config = config or s.config() or PlanConfig()
+        self._wanted = config or s.config() or PlanConfig()
         choice = s.hardware_choice()
         if choice is not None:
             self.hardware.set_choice(*choice)
-        self.controls.set_config(self._config)
+        self._apply_effective()
         self.advisor.auto_stop.setChecked(s.auto_stop())
         self.known_good.remember.setChecked(s.remember_working_configs())
         if not autosave_enabled():
@@ -280,7 +286,7 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.app_settings
         s.set_geometry(self.saveGeometry())
         if self._remember_config:
-            s.set_config(self._config)
+            s.set_config(self._wanted)
         s.set_hardware_choice(self.hardware.current_choice(), self.hardware.custom_bytes())
         s.set_auto_stop(self.advisor.auto_stop.isChecked())
         s.set_remember_working_configs(self.known_good.remember.isChecked())
@@ -334,7 +340,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.setWindowTitle(f"kvtuner - {self.model_path.name}")
         self.model_card.set_model(model)
         self.controls.set_model_layers(model.n_layer, model.n_ctx_train)
-        self.controls.set_config(self._config)
+        self._apply_effective()
         self.show_error("")
         self.app_settings.add_recent_model(self.model_path)
         self._update_recent_menu()
@@ -381,9 +387,9 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _on_profile_loaded(self, path: Path, result: tuple[Path, PlanConfig, tuple[str, ...]]) -> None:
         model_path, config, warnings = result
-        self._config = config
+        self._wanted = config
         self._remember_config = True
-        self.controls.set_config(config)
+        self._apply_effective()
         self.open_model(Path(model_path))
         self.profile_warnings = tuple(warnings)
         self.advisor.set_notes([f"Profile {path.name}: {w}" for w in warnings])
@@ -413,8 +419,49 @@ class MainWindow(QtWidgets.QMainWindow):
 
     @property
     def config(self) -> PlanConfig:
-        """The configuration shown (the last valid one)."""
+        """The configuration shown, planned, run and exported: the last valid one asked for, as
+        it applies to the hardware planned for (:func:`kvtuner.gui.config_state.effective_config`)."""
         return self._config
+
+    @property
+    def wanted_config(self) -> PlanConfig:
+        """The last valid configuration asked for, with the values of controls that do not
+        apply kept (they come back when they apply again)."""
+        return self._wanted
+
+    def _apply_effective(self) -> None:
+        """Derive the effective configuration from the one asked for and show it in the controls."""
+        n_layer = self.model.n_layer if self.model is not None else 0
+        eff = effective_config(self._wanted, n_layer, self.hardware.gpus())
+        self._config = eff.config
+        self.controls.set_config(self._wanted, eff.config, eff.not_applicable)
+
+    def _show_refusal(self, message: str, values: dict | None = None) -> None:
+        """A refused combination: say why in the window's words, offer the one-click fix when
+        there is one, keep the last valid plan marked stale and block Run and Export."""
+        fix = fix_for_error(message, values if values is not None else self.controls.values())
+        text = gui_wording(message)
+        self.controls.show_error(text, fix)
+        self.stale = text
+        self.prediction.set_stale(text)
+        self.advisor.setEnabled(False)
+        for w in (self.run_controls.run_button, self.run_action, self.export_action):
+            self._tooltips.setdefault(w, w.toolTip())
+            w.setEnabled(False)
+            w.setToolTip(f"Change the configuration first: {text}")
+
+    def _clear_refusal(self) -> None:
+        if not self.stale:
+            return
+        self.stale = ""
+        self.controls.show_error(None)
+        self.prediction.set_stale(None)
+        self.advisor.setEnabled(True)
+        self.run_controls.set_running(self.runner.running)
+        for w in (self.run_action, self.export_action):
+            w.setEnabled(True)
+        for w, tip in self._tooltips.items():
+            w.setToolTip(tip)
 
     @property
     def plan(self) -> Any:
@@ -432,33 +479,43 @@ class MainWindow(QtWidgets.QMainWindow):
         return list(self.assessment.advice) if self.assessment is not None else None
 
     def _on_controls_changed(self) -> None:
+        values = self.controls.values()
         try:
             config = self.controls.config()
         except ConfigError as exc:
-            self.controls.show_error(str(exc))
+            self._show_refusal(str(exc), values)
             return
-        self.controls.show_error(None)
         self.set_config(config)
 
+    def _on_fix_requested(self, changes: dict) -> None:
+        """The one-click fix of a refused combination: the controls' values with ``changes``."""
+        try:
+            config = self.controls.config(changes)
+        except ConfigError as exc:
+            self._show_refusal(str(exc))
+            return
+        self.set_config(config)
+        self.status.showMessage("fixed: " + self.controls.fix_button.text().lower(), 5000)
+
     def _on_hardware_changed(self) -> None:
+        self._apply_effective()
         self.replan()
 
     def set_config(self, config: PlanConfig) -> None:
-        """Make ``config`` current (a change made in the window: remembered) and replan."""
-        self._config = config
+        """Make ``config`` the one asked for (a change made in the window: remembered), show
+        how it applies to the hardware and replan."""
+        self._wanted = config
         self._remember_config = True
-        self.controls.remember(config)
+        self._apply_effective()
         self.replan()
 
     def apply_fix(self, fix: dict) -> None:
         """Apply an advice's fix (PlanConfig changes) and replan."""
         try:
-            config = self._config.with_(**fix)
+            config = self._wanted.with_(**fix)
         except (ConfigError, TypeError) as exc:
-            self.controls.show_error(f"cannot apply this fix: {exc}")
+            self._show_refusal(f"cannot apply this fix: {exc}")
             return
-        self.controls.set_config(config)
-        self.controls.show_error(None)
         self.set_config(config)
         self.status.showMessage("applied: " + ", ".join(f"{k} = {v}" for k, v in fix.items()), 5000)
 
@@ -508,24 +565,37 @@ class MainWindow(QtWidgets.QMainWindow):
         try:
             a = self._assess()
         except ConfigError as exc:
-            self.controls.show_error(str(exc))
+            self._show_refusal(str(exc))
             return
+        self._clear_refusal()
         self.assessment = a
         plan, speed = a.plan, a.speed
-        self.controls.set_kv_layers_max(plan.n_gpu_repeating)
-        badge = speed_band(speed.decode_tok_s) if speed is not None else None
         verified = a.to_dict()["verified"] if a.verified is not None else None
-        self.prediction.set_plan(plan, speed, verified, badge, speed_error=a.speed_error)
+        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error)
         self._show_advice()
+        self._show_predicted_lines(plan, speed)
+        self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    def _show_predicted_lines(self, plan: Any, speed: Any) -> None:
+        """The graphs' dashed lines: predicted for the hardware the runs measure (this machine),
+        labelled with it; a plan for a what-if card draws none (the runs measure this machine,
+        not the card) and the graphs' title says so."""
         gpus = self.hardware.gpus()
-        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, gpus) if not spec.what_if]
+        what_if = [g for g in gpus if g.what_if]
+        if what_if:
+            self.graphs.set_predicted([], [])
+            self.graphs_box.setTitle(f"Live: memory and speed of this machine (no predicted lines: the plan is for "
+                                     f"a what-if {what_if[0].name}; dotted: run phases)")
+            return
+        where = "this machine, " + (", ".join(g.name for g in gpus) if gpus else "CPU only")
+        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus]
         memory.append(("runner RAM", plan.host.total_bytes))
         speeds = []
         if speed is not None:
-            what_if = " (what-if GPU plan)" if any(g.what_if for g in gpus) else ""
-            speeds = [("decode" + what_if, speed.decode_tok_s), ("prefill" + what_if, speed.prefill_tok_s)]
+            speeds = [("decode", speed.decode_tok_s), ("prefill", speed.prefill_tok_s)]
         self.graphs.set_predicted(memory, speeds)
-        self.replan_ms = (time.perf_counter() - t0) * 1000
+        self.graphs_box.setTitle(f"Live: memory and speed on {where} (dashed: predicted; solid: measured; "
+                                 "dotted: run phases)")
 
     def _show_advice(self, running: bool | None = None) -> None:
         if self.assessment is None:
@@ -584,8 +654,6 @@ class MainWindow(QtWidgets.QMainWindow):
     def restore_working_config(self, saved: Any) -> None:
         """Put a saved working configuration (a WorkingConfig or a PlanConfig) into the controls."""
         config = getattr(saved, "config", saved)
-        self.controls.set_config(config)
-        self.controls.show_error(None)
         self.set_config(config)
         what = f"id {saved.id}, " if hasattr(saved, "id") else ""
         tok = saved.measured.get("decode_tok_s") if hasattr(saved, "measured") else None
@@ -627,6 +695,8 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.model_path is None or self.runner.running:
             return False
         self.show_error("")
+        if self.stale:
+            return False
         self.run_events.begin(self.model_path, self._config)
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
@@ -671,7 +741,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def open_export(self) -> ExportDialog | None:
         """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
-        if self.model_path is None:
+        if self.model_path is None or self.stale:
             return None
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
                            machine=self.machine, save_dir=str(self.model_path.parent), parent=self)

@@ -18,6 +18,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ...core.model.ggml_types import KV_CACHE_TYPES
 from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ...core.plan.fields import config_field
+from ...core.plan.placement import offloaded_repeating_layers
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
 CTX_MIN = 512
@@ -57,9 +58,15 @@ def nearest_index(values: list[int], value: int) -> int:
 
 
 class _AllSpinBox(QtWidgets.QSpinBox):
-    """A spin box whose maximum reads "all" (typed "all" selects it)."""
+    """A spin box whose maximum reads "all" (typed "all" selects it); "n/a" while its control
+    does not apply (:attr:`not_applicable`)."""
+
+    #: set while the control does not apply: the box reads "n/a"
+    not_applicable = False
 
     def textFromValue(self, value: int) -> str:  # noqa: N802 (Qt API)
+        if self.not_applicable:
+            return "n/a"
         return "all" if value == self.maximum() and self.maximum() > 0 else str(value)
 
     def valueFromText(self, text: str) -> int:  # noqa: N802 (Qt API)
@@ -130,10 +137,15 @@ class ConfigControls(QtWidgets.QGroupBox):
     ``-np``, ``-ub``). Emits :attr:`changed` when the user moves any of them."""
 
     changed = QtCore.Signal()
+    #: the one-click fix of a refused combination was clicked: its PlanConfig changes
+    fix_requested = QtCore.Signal(dict)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Configuration", parent)
         self._base = PlanConfig()
+        self._shown = self._base
+        #: field name -> why its control does not apply (the control reads "n/a")
+        self.not_applicable: dict[str, str] = {}
         self._n_layer = 0
         self._ctx_values = ctx_slider_values(0)
         form = QtWidgets.QFormLayout(self)
@@ -202,6 +214,11 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.error_label.setStyleSheet("color: #c0392b;")
         self.error_label.hide()
         form.addRow(self.error_label)
+        self.fix_button = QtWidgets.QPushButton()
+        self.fix_button.hide()
+        self.fix_button.clicked.connect(self._on_fix_clicked)
+        self._fix: dict[str, Any] = {}
+        form.addRow(self.fix_button)
 
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
@@ -228,30 +245,46 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ctx.spin.blockSignals(False)
 
     def set_kv_layers_max(self, n_offloaded: int) -> None:
-        """KV-layers range: 0 .. the repeating layers the plan offloads ("all" at the top)."""
-        value = self.kv.value()
-        was_all = value >= self.kv.spin.maximum()
+        """KV-layers range: 0 .. the repeating layers ``-ngl`` offloads ("all" at the top); the
+        value shown is the last configuration's, clamped."""
+        kv = self._shown.kv_gpu_layers
         self.kv.setRange(0, max(n_offloaded, 0))
-        self.kv.setEnabled(n_offloaded > 0)
-        if was_all or self._base.kv_gpu_layers is None:
-            self.kv.setValue(self.kv.spin.maximum())
-        else:
-            self.kv.setValue(min(self._base.kv_gpu_layers, n_offloaded))
+        self.kv.setValue(self.kv.spin.maximum() if kv is None else min(kv, n_offloaded))
 
-    def set_config(self, config: PlanConfig) -> None:
-        """Show ``config`` without emitting :attr:`changed`."""
+    def set_config(self, config: PlanConfig, effective: PlanConfig | None = None,
+                   not_applicable: dict[str, str] | None = None) -> None:
+        """Show a configuration without emitting :attr:`changed`.
+
+        ``config``: what the user asked for (kept for the controls that do not apply, and for
+        the fields without a control); ``effective``: what is planned, run and exported (default
+        ``config``; see :func:`kvtuner.gui.config_state.effective_config`), shown by every
+        control; ``not_applicable``: field name -> why, for the controls that read "n/a".
+        """
         self._base = config
+        shown = effective or config
+        self._shown = shown
+        self.not_applicable = dict(not_applicable or {})
         self.blockSignals(True)
         try:
-            ngl = config.n_gpu_layers
+            for name, entry in (("n_gpu_layers", self.ngl), ("kv_gpu_layers", self.kv)):
+                na = name in self.not_applicable
+                entry.spin.not_applicable = na
+                entry.setEnabled(not na)
+                tip = config_field(name).tooltip()
+                entry.setToolTip(f"Does not apply: {self.not_applicable[name]}.\n\n{tip}" if na else tip)
+            ngl = shown.n_gpu_layers
             self.ngl.setValue(self._n_layer + 1 if ngl == ALL_LAYERS or ngl > self._n_layer else ngl)
-            if config.kv_gpu_layers is None:
-                self.kv.setValue(self.kv.spin.maximum())
-            else:
-                self.kv.setValue(config.kv_gpu_layers)
-            self._show_ctx(config.n_ctx)
-            linked = config.type_k == config.type_v
-            for combo, value in ((self.type_k, config.type_k), (self.type_v, config.type_v)):
+            if "n_gpu_layers" in self.not_applicable:
+                self.ngl.setValue(0)
+            n_off = offloaded_repeating_layers(shown.n_gpu_layers, self._n_layer) if self._n_layer else 0
+            self.set_kv_layers_max(0 if "kv_gpu_layers" in self.not_applicable else n_off)
+            for entry in (self.ngl, self.kv):  # the text may change ("n/a") while the value does not
+                entry.spin.blockSignals(True)
+                entry.spin.lineEdit().setText(entry.spin.textFromValue(entry.spin.value()))
+                entry.spin.blockSignals(False)
+            self._show_ctx(shown.n_ctx)
+            linked = shown.type_k == shown.type_v
+            for combo, value in ((self.type_k, shown.type_k), (self.type_v, shown.type_v)):
                 combo.blockSignals(True)
                 combo.setCurrentText(value)
                 combo.blockSignals(False)
@@ -259,28 +292,25 @@ class ConfigControls(QtWidgets.QGroupBox):
             self.link_kv.setChecked(linked)
             self.link_kv.blockSignals(False)
             self.type_v.setEnabled(not linked)
-            for w, v in ((self.flash, config.flash_attn),):
+            for w, v in ((self.flash, shown.flash_attn),):
                 w.blockSignals(True)
                 w.setCurrentText(v)
                 w.blockSignals(False)
-            self.parallel.setValue(config.n_seq)
+            self.parallel.setValue(shown.n_seq)
             self.ubatch.blockSignals(True)
-            self.ubatch.setValue(config.n_ubatch)
+            self.ubatch.setValue(shown.n_ubatch)
             self.ubatch.blockSignals(False)
         finally:
             self.blockSignals(False)
 
-    def config(self) -> PlanConfig:
-        """The configuration the controls show (other fields kept from the last :meth:`set_config`).
-
-        Raises:
-            ConfigError: llama.cpp would refuse this combination (the message says what to change).
-        """
+    def values(self) -> dict[str, Any]:
+        """The controls' values as PlanConfig keyword arguments; a control that does not apply
+        gives the value asked for before (it is kept, not used)."""
         ngl = self.ngl.value()
         kv = self.kv.value()
-        changes: dict[str, Any] = {
+        values: dict[str, Any] = {
             "n_gpu_layers": ALL_LAYERS if ngl >= self._n_layer + 1 else ngl,
-            "kv_gpu_layers": None if (not self.kv.isEnabled() or kv >= self.kv.spin.maximum()) else kv,
+            "kv_gpu_layers": None if kv >= self.kv.spin.maximum() else kv,
             "n_ctx": self.ctx.spin.value(),
             "type_k": self.type_k.currentText(),
             "type_v": self.type_v.currentText(),
@@ -288,12 +318,27 @@ class ConfigControls(QtWidgets.QGroupBox):
             "n_seq": self.parallel.value(),
             "n_ubatch": self.ubatch.value(),
         }
-        return self._base.with_(**changes)
+        for name in self.not_applicable:
+            values[name] = getattr(self._base, name)
+        return values
 
-    def show_error(self, message: str | None) -> None:
-        """Show why the configuration is refused (plain text), or hide the message."""
+    def config(self, changes: dict[str, Any] | None = None) -> PlanConfig:
+        """The configuration asked for: the controls' values (:meth:`values`, updated with
+        ``changes``) over the fields without a control (kept from the last :meth:`set_config`).
+
+        Raises:
+            ConfigError: llama.cpp would refuse this combination (the message says what to change).
+        """
+        return self._base.with_(**{**self.values(), **(changes or {})})
+
+    def show_error(self, message: str | None, fix: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Show why the configuration is refused (plain text), or hide the message; ``fix``:
+        ``(button text, PlanConfig changes)`` for a one-click fix (:attr:`fix_requested`)."""
         self.error_label.setText(message or "")
         self.error_label.setVisible(bool(message))
+        self._fix = dict(fix[1]) if (message and fix) else {}
+        self.fix_button.setText(fix[0] if (message and fix) else "")
+        self.fix_button.setVisible(bool(message and fix))
 
     def remember(self, config: PlanConfig) -> None:
         """Record ``config`` as the base for fields without a control (after a valid change)."""
@@ -335,6 +380,9 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.type_v.setEnabled(not linked)
         if linked:
             self._on_type_k_changed(self.type_k.currentText())
+
+    def _on_fix_clicked(self) -> None:
+        self.fix_requested.emit(dict(self._fix))
 
     def _emit(self, *_: object) -> None:
         if not self.signalsBlocked():

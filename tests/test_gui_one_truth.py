@@ -1,0 +1,171 @@
+"""Issue 17: the window tells one truth. What the controls show is what is planned, predicted,
+run and exported; a control that does not apply reads "n/a" and its value is not used; a
+refused combination keeps the last plan marked stale with a one-click fix; the badge combines
+fit and speed; a machine without GPU plans for itself (CPU only) by default.
+
+Real widgets offscreen, the real default model, the real runner (a short bench) in a child."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from kvtuner.core.export import export  # noqa: E402
+from kvtuner.core.hardware.host import detect_host  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.core.speed.speed_model import speed_band  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.run_controller import BenchSettings  # noqa: E402
+from kvtuner.gui.widgets.hardware_panel import CPU_ONLY, DEFAULT_WHAT_IF  # noqa: E402
+from kvtuner.gui.widgets.prediction_panel import verdict  # noqa: E402
+
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+
+SMALL = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
+
+
+def _window(qtbot, tmp_path: Path, config: PlanConfig = SMALL, *, host=HOST, bench=None, sampler=None) -> MainWindow:
+    make_app()
+    w = MainWindow(config, settings=ini_settings(tmp_path), hardware=([], host, "test: no NVML"), bench=bench,
+                   sampler=sampler or IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    return w
+
+
+def _choose(qtbot, w: MainWindow, choice: str) -> None:
+    hw = w.hardware
+    hw.choice.setCurrentIndex(hw.choice.findData(choice))
+    assert hw.current_choice() == choice
+
+
+def _server_line(w: MainWindow) -> str:
+    dlg = w.open_export()
+    assert dlg is not None
+    try:
+        dlg.target.setCurrentText("llama-server")
+        assert dlg.result is not None, dlg.error
+        return dlg.result.text
+    finally:
+        dlg.close()
+
+
+def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path)
+    assert w.hardware.current_choice() == CPU_ONLY
+    assert "planning for this machine (CPU only)" in w.hardware.detected_label.text()
+    assert w.hardware.gpus() == [] and w.plan.n_gpu_layers == 0 and w.config.n_gpu_layers == 0
+    # GPU layers and KV layers do not apply: they read n/a and are disabled, with the reason
+    for entry in (w.controls.ngl, w.controls.kv):
+        assert entry.spin.text() == "n/a" and not entry.isEnabled()
+        assert entry.spin.toolTip().startswith("Does not apply: CPU only")
+    # the predicted lines are for this machine, labelled so
+    assert "on this machine, CPU only" in w.graphs_box.title()
+    assert {"predicted decode", "predicted prefill", "predicted runner RAM"} <= {
+        line.label.format for line, _ in w.graphs._predicted}
+    # a what-if card is an explicit choice: named, with its bandwidth; its plan draws no
+    # predicted line over this machine's measurements
+    _choose(qtbot, w, DEFAULT_WHAT_IF)
+    assert "RTX 3060 12GB" in w.hardware.choice.currentText() and "GB/s" in w.hardware.choice.currentText()
+    assert w.plan.n_gpu_layers > 0 and w.graphs._predicted == []
+    assert "no predicted lines: the plan is for a what-if RTX 3060 12GB" in w.graphs_box.title()
+
+
+def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on"))
+    before = w.assessment
+    w.controls.flash.setCurrentText("off")  # quantized V needs flash attention: llama.cpp refuses
+    assert w.stale and w.assessment is before and w.config.flash_attn == "on"
+    assert w.prediction.title().startswith("Prediction - STALE") and not w.prediction.speed_label.isEnabled()
+    text = w.controls.error_label.text()
+    assert "--" not in text and '"Flash attention (-fa)" on' in text, text  # what to click, not a flag
+    assert not w.controls.fix_button.isHidden() and w.controls.fix_button.text() == "Turn flash attention on"
+    assert not w.run_controls.run_button.isEnabled() and not w.export_action.isEnabled()
+    assert w.open_export() is None and w.start_run() is False
+    w.controls.fix_button.click()
+    assert not w.stale and w.config.flash_attn == "on" and w.controls.flash.currentText() == "on"
+    assert w.prediction.title() == "Prediction" and w.run_controls.run_button.isEnabled()
+    assert w.export_action.isEnabled() and w.controls.error_label.isHidden()
+
+
+def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=1 << 22, type_k="f32", type_v="f32"))
+    _choose(qtbot, w, DEFAULT_WHAT_IF)  # 4M tokens of f32 KV do not fit a 12 GB card ...
+    assert not w.assessment.fits
+    assert speed_band(min(w.speed.decode_tok_s, w.speed.decode_tok_s_at_full_ctx)) == "fluent"  # ... at any speed
+    assert w.prediction.badge.text() == "DOES NOT FIT" and "short" in w.prediction.badge.toolTip()
+    w.controls.set_config(SMALL)
+    w.set_config(SMALL)
+    assert w.assessment.fits
+    speed = w.speed
+    worse = min(speed.decode_tok_s, speed.decode_tok_s_at_full_ctx)
+    assert w.prediction.badge.text() == speed_band(worse).upper()
+    # full-context speed worse than the empty cache's: the badge follows it, the tooltip says why
+    slow_full = dataclasses.replace(speed, decode_tok_s=20.0, decode_tok_s_at_full_ctx=3.0)
+    name, reason = verdict(w.plan, slow_full)
+    assert name == "offline" and "with the context full" in reason and "20" in reason
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path):
+    """What-if 16 GB card, KV layers on GPU 5, then "Plan for" CPU only: the KV control reads
+    n/a and its 5 is not used; prediction, badge and advice replan; Export and Run take exactly
+    the configuration shown; the run calibrates this machine, never the what-if card."""
+    from kvtuner.core.monitor.sampler import Sampler
+
+    bench = BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False)
+    w = _window(qtbot, tmp_path, SMALL, host=detect_host(), bench=bench,
+                sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    try:
+        _choose(qtbot, w, "16 GB")
+        w.controls.kv.spin.setValue(5)
+        assert w.config.kv_gpu_layers == 5 and w.config.n_gpu_layers == -1
+        assert any(d.kind == "gpu" and d.kv_bytes for d in w.plan.devices)
+        gpu_text, gpu_speed = w.prediction.speed_label.text(), w.speed.decode_tok_s
+        assert "-ot" in _server_line(w)
+
+        _choose(qtbot, w, CPU_ONLY)
+        assert w.controls.kv.spin.text() == "n/a" and not w.controls.kv.isEnabled()
+        assert w.controls.error_label.isHidden() and not w.stale
+        assert w.config == SMALL.with_(n_gpu_layers=0, kv_gpu_layers=None)
+        assert w.plan.config == w.config and w.session.config == w.config
+        assert w.plan.n_gpu_layers == 0 and all(d.kind == "host" for d in w.plan.devices if d.kv_bytes)
+        assert w.speed.decode_tok_s != gpu_speed and w.prediction.speed_label.text() != gpu_text
+        assert w.advice == list(w.session.assess().advice)  # the advice of the CPU plan
+        name, _ = verdict(w.plan, w.speed)
+        assert w.prediction.badge.text() == name.upper()
+
+        line = _server_line(w)
+        assert line == export("llama-server", w.model_path, w.config, model=w.model).text
+        assert "-ot" not in line and "-ngl 0" in line and "-c 512" in line
+
+        assert w.start_run()
+        qtbot.waitUntil(lambda: not w.runner.running and w.last_run is not None, timeout=240_000)
+        w.pull()
+        assert w.last_error == "", w.last_error
+        assert w.run_events.run_config == w.config and w.last_run[1] == w.config
+        assert not any("Requested a" in a.message for a in w.advice)
+        qtbot.waitUntil(lambda: "recorded for speed calibration" in w.calibration_note, timeout=30_000)
+
+        # this machine's run calibrates this machine's prediction, never the what-if card's
+        w.replan()
+        assert w.speed.n_calibration_runs >= 1
+        _choose(qtbot, w, "16 GB")
+        assert w.speed.n_calibration_runs == 0
+        assert w.config.kv_gpu_layers == 5  # asked for before, not used on the CPU: back again
+        assert w.controls.kv.spin.text() == "5"
+    finally:
+        w.shutdown()
