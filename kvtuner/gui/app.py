@@ -58,10 +58,19 @@ def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | No
 
     With ``screenshot``: render offscreen, optionally after a bench (``run``), save the PNG,
     return 0 (1 if the model or the run failed, with the reason on stderr).
-    Without: run the event loop until the window closes; returns its exit status.
+    Without: run the event loop until the window closes; returns its exit status (2, with the
+    ``apt-get install`` line on stderr, when Qt's X11 plugin lacks system libraries:
+    :mod:`.platform_check`).
     """
     if screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    else:
+        from .platform_check import platform_problem
+
+        problem = platform_problem()  # Qt would abort naming the wrong package: say the right ones
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     app = make_app()
     from .main_window import MainWindow
     from .run_controller import BenchSettings
