@@ -169,3 +169,44 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert w.controls.kv.spin.text() == "5"
     finally:
         w.shutdown()
+
+
+def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
+    """Under X11 a QLineEdit takes Ctrl+E for itself ("end of line", Qt's X11 key bindings: its
+    ShortcutOverride is accepted) and Export never fired. Offscreen Qt has no X11 key bindings,
+    so a filter on the number box accepts the override the way X11's QLineEdit
+    does; the window's filter must run first and hand Ctrl+E to the Export action."""
+    from PySide6 import QtCore, QtGui, QtWidgets
+    from PySide6.QtTest import QTest
+
+    class AcceptsCtrlE(QtCore.QObject):  # what QLineEdit::event does with the X11 key bindings
+        def eventFilter(self, obj, event):
+            if event.type() == QtCore.QEvent.Type.ShortcutOverride and event.key() == QtCore.Qt.Key.Key_E:
+                event.accept()
+                return True
+            return False
+
+    w = _window(qtbot, tmp_path)
+    edit = w.controls.ctx.spin  # QAbstractSpinBox::event passes ShortcutOverride to its line edit's event()
+    x11 = AcceptsCtrlE(w)
+    edit.removeEventFilter(w._shortcuts)
+    edit.installEventFilter(x11)
+    edit.installEventFilter(w._shortcuts)  # the last installed runs first: the window's, as in the app
+    w.show()
+    w.activateWindow()
+    qtbot.waitExposed(w)
+    spin = w.controls.ctx.spin
+    spin.setFocus()
+    qtbot.waitUntil(lambda: QtWidgets.QApplication.focusWidget() is spin, timeout=5_000)
+    exported = []
+    w.export_action.triggered.connect(lambda *_: exported.append(True))
+    QTest.keyClick(spin, QtCore.Qt.Key.Key_E, QtCore.Qt.KeyboardModifier.ControlModifier)
+    assert exported  # QLineEdit's own Ctrl+E ("end of line") no longer swallows it
+    for dlg in w.findChildren(QtWidgets.QDialog):
+        dlg.close()
+
+
+def test_quantized_kv_advice_says_how_much_it_saves(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=4096, type_k="q4_0", type_v="q5_1", flash_attn="on"))
+    text = next(a.message for a in w.advice if a.id == "kv-quant-quality")
+    assert "q4_0 0.281x, q5_1 0.375x of f16" in text and "halve" not in text

@@ -54,6 +54,8 @@ log = logging.getLogger("kvtuner.gui")
 PULL_INTERVAL_MS = 100
 #: How often live advice is re-evaluated during a run, seconds (the pane rebuilds only on change).
 LIVE_ADVICE_INTERVAL_S = 0.5
+#: The left column's width (model, hardware, configuration), pixels: fits a 1280-pixel screen.
+LEFT_MIN_WIDTH = 430
 #: The live graphs' title.
 GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
@@ -69,6 +71,25 @@ def _run_state(name: str, doc: str) -> property:
     """A window attribute that is the run-event handler's (:class:`RunEvents`) state."""
     return property(lambda self: getattr(self.run_events, name),
                     lambda self, value: setattr(self.run_events, name, value), doc=doc)
+
+
+class _WindowShortcuts(QtCore.QObject):
+    """Event filter for the window's text boxes: the window's own shortcuts (Ctrl+E, Ctrl+R ...)
+    win over the line edit's (QLineEdit takes Ctrl+E as "end of line" on X11, so Export did
+    nothing while a number box had focus: issue 17)."""
+
+    def __init__(self, actions: list[QtGui.QAction], parent: QtCore.QObject) -> None:
+        super().__init__(parent)
+        self._keys = [a.shortcut() for a in actions if not a.shortcut().isEmpty()]
+
+    def eventFilter(self, obj: QtCore.QObject, event: QtCore.QEvent) -> bool:  # noqa: N802 (Qt API)
+        if event.type() == QtCore.QEvent.Type.ShortcutOverride:
+            pressed = QtGui.QKeySequence(event.keyCombination())
+            if any(pressed.matches(k) == QtGui.QKeySequence.SequenceMatch.ExactMatch for k in self._keys
+                   if k.toString() != "Esc"):
+                event.ignore()  # not overridden: the window's shortcut gets it
+                return True
+        return False
 
 
 class MainWindow(QtWidgets.QMainWindow):
@@ -173,7 +194,7 @@ class MainWindow(QtWidgets.QMainWindow):
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
         left_scroll.setWidget(left)
-        left_scroll.setMinimumWidth(max(450, left.minimumSizeHint().width() + 12))
+        left_scroll.setMinimumWidth(max(LEFT_MIN_WIDTH, left.minimumSizeHint().width() + 12))
         left_scroll.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         left_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
 
@@ -182,13 +203,13 @@ class MainWindow(QtWidgets.QMainWindow):
         gl.setContentsMargins(4, 4, 4, 4)
         gl.addWidget(self.graphs)
 
+        # the prediction keeps its natural height (its wrapped lines are never cut); the graphs
+        # and the advice share the rest
         self.right_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Vertical)
-        self.right_split.addWidget(self.prediction)
         self.right_split.addWidget(graphs_box)
         self.right_split.addWidget(self.advisor)
-        self.right_split.setStretchFactor(0, 0)
-        self.right_split.setStretchFactor(1, 1)
-        self.right_split.setStretchFactor(2, 0)
+        self.right_split.setStretchFactor(0, 1)
+        self.right_split.setStretchFactor(1, 0)
         self.right_split.setChildrenCollapsible(False)
 
         right = QtWidgets.QWidget()
@@ -196,16 +217,24 @@ class MainWindow(QtWidgets.QMainWindow):
         rl.setContentsMargins(4, 4, 4, 4)
         rl.addWidget(self.run_controls)
         rl.addWidget(self.banner)
+        rl.addWidget(self.prediction)
         rl.addWidget(self.right_split, 1)
 
         self.main_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
         self.main_split.addWidget(left_scroll)
         self.main_split.addWidget(right)
         self.main_split.setStretchFactor(1, 1)
-        self.main_split.setSizes([450, 990])
+        self.main_split.setSizes([LEFT_MIN_WIDTH, 1440 - LEFT_MIN_WIDTH])
         self.setCentralWidget(self.main_split)
 
         self._build_actions()
+        self._shortcuts = _WindowShortcuts([self.export_action, self.run_action, self.verify_action, self.open_action],
+                                           self)
+        # on the spin boxes themselves too: QAbstractSpinBox hands ShortcutOverride straight to
+        # its line edit's event(), past any filter on the line edit
+        for edit in (*self.findChildren(QtWidgets.QAbstractSpinBox), *self.findChildren(QtWidgets.QLineEdit),
+                     *self.findChildren(QtWidgets.QComboBox)):
+            edit.installEventFilter(self._shortcuts)
         self.controls.changed.connect(self._on_controls_changed)
         self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)

@@ -75,6 +75,10 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.choice.addItem("CPU only (no GPU)", CPU_ONLY)
         self.choice.setToolTip("The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
                                "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold.")
+        # the long card names must not widen the left column: the list itself is wide enough
+        self.choice.setSizeAdjustPolicy(QtWidgets.QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.choice.setMinimumContentsLength(18)
+        self.choice.view().setMinimumWidth(self.choice.view().sizeHintForColumn(0) + 24)
         self.custom = QtWidgets.QDoubleSpinBox()
         self.custom.setRange(0.5, 1024)
         self.custom.setDecimals(1)
