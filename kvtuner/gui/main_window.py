@@ -202,6 +202,18 @@ class MainWindow(QtWidgets.QMainWindow):
         gl = QtWidgets.QVBoxLayout(graphs_box)
         gl.setContentsMargins(4, 4, 4, 4)
         gl.addWidget(self.graphs)
+        self.whole_session = QtWidgets.QCheckBox("&Whole session")
+        self.whole_session.setToolTip("Show everything since the window opened; off: the time axis follows the "
+                                      "current run.\nDrag or scroll on a graph to zoom the time axis; double-click "
+                                      "to follow the newest data again.")
+        self.whole_session.toggled.connect(self.graphs.set_whole_session)
+        hint = QtWidgets.QLabel("drag or scroll: zoom time; double-click: follow")
+        hint.setEnabled(False)
+        row = QtWidgets.QHBoxLayout()
+        row.addWidget(self.whole_session)
+        row.addStretch(1)
+        row.addWidget(hint)
+        gl.addLayout(row)
 
         # the prediction keeps its natural height (its wrapped lines are never cut); the graphs
         # and the advice share the rest
@@ -727,6 +739,7 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.stale:
             return False
         self.run_events.begin(self.model_path, self._config)
+        self.graphs.begin_run(time.monotonic())
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")
