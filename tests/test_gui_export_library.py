@@ -268,12 +268,35 @@ def test_known_good_lists_this_models_runs_best_first_and_restore_applies_one(qt
     assert panel.table.rowCount() == 3 and panel.table.item(0, 0).text() == "50.0 tok/s"
     assert panel.table.item(0, 1).text() == "8,192"
     assert "(3)" in panel.title()
-    assert len(panel.restore_buttons) == 3
-    panel.restore_buttons[0].click()
+    assert panel.table.currentRow() == 0 and panel.restore_button.isEnabled()
+    panel.restore_button.click()
     want = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")
     assert w.config == want and w.controls.config() == want and w.plan.config == want
     panel.table.cellDoubleClicked.emit(1, 0)
     assert w.config == PlanConfig(n_ctx=1024)
+
+
+def test_known_good_merges_duplicates_shows_every_knob_and_deletes(qtbot, settings, default_profile):
+    here = MachineFingerprint.current(gpus=[])
+    same = PlanConfig(n_ctx=2048, n_seq=2, n_ubatch=256)
+    _save(default_profile, same, 20.0, here)
+    _save(default_profile, same, 30.0, here)
+    other = _save(default_profile, PlanConfig(n_ctx=1024), 10.0, here)
+    w = _window(qtbot, settings)
+    panel = w.known_good
+    qtbot.waitUntil(lambda: len(panel.runs) == 3, timeout=10_000)
+    headers = [panel.table.horizontalHeaderItem(i).text() for i in range(panel.table.columnCount())]
+    assert {"KV on GPU", "-np", "-ub", "runs", "saved"} <= set(headers)
+    assert panel.table.rowCount() == 2 and "(2)" in panel.title()  # the two runs of `same` are one row
+    row = {h: panel.table.item(0, i).text() for i, h in enumerate(headers)}
+    assert row["decode"] == "30.0 tok/s" and row["runs"] == "2" and row["-np"] == "2" and row["-ub"] == "256"
+    assert row["KV on GPU"] == "all" and len(row["saved"]) == 10
+    panel.table.selectRow(0)
+    panel.delete_button.click()  # both runs of the row leave the library
+    qtbot.waitUntil(lambda: len(panel.runs) == 1, timeout=10_000)
+    assert [r.id for r in panel.runs] == [other]
+    with ConfigLibrary() as lib:
+        assert [r.id for r in lib.known_good(ModelIdentity.from_profile(default_profile), here)] == [other]
 
 
 def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot, settings):

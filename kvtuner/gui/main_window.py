@@ -254,6 +254,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
         self.known_good.restore_requested.connect(self.restore_working_config)
+        self.known_good.delete_requested.connect(self.delete_working_configs)
         self.known_good.remember_changed.connect(self._on_remember_changed)
         self.run_controls.run_clicked.connect(self.start_run)
         self.run_controls.stop_clicked.connect(self.stop_run)
@@ -691,6 +692,20 @@ class MainWindow(QtWidgets.QMainWindow):
                 self.known_good.set_runs([], empty_text=f"Cannot read the library: {exc}")
 
         self.tasks.submit(work, done, failed)
+
+    def delete_working_configs(self, run_ids: list) -> None:
+        """Delete saved runs from the library (worker thread), then reload the list."""
+        ids = [int(i) for i in run_ids]
+
+        def work() -> int:
+            with ConfigLibrary() as lib:
+                return sum(bool(lib.delete(i)) for i in ids)
+
+        def done(n: int) -> None:
+            self.status.showMessage(f"deleted {n} saved run{'s' if n != 1 else ''}", 5000)
+            self.refresh_known_good()
+
+        self.tasks.submit(work, done, lambda exc: self.show_error(f"Could not delete: {exc}"))
 
     def restore_working_config(self, saved: Any) -> None:
         """Put a saved working configuration (a WorkingConfig or a PlanConfig) into the controls."""
