@@ -253,3 +253,27 @@ def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot
             p.kill()
             p.wait()
         w.shutdown()
+
+
+def _mnemonic(text: str) -> str | None:
+    i = text.replace("&&", "").find("&")
+    return text.replace("&&", "")[i + 1].lower() if 0 <= i < len(text.replace("&&", "")) - 1 else None
+
+
+def test_alt_letters_are_unique_and_go_to_the_number_box(qtbot, tmp_path):
+    from PySide6 import QtWidgets
+
+    w = _window(qtbot, tmp_path)
+    owners: dict[str, list[str]] = {}
+    texts = [a.text() for a in w.menuBar().actions()]
+    for widget in w.findChildren(QtWidgets.QAbstractButton) + w.findChildren(QtWidgets.QLabel):
+        if isinstance(widget, QtWidgets.QLabel) and widget.buddy() is None:
+            continue
+        texts.append(widget.text())
+    for text in texts:
+        if (m := _mnemonic(text)) is not None:
+            owners.setdefault(m, []).append(text)
+    assert {m: t for m, t in owners.items() if len(t) > 1} == {}
+    # a slider's label hands the focus to its number box, where a value can be typed
+    for name, entry in (("n_ctx", w.controls.ctx), ("n_seq", w.controls.parallel)):
+        assert w.controls._labels[name].buddy() is entry.spin

@@ -199,10 +199,11 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
         self._labels = {}
-        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
-                               ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
+        # Alt+letter goes to the number box (a value can be typed there; the arrow keys step it)
+        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.spin), ("kv_gpu_layers", self.kv, self.kv.spin),
+                               ("n_ctx", self.ctx, self.ctx.spin), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
-                               ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
+                               ("n_seq", self.parallel, self.parallel.spin), ("n_ubatch", self.ubatch, self.ubatch)):
             label = QtWidgets.QLabel(config_field(name).label)
             label.setBuddy(buddy)
             label.setToolTip(buddy.toolTip())

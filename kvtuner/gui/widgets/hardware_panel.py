@@ -92,7 +92,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         rl.setContentsMargins(0, 0, 0, 0)
         rl.addWidget(self.choice, 1)
         rl.addWidget(self.custom)
-        label = QtWidgets.QLabel("&Plan for")
+        label = QtWidgets.QLabel("Pla&n for")
         label.setBuddy(self.choice)
         form.addRow(label, row)
         self.figures = QtWidgets.QLabel()

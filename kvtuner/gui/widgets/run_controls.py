@@ -17,7 +17,7 @@ class RunControls(QtWidgets.QWidget):
         super().__init__(parent)
         lay = QtWidgets.QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.run_button = QtWidgets.QPushButton("&Run bench")
+        self.run_button = QtWidgets.QPushButton("Run &bench")
         self.run_button.setToolTip("Load the model with this configuration in a child process and run a short\n"
                                    "llama-bench style test (prefill, then decode); the graphs show it live. Ctrl+R")
         self.stop_button = QtWidgets.QPushButton("&Stop")
