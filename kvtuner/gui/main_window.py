@@ -237,6 +237,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.main_split.addWidget(right)
         self.main_split.setStretchFactor(1, 1)
         self.main_split.setSizes([LEFT_MIN_WIDTH, 1440 - LEFT_MIN_WIDTH])
+        self.right_split.setSizes([600, 100])  # the graphs get the height; the advice a few rows
         self.setCentralWidget(self.main_split)
 
         self._build_actions()

@@ -127,6 +127,8 @@ class RunEvents:
         self.run_config, self.run_model_path = config, model_path
         self.run_gpu_offload = False
         self.run_result = None
+        if self.calibration_note.startswith("the machine was busy"):
+            self.window.advisor.set_notes([])  # the last run's busy note
         self.calibration_note = ""
         self.other_cores = None
         try:
@@ -240,7 +242,9 @@ class RunEvents:
                     self.calibration_note = self.library_note = (
                         f"the machine was busy during this run ({self.other_cores:.1f} cores of other load): "
                         "not used for calibration nor kept as known good; run it again when the machine is quiet")
-                    w.status.showMessage(self.calibration_note, 15000)
+                    w.status.showMessage(f"busy machine ({self.other_cores:.1f} cores of other load): run not kept",
+                                         15000)
+                    w.advisor.set_notes([self.calibration_note])
 
     def _on_allocation_error(self, ev: P.ErrorEvent) -> None:
         req = allocation_request([ev.message, *ev.log_tail])

@@ -104,11 +104,11 @@ class LiveGraphs(QtWidgets.QWidget):
         self.speed_plot.getPlotItem().setLabel("bottom", "time (s)")
         # prefill runs 10-100x faster than decode: a log axis shows both (and the decode bands)
         self.speed_plot.getPlotItem().setLogMode(x=False, y=True)
-        self.speed_plot.getPlotItem().setLabel("left", "speed (tok/s, log)")
+        self.speed_plot.getPlotItem().setLabel("left", "tok/s (log)")
         # memory: a log axis too, so the runner's few hundred MiB move visibly beside 20+ GiB of
         # available RAM (issue 17: a linear 0-40 GiB axis hid the runner's ~0.4 GiB)
         self.mem_plot.getPlotItem().setLogMode(x=False, y=True)
-        self.mem_plot.getPlotItem().setLabel("left", "memory (GiB, log)")
+        self.mem_plot.getPlotItem().setLabel("left", "GiB (log)")
         self.mem_plot.getPlotItem().getAxis("bottom").setStyle(showValues=False)
         self.speed_plot.setXLink(self.mem_plot)
         # Ranges are set by refresh() from the series themselves (one paint per plot per
@@ -142,12 +142,13 @@ class LiveGraphs(QtWidgets.QWidget):
         self._gpu_keys: set[int] = set()
         self._predicted: list[tuple[pg.InfiniteLine, float]] = []
         # the decode bands (kvtuner.core.speed.speed_model.speed_band): under 1 tok/s abandon, 10 and over fluent
-        for tok_s, label in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below"),
-                             (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above")):
+        # (labels at different places along the axis: on a short plot the two lines are close)
+        for tok_s, label, where in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below", 0.28),
+                                    (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above", 0.5)):
             dotted = _pen(COLORS["phase"], width=1)
             dotted.setStyle(QtCore.Qt.PenStyle.DotLine)
             line = pg.InfiniteLine(pos=math.log10(tok_s), angle=0, pen=dotted, label=label,
-                                   labelOpts={"position": 0.6, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
+                                   labelOpts={"position": where, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
             self.speed_plot.addItem(line, ignoreBounds=True)
         self._phases: deque[tuple[pg.InfiniteLine, pg.InfiniteLine]] = deque()
         self._label_head: pg.InfiniteLine | None = None  # the last marker with a label
@@ -287,16 +288,18 @@ class LiveGraphs(QtWidgets.QWidget):
             color = COLORS["vram"] if label.startswith("GPU") else COLORS["runner_rss"]
             gib = max(n_bytes / GiB, 1e-3)
             self._predicted.append((self._hline(self.mem_plot, math.log10(gib), f"predicted {label}", color), gib))
-        for label, tok_s in speeds_tok_s:
+        # each speed label at its own place along the axis: two close lines never stack their labels
+        for i, (label, tok_s) in enumerate(speeds_tok_s):
             if tok_s and tok_s > 0:
                 color = COLORS["prefill"] if "prefill" in label else COLORS["decode"]
-                self._predicted.append((self._hline(self.speed_plot, math.log10(tok_s), f"predicted {label}", color), tok_s))
+                line = self._hline(self.speed_plot, math.log10(tok_s), f"predicted {label}", color, 0.97 - 0.2 * i)
+                self._predicted.append((line, tok_s))
         self._ranges.clear()
         self._update_ranges()
 
-    def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str) -> pg.InfiniteLine:
+    def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str, where: float = 0.97) -> pg.InfiniteLine:
         line = pg.InfiniteLine(pos=y, angle=0, pen=_pen(color, dashed=True, width=1.5), label=label,
-                               labelOpts={"position": 0.97, "color": color, "anchors": [(1, 0), (1, 0)]})
+                               labelOpts={"position": where, "color": color, "anchors": [(1, 0), (1, 0)]})
         plot.addItem(line, ignoreBounds=True)
         return line
 
