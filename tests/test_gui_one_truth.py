@@ -158,7 +158,9 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert line == export("llama-server", w.model_path, w.config, model=w.model).text
         assert "-ot" not in line and "-ngl 0" in line and "-c 512" in line
 
+        assert not w.sampling_fast  # nothing running: 1 Hz (idle under 1% of a core)
         assert w.start_run()
+        assert w.sampling_fast and w.sampler.interval_s == pytest.approx(0.1)  # a run: 10 Hz
         qtbot.waitUntil(lambda: not w.runner.running and w.last_run is not None, timeout=240_000)
         w.pull()
         assert w.last_error == "", w.last_error
@@ -173,6 +175,8 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert w.speed.n_calibration_runs == 0
         assert w.config.kv_gpu_layers == 5  # asked for before, not used on the CPU: back again
         assert w.controls.kv.spin.text() == "5"
+        qtbot.waitUntil(lambda: not w.sampling_fast, timeout=15_000)  # idle again after the run
+        assert w.sampler.interval_s == pytest.approx(1.0)
     finally:
         w.shutdown()
 

@@ -50,8 +50,15 @@ from .widgets.status_bar import StatusBar
 
 log = logging.getLogger("kvtuner.gui")
 
-#: How often the window pulls samples and runner events, milliseconds.
+#: How often the window pulls samples and runner events during a run, milliseconds (and the
+#: samplers sample, 10 Hz).
 PULL_INTERVAL_MS = 100
+#: The same with nothing running: 1 Hz keeps the RAM graph and status bar alive while a window
+#: left open all day idles under 1% of a core (issue 17: 3.3-3.6% at 10 Hz;
+#: benchmarks/gui_idle_cpu.py measures it).
+IDLE_PULL_INTERVAL_MS = 1000
+#: Seconds after a run ends before sampling slows to the idle rate (the graphs show the release).
+IDLE_AFTER_S = 3.0
 #: How often live advice is re-evaluated during a run, seconds (the pane rebuilds only on change).
 LIVE_ADVICE_INTERVAL_S = 0.5
 #: The left column's width (model, hardware, configuration), pixels: fits a 1280-pixel screen.
@@ -158,8 +165,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self._build(gpus, host, note)
         self._restore_settings(config)
         self._pull_timer = QtCore.QTimer(self)
-        self._pull_timer.setInterval(PULL_INTERVAL_MS)
         self._pull_timer.timeout.connect(self.pull)
+        self._fast = True
+        self._last_busy_t = -math.inf
+        self._set_sampling(fast=False)
         self._pull_timer.start()
         self.sampler.start()
         self._measure_host_bandwidth()
@@ -756,6 +765,8 @@ class MainWindow(QtWidgets.QMainWindow):
             return False
         self.run_events.begin(self.model_path, self._config)
         self.graphs.begin_run(time.monotonic())
+        self._last_busy_t = time.monotonic()
+        self._set_sampling(fast=True)
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")
@@ -771,8 +782,27 @@ class MainWindow(QtWidgets.QMainWindow):
 
     # -- the pull timer ----------------------------------------------------------------------------
 
+    def _set_sampling(self, fast: bool) -> None:
+        """10 Hz sampling and pulling during a run, 1 Hz otherwise."""
+        if fast == self._fast:
+            return
+        self._fast = fast
+        self._pull_timer.setInterval(PULL_INTERVAL_MS if fast else IDLE_PULL_INTERVAL_MS)
+        if hasattr(self.sampler, "interval_s"):
+            self.sampler.interval_s = PULL_INTERVAL_MS / 1000 if fast else IDLE_PULL_INTERVAL_MS / 1000
+
+    @property
+    def sampling_fast(self) -> bool:
+        """Whether the window samples and pulls at the run rate (10 Hz) rather than the idle rate."""
+        return self._fast
+
     def pull(self) -> None:
-        """Pull new samples and runner events into the views (the 100 ms timer calls it)."""
+        """Pull new samples and runner events into the views (the timer calls it: every 100 ms
+        during a run, every second otherwise)."""
+        if self.runner.running:
+            self._last_busy_t = time.monotonic()
+        elif self._fast and time.monotonic() - self._last_busy_t > IDLE_AFTER_S:
+            self._set_sampling(fast=False)
         host = self.sampler.host_samples(self._last_host_t)
         if host:
             self._last_host_t = host[-1].t_s
