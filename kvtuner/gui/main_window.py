@@ -63,6 +63,8 @@ IDLE_AFTER_S = 3.0
 LIVE_ADVICE_INTERVAL_S = 0.5
 #: The left column's width (model, hardware, configuration), pixels: fits a 1280-pixel screen.
 LEFT_MIN_WIDTH = 430
+#: The advice pane's height at start, pixels (drag the splitter for more).
+ADVICE_HEIGHT_PX = 110
 #: The live graphs' title.
 GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
@@ -246,7 +248,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.main_split.addWidget(right)
         self.main_split.setStretchFactor(1, 1)
         self.main_split.setSizes([LEFT_MIN_WIDTH, 1440 - LEFT_MIN_WIDTH])
-        self.right_split.setSizes([600, 100])  # the graphs get the height; the advice a few rows
+        self._split_done = False  # the graphs/advice split is set at the first show (see showEvent)
         self.setCentralWidget(self.main_split)
 
         self._build_actions()
@@ -846,6 +848,14 @@ class MainWindow(QtWidgets.QMainWindow):
         return dict(figures) if path == self.model_path and config == self._config else None
 
     # -- shutdown ----------------------------------------------------------------------------------
+
+    def showEvent(self, event: QtGui.QShowEvent) -> None:  # noqa: N802 (Qt API)
+        super().showEvent(event)
+        if not self._split_done:  # the graphs get the height, the advice a few rows (more by dragging)
+            self._split_done = True
+            total = sum(self.right_split.sizes()) or self.right_split.height()
+            advice = max(ADVICE_HEIGHT_PX, self.advisor.minimumSizeHint().height())
+            self.right_split.setSizes([max(total - advice, 1), advice])
 
     def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt API)
         self.save_settings()

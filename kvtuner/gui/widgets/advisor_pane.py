@@ -40,6 +40,7 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._scroll = QtWidgets.QScrollArea()
         self._scroll.setWidgetResizable(True)
         self._scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+        self._scroll.setMinimumHeight(24)  # one row; the splitter gives more
         outer.addWidget(self._scroll)
         self._body = QtWidgets.QWidget()
         self._rows = QtWidgets.QVBoxLayout(self._body)
