@@ -281,3 +281,19 @@ def test_alt_letters_are_unique_and_go_to_the_number_box(qtbot, tmp_path):
     # a slider's label hands the focus to its number box, where a value can be typed
     for name, entry in (("n_ctx", w.controls.ctx), ("n_seq", w.controls.parallel)):
         assert w.controls._labels[name].buddy() is entry.spin
+
+
+def test_export_wraps_and_saves_where_the_last_export_went(qtbot, tmp_path):
+    from PySide6 import QtWidgets
+
+    w = _window(qtbot, tmp_path)
+    dlg = w.open_export()
+    assert dlg.preview.lineWrapMode() == QtWidgets.QPlainTextEdit.LineWrapMode.WidgetWidth
+    assert Path(dlg.suggested_path()).parent == Path.home()  # not the model cache folder
+    out_dir = tmp_path / "exports"
+    out_dir.mkdir()
+    assert dlg.save_to(str(out_dir / "run.sh")) is not None
+    dlg.close()
+    dlg2 = w.open_export()
+    assert Path(dlg2.suggested_path()).parent == out_dir
+    dlg2.close()

@@ -833,9 +833,14 @@ class MainWindow(QtWidgets.QMainWindow):
         """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
         if self.model_path is None or self.stale:
             return None
+        # Save starts where the last export went (else the home folder), never the model cache
+        last_dir = self.settings.value("export/dir")
+        save_dir = str(last_dir) if last_dir and Path(str(last_dir)).is_dir() else str(Path.home())
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=str(self.model_path.parent), parent=self)
+                           machine=self.machine, save_dir=save_dir, parent=self)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.finished.connect(lambda *_: dlg.last_saved is not None
+                             and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))
         dlg.show()
         return dlg
 
