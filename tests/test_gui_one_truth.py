@@ -297,3 +297,17 @@ def test_export_wraps_and_saves_where_the_last_export_went(qtbot, tmp_path):
     dlg2 = w.open_export()
     assert Path(dlg2.suggested_path()).parent == out_dir
     dlg2.close()
+
+
+def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"))
+    w.open_model(tmp_path / "missing.gguf")
+    qtbot.waitUntil(lambda: "missing.gguf" in w.last_error, timeout=10_000)
+    assert not w.banner_row.isHidden()
+    w.dismiss_button.click()
+    assert w.banner_row.isHidden() and w.model is not None  # the current model stays
+    w.reset_action.trigger()
+    assert w.wanted_config == PlanConfig() and w.config == PlanConfig().with_(n_gpu_layers=0)
+    assert w.controls.type_k.currentText() == "f16" and w.plan.config == w.config
+    assert "kvtuner" in w.about_text() and "llama-cpp-python" in w.about_text()
+    assert [a.text() for a in w.menuBar().actions()] == ["&File", "&Run", "&Help"]

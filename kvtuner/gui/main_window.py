@@ -194,6 +194,16 @@ class MainWindow(QtWidgets.QMainWindow):
         self.banner.setWordWrap(True)
         self.banner.setStyleSheet("background: #fdecea; color: #8a1c13; padding: 6px; border: 1px solid #e6a19a;")
         self.banner.hide()
+        self.dismiss_button = QtWidgets.QToolButton()
+        self.dismiss_button.setText("Dismiss")
+        self.dismiss_button.setToolTip("Hide this message")
+        self.dismiss_button.clicked.connect(self.dismiss_error)
+        self.banner_row = QtWidgets.QWidget()
+        br = QtWidgets.QHBoxLayout(self.banner_row)
+        br.setContentsMargins(0, 0, 0, 0)
+        br.addWidget(self.banner, 1)
+        br.addWidget(self.dismiss_button, 0, QtCore.Qt.AlignmentFlag.AlignTop)
+        self.banner_row.hide()
 
         left = QtWidgets.QWidget()
         ll = QtWidgets.QVBoxLayout(left)
@@ -239,7 +249,7 @@ class MainWindow(QtWidgets.QMainWindow):
         rl = QtWidgets.QVBoxLayout(right)
         rl.setContentsMargins(4, 4, 4, 4)
         rl.addWidget(self.run_controls)
-        rl.addWidget(self.banner)
+        rl.addWidget(self.banner_row)
         rl.addWidget(self.prediction)
         rl.addWidget(self.right_split, 1)
 
@@ -287,11 +297,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self.export_action.setToolTip("Export this configuration for llama-server, llama-cpp-python, Ollama, "
                                       "koboldcpp or as a kvtuner profile")
         quit_action = QtGui.QAction("&Quit", self, shortcut=QtGui.QKeySequence.StandardKey.Quit, triggered=self.close)
+        self.reset_action = QtGui.QAction("Rese&t configuration to defaults", self, triggered=self.reset_to_defaults)
+        self.reset_action.setToolTip("Put llama.cpp's defaults into the controls")
         for a in (self.open_action, self.default_action):
             menu.addAction(a)
         menu.addMenu(self.recent_menu)
         menu.addSeparator()
         menu.addAction(self.export_action)
+        menu.addAction(self.reset_action)
         menu.addSeparator()
         menu.addAction(quit_action)
         run_menu = self.menuBar().addMenu("&Run")
@@ -300,6 +313,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
         for a in (self.run_action, self.stop_action, self.verify_action):
             run_menu.addAction(a)
+        help_menu = self.menuBar().addMenu("&Help")
+        self.about_action = QtGui.QAction("&About kvtuner", self, triggered=self.show_about)
+        help_menu.addAction(self.about_action)
         tb = self.addToolBar("Main")
         tb.setObjectName("main-toolbar")
         tb.setMovable(False)
@@ -413,6 +429,36 @@ class MainWindow(QtWidgets.QMainWindow):
         self.last_error = text
         self.banner.setText(text)
         self.banner.setVisible(bool(text))
+        self.banner_row.setVisible(bool(text))
+
+    def dismiss_error(self) -> None:
+        """Hide the error banner (the Dismiss button); :attr:`last_error` keeps the text."""
+        self.banner.hide()
+        self.banner_row.hide()
+
+    def reset_to_defaults(self) -> None:
+        """Put llama.cpp's defaults (:class:`~kvtuner.core.plan.config.PlanConfig`) into the
+        controls and replan (File > Reset configuration to defaults)."""
+        self.set_config(PlanConfig())
+        self.status.showMessage("configuration reset to the defaults", 5000)
+
+    def about_text(self) -> str:
+        """Help > About: what kvtuner is, its version and llama.cpp's (plain text)."""
+        from importlib import metadata
+
+        def version(dist: str) -> str:
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                return "not installed"
+
+        return (f"kvtuner {version('kvtuner')}: plans memory per device for llama.cpp, predicts speed, advises "
+                f"and exports the configuration.\n\nllama-cpp-python {version('llama-cpp-python')} (the runner), "
+                f"PySide6 {version('PySide6')}, pyqtgraph {version('pyqtgraph')}.\n\nEvery figure's source "
+                "(llama.cpp files and functions, papers) is in the code's docstrings and the README.")
+
+    def show_about(self) -> None:
+        QtWidgets.QMessageBox.about(self, "About kvtuner", self.about_text())
 
     def _on_open_triggered(self) -> None:
         start = str(self.model_path.parent) if self.model_path else str(Path.home())
