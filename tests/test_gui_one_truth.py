@@ -311,3 +311,29 @@ def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
     assert w.controls.type_k.currentText() == "f16" and w.plan.config == w.config
     assert "kvtuner" in w.about_text() and "llama-cpp-python" in w.about_text()
     assert [a.text() for a in w.menuBar().actions()] == ["&File", "&Run", "&Help"]
+
+
+def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
+    """The plan's RAM headroom follows the RAM available now (the test host says 12 GiB; the
+    real sampler reads this machine), and "verified by llama.cpp" does not outlive a change."""
+    from kvtuner.core.monitor.sampler import Sampler
+    from kvtuner.gui.main_window import RAM_REPLAN_BYTES, VERIFIED_TEXT
+
+    w = _window(qtbot, tmp_path, sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    try:
+        real = detect_host().available_bytes
+        if abs(real - HOST.available_bytes) < 2 * RAM_REPLAN_BYTES:
+            pytest.skip("this machine has about the test host's available RAM")
+        qtbot.waitUntil(lambda: abs(w.session.host.available_bytes - real) < 2 * RAM_REPLAN_BYTES, timeout=10_000)
+        host_row = next(d for d in w.plan.devices if d.kind == "host")
+        assert abs(host_row.free_bytes - real) < 2 * RAM_REPLAN_BYTES
+        assert "available" in w.hardware.ram_label.text()
+        if importlib.util.find_spec("llama_cpp") is not None:
+            w.verify()  # a real dry run in a child process
+            qtbot.waitUntil(lambda: w.assessment.verified is not None, timeout=120_000)
+            assert w.run_controls.progress.format() == VERIFIED_TEXT
+            w.controls.ctx.spin.setValue(1024)
+            assert w.assessment.verified is None
+            assert w.run_controls.progress.format() == "not verified for this configuration"
+    finally:
+        w.shutdown()

@@ -63,6 +63,11 @@ IDLE_AFTER_S = 3.0
 LIVE_ADVICE_INTERVAL_S = 0.5
 #: The left column's width (model, hardware, configuration), pixels: fits a 1280-pixel screen.
 LEFT_MIN_WIDTH = 430
+#: Available RAM moving by this much (bytes) replans with the new figure (512 MiB: well above the
+#: page cache's second-to-second jitter, well under any model's weights).
+RAM_REPLAN_BYTES = 512 << 20
+#: The progress text after a dry run (replaced when the configuration changes).
+VERIFIED_TEXT = "verified by llama.cpp"
 #: The advice pane's height at start, pixels (drag the splitter for more).
 ADVICE_HEIGHT_PX = 110
 #: The live graphs' title.
@@ -671,6 +676,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.assessment = a
         plan, speed = a.plan, a.speed
         verified = a.to_dict()["verified"] if a.verified is not None else None
+        if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
+            self.run_controls.set_progress(0.0, "not verified for this configuration")
         self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error)
         self._show_advice()
         self._show_predicted_lines(plan, speed)
@@ -793,7 +800,7 @@ class MainWindow(QtWidgets.QMainWindow):
         if model is not self.model or gpus != tuple(self.hardware.gpus()):
             self.run_controls.set_progress(0.0, "model or hardware changed: verify again")
             return
-        self.run_controls.set_progress(1.0, "verified by llama.cpp")
+        self.run_controls.set_progress(1.0, VERIFIED_TEXT)
         self._sync_session().set_verified(result, config)
         self.replan()
 
@@ -830,6 +837,19 @@ class MainWindow(QtWidgets.QMainWindow):
 
     # -- the pull timer ----------------------------------------------------------------------------
 
+    def _follow_available_ram(self, available_bytes: int) -> None:
+        """The plan's RAM headroom uses the RAM available now, not at start: when it moved by
+        more than :data:`RAM_REPLAN_BYTES` (and no run holds memory), replan with it."""
+        h = self.session.host
+        if h is None or self.runner.running or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES:
+            return
+        from dataclasses import replace
+
+        self.session.host = replace(h, available_bytes=int(available_bytes))
+        self.hardware.set_host(self.session.host)
+        if self.model is not None and not self.stale:
+            self.replan()
+
     def _set_sampling(self, fast: bool) -> None:
         """10 Hz sampling and pulling during a run, 1 Hz otherwise."""
         if fast == self._fast:
@@ -856,6 +876,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self._last_host_t = host[-1].t_s
             self.graphs.add_host_samples(host)
             self.status.show_host(host[-1])
+            self._follow_available_ram(host[-1].available_bytes)
         gpu_latest = None
         for index in self.sampler.gpu_indices():
             samples = self.sampler.gpu_samples(index, self._last_gpu_t.get(index, -math.inf))

@@ -109,6 +109,12 @@ class HardwarePanel(QtWidgets.QGroupBox):
         """The host the plan uses."""
         return self._host
 
+    def set_host(self, host: HostSpec) -> None:
+        """The host again, its available RAM measured now (the label follows)."""
+        self._host = host
+        self.ram_label.setText(f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
+                               f"swap {fmt_bytes(host.swap_total_bytes)}")
+
     def detected_gpus(self) -> list[GpuSpec]:
         """GPUs found on this machine."""
         return list(self._detected)
