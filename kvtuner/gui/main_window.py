@@ -280,6 +280,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
+        self.advisor.notes_changed.connect(self._make_room_for_advice)
         self.known_good.restore_requested.connect(self.restore_working_config)
         self.known_good.delete_requested.connect(self.delete_working_configs)
         self.known_good.remember_changed.connect(self._on_remember_changed)
@@ -926,8 +927,15 @@ class MainWindow(QtWidgets.QMainWindow):
         if not self._split_done:  # the graphs get the height, the advice a few rows (more by dragging)
             self._split_done = True
             total = sum(self.right_split.sizes()) or self.right_split.height()
-            advice = max(ADVICE_HEIGHT_PX, self.advisor.minimumSizeHint().height())
+            advice = max(ADVICE_HEIGHT_PX, self.advisor.needed_height())
             self.right_split.setSizes([max(total - advice, 1), advice])
+
+    def _make_room_for_advice(self) -> None:
+        """Grow the advice pane (from the graphs) until its notes show whole: never clipped."""
+        graphs, advice = self.right_split.sizes()
+        need = self.advisor.needed_height()
+        if advice < need and graphs + advice > need:
+            self.right_split.setSizes([graphs + advice - need, need])
 
     def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt API)
         self.save_settings()

@@ -241,7 +241,7 @@ class RunEvents:
                     self.remember_working_config(ev.result, save=False)
                     self.calibration_note = self.library_note = (
                         f"the machine was busy during this run ({self.other_cores:.1f} cores of other load): "
-                        "not used for calibration nor kept as known good; run it again when the machine is quiet")
+                        "not used for calibration or Known good; run again when it is quiet")
                     w.status.showMessage(f"busy machine ({self.other_cores:.1f} cores of other load): run not kept",
                                          15000)
                     w.advisor.set_notes([self.calibration_note])
