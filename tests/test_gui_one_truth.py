@@ -337,3 +337,37 @@ def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
             assert w.run_controls.progress.format() == "not verified for this configuration"
     finally:
         w.shutdown()
+
+
+def test_at_1280x720_nothing_is_clipped(qtbot, tmp_path):
+    """The window fits a 1280x720 screen (no minimum size above it), the prediction's wrapped
+    lines and the advice notes show whole."""
+    w = _window(qtbot, tmp_path)
+    w.resize(1280, 720)
+    w.show()
+    qtbot.waitExposed(w)
+    assert (w.width(), w.height()) == (1280, 720)
+    w.advisor.set_notes(["the machine was busy during this run (1.5 cores of other load): not used for "
+                         "calibration or Known good; run again when it is quiet", "a second note"])
+    qtbot.wait(50)
+    notes = w.advisor.notes
+    assert notes.height() >= notes.heightForWidth(notes.width())
+    for label in (w.prediction.kv_label, w.prediction.speed_label):
+        assert label.height() >= label.heightForWidth(label.width())
+    bars = w.prediction.bars
+    assert bars.height() >= bars.heightForWidth(bars.width())
+
+
+def test_refusals_and_warnings_name_controls_not_flags():
+    from kvtuner.gui.config_state import gui_wording
+
+    for cli in ("no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a "
+                "what-if GPU)",
+                "--kv-gpu-layers 5 needs a GPU and none is planned for: leave it out for a CPU-only plan, or plan a "
+                "what-if card with --gpu-mem 12G",
+                "approximate: a guess (plan --verify reads the real structure from llama.cpp)",
+                "a quantized V cache (q8_0) requires flash attention: use --flash-attn on (or auto), or "
+                "--cache-type-v f16"):
+        text = gui_wording(cli)
+        assert "--" not in text, text
+    assert 'choose a what-if card in "Plan for"' in gui_wording("x (give --gpu-mem to plan a what-if GPU)")

@@ -82,7 +82,10 @@ def gui_wording(message: str) -> str:
     pattern = "|".join(re.escape(flag) for flag in sorted(names, key=len, reverse=True))
     text = re.sub(rf"(?<![\w-])({pattern})(?![\w-])", lambda m: f'"{_label(names[m.group(1)])}"', message)
     text = text.replace('"Context (-c)" 0', '"Context (-c)" at the training context')
-    text = re.sub(r"--gpu-mem \S+", 'a what-if card in "Plan for"', text)
+    text = re.sub(r"give --gpu-mem to plan a what-if GPU", 'choose a what-if card in "Plan for"', text)
+    text = re.sub(r"plan a what-if card with --gpu-mem \S+", 'choose a what-if card in "Plan for"', text)
+    text = re.sub(r"--gpu-mem( \S+)?", 'a what-if card in "Plan for"', text)
+    text = text.replace("plan --verify", '"Verify with llama.cpp"')
     return text
 
 

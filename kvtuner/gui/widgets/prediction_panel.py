@@ -141,5 +141,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
                 marks.add("compute")
             verified_sets.append(frozenset(marks))
         self.bars.set_rows([row_from_device(d, v) for d, v in zip(plan.devices, verified_sets)])
-        self.warnings_label.setText("\n".join(plan.warnings))
+        from ..config_state import gui_wording
+
+        self.warnings_label.setText("\n".join(gui_wording(w) for w in plan.warnings))
         self.warnings_label.setVisible(bool(plan.warnings))
