@@ -287,6 +287,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.run_controls.run_clicked.connect(self.start_run)
         self.run_controls.stop_clicked.connect(self.stop_run)
         self.run_controls.verify_clicked.connect(self.verify)
+        self.run_controls.bench.set_settings(self.runner.settings)
+        self.run_controls.bench.changed.connect(self._on_bench_changed)
         self.resize(1440, 920)
 
     def _build_actions(self) -> None:
@@ -828,6 +830,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.run_controls.set_progress(None, "starting llama.cpp ...")
         self.status.set_field("runner", "runner: starting")
         return True
+
+    def _on_bench_changed(self, settings: BenchSettings) -> None:
+        """The Run controls' bench (prompt/generated tokens, repetitions, threads): the next Run uses it."""
+        self.runner.settings = settings
 
     def stop_run(self) -> None:
         """Stop the running bench and end its child process."""
