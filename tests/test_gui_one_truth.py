@@ -160,7 +160,7 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
 
         assert not w.sampling_fast  # nothing running: 1 Hz (idle under 1% of a core)
         assert w.start_run()
-        assert w.sampling_fast and w.sampler.interval_s == pytest.approx(0.1)  # a run: 10 Hz
+        assert w.sampling_fast and w._pull_timer.interval() == 100  # a run: 10 Hz
         qtbot.waitUntil(lambda: not w.runner.running and w.last_run is not None, timeout=240_000)
         w.pull()
         assert w.last_error == "", w.last_error
@@ -176,7 +176,7 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert w.config.kv_gpu_layers == 5  # asked for before, not used on the CPU: back again
         assert w.controls.kv.spin.text() == "5"
         qtbot.waitUntil(lambda: not w.sampling_fast, timeout=15_000)  # idle again after the run
-        assert w.sampler.interval_s == pytest.approx(1.0)
+        assert w._pull_timer.interval() == 1000
     finally:
         w.shutdown()
 
@@ -385,3 +385,15 @@ def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):
     assert b.text() == "256+16 tok x1, 1 threads"
     b.n_threads.setValue(0)
     assert w.runner.settings.n_threads is None and b.n_threads.text() == "auto"
+
+
+def test_the_windows_own_sampler_idles_at_1_hz(qtbot, tmp_path):
+    make_app()
+    w = MainWindow(SMALL, settings=ini_settings(tmp_path), hardware=([], HOST, "test"))
+    qtbot.addWidget(w)
+    try:
+        assert w.sampler.interval_s == pytest.approx(1.0) and w._pull_timer.interval() == 1000
+        w._set_sampling(fast=True)  # what Run does
+        assert w.sampler.interval_s == pytest.approx(0.1) and w._pull_timer.interval() == 100
+    finally:
+        w.shutdown()

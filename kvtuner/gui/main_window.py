@@ -117,7 +117,8 @@ class MainWindow(QtWidgets.QMainWindow):
             directory, :func:`kvtuner.gui.settings.open_settings`; tests pass their own).
         hardware: (gpus, host, note) instead of detecting them (tests).
         bench: the bench the Run button starts.
-        sampler: a started-or-not :class:`kvtuner.core.monitor.sampler.Sampler` (default: a 10 Hz one).
+        sampler: a started-or-not :class:`kvtuner.core.monitor.sampler.Sampler`, kept at its rate
+            (default: the window's own, 10 Hz during a run and 1 Hz otherwise).
     """
 
     measured = _run_state("measured", "Figures the last run measured (load_s, prefill/decode tok/s, peak RSS).")
@@ -140,6 +141,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.app_settings = AppSettings(self.settings)
         self.tasks = BackgroundTasks(self)
         gpus, host, note = hardware or _detect_hardware()
+        #: the window made its sampler and sets its rate (10 Hz in a run, 1 Hz idle); a sampler
+        #: passed in keeps the rate it was given
+        self._own_sampler = sampler is None
         if sampler is None:
             from ..core.monitor.sampler import Sampler
 
@@ -863,7 +867,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return
         self._fast = fast
         self._pull_timer.setInterval(PULL_INTERVAL_MS if fast else IDLE_PULL_INTERVAL_MS)
-        if hasattr(self.sampler, "interval_s"):
+        if self._own_sampler:
             self.sampler.interval_s = PULL_INTERVAL_MS / 1000 if fast else IDLE_PULL_INTERVAL_MS / 1000
 
     @property
