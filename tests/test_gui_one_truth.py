@@ -376,13 +376,13 @@ def test_refusals_and_warnings_name_controls_not_flags():
 def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):
     w = _window(qtbot, tmp_path, bench=BenchSettings(n_prompt=256, n_gen=64, repetitions=2))
     b = w.run_controls.bench
-    assert b.text() == "256+64 tok x2, auto threads"
+    assert b.text().strip() == "256+64 tok x2, auto threads"
     b.n_gen.setValue(16)
     b.n_threads.setValue(1)
     b.repetitions.setValue(1)
     s = w.runner.settings
     assert (s.n_prompt, s.n_gen, s.repetitions, s.n_threads) == (256, 16, 1, 1)
-    assert b.text() == "256+16 tok x1, 1 threads"
+    assert b.text().strip() == "256+16 tok x1, 1 threads"
     b.n_threads.setValue(0)
     assert w.runner.settings.n_threads is None and b.n_threads.text() == "auto"
 

@@ -53,8 +53,9 @@ class BenchButton(QtWidgets.QToolButton):
             w.blockSignals(True)
             w.setValue(v)
             w.blockSignals(False)
+        # trailing spaces: room for the drop-down arrow, which some styles draw over the text
         self.setText(f"{settings.n_prompt}+{settings.n_gen} tok x{settings.repetitions}, "
-                     f"{settings.n_threads or 'auto'} threads")
+                     f"{settings.n_threads or 'auto'} threads   ")
 
     def _on_changed(self, *_: object) -> None:
         if self._settings is None:
