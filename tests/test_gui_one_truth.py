@@ -397,3 +397,13 @@ def test_the_windows_own_sampler_idles_at_1_hz(qtbot, tmp_path):
         assert w.sampler.interval_s == pytest.approx(0.1) and w._pull_timer.interval() == 100
     finally:
         w.shutdown()
+
+
+def test_parallel_advice_offers_one_sequence_only_when_it_saves_memory(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=16384, n_seq=4))
+    adv = next(a for a in w.advice if a.id == "parallel-multiplies-kv")
+    one = w.session.plan().kv_bytes  # the 4-sequence plan's KV ...
+    w.set_config(PlanConfig(n_ctx=16384, n_seq=1))
+    saving = one - w.plan.kv_bytes  # ... against one sequence's: the sliding-window floor per stream
+    assert 0 < saving < 256 << 20
+    assert adv.fix == {} and "one sequence would save" in adv.message  # said, not offered as a fix
