@@ -24,6 +24,7 @@ from kvtuner.core.plan.config import PlanConfig  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
 from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index  # noqa: E402
 
 
@@ -32,10 +33,13 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
     return ini_settings(tmp_path)
 
 
-def _window(qtbot, settings, config: PlanConfig | None = None) -> MainWindow:
+def _window(qtbot, settings, config: PlanConfig | None = None, *, what_if: bool = True) -> MainWindow:
+    """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
     make_app()
     w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
     qtbot.addWidget(w)
+    if what_if:
+        w.hardware.set_choice(DEFAULT_WHAT_IF)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
     return w
@@ -276,12 +280,15 @@ def test_what_if_list_is_the_gpu_catalogue(qtbot, settings):
     prediction (a bigger card decodes faster), and the generic sizes and a custom size remain."""
     from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
 
-    w = _window(qtbot, settings)
+    w = _window(qtbot, settings, what_if=False)
     hw = w.hardware
-    assert hw.current_choice() == "card:RTX 3060 12GB"  # no GPU found: a common 12 GB card
+    assert hw.current_choice() == "cpu"  # no GPU found: this machine, CPU only
+    hw.choice.setCurrentIndex(hw.choice.findData(DEFAULT_WHAT_IF))  # a what-if card: an explicit choice
+    qtbot.waitUntil(lambda: w.speed is not None and w.plan.n_gpu_layers > 0, timeout=10_000)
     texts = [hw.choice.itemText(i) for i in range(hw.choice.count())]
     assert any(t.startswith("what-if RTX 4090 (24 GiB, 1008 GB/s") for t in texts)
-    assert sum(t.startswith("what-if ") and "GB/s" in t for t in texts) == len(GPU_CATALOGUE)
+    named = [t for t in texts if t.startswith("what-if ") and not t.startswith(("what-if generic", "what-if custom"))]
+    assert len(named) == len(GPU_CATALOGUE) and all("GB/s" in t for t in named)
     assert hw.choice.findData("12 GB") >= 0 and hw.choice.findData("custom") >= 0
     assert "RTX 3060 12GB: 12 GiB, 360 GB/s" in hw.figures.text()
     slow = w.speed.decode_tok_s

@@ -25,6 +25,7 @@ from kvtuner.core.store.library import ConfigLibrary  # noqa: E402
 from kvtuner.core.units import GiB  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
 
 MEASURED = {"decode_tok_s": 41.5, "prefill_tok_s": 900.0, "load_s": 0.8, "peak_rss_bytes": 600 << 20, "kv_bytes": 3 << 20}
 
@@ -34,10 +35,14 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
     return ini_settings(tmp_path)
 
 
-def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True) -> MainWindow:
+def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True,
+            what_if: bool = True) -> MainWindow:
+    """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
     make_app()
     w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
     qtbot.addWidget(w)
+    if what_if:
+        w.hardware.set_choice(DEFAULT_WHAT_IF)
     if open_default:
         w.open_model(None)
         qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
@@ -263,12 +268,35 @@ def test_known_good_lists_this_models_runs_best_first_and_restore_applies_one(qt
     assert panel.table.rowCount() == 3 and panel.table.item(0, 0).text() == "50.0 tok/s"
     assert panel.table.item(0, 1).text() == "8,192"
     assert "(3)" in panel.title()
-    assert len(panel.restore_buttons) == 3
-    panel.restore_buttons[0].click()
+    assert panel.table.currentRow() == 0 and panel.restore_button.isEnabled()
+    panel.restore_button.click()
     want = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")
     assert w.config == want and w.controls.config() == want and w.plan.config == want
     panel.table.cellDoubleClicked.emit(1, 0)
     assert w.config == PlanConfig(n_ctx=1024)
+
+
+def test_known_good_merges_duplicates_shows_every_knob_and_deletes(qtbot, settings, default_profile):
+    here = MachineFingerprint.current(gpus=[])
+    same = PlanConfig(n_ctx=2048, n_seq=2, n_ubatch=256)
+    _save(default_profile, same, 20.0, here)
+    _save(default_profile, same, 30.0, here)
+    other = _save(default_profile, PlanConfig(n_ctx=1024), 10.0, here)
+    w = _window(qtbot, settings)
+    panel = w.known_good
+    qtbot.waitUntil(lambda: len(panel.runs) == 3, timeout=10_000)
+    headers = [panel.table.horizontalHeaderItem(i).text() for i in range(panel.table.columnCount())]
+    assert {"KV on GPU", "-np", "-ub", "runs", "saved"} <= set(headers)
+    assert panel.table.rowCount() == 2 and "(2)" in panel.title()  # the two runs of `same` are one row
+    row = {h: panel.table.item(0, i).text() for i, h in enumerate(headers)}
+    assert row["decode"] == "30.0 tok/s" and row["runs"] == "2" and row["-np"] == "2" and row["-ub"] == "256"
+    assert row["KV on GPU"] == "all" and len(row["saved"]) == 10
+    panel.table.selectRow(0)
+    panel.delete_button.click()  # both runs of the row leave the library
+    qtbot.waitUntil(lambda: len(panel.runs) == 1, timeout=10_000)
+    assert [r.id for r in panel.runs] == [other]
+    with ConfigLibrary() as lib:
+        assert [r.id for r in lib.known_good(ModelIdentity.from_profile(default_profile), here)] == [other]
 
 
 def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot, settings):

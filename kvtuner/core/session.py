@@ -341,7 +341,7 @@ class Session:
 
     def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
         """The speed model's inputs for this hardware, calibrated for this model family on this
-        machine, with this machine's CPU probe when one is stored; ``(None, reason)`` when the
+        machine (not when a what-if card is planned for: runs only feed the hardware they ran on), with this machine's CPU probe when one is stored; ``(None, reason)`` when the
         speed model cannot be set up. Cached until the hardware, the model family or the KV type
         changes (:meth:`invalidate_speed`)."""
         family = (self.model.architecture, self.model.file_type) if self.model is not None else None
@@ -358,7 +358,9 @@ class Session:
             cpu = store.cpu_rates(self.threads(), self._probe_kv_type(), self.machine_id)
             inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
                                   cpu=cpu)
-            if self.model is not None:
+            if self.model is not None and not any(g.what_if for g in self.gpus):
+                # this machine's runs calibrate this machine only: a what-if card keeps the
+                # uncalibrated prior (a CPU run says nothing about a card's rates; issue 17)
                 inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
             result: tuple[SpeedInputs | None, str] = (inputs, "")
         except (SpeedModelError, CalibrationError, OSError, ValueError) as exc:

@@ -16,9 +16,9 @@ from typing import Any
 from ..core.plan.config import PlanConfig
 
 
-def make_app(argv: list[str] | None = None) -> Any:
+def make_app(argv: list[str] | None = None, *, dark: bool = False) -> Any:
     """The QApplication (created once), with pyqtgraph following the system palette so light
-    and dark themes both read well."""
+    and dark themes both read well; ``dark``: force a dark palette (:func:`.theme.apply_dark`)."""
     from PySide6 import QtGui, QtWidgets
     import pyqtgraph as pg
 
@@ -35,6 +35,10 @@ def make_app(argv: list[str] | None = None) -> Any:
         # Qt's lock (a deadlock seen in tests/test_gui_run.py). pyqtgraph's collector disables
         # automatic collection and collects on a timer in the GUI thread instead.
         app._kvtuner_gc = GarbageCollector(interval=1.0)
+    if dark:
+        from .theme import apply_dark
+
+        apply_dark(app)
     pal = app.palette()
     pg.setConfigOptions(background=pal.color(QtGui.QPalette.ColorRole.Base),
                         foreground=pal.color(QtGui.QPalette.ColorRole.WindowText), antialias=False)
@@ -52,22 +56,36 @@ def _wait(app: Any, condition: Any, timeout_s: float) -> bool:
 
 
 def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | None = None, run: bool = False,
-        *, settings: Any = None, run_timeout_s: float = 300.0) -> int:
+        *, settings: Any = None, run_timeout_s: float = 300.0, size: tuple[int, int] | None = None,
+        dark: bool = False) -> int:
     """Open the main window on ``model_path`` (None: the last model, else the embedded default;
     a ``.json`` path is a kvtuner profile: its model and configuration).
 
+    ``size``: the window's (width, height) in pixels; ``dark``: a dark palette (screenshots).
+
     With ``screenshot``: render offscreen, optionally after a bench (``run``), save the PNG,
     return 0 (1 if the model or the run failed, with the reason on stderr).
-    Without: run the event loop until the window closes; returns its exit status.
+    Without: run the event loop until the window closes; returns its exit status (2, with the
+    ``apt-get install`` line on stderr, when Qt's X11 plugin lacks system libraries:
+    :mod:`.platform_check`).
     """
     if screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    app = make_app()
+    else:
+        from .platform_check import platform_problem
+
+        problem = platform_problem()  # Qt would abort naming the wrong package: say the right ones
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    app = make_app(dark=dark)
     from .main_window import MainWindow
     from .run_controller import BenchSettings
 
     bench = BenchSettings(n_prompt=256, n_gen=48, repetitions=2) if screenshot else None
     window = MainWindow(config, settings=settings, bench=bench)
+    if size is not None:
+        window.resize(*size)
     window.show()
     target = model_path if model_path is not None else (None if screenshot else window.last_model())
     if target is not None and not Path(target).exists():

@@ -30,10 +30,10 @@ from ..core.model.default_model import default_model_path
 from ..core.model.profile import ModelProfile
 from ..core.plan.config import ConfigError, PlanConfig
 from ..core.session import Assessment, Session
-from ..core.speed.speed_model import speed_band
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run, probe_structure
 from .about import install_help_menu
+from .config_state import effective_config, fix_for_error, gui_wording
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
 from .settings import AppSettings, open_settings
@@ -52,10 +52,28 @@ from .widgets.status_bar import StatusBar
 
 log = logging.getLogger("kvtuner.gui")
 
-#: How often the window pulls samples and runner events, milliseconds.
+#: How often the window pulls samples and runner events during a run, milliseconds (and the
+#: samplers sample, 10 Hz).
 PULL_INTERVAL_MS = 100
+#: The same with nothing running: 1 Hz keeps the RAM graph and status bar alive while a window
+#: left open all day idles under 1% of a core (issue 17: 3.3-3.6% at 10 Hz;
+#: benchmarks/gui_idle_cpu.py measures it).
+IDLE_PULL_INTERVAL_MS = 1000
+#: Seconds after a run ends before sampling slows to the idle rate (the graphs show the release).
+IDLE_AFTER_S = 3.0
 #: How often live advice is re-evaluated during a run, seconds (the pane rebuilds only on change).
 LIVE_ADVICE_INTERVAL_S = 0.5
+#: The left column's width (model, hardware, configuration), pixels: fits a 1280-pixel screen.
+LEFT_MIN_WIDTH = 430
+#: Available RAM moving by this much (bytes) replans with the new figure (512 MiB: well above the
+#: page cache's second-to-second jitter, well under any model's weights).
+RAM_REPLAN_BYTES = 512 << 20
+#: The progress text after a dry run (replaced when the configuration changes).
+VERIFIED_TEXT = "verified by llama.cpp"
+#: The advice pane's height at start, pixels (drag the splitter for more).
+ADVICE_HEIGHT_PX = 110
+#: The live graphs' title.
+GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
 
 def _detect_hardware() -> tuple[list[GpuSpec], HostSpec, str]:
@@ -71,6 +89,25 @@ def _run_state(name: str, doc: str) -> property:
                     lambda self, value: setattr(self.run_events, name, value), doc=doc)
 
 
+class _WindowShortcuts(QtCore.QObject):
+    """Event filter for the window's text boxes: the window's own shortcuts (Ctrl+E, Ctrl+R ...)
+    win over the line edit's (QLineEdit takes Ctrl+E as "end of line" on X11, so Export did
+    nothing while a number box had focus: issue 17)."""
+
+    def __init__(self, actions: list[QtGui.QAction], parent: QtCore.QObject) -> None:
+        super().__init__(parent)
+        self._keys = [a.shortcut() for a in actions if not a.shortcut().isEmpty()]
+
+    def eventFilter(self, obj: QtCore.QObject, event: QtCore.QEvent) -> bool:  # noqa: N802 (Qt API)
+        if event.type() == QtCore.QEvent.Type.ShortcutOverride:
+            pressed = QtGui.QKeySequence(event.keyCombination())
+            if any(pressed.matches(k) == QtGui.QKeySequence.SequenceMatch.ExactMatch for k in self._keys
+                   if k.toString() != "Esc"):
+                event.ignore()  # not overridden: the window's shortcut gets it
+                return True
+        return False
+
+
 class MainWindow(QtWidgets.QMainWindow):
     """kvtuner's window.
 
@@ -82,7 +119,8 @@ class MainWindow(QtWidgets.QMainWindow):
             directory, :func:`kvtuner.gui.settings.open_settings`; tests pass their own).
         hardware: (gpus, host, note) instead of detecting them (tests).
         bench: the bench the Run button starts.
-        sampler: a started-or-not :class:`kvtuner.core.monitor.sampler.Sampler` (default: a 10 Hz one).
+        sampler: a started-or-not :class:`kvtuner.core.monitor.sampler.Sampler`, kept at its rate
+            (default: the window's own, 10 Hz during a run and 1 Hz otherwise).
     """
 
     measured = _run_state("measured", "Figures the last run measured (load_s, prefill/decode tok/s, peak RSS).")
@@ -105,6 +143,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.app_settings = AppSettings(self.settings)
         self.tasks = BackgroundTasks(self)
         gpus, host, note = hardware or _detect_hardware()
+        #: the window made its sampler and sets its rate (10 Hz in a run, 1 Hz idle); a sampler
+        #: passed in keeps the rate it was given
+        self._own_sampler = sampler is None
         if sampler is None:
             from ..core.monitor.sampler import Sampler
 
@@ -113,6 +154,9 @@ class MainWindow(QtWidgets.QMainWindow):
         self.runner = RunController(bench, sampler=self.sampler)
 
         self.model: ModelProfile | None = None
+        #: why the configuration asked for was refused ("" when it was not): the figures shown are stale
+        self.stale = ""
+        self._tooltips: dict[Any, str] = {}
         self.model_path: Path | None = None
         self.assessment: Assessment | None = None
         self.last_error = ""
@@ -134,8 +178,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self._build(gpus, host, note)
         self._restore_settings(config)
         self._pull_timer = QtCore.QTimer(self)
-        self._pull_timer.setInterval(PULL_INTERVAL_MS)
         self._pull_timer.timeout.connect(self.pull)
+        self._fast = True
+        self._last_busy_t = -math.inf
+        self._set_sampling(fast=False)
         self._pull_timer.start()
         self.sampler.start()
         self._measure_host_bandwidth()
@@ -160,6 +206,16 @@ class MainWindow(QtWidgets.QMainWindow):
         self.banner.setWordWrap(True)
         self.banner.setStyleSheet("background: #fdecea; color: #8a1c13; padding: 6px; border: 1px solid #e6a19a;")
         self.banner.hide()
+        self.dismiss_button = QtWidgets.QToolButton()
+        self.dismiss_button.setText("Dismiss")
+        self.dismiss_button.setToolTip("Hide this message")
+        self.dismiss_button.clicked.connect(self.dismiss_error)
+        self.banner_row = QtWidgets.QWidget()
+        br = QtWidgets.QHBoxLayout(self.banner_row)
+        br.setContentsMargins(0, 0, 0, 0)
+        br.addWidget(self.banner, 1)
+        br.addWidget(self.dismiss_button, 0, QtCore.Qt.AlignmentFlag.AlignTop)
+        self.banner_row.hide()
 
         left = QtWidgets.QWidget()
         ll = QtWidgets.QVBoxLayout(left)
@@ -172,49 +228,75 @@ class MainWindow(QtWidgets.QMainWindow):
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
         left_scroll.setWidget(left)
-        left_scroll.setMinimumWidth(max(450, left.minimumSizeHint().width() + 12))
+        left_scroll.setMinimumWidth(max(LEFT_MIN_WIDTH, left.minimumSizeHint().width() + 12))
         left_scroll.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         left_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
 
-        graphs_box = QtWidgets.QGroupBox("Live: memory and speed (dashed: predicted; dotted: run phases)")
+        graphs_box = self.graphs_box = QtWidgets.QGroupBox(GRAPHS_TITLE)
         gl = QtWidgets.QVBoxLayout(graphs_box)
         gl.setContentsMargins(4, 4, 4, 4)
         gl.addWidget(self.graphs)
+        self.whole_session = QtWidgets.QCheckBox("&Whole session")
+        self.whole_session.setToolTip("Show everything since the window opened; off: the time axis follows the "
+                                      "current run.\nDrag or scroll on a graph to zoom the time axis; double-click "
+                                      "to follow the newest data again.")
+        self.whole_session.toggled.connect(self.graphs.set_whole_session)
+        hint = QtWidgets.QLabel("drag or scroll: zoom time; double-click: follow")
+        hint.setEnabled(False)
+        row = QtWidgets.QHBoxLayout()
+        row.addWidget(self.whole_session)
+        row.addStretch(1)
+        row.addWidget(hint)
+        gl.addLayout(row)
 
+        # the prediction keeps its natural height (its wrapped lines are never cut); the graphs
+        # and the advice share the rest
         self.right_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Vertical)
-        self.right_split.addWidget(self.prediction)
         self.right_split.addWidget(graphs_box)
         self.right_split.addWidget(self.advisor)
-        self.right_split.setStretchFactor(0, 0)
-        self.right_split.setStretchFactor(1, 1)
-        self.right_split.setStretchFactor(2, 0)
+        self.right_split.setStretchFactor(0, 1)
+        self.right_split.setStretchFactor(1, 0)
         self.right_split.setChildrenCollapsible(False)
 
         right = QtWidgets.QWidget()
         rl = QtWidgets.QVBoxLayout(right)
         rl.setContentsMargins(4, 4, 4, 4)
         rl.addWidget(self.run_controls)
-        rl.addWidget(self.banner)
+        rl.addWidget(self.banner_row)
+        rl.addWidget(self.prediction)
         rl.addWidget(self.right_split, 1)
 
         self.main_split = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
         self.main_split.addWidget(left_scroll)
         self.main_split.addWidget(right)
         self.main_split.setStretchFactor(1, 1)
-        self.main_split.setSizes([450, 990])
+        self.main_split.setSizes([LEFT_MIN_WIDTH, 1440 - LEFT_MIN_WIDTH])
+        self._split_done = False  # the graphs/advice split is set at the first show (see showEvent)
         self.setCentralWidget(self.main_split)
 
         self._build_actions()
+        self._shortcuts = _WindowShortcuts([self.export_action, self.run_action, self.verify_action, self.open_action],
+                                           self)
+        # on the spin boxes themselves too: QAbstractSpinBox hands ShortcutOverride straight to
+        # its line edit's event(), past any filter on the line edit
+        for edit in (*self.findChildren(QtWidgets.QAbstractSpinBox), *self.findChildren(QtWidgets.QLineEdit),
+                     *self.findChildren(QtWidgets.QComboBox)):
+            edit.installEventFilter(self._shortcuts)
         self.controls.changed.connect(self._on_controls_changed)
+        self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
+        self.advisor.notes_changed.connect(self._make_room_for_advice)
         self.known_good.restore_requested.connect(self.restore_working_config)
+        self.known_good.delete_requested.connect(self.delete_working_configs)
         self.known_good.remember_changed.connect(self._on_remember_changed)
         self.run_controls.run_clicked.connect(self.start_run)
         self.run_controls.stop_clicked.connect(self.stop_run)
         self.run_controls.verify_clicked.connect(self.verify)
+        self.run_controls.bench.set_settings(self.runner.settings)
+        self.run_controls.bench.changed.connect(self._on_bench_changed)
         self.resize(1440, 920)
 
     def _build_actions(self) -> None:
@@ -231,11 +313,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self.export_action.setToolTip("Export this configuration for llama-server, llama-cpp-python, Ollama, "
                                       "koboldcpp or as a kvtuner profile")
         quit_action = QtGui.QAction("&Quit", self, shortcut=QtGui.QKeySequence.StandardKey.Quit, triggered=self.close)
+        self.reset_action = QtGui.QAction("Rese&t configuration to defaults", self, triggered=self.reset_to_defaults)
+        self.reset_action.setToolTip("Put llama.cpp's defaults into the controls")
         for a in (self.open_action, self.default_action):
             menu.addAction(a)
         menu.addMenu(self.recent_menu)
         menu.addSeparator()
         menu.addAction(self.export_action)
+        menu.addAction(self.reset_action)
         menu.addSeparator()
         menu.addAction(quit_action)
         run_menu = self.menuBar().addMenu("&Run")
@@ -262,11 +347,11 @@ class MainWindow(QtWidgets.QMainWindow):
         # a configuration from the command line is this session's; the remembered one stays
         # remembered until the configuration is changed in the window
         self._remember_config = config is None
-        self._config = config or s.config() or PlanConfig()
+        self._wanted = config or s.config() or PlanConfig()
         choice = s.hardware_choice()
         if choice is not None:
             self.hardware.set_choice(*choice)
-        self.controls.set_config(self._config)
+        self._apply_effective()
         self.advisor.auto_stop.setChecked(s.auto_stop())
         self.known_good.remember.setChecked(s.remember_working_configs())
         if not autosave_enabled():
@@ -285,7 +370,7 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.app_settings
         s.set_geometry(self.saveGeometry())
         if self._remember_config:
-            s.set_config(self._config)
+            s.set_config(self._wanted)
         s.set_hardware_choice(self.hardware.current_choice(), self.hardware.custom_bytes())
         s.set_auto_stop(self.advisor.auto_stop.isChecked())
         s.set_remember_working_configs(self.known_good.remember.isChecked())
@@ -339,7 +424,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.setWindowTitle(f"kvtuner - {self.model_path.name}")
         self.model_card.set_model(model)
         self.controls.set_model_layers(model.n_layer, model.n_ctx_train, model.n_expert)
-        self.controls.set_config(self._config)
+        self._apply_effective()
         self.show_error("")
         self.app_settings.add_recent_model(self.model_path)
         self._update_recent_menu()
@@ -383,6 +468,18 @@ class MainWindow(QtWidgets.QMainWindow):
         self.last_error = text
         self.banner.setText(text)
         self.banner.setVisible(bool(text))
+        self.banner_row.setVisible(bool(text))
+
+    def dismiss_error(self) -> None:
+        """Hide the error banner (the Dismiss button); :attr:`last_error` keeps the text."""
+        self.banner.hide()
+        self.banner_row.hide()
+
+    def reset_to_defaults(self) -> None:
+        """Put llama.cpp's defaults (:class:`~kvtuner.core.plan.config.PlanConfig`) into the
+        controls and replan (File > Reset configuration to defaults)."""
+        self.set_config(PlanConfig())
+        self.status.showMessage("configuration reset to the defaults", 5000)
 
     def _on_open_triggered(self) -> None:
         start = str(self.model_path.parent) if self.model_path else str(Path.home())
@@ -411,9 +508,9 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _on_profile_loaded(self, path: Path, result: tuple[Path, PlanConfig, tuple[str, ...]]) -> None:
         model_path, config, warnings = result
-        self._config = config
+        self._wanted = config
         self._remember_config = True
-        self.controls.set_config(config)
+        self._apply_effective()
         self.open_model(Path(model_path))
         self.profile_warnings = tuple(warnings)
         self.advisor.set_notes([f"Profile {path.name}: {w}" for w in warnings])
@@ -443,8 +540,49 @@ class MainWindow(QtWidgets.QMainWindow):
 
     @property
     def config(self) -> PlanConfig:
-        """The configuration shown (the last valid one)."""
+        """The configuration shown, planned, run and exported: the last valid one asked for, as
+        it applies to the hardware planned for (:func:`kvtuner.gui.config_state.effective_config`)."""
         return self._config
+
+    @property
+    def wanted_config(self) -> PlanConfig:
+        """The last valid configuration asked for, with the values of controls that do not
+        apply kept (they come back when they apply again)."""
+        return self._wanted
+
+    def _apply_effective(self) -> None:
+        """Derive the effective configuration from the one asked for and show it in the controls."""
+        n_layer = self.model.n_layer if self.model is not None else 0
+        eff = effective_config(self._wanted, n_layer, self.hardware.gpus())
+        self._config = eff.config
+        self.controls.set_config(self._wanted, eff.config, eff.not_applicable)
+
+    def _show_refusal(self, message: str, values: dict | None = None) -> None:
+        """A refused combination: say why in the window's words, offer the one-click fix when
+        there is one, keep the last valid plan marked stale and block Run and Export."""
+        fix = fix_for_error(message, values if values is not None else self.controls.values())
+        text = gui_wording(message)
+        self.controls.show_error(text, fix)
+        self.stale = text
+        self.prediction.set_stale(text)
+        self.advisor.setEnabled(False)
+        for w in (self.run_controls.run_button, self.run_action, self.export_action):
+            self._tooltips.setdefault(w, w.toolTip())
+            w.setEnabled(False)
+            w.setToolTip(f"Change the configuration first: {text}")
+
+    def _clear_refusal(self) -> None:
+        if not self.stale:
+            return
+        self.stale = ""
+        self.controls.show_error(None)
+        self.prediction.set_stale(None)
+        self.advisor.setEnabled(True)
+        self.run_controls.set_running(self.runner.running)
+        for w in (self.run_action, self.export_action):
+            w.setEnabled(True)
+        for w, tip in self._tooltips.items():
+            w.setToolTip(tip)
 
     @property
     def plan(self) -> Any:
@@ -462,35 +600,45 @@ class MainWindow(QtWidgets.QMainWindow):
         return list(self.assessment.advice) if self.assessment is not None else None
 
     def _on_controls_changed(self) -> None:
+        values = self.controls.values()
         try:
             config = self.controls.config()
         except ConfigError as exc:
-            self.controls.show_error(str(exc))
+            self._show_refusal(str(exc), values)
             return
-        self.controls.show_error(None)
         if self.controls.resolved_notes:  # llama-server defaults, shown resolved
             self.status.showMessage("; ".join(self.controls.resolved_notes), 8000)
         self.set_config(config)
 
+    def _on_fix_requested(self, changes: dict) -> None:
+        """The one-click fix of a refused combination: the controls' values with ``changes``."""
+        try:
+            config = self.controls.config(changes)
+        except ConfigError as exc:
+            self._show_refusal(str(exc))
+            return
+        self.set_config(config)
+        self.status.showMessage("fixed: " + self.controls.fix_button.text().lower(), 5000)
+
     def _on_hardware_changed(self) -> None:
+        self._apply_effective()
         self.replan()
 
     def set_config(self, config: PlanConfig) -> None:
-        """Make ``config`` current (a change made in the window: remembered) and replan."""
-        self._config = config
+        """Make ``config`` the one asked for (a change made in the window: remembered), show
+        how it applies to the hardware and replan."""
+        self._wanted = config
         self._remember_config = True
-        self.controls.remember(config)
+        self._apply_effective()
         self.replan()
 
     def apply_fix(self, fix: dict) -> None:
         """Apply an advice's fix (PlanConfig changes) and replan."""
         try:
-            config = self._config.with_(**fix)
+            config = self._wanted.with_(**fix)
         except (ConfigError, TypeError) as exc:
-            self.controls.show_error(f"cannot apply this fix: {exc}")
+            self._show_refusal(f"cannot apply this fix: {exc}")
             return
-        self.controls.set_config(config)
-        self.controls.show_error(None)
         self.set_config(config)
         self.status.showMessage("applied: " + ", ".join(f"{k} = {v}" for k, v in fix.items()), 5000)
 
@@ -540,26 +688,41 @@ class MainWindow(QtWidgets.QMainWindow):
         try:
             a = self._assess()
         except ConfigError as exc:
-            self.controls.show_error(str(exc))
+            self._show_refusal(str(exc))
             return
+        self._clear_refusal()
         self.assessment = a
         plan, speed = a.plan, a.speed
-        self.controls.set_kv_layers_max(plan.n_gpu_repeating)
-        badge = speed_band(speed.decode_tok_s) if speed is not None else None
         verified = a.to_dict()["verified"] if a.verified is not None else None
-        self.prediction.set_plan(plan, speed, verified, badge, speed_error=a.speed_error)
+        if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
+            self.run_controls.set_progress(0.0, "not verified for this configuration")
+        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error)
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
+        self._show_predicted_lines(plan, speed)
+        self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    def _show_predicted_lines(self, plan: Any, speed: Any) -> None:
+        """The graphs' dashed lines: predicted for the hardware the runs measure (this machine),
+        labelled with it; a plan for a what-if card draws none (the runs measure this machine,
+        not the card) and the graphs' title says so."""
         gpus = self.hardware.gpus()
-        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, gpus) if not spec.what_if]
+        what_if = [g for g in gpus if g.what_if]
+        if what_if:
+            self.graphs.set_predicted([], [])
+            self.graphs_box.setTitle(f"Live: memory and speed of this machine (no predicted lines: the plan is for "
+                                     f"a what-if {what_if[0].name}; dotted: run phases)")
+            return
+        where = "this machine, " + (", ".join(g.name for g in gpus) if gpus else "CPU only")
+        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus]
         memory.append(("runner RAM", plan.host.total_bytes))
         speeds = []
         if speed is not None:
-            what_if = " (what-if GPU plan)" if any(g.what_if for g in gpus) else ""
-            speeds = [("decode" + what_if, speed.decode_tok_s), ("prefill" + what_if, speed.prefill_tok_s)]
+            speeds = [("decode", speed.decode_tok_s), ("prefill", speed.prefill_tok_s)]
         self.graphs.set_predicted(memory, speeds)
-        self.replan_ms = (time.perf_counter() - t0) * 1000
+        self.graphs_box.setTitle(f"Live: memory and speed on {where} (dashed: predicted; solid: measured; "
+                                 "dotted: run phases)")
 
     def _show_advice(self, running: bool | None = None) -> None:
         if self.assessment is None:
@@ -615,11 +778,23 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self.tasks.submit(work, done, failed)
 
+    def delete_working_configs(self, run_ids: list) -> None:
+        """Delete saved runs from the library (worker thread), then reload the list."""
+        ids = [int(i) for i in run_ids]
+
+        def work() -> int:
+            with ConfigLibrary() as lib:
+                return sum(bool(lib.delete(i)) for i in ids)
+
+        def done(n: int) -> None:
+            self.status.showMessage(f"deleted {n} saved run{'s' if n != 1 else ''}", 5000)
+            self.refresh_known_good()
+
+        self.tasks.submit(work, done, lambda exc: self.show_error(f"Could not delete: {exc}"))
+
     def restore_working_config(self, saved: Any) -> None:
         """Put a saved working configuration (a WorkingConfig or a PlanConfig) into the controls."""
         config = getattr(saved, "config", saved)
-        self.controls.set_config(config)
-        self.controls.show_error(None)
         self.set_config(config)
         what = f"id {saved.id}, " if hasattr(saved, "id") else ""
         tok = saved.measured.get("decode_tok_s") if hasattr(saved, "measured") else None
@@ -645,7 +820,7 @@ class MainWindow(QtWidgets.QMainWindow):
         if model is not self.model or gpus != tuple(self.hardware.gpus()):
             self.run_controls.set_progress(0.0, "model or hardware changed: verify again")
             return
-        self.run_controls.set_progress(1.0, "verified by llama.cpp")
+        self.run_controls.set_progress(1.0, VERIFIED_TEXT)
         self._sync_session().set_verified(result, config)
         self.replan()
 
@@ -661,12 +836,21 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.model_path is None or self.runner.running:
             return False
         self.show_error("")
+        if self.stale:
+            return False
         self.run_events.begin(self.model_path, self._config)
+        self.graphs.begin_run(time.monotonic())
+        self._last_busy_t = time.monotonic()
+        self._set_sampling(fast=True)
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")
         self.status.set_field("runner", "runner: starting")
         return True
+
+    def _on_bench_changed(self, settings: BenchSettings) -> None:
+        """The Run controls' bench (prompt/generated tokens, repetitions, threads): the next Run uses it."""
+        self.runner.settings = settings
 
     def stop_run(self) -> None:
         """Stop the running bench and end its child process."""
@@ -677,13 +861,46 @@ class MainWindow(QtWidgets.QMainWindow):
 
     # -- the pull timer ----------------------------------------------------------------------------
 
+    def _follow_available_ram(self, available_bytes: int) -> None:
+        """The plan's RAM headroom uses the RAM available now, not at start: when it moved by
+        more than :data:`RAM_REPLAN_BYTES` (and no run holds memory), replan with it."""
+        h = self.session.host
+        if h is None or self.runner.running or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES:
+            return
+        from dataclasses import replace
+
+        self.session.host = replace(h, available_bytes=int(available_bytes))
+        self.hardware.set_host(self.session.host)
+        if self.model is not None and not self.stale:
+            self.replan()
+
+    def _set_sampling(self, fast: bool) -> None:
+        """10 Hz sampling and pulling during a run, 1 Hz otherwise."""
+        if fast == self._fast:
+            return
+        self._fast = fast
+        self._pull_timer.setInterval(PULL_INTERVAL_MS if fast else IDLE_PULL_INTERVAL_MS)
+        if self._own_sampler:
+            self.sampler.interval_s = PULL_INTERVAL_MS / 1000 if fast else IDLE_PULL_INTERVAL_MS / 1000
+
+    @property
+    def sampling_fast(self) -> bool:
+        """Whether the window samples and pulls at the run rate (10 Hz) rather than the idle rate."""
+        return self._fast
+
     def pull(self) -> None:
-        """Pull new samples and runner events into the views (the 100 ms timer calls it)."""
+        """Pull new samples and runner events into the views (the timer calls it: every 100 ms
+        during a run, every second otherwise)."""
+        if self.runner.running:
+            self._last_busy_t = time.monotonic()
+        elif self._fast and time.monotonic() - self._last_busy_t > IDLE_AFTER_S:
+            self._set_sampling(fast=False)
         host = self.sampler.host_samples(self._last_host_t)
         if host:
             self._last_host_t = host[-1].t_s
             self.graphs.add_host_samples(host)
             self.status.show_host(host[-1])
+            self._follow_available_ram(host[-1].available_bytes)
         gpu_latest = None
         for index in self.sampler.gpu_indices():
             samples = self.sampler.gpu_samples(index, self._last_gpu_t.get(index, -math.inf))
@@ -705,11 +922,16 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def open_export(self) -> ExportDialog | None:
         """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
-        if self.model_path is None:
+        if self.model_path is None or self.stale:
             return None
+        # Save starts where the last export went (else the home folder), never the model cache
+        last_dir = self.settings.value("export/dir")
+        save_dir = str(last_dir) if last_dir and Path(str(last_dir)).is_dir() else str(Path.home())
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=str(self.model_path.parent), parent=self)
+                           machine=self.machine, save_dir=save_dir, parent=self)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.finished.connect(lambda *_: dlg.last_saved is not None
+                             and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))
         dlg.show()
         return dlg
 
@@ -722,6 +944,21 @@ class MainWindow(QtWidgets.QMainWindow):
         return dict(figures) if path == self.model_path and config == self._config else None
 
     # -- shutdown ----------------------------------------------------------------------------------
+
+    def showEvent(self, event: QtGui.QShowEvent) -> None:  # noqa: N802 (Qt API)
+        super().showEvent(event)
+        if not self._split_done:  # the graphs get the height, the advice a few rows (more by dragging)
+            self._split_done = True
+            total = sum(self.right_split.sizes()) or self.right_split.height()
+            advice = max(ADVICE_HEIGHT_PX, self.advisor.needed_height())
+            self.right_split.setSizes([max(total - advice, 1), advice])
+
+    def _make_room_for_advice(self) -> None:
+        """Grow the advice pane (from the graphs) until its notes show whole: never clipped."""
+        graphs, advice = self.right_split.sizes()
+        need = self.advisor.needed_height()
+        if advice < need and graphs + advice > need:
+            self.right_split.setSizes([graphs + advice - need, need])
 
     def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt API)
         self.save_settings()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.advice.advisor import AdvisorSettings, should_auto_stop
+from ..core.monitor.contention import QUIET_MAX_OTHER_CORES, CpuSnapshot, cpu_snapshot, other_cores
 from ..core.monitor.live import SWAP_WINDOW_S, LiveState, LiveTracker, free_bytes_on
 from ..core.plan.config import PlanConfig
 from ..core.session import Session
@@ -109,6 +110,12 @@ class RunEvents:
         self.saved_run_id: int | None = None
         self.last_live_t = -math.inf
         self._marks: set[str] = set()
+        #: cores other processes may keep busy during a run that still counts (calibration and
+        #: Known good); tests on a shared machine raise it
+        self.quiet_max_other_cores = QUIET_MAX_OTHER_CORES
+        #: cores other processes kept busy during the last run (None: not measured)
+        self.other_cores: float | None = None
+        self._cpu_before: CpuSnapshot | None = None
 
     def begin(self, model_path: Path, config: PlanConfig) -> None:
         """A run of ``config`` on ``model_path`` starts: forget the last run's live state."""
@@ -120,7 +127,30 @@ class RunEvents:
         self.run_config, self.run_model_path = config, model_path
         self.run_gpu_offload = False
         self.run_result = None
+        if self.calibration_note.startswith("the machine was busy"):
+            self.window.advisor.set_notes([])  # the last run's busy note
         self.calibration_note = ""
+        self.other_cores = None
+        try:
+            self._cpu_before = cpu_snapshot()
+        except (OSError, ImportError):  # no /proc/stat: quietness unknown
+            self._cpu_before = None
+
+    def run_was_quiet(self) -> bool:
+        """Measure the finished run's contention (:mod:`kvtuner.core.monitor.contention`) and
+        say whether it counts: at most :attr:`quiet_max_other_cores` cores of other load (a run
+        under a second long, or one that could not be measured, counts)."""
+        before = self._cpu_before
+        if before is None:
+            return True
+        try:
+            after = cpu_snapshot()
+        except (OSError, ImportError):
+            return True
+        if after.t_s - before.t_s < 1.0:
+            return True
+        self.other_cores = other_cores(before, after)
+        return self.other_cores <= self.quiet_max_other_cores
 
     def reset_measured(self) -> None:
         """A new model is open: the measured figures were another model's."""
@@ -204,8 +234,17 @@ class RunEvents:
             self.live.end_decode()
             self.update_live(t_s, running=False)
             if ev.ok:
-                self.record_run()
-                self.remember_working_config(ev.result)
+                if self.run_was_quiet():
+                    self.record_run()
+                    self.remember_working_config(ev.result)
+                else:  # it measured the other load, not this configuration
+                    self.remember_working_config(ev.result, save=False)
+                    self.calibration_note = self.library_note = (
+                        f"the machine was busy during this run ({self.other_cores:.1f} cores of other load): "
+                        "not used for calibration or Known good; run again when it is quiet")
+                    w.status.showMessage(f"busy machine ({self.other_cores:.1f} cores of other load): run not kept",
+                                         15000)
+                    w.advisor.set_notes([self.calibration_note])
 
     def _on_allocation_error(self, ev: P.ErrorEvent) -> None:
         req = allocation_request([ev.message, *ev.log_tail])
@@ -285,9 +324,10 @@ class RunEvents:
 
     # -- working-configs library -------------------------------------------------------------------
 
-    def remember_working_config(self, bench_result: Any) -> None:
+    def remember_working_config(self, bench_result: Any, *, save: bool = True) -> None:
         """Keep the completed run's figures (for the profile export) and save it in the library
-        unless the user opted out (on a worker thread, which opens its own connection)."""
+        unless the user opted out or ``save`` is False (on a worker thread, which opens its own
+        connection)."""
         w = self.window
         model, config, path = w.model, self.run_config, self.run_model_path
         if bench_result is None or config is None or path is None:
@@ -299,7 +339,7 @@ class RunEvents:
             return
         self.measured.update(figures)
         self.last_run = (path, config, dict(figures))
-        if model is None or path != w.model_path:
+        if model is None or path != w.model_path or not save:
             return
         enabled, machine = w.remember_working_configs, w.machine
 

@@ -632,16 +632,29 @@ def _rule_mha(c: _Ctx) -> list[Advice]:
                  "", fix)]
 
 
+#: The parallel-sequences advice offers "-np 1" only when it saves at least this much KV (and
+#: a tenth of the KV): issue 17 saw it offered to save 54 MiB.
+PARALLEL_FIX_MIN_BYTES = 256 << 20
+
+
 def _rule_parallel(c: _Ctx) -> list[Advice]:
     p, cfg = c.plan, c.plan.config
     if cfg.n_seq <= 1 or cfg.kv_unified:
         return []
     per = p.kv_bytes // max(1, p.n_stream)
+    # one sequence keeps the same n_ctx in one stream: the KV only shrinks where a stream has
+    # a floor of its own (an SWA cache holds n_swa + n_ubatch cells per stream,
+    # llama-kv-cache-iswa.cpp); offer it only when that saves something worth a click
+    one = c.replan({"n_seq": 1})
+    saving = p.kv_bytes - one.kv_bytes if one is not None else 0
+    worth = saving >= max(PARALLEL_FIX_MIN_BYTES, p.kv_bytes // 10)
     return [_adv("parallel-multiplies-kv", "info",
                  f"{cfg.n_seq} parallel sequences each get their own {p.n_ctx_seq}-cell KV stream: "
-                 f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}.",
-                 "sequences share the weights but each has its own KV (4 x 32K = 4 x one 32K cache)",
-                 {"n_seq": 1})]
+                 f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}"
+                 + (f"; one sequence would save {fmt_bytes(saving)}." if saving > 0 else
+                    "; one sequence would hold the same KV (the context is shared between them)."),
+                 "sequences share the weights and the context; each has its own KV stream",
+                 {"n_seq": 1} if worth else {})]
 
 
 def _rule_kv_quality(c: _Ctx) -> list[Advice]:
@@ -653,8 +666,12 @@ def _rule_kv_quality(c: _Ctx) -> list[Advice]:
     q = c.replan(fix)
     if q is None or not c.fits(q):
         fix = {}
+    # bytes per element relative to f16's 2 (ggml.c type_traits: q8_0 34 B / 32 = 0.53x,
+    # q5_1 24 B / 32 = 0.375x, q4_0 18 B / 32 = 0.28x)
+    ratios = ", ".join(f"{t} {kv_type(t).type_size / kv_type(t).block_size / 2:.3g}x" for t in sorted(set(quant)))
     return [_adv("kv-quant-quality", "info",
-                 f"A {'/'.join(sorted(set(quant)))} KV cache roughly halves KV memory; exact recall (numbers, quotes, code) may suffer.",
+                 f"A quantized KV cache takes a fraction of f16's memory ({ratios} of f16); "
+                 "exact recall (numbers, quotes, code) may suffer.",
                  "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (KIVI, Liu et al. 2024, arXiv:2402.02750)",
                  fix)]
 

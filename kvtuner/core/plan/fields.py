@@ -133,7 +133,7 @@ FIELDS: tuple[ConfigField, ...] = (
         "V bytes = row_size(type, n_embd_v_gqa) x cells.",
         llama_cpp_python="type_v", koboldcpp="quantkv", phrase="V cache {}"),
     ConfigField(
-        "flash_attn", "--flash-attn", ("-fa",), "-fa", "choice", "&Flash attention (-fa)",
+        "flash_attn", "--flash-attn", ("-fa",), "-fa", "choice", "Fl&ash attention (-fa)",
         "flash attention on, off or auto (default auto)",
         "Needed for a quantized V cache; keeps V untransposed and shrinks the compute buffer\n"
         "(no n_kv x n_ubatch x n_head score matrix).",

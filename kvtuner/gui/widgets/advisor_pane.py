@@ -26,6 +26,14 @@ class AdvisorPane(QtWidgets.QGroupBox):
     stop_requested = QtCore.Signal()
     #: the "stop by itself" checkbox changed
     auto_stop_changed = QtCore.Signal(bool)
+    #: notes were shown or hidden (the window makes room for them)
+    notes_changed = QtCore.Signal()
+
+    def needed_height(self) -> int:
+        """Pixels the pane needs to show its notes whole, one advice row and the checkbox."""
+        width = max(self.width() - 24, 200)
+        notes = self.notes.heightForWidth(width) + 8 if not self.notes.isHidden() else 0
+        return notes + 2 * self.auto_stop.sizeHint().height() + 48
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Advice", parent)
@@ -40,6 +48,7 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._scroll = QtWidgets.QScrollArea()
         self._scroll.setWidgetResizable(True)
         self._scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+        self._scroll.setMinimumHeight(24)  # one row; the splitter gives more
         outer.addWidget(self._scroll)
         self._body = QtWidgets.QWidget()
         self._rows = QtWidgets.QVBoxLayout(self._body)
@@ -62,6 +71,7 @@ class AdvisorPane(QtWidgets.QGroupBox):
         """Notes shown above the advice (plain text, one per line); empty hides them."""
         self.notes.setText("\n".join(f"\u26a0 {n}" for n in notes))
         self.notes.setVisible(bool(notes))
+        self.notes_changed.emit()
 
     def _clear(self) -> None:
         while self._rows.count():

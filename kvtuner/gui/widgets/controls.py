@@ -18,6 +18,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ...core.model.ggml_types import KV_CACHE_TYPES
 from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig, resolve_server_defaults
 from ...core.plan.fields import config_field
+from ...core.plan.placement import offloaded_repeating_layers
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
 CTX_MIN = 512
@@ -57,9 +58,15 @@ def nearest_index(values: list[int], value: int) -> int:
 
 
 class _AllSpinBox(QtWidgets.QSpinBox):
-    """A spin box whose maximum reads "all" (typed "all" selects it)."""
+    """A spin box whose maximum reads "all" (typed "all" selects it); "n/a" while its control
+    does not apply (:attr:`not_applicable`)."""
+
+    #: set while the control does not apply: the box reads "n/a"
+    not_applicable = False
 
     def textFromValue(self, value: int) -> str:  # noqa: N802 (Qt API)
+        if self.not_applicable:
+            return "n/a"
         return "all" if value == self.maximum() and self.maximum() > 0 else str(value)
 
     def valueFromText(self, text: str) -> int:  # noqa: N802 (Qt API)
@@ -130,14 +137,20 @@ class ConfigControls(QtWidgets.QGroupBox):
     ``-np``, ``-ub``). Emits :attr:`changed` when the user moves any of them."""
 
     changed = QtCore.Signal()
+    #: the one-click fix of a refused combination was clicked: its PlanConfig changes
+    fix_requested = QtCore.Signal(dict)
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Configuration", parent)
         self._base = PlanConfig()
         self._n_ctx_train = 0  # what a context of 0 ("training") resolves to
+        self._ctx_training = False  # the context box says "training" (0) while plans use n_ctx_train
         self._auto_unified: bool | None = None  # kv_unified before -np "auto" set it
         #: llama-server defaults resolved by the last config() ("ctx 0 -> 131072 (training context)")
         self.resolved_notes: list[str] = []
+        self._shown = self._base
+        #: field name -> why its control does not apply (the control reads "n/a")
+        self.not_applicable: dict[str, str] = {}
         self._n_layer = 0
         self._ctx_values = ctx_slider_values(0)
         form = QtWidgets.QFormLayout(self)
@@ -193,15 +206,16 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
         # MoE only (shown by set_model_layers): --n-cpu-moe, the experts of the first N layers in RAM
-        self.moe = _SliderEntry()
+        self.moe = _SliderEntry(_AllSpinBox())
         self.moe.setToolTip(config_field("n_cpu_moe").tooltip())
 
         self._labels = {}
-        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
-                               ("n_cpu_moe", self.moe, self.moe.slider),
-                               ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
+        # Alt+letter goes to the number box (a value can be typed there; the arrow keys step it)
+        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.spin), ("kv_gpu_layers", self.kv, self.kv.spin),
+                               ("n_cpu_moe", self.moe, self.moe.spin),
+                               ("n_ctx", self.ctx, self.ctx.spin), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
-                               ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
+                               ("n_seq", self.parallel, self.parallel.spin), ("n_ubatch", self.ubatch, self.ubatch)):
             label = QtWidgets.QLabel(config_field(name).label)
             label.setBuddy(buddy)
             label.setToolTip(buddy.toolTip())
@@ -213,6 +227,11 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.error_label.setStyleSheet("color: #c0392b;")
         self.error_label.hide()
         form.addRow(self.error_label)
+        self.fix_button = QtWidgets.QPushButton()
+        self.fix_button.hide()
+        self.fix_button.clicked.connect(self._on_fix_clicked)
+        self._fix: dict[str, Any] = {}
+        form.addRow(self.fix_button)
 
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
@@ -246,30 +265,47 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ctx.spin.blockSignals(False)
 
     def set_kv_layers_max(self, n_offloaded: int) -> None:
-        """KV-layers range: 0 .. the repeating layers the plan offloads ("all" at the top)."""
-        value = self.kv.value()
-        was_all = value >= self.kv.spin.maximum()
+        """KV-layers range: 0 .. the repeating layers ``-ngl`` offloads ("all" at the top); the
+        value shown is the last configuration's, clamped."""
+        kv = self._shown.kv_gpu_layers
         self.kv.setRange(0, max(n_offloaded, 0))
-        self.kv.setEnabled(n_offloaded > 0)
-        if was_all or self._base.kv_gpu_layers is None:
-            self.kv.setValue(self.kv.spin.maximum())
-        else:
-            self.kv.setValue(min(self._base.kv_gpu_layers, n_offloaded))
+        self.kv.setValue(self.kv.spin.maximum() if kv is None else min(kv, n_offloaded))
 
-    def set_config(self, config: PlanConfig) -> None:
-        """Show ``config`` without emitting :attr:`changed`."""
+    def set_config(self, config: PlanConfig, effective: PlanConfig | None = None,
+                   not_applicable: dict[str, str] | None = None) -> None:
+        """Show a configuration without emitting :attr:`changed`.
+
+        ``config``: what the user asked for (kept for the controls that do not apply, and for
+        the fields without a control); ``effective``: what is planned, run and exported (default
+        ``config``; see :func:`kvtuner.gui.config_state.effective_config`), shown by every
+        control; ``not_applicable``: field name -> why, for the controls that read "n/a".
+        """
         self._base = config
+        shown = effective or config
+        self._shown = shown
+        self.not_applicable = dict(not_applicable or {})
         self.blockSignals(True)
         try:
-            ngl = config.n_gpu_layers
+            for name, entry in (("n_gpu_layers", self.ngl), ("kv_gpu_layers", self.kv), ("n_cpu_moe", self.moe)):
+                na = name in self.not_applicable
+                entry.spin.not_applicable = na
+                entry.setEnabled(not na)
+                tip = config_field(name).tooltip()
+                entry.setToolTip(f"Does not apply: {self.not_applicable[name]}.\n\n{tip}" if na else tip)
+            ngl = shown.n_gpu_layers
             self.ngl.setValue(self._n_layer + 1 if ngl == ALL_LAYERS or ngl > self._n_layer else ngl)
-            if config.kv_gpu_layers is None:
-                self.kv.setValue(self.kv.spin.maximum())
-            else:
-                self.kv.setValue(config.kv_gpu_layers)
-            self._show_ctx(config.n_ctx)
-            linked = config.type_k == config.type_v
-            for combo, value in ((self.type_k, config.type_k), (self.type_v, config.type_v)):
+            if "n_gpu_layers" in self.not_applicable:
+                self.ngl.setValue(0)
+            n_off = offloaded_repeating_layers(shown.n_gpu_layers, self._n_layer) if self._n_layer else 0
+            self.set_kv_layers_max(0 if "kv_gpu_layers" in self.not_applicable else n_off)
+            for entry in (self.ngl, self.kv, self.moe):  # the text may change ("n/a") while the value does not
+                entry.spin.blockSignals(True)
+                entry.spin.lineEdit().setText(entry.spin.textFromValue(entry.spin.value()))
+                entry.spin.blockSignals(False)
+            # a context of 0 stays "training" (and -np -1 "auto") while the plan is its resolved value
+            self._show_ctx(0 if (self._ctx_training and shown.n_ctx == self._n_ctx_train) else shown.n_ctx)
+            linked = shown.type_k == shown.type_v
+            for combo, value in ((self.type_k, shown.type_k), (self.type_v, shown.type_v)):
                 combo.blockSignals(True)
                 combo.setCurrentText(value)
                 combo.blockSignals(False)
@@ -277,29 +313,28 @@ class ConfigControls(QtWidgets.QGroupBox):
             self.link_kv.setChecked(linked)
             self.link_kv.blockSignals(False)
             self.type_v.setEnabled(not linked)
-            for w, v in ((self.flash, config.flash_attn),):
+            for w, v in ((self.flash, shown.flash_attn),):
                 w.blockSignals(True)
                 w.setCurrentText(v)
                 w.blockSignals(False)
-            self.parallel.setValue(config.n_seq)
-            self.moe.setValue(self._n_layer if config.cpu_moe else min(config.n_cpu_moe, self._n_layer))
+            self.parallel.setValue(-1 if self._auto_unified is not None else shown.n_seq)
+            self.moe.setValue(self._n_layer if shown.cpu_moe else min(shown.n_cpu_moe, self._n_layer))
+            if "n_cpu_moe" in self.not_applicable:
+                self.moe.setValue(0)
             self.ubatch.blockSignals(True)
-            self.ubatch.setValue(config.n_ubatch)
+            self.ubatch.setValue(shown.n_ubatch)
             self.ubatch.blockSignals(False)
         finally:
             self.blockSignals(False)
 
-    def config(self) -> PlanConfig:
-        """The configuration the controls show (other fields kept from the last :meth:`set_config`).
-
-        Raises:
-            ConfigError: llama.cpp would refuse this combination (the message says what to change).
-        """
+    def values(self) -> dict[str, Any]:
+        """The controls' values as PlanConfig keyword arguments; a control that does not apply
+        gives the value asked for before (it is kept, not used)."""
         ngl = self.ngl.value()
         kv = self.kv.value()
-        changes: dict[str, Any] = {
+        values: dict[str, Any] = {
             "n_gpu_layers": ALL_LAYERS if ngl >= self._n_layer + 1 else ngl,
-            "kv_gpu_layers": None if (not self.kv.isEnabled() or kv >= self.kv.spin.maximum()) else kv,
+            "kv_gpu_layers": None if kv >= self.kv.spin.maximum() else kv,
             "n_ctx": self.ctx.spin.value(),
             "type_k": self.type_k.currentText(),
             "type_v": self.type_v.currentText(),
@@ -308,22 +343,39 @@ class ConfigControls(QtWidgets.QGroupBox):
             "n_ubatch": self.ubatch.value(),
         }
         if not self.moe.isHidden() and not (self._base.cpu_moe and self.moe.value() >= self._n_layer):
-            changes["n_cpu_moe"] = self.moe.value()
-            changes["cpu_moe"] = False  # the slider now says how many layers
-        if self._auto_unified is not None and changes["n_seq"] != -1:
-            changes["kv_unified"] = self._auto_unified  # leaving "auto" restores the cache layout it replaced
+            values["n_cpu_moe"] = self.moe.value()
+            values["cpu_moe"] = False  # the slider now says how many layers
+        for name in self.not_applicable:
+            values[name] = getattr(self._base, name)
+        return values
+
+    def config(self, changes: dict[str, Any] | None = None) -> PlanConfig:
+        """The configuration asked for: the controls' values (:meth:`values`, updated with
+        ``changes``) over the fields without a control (kept from the last :meth:`set_config`).
+
+        Raises:
+            ConfigError: llama.cpp would refuse this combination (the message says what to change).
+        """
+        values = {**self.values(), **(changes or {})}
+        if self._auto_unified is not None and values["n_seq"] != -1:
+            values["kv_unified"] = self._auto_unified  # leaving "auto" restores the cache layout it replaced
             self._auto_unified = None
         self.resolved_notes = []
-        if changes["n_ctx"] == 0 or changes["n_seq"] == -1:
-            if changes["n_seq"] == -1 and self._auto_unified is None:
+        self._ctx_training = values["n_ctx"] == 0
+        if values["n_ctx"] == 0 or values["n_seq"] == -1:
+            if values["n_seq"] == -1 and self._auto_unified is None:
                 self._auto_unified = self._base.kv_unified
-            changes, self.resolved_notes = resolve_server_defaults(changes, self._n_ctx_train)
-        return self._base.with_(**changes)
+            values, self.resolved_notes = resolve_server_defaults(values, self._n_ctx_train)
+        return self._base.with_(**values)
 
-    def show_error(self, message: str | None) -> None:
-        """Show why the configuration is refused (plain text), or hide the message."""
+    def show_error(self, message: str | None, fix: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Show why the configuration is refused (plain text), or hide the message; ``fix``:
+        ``(button text, PlanConfig changes)`` for a one-click fix (:attr:`fix_requested`)."""
         self.error_label.setText(message or "")
         self.error_label.setVisible(bool(message))
+        self._fix = dict(fix[1]) if (message and fix) else {}
+        self.fix_button.setText(fix[0] if (message and fix) else "")
+        self.fix_button.setVisible(bool(message and fix))
 
     def remember(self, config: PlanConfig) -> None:
         """Record ``config`` as the base for fields without a control (after a valid change)."""
@@ -365,6 +417,9 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.type_v.setEnabled(not linked)
         if linked:
             self._on_type_k_changed(self.type_k.currentText())
+
+    def _on_fix_clicked(self) -> None:
+        self.fix_requested.emit(dict(self._fix))
 
     def _emit(self, *_: object) -> None:
         if not self.signalsBlocked():

@@ -85,7 +85,8 @@ class ExportDialog(QtWidgets.QDialog):
 
         self.preview = QtWidgets.QPlainTextEdit()
         self.preview.setReadOnly(True)
-        self.preview.setLineWrapMode(QtWidgets.QPlainTextEdit.LineWrapMode.NoWrap)
+        # long command lines wrap on screen (Copy and Save write them unchanged)
+        self.preview.setLineWrapMode(QtWidgets.QPlainTextEdit.LineWrapMode.WidgetWidth)
         self.preview.setFont(QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont))
         lay.addWidget(self.preview, 1)
 

@@ -25,6 +25,10 @@ from ..series import HOUR_AT_10HZ, Series
 
 #: Phase markers kept on the graphs (older ones are removed).
 MAX_PHASE_MARKERS = 60
+#: Phase markers this close after a labelled one (s) join its label.
+PHASE_MERGE_S = 0.5
+#: Rows the phase labels step down before starting at the top again.
+PHASE_LABEL_ROWS = 3
 
 # Okabe-Ito palette: distinguishable for colour-blind readers, on light and dark backgrounds.
 COLORS = {
@@ -58,6 +62,12 @@ def _pen(color: str, dashed: bool = False, width: float = 1.0) -> "pg.QtGui.QPen
     if dashed:
         pen.setStyle(QtCore.Qt.PenStyle.DashLine)
     return pen
+
+
+#: Per-run zoom: seconds shown before the run starts (the idle level before it).
+RUN_LEAD_S = 3.0
+#: The memory axis' lowest value, GiB (log axis).
+MEM_FLOOR_GIB = 0.05
 
 
 class LiveGraphs(QtWidgets.QWidget):
@@ -94,7 +104,11 @@ class LiveGraphs(QtWidgets.QWidget):
         self.speed_plot.getPlotItem().setLabel("bottom", "time (s)")
         # prefill runs 10-100x faster than decode: a log axis shows both (and the decode bands)
         self.speed_plot.getPlotItem().setLogMode(x=False, y=True)
-        self.speed_plot.getPlotItem().setLabel("left", "speed (tok/s, log)")
+        self.speed_plot.getPlotItem().setLabel("left", "tok/s (log)")
+        # memory: a log axis too, so the runner's few hundred MiB move visibly beside 20+ GiB of
+        # available RAM (issue 17: a linear 0-40 GiB axis hid the runner's ~0.4 GiB)
+        self.mem_plot.getPlotItem().setLogMode(x=False, y=True)
+        self.mem_plot.getPlotItem().setLabel("left", "GiB (log)")
         self.mem_plot.getPlotItem().getAxis("bottom").setStyle(showValues=False)
         self.speed_plot.setXLink(self.mem_plot)
         # Ranges are set by refresh() from the series themselves (one paint per plot per
@@ -108,12 +122,13 @@ class LiveGraphs(QtWidgets.QWidget):
             plot.scene().sigMouseClicked.connect(self._on_plot_clicked)
         self.follow = True
         self._ranges: dict[str, tuple[float, float]] = {}
-        base = self.palette().color(self.backgroundRole())
-        base.setAlpha(215)
-        self.mem_legend = self.mem_plot.getPlotItem().addLegend(offset=(4, 2), colCount=3, labelTextSize="8pt",
-                                                                brush=pg.mkBrush(base))
-        self.speed_legend = self.speed_plot.getPlotItem().addLegend(offset=(4, 2), colCount=2, labelTextSize="8pt",
-                                                                    brush=pg.mkBrush(base))
+        # legends above the data (in the plot's title row), so no marker label or curve is under them
+        self.mem_legend = self._legend_above(self.mem_plot, 4)
+        self.speed_legend = self._legend_above(self.speed_plot, 4)
+        #: show the whole session (True) or follow the current run (False, the default)
+        self.whole_session = False
+        #: where the current (or last) run started on the time axis, s
+        self.run_start_s: float | None = None
 
         self.series: dict[str, Series] = {}
         self.curves: dict[str, pg.PlotDataItem] = {}
@@ -127,17 +142,30 @@ class LiveGraphs(QtWidgets.QWidget):
         self._gpu_keys: set[int] = set()
         self._predicted: list[tuple[pg.InfiniteLine, float]] = []
         # the decode bands (kvtuner.core.speed.speed_model.speed_band): under 1 tok/s abandon, 10 and over fluent
-        for tok_s, label in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below"),
-                             (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above")):
+        # (labels at different places along the axis: on a short plot the two lines are close)
+        for tok_s, label, where in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below", 0.28),
+                                    (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above", 0.5)):
             dotted = _pen(COLORS["phase"], width=1)
             dotted.setStyle(QtCore.Qt.PenStyle.DotLine)
             line = pg.InfiniteLine(pos=math.log10(tok_s), angle=0, pen=dotted, label=label,
-                                   labelOpts={"position": 0.6, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
+                                   labelOpts={"position": where, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
             self.speed_plot.addItem(line, ignoreBounds=True)
         self._phases: deque[tuple[pg.InfiniteLine, pg.InfiniteLine]] = deque()
+        self._label_head: pg.InfiniteLine | None = None  # the last marker with a label
+        self._label_slot = -1
         self.n_redraws = 0
 
     # -- construction --------------------------------------------------------------------------
+
+    @staticmethod
+    def _legend_above(plot: pg.PlotWidget, columns: int) -> pg.LegendItem:
+        item = plot.getPlotItem()
+        legend = pg.LegendItem(offset=None, colCount=columns, labelTextSize="8pt", verSpacing=-6)
+        item.layout.removeItem(item.titleLabel)
+        item.titleLabel.hide()
+        item.layout.addItem(legend, 0, 1)
+        item.legend = legend  # PlotItem.addItem adds every named curve to it
+        return legend
 
     def _add_curve(self, key: str, plot: pg.PlotWidget, name: str, color: str, symbol: str | None = None) -> None:
         kwargs = {"pen": _pen(color), "name": name, "connect": "finite", "autoDownsampleFactor": 1.0}
@@ -197,20 +225,45 @@ class LiveGraphs(QtWidgets.QWidget):
         """One measured decode rate (tok/s) at monotonic time ``t_s``."""
         self.series["decode"].append(self.rel(t_s), tok_s)
 
+    def begin_run(self, t_s: float) -> None:
+        """A run starts at monotonic time ``t_s``: the view follows it (unless
+        :attr:`whole_session`)."""
+        self.run_start_s = self.rel(t_s)
+        self.follow = True
+        self._ranges.pop("x", None)
+        self._update_ranges()
+
+    def set_whole_session(self, whole: bool) -> None:
+        """Show the whole session (True) or zoom on the current run (False)."""
+        self.whole_session = bool(whole)
+        self.follow = True
+        self._ranges.pop("x", None)
+        self._update_ranges()
+
     def end_run(self, t_s: float) -> None:
         """Break the decode line so two runs are not joined."""
         self.series["decode"].append(self.rel(t_s), math.nan)
 
     def mark_phase(self, t_s: float, name: str) -> None:
-        """A labelled vertical marker on both plots (oldest dropped beyond MAX_PHASE_MARKERS)."""
+        """A vertical marker on both plots (oldest dropped beyond MAX_PHASE_MARKERS). Markers
+        within :data:`PHASE_MERGE_S` of the last labelled one add their name to its label
+        ("weights, KV, compute": loading phases come milliseconds apart) instead of a label of
+        their own; labels of successive markers step down :data:`PHASE_LABEL_ROWS` rows, so
+        labels of close markers never overlap each other (nor the legends, which sit above)."""
         x = self.rel(t_s)
         pen = _pen(COLORS["phase"], dashed=False, width=1)
         pen.setStyle(QtCore.Qt.PenStyle.DotLine)
-        # labels of markers that fall close together are staggered down the plot
-        slot = len(self._phases) % 5
-        top = pg.InfiniteLine(pos=x, angle=90, pen=pen, label=name,
-                              labelOpts={"position": 0.95 - 0.12 * slot, "color": COLORS["phase"],
-                                         "anchors": [(0, 0.5), (0, 0.5)]})
+        head = self._label_head
+        if head is not None and head in [a for a, _ in self._phases] and 0 <= x - head.value() <= PHASE_MERGE_S:
+            top = pg.InfiniteLine(pos=x, angle=90, pen=pen)
+            head.label.setFormat(head.label.format + ", " + name)
+        else:
+            self._label_slot = (self._label_slot + 1) % PHASE_LABEL_ROWS
+            top = pg.InfiniteLine(pos=x, angle=90, pen=pen, label=name,
+                                  labelOpts={"position": 0.9 - 0.2 * self._label_slot, "color": COLORS["phase"],
+                                             "anchors": [(0, 0.5), (0, 0.5)]})
+            self._label_head = top
+        top.phase_name = name
         bottom = pg.InfiniteLine(pos=x, angle=90, pen=pen)
         self.mem_plot.addItem(top, ignoreBounds=True)
         self.speed_plot.addItem(bottom, ignoreBounds=True)
@@ -221,8 +274,8 @@ class LiveGraphs(QtWidgets.QWidget):
             self.speed_plot.removeItem(b)
 
     def phase_names(self) -> list[str]:
-        """Labels of the phase markers shown, oldest first."""
-        return [a.label.format for a, _ in self._phases]
+        """Names of the phase markers shown, oldest first."""
+        return [a.phase_name for a, _ in self._phases]
 
     def set_predicted(self, memory_bytes: Iterable[tuple[str, int]], speeds_tok_s: Iterable[tuple[str, float]]) -> None:
         """Dashed horizontal lines: predicted memory levels (label, bytes) and speeds (label, tok/s)."""
@@ -233,17 +286,20 @@ class LiveGraphs(QtWidgets.QWidget):
         self._predicted = []
         for label, n_bytes in memory_bytes:
             color = COLORS["vram"] if label.startswith("GPU") else COLORS["runner_rss"]
-            self._predicted.append((self._hline(self.mem_plot, n_bytes / GiB, f"predicted {label}", color), n_bytes / GiB))
-        for label, tok_s in speeds_tok_s:
+            gib = max(n_bytes / GiB, 1e-3)
+            self._predicted.append((self._hline(self.mem_plot, math.log10(gib), f"predicted {label}", color), gib))
+        # each speed label at its own place along the axis: two close lines never stack their labels
+        for i, (label, tok_s) in enumerate(speeds_tok_s):
             if tok_s and tok_s > 0:
                 color = COLORS["prefill"] if "prefill" in label else COLORS["decode"]
-                self._predicted.append((self._hline(self.speed_plot, math.log10(tok_s), f"predicted {label}", color), tok_s))
+                line = self._hline(self.speed_plot, math.log10(tok_s), f"predicted {label}", color, 0.97 - 0.2 * i)
+                self._predicted.append((line, tok_s))
         self._ranges.clear()
         self._update_ranges()
 
-    def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str) -> pg.InfiniteLine:
+    def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str, where: float = 0.97) -> pg.InfiniteLine:
         line = pg.InfiniteLine(pos=y, angle=0, pen=_pen(color, dashed=True, width=1.5), label=label,
-                               labelOpts={"position": 0.97, "color": color, "anchors": [(1, 0), (1, 0)]})
+                               labelOpts={"position": where, "color": color, "anchors": [(1, 0), (1, 0)]})
         plot.addItem(line, ignoreBounds=True)
         return line
 
@@ -282,6 +338,8 @@ class LiveGraphs(QtWidgets.QWidget):
                 t_lo, t_hi = min(t_lo, t[0]), max(t_hi, t[-1])
         if not math.isfinite(t_lo):
             return
+        if self.run_start_s is not None and not self.whole_session:
+            t_lo = max(t_lo, self.run_start_s - RUN_LEAD_S)  # per-run zoom: from just before the run
         if self.follow:
             span = nice_ceil(max(t_hi - t_lo, 1.0) * 1.02, minimum=10.0)
             step = span / 20
@@ -293,8 +351,11 @@ class LiveGraphs(QtWidgets.QWidget):
         mem_vb = self.mem_plot.getPlotItem().getViewBox()
         y_hi = max([self.series[k].peak() for k in mem_keys]
                    + [v for line, v in self._predicted if line.getViewBox() is mem_vb])
-        # headroom above the highest line so the legend (top left) never covers it
-        self._set_range("ymem", self.mem_plot, 0.0, nice_ceil(y_hi * 1.35, minimum=0.5))
+        # log axis (values are log10): from 50 MiB to above the highest line; the phase labels
+        # sit in the top band
+        y_lo = min([MEM_FLOOR_GIB] + [v for line, v in self._predicted if line.getViewBox() is mem_vb and v > 0])
+        self._set_range("ymem", self.mem_plot, math.log10(max(y_lo * 0.7, 1e-3)),
+                        math.log10(nice_ceil(max(y_hi, 0.5) * 4.0, minimum=0.5)))
         speed_vb = self.speed_plot.getPlotItem().getViewBox()
         s_hi = max([self.series[k].peak() for k in ("decode", "prefill")]
                    + [v for line, v in self._predicted if line.getViewBox() is speed_vb] + [20.0])

@@ -69,7 +69,9 @@ class MemoryBars(QtWidgets.QWidget):
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
         self.rows: list[BarRow] = []
-        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding, QtWidgets.QSizePolicy.Policy.Fixed)
+        policy = QtWidgets.QSizePolicy(QtWidgets.QSizePolicy.Policy.Expanding, QtWidgets.QSizePolicy.Policy.Fixed)
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
         self.setMouseTracking(True)
 
     def set_rows(self, rows: list[BarRow]) -> None:
@@ -100,31 +102,65 @@ class MemoryBars(QtWidgets.QWidget):
             lines.append(f"  {label}: {fmt_bytes(row.segment_bytes(key))}{mark}")
         return "\n".join(lines)
 
-    def sizeHint(self) -> QtCore.QSize:  # noqa: N802 (Qt API)
+    LEGEND_LINE_H = 16
+
+    def _legend_items(self) -> list[tuple[str, str | None]]:
+        has_experts = any(r.experts_bytes for r in self.rows)  # dense model: no experts entry
+        items: list[tuple[str, str | None]] = [(label, color) for key, label, color in SEGMENTS
+                                               if key != "experts" or has_experts] + [("free", None)]
+        return items + [("✓ = verified by llama.cpp", "")]
+
+    def _legend_layout(self, width: int) -> list[tuple[int, int, str, str | None]]:
+        """(x, line, text, colour) of each legend entry, wrapped to ``width`` pixels (no entry
+        is ever cut at the right edge)."""
+        fm = self.fontMetrics()
+        out, x, line = [], 1, 0
+        for text, color in self._legend_items():
+            item_w = (14 if color != "" else 0) + fm.horizontalAdvance(text) + 12
+            if x > 1 and x + item_w - 12 > width:
+                x, line = 1, line + 1
+            out.append((x, line, text, color))
+            x += item_w
+        return out
+
+    def _legend_height(self, width: int) -> int:
+        lines = max((ln for _, ln, _, _ in self._legend_layout(width)), default=0) + 1
+        return 4 + lines * self.LEGEND_LINE_H
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 (Qt API)
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 (Qt API)
         n = max(len(self.rows), 1)
-        return QtCore.QSize(400, 20 + n * (self.CAPTION_H + self.BAR_H + self.GAP))
+        return self._legend_height(width - 2) + n * (self.CAPTION_H + self.BAR_H + self.GAP)
+
+    def sizeHint(self) -> QtCore.QSize:  # noqa: N802 (Qt API)
+        return QtCore.QSize(400, self.heightForWidth(max(self.width(), 400)))
 
     def minimumSizeHint(self) -> QtCore.QSize:  # noqa: N802 (Qt API)
-        return self.sizeHint()
+        return QtCore.QSize(200, self.heightForWidth(max(self.width(), 200)))
+
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self.updateGeometry()  # the legend may wrap onto another line
 
     def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt API)
         p = QtGui.QPainter(self)
         pal = self.palette()
         text_color = pal.color(QtGui.QPalette.ColorRole.WindowText)
         w = self.width() - 2
-        # legend
-        x = 1
-        fm = p.fontMetrics()
-        for key, label, color in SEGMENTS + (("free", "free", None),):
-            if key == "experts" and not any(r.experts_bytes for r in self.rows):
-                continue  # dense model: no experts entry
-            p.fillRect(QtCore.QRect(x, 4, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base))
+        # legend, wrapped to the width
+        for x, line, label, color in self._legend_layout(w):
+            top = 4 + line * self.LEGEND_LINE_H
             p.setPen(text_color)
-            p.drawRect(QtCore.QRect(x, 4, 10, 10))
-            p.drawText(x + 14, 14, label)
-            x += 14 + fm.horizontalAdvance(label) + 12
-        p.drawText(x, 14, "✓ = verified by llama.cpp")
-        y = 20
+            if color == "":  # the tick's explanation: text only
+                p.drawText(x, top + 10, label)
+                continue
+            p.fillRect(QtCore.QRect(x, top, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base))
+            p.drawRect(QtCore.QRect(x, top, 10, 10))
+            p.drawText(x + 14, top + 10, label)
+        y = self._legend_height(w)
         for row in self.rows:
             p.setPen(text_color)
             caption = self.caption(row)

@@ -10,12 +10,42 @@ from PySide6 import QtCore, QtWidgets
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
-#: Badge colours for the decode bands of :func:`kvtuner.core.speed.speed_model.speed_band`.
-BADGE_COLORS = {"abandon": "#c0392b", "offline": "#d35400", "interactive": "#2471a3", "fluent": "#1e8449"}
+#: Badge colours: "does not fit" and the decode bands of :func:`kvtuner.core.speed.speed_model.speed_band`.
+BADGE_COLORS = {"does not fit": "#7b241c", "abandon": "#c0392b", "offline": "#d35400", "interactive": "#2471a3",
+                "fluent": "#1e8449"}
 
 
 def _tok_s(v: float) -> str:
     return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
+
+
+def verdict(plan: Any, speed: Any | None) -> tuple[str, str] | None:
+    """The badge for a plan: ``(badge, reason)``; None when there is nothing to say (no plan).
+
+    ``"does not fit"`` when a device with a known capacity is short (its headroom is negative:
+    :attr:`~kvtuner.core.plan.memory_plan.DevicePlan.headroom_bytes`), whatever the speed; else
+    the decode band (:func:`kvtuner.core.speed.speed_model.speed_band`: abandon < 1 tok/s, offline
+    1-5, interactive 5-10, fluent >= 10) of the *worse* of the empty-cache and the full-context
+    decode speed (``speed.decode_tok_s``, ``speed.decode_tok_s_at_full_ctx``); None when there is
+    no speed prediction and the plan fits. ``reason`` is one line for the tooltip.
+    """
+    from ...core.speed.speed_model import speed_band
+
+    if plan is None:
+        return None
+    short = [(d, -d.headroom_bytes) for d in plan.devices if d.headroom_bytes is not None and d.headroom_bytes < 0]
+    if short:
+        parts = ", ".join(f"{d.name or d.device} is {fmt_bytes(over)} short" for d, over in short)
+        return "does not fit", f"Does not fit: {parts}. Lower the context, quantize the KV cache or move layers."
+    if speed is None:
+        return None
+    empty, full = speed.decode_tok_s, speed.decode_tok_s_at_full_ctx
+    worse = min(empty, full)
+    which = "with the context full" if full < empty else "with the cache empty"
+    reason = (f"{speed_band(worse).upper()}: decode {_tok_s(worse)} tok/s {which} (empty cache {_tok_s(empty)}, "
+              f"full context {_tok_s(full)} tok/s). Bands: under 1 tok/s abandon, 1-5 offline only, "
+              "5-10 interactive, 10 and over fluent; the badge takes the worse of the two.")
+    return speed_band(worse), reason
 
 
 class PredictionPanel(QtWidgets.QGroupBox):
@@ -34,8 +64,6 @@ class PredictionPanel(QtWidgets.QGroupBox):
             label.setWordWrap(True)
         self.badge.setAlignment(QtCore.Qt.AlignmentFlag.AlignCenter)
         self.badge.setMinimumWidth(110)
-        self.badge.setToolTip("Decode bands: under 1 tok/s abandon, 1-5 offline only, "
-                              "5-10 interactive, 10 and over fluent.")
         top = QtWidgets.QHBoxLayout()
         text_col = QtWidgets.QVBoxLayout()
         text_col.addWidget(self.kv_label)
@@ -47,7 +75,20 @@ class PredictionPanel(QtWidgets.QGroupBox):
         lay.addWidget(self.bars)
         self.warnings_label.setStyleSheet("color: #9a6700;")
         lay.addWidget(self.warnings_label)
+        self.stale = False
+        #: the badge shown and its reason (:func:`verdict`), or None
+        self.verdict: tuple[str, str] | None = None
         self.set_plan(None)
+
+    def set_stale(self, reason: str | None) -> None:
+        """Mark the figures as those of the last valid configuration (``reason``: why the shown
+        one was refused), or (None) as current."""
+        self.stale = bool(reason)
+        self.setTitle("Prediction - STALE: these figures are for the last valid configuration" if reason
+                      else "Prediction")
+        for w in (self.kv_label, self.speed_label, self.badge, self.bars, self.warnings_label):
+            w.setEnabled(not reason)
+        self.setToolTip(f"Not replanned: {reason}" if reason else "")
 
     def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
                  badge: str | None = None, speed_error: str = "") -> None:
@@ -55,6 +96,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
         :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
         reason ``speed_error``) and the dry-run figures
         (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None)."""
+        self.verdict = verdict(plan, speed) if badge is None else (badge, "")
         if plan is None:
             self.kv_label.setText("No plan: open a model.")
             self.speed_label.setText("")
@@ -80,14 +122,16 @@ class PredictionPanel(QtWidgets.QGroupBox):
                 f"{_tok_s(speed.decode_tok_s_at_full_ctx)} tok/s with the context full; "
                 f"prefill {_tok_s(speed.prefill_tok_s)} tok/s"
                 + (f"; calibrated on {speed.n_calibration_runs} run(s)" if speed.n_calibration_runs else "; not calibrated yet"))
-            if badge:
-                self.badge.setText(badge.upper())
-                self.badge.setStyleSheet(
-                    f"background: {BADGE_COLORS.get(badge, '#555')}; color: white; font-weight: bold; "
-                    "border-radius: 4px; padding: 4px 8px;")
-                self.badge.show()
-            else:
-                self.badge.hide()
+        if self.verdict is not None:
+            name, reason = self.verdict
+            self.badge.setText(name.upper())
+            self.badge.setToolTip(reason)
+            self.badge.setStyleSheet(
+                f"background: {BADGE_COLORS.get(name, '#555')}; color: white; font-weight: bold; "
+                "border-radius: 4px; padding: 4px 8px;")
+            self.badge.show()
+        else:
+            self.badge.hide()
         verified_sets = []
         for d in plan.devices:
             marks = set()
@@ -97,5 +141,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
                 marks.add("compute")
             verified_sets.append(frozenset(marks))
         self.bars.set_rows([row_from_device(d, v) for d, v in zip(plan.devices, verified_sets)])
-        self.warnings_label.setText("\n".join(plan.warnings))
+        from ..config_state import gui_wording
+
+        self.warnings_label.setText("\n".join(gui_wording(w) for w in plan.warnings))
         self.warnings_label.setVisible(bool(plan.warnings))

@@ -1,8 +1,69 @@
-"""Run controls: Run (a bench with the current configuration), Stop, Verify, and progress."""
+"""Run controls: Run (a bench with the current configuration), Stop, Verify, the bench's length
+and threads, and progress."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from PySide6 import QtCore, QtWidgets
+
+
+class BenchButton(QtWidgets.QToolButton):
+    """A compact button that shows the bench (``256+64 tok x2, auto threads``) and drops down a
+    form to set prompt tokens, generated tokens, repetitions and CPU threads (0: llama.cpp's
+    default, the physical cores). Emits :attr:`changed` with the new
+    :class:`kvtuner.gui.run_controller.BenchSettings`."""
+
+    changed = QtCore.Signal(object)
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.setToolTip("The bench Run starts: prompt tokens (prefill), generated tokens (decode), repetitions "
+                        "and CPU threads")
+        self._settings: Any = None
+        form_w = QtWidgets.QWidget()
+        form = QtWidgets.QFormLayout(form_w)
+        self.n_prompt = QtWidgets.QSpinBox()
+        self.n_prompt.setRange(1, 65536)
+        self.n_gen = QtWidgets.QSpinBox()
+        self.n_gen.setRange(1, 65536)
+        self.repetitions = QtWidgets.QSpinBox()
+        self.repetitions.setRange(1, 20)
+        self.n_threads = QtWidgets.QSpinBox()
+        self.n_threads.setRange(0, 1024)
+        self.n_threads.setSpecialValueText("auto")
+        for label, w in (("Prompt tokens", self.n_prompt), ("Generated tokens", self.n_gen),
+                         ("Repetitions", self.repetitions), ("CPU threads", self.n_threads)):
+            w.setKeyboardTracking(False)
+            w.valueChanged.connect(self._on_changed)
+            form.addRow(label, w)
+        menu = QtWidgets.QMenu(self)
+        action = QtWidgets.QWidgetAction(menu)
+        action.setDefaultWidget(form_w)
+        menu.addAction(action)
+        self.setMenu(menu)
+
+    def set_settings(self, settings: Any) -> None:
+        """Show a BenchSettings without emitting :attr:`changed`."""
+        self._settings = settings
+        for w, v in ((self.n_prompt, settings.n_prompt), (self.n_gen, settings.n_gen),
+                     (self.repetitions, settings.repetitions), (self.n_threads, settings.n_threads or 0)):
+            w.blockSignals(True)
+            w.setValue(v)
+            w.blockSignals(False)
+        # trailing spaces: room for the drop-down arrow, which some styles draw over the text
+        self.setText(f"{settings.n_prompt}+{settings.n_gen} tok x{settings.repetitions}, "
+                     f"{settings.n_threads or 'auto'} threads   ")
+
+    def _on_changed(self, *_: object) -> None:
+        if self._settings is None:
+            return
+        new = dataclasses.replace(self._settings, n_prompt=self.n_prompt.value(), n_gen=self.n_gen.value(),
+                                  repetitions=self.repetitions.value(), n_threads=self.n_threads.value() or None)
+        self.set_settings(new)
+        self.changed.emit(new)
 
 
 class RunControls(QtWidgets.QWidget):
@@ -17,7 +78,7 @@ class RunControls(QtWidgets.QWidget):
         super().__init__(parent)
         lay = QtWidgets.QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.run_button = QtWidgets.QPushButton("&Run bench")
+        self.run_button = QtWidgets.QPushButton("Run &bench")
         self.run_button.setToolTip("Load the model with this configuration in a child process and run a short\n"
                                    "llama-bench style test (prefill, then decode); the graphs show it live. Ctrl+R")
         self.stop_button = QtWidgets.QPushButton("&Stop")
@@ -31,7 +92,9 @@ class RunControls(QtWidgets.QWidget):
         self.progress.setTextVisible(True)
         self.progress.setFormat("idle")
         self.progress.setMinimumWidth(220)
+        self.bench = BenchButton()
         lay.addWidget(self.run_button)
+        lay.addWidget(self.bench)
         lay.addWidget(self.stop_button)
         lay.addWidget(self.verify_button)
         lay.addWidget(self.progress, 1)
