@@ -1,6 +1,6 @@
 """``kvtuner`` command line.
 
-``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library|gpus|probe``
+``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|tune|export|library|gpus|probe``
 are headless and take ``--json``. One module per command (:mod:`.plan`, :mod:`.bench`,
 :mod:`.export`, :mod:`.gui`); the flags they share come from the configuration catalogue
 (:mod:`kvtuner.core.plan.fields`) in :mod:`.args`; text rendering is :mod:`.report`. Every user
@@ -29,14 +29,14 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    from . import bench, export, gui, hardware, plan
+    from . import bench, export, gui, hardware, plan, tune
 
     parser = _Parser(
         prog="kvtuner",
         description="Plan, monitor and tune llama.cpp memory for long contexts on small GPUs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (plan, bench, export, gui, hardware):
+    for module in (plan, bench, export, gui, hardware, tune):
         module.register(sub)
     return parser
 
