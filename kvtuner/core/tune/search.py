@@ -357,7 +357,7 @@ class _Searcher:
 
     # -- integer knobs ----------------------------------------------------------------------------
 
-    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob) -> Candidate | None:
+    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob) -> tuple[Candidate | None, tuple[int, ...]]:
         """The largest value of the last knob whose plan fits the GPUs (binary search: GPU memory
         is monotone in it), as a fitting candidate; None when none fits."""
         hi = knob.hi(self.model, cfg)
@@ -375,47 +375,62 @@ class _Searcher:
                 else:
                     h = mid - 1
         if best is None:
-            return None
+            return None, ()
         c = self.candidate(knob.apply(cfg, best, hi))
-        return c if c is not None and c.fits else None
+        return (c if c is not None and c.fits else None), (best,)
 
-    def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS) -> Candidate | None:
-        """The fastest fitting candidate over ``knobs`` from ``cfg``: the last knob at its largest
-        fitting value; each one before it sampled on a :data:`GRID_POINTS` grid, then refined by
-        halving the step around the best sample (speed along the frontier is taken unimodal;
-        :func:`tune_exhaustive` checks that)."""
+    def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
+                 hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+        """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
+        that gave it. The last knob goes to its largest fitting value; each one before it is
+        sampled on a :data:`GRID_POINTS` grid, then refined by halving the step around the best
+        sample (speed along the frontier is taken unimodal; :func:`tune_exhaustive` checks that).
+        ``hint``: the values found for a neighbouring combination (another ``n_ubatch``): the
+        search then only climbs from there, one step at a time."""
         if not knobs:
             c = self.candidate(cfg)
-            return c if c is not None and c.fits else None
+            return (c if c is not None and c.fits else None), ()
         if len(knobs) == 1:
             return self._last_knob_max(cfg, knobs[0])
         knob, rest = knobs[0], knobs[1:]
         hi = knob.hi(self.model, cfg)
-        results: dict[int, Candidate | None] = {}
+        results: dict[int, tuple[Candidate | None, tuple[int, ...]]] = {}
 
-        def at(g: int) -> Candidate | None:
+        def at(g: int) -> None:
             g = max(0, min(hi, g))
             if g not in results:
-                results[g] = self.frontier(knob.apply(cfg, g, hi), rest)
-            return results[g]
-
-        step = max(1, math.ceil(hi / (GRID_POINTS - 1)))
-        for g in range(hi, -1, -step):
-            at(g)
-        at(0)
+                results[g] = self.frontier(knob.apply(cfg, g, hi), rest, hint[1:] if hint else None)
 
         def score(g: int) -> float:
-            c = results.get(g)
+            c = results[g][0]
             return c.decode_tok_s if c is not None else -1.0
 
-        best_g = max(results, key=lambda g: (score(g), g))
-        while step > 1:
-            step = max(1, step // 2)
-            for g in (best_g - step, best_g + step):
-                if 0 <= g <= hi:
-                    at(g)
-            best_g = max(results, key=lambda g: (score(g), g))
-        return results.get(best_g)
+        def best_g() -> int:
+            return max(results, key=lambda g: (score(g), g))
+
+        if hint:
+            g = max(0, min(hi, hint[0]))
+            at(g)
+            for direction in (1, -1):
+                while 0 <= g + direction <= hi:
+                    at(g + direction)
+                    if score(g + direction) <= score(g):
+                        break
+                    g += direction
+        else:
+            step = max(1, math.ceil(hi / (GRID_POINTS - 1)))
+            for g in range(hi, -1, -step):
+                at(g)
+            at(0)
+            while step > 1:
+                step = max(1, step // 2)
+                b = best_g()
+                for g in (b - step, b + step):
+                    if 0 <= g <= hi:
+                        at(g)
+        b = best_g()
+        c, sub = results[b]
+        return c, (b, *sub)
 
     # -- one context ------------------------------------------------------------------------------
 
@@ -448,11 +463,19 @@ class _Searcher:
         bounds.sort(key=lambda t: -t[0])
         best_decode = 0.0
         full_fit: set[tuple[str, str, str]] = set()
+        hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
         for ub_decode, cfg, top in bounds:
             key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
             if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
                 continue
-            c = top if top.fits else self.frontier(cfg)
+            if target is not None and ub_decode < target:
+                continue  # cannot reach the target even with everything on the GPUs
+            if top.fits:
+                c = top
+            else:
+                c, at_g = self.frontier(cfg, hint=hints.get(key))
+                if c is not None:
+                    hints.setdefault(key, at_g)
             if c is None:
                 continue
             if top.fits:
@@ -465,9 +488,9 @@ class _Searcher:
 
     def _all_int(self, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> Iterable[Candidate]:
         if not knobs:
-            c = self.candidate(cfg)
-            if c is not None:
-                yield c
+            p = self.plan(cfg)
+            if p is not None and self.fits(p):
+                yield Candidate(cfg, p, True, self.decode(cfg, p))
             return
         hi = knobs[0].hi(self.model, cfg)
         for g in range(hi + 1):
@@ -522,7 +545,7 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     c = s.candidate(cfg)
     if c is None or c.fits or not gpus:
         return c if c is not None and c.fits else None
-    c = s.frontier(cfg.with_(n_gpu_layers=ALL_LAYERS), INT_KNOBS[:1])
+    c, _ = s.frontier(cfg.with_(n_gpu_layers=ALL_LAYERS), INT_KNOBS[:1])
     return s.with_prefill(c) if c is not None else None
 
 
