@@ -649,3 +649,55 @@ def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
 def ctx_round(n: int) -> int:
     """``n`` rounded up to llama.cpp's 256-cell padding (llama-context.cpp ``GGML_PAD(n_ctx, 256)``)."""
     return pad_to(n, 256)
+
+
+@dataclass(frozen=True)
+class KneeCurve:
+    """Predicted decode at full context against context length, for one configuration's knobs.
+
+    Attributes:
+        config: the configuration (its ``n_ctx`` is the chosen point).
+        points: ``(n_ctx, decode_tok_s, fits)`` from small to large contexts.
+        max_fit_ctx: the longest context that fits with these knobs (tokens; 0: none).
+    """
+
+    config: PlanConfig
+    points: tuple[tuple[int, float, bool], ...]
+    max_fit_ctx: int
+
+
+def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequence[GpuSpec], host: HostSpec | None,
+                inputs: SpeedInputs, *, max_ctx: int | None = None, n_points: int = 16,
+                vram_margin_bytes: int = VRAM_MARGIN_BYTES,
+                ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> list[KneeCurve]:
+    """The knee chart's data: for each configuration, its knobs (KV types, flash attention,
+    n_gpu_layers, kv_gpu_layers, n_ubatch) planned and predicted at ``n_points`` contexts spaced
+    evenly on a log scale from 1024 to ``max_ctx`` (default: twice the largest configured
+    context, at most the training context when it is larger than that), plus the longest
+    context that fits (binary search: memory is monotone in n_ctx). A few ms per point."""
+    if not configs:
+        return []
+    top = max_ctx or max(max(c.n_ctx for c in configs) * 2, 4096)
+    lo = 1024
+    xs = sorted({pad_to(int(round(lo * (top / lo) ** (i / max(1, n_points - 1)))), 256) for i in range(n_points)}
+                | {c.n_ctx for c in configs})
+    goal = TuneGoal(n_ctx=max(256, configs[0].n_ctx), vram_margin_bytes=vram_margin_bytes,
+                    ram_headroom_fraction=ram_headroom_fraction)
+    s = _Searcher(model, configs[0], gpus, host, inputs, goal)
+    out = []
+    for cfg in configs:
+        pts = []
+        for x in xs:
+            c = s.candidate(cfg.with_(n_ctx=x))
+            if c is not None:
+                pts.append((x, c.decode_tok_s, c.fits))
+        a, b, best = 1, max(1, top // 256), 0
+        while a <= b:
+            mid = (a + b) // 2
+            c = s.candidate(cfg.with_(n_ctx=mid * 256))
+            if c is not None and c.fits:
+                best, a = mid * 256, mid + 1
+            else:
+                b = mid - 1
+        out.append(KneeCurve(cfg, tuple(pts), best))
+    return out
