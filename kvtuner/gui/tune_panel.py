@@ -164,10 +164,16 @@ class TunePanel(QtWidgets.QDialog):
                 goal: TuneGoal) -> tuple[TuneResult, list[KneeCurve]]:
         """The search and the chart's curves (pure core work; runs on a worker thread)."""
         result = tune(model, config, gpus, host, inputs, goal)
-        configs = [c.config for c in result.top[:TOP_CURVES]]
+        configs: list[PlanConfig] = []
+        seen: set[tuple[str, str, str]] = set()
+        for c in result.top:  # the best of each KV type / flash attention combination
+            key = (c.config.type_k, c.config.type_v, c.config.flash_attn)
+            if key not in seen and len(configs) < TOP_CURVES:
+                seen.add(key)
+                configs.append(c.config)
         if result.fit_equivalent is not None and result.fit_equivalent.config not in configs:
             configs.append(result.fit_equivalent.config)
-        top = max([c.n_ctx for c in configs] + [model.n_ctx_train or 0, 8192])
+        top = max([2 * c.n_ctx for c in configs] + [8192])
         curves = knee_curves(model, configs, gpus, host, inputs, max_ctx=top,
                              vram_margin_bytes=goal.vram_margin_bytes, ram_headroom_fraction=goal.ram_headroom_fraction)
         return result, curves
@@ -236,7 +242,7 @@ class TunePanel(QtWidgets.QDialog):
                 p.addItem(pg.InfiniteLine(pos=_log(curve.max_fit_ctx), angle=90,
                                           pen=pg.mkPen(color, width=1, style=QtCore.Qt.PenStyle.DotLine),
                                           label=f"fits to {curve.max_fit_ctx}" if i == 0 else None,
-                                          labelOpts={"position": 0.9, "color": color}))
+                                          labelOpts={"position": 0.5, "color": color}))
         p.addItem(pg.InfiniteLine(pos=_log(ABANDON_TOK_S), angle=0,
                                   pen=pg.mkPen("#c0392b", width=1.5, style=QtCore.Qt.PenStyle.DashLine),
                                   label="1 tok/s: abandon", labelOpts={"position": 0.1, "color": "#c0392b"}))
