@@ -232,8 +232,7 @@ class _Ctx:
             try:
                 g = TuneGoal(kv_quality=quality, vram_margin_bytes=self.s.vram_margin_bytes,
                              ram_headroom_fraction=self.s.ram_headroom_fraction, **goal)
-                r = tune(self.plan.model, cfg, self.gpus, self.host, self.speed.inputs, g)
-                best = r.best.config if r.best is not None else None
+                best = _tuned_config(self.plan.model, cfg, self.gpus, self.host, self.speed.inputs, g)
             except (TuneError, ConfigError, SpeedModelError):
                 best = None
             self._tuned[key] = ({k: v for k, v in best.to_dict().items() if getattr(cfg, k) != v}
@@ -261,6 +260,32 @@ class _Ctx:
             else:
                 hi = mid - 1
         return best
+
+
+#: Tune results the advisor asked for lately: a slider move that changes only a searched knob
+#: (n_gpu_layers, kv_gpu_layers, types, ubatch) asks the same question again (one search is
+#: 10-500 ms on a 2-core machine; a hit is free).
+_TUNED: dict[tuple, tuple[Any, PlanConfig | None]] = {}
+_TUNED_MAX = 32
+
+
+def _tuned_config(model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSpec | None, inputs: Any,
+                  goal: TuneGoal) -> PlanConfig | None:
+    """The tuner's best configuration for ``goal`` from ``cfg`` (cached: :data:`_TUNED`)."""
+    # what the search keeps from the user's configuration (search.py: the base's non-searched
+    # fields); the searched ones do not change the answer
+    base = cfg.with_(n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, type_k="f16", type_v="f16", flash_attn="auto",
+                     n_ubatch=512)
+    key = (model.header_sha256, model.structure.source, model.n_layer, tuple(gpus), host, id(inputs), goal, base)
+    hit = _TUNED.get(key)
+    if hit is not None and hit[0] is inputs:
+        return hit[1]
+    r = tune(model, base, gpus, host, inputs, goal, with_fit=False)
+    best = r.best.config if r.best is not None else None
+    if len(_TUNED) >= _TUNED_MAX:
+        _TUNED.pop(next(iter(_TUNED)))
+    _TUNED[key] = (inputs, best)
+    return best
 
 
 def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[str, object]:

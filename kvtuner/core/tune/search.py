@@ -550,7 +550,7 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
 
 
 def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False) -> TuneResult:
+         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False, with_fit: bool = True) -> TuneResult:
     """Search for the fastest configuration that fits ``goal`` (module docstring).
 
     Args:
@@ -561,6 +561,7 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
         inputs: the speed model's inputs (calibrated for this machine where possible).
         goal: what to optimise.
         exhaustive: plan every value of every knob (the reference; slow).
+        with_fit: also plan llama.cpp's ``--fit`` equivalent (:func:`fit_equivalent`).
 
     Returns:
         A :class:`TuneResult`; ``best`` None when nothing fits (``notes`` says why).
@@ -610,7 +611,7 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     if runner is not None:
         runner = s.with_prefill(runner)
     fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
-                         ram_headroom_fraction=goal.ram_headroom_fraction)
+                         ram_headroom_fraction=goal.ram_headroom_fraction) if with_fit else None
     if model.n_expert and gpus:
         notes.append("MoE: expert placement (--n-cpu-moe) is not searched yet; llama.cpp's --fit would move experts "
                      "to the CPU before layers, so its figure here is pessimistic")
