@@ -130,7 +130,7 @@ def _measure(path: "object", n_threads: int):
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
         try:
             r = run_bench(path, config, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=CONFIRM_GEN_TOKENS, n_depth=depth,  # type: ignore[arg-type]
-                          repetitions=1, n_threads=n_threads, timeout_s=1800.0)
+                          repetitions=1, n_threads=n_threads, timeout_s=3600.0, idle_timeout_s=3600.0)
         except BenchError as exc:
             raise UserError(f"the confirming load failed ({exc.kind}): {exc}") from None
         return Measured(depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads,
