@@ -544,7 +544,7 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
         return None
     c = s.candidate(cfg)
     if c is None or c.fits or not gpus:
-        return c if c is not None and c.fits else None
+        return s.with_prefill(c) if c is not None and c.fits else None
     c, _ = s.frontier(cfg.with_(n_gpu_layers=ALL_LAYERS), INT_KNOBS[:1])
     return s.with_prefill(c) if c is not None else None
 
