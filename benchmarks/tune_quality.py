@@ -120,7 +120,9 @@ def main() -> int:
         print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
         for key, what, card, kind, b, ref, gap, beyond, el, n, fits in rows:
             if b is None:
-                print(f"| {key} | {card} | {kind} | - | - | - | - | nothing fits | - | - | {el * 1000:.0f} | - |")
+                why = "nothing reaches 5 tok/s" if kind == "min_tok_s" else "nothing fits"
+                print(f"| {key} | {card} | {kind} | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "
+                      f"| - | {el * 1000:.0f} | - |")
                 continue
             ngl = "all" if b.config.n_gpu_layers < 0 else b.config.n_gpu_layers
             kv = "all" if b.config.kv_gpu_layers is None else b.config.kv_gpu_layers

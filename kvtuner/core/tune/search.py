@@ -293,6 +293,7 @@ class _Searcher:
         self.evaluated = 0
         self._plans: dict[PlanConfig, MemoryPlan | None] = {}
         self._decode: dict[PlanConfig, float] = {}
+        self.hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
 
     def plan(self, cfg: PlanConfig) -> MemoryPlan | None:
         if cfg not in self._plans:
@@ -357,23 +358,42 @@ class _Searcher:
 
     # -- integer knobs ----------------------------------------------------------------------------
 
-    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob) -> tuple[Candidate | None, tuple[int, ...]]:
-        """The largest value of the last knob whose plan fits the GPUs (binary search: GPU memory
-        is monotone in it), as a fitting candidate; None when none fits."""
+    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob,
+                       hint: int | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+        """The largest value of the last knob whose plan fits the GPUs (GPU memory is monotone in
+        it: binary search, or with a ``hint`` a galloping search outwards from it), as a fitting
+        candidate; None when none fits."""
         hi = knob.hi(self.model, cfg)
-        lo, best = 0, None
-        top = self.plan(knob.apply(cfg, hi, hi))
-        if top is not None and self.vram_ok(top):
-            best = hi
-        else:
-            h = hi - 1
-            while lo <= h:
-                mid = (lo + h) // 2
-                p = self.plan(knob.apply(cfg, mid, hi))
-                if p is not None and self.vram_ok(p):
-                    best, lo = mid, mid + 1
+
+        def ok(g: int) -> bool:
+            p = self.plan(knob.apply(cfg, g, hi))
+            return p is not None and self.vram_ok(p)
+
+        if hint is not None:
+            h = max(0, min(hi, hint))
+            if ok(h):  # gallop up to the first value that does not fit
+                lo, step = h, 1
+                while lo + step <= hi and ok(lo + step):
+                    lo, step = lo + step, step * 2
+                top = min(hi, lo + step) - 1 if lo + step <= hi else hi
+                lo_b, hi_b, best = lo + 1, top, lo
+            else:  # gallop down to the first value that fits
+                step, up = 1, h
+                while up - step >= 0 and not ok(up - step):
+                    up, step = up - step, step * 2
+                if up - step < 0:
+                    lo_b, hi_b, best = 0, up - 1, None
                 else:
-                    h = mid - 1
+                    lo_b, hi_b, best = up - step + 1, up - 1, up - step
+        else:
+            best = hi if ok(hi) else None
+            lo_b, hi_b = (0, hi - 1) if best is None else (1, 0)
+        while lo_b <= hi_b:
+            mid = (lo_b + hi_b) // 2
+            if ok(mid):
+                best, lo_b = mid, mid + 1
+            else:
+                hi_b = mid - 1
         if best is None:
             return None, ()
         c = self.candidate(knob.apply(cfg, best, hi))
@@ -391,7 +411,7 @@ class _Searcher:
             c = self.candidate(cfg)
             return (c if c is not None and c.fits else None), ()
         if len(knobs) == 1:
-            return self._last_knob_max(cfg, knobs[0])
+            return self._last_knob_max(cfg, knobs[0], hint[0] if hint else None)
         knob, rest = knobs[0], knobs[1:]
         hi = knob.hi(self.model, cfg)
         results: dict[int, tuple[Candidate | None, tuple[int, ...]]] = {}
@@ -463,7 +483,10 @@ class _Searcher:
         bounds.sort(key=lambda t: -t[0])
         best_decode = 0.0
         full_fit: set[tuple[str, str, str]] = set()
-        hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        # knob values found for another n_ubatch of the same combination; during the min_tok_s
+        # context search also those found at the previous context (self.hints)
+        hints: dict[tuple[str, str, str], tuple[int, ...]] = self.hints if target is not None else {}
+        reached: dict[tuple[str, str, str], float] = {}
         for ub_decode, cfg, top in bounds:
             key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
             if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
@@ -475,9 +498,10 @@ class _Searcher:
             else:
                 c, at_g = self.frontier(cfg, hint=hints.get(key))
                 if c is not None:
-                    hints.setdefault(key, at_g)
+                    hints[key] = at_g
             if c is None:
                 continue
+            reached[key] = max(reached.get(key, 0.0), c.decode_tok_s)
             if top.fits:
                 full_fit.add(key)  # a smaller n_ubatch can only lose prefill speed
             found.append(c)
