@@ -12,7 +12,8 @@ the best speed; ``--min-tok-s 5``: the longest context at >= 5 tok/s), on a fixe
   of it and reach the target) and, one context step (1024 tokens) further, whether the exhaustive
   search finds anything that reaches the target (it must not: the tuned context is the longest);
 - every tuned result fits (re-planned: each GPU within capacity - 1 GiB, host within 80 % of RAM);
-- the planning-only time of each tune (must stay under 1 s).
+- the planning-only time of each tune (must stay under 1 s): the process's CPU time, which a
+  machine shared with other work inflates far less than the wall time (both printed).
 
     python benchmarks/tune_quality.py            # about 5-10 minutes on 2 cores (the exhaustive part)
     python benchmarks/tune_quality.py --quick    # the fast search only, no reference
@@ -73,7 +74,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tune_quality_"))
     rows = []
-    worst_gap, worst_time, all_fit = 0.0, 0.0, True
+    worst_gap, worst_time, worst_wall, all_fit = 0.0, 0.0, 0.0, True
     for key, quant, what in SHAPES:
         shape = QWEN25_32B if key == "qwen2.5-32b" else REAL_SHAPES[key]
         model = ModelProfile.from_gguf(write_real_shape(tmp / f"{key}.gguf", shape, quant))
@@ -81,8 +82,11 @@ def main() -> int:
             gpus = [catalogue_gpu(card)]
             inputs = speed_inputs(gpus, HOST, measure=False, n_threads=8)
             for goal in GOALS:
+                cpu0 = time.process_time()
                 r = tune(model, PlanConfig(), gpus, HOST, inputs, goal)
-                worst_time = max(worst_time, r.elapsed_s)
+                cpu_s = time.process_time() - cpu0
+                worst_time = max(worst_time, cpu_s)
+                worst_wall = max(worst_wall, r.elapsed_s)
                 b = r.best
                 fits = b is not None and _fits(model, b.config, gpus)
                 all_fit &= fits or b is None
@@ -100,7 +104,7 @@ def main() -> int:
                         nxt = (n_ctx // CTX_STEP + 1) * CTX_STEP
                         if nxt <= top:
                             beyond = max((c.decode_tok_s for c in s.at_ctx(nxt, exhaustive=True)), default=0.0)
-                rows.append((key, what, card, goal.kind, b, ref, gap, beyond, r.elapsed_s, r.candidates_evaluated, fits))
+                rows.append((key, what, card, goal.kind, b, ref, gap, beyond, cpu_s, r.candidates_evaluated, fits))
                 gtxt = f"{gap:+.1%}" if gap is not None else "-"
                 print(f"{key:<18} {card:<14} {goal.kind:<9} ctx {b.config.n_ctx if b else '-':>6} "
                       f"K/V {b.config.type_k + '/' + b.config.type_v if b else '-':<9} "
@@ -108,15 +112,17 @@ def main() -> int:
                       f"kv {('all' if b and b.config.kv_gpu_layers is None else b.config.kv_gpu_layers) if b else '-':>3} "
                       f"tuned {b.decode_tok_s if b else 0:8.2f}  exhaustive {ref or 0:8.2f}  gap {gtxt:>6}  "
                       f"next-step best {beyond if beyond is not None else float('nan'):6.2f}  "
-                      f"{r.elapsed_s * 1000:5.0f} ms {r.candidates_evaluated:5d} plans  fits {fits}", flush=True)
+                      f"{cpu_s * 1000:5.0f} ms CPU ({r.elapsed_s * 1000:5.0f} wall) {r.candidates_evaluated:5d} plans  "
+                      f"fits {fits}", flush=True)
     print()
     print(f"worst gap to the exhaustive best: {worst_gap:.2%} (target < 5 %)")
-    print(f"slowest planning-only tune: {worst_time * 1000:.0f} ms (target < 1000 ms)")
+    print(f"slowest planning-only tune: {worst_time * 1000:.0f} ms of CPU time (target < 1000 ms); "
+          f"{worst_wall * 1000:.0f} ms wall on this machine's load ({os.getloadavg()[0]:.1f} now)")
     print(f"every tuned result fits: {all_fit}")
     bad_beyond = [r for r in rows if r[3] == "min_tok_s" and r[7] is not None and r[7] >= 5.0]
     print(f"--min-tok-s results where one more context step still reaches 5 tok/s: {len(bad_beyond)}")
     if args.markdown:
-        print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | tuned tok/s | exhaustive tok/s | gap | ms | fits |")
+        print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | tuned tok/s | exhaustive tok/s | gap | ms CPU | fits |")
         print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
         for key, what, card, kind, b, ref, gap, beyond, el, n, fits in rows:
             if b is None:
