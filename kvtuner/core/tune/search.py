@@ -25,7 +25,7 @@ Knobs searched:
   :data:`INT_KNOBS` with its range and its value mapping (``n_cpu_moe = n_layer - g``);
   nothing else changes.
 
-:func:`tune_exhaustive` is the reference: every categorical combination x every value of every
+``tune(..., exhaustive=True)`` is the reference: every categorical combination x every value of every
 integer knob, planned and predicted; ``benchmarks/tune_quality.py`` and the tests compare the two.
 """
 
@@ -404,7 +404,7 @@ class _Searcher:
         """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
         that gave it. The last knob goes to its largest fitting value; each one before it is
         sampled on a :data:`GRID_POINTS` grid, then refined by halving the step around the best
-        sample (speed along the frontier is taken unimodal; :func:`tune_exhaustive` checks that).
+        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks that).
         ``hint``: the values found for a neighbouring combination (another ``n_ubatch``): the
         search then only climbs from there, one step at a time."""
         if not knobs:
