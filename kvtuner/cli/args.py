@@ -384,3 +384,22 @@ def vllm_settings_from_args(args: argparse.Namespace, config: "PlanConfig") -> "
                                     kv_cache_dtype=args.kv_cache_dtype, engine=args.vllm_engine)
     except VllmError as exc:
         raise UserError(str(exc)) from None
+
+
+def add_tune_args(parser: argparse.ArgumentParser) -> None:
+    """The tuner's goal and confirmation flags (``--ctx`` is the configuration flag: the goal
+    "this context at the best speed"): ``--ctx-min N``, ``--min-tok-s X``, ``--kv-quality T``,
+    ``--runs 0..3``."""
+    from ..core.tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER
+
+    g = parser.add_argument_group("tuning goal (give one of --ctx N, --ctx-min N, --min-tok-s X)")
+    g.add_argument("--ctx-min", type=positive_int, default=None, metavar="N",
+                   help="the best speed with at least N tokens of context (the result gets the longest context that fits)")
+    g.add_argument("--min-tok-s", type=float, default=None, metavar="X",
+                   help="the longest context whose predicted decode at full context is at least X tokens/s")
+    g.add_argument("--kv-quality", default=DEFAULT_KV_QUALITY, choices=list(KV_QUALITY_ORDER),
+                   help=f"worst KV cache type allowed (default {DEFAULT_KV_QUALITY}: near-lossless in llama.cpp's "
+                        "measurements, PR #7412; q4_0 trades quality for memory)")
+    g.add_argument("--runs", type=positive_int, default=0, metavar="N",
+                   help="confirm with up to N (0..3) real loads of this model on this machine: a dry run, then short "
+                        "benches at the top of the context, each fed into calibration before the next choice")

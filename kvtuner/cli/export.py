@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="start from a kvtuner profile (its model and configuration; flags given here override)")
     src.add_argument("--from-library", metavar="ID", type=positive_int, default=None,
                      help="start from a saved working configuration (see 'kvtuner library')")
+    src.add_argument("--from-tune", metavar="FILE", default=None,
+                     help="start from a 'kvtuner tune --json' result (its model and best configuration)")
     p.add_argument("--gpu-buffer-type", default="CUDA0", metavar="BUFT",
                    help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)")
     p.add_argument("--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command")
@@ -60,7 +62,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     warnings: tuple[str, ...] = ()
     model_path = None
     try:
-        if args.profile:
+        if args.from_tune:
+            model_path, base = _from_tune(args.from_tune)
+            if args.model:
+                model_path = resolve_model(args.model)
+        elif args.profile:
             model_path, base, warnings = load_profile(args.profile, model_path=args.model)
         elif args.from_library is not None:
             with ConfigLibrary() as lib:
@@ -133,6 +139,33 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
                       gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
     except ExportError as exc:
         raise UserError(str(exc)) from None
+
+
+def _from_tune(path: str) -> "tuple[object, object]":
+    """The model path and best configuration of a ``kvtuner tune --json`` file.
+
+    Raises:
+        UserError: unreadable, not a tune result, or a result where nothing fit.
+    """
+    import json
+    from pathlib import Path
+
+    from ..core.plan.config import ConfigError, PlanConfig
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--from-tune {path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "kvtuner.tune/1":
+        raise UserError(f"--from-tune {path}: not a 'kvtuner tune --json' result")
+    best = doc.get("best")
+    if not best:
+        raise UserError(f"--from-tune {path}: the tune found nothing that fits, so there is nothing to export")
+    try:
+        config = PlanConfig.from_dict(best["config"])
+    except (ConfigError, KeyError, TypeError) as exc:
+        raise UserError(f"--from-tune {path}: its configuration is invalid ({exc})") from None
+    return Path(doc.get("model_path", "")), config
 
 
 def cmd_library(args: argparse.Namespace) -> int:

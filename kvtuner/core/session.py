@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .advice.advisor import Advice, advise
 from .hardware.host import physical_cores
@@ -34,6 +34,8 @@ from .speed.calibration import CalibrationError, CalibrationStore, calibrated_in
 from .speed.cpu_probe import CpuRates, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
+from .tune import TuneGoal, TuneResult, tune
+from .tune.confirm import MAX_REAL_LOADS, Measure, Measured, RealLoad
 from .units import MiB
 
 log = logging.getLogger("kvtuner.session")
@@ -441,3 +443,65 @@ class Session:
         self.invalidate_speed()
         n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
         return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"
+
+    # -- tuning --------------------------------------------------------------------------------
+
+    def tune(self, goal: TuneGoal, *, exhaustive: bool = False) -> TuneResult:
+        """The fastest configuration that fits ``goal`` on this session's hardware
+        (:func:`kvtuner.core.tune.tune`), from the current configuration (its ``n_seq``, batch
+        and mmap settings stay; its KV types and flash attention are what llama.cpp's ``--fit``
+        would keep).
+
+        Raises:
+            ValueError: no model is open, or the speed model cannot be set up (the reason).
+            TuneError: a goal this model cannot have.
+        """
+        inputs, why = self.speed_inputs()
+        if inputs is None:
+            raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
+        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
+
+    def confirm_tune(self, goal: TuneGoal, measure: Measure, runs: int,
+                     on_load: Callable[[RealLoad], None] | None = None) -> tuple[TuneResult, list[RealLoad]]:
+        """Tune, then confirm with up to ``runs`` (<= 3) real loads: each measures the current
+        best (``measure``, a bench in the runner child), is recorded for calibration
+        (:meth:`record_run`) and the search runs again with the calibrated speed model; it stops
+        when the best is a configuration already measured.
+
+        Returns:
+            ``(result, loads)``: the last result, its best carrying the measured figures when it
+            was loaded, and one :class:`RealLoad` per load (prediction made before the load).
+
+        Raises:
+            ValueError: ``runs`` outside 0..3, or what :meth:`tune` raises.
+        """
+        from .speed.speed_model import decode_tok_s as _decode, prefill_tok_s as _prefill
+
+        if not 0 <= runs <= MAX_REAL_LOADS:
+            raise ValueError(f"--runs must be between 0 and {MAX_REAL_LOADS}, not {runs}")
+        result = self.tune(goal)
+        loads: list[RealLoad] = []
+        done: dict[PlanConfig, Measured] = {}
+        for _ in range(runs):
+            best = result.best
+            if best is None or best.config in done:
+                break
+            m = measure(best.config)
+            inputs, _why = self.speed_inputs()
+            plan = best.plan
+            depth = min(plan.n_ctx_seq - 1, m.n_depth + m.n_prompt + m.n_gen // 2)
+            pred_dec = _decode(plan, inputs, depth) if inputs is not None else float("nan")
+            pred_pre = _prefill(plan, inputs, max(1, m.n_prompt), m.n_depth) if inputs is not None else float("nan")
+            load = RealLoad(best.config, m, pred_dec, pred_pre)
+            loads.append(load)
+            done[best.config] = m
+            if on_load is not None:
+                on_load(load)
+            self.record_run(plan, n_threads=m.n_threads, n_depth=m.n_depth, n_prompt=m.n_prompt, n_gen=m.n_gen,
+                            prefill_tok_s=m.prefill_tok_s, decode_tok_s=m.decode_tok_s)
+            result = self.tune(goal)
+        if result.best is not None and result.best.config in done:
+            m = done[result.best.config]
+            result = replace(result, best=replace(result.best, measured_decode_tok_s=m.decode_tok_s,
+                                                  measured_prefill_tok_s=m.prefill_tok_s))
+        return result, loads

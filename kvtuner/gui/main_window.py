@@ -335,6 +335,11 @@ class MainWindow(QtWidgets.QMainWindow):
         tb.setMovable(False)
         tb.addAction(self.open_action)
         tb.addAction(self.export_action)
+        # issue 13: the Tune dialog (kvtuner/gui/tune_panel.py)
+        self.tune_action = QtGui.QAction("&Tune...", self, shortcut="Ctrl+T", triggered=self.open_tune)
+        self.tune_action.setToolTip("Find the fastest configuration that fits a goal, with its knee chart")
+        run_menu.addAction(self.tune_action)
+        tb.addAction(self.tune_action)
         self._update_recent_menu()
 
     # -- settings ----------------------------------------------------------------------------------
@@ -917,6 +922,30 @@ class MainWindow(QtWidgets.QMainWindow):
         if self.runner.running and time.monotonic() - self.run_events.last_live_t >= LIVE_ADVICE_INTERVAL_S:
             self.update_live()
         self.graphs.refresh()
+
+    # -- tune --------------------------------------------------------------------------------------
+
+    def open_tune(self) -> Any:
+        """Open the Tune dialog (non-modal; returned for tests); "Apply" puts its result on the controls."""
+        from .tune_panel import TunePanel
+
+        def context() -> tuple:
+            s = self._sync_session()
+            inputs = s.speed_inputs()[0] if s.model is not None else None
+            model = s.planned_model() if s.model is not None else None
+            return model, self._config, s.gpus, s.host, inputs
+
+        def apply(config: PlanConfig) -> None:
+            self.controls.set_config(config)
+            self.controls.show_error(None)
+            self.set_config(config)
+            self.status.showMessage("applied the tuned configuration", 5000)
+
+        dlg = TunePanel(context, self.tasks.submit, apply, parent=self)
+        dlg.ctx_spin.setValue(self._config.n_ctx)
+        dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.show()
+        return dlg
 
     # -- export ------------------------------------------------------------------------------------
 

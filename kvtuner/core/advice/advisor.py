@@ -32,6 +32,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
 from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
@@ -114,8 +115,8 @@ class AdvisorSettings:
         knee_min_gain: decode gain (fraction) that makes moving KV back to the GPU worth a warning.
     """
 
-    vram_margin_bytes: int = 1 * GiB
-    ram_headroom_fraction: float = 0.20
+    vram_margin_bytes: int = VRAM_MARGIN_BYTES
+    ram_headroom_fraction: float = RAM_HEADROOM_FRACTION
     frag_min_bytes: int = 512 * MiB
     frag_min_fraction: float = 0.05
     frag_last_alloc_fraction: float = 0.5
@@ -172,6 +173,7 @@ class _Ctx:
         self.plan, self.speed, self.live, self.s = plan, speed, live, s
         self.gpus, self.host = _hardware(plan)
         self._plans: dict[tuple, MemoryPlan | None] = {}
+        self._tuned: dict[tuple, dict[str, object]] = {}
 
     def config(self, fix: dict[str, object]) -> PlanConfig | None:
         try:
@@ -214,6 +216,29 @@ class _Ctx:
         except SpeedModelError:
             return None
 
+    def tuned_fix(self, goal: dict[str, Any], quality: str | None = None) -> dict[str, object]:
+        """The tuner's configuration (:func:`kvtuner.core.tune.tune`) for ``goal`` (TuneGoal
+        fields) as a fix: the fields it changes; ``{}`` without a speed prediction or a result.
+        The KV quality floor is :data:`~kvtuner.core.tune.DEFAULT_KV_QUALITY`, or the user's
+        own types when they are already coarser."""
+        if self.speed is None or self.speed.inputs is None:
+            return {}
+        cfg = self.plan.config
+        if quality is None:
+            worst = max(KV_QUALITY_ORDER.index(t) if t in KV_QUALITY_ORDER else 0 for t in (cfg.type_k, cfg.type_v))
+            quality = KV_QUALITY_ORDER[max(worst, KV_QUALITY_ORDER.index(DEFAULT_KV_QUALITY))]
+        key = ("tuned", tuple(sorted(goal.items())), quality)
+        if key not in self._tuned:
+            try:
+                g = TuneGoal(kv_quality=quality, vram_margin_bytes=self.s.vram_margin_bytes,
+                             ram_headroom_fraction=self.s.ram_headroom_fraction, **goal)
+                best = _tuned_config(self.plan.model, cfg, self.gpus, self.host, self.speed.inputs, g)
+            except (TuneError, ConfigError, SpeedModelError):
+                best = None
+            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if getattr(cfg, k) != v}
+                                if best is not None else {})
+        return dict(self._tuned[key])
+
     def first_fix(self, candidates: Iterable[dict[str, object]], ok: Callable[[MemoryPlan], bool]) -> dict[str, object]:
         for fix in candidates:
             if not fix:
@@ -249,6 +274,71 @@ class _Ctx:
             else:
                 lo = mid + 1
         return best
+
+
+#: Tune results the advisor asked for lately: a slider move that changes only a searched knob
+#: (n_gpu_layers, kv_gpu_layers, types, ubatch) asks the same question again (one search is
+#: 10-500 ms on a 2-core machine; a hit is free).
+_TUNED: dict[tuple, tuple[Any, PlanConfig | None]] = {}
+_TUNED_MAX = 32
+
+
+def _tuned_config(model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSpec | None, inputs: Any,
+                  goal: TuneGoal) -> PlanConfig | None:
+    """The tuner's best configuration for ``goal`` from ``cfg`` (cached: :data:`_TUNED`)."""
+    # what the search keeps from the user's configuration (search.py: the base's non-searched
+    # fields); the searched ones do not change the answer
+    base = cfg.with_(n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False, type_k="f16",
+                     type_v="f16", flash_attn="auto", n_ubatch=512)
+    key = (model.header_sha256, model.structure.source, model.n_layer, tuple(gpus), host, id(inputs), goal, base)
+    hit = _TUNED.get(key)
+    if hit is not None and hit[0] is inputs:
+        return hit[1]
+    r = tune(model, base, gpus, host, inputs, goal, with_fit=False)
+    best = r.best.config if r.best is not None else None
+    if len(_TUNED) >= _TUNED_MAX:
+        _TUNED.pop(next(iter(_TUNED)))
+    _TUNED[key] = (inputs, best)
+    return best
+
+
+def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[str, object]:
+    """The "does not fit" fix: of the tuned configuration for this context and the one-change
+    candidates that keep the context (MoE experts or dense FFN to RAM, KV split, -ngl cut ...),
+    the one that fits with the fastest predicted decode at full context (the tuner's own ranking;
+    on a tie the tuned one), so the next rules have nothing worse to flag. The candidates take
+    part because the tuner does not search every override (``--n-cpu-ffn``); without a
+    prediction, or when none of them fits, the first candidate that fits (a smaller context last)."""
+    options = []
+    tuned = c.tuned_fix({"n_ctx": c.plan.config.n_ctx})
+    candidates = list(_memory_candidates(c, ok, gpu=gpu))
+    for fix in [tuned] + [fx for fx in candidates if "n_ctx" not in fx]:
+        p = c.replan(fix) if fix else None
+        if p is not None and c.fits(p):
+            v = c.decode(p, full=True)
+            if v is not None:
+                options.append((v, -len(options), fix))
+    if options:
+        return max(options, key=lambda o: (o[0], o[1]))[2]
+    return c.first_fix(candidates, c.fits)
+
+
+def _coarser_kv_note(c: _Ctx, fix: dict[str, object]) -> str:
+    """When the fix (the tuned configuration) predicts under the abandon line at full context and
+    a q4_0 KV cache would clear it, say so: the quality floor is the user's call."""
+    if not fix or "q4_0" in (c.plan.config.type_k, c.plan.config.type_v):
+        return ""
+    p = c.replan(fix)
+    v = c.decode(p, full=True) if p is not None else None
+    if v is None or v >= c.s.abandon_tok_s:
+        return ""
+    q4 = c.tuned_fix({"n_ctx": c.plan.config.n_ctx}, quality="q4_0")
+    p4 = c.replan(q4) if q4 else None
+    v4 = c.decode(p4, full=True) if p4 is not None else None
+    if v4 is None or v4 < c.s.abandon_tok_s or not c.fits(p4):
+        return ""
+    return (f" The fix predicts {v:.2f} tok/s at full context; with a q4_0 KV cache ({fix_flags(q4)}) the tuner "
+            f"predicts {v4:.1f} tok/s (kvtuner tune --kv-quality q4_0).")
 
 
 def _label(fix: dict[str, object]) -> str:
@@ -320,12 +410,12 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
         lim = c.vram_limit(d)
         if lim is None or d.total_bytes <= lim:
             continue
-        fix = c.first_fix(_memory_candidates(c, c.fits, gpu=True), c.fits)
+        fix = _tuned_or(c, c.fits, gpu=True)
         out.append(_adv(
             "vram-oom", "error",
             f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV {fmt_bytes(d.kv_bytes)}, "
             f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
-            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}." + _moe_note(c, fix),
+            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}." + _moe_note(c, fix) + _coarser_kv_note(c, fix),
             "total = weights + KV + compute + driver overhead must stay under capacity - margin "
             "(llama.cpp's --fit keeps 1 GiB per device free by default for the driver and desktop)",
             fix,
@@ -372,7 +462,7 @@ def _rule_ram_oom(c: _Ctx) -> list[Advice]:
     lim = c.ram_limit(c.plan)
     if lim is None or h.total_bytes <= lim:
         return []
-    fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p), gpu=False), c.fits)
+    fix = _tuned_or(c, lambda p: c.ram_ok(p), gpu=False)
     what = "available" if h.free_bytes is not None else "installed"
     repack = f", repacked copy {fmt_bytes(h.repack_bytes)}" if h.repack_bytes else ""
     return [_adv(
@@ -497,7 +587,8 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
             v = c.decode(p, full=True)
             return c.fits(p) and v is not None and v >= line
 
-        cands: list[dict[str, object]] = []
+        cands: list[dict[str, object]] = [c.tuned_fix({"n_ctx": c.plan.config.n_ctx}),
+                                           c.tuned_fix({"min_tok_s": line, "max_ctx": c.plan.config.n_ctx})]
         if c.plan.gpus:
             if c.plan.config.kv_gpu_layers is not None:
                 cands.append({"kv_gpu_layers": None})

@@ -1,0 +1,232 @@
+"""``kvtuner tune``: the fastest configuration that fits a goal, explained, optionally confirmed
+with real loads (:mod:`kvtuner.core.tune`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import TYPE_CHECKING
+
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_tune_args, config_from_args,
+                   emit_json, ensure_cpu_probe, load_model, positive_int, session_from_args)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.plan.config import PlanConfig
+    from ..core.tune import Candidate, TuneResult
+    from ..core.tune.confirm import Measured, RealLoad
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``tune``."""
+    p = sub.add_parser(
+        "tune", help="find the fastest configuration that fits a goal (headless)",
+        description="Search n_gpu_layers, KV layers on the GPU, K/V types within the quality floor, flash attention "
+                    "and n_ubatch for the fastest predicted decode at the full context that fits every device "
+                    "(1 GiB VRAM margin, 20 %% of RAM free); explain the choice, the runner-up and what llama.cpp's "
+                    "--fit would run.")
+    add_model_arg(p)
+    add_config_args(p)
+    add_hardware_args(p)
+    add_tune_args(p)
+    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads to predict (and run) with (default: the physical cores)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1, README)")
+    p.set_defaults(func=cmd_tune)
+
+
+def _goal(args: argparse.Namespace) -> "object":
+    from ..core.tune import TuneError, TuneGoal
+
+    try:
+        return TuneGoal(n_ctx=args.ctx, n_ctx_min=args.ctx_min, min_tok_s=args.min_tok_s, kv_quality=args.kv_quality)
+    except TuneError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``kvtuner tune``."""
+    from ..core.plan.config import ConfigError
+    from ..core.tune import TuneError
+
+    if not 0 <= args.runs <= 3:
+        raise UserError(f"--runs must be between 0 and 3, not {args.runs}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
+    goal = _goal(args)
+    model = load_model(args.model)
+    goal_ctx = args.ctx
+    args.ctx = None  # the goal's context, not the base configuration's
+    base = config_from_args(args, model=model)
+    args.ctx = goal_ctx
+    session = session_from_args(args, model, base)
+    if args.threads is not None:
+        session.n_threads = args.threads
+    if args.runs and any(g.what_if for g in session.gpus):
+        raise UserError("--runs loads the model on this machine: it cannot confirm a what-if card (--gpu/--gpu-mem); "
+                        "use --runs 0")
+    note = ensure_cpu_probe(session, args, quiet=args.json)
+    if note:
+        print(note, file=sys.stderr)
+    loads: list = []
+    dry = ""
+    try:
+        if args.runs:
+            result = session.tune(goal)  # type: ignore[arg-type]
+            if result.best is not None:
+                dry = _dry_run(model.path, result.best)
+                if dry.startswith("refused"):
+                    raise UserError(f"llama.cpp {dry}")
+            measure = _measure(model.path, session.threads())
+            result, loads = session.confirm_tune(goal, measure, args.runs,  # type: ignore[arg-type]
+                                                 on_load=None if args.json else _print_load)
+        else:
+            result = session.tune(goal)  # type: ignore[arg-type]
+    except (ConfigError, TuneError) as exc:
+        raise UserError(str(exc)) from None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.json:
+        doc = result.to_dict()
+        doc["model_path"] = str(model.path)
+        doc["real_loads"] = [l.to_dict() for l in loads]
+        doc["dry_run"] = dry or None
+        doc["explanation"] = explain(result)
+        emit_json(doc)
+    else:
+        lines = explain(result)
+        if dry:
+            lines.append(f"dry run: {dry}")
+        for l in loads:
+            lines.append(_load_line(l))
+        print("\n".join(lines))
+    return 0 if result.best is not None else 1
+
+
+def _dry_run(path: "object", best: "Candidate") -> str:
+    """llama.cpp's dry run of the chosen configuration, in one line."""
+    from ..runner.dryrun import DryRunError, dry_run
+    from ..core.units import MiB
+
+    try:
+        v = dry_run(path, best.config)  # type: ignore[arg-type]
+    except DryRunError as exc:
+        return f"refused the chosen configuration ({exc.kind}): {exc}"
+    kv = sum(c.size_mib for c in v.kv_caches)
+    planned = sum(c.kv_bytes for c in best.plan.kv_caches if c.kind != "recurrent") / MiB
+    return f"llama.cpp accepts it; KV {kv:.2f} MiB (planned {planned:.2f} MiB), n_ctx {v.n_ctx}"
+
+
+def _measure(path: "object", n_threads: int):
+    """A callable that benches one configuration in the runner child at the top of its context."""
+    from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
+    from ..core.units import pad_to
+    from ..runner.bench import BenchError, run_bench
+
+    def measure(config: "PlanConfig") -> "Measured":
+        n_ctx = pad_to(config.n_ctx, 256)
+        depth = confirm_depth(n_ctx)
+        if sys.stderr.isatty():
+            print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
+        try:
+            r = run_bench(path, config, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=CONFIRM_GEN_TOKENS, n_depth=depth,  # type: ignore[arg-type]
+                          repetitions=1, n_threads=n_threads, timeout_s=3600.0, idle_timeout_s=3600.0)
+        except BenchError as exc:
+            raise UserError(f"the confirming load failed ({exc.kind}): {exc}") from None
+        return Measured(depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads,
+                        r.prefill_tok_s.median if r.prefill_tok_s else None, r.decode_tok_s.median if r.decode_tok_s else None)
+
+    return measure
+
+
+def _load_line(l: "RealLoad") -> str:
+    m = l.measured
+    de = f"{l.decode_error:+.1%}" if l.decode_error is not None else "-"
+    pe = f"{l.prefill_error:+.1%}" if l.prefill_error is not None else "-"
+    return (f"real load ({_short(l.config)}) at depth {m.n_depth}: decode predicted {l.predicted_decode_tok_s:.2f}, "
+            f"measured {m.decode_tok_s or 0:.2f} tok/s ({de}); prefill predicted {l.predicted_prefill_tok_s:.1f}, "
+            f"measured {m.prefill_tok_s or 0:.1f} tok/s ({pe})")
+
+
+def _print_load(l: "RealLoad") -> None:
+    print("kvtuner: " + _load_line(l), file=sys.stderr)
+
+
+def _short(cfg: "PlanConfig") -> str:
+    ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
+    kv = "all" if cfg.kv_gpu_layers is None else str(cfg.kv_gpu_layers)
+    return (f"ctx {cfg.n_ctx}, K {cfg.type_k} / V {cfg.type_v}, flash attn {cfg.flash_attn}, ngl {ngl}, "
+            f"KV layers on GPU {kv}, ubatch {cfg.n_ubatch}")
+
+
+def _where(c: "Candidate") -> str:
+    from ..core.units import fmt_bytes
+
+    p = c.plan
+    parts = []
+    for d in p.devices:
+        cap = f" of {fmt_bytes(d.capacity_bytes)}" if d.capacity_bytes else ""
+        parts.append(f"{d.device} {fmt_bytes(d.total_bytes)}{cap}")
+    return ", ".join(parts)
+
+
+def _speed(c: "Candidate") -> str:
+    pre = f", prefill {c.prefill_tok_s:.1f} tok/s" if c.prefill_tok_s is not None and math.isfinite(c.prefill_tok_s) else ""
+    return f"{c.decode_tok_s:.2f} tok/s decode at the full {c.plan.n_ctx_seq}-token context{pre}"
+
+
+def explain(result: "TuneResult") -> list[str]:
+    """The result in sentences: chosen and why, runner-up and what it trades, llama.cpp's --fit."""
+    from ..core.units import fmt_bytes
+
+    lines = []
+    b = result.best
+    g = result.goal
+    goal = (f"context {g.n_ctx} at the best speed" if g.kind == "ctx" else
+            f"at least {g.n_ctx_min} tokens at the best speed" if g.kind == "ctx_min" else
+            f"the longest context at >= {g.min_tok_s:g} tok/s")
+    lines.append(f"goal: {goal}; KV no worse than {g.kv_quality}; {result.candidates_evaluated} configurations planned "
+                 f"in {result.elapsed_s * 1000:.0f} ms")
+    if b is None:
+        lines += [f"nothing fits: {n}" for n in result.notes] or ["nothing fits"]
+        return lines
+    p = b.plan
+    kv_where = ("all KV in VRAM" if p.gpus and p.kv_gpu_layers == p.n_gpu_repeating and p.n_gpu_repeating
+                else f"KV of {p.kv_gpu_layers} of {p.model.n_layer} layers in VRAM" if p.gpus else "CPU only")
+    lines.append(f"chosen:    {_short(b.config)}")
+    lines.append(f"           {_speed(b)}; {p.n_gpu_repeating}/{p.model.n_layer} layers on the GPU, {kv_where}; "
+                 f"{_where(b)}")
+    why = "the fastest predicted decode at the full context among the configurations that fit"
+    if b.measured_decode_tok_s is not None:
+        why += f"; measured {b.measured_decode_tok_s:.2f} tok/s decode near the top of the context"
+    lines.append(f"why:       {why}")
+    r = result.runner_up
+    if r is not None:
+        trade = []
+        if (r.config.type_k, r.config.type_v) != (b.config.type_k, b.config.type_v):
+            trade.append(f"K {r.config.type_k} / V {r.config.type_v} instead of {b.config.type_k}/{b.config.type_v}")
+        if r.config.flash_attn != b.config.flash_attn:
+            trade.append(f"flash attention {r.config.flash_attn}")
+        if r.plan.kv_gpu_layers != p.kv_gpu_layers:
+            trade.append(f"KV of {r.plan.kv_gpu_layers} layers in VRAM")
+        if r.plan.n_gpu_repeating != p.n_gpu_repeating:
+            trade.append(f"{r.plan.n_gpu_repeating} layers on the GPU")
+        if r.config.n_ubatch != b.config.n_ubatch:
+            trade.append(f"ubatch {r.config.n_ubatch}")
+        dv = r.decode_tok_s / b.decode_tok_s - 1 if b.decode_tok_s else 0.0
+        lines.append(f"runner-up: {_short(r.config)}")
+        lines.append(f"           {_speed(r)} ({dv:+.0%}); trades: {', '.join(trade) or 'placement'}")
+    f = result.fit_equivalent
+    if f is not None:
+        dv = b.decode_tok_s / f.decode_tok_s if f.decode_tok_s else float("inf")
+        lines.append(f"--fit:     llama.cpp's --fit keeps K {f.config.type_k} / V {f.config.type_v}, flash attention "
+                     f"{f.config.flash_attn}, and sets -ngl {'all' if f.config.n_gpu_layers < 0 else f.config.n_gpu_layers}: "
+                     f"{_speed(f)}; the tuned one is {dv:.1f}x that")
+    else:
+        lines.append("--fit:     llama.cpp's --fit finds nothing that fits with the configured KV types")
+    for n in result.notes:
+        lines.append(f"note:      {n}")
+    if p.gpus:
+        lines.append(f"memory:    every GPU within capacity less {fmt_bytes(g.vram_margin_bytes)}, host within "
+                     f"{1 - g.ram_headroom_fraction:.0%} of available RAM")
+    return lines

@@ -1,0 +1,78 @@
+"""Confirming a tune result with real loads (at most 3), each fed back into calibration.
+
+The loads themselves run in the runner child (``kvtuner.runner.bench.run_bench``); core code gets
+them through a callable so it stays headless (pyproject's import contracts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..plan.config import PlanConfig
+
+#: Most real loads one tune may use (issue 13: "confirm with at most 3 short real loads").
+MAX_REAL_LOADS = 3
+#: Bench shape of a confirming load: a short prompt and a short decode at the top of the context
+#: (the ranking is decode at the full context).
+CONFIRM_PROMPT_TOKENS = 128
+CONFIRM_GEN_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one real load measured (the runner's bench, 1 repetition).
+
+    Attributes:
+        n_depth: cached tokens before the prompt; n_prompt, n_gen: tokens; n_threads: CPU threads.
+        prefill_tok_s, decode_tok_s: medians (tokens/s; None if not measured).
+    """
+
+    n_depth: int
+    n_prompt: int
+    n_gen: int
+    n_threads: int
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+
+
+@dataclass(frozen=True)
+class RealLoad:
+    """One confirming load: the configuration, the prediction made before it (at the bench's
+    depths, with the calibration known then) and the measurement.
+
+    ``decode_error`` / ``prefill_error``: ``predicted / measured - 1`` (None without a measurement).
+    """
+
+    config: PlanConfig
+    measured: Measured
+    predicted_decode_tok_s: float
+    predicted_prefill_tok_s: float
+
+    @property
+    def decode_error(self) -> float | None:
+        m = self.measured.decode_tok_s
+        return self.predicted_decode_tok_s / m - 1 if m else None
+
+    @property
+    def prefill_error(self) -> float | None:
+        m = self.measured.prefill_tok_s
+        return self.predicted_prefill_tok_s / m - 1 if m else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able record (the ``real_loads`` entries of ``kvtuner tune --json``)."""
+        m = self.measured
+        return {"config": self.config.to_dict(), "n_depth": m.n_depth, "n_prompt": m.n_prompt, "n_gen": m.n_gen,
+                "n_threads": m.n_threads,
+                "predicted": {"decode_tok_s": self.predicted_decode_tok_s, "prefill_tok_s": self.predicted_prefill_tok_s},
+                "measured": {"decode_tok_s": m.decode_tok_s, "prefill_tok_s": m.prefill_tok_s},
+                "decode_error": self.decode_error, "prefill_error": self.prefill_error}
+
+
+def confirm_depth(n_ctx: int, n_prompt: int = CONFIRM_PROMPT_TOKENS, n_gen: int = CONFIRM_GEN_TOKENS) -> int:
+    """Depth of a confirming bench for a context of ``n_ctx`` tokens: as deep as the context
+    allows with the prompt, the decode and one 64-token spare (tokens, >= 0)."""
+    return max(0, n_ctx - n_prompt - n_gen - 64)
+
+
+Measure = Callable[[PlanConfig], Measured]

@@ -1,0 +1,738 @@
+"""The tuner: the fastest llama.cpp configuration that fits, for a goal the user states.
+
+Goals (:class:`TuneGoal`): ``n_ctx`` ("this context at the best speed", ``--ctx``),
+``n_ctx_min`` ("the best speed with at least this context", ``--ctx-min``; the chosen
+configuration then gets the longest context that still fits) or ``min_tok_s`` ("the longest
+context at >= this decode speed", ``--min-tok-s``).
+
+Constraint: the planner (:func:`kvtuner.core.plan.memory_plan.plan_memory`): every GPU's total
+within its capacity minus :data:`VRAM_MARGIN_BYTES`, the host's total within
+``(1 - RAM_HEADROOM_FRACTION)`` of the available RAM (no swap). Ranking: the speed model's
+decode tokens/s at the user's full context (:func:`kvtuner.core.speed.speed_model.decode_tok_s`
+at depth ``n_ctx_seq - 1``), then prefill tokens/s among those within :data:`DECODE_TIE` of the
+best decode.
+
+Knobs searched:
+
+- categorical (:func:`kv_type_pairs`, ``flash_attn``, ``n_ubatch``): every combination, in the
+  order of its upper bound (the predicted decode with every layer and all KV on the GPUs,
+  fitting or not); a combination whose upper bound is below the best found is skipped;
+- integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models)
+  then ``kv_gpu_layers``;
+  each is a "GPU share" ``g`` from 0 to ``hi``: GPU memory grows with ``g``, host memory falls.
+  The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the ones
+  before it are sampled on a grid and refined around the best sample (:func:`_frontier`).
+  **Adding a knob**: append one :class:`IntKnob` to :data:`INT_KNOBS` with its range and its
+  value mapping (as ``n_cpu_moe = n_layer - g``); nothing else changes.
+
+``tune(..., exhaustive=True)`` is the reference: every categorical combination x every value of every
+integer knob, planned and predicted; ``benchmarks/tune_quality.py`` and the tests compare the two.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Sequence
+
+from ..hardware.specs import GpuSpec, HostSpec
+from ..model.ggml_types import kv_type
+from ..model.profile import ModelProfile
+from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..speed.speed_model import SpeedInputs, SpeedModelError, decode_tok_s, prefill_tok_s
+from ..units import GiB, pad_to
+
+#: VRAM kept free per GPU: 1 GiB, llama.cpp's own ``--fit`` margin (``--fit-target`` default
+#: 1024 MiB; src/llama.cpp ``llama_params_fit_impl`` keeps ``margin`` free on every device).
+#: The advisor's :class:`~kvtuner.core.advice.advisor.AdvisorSettings` uses the same constant.
+VRAM_MARGIN_BYTES = 1 * GiB
+#: Host RAM kept free: 20 % of the available RAM, the advisor's swap-risk line
+#: (``AdvisorSettings.ram_headroom_fraction``), so a tuned configuration never draws that warning.
+RAM_HEADROOM_FRACTION = 0.20
+#: KV cache types from best to worst quality; ``--kv-quality T`` allows T and everything before it.
+#: Evidence (llama.cpp PR #7412, "CUDA: quantized KV cache demo", JohannesGaessler's table for
+#: LLaMA 3 8B on wikitext-2): q8_0 K + q8_0 V costs KL divergence 0.00098 against 0.00019 for f16
+#: KV (dPPL +0.005 +- 0.001), less than quantizing the weights themselves to q8_0 (KLD 0.00136,
+#: llama.cpp PR #6936); q4_0 KV is coarser still, and errors of quantized KV grow with context
+#: (ik_llama.cpp PR #1547) and hit some model classes hard (attention-sink models,
+#: TheTom/llama-cpp-turboquant issue #305): q4_0 is opt-in, q8_0 the default floor.
+KV_QUALITY_ORDER = ("f16", "q8_0", "q4_0")
+DEFAULT_KV_QUALITY = "q8_0"
+#: Decode speeds within this fraction of the best count as a tie, broken by prefill speed.
+DECODE_TIE = 0.01
+#: Physical batch sizes tried, largest first (llama.cpp's default 512; smaller ones shrink the
+#: compute buffer, llama-context.cpp ``graph_reserve`` sizes it by n_ubatch).
+UBATCH_CHOICES = (512, 256, 128)
+#: Grid points of a sampled (non-last) integer knob before refinement.
+GRID_POINTS = 9
+#: Context granularity of the ``min_tok_s`` search (tokens; llama.cpp pads n_ctx to 256).
+CTX_STEP = 1024
+
+
+class TuneError(ValueError):
+    """A goal that cannot be searched; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class TuneGoal:
+    """What the user asks for (exactly one of ``n_ctx``, ``n_ctx_min``, ``min_tok_s``).
+
+    Attributes:
+        n_ctx: this context (tokens) at the best decode speed.
+        n_ctx_min: at least this context (tokens), best decode speed at it; the result is then
+            given the longest context its configuration fits.
+        min_tok_s: the longest context whose full-context decode is at least this (tokens/s).
+        kv_quality: the worst KV cache type allowed (:data:`KV_QUALITY_ORDER`).
+        vram_margin_bytes: VRAM kept free per GPU (bytes).
+        ram_headroom_fraction: share of the available RAM kept free (0..1).
+        ubatch_choices: ``n_ubatch`` values tried.
+        max_ctx: upper end of the ``min_tok_s`` search (tokens; None: the model's training
+            context, else 131072).
+    """
+
+    n_ctx: int | None = None
+    n_ctx_min: int | None = None
+    min_tok_s: float | None = None
+    kv_quality: str = DEFAULT_KV_QUALITY
+    vram_margin_bytes: int = VRAM_MARGIN_BYTES
+    ram_headroom_fraction: float = RAM_HEADROOM_FRACTION
+    ubatch_choices: tuple[int, ...] = UBATCH_CHOICES
+    max_ctx: int | None = None
+
+    def __post_init__(self) -> None:
+        given = [n for n, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min), ("--min-tok-s", self.min_tok_s))
+                 if v is not None]
+        if len(given) != 1:
+            raise TuneError("give exactly one goal: --ctx N, --ctx-min N or --min-tok-s X"
+                            + (f" (got {', '.join(given)})" if given else ""))
+        for name, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min)):
+            if v is not None and (not isinstance(v, int) or v < 256):
+                raise TuneError(f"{name} must be a number of tokens of at least 256, not {v}")
+        if self.min_tok_s is not None and not (math.isfinite(self.min_tok_s) and self.min_tok_s > 0):
+            raise TuneError(f"--min-tok-s must be a positive number of tokens/s, not {self.min_tok_s}")
+        if self.kv_quality not in KV_QUALITY_ORDER:
+            raise TuneError(f"--kv-quality must be one of {', '.join(KV_QUALITY_ORDER)}, not '{self.kv_quality}'")
+        if self.vram_margin_bytes < 0 or not 0 <= self.ram_headroom_fraction < 1:
+            raise TuneError("the memory margins must be >= 0 (RAM headroom a fraction below 1)")
+        if not self.ubatch_choices or any(u < 1 for u in self.ubatch_choices):
+            raise TuneError("n_ubatch choices must be positive numbers of tokens")
+
+    @property
+    def kind(self) -> str:
+        """``"ctx"``, ``"ctx_min"`` or ``"min_tok_s"``."""
+        return "ctx" if self.n_ctx is not None else ("ctx_min" if self.n_ctx_min is not None else "min_tok_s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict of the goal."""
+        return {"kind": self.kind, "n_ctx": self.n_ctx, "n_ctx_min": self.n_ctx_min, "min_tok_s": self.min_tok_s,
+                "kv_quality": self.kv_quality, "vram_margin_bytes": self.vram_margin_bytes,
+                "ram_headroom_fraction": self.ram_headroom_fraction}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One planned and predicted configuration.
+
+    Attributes:
+        config: the configuration.
+        plan: its memory plan.
+        fits: within every device's limit (capacity less margin).
+        decode_tok_s: predicted decode tokens/s at the full context (depth ``n_ctx_seq - 1``).
+        prefill_tok_s: predicted prefill tokens/s of a 512-token prompt at depth 0 (None: not
+            computed, only the top candidates get it).
+        measured_decode_tok_s, measured_prefill_tok_s: a real load's figures, when confirmed.
+    """
+
+    config: PlanConfig
+    plan: MemoryPlan = field(repr=False, compare=False)
+    fits: bool
+    decode_tok_s: float
+    prefill_tok_s: float | None = None
+    measured_decode_tok_s: float | None = None
+    measured_prefill_tok_s: float | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The plan in a few figures: bytes per device, KV placement."""
+        p = self.plan
+        return {
+            "n_ctx": p.n_ctx, "n_gpu_layers": p.n_gpu_layers, "kv_gpu_layers": p.kv_gpu_layers,
+            "n_layer": p.model.n_layer, "kv_bytes": p.kv_bytes,
+            "devices": [{"device": d.device, "total_bytes": d.total_bytes, "capacity_bytes": d.capacity_bytes,
+                         "kv_bytes": d.kv_bytes, "weights_bytes": d.weights_bytes} for d in p.devices],
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{config, plan, fits, predicted: {decode_tok_s, prefill_tok_s}, measured}`` (JSON-able)."""
+        measured = None
+        if self.measured_decode_tok_s is not None or self.measured_prefill_tok_s is not None:
+            measured = {"decode_tok_s": self.measured_decode_tok_s, "prefill_tok_s": self.measured_prefill_tok_s}
+        return {"config": self.config.to_dict(), "plan": self.summary(), "fits": self.fits,
+                "predicted": {"decode_tok_s_at_full_ctx": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s},
+                "measured": measured}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`tune` found.
+
+    Attributes:
+        goal: the goal.
+        best: the chosen candidate (None: nothing fits).
+        runner_up: the best candidate of another KV type / flash attention combination (else
+            the second best), None if there is none.
+        fit_equivalent: what llama.cpp's ``--fit`` would run (:func:`fit_equivalent`), planned
+            and predicted the same way; None when not even that fits.
+        candidates_evaluated: plans made (each also predicted when it fit the GPUs).
+        elapsed_s: wall time of the search (s).
+        top: the best candidate of each categorical combination, best first (for the knee chart).
+        notes: one line per remark (why nothing fits, what was approximated).
+    """
+
+    goal: TuneGoal
+    best: Candidate | None
+    runner_up: Candidate | None
+    fit_equivalent: Candidate | None
+    candidates_evaluated: int
+    elapsed_s: float
+    top: tuple[Candidate, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``kvtuner tune --json`` document (schema ``kvtuner.tune/1``, README)."""
+        return {
+            "schema": "kvtuner.tune/1",
+            "goal": self.goal.to_dict(),
+            "best": self.best.to_dict() if self.best else None,
+            "runner_up": self.runner_up.to_dict() if self.runner_up else None,
+            "fit_equivalent": self.fit_equivalent.to_dict() if self.fit_equivalent else None,
+            "candidates_evaluated": self.candidates_evaluated,
+            "elapsed_s": self.elapsed_s,
+            "notes": list(self.notes),
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# knobs
+
+
+@dataclass(frozen=True)
+class IntKnob:
+    """An integer knob whose GPU memory grows and host memory falls with its "GPU share" ``g``.
+
+    Attributes:
+        name: for messages.
+        hi: ``hi(model, config, gpus) -> int``, the largest ``g`` (0 is the smallest).
+        apply: ``apply(config, g, hi) -> PlanConfig``, the configuration with this knob at ``g``.
+    """
+
+    name: str
+    hi: Callable[[ModelProfile, PlanConfig], int]
+    apply: Callable[[PlanConfig, int, int], PlanConfig]
+
+
+def _ngl_hi(model: ModelProfile, cfg: PlanConfig) -> int:
+    return model.n_layer + 1
+
+
+def _ngl_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
+    return cfg.with_(n_gpu_layers=ALL_LAYERS if g >= hi else g)
+
+
+def _kvgl_hi(model: ModelProfile, cfg: PlanConfig) -> int:
+    # the offloaded repeating layers (llama-model.cpp: the output layer is offloaded first)
+    ngl = model.n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
+    return max(0, min(ngl, model.n_layer + 1) - 1) if ngl <= model.n_layer else model.n_layer
+
+
+def _kvgl_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
+    return cfg.with_(kv_gpu_layers=None if g >= hi else g)
+
+
+def _moe_hi(model: ModelProfile, cfg: PlanConfig) -> int:
+    # MoE models only: the layers whose experts may stay in RAM (llama.cpp's --n-cpu-moe N puts
+    # the experts of layers 0..N-1 on the CPU); a dense model has one value, 0
+    return model.n_layer if model.n_expert else 0
+
+
+def _moe_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
+    return cfg.with_(n_cpu_moe=hi - g, cpu_moe=False)
+
+
+#: The integer knobs, outermost first; the last is binary searched. ``n_cpu_moe`` (issue 12) is
+#: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM.
+INT_KNOBS: tuple[IntKnob, ...] = (
+    IntKnob("n_gpu_layers", _ngl_hi, _ngl_apply),
+    IntKnob("n_cpu_moe", _moe_hi, _moe_apply),
+    IntKnob("kv_gpu_layers", _kvgl_hi, _kvgl_apply),
+)
+
+
+def kv_type_pairs(model: ModelProfile, quality: str, *, gpu: bool) -> list[tuple[str, str]]:
+    """(type_k, type_v) pairs allowed by the quality floor, best quality first.
+
+    K and V differ only without a GPU: CUDA builds flash-attention kernels for matching K/V
+    types only (ggml-cuda/fattn.cu; other pairs need GGML_CUDA_FA_ALL_QUANTS, else the op runs
+    on the CPU), and with head size 256 only f16 (the advisor's ``kv-type-slow-path`` rule).
+    Types whose block does not divide the rows are dropped (llama-kv-cache.cpp refuses them).
+    """
+    allowed = KV_QUALITY_ORDER[: KV_QUALITY_ORDER.index(quality) + 1]
+    heads = {model.head_dim_k_at(l.il) for l in model.structure.kv_layers} if model.structure.kv_layers else set()
+    pairs = []
+    for k in allowed:
+        for v in allowed:
+            if gpu and k != v:
+                continue
+            if gpu and 256 in heads and (k != "f16" or v != "f16"):
+                continue
+            pairs.append((k, v))
+    return pairs
+
+
+# ------------------------------------------------------------------------------------------
+# the search
+
+
+class _Searcher:
+    """Plans, fit checks and predictions of one model on one machine, with a plan cache."""
+
+    def __init__(self, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
+                 inputs: SpeedInputs, goal: TuneGoal):
+        self.model, self.base, self.gpus, self.host, self.inputs, self.goal = model, base, tuple(gpus), host, inputs, goal
+        self.evaluated = 0
+        self._plans: dict[PlanConfig, MemoryPlan | None] = {}
+        self._decode: dict[PlanConfig, float] = {}
+        self.hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
+
+    def plan(self, cfg: PlanConfig) -> MemoryPlan | None:
+        if cfg not in self._plans:
+            self.evaluated += 1
+            try:
+                self._plans[cfg] = plan_memory(self.model, cfg, self.gpus, self.host)
+            except ConfigError:
+                self._plans[cfg] = None
+        return self._plans[cfg]
+
+    def vram_ok(self, p: MemoryPlan) -> bool:
+        return all(d.capacity_bytes is None or d.total_bytes <= d.capacity_bytes - self.goal.vram_margin_bytes
+                   for d in p.gpus)
+
+    def ram_ok(self, p: MemoryPlan) -> bool:
+        h = p.host
+        lim = h.free_bytes if h.free_bytes is not None else h.capacity_bytes
+        return lim is None or h.total_bytes <= (1 - self.goal.ram_headroom_fraction) * lim
+
+    def fits(self, p: MemoryPlan) -> bool:
+        return self.vram_ok(p) and self.ram_ok(p)
+
+    def decode(self, cfg: PlanConfig, p: MemoryPlan) -> float:
+        if cfg not in self._decode:
+            try:
+                self._decode[cfg] = decode_tok_s(p, self.inputs, p.n_ctx_seq - 1)
+            except SpeedModelError:
+                self._decode[cfg] = 0.0
+        return self._decode[cfg]
+
+    def candidate(self, cfg: PlanConfig) -> Candidate | None:
+        p = self.plan(cfg)
+        if p is None:
+            return None
+        return Candidate(cfg, p, self.fits(p), self.decode(cfg, p))
+
+    def with_prefill(self, c: Candidate) -> Candidate:
+        if c.prefill_tok_s is not None:
+            return c
+        try:
+            pre = prefill_tok_s(c.plan, self.inputs, max(1, min(512, c.plan.n_ctx_seq)), 0)
+        except SpeedModelError:
+            pre = 0.0
+        return replace(c, prefill_tok_s=pre)
+
+    # -- categorical combinations ---------------------------------------------------------------
+
+    def combos(self, n_ctx: int) -> list[PlanConfig]:
+        pairs = kv_type_pairs(self.model, self.goal.kv_quality, gpu=bool(self.gpus))
+        out = []
+        for k, v in pairs:
+            for fa in ("on", "off"):
+                if fa == "off" and kv_type(v).is_quantized:
+                    continue  # a quantized V cache requires flash attention (llama-context.cpp)
+                for ub in sorted(set(self.goal.ubatch_choices), reverse=True):
+                    try:
+                        out.append(self.base.with_(n_ctx=n_ctx, type_k=k, type_v=v, flash_attn=fa, n_ubatch=ub,
+                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None))
+                    except ConfigError:
+                        continue
+        return out
+
+    # -- integer knobs ----------------------------------------------------------------------------
+
+    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob,
+                       hint: int | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+        """The largest value of the last knob whose plan fits the GPUs (GPU memory is monotone in
+        it: binary search, or with a ``hint`` a galloping search outwards from it), as a fitting
+        candidate; None when none fits."""
+        hi = knob.hi(self.model, cfg)
+
+        def ok(g: int) -> bool:
+            p = self.plan(knob.apply(cfg, g, hi))
+            return p is not None and self.vram_ok(p)
+
+        if hint is not None:
+            h = max(0, min(hi, hint))
+            if ok(h):  # gallop up to the first value that does not fit
+                lo, step = h, 1
+                while lo + step <= hi and ok(lo + step):
+                    lo, step = lo + step, step * 2
+                top = min(hi, lo + step) - 1 if lo + step <= hi else hi
+                lo_b, hi_b, best = lo + 1, top, lo
+            else:  # gallop down to the first value that fits
+                step, up = 1, h
+                while up - step >= 0 and not ok(up - step):
+                    up, step = up - step, step * 2
+                if up - step < 0:
+                    lo_b, hi_b, best = 0, up - 1, None
+                else:
+                    lo_b, hi_b, best = up - step + 1, up - 1, up - step
+        else:
+            best = hi if ok(hi) else None
+            lo_b, hi_b = (0, hi - 1) if best is None else (1, 0)
+        while lo_b <= hi_b:
+            mid = (lo_b + hi_b) // 2
+            if ok(mid):
+                best, lo_b = mid, mid + 1
+            else:
+                hi_b = mid - 1
+        if best is None:
+            return None, ()
+        c = self.candidate(knob.apply(cfg, best, hi))
+        return (c if c is not None and c.fits else None), (best,)
+
+    def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
+                 hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+        """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
+        that gave it. The last knob goes to its largest fitting value; each one before it is
+        sampled on a :data:`GRID_POINTS` grid, then refined by halving the step around the best
+        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks that).
+        ``hint``: the values found for a neighbouring combination (another ``n_ubatch``): the
+        search then only climbs from there, one step at a time."""
+        if not knobs:
+            c = self.candidate(cfg)
+            return (c if c is not None and c.fits else None), ()
+        if len(knobs) == 1:
+            return self._last_knob_max(cfg, knobs[0], hint[0] if hint else None)
+        knob, rest = knobs[0], knobs[1:]
+        hi = knob.hi(self.model, cfg)
+        results: dict[int, tuple[Candidate | None, tuple[int, ...]]] = {}
+
+        def at(g: int) -> None:
+            g = max(0, min(hi, g))
+            if g not in results:
+                results[g] = self.frontier(knob.apply(cfg, g, hi), rest, hint[1:] if hint else None)
+
+        def score(g: int) -> float:
+            c = results[g][0]
+            return c.decode_tok_s if c is not None else -1.0
+
+        def best_g() -> int:
+            return max(results, key=lambda g: (score(g), g))
+
+        if hint:
+            g = max(0, min(hi, hint[0]))
+            at(g)
+            for direction in (1, -1):
+                while 0 <= g + direction <= hi:
+                    at(g + direction)
+                    if score(g + direction) <= score(g):
+                        break
+                    g += direction
+        else:
+            step = max(1, math.ceil(hi / (GRID_POINTS - 1)))
+            for g in range(hi, -1, -step):
+                at(g)
+            at(0)
+            while step > 1:
+                step = max(1, step // 2)
+                b = best_g()
+                for g in (b - step, b + step):
+                    if 0 <= g <= hi:
+                        at(g)
+        b = best_g()
+        c, sub = results[b]
+        return c, (b, *sub)
+
+    # -- one context ------------------------------------------------------------------------------
+
+    def at_ctx(self, n_ctx: int, exhaustive: bool = False, target: float | None = None) -> list[Candidate]:
+        """Best fitting candidate of each categorical combination at ``n_ctx``, best first.
+        ``target`` (tokens/s): stop at the first candidate that reaches it (a yes/no question)."""
+        found: list[Candidate] = []
+        combos = self.combos(n_ctx)
+        if not self.gpus:
+            for cfg in combos:
+                c = self.candidate(cfg)
+                if c is not None and c.fits:
+                    found.append(c)
+            return _rank(self, found)
+        if exhaustive:
+            for cfg in combos:
+                best = None
+                for c in self._all_int(cfg, INT_KNOBS):
+                    if c.fits and (best is None or c.decode_tok_s > best.decode_tok_s):
+                        best = c
+                if best is not None:
+                    found.append(best)
+            return _rank(self, found)
+        # upper bound of each combination: everything on the GPUs, fitting or not
+        bounds = []
+        for cfg in combos:
+            c = self.candidate(cfg)
+            if c is not None:
+                bounds.append((c.decode_tok_s, cfg, c))
+        bounds.sort(key=lambda t: -t[0])
+        best_decode = 0.0
+        full_fit: set[tuple[str, str, str]] = set()
+        # knob values found for another n_ubatch of the same combination; during the min_tok_s
+        # context search also those found at the previous context (self.hints)
+        hints: dict[tuple[str, str, str], tuple[int, ...]] = self.hints if target is not None else {}
+        reached: dict[tuple[str, str, str], float] = {}
+        for ub_decode, cfg, top in bounds:
+            key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
+            if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
+                continue
+            if target is not None and ub_decode < target:
+                continue  # cannot reach the target even with everything on the GPUs
+            if top.fits:
+                c = top
+            else:
+                c, at_g = self.frontier(cfg, hint=hints.get(key))
+                if c is not None:
+                    hints[key] = at_g
+            if c is None:
+                continue
+            reached[key] = max(reached.get(key, 0.0), c.decode_tok_s)
+            if top.fits:
+                full_fit.add(key)  # a smaller n_ubatch can only lose prefill speed
+            found.append(c)
+            best_decode = max(best_decode, c.decode_tok_s)
+            if target is not None and best_decode >= target:
+                break
+        return _rank(self, found)
+
+    def _all_int(self, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> Iterable[Candidate]:
+        if not knobs:
+            p = self.plan(cfg)
+            if p is not None and self.fits(p):
+                yield Candidate(cfg, p, True, self.decode(cfg, p))
+            return
+        hi = knobs[0].hi(self.model, cfg)
+        for g in range(hi + 1):
+            yield from self._all_int(knobs[0].apply(cfg, g, hi), knobs[1:])
+
+
+def _rank(s: _Searcher, found: list[Candidate]) -> list[Candidate]:
+    """Best first: decode at full context, prefill among those within :data:`DECODE_TIE`."""
+    if not found:
+        return []
+    found = sorted(found, key=lambda c: -c.decode_tok_s)
+    lead = found[0].decode_tok_s
+    tied = [s.with_prefill(c) for c in found if c.decode_tok_s >= lead * (1 - DECODE_TIE)]
+    tied.sort(key=lambda c: (-(c.prefill_tok_s or 0.0), -c.decode_tok_s))
+    return tied + found[len(tied):]
+
+
+def _runner_up(top: list[Candidate]) -> Candidate | None:
+    if len(top) < 2:
+        return None
+    b = top[0].config
+    for c in top[1:]:
+        if (c.config.type_k, c.config.type_v, c.config.flash_attn) != (b.type_k, b.type_v, b.flash_attn):
+            return c
+    return top[1]
+
+
+def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequence[GpuSpec],
+                   host: HostSpec | None, inputs: SpeedInputs, *,
+                   vram_margin_bytes: int = VRAM_MARGIN_BYTES,
+                   ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> Candidate | None:
+    """What llama.cpp's ``--fit`` would run for ``base`` at ``n_ctx``, planned by kvtuner.
+
+    The rules of src/llama.cpp ``llama_params_fit_impl`` (ggml-org/llama.cpp): nothing changes
+    when every device keeps ``margin`` (``--fit-target``, 1024 MiB) free; the context is reduced
+    only when the user left it to the model (``n_ctx == 0``), never when set, as here; then the
+    user's KV types and flash attention stay and ``n_gpu_layers`` is lowered until the devices
+    fit (KV follows its layers: ``offload_kqv``). For MoE models llama.cpp first moves expert
+    tensors to the CPU (``ffn_*_exps`` overrides); kvtuner does not plan expert placement yet
+    (issue 12), so there it lowers ``n_gpu_layers`` too and the result is pessimistic.
+
+    Returns:
+        The candidate, or None when not even ``-ngl 0`` fits.
+    """
+    goal = TuneGoal(n_ctx=max(256, n_ctx), vram_margin_bytes=vram_margin_bytes,
+                    ram_headroom_fraction=ram_headroom_fraction)
+    s = _Searcher(model, base, gpus, host, inputs, goal)
+    try:
+        cfg = base.with_(n_ctx=n_ctx, kv_gpu_layers=None)
+    except ConfigError:
+        return None
+    c = s.candidate(cfg)
+    if c is None or c.fits or not gpus:
+        return s.with_prefill(c) if c is not None and c.fits else None
+    c, _ = s.frontier(cfg.with_(n_gpu_layers=ALL_LAYERS), INT_KNOBS[:1])
+    return s.with_prefill(c) if c is not None else None
+
+
+def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
+         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False, with_fit: bool = True) -> TuneResult:
+    """Search for the fastest configuration that fits ``goal`` (module docstring).
+
+    Args:
+        model: the model (as planned: with its probed structure when there is one).
+        base: the user's configuration: ``n_seq``, ``n_batch``, ``swa_full``, ``kv_unified``,
+            ``use_mmap`` are kept; its KV types and flash attention are what ``--fit`` would keep.
+        gpus, host: the hardware planned for.
+        inputs: the speed model's inputs (calibrated for this machine where possible).
+        goal: what to optimise.
+        exhaustive: plan every value of every knob (the reference; slow).
+        with_fit: also plan llama.cpp's ``--fit`` equivalent (:func:`fit_equivalent`).
+
+    Returns:
+        A :class:`TuneResult`; ``best`` None when nothing fits (``notes`` says why).
+
+    Raises:
+        TuneError: a goal this model cannot have (a context past llama.cpp's limit).
+    """
+    t0 = time.perf_counter()
+    s = _Searcher(model, base, gpus, host, inputs, goal)
+    notes: list[str] = []
+    ctx_train = model.n_ctx_train or 0
+    if goal.kind == "min_tok_s":
+        top_ctx = goal.max_ctx or ctx_train or 131072
+        lo, hi = 1, max(1, top_ctx // CTX_STEP)
+        best_top: list[Candidate] = []
+        ok = s.at_ctx(lo * CTX_STEP, exhaustive)
+        if not ok or ok[0].decode_tok_s < goal.min_tok_s:
+            small = s.at_ctx(256, exhaustive)
+            if small and small[0].decode_tok_s >= goal.min_tok_s:
+                best_top = small
+            notes.append(f"no configuration reaches {goal.min_tok_s:g} tok/s at {CTX_STEP} tokens"
+                         + ("; shown at 256 tokens" if best_top else ""))
+        else:
+            best_top = ok
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                got = s.at_ctx(mid * CTX_STEP, exhaustive, target=goal.min_tok_s)
+                if got and max(c.decode_tok_s for c in got) >= goal.min_tok_s:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo > 1:
+                best_top = s.at_ctx(lo * CTX_STEP, exhaustive)
+        n_ctx = best_top[0].config.n_ctx if best_top else CTX_STEP
+        top = best_top
+    else:
+        n_ctx = goal.n_ctx if goal.n_ctx is not None else int(goal.n_ctx_min or 0)
+        top = s.at_ctx(n_ctx, exhaustive)
+        if top and goal.kind == "ctx_min":
+            top = [_extend_ctx(s, top[0], ctx_train)] + top[1:]
+    best = top[0] if top else None
+    if best is None:
+        notes.append(_why_nothing_fits(s, n_ctx))
+    else:
+        best = s.with_prefill(best)
+    runner = _runner_up(top)
+    if runner is not None:
+        runner = s.with_prefill(runner)
+    fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
+                         ram_headroom_fraction=goal.ram_headroom_fraction) if with_fit else None
+    if model.n_expert and gpus:
+        notes.append("MoE: expert placement (--n-cpu-moe) is not searched yet; llama.cpp's --fit would move experts "
+                     "to the CPU before layers, so its figure here is pessimistic")
+    return TuneResult(goal, best, runner, fit, s.evaluated, time.perf_counter() - t0, tuple(top), tuple(notes))
+
+
+def _extend_ctx(s: _Searcher, c: Candidate, ctx_train: int) -> Candidate:
+    """``c`` with the longest context (multiple of 256, up to the training context) that still
+    fits with the same knobs (memory is monotone in n_ctx: binary search)."""
+    top = max(c.config.n_ctx, ctx_train or c.config.n_ctx)
+    lo, hi = c.config.n_ctx // 256, top // 256
+    best = c
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        cand = s.candidate(c.config.with_(n_ctx=mid * 256))
+        if cand is not None and cand.fits:
+            lo, best = mid, cand
+        else:
+            hi = mid - 1
+    return best
+
+
+def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
+    cfg = s.base.with_(n_ctx=n_ctx, n_gpu_layers=0 if s.gpus else s.base.n_gpu_layers, kv_gpu_layers=None,
+                       type_k=s.goal.kv_quality, type_v=s.goal.kv_quality, flash_attn="on")
+    p = s.plan(cfg)
+    if p is None:
+        return f"nothing can be planned at {n_ctx} tokens"
+    h = p.host
+    lim = h.free_bytes if h.free_bytes is not None else h.capacity_bytes
+    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs {h.total_bytes / GiB:.2f} GiB "
+            f"of the {((1 - s.goal.ram_headroom_fraction) * (lim or 0)) / GiB:.2f} GiB allowed and the GPUs hold no more; "
+            f"lower the context, allow --kv-quality q4_0, or plan a larger card")
+
+
+def ctx_round(n: int) -> int:
+    """``n`` rounded up to llama.cpp's 256-cell padding (llama-context.cpp ``GGML_PAD(n_ctx, 256)``)."""
+    return pad_to(n, 256)
+
+
+@dataclass(frozen=True)
+class KneeCurve:
+    """Predicted decode at full context against context length, for one configuration's knobs.
+
+    Attributes:
+        config: the configuration (its ``n_ctx`` is the chosen point).
+        points: ``(n_ctx, decode_tok_s, fits)`` from small to large contexts.
+        max_fit_ctx: the longest context that fits with these knobs (tokens; 0: none).
+    """
+
+    config: PlanConfig
+    points: tuple[tuple[int, float, bool], ...]
+    max_fit_ctx: int
+
+
+def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequence[GpuSpec], host: HostSpec | None,
+                inputs: SpeedInputs, *, max_ctx: int | None = None, n_points: int = 16,
+                vram_margin_bytes: int = VRAM_MARGIN_BYTES,
+                ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> list[KneeCurve]:
+    """The knee chart's data: for each configuration, its knobs (KV types, flash attention,
+    n_gpu_layers, kv_gpu_layers, n_ubatch) planned and predicted at ``n_points`` contexts spaced
+    evenly on a log scale from 1024 to ``max_ctx`` (default: twice the largest configured
+    context, at most the training context when it is larger than that), plus the longest
+    context that fits (binary search: memory is monotone in n_ctx). A few ms per point."""
+    if not configs:
+        return []
+    top = max_ctx or max(max(c.n_ctx for c in configs) * 2, 4096)
+    lo = 1024
+    xs = sorted({pad_to(int(round(lo * (top / lo) ** (i / max(1, n_points - 1)))), 256) for i in range(n_points)}
+                | {c.n_ctx for c in configs})
+    goal = TuneGoal(n_ctx=max(256, configs[0].n_ctx), vram_margin_bytes=vram_margin_bytes,
+                    ram_headroom_fraction=ram_headroom_fraction)
+    s = _Searcher(model, configs[0], gpus, host, inputs, goal)
+    out = []
+    for cfg in configs:
+        pts = []
+        for x in xs:
+            c = s.candidate(cfg.with_(n_ctx=x))
+            if c is not None:
+                pts.append((x, c.decode_tok_s, c.fits))
+        a, b, best = 1, max(1, top // 256), 0
+        while a <= b:
+            mid = (a + b) // 2
+            c = s.candidate(cfg.with_(n_ctx=mid * 256))
+            if c is not None and c.fits:
+                best, a = mid * 256, mid + 1
+            else:
+                b = mid - 1
+        out.append(KneeCurve(cfg, tuple(pts), best))
+    return out

@@ -1,0 +1,70 @@
+"""The Tune dialog: opened from the window, tunes on a worker, draws the knee chart, Apply puts
+the result on the controls (real widgets, offscreen)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from gguf_factory import write_real_shape  # noqa: E402
+from kvtuner.core.hardware.specs import HostSpec, what_if_gpu  # noqa: E402
+from kvtuner.core.model.profile import ModelProfile  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.core.speed.speed_model import speed_inputs  # noqa: E402
+from kvtuner.core.units import GiB  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.tune_panel import TunePanel  # noqa: E402
+
+
+def test_window_tune_dialog_applies_to_the_controls(qtbot, tmp_path):
+    make_app()
+    w = MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler())
+    qtbot.addWidget(w)
+    try:
+        w.open_model(None)
+        qtbot.waitUntil(lambda: w.plan is not None and w.tasks.pending == 0, timeout=30_000)
+        dlg = w.open_tune()
+        qtbot.addWidget(dlg)
+        dlg.ctx_spin.setValue(8192)
+        assert dlg.start()
+        assert dlg.busy  # the search runs on the worker pool, not here
+        qtbot.waitUntil(lambda: not dlg.busy, timeout=60_000)
+        assert dlg.result is not None and dlg.result.best is not None, dlg.text.text()
+        assert dlg.curves and dlg.curves[0].points
+        assert len(dlg.plot.plotItem.listDataItems()) >= 2
+        dlg.apply()
+        # what was asked is the tuned configuration; on CPU only the GPU knobs do not apply
+        assert w.wanted_config == dlg.result.best.config
+        assert w.config == dlg.result.best.config.with_(n_gpu_layers=0)
+        assert w.controls.ctx.spin.value() == 8192
+    finally:
+        w.shutdown()
+
+
+def test_knee_chart_of_the_issue_case(qtbot, tmp_path):
+    model = ModelProfile.from_gguf(write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M"))
+    gpus = (what_if_gpu(12 * GiB),)
+    host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
+    inputs = speed_inputs(gpus, host, measure=False, n_threads=8)
+    got = []
+    panel = TunePanel(lambda: (model, PlanConfig(n_ctx=131072), gpus, host, inputs),
+                      lambda fn, done, failed: done(fn()), got.append)
+    qtbot.addWidget(panel)
+    panel.ctx_spin.setValue(131072)
+    panel.quality.setCurrentIndex(2)  # q4_0
+    assert panel.start()
+    r = panel.result
+    assert r is not None and r.best.config.type_k == "q4_0" and r.best.decode_tok_s > 10
+    assert any(c.config == r.fit_equivalent.config for c in panel.curves)
+    panel.add_measured(65536, 20.0)
+    assert panel.measured == [(65536, 20.0)]
+    panel.apply()
+    assert got == [r.best.config]
