@@ -194,3 +194,29 @@ def test_export_llama_server_carries_split_and_rpc(capsys, default_model):
 def test_export_sm_none_mg(capsys):
     assert main(["export", "--format", "llama-server", "-sm", "none", "-mg", "1"]) == 0
     assert capsys.readouterr().out.rstrip().endswith(" -sm none -mg 1")
+
+
+# ------------------------------------------------------------------------------------------ speed
+def test_rpc_layers_pay_the_network(default_profile):
+    """Same split, local cards vs the same cards behind rpc-servers: the RPC plan's decode step is
+    slower by exactly its crossings x (round trip + 4 n_embd bytes / link) (speed_model docstring)."""
+    from dataclasses import replace
+
+    from kvtuner.core.hardware.specs import HostSpec
+    from kvtuner.core.speed.speed_model import decode_workload, speed_inputs, workload_time_s
+
+    host = HostSpec(total_bytes=32 * GiB, available_bytes=32 * GiB, mem_bandwidth_bytes_s=40e9)
+    local = [what_if_gpu(12 * GiB, 0), what_if_gpu(12 * GiB, 1)]
+    remote = [replace(g, index=0, endpoint=f"10.0.0.{i + 2}:50052", link_rtt_s=5e-4, link_bytes_s=1e9)
+              for i, g in enumerate(local)]
+    split = DeviceSplit(tensor_split=(3, 1))
+    pl, pr = (plan_memory(default_profile, PlanConfig(), g, host, split=split) for g in (local, remote))
+    wl, wr = decode_workload(pl, 0), decode_workload(pr, 0)
+    # host -> RPC0, RPC0 -> RPC1 (counted on the sender), nothing back: two network crossings
+    assert [(d, n) for d, n, _ in wr.net] == [("RPC0[10.0.0.2:50052]", 2.0)]
+    assert wl.net == () and wl.n_crossings == 2
+    il, ir = speed_inputs(local, host, measure=False), speed_inputs(remote, host, measure=False)
+    t_l, t_r = workload_time_s(wl, il), workload_time_s(wr, ir)
+    net = 2 * (5e-4 + 4.0 * default_profile.n_embd / 1e9)
+    pcie_share = t_l - workload_time_s(replace(wl, n_crossings=0, pcie_bytes=0), il)
+    assert t_r == pytest.approx(t_l - pcie_share + net, rel=1e-9)

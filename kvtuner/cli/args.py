@@ -148,6 +148,8 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
                    help="llama.cpp RPC servers (rpc-server on other machines), comma-separated or repeated; each is "
                         "asked for its devices' memory, or planned as a what-if with HOST:PORT=24G or "
                         "HOST:PORT=\"RTX 3090\"; llama.cpp puts RPC devices before the local GPUs")
+    g.add_argument("--rpc-link", type=float, default=None, metavar="GBIT",
+                   help="network throughput to the RPC servers in Gbit/s for the speed prediction (default 1)")
     g.add_argument("-sm", "--split-mode", default=None, choices=["none", "layer", "row"], dest="split_mode",
                    help="how layers are spread over several devices (default layer) [-sm]")
     g.add_argument("-ts", "--tensor-split", default=None, metavar="N0,N1,...", dest="tensor_split",
@@ -202,6 +204,13 @@ def rpc_from_args(args: argparse.Namespace) -> "list[GpuSpec]":
                 devices += rpc_devices(info)
     except RpcError as exc:
         raise UserError(str(exc)) from None
+    link = getattr(args, "rpc_link", None)
+    if link is not None:
+        if not link > 0:
+            raise UserError(f"--rpc-link must be a positive number of Gbit/s, not {link:g}")
+        from dataclasses import replace
+        # bytes/s at ~94% goodput (TCP/IP over Ethernet frames), as SpeedConstants.rpc_link_bytes_s
+        devices = [replace(d, link_bytes_s=link * 1e9 / 8 * 0.94) for d in devices]
     return devices
 
 

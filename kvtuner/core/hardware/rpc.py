@@ -142,9 +142,10 @@ def query_endpoint(endpoint: str, timeout_s: float = 3.0, rtt_samples: int = 5) 
 
 def rpc_devices(info: RpcEndpointInfo) -> list[GpuSpec]:
     """One :class:`GpuSpec` per device of a queried server (``RPC<i>[host:port]``); free and total
-    memory as it reported them (llama.cpp splits layers by that free memory when ``-ts`` is absent)."""
+    memory as it reported them (llama.cpp splits layers by that free memory when ``-ts`` is absent),
+    the measured round trip as the link's."""
     return [GpuSpec(name=f"rpc-server {info.endpoint} device {i}", total_bytes=total, free_bytes=free, index=i,
-                    endpoint=info.endpoint)
+                    endpoint=info.endpoint, link_rtt_s=info.rtt_s)
             for i, (free, total) in enumerate(info.devices)]
 
 

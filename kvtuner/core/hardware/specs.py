@@ -28,6 +28,9 @@ class GpuSpec:
         endpoint: ``host:port`` of the ``rpc-server`` exposing this device (llama.cpp's RPC
             backend, ``--rpc``), None for a local GPU; ``index`` is then the device's index on
             that server (``rpc-server -d``).
+        link_bytes_s: network throughput to that server, bytes/s (RPC devices; None: the speed
+            model's default link).
+        link_rtt_s: network round trip to that server, s (measured by kvtuner's RPC query, or None).
     """
 
     name: str
@@ -39,6 +42,8 @@ class GpuSpec:
     what_if: bool = False
     catalogue: str | None = None
     endpoint: str | None = None
+    link_bytes_s: float | None = None
+    link_rtt_s: float | None = None
 
     @property
     def device(self) -> str:
