@@ -41,6 +41,7 @@ from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
 from .widgets.export_dialog import ExportDialog
 from .widgets.hardware_panel import HardwarePanel
+from .widgets.device_list import DeviceListPanel
 from .widgets.known_good import KnownGoodPanel
 from .widgets.live_graphs import LiveGraphs
 from .widgets.model_card import ModelCard
@@ -144,6 +145,8 @@ class MainWindow(QtWidgets.QMainWindow):
     def _build(self, gpus: list, host: Any, note: str) -> None:
         self.model_card = ModelCard()
         self.hardware = HardwarePanel(gpus, host, note)
+        self.devices = DeviceListPanel()  # issue 14: extra cards, RPC hosts, -sm/-ts/-mg
+        self.devices.set_base(self.hardware.gpus())
         self.controls = ConfigControls()
         self.workload = WorkloadPanel()  # issue 16: expected-case KV next to -np
         self.prediction = PredictionPanel()
@@ -165,6 +168,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.setContentsMargins(4, 4, 4, 4)
         ll.addWidget(self.model_card)
         ll.addWidget(self.hardware)
+        ll.addWidget(self.devices)
         ll.addWidget(self.controls)
         ll.addWidget(self.workload)
         ll.addWidget(self.known_good, 1)
@@ -206,6 +210,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._build_actions()
         self.controls.changed.connect(self._on_controls_changed)
         self.hardware.changed.connect(self._on_hardware_changed)
+        self.devices.changed.connect(self._on_hardware_changed)
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
@@ -470,7 +475,12 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.session
         s.model = self.model
         s.config = self._config
-        s.gpus = tuple(self.hardware.gpus())
+        self.devices.set_base(self.hardware.gpus())
+        s.gpus = tuple(self.devices.devices())
+        try:
+            s.split = self.devices.split()
+        except ConfigError:
+            pass  # the panel shows why; the last valid split stays
         return s
 
     def _live_for_advice(self) -> Any:
@@ -522,8 +532,8 @@ class MainWindow(QtWidgets.QMainWindow):
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
-        gpus = self.hardware.gpus()
-        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g, spec in zip(plan.gpus, gpus) if not spec.what_if]
+        gpus = list(self.session.gpus)
+        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in gpus if g.kind == "gpu" and not g.what_if]
         memory.append(("runner RAM", plan.host.total_bytes))
         speeds = []
         if speed is not None:
