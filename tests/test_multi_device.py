@@ -220,3 +220,8 @@ def test_rpc_layers_pay_the_network(default_profile):
     net = 2 * (5e-4 + 4.0 * default_profile.n_embd / 1e9)
     pcie_share = t_l - workload_time_s(replace(wl, n_crossings=0, pcie_bytes=0), il)
     assert t_r == pytest.approx(t_l - pcie_share + net, rel=1e-9)
+
+
+def test_bench_refuses_rpc_and_split(capsys):
+    assert main(["bench", "--rpc", "127.0.0.1:50052=4G"]) == 2
+    assert "run them with the exported llama-server" in capsys.readouterr().err
