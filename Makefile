@@ -40,8 +40,8 @@ plan: $(VENV)/.installed-app
 # ggml-rpc-server are built (~40 objects), llama-server is the installed wheel's (same version and flags).
 # The script is idempotent: a second run only prints the directory.
 $(VENV)/.rpc-bin: .ci/build_llama_rpc.sh $(VENV)/.installed-test
-	PY=$(VENV)/bin/python LLAMA_CPP_BUILD_JOBS=2 .ci/build_llama_rpc.sh | tail -n 1 > $@.tmp
-	mv $@.tmp $@
+	PY=$(VENV)/bin/python LLAMA_CPP_BUILD_JOBS=2 .ci/build_llama_rpc.sh > $@.out
+	tail -n 1 $@.out > $@ && rm -f $@.out
 
 test: $(VENV)/.installed-test $(VENV)/.rpc-bin
 	QT_QPA_PLATFORM=offscreen KVTUNER_RPC_BIN="$$(cat $(VENV)/.rpc-bin)" $(VENV)/bin/python -m pytest
