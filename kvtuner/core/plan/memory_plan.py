@@ -397,6 +397,13 @@ def plan_memory(
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
+    if (len(kept) > 1 and ngl_eff > n_layer and split.split_mode == "layer" and offload_kqv
+            and not (placement is not None and placement.override_layers)):
+        # llama-context.cpp constructor: pipeline_parallel (n_devices > 1, all layers offloaded,
+        # layer split, offload_kqv, no tensor overrides; every device async + events)
+        warnings.append("several devices, every layer offloaded: llama.cpp enables pipeline parallelism, whose compute "
+                        "buffers hold several copies of each split's inputs; the compute figures here are a one-copy "
+                        "estimate (llama.cpp's log of a real run gives the figures)")
     # KV in VRAM for the last kv_gpu repeating layers: llama.cpp's -ngl range; the offloaded
     # layers before them got their weights moved by tensor override and keep KV on the host
     kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
