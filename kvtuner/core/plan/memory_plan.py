@@ -376,7 +376,8 @@ def plan_memory(
     devs, kept = _layer_devices(n_layer, ngl_eff, gpus, split)
     if split.split_mode == "row" and len(kept) > 1:
         warnings.append("-sm row: planned as -sm layer (layers, their KV and the output layer per device by -ts); "
-                        "llama.cpp also splits each matrix by rows over the CUDA devices, which moves weight bytes between them")
+                        "llama.cpp also splits each matrix by rows over the CUDA devices and keeps intermediate results "
+                        "(and, per its -mg help, KV) on -mg: not modelled")
     n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
     output_on_gpu = devs[n_layer] != HOST
 
