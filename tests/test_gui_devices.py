@@ -71,3 +71,19 @@ def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path):
     panel.list.setCurrentRow(0)
     panel.remove_button.click()
     qtbot.waitUntil(lambda: len(w.plan.gpus) == 2, timeout=10_000)
+
+
+def test_export_dialog_carries_the_split_and_rpc(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path)
+    panel = w.devices
+    assert panel.add_rpc("127.0.0.1:50052=4G")
+    panel.by_memory.setChecked(False)
+    panel.sliders[0].setValue(30)
+    panel.sliders[1].setValue(10)
+    dlg = w.open_export()
+    qtbot.addWidget(dlg)
+    dlg.target.setCurrentText("llama-server")
+    dlg.render()
+    text = dlg.preview.toPlainText()
+    assert "#   rpc-server -H 127.0.0.1 -p 50052 -c" in text
+    assert text.rstrip().endswith("-ts 30,10 --rpc 127.0.0.1:50052")

@@ -688,8 +688,11 @@ class MainWindow(QtWidgets.QMainWindow):
         """Open the Export dialog for the current configuration (non-modal; returned for tests)."""
         if self.model_path is None:
             return None
+        s = self._sync_session()
+        rpc = tuple(dict.fromkeys(g.endpoint for g in s.gpus if g.endpoint is not None))  # --rpc, in order
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=str(self.model_path.parent), parent=self)
+                           machine=self.machine, save_dir=str(self.model_path.parent), parent=self,
+                           split=s.split, rpc=rpc)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.show()
         return dlg
