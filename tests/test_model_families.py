@@ -23,6 +23,7 @@ from gguf_factory import write_model
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.plan.reserve_graph import transformer_shape
 from kvtuner.core.units import MiB
 
 pytestmark = [
@@ -117,6 +118,8 @@ def _compute_never_under(plan, got, family, kwargs):
     print(f"compute {family} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB "
           f"({ours / theirs - 1:+.1%})")
     assert ours >= 0.98 * theirs - 8 * MiB
+    if transformer_shape(plan.model, plan.kv_layers, plan.config.type_k, plan.config.type_v) is not None:
+        assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"  # rebuilt reserve graph: exact
 
 
 LONG = [dict(n_ctx=131072, flash_attn="on"), dict(n_ctx=32768, flash_attn="on", swa_full=True),

@@ -17,6 +17,7 @@ from gguf_factory import ModelSpec, write_model
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.reserve_graph import transformer_shape
 from kvtuner.core.units import MiB
 
 pytestmark = pytest.mark.llama
@@ -90,6 +91,9 @@ def test_kv_and_compute_match_llama_cpp(name, kwargs, synthetic, default_model):
     ours_compute = plan.compute.bytes_on("CPU")
     err = abs(ours_compute - theirs_compute) / theirs_compute
     print(f"{name} {kwargs}: compute planned {ours_compute / MiB:.2f} MiB, llama.cpp {theirs_compute / MiB:.2f} MiB, error {err:.1%}")
+    if transformer_shape(plan.model, plan.kv_layers, config.type_k, config.type_v) is not None:
+        # rebuilt node by node and placed like ggml-alloc (core/plan/reserve_graph.py): exact
+        assert f"{ours_compute / MiB:.2f}" == f"{theirs_compute / MiB:.2f}"
     if name == "default":
         assert err <= COMPUTE_TOLERANCE
     else:

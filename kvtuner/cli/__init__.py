@@ -1,7 +1,7 @@
 """``kvtuner`` command line.
 
-``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library|gpus|probe``
-are headless and take ``--json``. One module per command (:mod:`.plan`, :mod:`.bench`,
+``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|export|library|gpus|probe|install-desktop``
+are headless and take ``--json``; ``kvtuner --version`` names the llama.cpp build it plans for. One module per command (:mod:`.plan`, :mod:`.bench`,
 :mod:`.export`, :mod:`.gui`); the flags they share come from the configuration catalogue
 (:mod:`kvtuner.core.plan.fields`) in :mod:`.args`; text rendering is :mod:`.report`. Every user
 mistake ends in one line on stderr and exit status 2, never a traceback.
@@ -27,16 +27,33 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`kvtuner.about.version_text` as is (argparse's own version
+    action re-wraps it into one paragraph) and exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: typing.Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: typing.Any,
+                 option_string: str | None = None) -> None:
+        from ..about import version_text
+
+        print(version_text())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    from . import bench, export, gui, hardware, plan
+    from . import bench, desktop, export, gui, hardware, plan
 
     parser = _Parser(
         prog="kvtuner",
         description="Plan, monitor and tune llama.cpp memory for long contexts on small GPUs.",
     )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the version and the llama.cpp build kvtuner plans for, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (plan, bench, export, gui, hardware):
+    for module in (plan, bench, export, gui, hardware, desktop):
         module.register(sub)
     return parser
 

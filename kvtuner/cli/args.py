@@ -84,6 +84,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         bracket = f" [{f.llama_flag}]" if f.llama_flag else ""
         if f.kind in ("switch", "negated-switch"):
             g.add_argument(*names, dest=f.dest, action="store_true", default=None, help=f.help + bracket)
+        elif f.kind == "list":
+            g.add_argument(*names, dest=f.dest, action="append", default=None, metavar="PATTERN=BUFFER",
+                           help=f.help + bracket)
         elif f.kind == "choice":
             g.add_argument(*names, dest=f.dest, default=None, choices=list(f.choices), help=f.help + bracket)
         else:
@@ -118,6 +121,8 @@ def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
         value = getattr(args, f.dest, None)
         if value is None:
             continue
+        if f.kind == "list":  # repeatable, each comma-separated (common/arg.cpp string_split on ',')
+            value = tuple(part for v in value for part in v.split(",") if part)
         changes[f.name] = (not value) if f.kind == "negated-switch" else value
     notes: list[str] = []
     try:

@@ -93,6 +93,11 @@ def plan_text(assessment: "Assessment") -> str:
             f"{fmt_bytes(h.committed_bytes)} committed"
             + (f" (includes ggml-cpu's {fmt_bytes(h.repack_bytes)} CPU_REPACK copy of the quantized weights)"
                if h.repack_bytes else ""))
+    if plan.model.n_expert and any(d.expert_bytes for d in plan.devices):
+        where = ", ".join(f"{'host' if d.kind == 'host' else d.device} {fmt_bytes(d.expert_bytes)} ({d.expert_layers} layers)"
+                          for d in plan.devices if d.expert_bytes)
+        lines.append(f"MoE experts (part of weights): {where}"
+                     + (f"; {len(plan.moves.moved)} tensors moved by --n-cpu-moe/--cpu-moe/-ot" if plan.moves.moved else ""))
     lines.append(f"compute buffers: {plan.compute.label}")
     if verified is not None:
         lines.append("")

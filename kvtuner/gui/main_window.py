@@ -32,7 +32,8 @@ from ..core.plan.config import ConfigError, PlanConfig
 from ..core.session import Assessment, Session
 from ..core.speed.speed_model import speed_band
 from ..core.store.library import ConfigLibrary, autosave_enabled
-from ..runner.dryrun import dry_run
+from ..runner.dryrun import dry_run, probe_structure
+from .about import install_help_menu
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
 from .settings import AppSettings, open_settings
@@ -248,6 +249,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
         for a in (self.run_action, self.stop_action, self.verify_action):
             run_menu.addAction(a)
+        install_help_menu(self)  # Help > About, app icon (gui/about.py)
         tb = self.addToolBar("Main")
         tb.setObjectName("main-toolbar")
         tb.setMovable(False)
@@ -341,7 +343,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.run_events.reset_measured()
         self.setWindowTitle(f"kvtuner - {self.model_path.name}")
         self.model_card.set_model(model)
-        self.controls.set_model_layers(model.n_layer, model.n_ctx_train)
+        self.controls.set_model_layers(model.n_layer, model.n_ctx_train, model.n_expert)
         self.controls.set_config(self._config)
         self.show_error("")
         self.app_settings.add_recent_model(self.model_path)
@@ -349,6 +351,31 @@ class MainWindow(QtWidgets.QMainWindow):
         self.status.showMessage(f"opened {self.model_path.name}", 5000)
         self.replan()
         self.refresh_known_good()
+        self._probe_structure_if_needed()
+
+    def _probe_structure_if_needed(self) -> None:
+        """A model whose layer structure kvtuner's rules do not cover (the plan says "approximate"):
+        read it from the installed llama.cpp once, off the GUI thread (a no_alloc load in a child
+        process, remembered by the session's structure store), then replan; as ``kvtuner plan``
+        does (cli/plan.py ``probe``)."""
+        if self.model_path is None or not self.session.needs_structure_probe:
+            return
+        model, path = self.model, self.model_path
+        self.status.showMessage(f"reading {model.architecture}'s layer structure from llama.cpp (once per model) ...")
+
+        def done(probed: Any) -> None:
+            if model is not self.model:
+                return
+            self.session.set_structure(probed)
+            self.status.showMessage(f"{model.architecture}'s layer structure read from llama.cpp", 5000)
+            self.replan()
+
+        def failed(exc: BaseException) -> None:
+            log.warning("structure probe of %s failed: %s", path, exc)
+            self.status.showMessage("llama.cpp could not be asked for the layer structure: the plan stays approximate",
+                                    8000)
+
+        self.tasks.submit(lambda: probe_structure(path, model.structure), done, failed)
 
     def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
         name = path.name if path else "the default model"
@@ -446,6 +473,8 @@ class MainWindow(QtWidgets.QMainWindow):
             self.controls.show_error(str(exc))
             return
         self.controls.show_error(None)
+        if self.controls.resolved_notes:  # llama-server defaults, shown resolved
+            self.status.showMessage("; ".join(self.controls.resolved_notes), 8000)
         self.set_config(config)
 
     def _on_hardware_changed(self) -> None:

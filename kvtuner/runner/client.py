@@ -32,6 +32,28 @@ from . import protocol as P
 TERMINAL_EVENTS = (P.LoadedEvent, P.BenchResultEvent, P.DryRunResultEvent, P.UnloadedEvent)
 
 
+#: First argument that makes a frozen kvtuner executable (the PyInstaller bundle) run the runner
+#: child instead of the command line: a frozen app has no ``-m``, its ``sys.executable`` is the
+#: app itself (PyInstaller manual, "Run-time information": ``sys.frozen``, ``sys.executable``),
+#: so the child re-enters through the same executable (packaging/kvtuner_main.py).
+RUNNER_ARGUMENT = "--kvtuner-runner-child"
+
+
+def _frozen() -> bool:
+    return bool(getattr(sys, "frozen", False))
+
+
+def child_command(python: str | None = None) -> list[str]:
+    """The argv that starts the runner child.
+
+    ``python`` given: ``[python, "-m", "kvtuner.runner"]``. Otherwise, in a frozen app,
+    ``[sys.executable, RUNNER_ARGUMENT]``; else ``[sys.executable, "-m", "kvtuner.runner"]``.
+    """
+    if python is None and _frozen():
+        return [sys.executable, RUNNER_ARGUMENT]
+    return [python or sys.executable, "-m", "kvtuner.runner"]
+
+
 class RunnerError(RuntimeError):
     """A runner command failed. ``kind`` is one of :data:`kvtuner.runner.protocol.ERROR_KINDS`;
     ``log_tail`` the last llama.cpp log / stderr lines."""
@@ -75,7 +97,7 @@ class RunnerClient:
         on_event: Callable[[P.Message], None] | None = None,
         stderr_lines: int = 80,
     ) -> None:
-        self._python = python or sys.executable
+        self._python = python
         self._extra_env = dict(env or {})
         self._on_event = on_event
         self._events: "queue.Queue[P.Message]" = queue.Queue()
@@ -104,19 +126,20 @@ class RunnerClient:
         if self._proc is not None:
             raise RuntimeError("runner already started")
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding kvtuner/
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if not _frozen():
+            root = str(Path(__file__).resolve().parents[2])  # the directory holding kvtuner/
+            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self._extra_env)
         try:
             self._proc = subprocess.Popen(
-                [self._python, "-m", "kvtuner.runner"],
+                child_command(self._python),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, close_fds=True,
             )
         except OSError as exc:
-            raise RunnerError("crashed", f"cannot start the runner ({self._python}): {exc}") from None
+            raise RunnerError("crashed", f"cannot start the runner ({self._python or sys.executable}): {exc}") from None
         self._reader = threading.Thread(target=self._read_events, name=f"runner-{self._proc.pid}-events", daemon=True)
         self._err_reader = threading.Thread(target=self._read_stderr, name=f"runner-{self._proc.pid}-stderr", daemon=True)
         self._err_reader.start()

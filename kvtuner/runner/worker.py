@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..core.plan.config import ConfigError, PlanConfig
@@ -42,7 +43,7 @@ from . import protocol as P
 from .protocol import field_names as _field_names
 from .structure_probe import DEBUG_RECORDS, collect_facts
 from ..core.hardware.host import physical_cores
-from ..core.plan.placement import LayerPlacement, placement_for
+from ..core.plan.placement import LayerPlacement, placement_for, tensor_overrides
 
 FAULT_ENV = "KVTUNER_RUNNER_FAULT"
 EXIT_OK = 0
@@ -355,18 +356,27 @@ class Worker:
             lc.llama_model_free(model)
 
     def _placement(self, path: str, cfg: PlanConfig) -> tuple[LayerPlacement | None, list[str]]:
-        if cfg.kv_gpu_layers is None:
+        if cfg.kv_gpu_layers is None and not tensor_overrides(cfg):
             return None, []
-        n_layer = self._n_layer_of(path)
         try:
-            placement = placement_for(cfg, n_layer)
+            placement = placement_for(cfg, lambda: self._n_layer_of(path))
         except ConfigError as exc:
             raise _CommandFailed("invalid_config", str(exc)) from None
         warnings: list[str] = []
+        if placement.tensor_overrides and not self.gpu_offload:
+            # without GPU offload every weight is in a CPU buffer already: overrides to CPU are
+            # no-ops (passed anyway), overrides to a GPU would name a device this build lacks
+            gpu_ot = tuple(o for o in placement.weight_overrides if o[1] != "CPU")
+            if gpu_ot:
+                warnings.append("tensor overrides to a GPU ignored: this llama.cpp build has no GPU offload")
+                placement = replace(placement, weight_overrides=tuple(o for o in placement.weight_overrides
+                                                                      if o[1] == "CPU"))
         if placement.experimental and not self.gpu_offload:
             warnings.append("kv_gpu_layers split ignored: this llama.cpp build has no GPU offload (everything is on the CPU)")
-            placement = LayerPlacement(placement.n_gpu_layers, True, (), placement.offloaded_repeating_layers,
-                                       placement.kv_gpu_layers, False)
+            placement = LayerPlacement(placement.n_gpu_layers, True,
+                                       tuple(o for o in placement.tensor_overrides if o[1] == "CPU"),
+                                       placement.offloaded_repeating_layers, placement.kv_gpu_layers, False,
+                                       tensor_overrides=placement.tensor_overrides)
         elif placement.experimental:
             warnings.append(
                 f"KV of {placement.kv_gpu_layers} of {placement.offloaded_repeating_layers} offloaded "

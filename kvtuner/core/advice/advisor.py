@@ -240,6 +240,20 @@ class _Ctx:
         return best
 
 
+    def smallest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool]) -> int | None:
+        """Smallest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone:
+        more experts on the host never needs more VRAM)."""
+        best = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            p = self.replan({field: mid})
+            if p is not None and ok(p):
+                best, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        return best
+
+
 def _label(fix: dict[str, object]) -> str:
     """Button text of a fix, in the catalogue's words (``"Use context 8192, flash attention on"``)."""
     if not fix:
@@ -253,19 +267,38 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     cfg, plan = c.plan.config, c.plan
     if cfg.flash_attn == "off":
         yield {"flash_attn": "on"}
+    if gpu and plan.model.n_expert and not cfg.cpu_moe and any(d.expert_bytes for d in plan.gpus):
+        # MoE: experts to the host before anything else (issue 12): attention, KV and the dense part
+        # stay in VRAM and a token reads only n_expert_used / n_expert of the moved experts
+        n = c.smallest("n_cpu_moe", cfg.n_cpu_moe + 1, plan.model.n_layer, ok)
+        if n is not None:
+            yield {"n_cpu_moe": n}
     for ub in (256, 128):
         if plan.n_ubatch > ub:
             yield {"n_ubatch": ub}
     if cfg.type_k == "f16" or cfg.type_v == "f16":
         yield {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if cfg.flash_attn == "off" else {})}
     if gpu and plan.n_gpu_repeating:
+        fixes = []
         k = c.largest("kv_gpu_layers", 0, plan.n_gpu_repeating - 1, ok) if plan.kv_gpu_layers else None
         if k is not None:
-            yield {"kv_gpu_layers": k}
+            fixes.append({"kv_gpu_layers": k})
         top = plan.model.n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
         n = c.largest("n_gpu_layers", 0, top - 1, ok, {"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else None)
         if n is not None:
-            yield {"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})}
+            fixes.append({"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})})
+        if not plan.model.n_expert and cfg.n_gpu_layers == ALL_LAYERS and cfg.kv_gpu_layers is None:
+            # the other direction (issue 12, item 7): every layer's attention and KV stay in VRAM,
+            # the FFN of the first layers goes to RAM (llama.cpp's --n-cpu-ffn)
+            f = c.smallest("n_cpu_ffn", cfg.n_cpu_ffn + 1, plan.model.n_layer, ok)
+            if f is not None:
+                fixes.append({"n_cpu_ffn": f})
+        if len(fixes) > 1 and c.speed is not None and c.speed.inputs is not None:
+            # KV split, -ngl cut or FFN split: the speed model orders them, fastest first (mean of
+            # the predicted decode with an empty and a full context); without a prediction the
+            # order stays KV split, -ngl cut, FFN split
+            fixes.sort(key=lambda fx: -_mean_decode(c, fx))
+        yield from fixes
     n_ctx = cfg.n_ctx
     for _ in range(8):
         n_ctx //= 2
@@ -295,7 +328,7 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             "vram-oom", "error",
             f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV {fmt_bytes(d.kv_bytes)}, "
             f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
-            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}.",
+            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}." + _moe_note(c, fix),
             "total = weights + KV + compute + driver overhead must stay under capacity - margin "
             "(llama.cpp's --fit keeps 1 GiB per device free by default for the driver and desktop)",
             fix,
@@ -312,6 +345,29 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             "an allocation larger than the free VRAM fails (measured during the run)", fix,
         ))
     return out
+
+
+def _mean_decode(c: _Ctx, fix: dict[str, object]) -> float:
+    """Mean of the predicted decode tok/s with an empty and a full context for ``fix`` (0 when
+    there is no speed prediction)."""
+    p = c.replan(fix)
+    if p is None:
+        return 0.0
+    a, b = c.decode(p), c.decode(p, full=True)
+    return (a + b) / 2 if a and b else 0.0
+
+
+def _moe_note(c: _Ctx, fix: dict[str, object]) -> str:
+    """For an ``n_cpu_moe`` fix: what moves and the decode speed predicted with it."""
+    if "n_cpu_moe" not in fix:
+        return ""
+    p = c.replan(fix)
+    if p is None:
+        return ""
+    tok_s = c.decode(p)
+    speed = f", decode predicted {tok_s:.1f} tok/s" if tok_s else ""
+    return (f" With the experts of the first {fix['n_cpu_moe']} layers in RAM ({fmt_bytes(p.host.expert_bytes)}) "
+            f"it fits{speed}.")
 
 
 def _rule_ram_oom(c: _Ctx) -> list[Advice]:

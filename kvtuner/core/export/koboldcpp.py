@@ -7,7 +7,8 @@ destinations (koboldcpp.py, v1.102): ``model_param`` (the model path), ``context
 otherwise only K cache is quantized"), ``lowvram`` (= ``-nkvo``), ``usemmap`` (off by default),
 ``useswa`` (the small sliding-window cache; default off = full size), ``batchsize`` (one of
 16..4096; older versions call it ``blasbatchsize``: both keys are written) and
-``overridetensors`` (llama.cpp's ``-ot``). Keys not written keep koboldcpp's defaults.
+``overridetensors`` (llama.cpp's ``-ot``, comma-separated) and ``moecpu`` (``--moecpu N``: the MoE experts
+of the first N layers in RAM, llama.cpp's ``--n-cpu-moe``). Keys not written keep koboldcpp's defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, Sequence
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..model.ggml_types import kv_type
 from ..plan.fields import FIELDS
+from ..plan.placement import tensor_overrides
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
 
 #: quantkv level -> KV type (koboldcpp --help).
@@ -114,9 +116,20 @@ def render(
                      f"{batch} for n_ubatch {ubatch}.")
     settings[key["n_ubatch"]] = batch
     settings["blasbatchsize"] = batch
+    # MoE experts in RAM: koboldcpp's --moecpu N (its .kcpps key "moecpu": the experts of the first
+    # N layers, llama.cpp's --n-cpu-moe); --cpu-moe is every layer; -ot goes to overridetensors,
+    # comma-separated like llama.cpp's -ot list (common/arg.cpp parse_tensor_buffer_overrides)
+    if config.n_cpu_moe or config.cpu_moe:
+        settings[key["n_cpu_moe"]] = n_layer() if config.cpu_moe else config.n_cpu_moe
+    overrides = list(config.tensor_overrides)
+    if config.n_cpu_ffn:  # koboldcpp has no --n-cpu-ffn: llama.cpp's overrides, spelled out
+        overrides += [f"{p}={b}" for p, b in tensor_overrides(config)[-config.n_cpu_ffn:]]
     experimental = False
     if placement.mode == "split":
-        settings["overridetensors"] = override_pattern(placement.override_layers, gpu_buffer_type)
+        overrides.append(override_pattern(placement.override_layers, gpu_buffer_type))
+    if overrides:
+        settings["overridetensors"] = ",".join(overrides)
+    if placement.mode == "split":
         experimental = True
         notes.append(
             f"Partial KV split: gpulayers {placement.n_gpu_layers} keeps the KV of the last "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..plan.config import ALL_LAYERS, PlanConfig
+from ..plan.placement import tensor_overrides
 from ..model.ggml_types import kv_type
 from ._common import ExportResult, check_path_text, kv_placement, safe_stem
 
@@ -34,6 +35,13 @@ def kwargs_for(model_path: Path, config: PlanConfig, n_layer: Callable[[], int])
             f"{ngl - 1} layers + output (n_gpu_layers={ngl}), all with their KV in VRAM; the weights of layers "
             f"{placement.override_layers[0]}-{placement.override_layers[-1]} stay in RAM (less VRAM, slower)."
         )
+    ot = tensor_overrides(config)
+    if ot:
+        notes.append(
+            "Llama() has no tensor overrides (llama_model_params.tensor_buft_overrides is unused by it), so "
+            + ", ".join(_override_words(config)) + " cannot be expressed with Llama(): these kwargs load every "
+            "expert where its layer goes (more VRAM); the llama-cpp-python snippet export adds the low-level "
+            "loader that applies them.")
     if config.flash_attn == "auto":
         notes.append("Llama(flash_attn=...) is a bool: 'auto' is written as True (what auto picks where the backend "
                      "supports flash attention); set False if yours does not and keep V at f16.")
@@ -56,6 +64,68 @@ def kwargs_for(model_path: Path, config: PlanConfig, n_layer: Callable[[], int])
     return kwargs, notes
 
 
+def _override_words(config: PlanConfig) -> list[str]:
+    out = [f"-ot {t}" for t in config.tensor_overrides]
+    if config.cpu_moe:
+        out.append("--cpu-moe")
+    if config.n_cpu_moe:
+        out.append(f"--n-cpu-moe {config.n_cpu_moe}")
+    if config.n_cpu_ffn:
+        out.append(f"--n-cpu-ffn {config.n_cpu_ffn}")
+    return out
+
+
+#: The low-level part the snippet adds when the configuration has tensor overrides: llama.h's
+#: ``llama_model_tensor_buft_override`` array (NULL-terminated ``{pattern, buft}``) with buffer
+#: types from libggml's device registry (ggml-backend.h ``ggml_backend_dev_by_name`` /
+#: ``ggml_backend_dev_buffer_type``), put into the ``llama_model_params`` that ``Llama.__init__``
+#: takes from ``llama_cpp.llama_cpp.llama_model_default_params()`` (llama.py of 0.3.36: it sets
+#: no ``tensor_buft_overrides`` of its own, so the array reaches ``llama_model_load_from_file``).
+_LOW_LEVEL = """
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp.llama_cpp as _lc
+
+
+class _Override(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def llama_with_overrides(kwargs, overrides):
+    \"\"\"Llama(**kwargs) with llama.cpp tensor buffer-type overrides [(regex, "CPU" | "CUDA0" ...)].\"\"\"
+    try:
+        from llama_cpp._ggml import libggml as lib
+    except Exception:
+        lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so"))
+    lib.ggml_backend_dev_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    arr = (_Override * (len(overrides) + 1))()
+    for i, (pattern, device) in enumerate(overrides):
+        dev = lib.ggml_backend_dev_by_name(device.encode())
+        if not dev:
+            raise SystemExit(f"this llama.cpp build has no device {device}")
+        arr[i].pattern, arr[i].buft = pattern.encode(), lib.ggml_backend_dev_buffer_type(dev)
+    default = _lc.llama_model_default_params
+
+    def with_overrides():
+        mp = default()
+        mp.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p).value
+        return mp
+
+    _lc.llama_model_default_params = with_overrides
+    try:
+        llm = Llama(**kwargs, verbose=False)
+    finally:
+        _lc.llama_model_default_params = default
+    llm._kvtuner_overrides = arr  # the model keeps pointers into it while loaded
+    return llm
+"""
+
+
 def render_json(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> ExportResult:
     """The kwargs as a JSON object (``Llama(**json.load(f))``)."""
     kwargs, notes = kwargs_for(model_path, config, n_layer)
@@ -76,8 +146,13 @@ def render_snippet(model_path: Path, config: PlanConfig, n_layer: Callable[[], i
     ]
     for note in notes:
         lines.append(f"# NOTE: {note}")
+    ot = tensor_overrides(config)
+    lines += ["from llama_cpp import Llama"]
+    if ot:
+        lines += _LOW_LEVEL.splitlines()
+        lines += ["# " + " ".join(_override_words(config)) + " (llama.cpp's patterns, first match wins)",
+                  f"OVERRIDES = {[list(o) for o in ot]!r}"]
     lines += [
-        "from llama_cpp import Llama",
         "",
         "KWARGS = {",
     ]
@@ -90,7 +165,7 @@ def render_snippet(model_path: Path, config: PlanConfig, n_layer: Callable[[], i
         "}",
         "",
         'if __name__ == "__main__":',
-        "    llm = Llama(**KWARGS, verbose=False)",
+        "    llm = llama_with_overrides(KWARGS, OVERRIDES)" if ot else "    llm = Llama(**KWARGS, verbose=False)",
         '    out = llm.create_completion("The capital of France is", max_tokens=8)',
         '    print(out["choices"][0]["text"])',
         "",

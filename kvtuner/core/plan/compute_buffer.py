@@ -6,17 +6,24 @@ prompt-processing graph for ``n_tokens = min(n_ctx, n_ubatch)`` tokens with
 result depends on the allocator's packing, so an analytic figure is an *estimate*; a dry-run
 (``kvtuner plan --verify``) gives the exact one, which :meth:`ComputeEstimate.with_exact` records.
 
-The estimate walks that graph by phases (:func:`estimate_compute`): a repeating layer (the
-residual stream, the KQ masks still needed, and the largest of its attention, feed-forward or
-MoE, and recurrent activations) and the output (logits and hidden states, plus the holes freed
-inputs leave under them where measured). ggml-alloc places tensors best-fit in freed blocks, so
-a large tensor lands on top of the blocks freed before it; that packing is why the figure is an
-estimate and why the terms above carry what the measurements showed.
+On the CPU alone, for the architectures :mod:`.reserve_graph` rebuilds (llama and
+Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 3, StableLM, DeciLM), the
+figure is computed the way llama.cpp computes it: the reserve graph is rebuilt node by node and
+placed by a model of ggml-alloc (:mod:`.ggml_graph`); it equals llama.cpp's to the printed
+0.01 MiB on every covered configuration of those architectures (tests/test_compute_exact.py,
+tests/test_plan_vs_llama.py, tests/test_model_families.py).
 
-Measured against llama.cpp's dry run on the 94 configurations of tests/test_plan_vs_llama.py and
-tests/test_model_families.py (README "How exact is it"): within 2% on 62, within 5% on 78,
-within 10% on 92, all within 22%, and never under llama.cpp by more than 2% + 8 MiB (the tests
-assert that bound: an under-estimate is an out-of-memory the user does not see coming).
+Otherwise (other architectures, or a GPU in the plan) the estimate walks that graph by phases
+(:func:`estimate_compute`): a repeating layer (the residual stream, the KQ masks still needed,
+and the largest of its attention, feed-forward or MoE, and recurrent activations) and the
+output (logits and hidden states, plus the holes freed inputs leave under them where measured).
+ggml-alloc places tensors best-fit in freed blocks, so a large tensor lands on top of the blocks
+freed before it; that packing is why the phase figure is an estimate.
+
+The distribution over every configuration the tests cover is README "Compute buffer (analytic)"
+(``benchmarks/compute_accuracy.py --markdown``); the tests assert that no figure is under
+llama.cpp's by more than 2% + 8 MiB (an under-estimate is an out-of-memory the user does not
+see coming).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from ..units import pad_to
+from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kv_cache import LayerKV
@@ -51,6 +59,13 @@ class ComputeEstimate:
         """A copy whose figures come from a dry-run (devices not in ``exact`` keep 0)."""
         estimate = self.estimate_by_device or self.bytes_by_device
         return replace(self, bytes_by_device=dict(exact), source="dry-run", estimate_by_device=dict(estimate))
+
+    def plus(self, device: str, n_bytes: int) -> "ComputeEstimate":
+        """A copy with ``n_bytes`` more on ``device`` (the tensor-override planner's weight copies,
+        :mod:`kvtuner.core.plan.overrides`; added in memory_plan.py, not in this estimate)."""
+        out = dict(self.bytes_by_device)
+        out[device] = out.get(device, 0) + n_bytes
+        return replace(self, bytes_by_device=out)
 
     def estimate_on(self, device: str) -> int:
         """The analytic estimate on ``device`` even when exact figures are known."""
@@ -145,6 +160,9 @@ def estimate_compute(
     gpu_devices: Sequence[str],
     host: str,
     kv_f16: bool = True,
+    n_stream: int | None = None,
+    type_k: str = "f16",
+    type_v: str = "f16",
 ) -> ComputeEstimate:
     """Estimate the compute buffer of every backend, bytes.
 
@@ -168,11 +186,22 @@ def estimate_compute(
         kv_layers: per-layer KV placement (attention runs where its KV is when they differ).
         gpu_devices: GPU device names; ``host``: the host device name.
         kv_f16: K and V caches are both f16 (else the GPU's flash attention converts them).
+        n_stream: KV streams (``n_seq``, or 1 with a unified cache); ``None``: ``n_seq``.
+        type_k, type_v: KV cache types (a quantized cache rotates Q/K or V: more graph nodes).
+
+    Plain transformers on the CPU alone (:func:`reserve_graph.transformer_shape` says which) skip
+    the phase walk: their reserve graph is rebuilt node by node and placed by a model of ggml-alloc
+    (:mod:`.reserve_graph`, :mod:`.ggml_graph`), which gives llama.cpp's figure to the byte.
 
     Returns:
         A :class:`ComputeEstimate` with ``source="estimate"``.
     """
     T = n_ubatch
+    if not gpu_devices and all(d == host for d in layer_devices):
+        shape = transformer_shape(model, kv_layers, type_k, type_v)
+        if shape is not None:
+            exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn)
+            return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
     n_layer = model.n_layer

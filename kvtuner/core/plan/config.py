@@ -7,6 +7,7 @@ Names follow llama.cpp (``llama_model_params`` / ``llama_context_params`` and th
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -52,6 +53,17 @@ class PlanConfig:
         swa_full: full-size cache for sliding-window layers (``--swa-full``).
         kv_unified: one KV buffer shared by all sequences (``--kv-unified``).
         use_mmap: memory-map the weights (``--no-mmap`` turns it off).
+        n_cpu_moe: keep the MoE expert tensors of the first N layers in host memory
+            (``--n-cpu-moe N``): llama.cpp adds one override ``blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU``
+            per layer ``i < N`` (common/common.h ``llm_add_n_cpu_ffn_overrides``, ``LLM_FFN_EXPS_REGEX``).
+        cpu_moe: keep every layer's expert tensors in host memory (``--cpu-moe``: one override
+            ``\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU``, common/common.h ``llm_ffn_exps_cpu_override``).
+        n_cpu_ffn: keep the dense FFN tensors of the first N layers in host memory
+            (``--n-cpu-ffn N``): one override ``blk\\.i\\.ffn_(up|down|gate)\\.=CPU`` per layer
+            ``i < N`` (common/common.h ``LLM_FFN_DENSE_REGEX``): attention and KV stay in VRAM.
+        tensor_overrides: ``PATTERN=BUFFER`` tensor buffer-type overrides (``-ot``, in the order
+            given; llama.cpp takes the first pattern that ``std::regex_search`` finds in a tensor's
+            name, llama-model-loader.cpp). BUFFER is ``CPU`` or ``CUDA0``, ``CUDA1`` ...
     """
 
     n_ctx: int = 4096
@@ -66,6 +78,10 @@ class PlanConfig:
     swa_full: bool = False
     kv_unified: bool = False
     use_mmap: bool = True
+    n_cpu_moe: int = 0
+    cpu_moe: bool = False
+    n_cpu_ffn: int = 0
+    tensor_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalise type names and reject nonsense early: every error says what to change.
@@ -94,6 +110,13 @@ class PlanConfig:
             raise ConfigError(f"--ubatch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_ubatch}")
         if not 0 < self.n_batch <= MAX_UINT32:
             raise ConfigError(f"--batch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_batch}")
+        if not 0 <= self.n_cpu_moe <= MAX_INT32:
+            raise ConfigError(f"--n-cpu-moe must be a number of layers from 0 up, not {self.n_cpu_moe}")
+        if not 0 <= self.n_cpu_ffn <= MAX_INT32:
+            raise ConfigError(f"--n-cpu-ffn must be a number of layers from 0 up, not {self.n_cpu_ffn}")
+        object.__setattr__(self, "tensor_overrides", tuple(self.tensor_overrides))
+        for text in self.tensor_overrides:
+            parse_override(text)
         if self.type_v != "f16" and self.type_v != "f32" and self.type_v != "bf16" and self.flash_attn == "off":
             raise ConfigError(
                 f"a quantized V cache ({self.type_v}) requires flash attention: "
@@ -101,8 +124,10 @@ class PlanConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict with the field names above."""
-        return asdict(self)
+        """Plain JSON-able dict with the field names above (``tensor_overrides`` as a list)."""
+        d = asdict(self)
+        d["tensor_overrides"] = list(self.tensor_overrides)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PlanConfig":
@@ -116,6 +141,39 @@ class PlanConfig:
     def with_(self, **changes: Any) -> "PlanConfig":
         """A copy with ``changes`` applied (validated again)."""
         return replace(self, **changes)
+
+
+#: Buffer type names kvtuner plans for in ``-ot PATTERN=BUFFER``: the names llama.cpp's CPU and
+#: CUDA backends give their device buffer types (ggml-cpu.cpp ``ggml_backend_cpu_buffer_type``
+#: "CPU", ggml-cuda.cu ``GGML_CUDA_NAME`` + device index, "CUDA0"); common/arg.cpp
+#: ``parse_tensor_buffer_overrides`` refuses any other name with "unknown buffer type".
+OVERRIDE_BUFFER_RE = re.compile(r"^(CPU|CUDA\d+)$")
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Split one ``-ot`` override ``PATTERN=BUFFER`` at its first ``=``, as common/arg.cpp
+    ``parse_tensor_buffer_overrides`` does, and check both halves.
+
+    The pattern is compiled with Python's ``re``; llama.cpp compiles it with ``std::regex``
+    (ECMAScript grammar): the two agree on the patterns used for tensor names (``.``, ``\\.``,
+    groups, alternation, classes, anchors, ``\\d``), not on Python-only syntax such as ``(?P<n>)``.
+
+    Returns:
+        ``(pattern, buffer)``.
+
+    Raises:
+        ConfigError: no ``=``, an empty or invalid pattern, or a buffer that is not ``CPU`` / ``CUDA<n>``.
+    """
+    pattern, eq, buffer = text.partition("=")
+    if not eq or not pattern:
+        raise ConfigError(f"--override-tensor {text!r}: write PATTERN=BUFFER, e.g. -ot \"blk\\.(0|1)\\.ffn_.*_exps=CPU\"")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"--override-tensor {text!r}: invalid regular expression ({exc}): fix the pattern") from None
+    if not OVERRIDE_BUFFER_RE.match(buffer):
+        raise ConfigError(f"--override-tensor {text!r}: unknown buffer type {buffer!r}: use CPU or CUDA0, CUDA1 ...")
+    return pattern, buffer
 
 
 #: llama-server's ``-np -1`` (its default): 4 slots sharing one unified KV buffer

@@ -11,6 +11,7 @@ from ``llama_cpp.Llama.__init__``.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,9 @@ class ConfigField:
         llama_flag: the llama-server / llama-cli flag written by exports (``-c``); "" when the
             value is written another way (``-nkvo`` for ``kv_gpu_layers`` 0).
         kind: ``int``, ``layers`` (a whole number or ``all``), ``choice``, ``type`` (a KV
-            cache type), ``switch`` (a flag without value) or ``negated-switch`` (``--no-mmap``
-            sets the field False).
+            cache type), ``switch`` (a flag without value), ``negated-switch`` (``--no-mmap``
+            sets the field False) or ``list`` (a repeatable flag, comma-separated values:
+            ``-ot``).
         label: the app's label, with its ``&`` mnemonic.
         help: one line for ``--help`` and the first line of the app's tooltip.
         detail: the formula behind it, for the tooltip (may be "").
@@ -92,6 +94,8 @@ class ConfigField:
             return f"(drop {self.flag})" if value else self.flag
         if value is None:
             return f"(drop {self.flag})"
+        if self.kind == "list":
+            return " ".join(f"{self.flag} {shlex.quote(v)}" for v in value) if value else f"(drop {self.flag})"
         if self.kind == "layers" and value == ALL_LAYERS:
             return f"{self.flag} all"
         return f"{self.flag} {value}"
@@ -159,6 +163,28 @@ FIELDS: tuple[ConfigField, ...] = (
         "use_mmap", "--no-mmap", (), "--no-mmap", "negated-switch", "Memory-&map weights",
         "read weights into RAM instead of memory-mapping them", llama_cpp_python="use_mmap", ollama="use_mmap",
         koboldcpp="usemmap"),
+    ConfigField(
+        "n_cpu_moe", "--n-cpu-moe", ("-ncmoe",), "--n-cpu-moe", "int", "MoE layers with &experts on CPU",
+        "keep the MoE expert weights of the first N layers in host RAM (default 0)",
+        "llama.cpp adds -ot blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU for each layer i < N\n"
+        "(common/common.h llm_add_n_cpu_ffn_overrides): attention, KV and the dense part stay in VRAM;\n"
+        "a token reads n_expert_used / n_expert of those experts from RAM, computed by the CPU.",
+        unit="layers", koboldcpp="moecpu", phrase="experts of {} layers on the CPU"),
+    ConfigField(
+        "cpu_moe", "--cpu-moe", ("-cmoe",), "--cpu-moe", "switch", "All MoE experts on CPU",
+        "keep the MoE expert weights of every layer in host RAM",
+        "llama.cpp's -ot \\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU (common/common.h llm_ffn_exps_cpu_override)."),
+    ConfigField(
+        "n_cpu_ffn", "--n-cpu-ffn", ("-ncffn",), "--n-cpu-ffn", "int", "Layers with FFN on CPU",
+        "keep the dense FFN weights of the first N layers in host RAM (default 0)",
+        "llama.cpp adds -ot blk\\.i\\.ffn_(up|down|gate)\\.=CPU for each layer i < N (common/common.h\n"
+        "LLM_FFN_DENSE_REGEX): attention and KV stay in VRAM, the CPU computes those FFNs.",
+        unit="layers", phrase="FFN of {} layers on the CPU"),
+    ConfigField(
+        "tensor_overrides", "--override-tensor", ("-ot",), "-ot", "list", "Tensor overrides (-ot)",
+        "PATTERN=BUFFER: put tensors whose name matches the regex in BUFFER (CPU, CUDA0 ...); repeatable, comma-separated",
+        "llama.cpp takes the first pattern std::regex_search finds in the tensor name (llama-model-loader.cpp);\n"
+        "names look like blk.12.ffn_up_exps.weight."),
 )
 
 _BY_NAME = {f.name: f for f in FIELDS}

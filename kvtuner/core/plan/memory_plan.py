@@ -25,12 +25,13 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .compute_buffer import ComputeEstimate, estimate_compute
+from .compute_buffer import GPU_OP_OFFLOAD_MIN_BATCH, ComputeEstimate, estimate_compute
 from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
-from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices
+from .overrides import TensorMoves, apply_overrides
+from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices, tensor_overrides
 from .repack import repack_bytes
 from ..model.ggml_types import kv_type, row_size
 from ..hardware.specs import GpuSpec, HostSpec
@@ -82,6 +83,8 @@ class DevicePlan:
     ``host:port``) or ``host``.
     ``n_layers`` counts repeating layers whose weights live here; ``has_output`` the output layer.
     ``weights_mapped`` marks host weights that are memory-mapped from the file (page cache).
+    ``expert_bytes`` are the MoE expert tensors among ``weights_bytes`` (``expert_layers``: the
+    layers whose experts are here), moved by ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` or not.
     ``repack_bytes`` is the host's ``CPU_REPACK`` copy of repackable quantized weights
     (:mod:`kvtuner.core.plan.repack`): committed memory on top of the mapped file pages.
 
@@ -105,6 +108,8 @@ class DevicePlan:
     weights_mapped: bool = False
     repack_bytes: int = 0
     endpoint: str | None = None
+    expert_bytes: int = 0
+    expert_layers: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -146,6 +151,8 @@ class DevicePlan:
             "weights_mapped": self.weights_mapped,
             "repack_bytes": self.repack_bytes,
             "endpoint": self.endpoint,
+            "expert_bytes": self.expert_bytes,
+            "expert_layers": self.expert_layers,
             "mapped_bytes": self.mapped_bytes,
             "committed_bytes": self.committed_bytes,
         }
@@ -181,6 +188,8 @@ class MemoryPlan:
         warnings: notes the user should read (approximations, ignored settings).
         verified: llama.cpp's own figures (a dry run of this configuration) are in the plan.
         split: the ``-sm`` / ``-ts`` / ``-mg`` planned with.
+        moves: the tensors ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` send away from their
+            layer's device, tensor by tensor from the tensor table (:mod:`.overrides`).
     """
 
     model: ModelProfile
@@ -203,6 +212,7 @@ class MemoryPlan:
     warnings: tuple[str, ...] = field(default=())
     verified: bool = False
     split: DeviceSplit | None = None
+    moves: TensorMoves = field(default_factory=TensorMoves)
 
     @property
     def kv_bytes(self) -> int:
@@ -286,6 +296,9 @@ class MemoryPlan:
                                                       "tensor_split": list(self.split.tensor_split) if self.split.tensor_split else None,
                                                       "main_gpu": self.split.main_gpu},
             "warnings": list(self.warnings),
+            "tensor_overrides": [{"pattern": p, "buffer": b} for p, b in (self.placement.tensor_overrides
+                                                                          if self.placement else ())],
+            "moved_tensors": [{"name": n, "from": a, "to": b, "bytes": nb} for n, a, b, nb in self.moves.moved],
         }
 
 
@@ -399,12 +412,20 @@ def plan_memory(
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
     if (len(kept) > 1 and ngl_eff > n_layer and split.split_mode == "layer" and offload_kqv
-            and not (placement is not None and placement.override_layers)):
+            and not (placement is not None and placement.override_layers) and not tensor_overrides(cfg)):
         # llama-context.cpp constructor: pipeline_parallel (n_devices > 1, all layers offloaded,
         # layer split, offload_kqv, no tensor overrides; every device async + events)
         warnings.append("several devices, every layer offloaded: llama.cpp enables pipeline parallelism, whose compute "
                         "buffers hold several copies of each split's inputs; the compute figures here are a one-copy "
                         "estimate (llama.cpp's log of a real run gives the figures)")
+    # tensor overrides (-ot, --cpu-moe, --n-cpu-moe): tensor by tensor from the tensor table
+    ot = tensor_overrides(cfg)
+    moves = apply_overrides(model, devs, ot, [g.device for g in gpus], HOST)
+    if ot and not gpus:
+        warnings.append("no GPU: tensor overrides (--n-cpu-moe, --cpu-moe, -ot) change nothing on a CPU-only run "
+                        "(every weight is in host memory already)")
+    elif ot and not moves.moved:
+        warnings.append("the tensor overrides match no tensor this plan would move")
     # KV in VRAM for the last kv_gpu repeating layers: llama.cpp's -ngl range; the offloaded
     # layers before them got their weights moved by tensor override and keep KV on the host
     kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
@@ -426,7 +447,8 @@ def plan_memory(
         if n_ctx_seq == 0:  # pragma: no cover - pad_to of a positive number is >= 256
             raise ConfigError("n_ctx / n_seq rounds to 0: raise --ctx or lower --parallel")
         n_ctx = n_ctx_seq * cfg.n_seq
-    n_batch = min(n_ctx, cfg.n_batch)
+    # llama-context.cpp: n_batch = min(n_ctx, n_batch) with the context as asked, before it is padded
+    n_batch = min(cfg.n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
         warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
@@ -498,10 +520,22 @@ def plan_memory(
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in kept], host=HOST,
-        kv_f16=tk.name == "f16" and tv.name == "f16",
+        kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
+        type_k=tk.name, type_v=tv.name,
     )
     if exact is not None and exact.compute:
         compute_override = exact.compute
+    moved_to_host = moves.largest_moved(HOST)
+    if moved_to_host and n_ubatch >= GPU_OP_OFFLOAD_MIN_BATCH and not compute_override:
+        # a ubatch of >= 32 tokens runs host experts' MUL_MAT_ID on the GPU (ggml-cuda.cu
+        # ggml_backend_cuda_device_offload_op); ggml_backend_sched gives each such weight a split
+        # of its own and copies it into that split's compute buffer ("by starting a new split, the
+        # memory of the previously offloaded weights can be reused", ggml-backend.cpp
+        # ggml_backend_sched_split_graph): one whole expert tensor on top of the layer's activations
+        for g in gpus:
+            # never on an RPC device: ggml-rpc's device has no offload_op (ggml-rpc.cpp)
+            if g.kind == "gpu" and any(d == g.device for d in devs[:n_layer]):
+                compute = compute.plus(g.device, moved_to_host)
     if compute_override:
         compute = compute.with_exact(compute_override)
 
@@ -518,6 +552,7 @@ def plan_memory(
         has_out = devs[n_layer] == g.device
         if has_out:
             w += model.output_bytes
+        w += moves.delta(g.device)
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
         used = g in kept
         out.append(DevicePlan(
@@ -529,6 +564,7 @@ def plan_memory(
             overhead_bytes=gpu_overhead_bytes if (used and g.kind == "gpu") else 0,
             capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
             endpoint=g.endpoint,
+            expert_bytes=moves.expert_bytes.get(g.device, 0), expert_layers=len(moves.expert_layers.get(g.device, ())),
         ))
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
     host_w = model.input_bytes + sum(model.layer_bytes[il] for il in host_ids)
@@ -542,12 +578,14 @@ def plan_memory(
                           gpu_present=bool(gpus))
     if repack and not cfg.use_mmap:
         host_w -= repack
+    host_w += moves.delta(HOST)
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
     out.append(DevicePlan(
         device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
         compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
         capacity_bytes=host.total_bytes if host else None, free_bytes=host.available_bytes if host else None,
         n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap, repack_bytes=repack,
+        expert_bytes=moves.expert_bytes.get(HOST, 0), expert_layers=len(moves.expert_layers.get(HOST, ())),
     ))
 
     return MemoryPlan(
@@ -555,7 +593,7 @@ def plan_memory(
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings), verified=exact is not None, split=split,
+        warnings=tuple(warnings), verified=exact is not None, split=split, moves=moves,
     )
 
 

@@ -21,10 +21,13 @@ memory. Checked on a GPU: memory layout checked on an H200 (llama-cpp-python 0.3
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .config import ALL_LAYERS, ConfigError, PlanConfig
+from .config import ALL_LAYERS, ConfigError, PlanConfig, parse_override
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class LayerPlacement:
         kv_gpu_layers: repeating layers whose KV ends up in VRAM (None: as above).
         experimental: True when the placement relies on the tensor-override split.
         override_layers: the repeating layers ``weight_overrides`` moves to the GPU, ascending.
+        tensor_overrides: the overrides of ``-ot``, ``--cpu-moe`` and ``--n-cpu-moe`` as
+            ``(regex, buffer)``, in llama.cpp's order (:func:`tensor_overrides`); they lead
+            ``weight_overrides`` too, since llama.cpp takes the first pattern that matches.
     """
 
     n_gpu_layers: int
@@ -49,10 +55,11 @@ class LayerPlacement:
     kv_gpu_layers: int | None
     experimental: bool
     override_layers: tuple[int, ...] = ()
+    tensor_overrides: tuple[tuple[str, str], ...] = ()
 
     @property
     def mode(self) -> str:
-        """``"gpu"`` (KV with its layers), ``"host"`` (``-nkvo``) or ``"split"`` (tensor overrides)."""
+        """``"gpu"`` (KV with its layers), ``"host"`` (``-nkvo``) or ``"split"`` (the KV split's tensor overrides)."""
         if not self.offload_kqv:
             return "host"
         return "split" if self.override_layers else "gpu"
@@ -79,8 +86,58 @@ def layer_regex(layers: list[int] | range | tuple[int, ...]) -> str:
     return r"^blk\.(" + "|".join(str(i) for i in layers) + r")\."
 
 
+#: llama.cpp's MoE expert tensor pattern (common/common.h ``LLM_FFN_EXPS_REGEX``): the up, down,
+#: gate and fused gate_up expert tensors (``_exps``) and the chunked ones (``_chexps``), weights
+#: and biases alike (``regex_search`` finds it inside ``blk.3.ffn_up_exps.bias``).
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+#: llama.cpp's dense FFN pattern (common/common.h ``LLM_FFN_DENSE_REGEX``, ``--n-cpu-ffn``).
+FFN_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
+
+
+def ffn_block_regex(il: int, ffn_regex: str = FFN_EXPS_REGEX) -> str:
+    """One layer's FFN pattern, common/common.h ``llm_ffn_block_regex``: ``blk\\.{il}`` + the
+    FFN regex (``blk\\.3\\.ffn_...`` cannot match ``blk.13.``: ``blk.`` must precede the 3)."""
+    return rf"blk\.{il}{ffn_regex}"
+
+
+def tensor_overrides(config: PlanConfig) -> tuple[tuple[str, str], ...]:
+    """The ``(regex, buffer)`` tensor overrides a configuration gives llama.cpp, in the order
+    common/arg.cpp appends them for ``-ot ... --cpu-moe --n-cpu-moe N --n-cpu-ffn M`` (kvtuner's
+    exports write the flags in that order): the ``-ot`` overrides as given, then ``--cpu-moe``'s
+    ``FFN_EXPS_REGEX=CPU`` (``llm_ffn_exps_cpu_override``), then one ``blk\\.i`` + ``FFN_EXPS_REGEX
+    =CPU`` per layer ``i < n_cpu_moe`` (``llm_add_n_cpu_ffn_overrides``), then ``blk\\.i`` +
+    ``FFN_DENSE_REGEX=CPU`` per layer ``i < n_cpu_ffn``. llama.cpp takes the
+    first match (llama-model-loader.cpp ``create_tensor``: ``break`` after ``regex_search``).
+
+    Raises:
+        ConfigError: an ``-ot`` override that is not ``PATTERN=BUFFER`` (:func:`parse_override`).
+    """
+    out = [parse_override(t) for t in config.tensor_overrides]
+    if config.cpu_moe:
+        out.append((FFN_EXPS_REGEX, "CPU"))
+    out += [(ffn_block_regex(i), "CPU") for i in range(config.n_cpu_moe)]
+    out += [(ffn_block_regex(i, FFN_DENSE_REGEX), "CPU") for i in range(config.n_cpu_ffn)]
+    return tuple(out)
+
+
+def tensor_device(name: str, default: str, overrides: tuple[tuple[str, str], ...]) -> str:
+    """The device llama.cpp puts tensor ``name`` on: the buffer of the first override whose
+    pattern ``regex_search`` finds in the name (``re.search``), else ``default``
+    (llama-model-loader.cpp ``create_tensor``)."""
+    for pattern, buffer in overrides:
+        if _compiled(pattern).search(name):
+            return buffer
+    return default
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> "re.Pattern[str]":
+    return re.compile(pattern)
+
+
 def placement_for(config: PlanConfig, n_layer: int | Callable[[], int], device: str = "CUDA0") -> LayerPlacement:
-    """Layer and KV placement for ``config`` on a model with ``n_layer`` repeating layers.
+    """Layer and KV placement for ``config`` on a model with ``n_layer`` repeating layers, with
+    the configuration's tensor overrides (:func:`tensor_overrides`) ahead of the KV split's.
 
     ``n_layer`` may be a callable; it is then called only when the answer depends on it (a
     partial KV split), so exports of plain configurations never read the model.
@@ -88,6 +145,14 @@ def placement_for(config: PlanConfig, n_layer: int | Callable[[], int], device: 
     Raises:
         ConfigError: ``kv_gpu_layers`` exceeds the offloaded repeating layers.
     """
+    p = _layer_placement(config, n_layer, device)
+    ot = tensor_overrides(config)
+    if not ot:
+        return p
+    return dataclasses.replace(p, weight_overrides=ot + p.weight_overrides, tensor_overrides=ot)
+
+
+def _layer_placement(config: PlanConfig, n_layer: int | Callable[[], int], device: str) -> LayerPlacement:
     kv = config.kv_gpu_layers
     lazy = callable(n_layer)
     if lazy and kv in (None, 0):

@@ -11,8 +11,9 @@ scaled constants and picks the scales ``s`` (natural log ``x = ln s``) that mini
 (least squares in log space with a ridge prior toward the starting constants; with one run the
 prior picks the smallest change, i.e. the constant of the bottleneck term moves). Decode fits
 ``host_decode_scale``, ``host_attn_scale``, ``host_overhead_scale``, ``gpu_bw_efficiency`` and
-``gpu_token_overhead_s``; prefill fits ``host_prefill_scale``, ``gpu_int8_efficiency`` and
-``gpu_fp16_efficiency``. A family (``architecture/file_type``) is fitted starting from the
+``gpu_token_overhead_s``; prefill fits one host scale per weight type the runs computed on the CPU
+(``host_prefill_type_scales``: a run corrects the kernels it ran, in proportion to their share of its
+time), ``gpu_int8_efficiency`` and ``gpu_fp16_efficiency``. A family (``architecture/file_type``) is fitted starting from the
 machine-wide fit.
 
 Band: the relative 1-sigma uncertainty (natural log) starts at the measured spread of the
@@ -47,7 +48,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.memory_plan import MemoryPlan
 from ..model.profile import ModelProfile
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
-from .speed_model import DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
+from .speed_model import PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
 
 SCHEMA_VERSION = 2
 FILE_NAME = "calibration.json"
@@ -56,9 +57,9 @@ MAX_RUNS_PER_MACHINE = 500
 #: Relative 1-sigma error of the uncalibrated model, decode and prefill (natural log): the RMS of
 #: ln(predicted / measured) over the validation rows of benchmarks/speed_validation.py (README
 #: "Validation"): decode 0.131 on 14 CPU rows and 0.164 on 17 public GPU rows, 0.150 together;
-#: prefill 0.311 on 14 CPU rows and 0.285 on 18 GPU rows, 0.297 together.
+#: prefill 0.169 on 14 CPU rows (with the MoE expert term) and 0.285 on 18 GPU rows, 0.241 together.
 PRIOR_SIGMA_DECODE = 0.150
-PRIOR_SIGMA_PREFILL = 0.297
+PRIOR_SIGMA_PREFILL = 0.241
 #: The larger of the two (older callers).
 PRIOR_SIGMA = max(PRIOR_SIGMA_DECODE, PRIOR_SIGMA_PREFILL)
 #: Weight of the prior sigma, in runs.
@@ -72,7 +73,8 @@ HOST_BANDWIDTH_MAX_AGE_S = 7 * 24 * 3600.0
 
 DECODE_PARAMS = ("host_decode_scale", "host_attn_scale", "host_overhead_scale", "gpu_bw_efficiency",
                  "gpu_token_overhead_s")
-PREFILL_PARAMS = ("host_prefill_scale", "gpu_int8_efficiency", "gpu_fp16_efficiency")
+#: Plus one ``host_prefill_type:TYPE`` scale per weight type the runs computed on the host.
+PREFILL_PARAMS = ("gpu_int8_efficiency", "gpu_fp16_efficiency")
 
 
 class CalibrationError(ValueError):
@@ -216,6 +218,9 @@ def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple
     has_gpu = any(d.kind == "gpu" for _, w, _ in data for d in w.devices)
     has_host = any(d.kind == "host" for _, w, _ in data for d in w.devices)
     active = [p for p in params if (("gpu" in p and has_gpu) or ("host" in p and has_host) or "overhead" in p)]
+    if phase == "prefill":
+        active += sorted({PREFILL_TYPE_PARAM + typ for _, w, _ in data for d in w.devices if d.kind == "host"
+                          for typ, *_ in d.weights})
     x = {p: 0.0 for p in active}
 
     def constants_of(xs: dict[str, float]) -> SpeedConstants:

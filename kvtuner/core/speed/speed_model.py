@@ -38,7 +38,8 @@ Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(
     host:  sum_T flops_T / rate_T(batch) + sum_hd head_cells_hd * attn_prefill_s[hd]
            + calls * (token_s + n_layers * layer_prefill_s)
            rate_T(b) = prefill_flop_s[T] * b / (b + half_batch[T]) (probe); b = the ubatch's tokens,
-           for MoE experts the tokens each expert gets, u * n_expert_used / n_expert
+           for MoE experts the tokens each expert gets, u * n_expert_used / n_expert, and
+           their FLOPs divided by host_moe_prefill_efficiency (MUL_MAT_ID: one token row at a time)
     GPU:   sum_T flops_T / (rate_T * efficiency_T) + attn_flops / (fp16 rate * gpu_fp16_efficiency)
            + weight bytes per ubatch / (bandwidth * gpu_bw_efficiency) + calls * gpu_token_overhead_s
            rate_T: quantized T -> int8 tensor ops/s (MMQ, ggml-cuda/mmq.cu ``ggml_cuda_should_use_mmq``:
@@ -80,7 +81,7 @@ from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
 from .cpu_probe import CpuRates, ProbeError, attn_key, nearest
-from .weights import WeightSummary, weight_summary
+from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
 DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.9692e9
@@ -111,6 +112,10 @@ FALLBACK_ATTN_PREFILL_FLOPS = 1024.0
 THREAD_EFFICIENCY = 0.55
 
 
+#: Calibration parameter name prefix for one weight type's host prefill scale.
+PREFILL_TYPE_PARAM = "host_prefill_type:"
+
+
 class SpeedModelError(ValueError):
     """Bad input to the speed model; the message says what to change."""
 
@@ -134,7 +139,14 @@ class SpeedConstants:
 
     Attributes:
         host_decode_scale: multiplies the probe's decode bytes/s.
-        host_prefill_scale: multiplies the probe's prefill FLOP/s.
+        host_prefill_scale: multiplies the probe's prefill FLOP/s (every weight type).
+        host_prefill_type_scales: ``((type name, factor), ...)``: multiplies the probe's prefill
+            FLOP/s of that weight type on top of ``host_prefill_scale``; what a calibration run
+            moves, in proportion to the time its model spends in each type's kernel. One shared
+            scale did not transfer: on the 2-core VM the probe's Q5_0 rate was about 30 % optimistic
+            (most of the default model's prefill) while its Q8_0 rate was within 8 %
+            (benchmarks/speed_cpu_runs.json), so a scale fitted on the default model made every
+            Q8_0 row 17-29 % too slow.
         host_attn_scale: divides the probe's attention cost per head and cell.
         host_overhead_scale: divides the probe's per-layer and per-token costs.
         gpu_bw_efficiency: share of the datasheet bandwidth decode reaches (weights + KV); fitted 0.88.
@@ -148,10 +160,17 @@ class SpeedConstants:
         crossing_latency_s: fixed cost of one device crossing in a decode (copy, synchronise, the
             CPU op on the way), s; fitted 91 us to the -nkvo row of llama.cpp PR #4812 (RTX 3090 Ti,
             llama 7B Q4_0: tg128 127.4 -> 60.0 tok/s with the KV on the host).
+        host_moe_prefill_efficiency: share of the probe's prefill rate (a dense MUL_MAT at that
+            many rows) that MoE expert matmuls reach on the CPU, where ggml-cpu's MUL_MAT_ID
+            multiplies one token row at a time (ggml-cpu.c ``ggml_compute_forward_mul_mat_id_one_chunk``);
+            the expert FLOPs of a host prefill are divided by it. Fitted on the one MoE row of the
+            CPU fitting set (granite-3.0-1b-a400m Q4_K_M, depth 0, benchmarks/speed_cpu_runs.json;
+            ``benchmarks/moe_cpu_validation.py --fit``), validated on the other MoE rows there.
     """
 
     host_decode_scale: float = 1.0
     host_prefill_scale: float = 1.0
+    host_prefill_type_scales: tuple[tuple[str, float], ...] = ()
     host_attn_scale: float = 1.0
     host_overhead_scale: float = 1.0
     gpu_bw_efficiency: float = 0.88
@@ -161,6 +180,7 @@ class SpeedConstants:
     gpu_layer_overhead_s: float = 71e-6
     pcie_efficiency: float = 0.8
     crossing_latency_s: float = 91e-6
+    host_moe_prefill_efficiency: float = 0.45
     #: RPC link defaults (no measurement, no --rpc-link): 1 Gbit/s Ethernet at ~94% goodput
     #: (TCP/IP over 1500-byte frames) and a 0.3 ms LAN round trip.
     rpc_link_bytes_s: float = 117.5e6
@@ -168,12 +188,30 @@ class SpeedConstants:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
+            if name == "host_prefill_type_scales":
+                for typ, v in value:
+                    if not (isinstance(typ, str) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                        raise SpeedModelError(f"prefill scale of {typ!r} must be a finite number > 0, not {v!r}")
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise SpeedModelError(f"speed constant {name} must be a finite number >= 0, not {value!r}")
 
     def scaled(self, **factors: float) -> "SpeedConstants":
-        """A copy with the named constants multiplied by ``factors``."""
-        return replace(self, **{k: getattr(self, k) * v for k, v in factors.items()})
+        """A copy with the named constants multiplied by ``factors``; a name
+        ``host_prefill_type:TYPE`` multiplies that weight type's prefill scale."""
+        types = dict(self.host_prefill_type_scales)
+        plain = {}
+        for k, v in factors.items():
+            if k.startswith(PREFILL_TYPE_PARAM):
+                typ = k[len(PREFILL_TYPE_PARAM):]
+                types[typ] = types.get(typ, 1.0) * v
+            else:
+                plain[k] = getattr(self, k) * v
+        return replace(self, host_prefill_type_scales=tuple(sorted(types.items())), **plain)
+
+    def prefill_scale(self, type_name: str) -> float:
+        """The host prefill rate factor for weights of ``type_name`` (dimensionless)."""
+        return self.host_prefill_scale * dict(self.host_prefill_type_scales).get(type_name, 1.0)
 
 
 @dataclass(frozen=True)
@@ -541,14 +579,23 @@ def _attn_dims(plan: MemoryPlan, il: int) -> tuple[int, int]:
     return m.n_head[il], m.head_dim_k_at(il) + m.head_dim_v_at(il)
 
 
-def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int) -> list[tuple[str, float, float, float]]:
-    """(type, bytes read per call, FLOPs per token, rows per matmul) of layer ``il``'s weights: an
-    expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least 1)."""
+def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int,
+                   moved: dict[int, list[tuple[str, TypedWeights]]] | None = None,
+                   ) -> list[tuple[str | None, str, float, float, float, bool]]:
+    """(device, type, bytes read per call, FLOPs per token, rows per matmul, expert?) of layer ``il``'s
+    weights: an expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least
+    1). ``device`` is None for weights on the layer's device, else where a tensor override put
+    them (``moved``: :func:`.weights.moved_weights`)."""
     share = s.expert_share(n_tokens_per_call)
     act = s.active_fraction()
     u = float(n_tokens_per_call)
-    return [(w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
-             max(1.0, u * act) if w.expert else u) for w in s.layers[il]]
+    groups: list[tuple[str | None, TypedWeights]] = [(None, w) for w in s.layers[il]]
+    for dev, mw in (moved or {}).get(il, ()):
+        groups = [(d, replace(w, bytes_=max(0, w.bytes_ - mw.bytes_), params=max(0, w.params - mw.params)))
+                  if d is None and (w.ggml_type, w.expert) == (mw.ggml_type, mw.expert) else (d, w) for d, w in groups]
+        groups.append((dev, mw))
+    return [(d, w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
+             max(1.0, u * act) if w.expert else u, w.expert) for d, w in groups if w.bytes_ or w.params]
 
 
 @dataclass(frozen=True)
@@ -568,13 +615,21 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     s = weight_summary(m)
     wdev, out_dev = _devices_of(plan)
     acc = _Acc(plan)
+    moved = moved_weights(m, plan.moves.device_of())
+    crossings = pcie = 0.0
     for il in range(m.n_layer):
-        for t, b, f, _ in _layer_weights(s, il, 1):
-            acc.weight(wdev[il], t, b, f)
+        away = set()
+        for dev, t, b, f, _, _ in _layer_weights(s, il, 1, moved):
+            acc.weight(dev or wdev[il], t, b, f)
+            if dev and dev != wdev[il]:
+                away.add(dev)
         acc.nl[wdev[il]] += 1
+        # a layer whose experts (or other tensors) sit on another device runs those ops there:
+        # the activations go there and back (ggml_backend_sched splits at each device change)
+        crossings += 2 * len(away)
+        pcie += 2 * 4.0 * m.n_embd * len(away)
     for w in s.output:
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
-    crossings = pcie = 0.0
     kv = []
     n_stream = max(1, plan.n_stream)
     for lk in plan.kv_layers:
@@ -644,7 +699,8 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
 def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                      constants: SpeedConstants | None = None) -> Workload:
     """The work of a prefill of ``n_prompt`` tokens after ``depth`` cached tokens, in ubatches
-    of ``plan.n_ubatch`` (formulas in the module docstring).
+    of ``plan.n_ubatch`` (formulas in the module docstring). Expert FLOPs computed on the host are
+    divided by ``constants.host_moe_prefill_efficiency`` (default constants when None).
 
     Raises:
         SpeedModelError: ``n_prompt`` below 1 or ``depth + n_prompt`` beyond ``n_ctx_seq``.
@@ -656,6 +712,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
         )
     m = plan.model
     s = weight_summary(m)
+    consts = constants or SpeedConstants()
     wdev, out_dev = _devices_of(plan)
     n_ub = max(1, plan.n_ubatch)
     n_calls = math.ceil(n_prompt / n_ub)
@@ -666,12 +723,25 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of >= 32 rows run on the GPU
     acc = _Acc(plan)
     pcie = crossings = 0.0
+    moved = moved_weights(m, plan.moves.device_of())
     for il in range(m.n_layer):
         run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
-        for t, b, f, rows in _layer_weights(s, il, u):
-            acc.weight(run_on, t, b * n_calls, f * n_prompt, rows)
-            if run_on != wdev[il]:
-                pcie += b * n_calls  # host weights copied to the GPU for every ubatch
+        for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
+            home = dev or wdev[il]
+            run = gpu0 if (offload and home == HOST) else home
+            if expert and run == HOST:
+                # ggml-cpu's MUL_MAT_ID takes one token row at a time per expert (ggml-cpu.c
+                # ggml_compute_forward_mul_mat_id_one_chunk: vec_dot per row pair in 16 x 16
+                # tiles; neither llamafile's sgemm nor the multi-row kernels of a dense MUL_MAT)
+                f /= consts.host_moe_prefill_efficiency
+            acc.weight(run, t, b * n_calls, f * n_prompt, rows)
+            if run != home:
+                # host weights copied to the GPU for every ubatch; of expert tensors only the
+                # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
+                pcie += b * n_calls
+            elif dev and dev != wdev[il] and not offload:
+                crossings += 2 * n_calls
+                pcie += 2 * 4.0 * m.n_embd * n_prompt
         acc.nl[run_on] += 1
     for w in s.output:  # logits of the last token only
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
@@ -746,7 +816,7 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:
             for typ, _, f, rows in d.weights:
-                t += f / (cpu.prefill_rate(typ, rows) * c.host_prefill_scale)
+                t += f / (cpu.prefill_rate(typ, rows) * c.prefill_scale(typ))
             t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
             t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
     except ProbeError as exc:

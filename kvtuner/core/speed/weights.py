@@ -165,3 +165,22 @@ def weight_summary(model: ModelProfile) -> WeightSummary:
     if [sum(w.bytes_ for w in g) for g in s.layers] != list(model.layer_bytes):
         return summary_from_profile(model)  # the file changed under the profile
     return s
+
+
+def moved_weights(model: ModelProfile, moved: dict[str, str]) -> dict[int, list[tuple[str, TypedWeights]]]:
+    """The weights tensor overrides moved off their layer's device, per repeating layer: ``{il:
+    [(device, TypedWeights)]}`` from the tensor table (``moved``: tensor name -> device, from
+    :attr:`kvtuner.core.plan.memory_plan.MemoryPlan.moves`). A caller takes them out of the
+    layer's :class:`WeightSummary` group of the same type and expert flag."""
+    if not moved:
+        return {}
+    out: dict[int, dict[tuple[str, str, bool], list[int]]] = {}
+    for t in model.tensors:
+        dev = moved.get(t.name)
+        m = _BLK.match(t.name)
+        if dev is None or not m:
+            continue
+        acc = out.setdefault(int(m.group(1)), {}).setdefault((dev, _type_name(t.ggml_type), "_exps." in t.name), [0, 0])
+        acc[0] += t.n_bytes
+        acc[1] += t.n_elements
+    return {il: [(d, TypedWeights(ty, b, p, e)) for (d, ty, e), (b, p) in sorted(g.items())] for il, g in out.items()}

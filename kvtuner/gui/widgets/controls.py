@@ -16,7 +16,7 @@ from typing import Any
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.model.ggml_types import KV_CACHE_TYPES
-from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig, resolve_server_defaults
 from ...core.plan.fields import config_field
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
@@ -134,6 +134,10 @@ class ConfigControls(QtWidgets.QGroupBox):
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__("Configuration", parent)
         self._base = PlanConfig()
+        self._n_ctx_train = 0  # what a context of 0 ("training") resolves to
+        self._auto_unified: bool | None = None  # kv_unified before -np "auto" set it
+        #: llama-server defaults resolved by the last config() ("ctx 0 -> 131072 (training context)")
+        self.resolved_notes: list[str] = []
         self._n_layer = 0
         self._ctx_values = ctx_slider_values(0)
         form = QtWidgets.QFormLayout(self)
@@ -146,7 +150,8 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.kv = _SliderEntry(_AllSpinBox())
         self.kv.setToolTip(config_field("kv_gpu_layers").tooltip())
         self.ctx = _SliderEntry()
-        self.ctx.spin.setRange(1, 1 << 24)
+        self.ctx.spin.setRange(0, 1 << 24)
+        self.ctx.spin.setSpecialValueText("training")  # llama-server's -c 0: the training context
         self.ctx.spin.setSingleStep(256)
         self.ctx.spin.setSuffix(" tok")
         self.ctx.setToolTip(config_field("n_ctx").tooltip() + "\nThe slider is logarithmic and snaps to powers of two "
@@ -178,7 +183,8 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.flash.setToolTip(config_field("flash_attn").tooltip())
         self.parallel = _SliderEntry()
         self.parallel.setRange(1, 16)
-        self.parallel.spin.setRange(1, 256)
+        self.parallel.spin.setRange(-1, 256)
+        self.parallel.spin.setSpecialValueText("auto")  # llama-server's -np -1: 4 slots, unified KV
         self.parallel.setToolTip(config_field("n_seq").tooltip())
         self.ubatch = QtWidgets.QSpinBox()
         self.ubatch.setRange(1, 8192)
@@ -186,8 +192,13 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ubatch.setKeyboardTracking(False)
         self.ubatch.setToolTip(config_field("n_ubatch").tooltip())
 
+        # MoE only (shown by set_model_layers): --n-cpu-moe, the experts of the first N layers in RAM
+        self.moe = _SliderEntry()
+        self.moe.setToolTip(config_field("n_cpu_moe").tooltip())
+
         self._labels = {}
         for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.slider), ("kv_gpu_layers", self.kv, self.kv.slider),
+                               ("n_cpu_moe", self.moe, self.moe.slider),
                                ("n_ctx", self.ctx, self.ctx.slider), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
                                ("n_seq", self.parallel, self.parallel.slider), ("n_ubatch", self.ubatch, self.ubatch)):
@@ -205,6 +216,7 @@ class ConfigControls(QtWidgets.QGroupBox):
 
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
+        self.moe.valueChanged.connect(self._emit)
         self.parallel.valueChanged.connect(self._emit)
         self.ubatch.valueChanged.connect(self._emit)
         self.type_k.currentTextChanged.connect(self._on_type_k_changed)
@@ -215,10 +227,16 @@ class ConfigControls(QtWidgets.QGroupBox):
 
     # -- model and config in -------------------------------------------------------------------
 
-    def set_model_layers(self, n_layer: int, n_ctx_train: int) -> None:
-        """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M)."""
+    def set_model_layers(self, n_layer: int, n_ctx_train: int, n_expert: int = 0) -> None:
+        """Adapt the ranges to a model: ``-ngl`` 0 .. n_layer + 1, context up to max(train, 1M);
+        ``n_ctx_train`` is what a context of 0 ("training") resolves to; the "MoE layers with
+        experts on CPU" slider (0 .. n_layer) only for a MoE model (``n_expert`` > 0)."""
         self._n_layer = n_layer
+        self._n_ctx_train = n_ctx_train
         self.ngl.setRange(0, n_layer + 1)
+        self.moe.setRange(0, n_layer)
+        for w in (self.moe, self._labels["n_cpu_moe"]):
+            w.setVisible(n_expert > 0)
         self._ctx_values = ctx_slider_values(n_ctx_train)
         self.ctx.slider.blockSignals(True)
         self.ctx.slider.setRange(0, len(self._ctx_values) - 1)
@@ -264,6 +282,7 @@ class ConfigControls(QtWidgets.QGroupBox):
                 w.setCurrentText(v)
                 w.blockSignals(False)
             self.parallel.setValue(config.n_seq)
+            self.moe.setValue(self._n_layer if config.cpu_moe else min(config.n_cpu_moe, self._n_layer))
             self.ubatch.blockSignals(True)
             self.ubatch.setValue(config.n_ubatch)
             self.ubatch.blockSignals(False)
@@ -288,6 +307,17 @@ class ConfigControls(QtWidgets.QGroupBox):
             "n_seq": self.parallel.value(),
             "n_ubatch": self.ubatch.value(),
         }
+        if not self.moe.isHidden() and not (self._base.cpu_moe and self.moe.value() >= self._n_layer):
+            changes["n_cpu_moe"] = self.moe.value()
+            changes["cpu_moe"] = False  # the slider now says how many layers
+        if self._auto_unified is not None and changes["n_seq"] != -1:
+            changes["kv_unified"] = self._auto_unified  # leaving "auto" restores the cache layout it replaced
+            self._auto_unified = None
+        self.resolved_notes = []
+        if changes["n_ctx"] == 0 or changes["n_seq"] == -1:
+            if changes["n_seq"] == -1 and self._auto_unified is None:
+                self._auto_unified = self._base.kv_unified
+            changes, self.resolved_notes = resolve_server_defaults(changes, self._n_ctx_train)
         return self._base.with_(**changes)
 
     def show_error(self, message: str | None) -> None:

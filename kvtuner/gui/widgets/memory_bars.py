@@ -1,4 +1,4 @@
-"""Stacked memory bars: per device, weights | repacked copy | KV | compute | output | overhead | free, against
+"""Stacked memory bars: per device, weights | MoE experts | repacked copy | KV | compute | output | overhead | free, against
 capacity. Figures a llama.cpp dry-run confirmed are marked "verified"."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from ...core.units import fmt_bytes
 #: Segment order, label and colour (Okabe-Ito; "free" drawn as an outline).
 SEGMENTS = (
     ("weights", "weights", "#0072B2"),
+    ("experts", "MoE experts", "#F0E442"),
     ("repack", "repacked copy", "#56B4E9"),
     ("kv", "KV cache", "#E69F00"),
     ("compute", "compute", "#009E73"),
@@ -40,6 +41,7 @@ class BarRow:
     free_bytes: int | None
     verified: frozenset[str] = frozenset()
     repack_bytes: int = 0  # the host's CPU_REPACK copy of repackable quantized weights
+    experts_bytes: int = 0  # MoE expert tensors here (not in weights_bytes: a segment of their own)
 
     def segment_bytes(self, key: str) -> int:
         """Bytes of segment ``key`` (``weights``, ``kv`` ...)."""
@@ -50,7 +52,8 @@ def row_from_device(device: object, verified: frozenset[str] = frozenset()) -> B
     """A :class:`BarRow` from a :class:`~kvtuner.core.plan.memory_plan.DevicePlan`."""
     d = device
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
-    return BarRow(caption=name, weights_bytes=d.weights_bytes, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
+    experts = getattr(d, "expert_bytes", 0)
+    return BarRow(caption=name, weights_bytes=d.weights_bytes - experts, experts_bytes=experts, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
                   output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes,
                   capacity_bytes=d.capacity_bytes, free_bytes=d.headroom_bytes, verified=verified,
                   repack_bytes=d.repack_bytes)
@@ -91,6 +94,8 @@ class MemoryBars(QtWidgets.QWidget):
         """Multi-line text of every segment (tooltip and accessibility)."""
         lines = [MemoryBars.caption(row)]
         for key, label, _ in SEGMENTS:
+            if key == "experts" and not row.experts_bytes:
+                continue
             mark = " (verified by llama.cpp)" if key in row.verified else ""
             lines.append(f"  {label}: {fmt_bytes(row.segment_bytes(key))}{mark}")
         return "\n".join(lines)
@@ -111,6 +116,8 @@ class MemoryBars(QtWidgets.QWidget):
         x = 1
         fm = p.fontMetrics()
         for key, label, color in SEGMENTS + (("free", "free", None),):
+            if key == "experts" and not any(r.experts_bytes for r in self.rows):
+                continue  # dense model: no experts entry
             p.fillRect(QtCore.QRect(x, 4, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base))
             p.setPen(text_color)
             p.drawRect(QtCore.QRect(x, 4, 10, 10))

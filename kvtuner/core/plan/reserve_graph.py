@@ -1,0 +1,483 @@
+"""llama.cpp's worst-case (reserve) graph for plain transformer layers, shape only.
+
+``llama_context::sched_reserve`` (src/llama-context.cpp) builds the prompt-processing graph for
+``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output, over a full KV cache, and the
+CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_graph.allocate`).
+:func:`transformer_reserve_bytes` rebuilds that graph:
+
+- the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
+  ``inp_embd`` of ``build_inp_embd`` (``ggml_build_forward_select``, PR 18550: allocated, never
+  freed), positions, per KV cache its K/V row indices and KQ mask (f16 with flash attention),
+  ``out_ids``; the Hadamard matrices of a quantized cache (llama-kv-cache.cpp ``attn_rot_k/v``);
+- the decoder layer of ``llm_build_llama`` (src/models/llama.cpp) and its relatives: Qwen2
+  biases, Qwen3/OLMoE Q/K norms, Phi-3's fused QKV and gate+up projections, Gemma 3 (scaled
+  embeddings, post-norms, scaled Q, iSWA caches), StableLM's LayerNorm with biases, DeciLM's
+  attention-free and "linear attention" layers;
+- ``build_attn`` / ``build_attn_mha``: Q, V, K expanded first (Q, K, V for iSWA), the cache
+  writes (``ggml_set_rows``; V transposed without flash attention, one index per element), then
+  flash attention or ``kq`` / ``soft_max`` / ``kqv``, f16 casts of an f32 cache;
+- ``build_ffn`` (SwiGLU/GeGLU) or ``build_moe_ffn`` (softmax routing, top-k ``argsort``,
+  ``mul_mat_id`` experts, the weighted sum of expert views; Qwen2-MoE's shared expert);
+- the last layer's ``get_rows`` of the output rows and the output norm and head.
+
+The node order and op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the
+vendored llama.cpp (llama-cpp-python 0.3.36), and the result equals llama.cpp's dry run to the
+printed 0.01 MiB on every configuration the tests cover for these architectures.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Sequence
+
+from .ggml_graph import Graph, Tensor, allocate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kv_cache import LayerKV
+    from ..model.profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One decoder layer: ``n_head`` / ``n_head_kv`` heads (``n_head_kv`` 0: no attention),
+    head sizes in elements, ``n_ff`` feed-forward width, ``n_kv`` KV cells it attends over."""
+
+    n_head: int
+    n_head_kv: int
+    head_k: int
+    head_v: int
+    n_ff: int
+    n_kv: int
+    swa: bool = False  # a sliding-window layer (the iSWA memory's SWA cache)
+    n_expert: int = 0  # experts of a mixture-of-experts FFN (0: dense, ``n_ff`` wide)
+    n_expert_used: int = 0  # experts per token
+    n_ff_exp: int = 0  # width of one expert
+    n_ff_shexp: int = 0  # width of the shared expert (Qwen2-MoE), 0: none
+    iswa: bool = False  # the model's memory is iSWA (build_attn expands Q, K, V in that order)
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """What the reserve graph of a plain transformer depends on (all counts, no bytes)."""
+
+    n_embd: int
+    n_vocab: int
+    layers: tuple[LayerShape, ...]
+    qkv_bias: bool = False  # Qwen2: bq, bk, bv added after the projections
+    qk_norm: bool = False  # Qwen3: RMS norms of Q and K per head
+    fused_qkv: bool = False  # Phi-3: one QKV projection
+    fused_up: bool = False  # Phi-3: one up+gate projection
+    q_scale: bool = False  # Phi-3, Gemma 3: Q scaled after RoPE
+    residual_first: bool = False  # Phi-3: l_out = residual + ffn_out
+    embd_scale: bool = False  # Gemma: scaled input embeddings
+    post_norms: bool = False  # Gemma 2/3: norms after attention and feed-forward
+    layer_norm: bool = False  # StableLM: LayerNorm (ggml_norm) instead of RMSNorm
+    attn_norm_bias: bool = False  # StableLM: norm biases (an in-place add after the weight)
+    ffn_norm_bias: bool = False
+    output_norm_bias: bool = False
+    k_f32: bool = False  # an f32 K cache (cast to f16 for flash attention)
+    v_f32: bool = False  # an f32 V cache (likewise)
+    moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
+    rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
+    rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
+
+
+def hadamard_size(head: int) -> int:
+    """Size of the Hadamard matrix llama.cpp rotates heads of ``head`` elements with: the largest
+    power of two dividing it (llama-kv-cache.cpp, ``attn_rot_hadamard``)."""
+    return head & -head if head > 0 else 0
+
+
+def attn_rotation(type_name: str, heads: Sequence[int]) -> bool:
+    """Whether llama.cpp rotates a cache of ``type_name`` over layers with head sizes ``heads``:
+    ``attn_rot_k = ggml_is_quantized(type_k) && n_embd_head_k_all > 0 && n_embd_head_k % 64 == 0``
+    (llama-kv-cache.cpp constructor, llama.cpp PR 21038; V likewise), i.e. a quantized type and one
+    head size for every layer, a multiple of 64."""
+    sizes = set(heads)
+    return type_name not in ("f32", "f16", "bf16") and len(sizes) == 1 and next(iter(sizes)) % 64 == 0
+
+
+def _weight(name: str, *ne: int) -> None:
+    """A weight: in the model's buffers, so left out of the graph (:meth:`Graph.op`)."""
+    return None
+
+
+def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: int) -> Tensor:
+    """``llm_graph_context::build_moe_ffn`` (llama-graph.cpp) with softmax gating and SwiGLU
+    experts: router logits and probabilities ``[n_expert, T]``, the top-k ``argsort`` and the
+    selected weights (normalized when ``moe_norm_w``), gate/up/down ``mul_mat_id``
+    ``[n_ff_exp | n_embd, n_expert_used, T]``, the weighted sum of the expert views."""
+    E, k = cur.ne[0], L.n_expert_used
+    logits = g.op("MUL_MAT", "ffn_moe_logits", (L.n_expert, T), None, cur)
+    probs = g.op("SOFT_MAX", "ffn_moe_probs", (L.n_expert, T), logits)
+    argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), probs, etype="i32")
+    topk = g.view(argsort, (k, T), (argsort.nb[1],))
+    weights = g.op("GET_ROWS", "ffn_moe_weights", (1, k, T), g.reshape(probs, 1, L.n_expert, T), topk)
+    if shape.moe_norm_w:
+        w2 = g.reshape(weights, k, T)
+        wsum = g.op("SUM_ROWS", "ffn_moe_weights_sum", (1, T), w2)
+        wsum = g.op("CLAMP", "ffn_moe_weights_sum_clamped", (1, T), wsum)
+        weights = g.reshape(g.op("DIV", "ffn_moe_weights_norm", (k, T), w2, wsum), 1, k, T)
+    g.expand(weights)
+    x = g.reshape(cur, E, 1, T)
+    up = g.op("MUL_MAT_ID", "ffn_moe_up", (L.n_ff_exp, k, T), None, x, topk)
+    gate = g.op("MUL_MAT_ID", "ffn_moe_gate", (L.n_ff_exp, k, T), None, x, topk)
+    act = g.op("GLU", "ffn_moe_swiglu", (L.n_ff_exp, k, T), gate, up)
+    experts = g.op("MUL_MAT_ID", "ffn_moe_down", (E, k, T), None, act, topk)
+    experts = g.op("MUL", "ffn_moe_weighted", (E, k, T), experts, weights)
+    g.expand(experts)
+    views = [g.view(experts, (E, T), (experts.nb[2],), i * experts.nb[1]) for i in range(k)]
+    for v in views:
+        g.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = g.op("ADD", "ffn_moe_add", (E, T), out, v)
+        g.expand(out)
+    if k == 1:
+        out = g.op("CONT", "ffn_moe_out", (E, T), out)
+    if L.n_ff_shexp:  # qwen2moe.cpp: a dense shared expert times sigmoid(gate_inp_shexp x), added
+        gate = g.op("MUL_MAT", "ffn_gate", (L.n_ff_shexp, T), None, cur)
+        up = g.op("MUL_MAT", "ffn_up", (L.n_ff_shexp, T), None, cur)
+        sh = g.op("MUL_MAT", "ffn_shexp", (E, T), None, g.op("GLU", "ffn_swiglu", (L.n_ff_shexp, T), gate, up))
+        gi = g.op("MUL_MAT", "ffn_shexp_gate_inp", (1, T), None, cur)
+        sg = g.op("DIV", "ffn_shexp_gate", (1, T), g.op("UNARY", "silu", (1, T), gi), gi)
+        out = g.op("ADD", "ffn_out", (E, T), out, g.op("MUL", "ffn_shexp_out", (E, T), sh, sg))
+    return out
+
+
+def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+    g = Graph()
+    T, E = n_tokens, shape.n_embd
+    # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per stream, so
+    # n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 streams); n_outputs = n_tokens
+    ns_ = max(1, n_stream)
+    tps = -(-T // ns_)
+    n_out = T
+    T = tps * ns_
+    ns = max(1, n_stream)
+    tok = g.input("inp_tokens", (T,), "i32")
+    embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
+    # build_inp_embd keeps both inputs in the graph (ggml_build_forward_select, llama.cpp PR 18550):
+    # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
+    g.expand(embd)
+    g.expand(g.input("inp_embd", (E, T), "f32"))
+    pos = g.input("inp_pos", (T,), "i32")
+    masks: dict[int, Tensor] = {}
+    k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
+    v_idx_cache: dict[int, Tensor] = {}
+    out_ids = g.input("out_ids", (n_out,), "i32")
+    cache_inputs: dict[bool, dict[str, Tensor]] = {}
+    def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
+        """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
+        m = cache_input(swa, f"attn_inp_{which}_rot", (size, size), "f32")
+        n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
+        r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
+        return g.reshape(r, *x.ne)
+    norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
+    inpL = embd
+    if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
+        inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
+    n_layer = len(shape.layers)
+
+    def cache_input(swa: bool, name: str, ne: tuple[int, ...], etype: str) -> Tensor:
+        """One input per KV cache (the sliding-window cache of an iSWA memory has its own)."""
+        d = cache_inputs.setdefault(swa, {})
+        if name not in d:
+            d[name] = g.input(name, ne, etype)
+        return d[name]
+
+    for il, L in enumerate(shape.layers):
+        inpSA = inpL
+        w = _weight
+        if L.n_head == 0:  # deci.cpp: an attention-free layer (Llama-3.1-Nemotron-51B)
+            cur = inpL
+        else:
+            cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
+        if shape.attn_norm_bias:
+            cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
+        if L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
+            cur = g.op("MUL_MAT", f"wo-{il}", (E, T), None, cur)
+        elif L.n_head_kv > 0:
+            hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
+            if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
+                qkv = g.op("MUL_MAT", f"wqkv-{il}", (hk * H + hk * Hkv + hv * Hkv, T),
+                           w("attn_qkv", E, hk * H + 2 * hk * Hkv), cur)
+                q = g.view(qkv, (hk, H, T), (hk * 4, qkv.nb[1]), 0)
+                k = g.view(qkv, (hk, Hkv, T), (hk * 4, qkv.nb[1]), 4 * hk * H)
+                v = g.view(qkv, (hv, Hkv, T), (hv * 4, qkv.nb[1]), 4 * (hk * H + hk * Hkv))
+            else:
+                q = g.op("MUL_MAT", f"Qcur-{il}", (hk * H, T), w("attn_q", E, hk * H), cur)
+                k = g.op("MUL_MAT", f"Kcur-{il}", (hk * Hkv, T), w("attn_k", E, hk * Hkv), cur)
+                v = g.op("MUL_MAT", f"Vcur-{il}", (hv * Hkv, T), w("attn_v", E, hv * Hkv), cur)
+                if shape.qkv_bias:
+                    q = g.op("ADD", f"Qcur-{il}", q.ne, q, w("attn_q.bias", hk * H))
+                    k = g.op("ADD", f"Kcur-{il}", k.ne, k, w("attn_k.bias", hk * Hkv))
+                    v = g.op("ADD", f"Vcur-{il}", v.ne, v, w("attn_v.bias", hv * Hkv))
+                q = g.reshape(q, hk, H, T)
+                k = g.reshape(k, hk, Hkv, T)
+                v = g.reshape(v, hv, Hkv, T)
+            if shape.qk_norm:
+                q = g.op("MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk))
+                k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
+            q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
+            k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
+            if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
+                q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
+            # build_attn (llama-graph.cpp): the Hadamard rotations of a quantized cache, then
+            # Q, V, K expanded in that order (iSWA caches: Q, K, V), then the cache writes
+            if shape.rot_k:
+                q = rotate(q, shape.rot_k, "k", L.swa)
+            if shape.rot_v:
+                v = rotate(v, shape.rot_v, "v", L.swa)
+            if shape.rot_k:
+                k = rotate(k, shape.rot_k, "k", L.swa)
+            g.expand(q)
+            if L.iswa:
+                g.expand(k)
+                g.expand(v)
+            else:
+                g.expand(v)
+                g.expand(k)
+            n_kv = L.n_kv
+            sw = L.swa
+            cache_k = g.leaf(f"cache_k_l{il}", (hk * Hkv, n_kv * ns), "f16")
+            cache_v = g.leaf(f"cache_v_l{il}", (hv * Hkv, n_kv * ns), "f16")
+            k_idxs = cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
+            kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
+            g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
+            if flash_attn:
+                vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
+                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
+                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
+            else:
+                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T * hv * Hkv,), "i64")
+                vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), 1, T * hv * Hkv)
+                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
+                                      g.reshape(cache_v, 1, hv * Hkv * n_kv * ns), vr, v_idxs))
+            mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
+            if not any(t is mask for t, _, _ in g.kv_sized):
+                g.kv_sized.append((mask, sw, 0))
+            qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
+            kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
+            if flash_attn:
+                vview = g.permute(g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)),
+                                  0, 2, 1, 3)
+                # build_attn_mha: an f32 cache is cast to f16 for flash attention (ggml_cast: a new
+                # tensor, its own second source)
+                if shape.k_f32:
+                    kview = g.cast_f16(kview)
+                    g.kv_sized.append((kview, sw, 1))
+                if shape.v_f32:
+                    vview = g.cast_f16(vview)
+                    g.kv_sized.append((vview, sw, 1))
+                fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
+                attn = g.reshape(fa, hv * H, T)
+                if shape.rot_v:
+                    attn = rotate(attn, shape.rot_v, "v", L.swa)
+            else:
+                vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
+                kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
+                sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+                g.kv_sized += [(kq, sw, 0), (sm, sw, 0)]
+                kq = sm
+                kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
+                perm = g.permute(kqv, 0, 2, 1, 3)
+                attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
+            cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
+        Tc = T
+        if il == n_layer - 1:  # the output rows only (out_ids: n_outputs of them)
+            Tc = n_out
+            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
+            inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
+        if shape.post_norms:
+            cur = g.op("MUL", f"attn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
+                       w("post_attention_norm", E))
+        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, Tc), cur, inpSA) if L.n_head > 0 else cur
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, Tc), g.op(norm_op, f"norm-{il}", (E, Tc), ffn_inp), w("ffn_norm", E))
+        if shape.ffn_norm_bias:
+            cur = g.op("ADD", f"ffn_norm-{il}", (E, Tc), cur, None)
+        if L.n_expert:
+            cur = _moe_ffn(g, shape, L, cur, Tc)
+        elif L.n_ff > 0:
+            if shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, Tc), w("ffn_up", E, 2 * L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), up)
+            else:
+                gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, Tc), w("ffn_gate", E, L.n_ff), cur)
+                up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, Tc), w("ffn_up", E, L.n_ff), cur)
+                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up)
+            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), w("ffn_down", L.n_ff, E), act)
+        if shape.post_norms:
+            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), cur),
+                       w("post_ffw_norm", E))
+        if shape.residual_first:
+            cur = g.op("ADD", f"l_out-{il}", (E, Tc), ffn_inp, cur)
+        else:
+            cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, ffn_inp)
+        inpL = cur
+    result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
+    if shape.output_norm_bias:
+        result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
+    result_norm.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
+@lru_cache(maxsize=256)
+def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> int:
+    """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
+    prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams.
+
+    Cached per shape and configuration. The whole graph is placed: cutting repeated layers to a
+    few periods is *not* exact (the allocator's free list keeps changing for many layers: 5 of 300
+    random shapes differed with four periods kept), and exactness is the point. The graph itself
+    depends on the KV cell counts only through the masks and scores, so it is built once per
+    shape and resized (:func:`_template`); a new context then costs one allocation pass, ~1 ms
+    for 32 layers (benchmarks/compute_accuracy.py ``--timing``).
+    """
+    kv = {}
+    for L in shape.layers:
+        if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
+            return allocate(_build(shape, n_tokens, n_stream, flash_attn))  # per-layer sizes: no template
+    template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
+    with _TEMPLATE_LOCK:
+        g = _template(template, n_tokens, n_stream, flash_attn)
+        for t, swa, dim in g.kv_sized:
+            t.resize(kv[swa], dim)
+        return allocate(g)
+
+
+_TEMPLATE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=8)
+def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+    """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
+    shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
+    return _build(shape, n_tokens, n_stream, flash_attn)
+
+
+#: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
+#: (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp, gemma3.cpp); traits that depend on the
+#: file (biases, Q/K norms, fused projections) are read from its tensor names
+EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "phi3": {"q_scale": True, "residual_first": True},
+    "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
+    "olmoe": {},
+    "qwen3moe": {},
+    "qwen2moe": {},
+    "stablelm": {"layer_norm": True},
+    "deci": {},
+}
+
+#: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
+#: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
+#: true; olmoe.cpp false)
+MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
+
+
+_FACTS: dict[int, tuple[object, tuple]] = {}
+
+
+def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[int, int], set[str]]:
+    """Layer 0's tensor names (without ``blk.0.``), each layer's ``ffn_up_exps`` shape and shared
+    expert width, and the names outside the blocks; remembered per tensor table (a plan runs per
+    slider move)."""
+    hit = _FACTS.get(id(tensors))
+    if hit is not None and hit[0] is tensors:
+        return hit[1]  # type: ignore[return-value]
+    names = {t.name[len("blk.0."):] for t in tensors if t.name.startswith("blk.0.")}
+    moe_layers = {int(t.name.split(".")[1]): tuple(t.shape) for t in tensors
+                  if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
+    shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in tensors
+                if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
+    top = {t.name for t in tensors if not t.name.startswith("blk.")}
+    if len(_FACTS) > 16:
+        _FACTS.clear()
+    _FACTS[id(tensors)] = (tensors, (names, moe_layers, shexp_ff, top))
+    return names, moe_layers, shexp_ff, top
+
+
+def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
+                      type_v: str = "f16") -> TransformerShape | None:
+    """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
+    rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES`, dense (no experts),
+    every layer with its own KV (no shared KV, recurrent state or MTP block; sliding-window layers
+    only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
+    extra = EXACT_ARCHITECTURES.get(model.architecture)
+    st = model.structure
+    if extra is None or st.is_mla or st.recurrent_layers:
+        return None
+    rows = st.layers
+    if len(rows) != model.n_layer or any(r.reuse >= 0 or r.nextn for r in rows):
+        return None
+    if any(not r.kv and (model.architecture != "deci" or model.n_head_kv[r.il] > 0) for r in rows):
+        return None  # a layer without KV: only deci's attention-free and "linear attention" layers
+    if any(r.swa for r in rows) and model.architecture != "gemma3":
+        return None
+    names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
+    if "ffn_norm.weight" not in names:
+        return None  # parallel residual (StableLM 2 without ffn_norm), or no feed-forward norm: not rebuilt
+    flags = dict(extra)
+    flags["fused_qkv"] = "attn_qkv.weight" in names
+    flags["fused_up"] = "ffn_gate.weight" not in names
+    flags["qkv_bias"] = "attn_q.bias" in names
+    flags["qk_norm"] = "attn_q_norm.weight" in names
+    flags["attn_norm_bias"] = "attn_norm.bias" in names
+    flags["ffn_norm_bias"] = "ffn_norm.bias" in names
+    flags["output_norm_bias"] = "output_norm.bias" in top
+    if flags["qk_norm"] and flags.get("layer_norm"):
+        return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
+    known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
+             "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+             "post_attention_norm.weight", "post_ffw_norm.weight", "attn_norm.bias", "ffn_norm.bias",
+             "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
+             "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    if names & shexp and (model.architecture != "qwen2moe" or not shexp <= names):
+        return None
+    moe = "ffn_gate_inp.weight" in names
+    if moe:
+        flags["fused_up"] = False
+        if not {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"} <= names:
+            return None
+        if model.architecture not in MOE_NORM_W:
+            return None
+        flags["moe_norm_w"] = MOE_NORM_W[model.architecture]
+    if not names <= known or flags["fused_up"] and model.architecture != "phi3":
+        return None
+    if moe and len(moe_layers) != model.n_layer:
+        return None
+    if flags["fused_qkv"] and model.architecture != "phi3":
+        return None
+    cells = {l.il: l.cells for l in kv_layers}
+    if len(cells) != sum(r.kv for r in rows):
+        return None
+    ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 0)
+    ffs = [int(x) for x in ff] if isinstance(ff, tuple) else [int(ff) if isinstance(ff, int) else 0] * model.n_layer
+    iswa = st.is_iswa
+    if model.architecture == "deci" and 0 in ffs:
+        return None  # deci.cpp skips the rest of an FFN-free layer ("continue"): not rebuilt
+    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells.get(il, 0),
+                              swa=r.swa and iswa, iswa=iswa,
+                              n_expert=int(moe_layers[il][2]) if moe else 0,
+                              n_expert_used=model.n_expert_used if moe else 0,
+                              n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
+                   for il, r in enumerate(rows))
+    type_k, type_v = type_k.lower(), type_v.lower()
+    kv_layers_ = [l for l in layers if l.n_head_kv > 0]
+    if not kv_layers_:
+        return None
+    rot_k = hadamard_size(kv_layers_[0].head_k) if attn_rotation(type_k, [l.head_k for l in kv_layers_]) else 0
+    # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
+    rot_v = 64 if attn_rotation(type_v, [l.head_v for l in kv_layers_]) else 0
+    return TransformerShape(model.n_embd, model.n_vocab, layers, rot_k=rot_k, rot_v=rot_v,
+                            k_f32=type_k == "f32", v_f32=type_v == "f32", **flags)

@@ -1,0 +1,72 @@
+"""Desktop app: llama-server's defaults and the structure probe, as the CLI has them (issue 10).
+
+The context box accepts 0 ("training": the model's training context) and the parallel box -1
+("auto": 4 slots with a unified KV cache), resolved like ``kvtuner plan --ctx 0 -np -1`` and said
+in the status bar; leaving "auto" restores the cache layout it replaced. A model whose layer
+structure kvtuner's rules do not cover is probed in the installed llama.cpp off the GUI thread,
+and the plan stops saying "approximate". Offscreen Qt widgets; the probe needs llama-cpp-python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+import gguf_families as F  # noqa: E402
+from gguf_factory import write_model  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+
+
+def _window(qtbot, tmp_path: Path, model: Path | None = None) -> MainWindow:
+    make_app()
+    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
+                   sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(model)
+    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+    return w
+
+
+def test_ctx_0_is_the_training_context_and_np_auto_is_four_unified_slots(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path)
+    n_ctx_train = w.model.n_ctx_train
+    assert n_ctx_train > 0
+    w.controls.ctx.spin.setValue(0)
+    assert w.controls.ctx.spin.text() == "training"
+    assert w._config.n_ctx == n_ctx_train == w.plan.n_ctx
+    assert w.controls.resolved_notes == [f"ctx 0 -> {n_ctx_train} (training context)"]
+    assert "training context" in w.status.currentMessage()
+
+    assert not w._config.kv_unified
+    w.controls.parallel.spin.setValue(-1)
+    assert w.controls.parallel.spin.text() == "auto"
+    assert (w._config.n_seq, w._config.kv_unified) == (4, True)
+    assert w.plan.kv_caches[0].n_stream == 1  # one unified stream
+    w.controls.ubatch.setValue(256)  # another change keeps "auto" resolved
+    assert (w._config.n_seq, w._config.kv_unified, w._config.n_ubatch) == (4, True, 256)
+    w.controls.parallel.spin.setValue(2)
+    assert (w._config.n_seq, w._config.kv_unified) == (2, False)  # leaving auto restores split streams
+
+
+@pytest.mark.llama
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_an_untested_architecture_is_probed_and_stops_being_approximate(qtbot, tmp_path):
+    path = write_model(tmp_path / "granite-swa.gguf", F.granite_swa())
+    w = _window(qtbot, tmp_path, path)
+    qtbot.waitUntil(lambda: not any(x.startswith("approximate") for x in w.plan.warnings), timeout=60_000)
+    assert w.model.architecture == "granite_swa"
+    assert w.model.structure.source == "approximate"  # kvtuner's own rule: untested
+    assert w.session.planned_model().structure.source == "probe"  # llama.cpp's, read by the probe
+    assert not w.session.needs_structure_probe
