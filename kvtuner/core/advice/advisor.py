@@ -159,7 +159,10 @@ def fix_flags(fix: dict[str, object]) -> str:
 
 def _hardware(plan: MemoryPlan) -> tuple[list[GpuSpec], HostSpec | None]:
     """GpuSpecs and HostSpec that reproduce ``plan``'s devices for re-planning."""
-    gpus = [GpuSpec(name=d.name, total_bytes=d.capacity_bytes or 0, free_bytes=d.free_bytes, index=int(d.device[4:] or 0))
+    # CUDA<i>, or RPC<i>[host:port] for an rpc-server's device (GpuSpec.device)
+    gpus = [GpuSpec(name=d.name, total_bytes=d.capacity_bytes or 0, free_bytes=d.free_bytes,
+                    index=int(d.device[3:d.device.index("[")] if d.endpoint is not None else (d.device[4:] or 0)),
+                    endpoint=d.endpoint)
             for d in plan.gpus]
     h = plan.host
     host = HostSpec(total_bytes=h.capacity_bytes, available_bytes=h.free_bytes) if h.capacity_bytes else None
@@ -186,7 +189,7 @@ class _Ctx:
         if key not in self._plans:
             cfg = self.config(fix)
             try:
-                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host) if cfg else None
+                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split) if cfg else None
             except ConfigError:
                 self._plans[key] = None
         return self._plans[key]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..plan.config import PlanConfig
 from ._common import (
@@ -59,6 +59,8 @@ def export(
     gpu_buffer_type: str = "CUDA0",
     binary: str | None = None,
     note: str | None = None,
+    split: Any = None,
+    rpc: Sequence[str] = (),
 ) -> ExportResult:
     """Export ``config`` for ``model_path`` to ``target``.
 
@@ -76,6 +78,9 @@ def export(
         gpu_buffer_type: llama.cpp buffer type for ``-ot`` in a partial KV split (``CUDA0``).
         binary: the llama-server / llama-cli executable to write (default: the target name).
         note: free text stored in a profile.
+        split: ``-sm`` / ``-ts`` / ``-mg`` (:class:`~kvtuner.core.plan.placement.DeviceSplit`) for
+            the llama-server / llama-cli line; None: llama.cpp's default.
+        rpc: ``host:port`` of each rpc-server, in order (``--rpc``; llama-server / llama-cli).
 
     Raises:
         ExportError: an unknown target, a model that cannot be read when needed, or a
@@ -103,7 +108,8 @@ def export(
         return identity().n_layer
 
     if target in ("llama-server", "llama-cli"):
-        return llama_server.render(path, config, n_layer, binary=binary or target, gpu_buffer_type=gpu_buffer_type)
+        return llama_server.render(path, config, n_layer, binary=binary or target, gpu_buffer_type=gpu_buffer_type,
+                                   split=split, rpc=rpc)
     if target == "llama-cpp-python":
         return llama_cpp_python.render_snippet(path, config, n_layer)
     if target == "llama-cpp-python-json":

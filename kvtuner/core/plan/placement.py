@@ -20,11 +20,12 @@ memory. Checked on a GPU: memory layout checked on an H200 (llama-cpp-python 0.3
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from .config import ALL_LAYERS, ConfigError, PlanConfig, parse_override
 
@@ -182,3 +183,128 @@ def _layer_placement(config: PlanConfig, n_layer: int | Callable[[], int], devic
         experimental=True,
         override_layers=moved,
     )
+
+
+# ------------------------------------------------------------------------------ several devices
+#: llama.cpp's split modes (``-sm``, common/arg.cpp; ``llama_split_mode`` in include/llama.h).
+#: ``tensor`` (the experimental meta device) is not planned: :class:`DeviceSplit` refuses it.
+SPLIT_MODES = ("none", "layer", "row")
+#: ``llama_max_devices()`` (src/llama.cpp: ``LLAMA_MAX_DEVICES``, 16); common/arg.cpp refuses a
+#: ``-ts`` list of that many entries or more.
+LLAMA_MAX_DEVICES = 16
+
+
+@dataclass(frozen=True)
+class DeviceSplit:
+    """How the offloaded layers are spread over several devices (``-sm``, ``-ts``, ``-mg``).
+
+    Attributes:
+        split_mode: ``layer`` (default: whole layers per device, each layer's KV with it),
+            ``none`` (only device ``main_gpu``) or ``row`` (planned like ``layer``; see
+            :func:`device_layer_split`).
+        tensor_split: proportions per device (``-ts 3,1``), in llama.cpp's device order (RPC
+            servers first, then local GPUs); None: by each device's free memory.
+        main_gpu: ``-mg``, an index into that device order (the single device with ``none``).
+
+    Raises:
+        ConfigError: a negative or non-finite share, an all-zero or too long ``-ts``, an unknown
+            mode, or a negative ``-mg`` (one line each, saying what to change).
+    """
+
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] | None = None
+    main_gpu: int = 0
+
+    def __post_init__(self) -> None:
+        if self.split_mode == "tensor":
+            raise ConfigError("--split-mode tensor (llama.cpp's experimental meta device) is not planned: use layer, row or none")
+        if self.split_mode not in SPLIT_MODES:
+            raise ConfigError(f"--split-mode must be none, layer or row, not '{self.split_mode}'")
+        if self.tensor_split is not None:
+            ts = tuple(float(x) for x in self.tensor_split)
+            object.__setattr__(self, "tensor_split", ts)
+            if any(not (x >= 0.0) or x == float("inf") for x in ts):
+                raise ConfigError(f"--tensor-split shares must be finite and 0 or more, not {','.join(f'{x:g}' for x in ts)}")
+            if len(ts) >= LLAMA_MAX_DEVICES:
+                raise ConfigError(f"--tensor-split has {len(ts)} entries; llama.cpp takes fewer than {LLAMA_MAX_DEVICES}")
+            if not any(ts):
+                raise ConfigError("--tensor-split is all zeros: give a positive share to at least one device, or leave it out")
+        if self.main_gpu < 0:
+            raise ConfigError(f"--main-gpu must be a device index, 0 or more, not {self.main_gpu}")
+
+    def flags(self) -> list[str]:
+        """llama.cpp's flags for this split (``-sm row -ts 3,1 -mg 1``); the defaults write nothing."""
+        out: list[str] = []
+        if self.split_mode != "layer":
+            out += ["-sm", self.split_mode]
+        if self.tensor_split is not None:
+            out += ["-ts", ",".join(f"{x:g}" for x in self.tensor_split)]
+        if self.main_gpu != 0:
+            out += ["-mg", str(self.main_gpu)]
+        return out
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to an IEEE float32, as llama.cpp holds the split points (``std::vector<float>``)."""
+    import struct
+
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def split_devices(n_devices: int, split: DeviceSplit) -> list[int]:
+    """Indices of the devices llama.cpp keeps, in its order (src/llama.cpp
+    ``llama_prepare_model_devices``): all of them, or with ``-sm none`` only ``main_gpu``.
+
+    Raises:
+        ConfigError: ``-sm none`` with ``-mg`` past the last device (llama.cpp: "invalid value for
+            main_gpu"), or a ``-ts`` whose length is not the device count (llama.cpp silently
+            ignores extra shares and gives missing ones 0; kvtuner asks for one share per device).
+    """
+    if split.tensor_split is not None and n_devices and len(split.tensor_split) != n_devices:
+        raise ConfigError(
+            f"--tensor-split has {len(split.tensor_split)} shares for {n_devices} devices "
+            "(RPC servers first, then local GPUs): give one share per device")
+    if split.split_mode == "none" and n_devices:
+        if split.main_gpu >= n_devices:
+            raise ConfigError(f"--main-gpu {split.main_gpu} is past the last of the {n_devices} devices: use 0 to {n_devices - 1}")
+        return [split.main_gpu]
+    return list(range(n_devices))
+
+
+def device_layer_split(n_layer: int, n_gpu_layers: int, shares: Sequence[float]) -> list[int | None]:
+    """Device index of layers ``0..n_layer`` (the last entry is the output layer), None for the CPU.
+
+    src/llama-model.cpp ``load_tensors``: the split points are the cumulative ``shares`` (``-ts``,
+    or each device's free memory when ``-ts`` is absent or all zero) normalised by their sum, held
+    as ``float``; with ``i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0)`` and
+    ``act_gpu_layers = min(n_gpu_layers, n_layer + 1)`` layer ``il >= i_gpu_start`` goes to
+    ``upper_bound(splits, float(il - i_gpu_start) / act_gpu_layers)``. The output layer is
+    ``il = n_layer`` and so lands on the LAST device holding layers; the input embedding stays on
+    the CPU. ``-sm row`` assigns layers (norms, KV, the output layer) by the same rule; llama.cpp
+    then splits each layer's matrices by rows over all CUDA devices (``make_gpu_buft_list``, CUDA's
+    split buffer type) - kvtuner plans row mode as layer mode and says so.
+
+    Args:
+        n_layer: repeating layers.
+        n_gpu_layers: offloaded layers, output layer included (-1: all).
+        shares: one non-negative weight per device kept (:func:`split_devices`).
+    """
+    if not shares:
+        return [None] * (n_layer + 1)
+    ngl = n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
+    splits: list[float] = []
+    acc = 0.0
+    for s in shares:
+        acc = _f32(acc + _f32(s))
+        splits.append(acc)
+    splits = [_f32(s / acc) for s in splits]
+    i_gpu_start = max(n_layer + 1 - ngl, 0)
+    act = min(ngl, n_layer + 1)
+    out: list[int | None] = []
+    for il in range(n_layer + 1):
+        if il < i_gpu_start or (il - i_gpu_start) >= act:
+            out.append(None)
+        else:
+            k = bisect.bisect_right(splits, _f32(_f32(il - i_gpu_start) / act))
+            out.append(min(k, len(shares) - 1))  # .at() would throw past the end; float sums end at 1.0
+    return out

@@ -9,6 +9,16 @@ Decode (one token at KV depth ``D``)::
 
     t_decode(D) = sum_dev t_dev + pcie_bytes / (pcie_bw * pcie_efficiency) + n_crossings * crossing_latency_s
                   + token overhead (host: the probe's token_s; with a GPU: gpu_token_overhead_s)
+                  + sum over RPC crossings (rtt + activation bytes / link)             (network)
+
+    RPC devices (llama.cpp's RPC backend, ggml-rpc.cpp): every step in or out of an rpc-server's
+    device sends the activations over the network - a hidden state of n_embd f32 per token
+    (``ggml_backend_sched`` copies the split's input tensor; ``RPC_CMD_SET_TENSOR`` /
+    ``RPC_CMD_GRAPH_COMPUTE`` / ``RPC_CMD_GET_TENSOR``), so a crossing costs one round trip plus
+    4 x n_embd x tokens bytes at the link's throughput. Round trip: measured by kvtuner's RPC
+    query (``RPC_CMD_DEVICE_COUNT``, median of 5) or :attr:`SpeedConstants.rpc_rtt_s`; throughput:
+    ``--rpc-link`` or :attr:`SpeedConstants.rpc_link_bytes_s` (1 Gbit/s Ethernet). An RPC device
+    computes at the rates of the catalogue card it is (``host:port=RTX 3090``) or the nearest in size.
     host:  t_dev = sum_T bytes_T / decode_bytes_s[T]                          (probe, per weight type T)
                    + max(sum_hd head_cells_hd * attn_decode_s[hd], kv_bytes / stream_bytes_s)
                                                                                 (probe per head size hd)
@@ -171,6 +181,10 @@ class SpeedConstants:
     pcie_efficiency: float = 0.8
     crossing_latency_s: float = 91e-6
     host_moe_prefill_efficiency: float = 0.45
+    #: RPC link defaults (no measurement, no --rpc-link): 1 Gbit/s Ethernet at ~94% goodput
+    #: (TCP/IP over 1500-byte frames) and a 0.3 ms LAN round trip.
+    rpc_link_bytes_s: float = 117.5e6
+    rpc_rtt_s: float = 3e-4
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -223,20 +237,24 @@ class DeviceRates:
     fp16_flop_s: float | None = None
     int8_op_s: float | None = None
     cpu: CpuRates | None = None
+    link_bytes_s: float | None = None
+    link_rtt_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
         return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "flop_s": self.flop_s,
                 "pcie_bandwidth_bytes_s": self.pcie_bandwidth_bytes_s, "source": self.source,
                 "fp16_flop_s": self.fp16_flop_s, "int8_op_s": self.int8_op_s,
-                "cpu": self.cpu.to_dict() if self.cpu else None}
+                "cpu": self.cpu.to_dict() if self.cpu else None,
+                "link_bytes_s": self.link_bytes_s, "link_rtt_s": self.link_rtt_s}
 
     @classmethod
     def from_dict(cls, device: str, d: dict[str, Any]) -> "DeviceRates":
         """Inverse of :meth:`to_dict` (KeyError/TypeError/ValueError when malformed)."""
         cpu = CpuRates.from_dict(d["cpu"]) if d.get("cpu") else None
         return cls(device, float(d["bandwidth_bytes_s"]), d.get("flop_s"), d.get("pcie_bandwidth_bytes_s"),
-                   str(d.get("source", "")), d.get("fp16_flop_s"), d.get("int8_op_s"), cpu)
+                   str(d.get("source", "")), d.get("fp16_flop_s"), d.get("int8_op_s"), cpu,
+                   d.get("link_bytes_s"), d.get("link_rtt_s"))
 
 
 @dataclass(frozen=True)
@@ -375,8 +393,12 @@ def gpu_rates(gpu: GpuSpec) -> DeviceRates:
     pcie = gpu.pcie_bandwidth_bytes_s or entry.pcie_bandwidth_bytes_s
     src.append("PCIe from NVML" if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if) else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}")
     src.append(f"tensor rates of the {entry.name}" + ("" if own else " (nearest catalogue card)"))
+    if gpu.endpoint is not None:
+        src.append(f"RPC link to {gpu.endpoint}: " + ("round trip measured" if gpu.link_rtt_s else "round trip assumed")
+                   + (", throughput given" if gpu.link_bytes_s else ", throughput assumed"))
     return DeviceRates(gpu.device, float(bw), entry.fp32_flop_s, float(pcie), ", ".join(src),
-                       entry.fp16_tensor_flop_s if entry.has_int8_tensor_cores else entry.fp32_flop_s, entry.int8_op_s)
+                       entry.fp16_tensor_flop_s if entry.has_int8_tensor_cores else entry.fp32_flop_s, entry.int8_op_s,
+                       link_bytes_s=gpu.link_bytes_s, link_rtt_s=gpu.link_rtt_s)
 
 
 def host_rates(host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None,
@@ -480,7 +502,8 @@ class Workload:
     """The work of one decode step, or of one whole prefill (``n_tokens`` tokens).
 
     ``n_crossings``: device crossings; ``pcie_bytes``: bytes over PCIe; ``n_calls``: llama_decode
-    graph evaluations (ubatches); ``n_layer``: repeating layers.
+    graph evaluations (ubatches); ``n_layer``: repeating layers; ``net``: per RPC device
+    ``(device, crossings, bytes)`` sent over the network to or from it.
     """
 
     phase: str  # "decode" | "prefill"
@@ -490,18 +513,20 @@ class Workload:
     pcie_bytes: float
     n_calls: int
     n_layer: int
+    net: tuple[tuple[str, float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
         return {"phase": self.phase, "n_tokens": self.n_tokens, "devices": [d.to_dict() for d in self.devices],
                 "n_crossings": self.n_crossings, "pcie_bytes": self.pcie_bytes, "n_calls": self.n_calls,
-                "n_layer": self.n_layer}
+                "n_layer": self.n_layer, "net": [list(x) for x in self.net]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Workload":
         """Inverse of :meth:`to_dict`."""
         return cls(str(d["phase"]), int(d["n_tokens"]), tuple(DeviceWork.from_dict(x) for x in d["devices"]),
-                   float(d["n_crossings"]), float(d["pcie_bytes"]), int(d["n_calls"]), int(d["n_layer"]))
+                   float(d["n_crossings"]), float(d["pcie_bytes"]), int(d["n_calls"]), int(d["n_layer"]),
+                   tuple((str(a), float(b), float(c)) for a, b, c in d.get("net", ())))
 
 
 class _Acc:
@@ -582,6 +607,7 @@ class _DecodeParts:
     kv: tuple[tuple[str, float, str, int, float, int], ...]
     crossings: float
     pcie: float
+    net: tuple[tuple[str, float, float], ...] = ()
 
 
 def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
@@ -616,11 +642,26 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
             pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv)
     seq = [HOST] + wdev + [out_dev]  # input embedding (host) -> layers -> output
+    net: dict[str, list[float]] = {}
     for a, b in zip(seq, seq[1:]):
         if a != b:
+            rpc = _rpc_side(a, b)
+            if rpc is not None:  # over the network instead of PCIe
+                x = net.setdefault(rpc, [0.0, 0.0])
+                x[0] += 1
+                x[1] += 4.0 * m.n_embd
+                continue
             crossings += 1
             pcie += 4.0 * m.n_embd
-    return _DecodeParts(acc, tuple(kv), crossings, pcie)
+    return _DecodeParts(acc, tuple(kv), crossings, pcie, tuple((d, c, b) for d, (c, b) in net.items()))
+
+
+def _rpc_side(a: str, b: str) -> str | None:
+    """The RPC device of a crossing ``a -> b`` (``RPC0[host:port]``), the one sending when both are."""
+    for d in (a, b):
+        if d.startswith("RPC") and "[" in d:
+            return d
+    return None
 
 
 def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workload:
@@ -640,7 +681,7 @@ def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workl
         dw = replace(base, kv_bytes=kv, attn_flops=af, head_cells=tuple(sorted(hc.items())))
         if dw.bytes_read or dw.flops or dw.head_cells:
             devs.append(dw)
-    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, plan.model.n_layer)
+    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, plan.model.n_layer, parts.net)
 
 
 def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | None = None) -> Workload:
@@ -676,7 +717,9 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     n_ub = max(1, plan.n_ubatch)
     n_calls = math.ceil(n_prompt / n_ub)
     u = min(n_ub, n_prompt)
-    gpu0 = plan.gpus[0].device if plan.gpus else None
+    # ops of host layers go to the first device whose backend offers offload_op; ggml-rpc's is NULL
+    # (ggml-rpc.cpp device interface), so never an RPC device
+    gpu0 = next((g.device for g in plan.gpus if g.kind == "gpu"), None)
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of >= 32 rows run on the GPU
     acc = _Acc(plan)
     pcie = crossings = 0.0
@@ -723,14 +766,21 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
         acc.af[run_on] += 2.0 * heads * dims * cells
         acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads * cells)
     seq = [HOST] + wdev + [out_dev]
+    net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
-        if a_dev != b_dev and not offload:
+        rpc = _rpc_side(a_dev, b_dev) if a_dev != b_dev else None
+        if rpc is not None:  # each ubatch's hidden states over the network
+            x = net.setdefault(rpc, [0.0, 0.0])
+            x[0] += n_calls
+            x[1] += 4.0 * m.n_embd * n_prompt
+        elif a_dev != b_dev and not offload:
             crossings += n_calls
             pcie += 4.0 * m.n_embd * n_prompt
     if offload:
         crossings += n_calls  # the input embeddings go up once per ubatch
         pcie += 4.0 * m.n_embd * n_prompt
-    return Workload("prefill", n_prompt, acc.devices(), crossings, pcie, n_calls, m.n_layer)
+    return Workload("prefill", n_prompt, acc.devices(), crossings, pcie, n_calls, m.n_layer,
+                    tuple((d, c, b) for d, (c, b) in net.items()))
 
 
 def _sum_min_range(lo: int, hi: int, cap: int) -> float:
@@ -804,6 +854,11 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
                    default=DEFAULT_PCIE_BANDWIDTH_BYTES_S)
         t += work.pcie_bytes / (pcie * c.pcie_efficiency)
     t += work.n_crossings * c.crossing_latency_s
+    for dev, n, b in work.net:
+        r = inputs.rates.get(dev)
+        rtt = (r.link_rtt_s if r is not None and r.link_rtt_s else c.rpc_rtt_s)
+        link = (r.link_bytes_s if r is not None and r.link_bytes_s else c.rpc_link_bytes_s)
+        t += n * rtt + b / link
     if has_gpu:
         t += work.n_calls * c.gpu_token_overhead_s
     else:

@@ -41,13 +41,15 @@ class ExportDialog(QtWidgets.QDialog):
     """
 
     def __init__(self, model_path: Path, config: Any, *, model: Any = None, measured: dict | None = None,
-                 machine: Any = None, save_dir: str = "", parent: QtWidgets.QWidget | None = None) -> None:
+                 machine: Any = None, save_dir: str = "", parent: QtWidgets.QWidget | None = None,
+                 split: Any = None, rpc: tuple[str, ...] = ()) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export configuration")
         self.resize(820, 560)
         self._model_path, self._config, self._model = Path(model_path), config, model
         self._measured = dict(measured) if measured else None
         self._machine = machine
+        self._split, self._rpc = split, tuple(rpc)  # -sm/-ts/-mg and --rpc (llama-server / llama-cli lines)
         self._save_dir = save_dir
         self.result: Any = None
         self.error = ""
@@ -123,7 +125,7 @@ class ExportDialog(QtWidgets.QDialog):
         self.limitations.clear()
         try:
             self.result = export(target, self._model_path, self._config, model=self._model,
-                                 measured=measured, machine=self._machine)
+                                 measured=measured, machine=self._machine, split=self._split, rpc=self._rpc)
         except (ExportError, GGUFError, OSError) as exc:  # one line saying what to change
             self.result = None
             self.error = f"Cannot export to {target}: {exc}"

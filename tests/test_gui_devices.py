@@ -1,0 +1,92 @@
+"""The device list (issue 14): add a what-if card or an RPC host, split sliders, -sm / -mg; the
+plan the window shows follows llama.cpp's split rule. Offscreen, no llama.cpp needed."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from kvtuner.gui.app import make_app  # noqa: E402
+from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
+
+SCREENSHOT = os.environ.get("KVTUNER_DEVICES_SCREENSHOT", "")
+
+
+def _window(qtbot, tmp_path: Path) -> MainWindow:
+    make_app()
+    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
+                   sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+    w.hardware.choice.setCurrentIndex(w.hardware.choice.findData(DEFAULT_WHAT_IF))  # no GPU here: plan for the what-if card (CPU only is the default)
+    qtbot.waitUntil(lambda: len(w.plan.gpus) == 1, timeout=10_000)
+    return w
+
+
+def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path)
+    panel = w.devices
+    assert len(w.plan.gpus) == 1  # the Hardware panel's what-if card
+    # add a second local card: two GPUs, split by their (what-if: total) memory
+    panel.card.setCurrentText("RTX 3090")
+    panel.add_card_button.click()
+    qtbot.waitUntil(lambda: len(w.plan.gpus) == 2, timeout=10_000)
+    assert [d.device for d in w.plan.gpus] == ["CUDA0", "CUDA1"]
+    # -ts 75,25 by the sliders: layers 0..14 on CUDA0, 15..17 and the output on CUDA1
+    panel.by_memory.setChecked(False)
+    panel.sliders[0].setValue(75)
+    panel.sliders[1].setValue(25)
+    qtbot.waitUntil(lambda: w.plan.split is not None and w.plan.split.tensor_split == (75.0, 25.0), timeout=10_000)
+    assert w.plan.layer_devices == ("CUDA0",) * 15 + ("CUDA1",) * 4
+    # an RPC host (what-if size): llama.cpp puts it first, the sliders follow
+    assert not panel.add_rpc("nohost")  # refused, with the reason shown
+    assert "host:port" in panel.error.text() and not panel.error.isHidden()
+    assert panel.add_rpc("127.0.0.1:50052=4G")
+    qtbot.waitUntil(lambda: len(w.plan.gpus) == 3, timeout=10_000)
+    assert [d.kind for d in w.plan.devices] == ["rpc", "gpu", "gpu", "host"]
+    assert w.plan.devices[0].device == "RPC0[127.0.0.1:50052]"
+    assert len(panel.sliders) == 3 and panel.list.count() == 3
+    assert [sl.value() for sl in panel.sliders] == [50, 75, 25]  # each card keeps its share
+    assert panel.main_gpu.text() == "0" and panel.main_gpu.maximum() == 2
+    captions = [r.caption for r in w.prediction.bars.rows]
+    assert any("RPC0[127.0.0.1:50052]" in c for c in captions), captions
+    if SCREENSHOT:
+        w.resize(1440, 960)
+        qtbot.wait(200)
+        assert w.grab().save(SCREENSHOT)
+    # -sm none -mg 2: only the third device holds layers
+    panel.mode.setCurrentIndex(panel.mode.findData("none"))
+    panel.main_gpu.setValue(2)
+    qtbot.waitUntil(lambda: set(w.plan.layer_devices) == {"CUDA1"}, timeout=10_000)
+    # remove the RPC host again
+    panel.list.setCurrentRow(0)
+    panel.remove_button.click()
+    qtbot.waitUntil(lambda: len(w.plan.gpus) == 2, timeout=10_000)
+
+
+def test_export_dialog_carries_the_split_and_rpc(qtbot, tmp_path):
+    w = _window(qtbot, tmp_path)
+    panel = w.devices
+    assert panel.add_rpc("127.0.0.1:50052=4G")
+    panel.by_memory.setChecked(False)
+    panel.sliders[0].setValue(30)
+    panel.sliders[1].setValue(10)
+    dlg = w.open_export()
+    qtbot.addWidget(dlg)
+    dlg.target.setCurrentText("llama-server")
+    dlg.render()
+    text = dlg.preview.toPlainText()
+    assert "#   rpc-server -H 127.0.0.1 -p 50052 -c" in text
+    assert text.rstrip().endswith("-ts 30,10 --rpc 127.0.0.1:50052")
