@@ -56,6 +56,7 @@ class LayerShape:
     n_ff_exp: int = 0  # width of one expert
     n_ff_shexp: int = 0  # width of the shared expert (Qwen2-MoE), 0: none
     iswa: bool = False  # the model's memory is iSWA (build_attn expands Q, K, V in that order)
+    kv_src: int = -1  # Gemma 4 shared KV: reads the cache of that layer, projects no K/V of its own
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class TransformerShape:
     moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
+    rot_k_swa: int = 0  # the same for the sliding-window cache of an iSWA memory (its own head sizes)
+    rot_v_swa: int = 0
+    per_layer: int = 0  # Gemma 4: n_embd_per_layer of the per-layer embeddings (0: none)
+    v_norm: bool = False  # Gemma 4: V RMS-normed (no weight)
+    rows_after_norm: bool = False  # Gemma 4: output rows taken after the output norm (h_nextn, an output)
+    logit_softcap: bool = False  # Gemma 4: logits scaled, tanh, scaled back (f_final_logit_softcapping)
 
 
 def hadamard_size(head: int) -> int:
@@ -180,6 +187,20 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
     n_layer = len(shape.layers)
+    v_width = max(L.head_v * L.n_head_kv for L in shape.layers)  # llama_hparams::n_embd_v_gqa_max
+    ple = None
+    if shape.per_layer:  # gemma4.cpp build_inp_per_layer: its own token input, rows of per_layer_tok_embd, scaled
+        P = shape.per_layer
+        ple_tok = g.input("inp_per_layer_tokens", (T,), "i32")
+        sel = g.op("GET_ROWS", "per_layer_rows", (P * n_layer, T), None, ple_tok)
+        sel = g.op("SCALE", "inp_per_layer_selected", (P, n_layer, T), g.reshape(sel, P, n_layer, T))
+        g.expand(sel)
+        # project_per_layer_inputs: not expanded, so listed where layer 0 first reads it
+        proj = g.op("MUL_MAT", "per_layer_proj", (P * n_layer, T), None, inpL)
+        proj = g.reshape(g.op("SCALE", "per_layer_proj", proj.ne, proj), P, n_layer, T)
+        proj = g.op("MUL", "per_layer_proj", proj.ne, g.op("RMS_NORM", "norm", proj.ne, proj), None)
+        ple = g.op("SCALE", "inp_per_layer", proj.ne, g.op("ADD", "inp_per_layer", proj.ne, proj, sel))
+        ple = g.op("CONT", "inp_per_layer (permuted)", (P, T, n_layer), g.permute(ple, 0, 2, 1, 3))
 
     def cache_input(swa: bool, name: str, ne: tuple[int, ...], etype: str) -> Tensor:
         """One input per KV cache (the sliding-window cache of an iSWA memory has its own)."""
@@ -221,20 +242,26 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             if shape.qk_norm:
                 q = g.op("MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk))
                 k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
+            if shape.v_norm:
+                v = g.op("RMS_NORM", f"Vcur_normed-{il}", v.ne, v)
             q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
             k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
             if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
                 q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
             # build_attn (llama-graph.cpp): the Hadamard rotations of a quantized cache, then
             # Q, V, K expanded in that order (iSWA caches: Q, K, V), then the cache writes
-            if shape.rot_k:
-                q = rotate(q, shape.rot_k, "k", L.swa)
-            if shape.rot_v:
-                v = rotate(v, shape.rot_v, "v", L.swa)
-            if shape.rot_k:
-                k = rotate(k, shape.rot_k, "k", L.swa)
+            rot_k, rot_v = (shape.rot_k_swa, shape.rot_v_swa) if L.swa else (shape.rot_k, shape.rot_v)
+            if rot_k:
+                q = rotate(q, rot_k, "k", L.swa)
+            if rot_v:
+                v = rotate(v, rot_v, "v", L.swa)
+            if rot_k:
+                k = rotate(k, rot_k, "k", L.swa)
             g.expand(q)
-            if L.iswa:
+            shared = L.kv_src >= 0
+            if shared:
+                pass
+            elif L.iswa:
                 g.expand(k)
                 g.expand(v)
             else:
@@ -244,18 +271,24 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             sw = L.swa
             cache_k = g.leaf(f"cache_k_l{il}", (hk * Hkv, n_kv * ns), "f16")
             cache_v = g.leaf(f"cache_v_l{il}", (hv * Hkv, n_kv * ns), "f16")
-            k_idxs = cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
-            kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
-            g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
-            if flash_attn:
-                vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
-                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
-                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
-            else:
-                v_idxs = cache_input(sw, "attn_inp_v_idxs", (T * hv * Hkv,), "i64")
-                vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), 1, T * hv * Hkv)
-                g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
-                                      g.reshape(cache_v, 1, hv * Hkv * n_kv * ns), vr, v_idxs))
+            if not shared:  # the cache writes (ggml_set_rows), not for a layer reading another's KV
+                k_idxs = cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
+                kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
+                g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
+                if flash_attn:
+                    vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
+                    v_idxs = cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
+                    g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
+                else:
+                    # a transposed V cache has rows of n_embd_v_gqa_max() (the widest layer's V), a
+                    # narrower layer's V is padded to it (llama-kv-cache.cpp cpy_v, TAG_V_CACHE_VARIABLE)
+                    v_idxs = cache_input(sw, "attn_inp_v_idxs", (T * v_width,), "i64")
+                    vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), hv * Hkv, T)
+                    if hv * Hkv < v_width:
+                        vr = g.op("PAD", f"v_pad-{il}", (v_width, T), vr)
+                    vr = g.reshape(vr, 1, T * v_width)
+                    g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
+                                          g.reshape(cache_v, 1, v_width * n_kv * ns), vr, v_idxs))
             mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
             if not any(t is mask for t, _, _ in g.kv_sized):
                 g.kv_sized.append((mask, sw, 0))
@@ -274,8 +307,8 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                     g.kv_sized.append((vview, sw, 1))
                 fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
                 attn = g.reshape(fa, hv * H, T)
-                if shape.rot_v:
-                    attn = rotate(attn, shape.rot_v, "v", L.swa)
+                if rot_v:
+                    attn = rotate(attn, rot_v, "v", L.swa)
             else:
                 vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
                 kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
@@ -287,7 +320,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
             cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
         Tc = T
-        if il == n_layer - 1:  # the output rows only (out_ids: n_outputs of them)
+        if il == n_layer - 1 and not shape.rows_after_norm:  # the output rows only (out_ids: n_outputs of them)
             Tc = n_out
             cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
             inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
@@ -316,12 +349,26 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), ffn_inp, cur)
         else:
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, ffn_inp)
+        if ple is not None:  # gemma4.cpp: per-layer embedding, gated by the layer's output, added back
+            P = shape.per_layer
+            pe = g.op("UNARY", f"gelu-{il}", (P, Tc), g.op("MUL_MAT", f"inp_gate-{il}", (P, Tc), None, cur))
+            sl = g.view(ple, (P, T), (ple.nb[1],), il * P * T * 4)
+            pe = g.op("MUL_MAT", f"proj-{il}", (E, Tc), None, g.op("MUL", f"pe-{il}", (P, Tc), pe, sl))
+            pe = g.op("MUL", f"per_layer_embd_out-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), pe), None)
+            cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, pe)
         inpL = cur
     result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
     if shape.output_norm_bias:
         result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
     result_norm.is_output = True
+    if shape.rows_after_norm:  # gemma4.cpp: the normed h_nextn (an output) for all tokens, then the rows
+        Tc = n_out
+        result_norm = g.op("GET_ROWS", "result_norm", (E, Tc), result_norm, out_ids)
+        result_norm.is_output = True
     logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
+    if shape.logit_softcap:  # scale, tanh, scale (in place)
+        logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne,
+                                                                g.op("SCALE", "scaled", logits.ne, logits)))
     logits.is_output = True
     g.expand(logits)
     return g
@@ -375,6 +422,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen2moe": {},
     "stablelm": {"layer_norm": True},
     "deci": {},
+    "gemma4": {"embd_scale": True, "post_norms": True, "v_norm": True, "rows_after_norm": True},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
@@ -416,11 +464,12 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     if extra is None or st.is_mla or st.recurrent_layers:
         return None
     rows = st.layers
-    if len(rows) != model.n_layer or any(r.reuse >= 0 or r.nextn for r in rows):
+    shared_kv = model.architecture == "gemma4"  # gemma4.cpp: layers reading an earlier layer's KV
+    if len(rows) != model.n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
         return None
-    if any(not r.kv and (model.architecture != "deci" or model.n_head_kv[r.il] > 0) for r in rows):
+    if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0) for r in rows):
         return None  # a layer without KV: only deci's attention-free and "linear attention" layers
-    if any(r.swa for r in rows) and model.architecture != "gemma3":
+    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
     if "ffn_norm.weight" not in names:
@@ -441,6 +490,17 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
              "post_attention_norm.weight", "post_ffw_norm.weight", "attn_norm.bias", "ffn_norm.bias",
              "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
              "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    if model.architecture == "gemma4":  # the per-layer embedding's gate, projection and norm
+        known |= {"inp_gate.weight", "proj.weight", "post_norm.weight"}
+        ple = model.metadata.get("gemma4.embedding_length_per_layer_input", 0)
+        if not isinstance(ple, int) or (ple > 0) != ("inp_gate.weight" in names) or \
+                (ple > 0 and "per_layer_token_embd.weight" not in top):
+            return None
+        flags["per_layer"] = ple
+        cap = model.metadata.get("gemma4.final_logit_softcapping", 30.0)  # llama-hparams.h default 30
+        flags["logit_softcap"] = bool(cap)
+        if "attn_k.weight" not in names or "attn_v.weight" not in names:
+            return None  # fused QKV or K as V (gemma4.cpp's other branches): not rebuilt
     shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
     if names & shexp and (model.architecture != "qwen2moe" or not shexp <= names):
         return None
@@ -466,18 +526,23 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     iswa = st.is_iswa
     if model.architecture == "deci" and 0 in ffs:
         return None  # deci.cpp skips the rest of an FFN-free layer ("continue"): not rebuilt
-    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il], cells.get(il, 0),
-                              swa=r.swa and iswa, iswa=iswa,
+    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il],
+                              cells.get(il if r.reuse < 0 else r.reuse, 0),
+                              swa=r.swa and iswa, iswa=iswa, kv_src=r.reuse,
                               n_expert=int(moe_layers[il][2]) if moe else 0,
                               n_expert_used=model.n_expert_used if moe else 0,
                               n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
                    for il, r in enumerate(rows))
     type_k, type_v = type_k.lower(), type_v.lower()
-    kv_layers_ = [l for l in layers if l.n_head_kv > 0]
-    if not kv_layers_:
+    if not [l for l in layers if l.n_head_kv > 0]:
         return None
-    rot_k = hadamard_size(kv_layers_[0].head_k) if attn_rotation(type_k, [l.head_k for l in kv_layers_]) else 0
-    # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
-    rot_v = 64 if attn_rotation(type_v, [l.head_v for l in kv_layers_]) else 0
-    return TransformerShape(model.n_embd, model.n_vocab, layers, rot_k=rot_k, rot_v=rot_v,
+    rot: dict[str, int] = {}
+    for swa, suffix in ((False, ""), (True, "_swa")):  # each cache of an iSWA memory decides for its own layers
+        own = [l for l in layers if l.n_head_kv > 0 and l.kv_src < 0 and l.swa == swa]
+        if not own:
+            continue
+        rot["rot_k" + suffix] = hadamard_size(own[0].head_k) if attn_rotation(type_k, [l.head_k for l in own]) else 0
+        # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
+        rot["rot_v" + suffix] = 64 if attn_rotation(type_v, [l.head_v for l in own]) else 0
+    return TransformerShape(model.n_embd, model.n_vocab, layers, **rot,
                             k_f32=type_k == "f32", v_f32=type_v == "f32", **flags)
