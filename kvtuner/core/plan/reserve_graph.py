@@ -57,6 +57,8 @@ class LayerShape:
     n_ff_shexp: int = 0  # width of the shared expert (Qwen2-MoE), 0: none
     iswa: bool = False  # the model's memory is iSWA (build_attn expands Q, K, V in that order)
     kv_src: int = -1  # Gemma 4 shared KV: reads the cache of that layer, projects no K/V of its own
+    conv: int = 0  # LFM2 short-conv layer: d_conv (l_cache - 1) state columns, 0: not one
+    nope: bool = False  # Llama 4 NoPE layer: Q times the attention temperature input instead of RoPE
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class TransformerShape:
     fused_up: bool = False  # Phi-3: one up+gate projection
     q_scale: bool = False  # Phi-3, Gemma 3: Q scaled after RoPE
     residual_first: bool = False  # Phi-3: l_out = residual + ffn_out
+    attn_residual_first: bool = False  # LFM2: ffn_inp = residual + attention output
     embd_scale: bool = False  # Gemma: scaled input embeddings
     post_norms: bool = False  # Gemma 2/3: norms after attention and feed-forward
     layer_norm: bool = False  # StableLM: LayerNorm (ggml_norm) instead of RMSNorm
@@ -81,6 +84,10 @@ class TransformerShape:
     k_f32: bool = False  # an f32 K cache (cast to f16 for flash attention)
     v_f32: bool = False  # an f32 V cache (likewise)
     moe_norm_w: bool = False  # MoE: the selected experts' weights are normalized to sum 1
+    moe_llama4: bool = False  # Llama 4 MoE: sigmoid gating selected on the logits, weights applied to the
+    #                           input before the experts, a dense shared expert added
+    qk_norm_after_rope: bool = False  # Llama 4: unweighted RMS norms of Q and K after RoPE (use_kq_norm)
+    altup: int = 0  # Gemma 3n: n_altup parallel streams (AltUp), LAuReL, sparse GELU gates (0: not Gemma 3n)
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
     rot_k_swa: int = 0  # the same for the sliding-window cache of an iSWA memory (its own head sizes)
@@ -118,8 +125,12 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     ``[n_ff_exp | n_embd, n_expert_used, T]``, the weighted sum of the expert views."""
     E, k = cur.ne[0], L.n_expert_used
     logits = g.op("MUL_MAT", "ffn_moe_logits", (L.n_expert, T), None, cur)
-    probs = g.op("SOFT_MAX", "ffn_moe_probs", (L.n_expert, T), logits)
-    argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), probs, etype="i32")
+    if shape.moe_llama4:  # sigmoid probabilities, experts selected on the logits
+        probs = g.op("UNARY", "ffn_moe_probs", (L.n_expert, T), logits)
+        argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), logits, etype="i32")
+    else:
+        probs = g.op("SOFT_MAX", "ffn_moe_probs", (L.n_expert, T), logits)
+        argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), probs, etype="i32")
     topk = g.view(argsort, (k, T), (argsort.nb[1],))
     weights = g.op("GET_ROWS", "ffn_moe_weights", (1, k, T), g.reshape(probs, 1, L.n_expert, T), topk)
     if shape.moe_norm_w:
@@ -129,11 +140,14 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         weights = g.reshape(g.op("DIV", "ffn_moe_weights_norm", (k, T), w2, wsum), 1, k, T)
     g.expand(weights)
     x = g.reshape(cur, E, 1, T)
+    if shape.moe_llama4:  # weight_before_ffn: the input repeated per selected expert, times its weight
+        x = g.op("MUL", "ffn_moe_weighted", (E, k, T), g.op("REPEAT", "repeat", (E, k, T), x), weights)
     up = g.op("MUL_MAT_ID", "ffn_moe_up", (L.n_ff_exp, k, T), None, x, topk)
     gate = g.op("MUL_MAT_ID", "ffn_moe_gate", (L.n_ff_exp, k, T), None, x, topk)
     act = g.op("GLU", "ffn_moe_swiglu", (L.n_ff_exp, k, T), gate, up)
     experts = g.op("MUL_MAT_ID", "ffn_moe_down", (E, k, T), None, act, topk)
-    experts = g.op("MUL", "ffn_moe_weighted", (E, k, T), experts, weights)
+    if not shape.moe_llama4:
+        experts = g.op("MUL", "ffn_moe_weighted", (E, k, T), experts, weights)
     g.expand(experts)
     views = [g.view(experts, (E, T), (experts.nb[2],), i * experts.nb[1]) for i in range(k)]
     for v in views:
@@ -144,7 +158,12 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         g.expand(out)
     if k == 1:
         out = g.op("CONT", "ffn_moe_out", (E, T), out)
-    if L.n_ff_shexp:  # qwen2moe.cpp: a dense shared expert times sigmoid(gate_inp_shexp x), added
+    if L.n_ff_shexp and shape.moe_llama4:  # llama4.cpp: build_ffn of the shared expert, added
+        gate = g.op("MUL_MAT", "ffn_gate_shexp", (L.n_ff_shexp, T), None, cur)
+        up = g.op("MUL_MAT", "ffn_up_shexp", (L.n_ff_shexp, T), None, cur)
+        sh = g.op("MUL_MAT", "ffn_down_shexp", (E, T), None, g.op("GLU", "ffn_swiglu", (L.n_ff_shexp, T), gate, up))
+        out = g.op("ADD", "ffn_moe_out_merged", (E, T), out, sh)
+    elif L.n_ff_shexp:  # qwen2moe.cpp: a dense shared expert times sigmoid(gate_inp_shexp x), added
         gate = g.op("MUL_MAT", "ffn_gate", (L.n_ff_shexp, T), None, cur)
         up = g.op("MUL_MAT", "ffn_up", (L.n_ff_shexp, T), None, cur)
         sh = g.op("MUL_MAT", "ffn_shexp", (E, T), None, g.op("GLU", "ffn_swiglu", (L.n_ff_shexp, T), gate, up))
@@ -154,16 +173,153 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     return out
 
 
-def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+    """``build_shortconv_block`` (src/models/lfm2.cpp): in_proj to B, C, x thirds, B*x transposed after
+    the conv state (``build_rs``: the state rows of this ubatch's sequences, ``get_rows`` by
+    ``s_copy``; the rest, none when reserving, copied back), the last ``d_conv`` columns copied
+    into the state, ``ssm_conv``, times C, out_proj."""
+    E, d = cur.ne[0], L.conv
+    tps = T // n_seqs
+    x3 = g.reshape(cur, E, tps, n_seqs)
+    bcx = g.op("MUL_MAT", f"conv.in_proj-{il}", (3 * E, tps, n_seqs), None, x3)
+    b, c, x = (g.view(bcx, (E, tps, n_seqs), (bcx.nb[1], bcx.nb[2]), i * E * 4) for i in range(3))
+    bx = g.transpose(g.op("MUL", f"bx-{il}", (E, tps, n_seqs), b, x))
+    state = g.leaf(f"cache_r_l{il}", (d * E, n_seqs), "f32")
+    states = g.reshape(state, d * E, n_seqs)
+    g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (d * E,))))  # clears a state in place
+    main = g.op("GET_ROWS", f"rs-{il}", (d * E, n_seqs), states, g.view(s_copy, (n_seqs,)))
+    g.expand(main)
+    extra = g.op("GET_ROWS", f"rs_extra-{il}", (d * E, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
+    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (extra)", g.view(state, (d * E, 0)), extra))
+    conv = g.reshape(main, d, E, n_seqs)
+    bx = g.op("CONCAT", f"concat-{il}", (d + tps, E, n_seqs), conv, bx)
+    snap = g.view(bx, (d, E, n_seqs), (bx.nb[1], bx.nb[2]), tps * 4)
+    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (snapshot)", g.view(state, (d * E, n_seqs)), snap))
+    out = g.op("SSM_CONV", f"conv-{il}", (E, tps, n_seqs), bx)
+    y = g.op("MUL", f"y-{il}", (E, tps, n_seqs), c, out)
+    y = g.op("MUL_MAT", f"conv.out_proj-{il}", (E, tps, n_seqs), None, y)
+    return g.reshape(y, E, T)
+
+
+def _magnitude(g: Graph, x: Tensor) -> Tensor:
+    """gemma3n.cpp ``calc_magnitude``: sqrt(sum_rows(x^2))."""
+    ne = (1, *x.ne[1:])
+    return g.op("SQRT", "magnitude", ne, g.op("SUM_ROWS", "sum_rows", ne, g.op("SQR", "sqr", x.ne, x)))
+
+
+#: gemma3n.cpp (models.h ``llama_model_gemma3n::graph``): AltUp's active stream, layers with a sparse
+#: (gaussian top-k) GELU gate
+GEMMA3N_ALTUP_ACTIVE = 0
+GEMMA3N_SPARSE_LAYERS = 10
+
+
+def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int,
+             out_ids: Tensor) -> Graph:
+    """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
+    input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
+    the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
+    sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
+    other streams; then the streams merged back, the output rows, norm, head and logit softcapping."""
+    E, A, P = shape.n_embd, shape.altup, shape.per_layer
+    n_layer = len(shape.layers)
+
+    def slice2d(x: Tensor, i: int) -> Tensor:  # gemma3n_view_2d_slice
+        return g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
+
+    def rest(x: Tensor) -> Tensor:  # streams 1.. of [E, T, A]
+        return g.view(x, (E, T, A - 1), (x.nb[1], x.nb[2]), E * T * 4)
+
+    def router(x: Tensor) -> Tensor:  # altup_compute_router_modalities
+        r = g.op("MUL", "altup_router_norm", (E, T), g.op("RMS_NORM", "norm", (E, T), x), None)
+        r = g.op("MUL_MAT", "altup_router", (A, T), None, g.op("SCALE", "router_inputs", (E, T), r))
+        return g.op("UNARY", "modalities", (A, T), r)
+
+    target = _magnitude(g, inpL)
+    added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
+    added = g.op("DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target),
+                 _magnitude(g, added))
+    inpL = g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
+    for il, L in enumerate(shape.layers):
+        cur = inpL
+        # altup_predict
+        coefs = g.op("MUL_MAT", f"all_coefs-{il}", (A * A, T), None, router(slice2d(cur, GEMMA3N_ALTUP_ACTIVE)))
+        coefs = g.reshape(coefs, A, A, T)
+        perm = g.op("CONT", f"cur_permuted-{il}", (A, E, T), g.permute(cur, 1, 2, 0, 3))
+        pred = g.op("MUL_MAT", f"predictions-{il}", (E, A, T), perm, coefs)
+        pred = g.op("CONT", f"predictions-{il}", (E, T, A), g.permute(pred, 0, 2, 1, 3))
+        pred = g.op("ADD", f"predictions-{il}", (E, T, A), pred, cur)
+        active = slice2d(pred, GEMMA3N_ALTUP_ACTIVE)
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), active), None)
+        # laurel
+        lr = g.op("MUL_MAT", f"laurel_r-{il}", (E, T), None, g.op("MUL_MAT", f"laurel_l-{il}", (64, T), None, cur))
+        lr = g.op("MUL", f"laurel_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), lr), None)
+        laurel_out = g.op("ADD", f"laurel_out-{il}", (E, T), lr, cur)
+        cur = mix(il, L, cur)
+        cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
+        cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
+        attn_laurel = g.op("SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out))
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
+        F = L.n_ff
+        up = g.op("MUL_MAT", f"ffn_up-{il}", (F, T), None, cur)
+        gate = g.op("MUL_MAT", f"ffn_gate-{il}", (F, T), None, cur)
+        if il < GEMMA3N_SPARSE_LAYERS:  # gaussian_topk
+            mean = g.op("MEAN", "mean", (1, T), gate)
+            std = g.op("SUM_ROWS", "sum_rows", (1, T), g.op("SQR", "sqr", (F, T), g.op("SUB", "sub", (F, T), gate, mean)))
+            std = g.op("SQRT", "std", (1, T), g.op("SCALE", "scale", (1, T), std))
+            cutoff = g.op("ADD", "cutoff", (1, T), mean, g.op("SCALE", "scale", (1, T), std))
+            gate = g.op("UNARY", "relu", (F, T), g.op("SUB", "sub", (F, T), gate, cutoff))
+        gate = g.op("UNARY", "gelu", (F, T), gate)
+        cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, g.op("MUL", f"ffn_mul-{il}", (F, T), up, gate))
+        cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur), None)
+        gated = g.op("ADD", f"attn_ffw_laurel_gated-{il}", (E, T), cur, attn_laurel)
+        # altup_correct
+        mod = router(gated)
+        innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
+        coefs = g.op("SCALE", f"all_coefs-{il}", (A, T), g.op("MUL_MAT", f"all_coefs-{il}", (A, T), None, mod))
+        coefs = g.op("CONT", f"all_coefs-{il}", (1, T, A), g.transpose(coefs))
+        corrected = g.op("MUL", f"corrected-{il}", (E, T, A), g.op("REPEAT", "innovation", (E, T, A), innovation), coefs)
+        corrected = g.op("ADD", f"corrected-{il}", (E, T, A), corrected, pred)
+        first = g.op("MUL", f"first_prediction-{il}", (E, T), slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
+        first = g.op("UNARY", "gelu", (P, T), g.op("MUL_MAT", f"inp_gate-{il}", (P, T), None, first))
+        if ple is not None:
+            first = g.op("MUL", f"first_prediction_scaled-{il}", (P, T), first, slice2d(ple, il))
+        first = g.op("MUL_MAT", f"proj-{il}", (E, T), None, first)
+        first = g.op("MUL", f"first_prediction_out-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), first), None)
+        tmp = g.op("ADD", f"rest-{il}", (E, T, A - 1), rest(corrected), first)
+        inpL = g.op("CONCAT", f"l_out-{il}", (E, T, A), slice2d(corrected, 0), tmp)
+    cur = inpL
+    target = _magnitude(g, slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
+    unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, rest(cur))
+    unembd = g.op("DIV", "altup_unembd", unembd.ne, g.op("MUL", "altup_unembd", unembd.ne, unembd, target),
+                  _magnitude(g, unembd))
+    merged = slice2d(cur, 0)
+    for i in range(A - 1):
+        merged = g.op("ADD", "unembd_merged", (E, T), merged, slice2d(unembd, i))
+    merged = g.op("SCALE", "unembd_merged", (E, T), merged)
+    rows = g.op("GET_ROWS", "rows", (E, n_out), merged, out_ids)
+    result_norm = g.op("MUL", "result_norm", (E, n_out), g.op("RMS_NORM", "norm", (E, n_out), rows), None)
+    result_norm.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
+    logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne,
+                                                            g.op("SCALE", "scaled", logits.ne, logits)))
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
+def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
-    # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per stream, so
-    # n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 streams); n_outputs = n_tokens
-    ns_ = max(1, n_stream)
-    tps = -(-T // ns_)
-    n_out = T
-    T = tps * ns_
+    # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per sequence (n_seqs =
+    # n_seq_max), so n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 sequences);
+    # n_outputs = n_tokens; the KV masks split them over the cache's streams
     ns = max(1, n_stream)
+    n_seqs = max(1, n_seqs or ns)
+    n_out = T
+    T = -(-T // n_seqs) * n_seqs
+    tps = T // ns
+    s_copy: Tensor | None = None
+    attn_scale: Tensor | None = None
     tok = g.input("inp_tokens", (T,), "i32")
     embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
     # build_inp_embd keeps both inputs in the graph (ggml_build_forward_select, llama.cpp PR 18550):
@@ -209,16 +365,16 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             d[name] = g.input(name, ne, etype)
         return d[name]
 
-    for il, L in enumerate(shape.layers):
-        inpSA = inpL
+    def mix(il: int, L: LayerShape, cur: Tensor) -> Tensor:
+        """The layer's token mixer on the normed input: attention (build_attn), a short conv or DeciLM's
+        linear attention; ``[n_embd, T]`` out."""
+        nonlocal s_copy, attn_scale
         w = _weight
-        if L.n_head == 0:  # deci.cpp: an attention-free layer (Llama-3.1-Nemotron-51B)
-            cur = inpL
-        else:
-            cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
-        if shape.attn_norm_bias:
-            cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
-        if L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
+        if L.conv:  # lfm2.cpp build_shortconv_block
+            if s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
+                s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
+            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy)
+        elif L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
             cur = g.op("MUL_MAT", f"wo-{il}", (E, T), None, cur)
         elif L.n_head_kv > 0:
             hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
@@ -244,8 +400,16 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
             if shape.v_norm:
                 v = g.op("RMS_NORM", f"Vcur_normed-{il}", v.ne, v)
-            q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
-            k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
+            if L.nope:  # llama4.cpp: Q times inp_attn_scale (build_inp_attn_scale, [1, 1, n_tokens])
+                if attn_scale is None:
+                    attn_scale = g.input("inp_attn_scale", (1, 1, T), "f32")
+                q = g.op("MUL", f"Qcur-{il}", q.ne, q, attn_scale)
+            else:
+                q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
+                k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
+                if shape.qk_norm_after_rope:
+                    q = g.op("RMS_NORM", f"Qcur_normed-{il}", q.ne, q)
+                    k = g.op("RMS_NORM", f"Kcur_normed-{il}", k.ne, k)
             if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
                 q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
             # build_attn (llama-graph.cpp): the Hadamard rotations of a quantized cache, then
@@ -307,6 +471,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                     g.kv_sized.append((vview, sw, 1))
                 fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
                 attn = g.reshape(fa, hv * H, T)
+                g.expand(attn)  # build_attn_mha ends with ggml_build_forward_expand(gf, cur)
                 if rot_v:
                     attn = rotate(attn, rot_v, "v", L.swa)
             else:
@@ -318,7 +483,22 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
                 perm = g.permute(kqv, 0, 2, 1, 3)
                 attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
+                g.expand(attn)
             cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
+        return cur
+
+    if shape.altup:
+        return _gemma3n(g, shape, inpL, ple, mix, T, n_out, out_ids)
+    for il, L in enumerate(shape.layers):
+        inpSA = inpL
+        w = _weight
+        if L.n_head == 0:  # deci.cpp: an attention-free layer (Llama-3.1-Nemotron-51B)
+            cur = inpL
+        else:
+            cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
+        if shape.attn_norm_bias:
+            cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
+        cur = mix(il, L, cur)
         Tc = T
         if il == n_layer - 1 and not shape.rows_after_norm:  # the output rows only (out_ids: n_outputs of them)
             Tc = n_out
@@ -327,7 +507,12 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         if shape.post_norms:
             cur = g.op("MUL", f"attn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
                        w("post_attention_norm", E))
-        ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, Tc), cur, inpSA) if L.n_head > 0 else cur
+        if L.n_head == 0:
+            ffn_inp = cur
+        elif shape.attn_residual_first:
+            ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, Tc), inpSA, cur)
+        else:
+            ffn_inp = g.op("ADD", f"ffn_inp-{il}", (E, Tc), cur, inpSA)
         cur = g.op("MUL", f"ffn_norm-{il}", (E, Tc), g.op(norm_op, f"norm-{il}", (E, Tc), ffn_inp), w("ffn_norm", E))
         if shape.ffn_norm_bias:
             cur = g.op("ADD", f"ffn_norm-{il}", (E, Tc), cur, None)
@@ -375,9 +560,11 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
 
 
 @lru_cache(maxsize=256)
-def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> int:
+def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool,
+                              n_seqs: int = 0) -> int:
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
-    prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams.
+    prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams, the ubatch
+    holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``).
 
     Cached per shape and configuration. The whole graph is placed: cutting repeated layers to a
     few periods is *not* exact (the allocator's free list keeps changing for many layers: 5 of 300
@@ -389,10 +576,10 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     kv = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
-            return allocate(_build(shape, n_tokens, n_stream, flash_attn))  # per-layer sizes: no template
+            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs))  # per-layer sizes: no template
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
-        g = _template(template, n_tokens, n_stream, flash_attn)
+        g = _template(template, n_tokens, n_stream, flash_attn, n_seqs)
         for t, swa, dim in g.kv_sized:
             t.resize(kv[swa], dim)
         return allocate(g)
@@ -402,10 +589,10 @@ _TEMPLATE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=8)
-def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool) -> Graph:
+def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
-    return _build(shape, n_tokens, n_stream, flash_attn)
+    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs)
 
 
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
@@ -423,12 +610,15 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "stablelm": {"layer_norm": True},
     "deci": {},
     "gemma4": {"embd_scale": True, "post_norms": True, "v_norm": True, "rows_after_norm": True},
+    "lfm2": {"attn_residual_first": True, "residual_first": True},
+    "llama4": {"moe_llama4": True},
+    "gemma3n": {"embd_scale": True, "v_norm": True, "altup": 4, "per_layer": 256},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
 #: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
 #: true; olmoe.cpp false)
-MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False}
+MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False, "llama4": False}
 
 
 _FACTS: dict[int, tuple[object, tuple]] = {}
@@ -461,15 +651,16 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
-    if extra is None or st.is_mla or st.recurrent_layers:
+    if extra is None or st.is_mla or (st.recurrent_layers and model.architecture != "lfm2"):
         return None
     rows = st.layers
-    shared_kv = model.architecture == "gemma4"  # gemma4.cpp: layers reading an earlier layer's KV
+    shared_kv = model.architecture in ("gemma4", "gemma3n")  # gemma4.cpp: layers reading an earlier layer's KV
     if len(rows) != model.n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
         return None
-    if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0) for r in rows):
-        return None  # a layer without KV: only deci's attention-free and "linear attention" layers
-    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4"):
+    if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
+           and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0) for r in rows):
+        return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
+    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4", "lfm2", "llama4", "gemma3n"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
     if "ffn_norm.weight" not in names:
@@ -490,6 +681,29 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
              "post_attention_norm.weight", "post_ffw_norm.weight", "attn_norm.bias", "ffn_norm.bias",
              "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
              "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    d_conv = 0
+    nope_step = 0
+    if model.architecture == "llama4":  # llama4.cpp load_arch_hparams: NoPE every 4th layer (n_layer when
+        # sliding_window = 0), L2 norms of Q/K unless 128 experts (use_kq_norm)
+        window = model.metadata.get("llama4.attention.sliding_window")
+        nope_step = model.n_layer if window == 0 else 4
+        flags["qk_norm_after_rope"] = model.metadata.get("llama4.expert_count", 0) != 128
+        if "attn_q_norm.weight" in names or "attn_q.bias" in names:
+            return None
+    if model.architecture == "lfm2":  # short-conv layers (layer 0's names may be those of either kind)
+        known |= {"shortconv.conv.weight", "shortconv.in_proj.weight", "shortconv.out_proj.weight"}
+        l_cache = model.metadata.get("lfm2.shortconv.l_cache", 0)
+        if not isinstance(l_cache, int) or l_cache < 2 or moe_layers:
+            return None
+        d_conv = l_cache - 1
+        flags["qk_norm"] = True  # lfm2.cpp: Q and K RMS-normed per head
+    if model.architecture == "gemma3n":  # hparams n_altup 4, n_embd_altup 256 (llama-hparams.h, not read from the file)
+        known |= {"inp_gate.weight", "proj.weight", "post_norm.weight", "altup_correct_coef.weight",
+                  "altup_correct_scale.weight", "altup_predict_coef.weight", "altup_router.weight",
+                  "altup_router_norm.weight", "laurel_l.weight", "laurel_r.weight", "laurel_post_norm.weight"}
+        if not {"altup_proj.weight", "altup_unembd_proj.weight", "per_layer_token_embd.weight"} <= top or \
+                "attn_qkv.weight" in names:
+            return None
     if model.architecture == "gemma4":  # the per-layer embedding's gate, projection and norm
         known |= {"inp_gate.weight", "proj.weight", "post_norm.weight"}
         ple = model.metadata.get("gemma4.embedding_length_per_layer_input", 0)
@@ -502,7 +716,8 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         if "attn_k.weight" not in names or "attn_v.weight" not in names:
             return None  # fused QKV or K as V (gemma4.cpp's other branches): not rebuilt
     shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
-    if names & shexp and (model.architecture != "qwen2moe" or not shexp <= names):
+    if names & shexp and not (model.architecture == "qwen2moe" and shexp <= names
+                              or model.architecture == "llama4" and names & shexp == shexp - {"ffn_gate_inp_shexp.weight"}):
         return None
     moe = "ffn_gate_inp.weight" in names
     if moe:
@@ -529,6 +744,8 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il],
                               cells.get(il if r.reuse < 0 else r.reuse, 0),
                               swa=r.swa and iswa, iswa=iswa, kv_src=r.reuse,
+                              conv=d_conv if r.recurrent else 0,
+                              nope=nope_step > 0 and (il + 1) % nope_step == 0,
                               n_expert=int(moe_layers[il][2]) if moe else 0,
                               n_expert_used=model.n_expert_used if moe else 0,
                               n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
@@ -537,7 +754,10 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     if not [l for l in layers if l.n_head_kv > 0]:
         return None
     rot: dict[str, int] = {}
-    for swa, suffix in ((False, ""), (True, "_swa")):  # each cache of an iSWA memory decides for its own layers
+    # build_inp_mem_hybrid_iswa (llama-graph.cpp) sets no rotation inputs: a hybrid iSWA memory
+    # (LFM2 with a sliding window) is never rotated, whatever the cache type
+    hybrid_iswa = bool(st.recurrent_layers) and iswa
+    for swa, suffix in () if hybrid_iswa else ((False, ""), (True, "_swa")):  # each cache of an iSWA memory decides for its own layers
         own = [l for l in layers if l.n_head_kv > 0 and l.kv_src < 0 and l.swa == swa]
         if not own:
             continue
