@@ -62,6 +62,7 @@ class LayerShape:
     kv_src: int = -1  # Gemma 4 shared KV: reads the cache of that layer, projects no K/V of its own
     conv: int = 0  # LFM2 short-conv layer: d_conv (l_cache - 1) state columns, 0: not one
     nope: bool = False  # Llama 4 NoPE layer: Q times the attention temperature input instead of RoPE
+    mamba: bool = False  # Nemotron-H Mamba2 layer (TransformerShape.ssm holds its sizes)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,14 @@ class TransformerShape:
     #                           input before the experts, a dense shared expert added
     qk_norm_after_rope: bool = False  # Llama 4: unweighted RMS norms of Q and K after RoPE (use_kq_norm)
     altup: int = 0  # Gemma 3n: n_altup parallel streams (AltUp), LAuReL, sparse GELU gates (0: not Gemma 3n)
+    rope: bool = True  # Nemotron-H: attention without RoPE
+    parallel_ssm: bool = False  # Falcon-H1: attention and Mamba2 in every layer, then a feed-forward
+    attn_out_bias: bool = False  # gpt-oss: a bias added after the output projection
+    moe_oai: bool = False  # gpt-oss MoE: router bias, softmax over the selected logits, expert biases (add_id)
+    rows_after_layers: bool = False  # gpt-oss: the last layer's output is h_nextn (an output), its rows then
+    #                                  the output norm
+    ssm: tuple[int, ...] = ()  # Nemotron-H: one block per layer (Mamba2, attention or ReLU^2 MLP) and the
+    #                            Mamba2 sizes (d_conv, d_inner, d_state, n_head, n_group, ssm_norm 0/1)
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
     rot_v: int = 0  # Hadamard rotation of V and the attention output (quantized V cache)
     rot_k_swa: int = 0  # the same for the sliding-window cache of an iSWA memory (its own head sizes)
@@ -128,7 +137,11 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     ``[n_ff_exp | n_embd, n_expert_used, T]``, the weighted sum of the expert views."""
     E, k = cur.ne[0], L.n_expert_used
     logits = g.op("MUL_MAT", "ffn_moe_logits", (L.n_expert, T), None, cur)
-    if shape.moe_llama4:  # sigmoid probabilities, experts selected on the logits
+    if shape.moe_oai:  # router bias; SOFTMAX_WEIGHT: experts selected on the logits, softmax of the selected
+        logits = g.op("ADD", "ffn_moe_logits_biased", logits.ne, logits, None)
+        probs = logits
+        argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), logits, etype="i32")
+    elif shape.moe_llama4:  # sigmoid probabilities, experts selected on the logits
         probs = g.op("UNARY", "ffn_moe_probs", (L.n_expert, T), logits)
         argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), logits, etype="i32")
     else:
@@ -136,6 +149,8 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), probs, etype="i32")
     topk = g.view(argsort, (k, T), (argsort.nb[1],))
     weights = g.op("GET_ROWS", "ffn_moe_weights", (1, k, T), g.reshape(probs, 1, L.n_expert, T), topk)
+    if shape.moe_oai:
+        weights = g.reshape(g.op("SOFT_MAX", "ffn_moe_weights_softmax", (k, T), g.reshape(weights, k, T)), 1, k, T)
     if shape.moe_norm_w:
         w2 = g.reshape(weights, k, T)
         wsum = g.op("SUM_ROWS", "ffn_moe_weights_sum", (1, T), w2)
@@ -147,8 +162,13 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         x = g.op("MUL", "ffn_moe_weighted", (E, k, T), g.op("REPEAT", "repeat", (E, k, T), x), weights)
     up = g.op("MUL_MAT_ID", "ffn_moe_up", (L.n_ff_exp, k, T), None, x, topk)
     gate = g.op("MUL_MAT_ID", "ffn_moe_gate", (L.n_ff_exp, k, T), None, x, topk)
+    if shape.moe_oai:  # expert biases: ggml_add_id(x, bias, selected experts), in place
+        up = g.op("ADD_ID", "ffn_moe_up_biased", up.ne, up, None, topk)
+        gate = g.op("ADD_ID", "ffn_moe_gate_biased", gate.ne, gate, None, topk)
     act = g.op("GLU", "ffn_moe_swiglu", (L.n_ff_exp, k, T), gate, up)
     experts = g.op("MUL_MAT_ID", "ffn_moe_down", (E, k, T), None, act, topk)
+    if shape.moe_oai:
+        experts = g.op("ADD_ID", "ffn_moe_down_biased", experts.ne, experts, None, topk)
     if not shape.moe_llama4:
         experts = g.op("MUL", "ffn_moe_weighted", (E, k, T), experts, weights)
     g.expand(experts)
@@ -202,6 +222,125 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     y = g.op("MUL", f"y-{il}", (E, tps, n_seqs), c, out)
     y = g.op("MUL_MAT", f"conv.out_proj-{il}", (E, tps, n_seqs), None, y)
     return g.reshape(y, E, T)
+
+
+def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+    """``llm_build_mamba_base::build_mamba2_layer`` (src/models/mamba-base.cpp) on the normed
+    ``[n_embd, T]`` input: ssm_in, the conv state (``build_rs``) concatenated before x/B/C, its last
+    columns copied back, ``ssm_conv`` + bias + SiLU, ``ssm_scan`` over the state rows (y and the
+    new states in one tensor, the states copied back), y + x*D, SwiGLU with z, the grouped RMS
+    norm, ssm_out."""
+    E = shape.n_embd
+    d_conv, d_inner, d_state, n_head, n_group, ssm_norm = shape.ssm
+    head_dim, tps = d_inner // n_head, T // n_seqs
+    conv_ch = d_inner + 2 * n_group * d_state
+
+    def rs(il: int, kind: str, state_size: int, rows) -> Tensor:
+        """build_rs: clear one state in place, this ubatch's rows (``rows``), the rest copied back."""
+        state = g.leaf(f"cache_{kind}_l{il}", (state_size, n_seqs), "f32")
+        states = g.reshape(state, state_size, n_seqs)
+        g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (state_size,))))
+        main = rows(states, g.view(s_copy, (n_seqs,)))
+        g.expand(main)
+        extra = g.op("GET_ROWS", f"rs_extra-{il}", (state_size, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
+        g.expand(g.view_of_op("CPY", f"cache_{kind}_l{il} (extra)", g.view(state, (state_size, 0)), extra))
+        return main
+
+    conv_state = g.leaf(f"cache_r_l{il}", ((d_conv - 1) * conv_ch, n_seqs), "f32")
+    conv = rs(il, "r", (d_conv - 1) * conv_ch,
+              lambda st, ids: g.op("GET_ROWS", f"rs-{il}", ((d_conv - 1) * conv_ch, n_seqs), st, ids))
+    conv = g.reshape(conv, d_conv - 1, conv_ch, n_seqs)
+    d_in = 2 * d_inner + 2 * n_group * d_state + n_head
+    zx = g.reshape(g.op("MUL_MAT", f"ssm_in-{il}", (d_in, T), None, cur), d_in, tps, n_seqs)
+    z = g.view(zx, (head_dim, n_head, tps, n_seqs), (head_dim * 4, zx.nb[1], zx.nb[2]))
+    xbc = g.view(zx, (conv_ch, tps, n_seqs), (zx.nb[1], zx.nb[2]), d_inner * 4)
+    dt = g.view(zx, (n_head, tps, n_seqs), (zx.nb[1], zx.nb[2]), (2 * d_inner + 2 * n_group * d_state) * 4)
+    conv_x = g.op("CONCAT", f"conv_x-{il}", (d_conv - 1 + tps, conv_ch, n_seqs), conv, g.transpose(xbc))
+    last = g.view(conv_x, (d_conv - 1, conv_ch, n_seqs), (conv_x.nb[1], conv_x.nb[2]), tps * 4)
+    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (last_conv)",
+                          g.view(conv_state, ((d_conv - 1) * conv_ch, n_seqs)), last))
+    xbc = g.op("SSM_CONV", f"ssm_conv-{il}", (conv_ch, tps, n_seqs), conv_x)
+    xbc = g.op("UNARY", f"silu-{il}", xbc.ne, g.op("ADD", f"conv_b-{il}", xbc.ne, xbc, None))
+    x = g.view(xbc, (head_dim, n_head, tps, n_seqs), (head_dim * 4, xbc.nb[1], xbc.nb[2]))
+    B = g.view(xbc, (d_state, n_group, tps, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]), d_inner * 4)
+    C = g.view(xbc, (d_state, n_group, tps, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]),
+               (d_inner + n_group * d_state) * 4)
+    dt = g.op("ADD", f"dt-{il}", (n_head, tps, n_seqs), g.op("CONT", f"dt-{il}", (n_head, tps, n_seqs), dt), None)
+    D = d_state * d_inner
+    y_ssm = rs(il, "s", D, lambda st, ids: g.op(
+        "SSM_SCAN", f"ssm_scan-{il}", (d_inner * T + D * n_seqs,),
+        g.reshape(st, d_state, head_dim, n_head, n_seqs), x, dt, B, C, ids))
+    ssm_state = g.leaf(f"cache_s_l{il} (all)", (D, n_seqs), "f32")
+    g.expand(g.view_of_op("CPY", f"cache_s_l{il} (view)", g.view(ssm_state, (D, n_seqs)),
+                          g.view(y_ssm, (D, n_seqs), (D * 4,), d_inner * T * 4)))
+    y = g.view(y_ssm, (head_dim, n_head, tps, n_seqs), (head_dim * 4, d_inner * 4, tps * d_inner * 4))
+    y = g.op("ADD", f"mamba2_y_add_d-{il}", y.ne, y, g.op("MUL", f"x_d-{il}", x.ne, x, None))
+    y = g.op("GLU", f"swiglu-{il}", y.ne, g.op("CONT", f"z-{il}", z.ne, z), y)
+    if ssm_norm:
+        y = g.reshape(y, d_inner // n_group, n_group, tps, n_seqs)
+        y = g.op("MUL", f"ssm_norm-{il}", y.ne, g.op("RMS_NORM", f"norm-{il}", y.ne, y), None)
+    cur = g.op("MUL_MAT", f"mamba_out-{il}", (E, T), None, g.reshape(y, d_inner, T))
+    return cur
+
+
+def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
+                out_ids: Tensor) -> Graph:
+    """``llama_model_nemotron_h::graph`` (src/models/nemotron-h.cpp): per layer an RMS norm, then
+    one block (``build_mamba2_layer`` of mamba-base.cpp, attention without RoPE, or a ReLU^2 MLP)
+    and the residual; the normed ``h_nextn`` (an output), its output rows, the head."""
+    E = shape.n_embd
+    s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
+    for il, L in enumerate(shape.layers):
+        inpSA = inpL
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
+        if L.mamba:
+            cur = _mamba2(g, shape, il, cur, T, n_seqs, s_copy)
+        elif L.n_head_kv > 0:
+            cur = mix(il, L, cur)
+        else:  # build_ffn, ReLU^2, no gate
+            up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, T), None, cur)
+            act = g.op("SQR", f"ffn_relu_sqr-{il}", up.ne, g.op("UNARY", f"relu-{il}", up.ne, up))
+            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, act)
+        inpL = g.op("ADD", f"nemotron_h_block_out-{il}", (E, T), cur, inpSA)
+    h = g.op("MUL", "h_nextn", (E, T), g.op("RMS_NORM", "norm", (E, T), inpL), None)
+    h.is_output = True
+    result_norm = g.op("GET_ROWS", "result_norm", (E, n_out), h, out_ids)
+    result_norm.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
+def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
+               out_ids: Tensor) -> Graph:
+    """``llama_model_falcon_h1::graph`` (src/models/falcon-h1.cpp): per layer attention and a Mamba2
+    mixer side by side on two norms of the input, their sum added to the residual, then the
+    SwiGLU feed-forward and its residual; output norm and head."""
+    E = shape.n_embd
+    s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
+    Tc = T
+    for il, L in enumerate(shape.layers):
+        inpSA = inpL
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
+        attn_out = mix(il, L, cur)
+        cur = g.op("MUL", f"ssm_in-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
+        cur = g.op("ADD", f"layer_out-{il}", (E, T), attn_out, _mamba2(g, shape, il, cur, T, n_seqs, s_copy))
+        inpSA = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
+        if il == len(shape.layers) - 1:
+            Tc = n_out
+            inpSA = g.op("GET_ROWS", "ffn_inp", (E, Tc), inpSA, out_ids)
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), inpSA), None)
+        gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, Tc), None, cur)
+        up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, Tc), None, cur)
+        cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), None, g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up))
+        inpL = g.op("ADD", f"l_out-{il}", (E, Tc), cur, inpSA)
+    result_norm = g.op("MUL", "result_norm", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), inpL), None)
+    result_norm.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
+    logits.is_output = True
+    g.expand(logits)
+    return g
 
 
 def _magnitude(g: Graph, x: Tensor) -> Tensor:
@@ -407,7 +546,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 if attn_scale is None:
                     attn_scale = g.input("inp_attn_scale", (1, 1, T), "f32")
                 q = g.op("MUL", f"Qcur-{il}", q.ne, q, attn_scale)
-            else:
+            elif shape.rope:
                 q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
                 k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
                 if shape.qk_norm_after_rope:
@@ -488,10 +627,16 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
                 g.expand(attn)
             cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
+            if shape.attn_out_bias:
+                cur = g.op("ADD", f"attn_out-{il}", (E, T), cur, None)
         return cur
 
     if shape.altup:
         return _gemma3n(g, shape, inpL, ple, mix, T, n_out, out_ids)
+    if shape.ssm and shape.parallel_ssm:
+        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
+    if shape.ssm:
+        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
     for il, L in enumerate(shape.layers):
         inpSA = inpL
         w = _weight
@@ -503,7 +648,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
         cur = mix(il, L, cur)
         Tc = T
-        if il == n_layer - 1 and not shape.rows_after_norm:  # the output rows only (out_ids: n_outputs of them)
+        if il == n_layer - 1 and not (shape.rows_after_norm or shape.rows_after_layers):  # the output rows only
             Tc = n_out
             cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
             inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
@@ -545,6 +690,10 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             pe = g.op("MUL", f"per_layer_embd_out-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), pe), None)
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, pe)
         inpL = cur
+    if shape.rows_after_layers:  # openai-moe.cpp: t_h_nextn = the last layer's output, then its rows
+        inpL.is_output = True
+        Tc = n_out
+        inpL = g.op("GET_ROWS", "rows", (E, Tc), inpL, out_ids)
     result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
     if shape.output_norm_bias:
         result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
@@ -616,12 +765,15 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "lfm2": {"attn_residual_first": True, "residual_first": True},
     "llama4": {"moe_llama4": True},
     "gemma3n": {"embd_scale": True, "v_norm": True, "altup": 4, "per_layer": 256},
+    "nemotron_h": {"rope": False},
+    "falcon-h1": {"parallel_ssm": True},
+    "gpt-oss": {"attn_out_bias": True, "moe_oai": True, "rows_after_layers": True},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
 #: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
 #: true; olmoe.cpp false)
-MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False, "llama4": False}
+MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False, "llama4": False, "gpt-oss": False}
 
 
 _FACTS: dict[int, tuple[object, tuple]] = {}
@@ -654,19 +806,27 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
-    if extra is None or st.is_mla or (st.recurrent_layers and model.architecture != "lfm2"):
+    if extra is None or st.is_mla or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
         return None
     rows = st.layers
     shared_kv = model.architecture in ("gemma4", "gemma3n")  # gemma4.cpp: layers reading an earlier layer's KV
     if len(rows) != model.n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
         return None
     if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
-           and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0) for r in rows):
+           and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
+           and model.architecture != "nemotron_h" for r in rows):
         return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
-    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4", "lfm2", "llama4", "gemma3n"):
+    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
+                                                                "gpt-oss"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
-    if "ffn_norm.weight" not in names:
+    if model.architecture == "gpt-oss":  # openai-moe.cpp: post_attention_norm is the feed-forward norm
+        gpt_oss = {"post_attention_norm.weight", "attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias",
+                   "ffn_gate_exps.bias", "ffn_down_exps.bias", "ffn_up_exps.bias"}
+        if not gpt_oss <= names:
+            return None
+        names = (names - gpt_oss) | {"ffn_norm.weight"}
+    if "ffn_norm.weight" not in names and model.architecture not in ("nemotron_h", "falcon-h1"):
         return None  # parallel residual (StableLM 2 without ffn_norm), or no feed-forward norm: not rebuilt
     flags = dict(extra)
     flags["fused_qkv"] = "attn_qkv.weight" in names
@@ -686,6 +846,22 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
              "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
     d_conv = 0
     nope_step = 0
+    if model.architecture in ("nemotron_h", "falcon-h1"):  # nemotron-h.cpp: Mamba2 ('M'), attention ('*') and
+        # MLP ('-') layers; falcon-h1.cpp: attention, Mamba2 and a SwiGLU feed-forward in every layer
+        a = model.architecture
+        ssm = [model.metadata.get(f"{a}.ssm.{k}") for k in
+               ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")]
+        all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
+        if not all(isinstance(x, int) and x > 0 for x in ssm) or moe_layers or \
+                all_names - {"attn_norm.weight", "ssm_in.weight", "ssm_conv1d.weight", "ssm_conv1d.bias", "ssm_dt.bias",
+                             "ssm_a", "ssm_d", "ssm_norm.weight", "ssm_out.weight", "attn_q.weight", "attn_k.weight",
+                             "attn_v.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight",
+                             *(("ffn_gate.weight", "ffn_norm", "ffn_norm.weight") if a == "falcon-h1" else ())}:
+            return None  # MoE (Nemotron 3), biases or latent projections: not rebuilt
+        flags["ssm"] = (*ssm, int("ssm_norm.weight" in all_names))
+        flags["fused_up"] = False
+        names = set()
+
     if model.architecture == "llama4":  # llama4.cpp load_arch_hparams: NoPE every 4th layer (n_layer when
         # sliding_window = 0), L2 norms of Q/K unless 128 experts (use_kq_norm)
         window = model.metadata.get("llama4.attention.sliding_window")
@@ -749,6 +925,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
                               swa=r.swa and iswa, iswa=iswa, kv_src=r.reuse,
                               conv=d_conv if r.recurrent else 0,
                               nope=nope_step > 0 and (il + 1) % nope_step == 0,
+                              mamba=model.architecture in ("nemotron_h", "falcon-h1") and r.recurrent,
                               n_expert=int(moe_layers[il][2]) if moe else 0,
                               n_expert_used=model.n_expert_used if moe else 0,
                               n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
