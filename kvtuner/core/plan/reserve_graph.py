@@ -98,6 +98,8 @@ class TransformerShape:
     moe_oai: bool = False  # gpt-oss MoE: router bias, softmax over the selected logits, expert biases (add_id)
     rows_after_layers: bool = False  # gpt-oss: the last layer's output is h_nextn (an output), its rows then
     #                                  the output norm
+    moe_sigmoid: bool = False  # GLM-4.5: sigmoid probabilities, selected after adding exp_probs_b, and a
+    #                            dense shared expert added (build_ffn)
     ssm: tuple[int, ...] = ()  # Nemotron-H: one block per layer (Mamba2, attention or ReLU^2 MLP) and the
     #                            Mamba2 sizes (d_conv, d_inner, d_state, n_head, n_group, ssm_norm 0/1)
     rot_k: int = 0  # Hadamard rotation of Q and K, its size (quantized K cache)
@@ -141,6 +143,10 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         logits = g.op("ADD", "ffn_moe_logits_biased", logits.ne, logits, None)
         probs = logits
         argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), logits, etype="i32")
+    elif shape.moe_sigmoid:  # glm4-moe.cpp: sigmoid, selection on probs + exp_probs_b
+        probs = g.op("UNARY", "ffn_moe_probs", (L.n_expert, T), logits)
+        sel = g.op("ADD", "ffn_moe_probs_biased", (L.n_expert, T), probs, None)
+        argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), sel, etype="i32")
     elif shape.moe_llama4:  # sigmoid probabilities, experts selected on the logits
         probs = g.op("UNARY", "ffn_moe_probs", (L.n_expert, T), logits)
         argsort = g.op("ARGSORT", "ffn_moe_argsort", (L.n_expert, T), logits, etype="i32")
@@ -181,7 +187,8 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         g.expand(out)
     if k == 1:
         out = g.op("CONT", "ffn_moe_out", (E, T), out)
-    if L.n_ff_shexp and shape.moe_llama4:  # llama4.cpp: build_ffn of the shared expert, added
+    if L.n_ff_shexp and (shape.moe_llama4 or shape.moe_sigmoid):  # llama4.cpp, glm4-moe.cpp: build_ffn of the
+        # shared expert, added
         gate = g.op("MUL_MAT", "ffn_gate_shexp", (L.n_ff_shexp, T), None, cur)
         up = g.op("MUL_MAT", "ffn_up_shexp", (L.n_ff_shexp, T), None, cur)
         sh = g.op("MUL_MAT", "ffn_down_shexp", (E, T), None, g.op("GLU", "ffn_swiglu", (L.n_ff_shexp, T), gate, up))
@@ -768,6 +775,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "nemotron_h": {"rope": False},
     "falcon-h1": {"parallel_ssm": True},
     "gpt-oss": {"attn_out_bias": True, "moe_oai": True, "rows_after_layers": True},
+    "glm4moe": {"moe_sigmoid": True},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
@@ -809,8 +817,15 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     if extra is None or st.is_mla or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
         return None
     rows = st.layers
+    n_layer = model.n_layer
+    if model.architecture == "glm4moe":  # glm4-moe.cpp: the NextN (MTP) blocks at the end are not in the graph
+        rows = tuple(r for r in rows if not r.nextn)
+        n_nextn = model.metadata.get("glm4moe.nextn_predict_layers", 0)
+        if len(rows) + (n_nextn if isinstance(n_nextn, int) else -1) != model.n_layer:
+            return None
+        n_layer = len(rows)
     shared_kv = model.architecture in ("gemma4", "gemma3n")  # gemma4.cpp: layers reading an earlier layer's KV
-    if len(rows) != model.n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
+    if len(rows) != n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
         return None
     if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
            and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
@@ -820,6 +835,23 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
                                                                 "gpt-oss"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
+    glm_moe = False
+    if model.architecture == "glm4moe":  # glm4-moe.cpp: dense leading layers, then MoE with a shared expert;
+        # post_attention_norm is the feed-forward norm; sigmoid gating (the default), exp_probs_b
+        all_names = {t.name.split(".", 2)[2] for t in model.tensors
+                     if t.name.startswith("blk.") and int(t.name.split(".")[1]) < n_layer}
+        glm = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+               "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+               "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+               "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_up_exps.weight", "ffn_gate_exps.weight",
+               "ffn_down_exps.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+        gating = model.metadata.get("glm4moe.expert_gating_func", 2)
+        if not all_names <= glm or "exp_probs_b.bias" not in all_names or gating not in (0, 2) or \
+                model.metadata.get("glm4moe.rope.dimension_sections") is not None or \
+                any(il not in moe_layers for il in range(n_layer) if il >= min(moe_layers, default=n_layer)):
+            return None  # another gating, M-RoPE or interleaved dense layers: not rebuilt
+        names = (names - {"post_attention_norm.weight"}) | {"ffn_norm.weight"}
+        glm_moe = True
     if model.architecture == "gpt-oss":  # openai-moe.cpp: post_attention_norm is the feed-forward norm
         gpt_oss = {"post_attention_norm.weight", "attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias",
                    "ffn_gate_exps.bias", "ffn_down_exps.bias", "ffn_up_exps.bias"}
@@ -836,6 +868,8 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     flags["attn_norm_bias"] = "attn_norm.bias" in names
     flags["ffn_norm_bias"] = "ffn_norm.bias" in names
     flags["output_norm_bias"] = "output_norm.bias" in top
+    if glm_moe:
+        flags["moe_norm_w"] = bool(model.metadata.get("glm4moe.expert_weights_norm", False))
     if flags["qk_norm"] and flags.get("layer_norm"):
         return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
     known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
@@ -926,9 +960,10 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
                               conv=d_conv if r.recurrent else 0,
                               nope=nope_step > 0 and (il + 1) % nope_step == 0,
                               mamba=model.architecture in ("nemotron_h", "falcon-h1") and r.recurrent,
-                              n_expert=int(moe_layers[il][2]) if moe else 0,
-                              n_expert_used=model.n_expert_used if moe else 0,
-                              n_ff_exp=int(moe_layers[il][1]) if moe else 0, n_ff_shexp=shexp_ff.get(il, 0))
+                              n_expert=int(moe_layers[il][2]) if moe or glm_moe and il in moe_layers else 0,
+                              n_expert_used=model.n_expert_used if moe or glm_moe and il in moe_layers else 0,
+                              n_ff_exp=int(moe_layers[il][1]) if moe or glm_moe and il in moe_layers else 0,
+                              n_ff_shexp=shexp_ff.get(il, 0))
                    for il, r in enumerate(rows))
     type_k, type_v = type_k.lower(), type_v.lower()
     if not [l for l in layers if l.n_head_kv > 0]:
