@@ -370,7 +370,6 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
     sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
     other streams; then the streams merged back, the output rows, norm, head and logit softcapping."""
     E, A, P = shape.n_embd, shape.altup, shape.per_layer
-    n_layer = len(shape.layers)
 
     def slice2d(x: Tensor, i: int) -> Tensor:  # gemma3n_view_2d_slice
         return g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
@@ -809,9 +808,11 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
 def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
                       type_v: str = "f16") -> TransformerShape | None:
     """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
-    rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES`, dense (no experts),
-    every layer with its own KV (no shared KV, recurrent state or MTP block; sliding-window layers
-    only in Gemma 3), no MLA, and layer 0's tensors those the builder knows."""
+    rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES` with the layer kinds
+    its graph has (shared KV only in Gemma 3n / Gemma 4, recurrent state only in LFM2, Nemotron-H
+    and Falcon-H1, NextN blocks only in GLM-4.5, where they are outside the graph; MoE routing as
+    :data:`MOE_NORM_W` and the per-architecture flags say), no MLA, and tensors the builder knows
+    (layer 0's, or every layer's where layers differ in kind)."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
     if extra is None or st.is_mla or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
