@@ -111,7 +111,7 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     assert ours >= 0.98 * theirs - 8 * MiB
 
 
-#: the rebuilt graphs of Gemma 4, Gemma 3n, LFM2, Llama 4, Nemotron-H, Falcon-H1, gpt-oss and GLM-4.5 (tests/gguf_families.py shapes) against
+#: the rebuilt graphs of Gemma 4, Gemma 3n, LFM2, Llama 4, Nemotron-H, Falcon-H1, gpt-oss, GLM-4.5 and DeepSeek-V2 (tests/gguf_families.py shapes) against
 #: the figures llama.cpp's dry run printed for them (tests/test_model_families.py asserts the same
 #: equalities against a live dry run; this pins them without llama.cpp)
 PINNED = [
@@ -132,6 +132,8 @@ PINNED = [
     ("gpt-oss", dict(n_ctx=32768, flash_attn="on", swa_full=True), "409.63"),
     ("gpt-oss", dict(n_ctx=4096, flash_attn="off", n_seq=1), "558.39"),
     ("glm4moe", dict(n_ctx=4096, flash_attn="off", n_seq=1), "154.01"),
+    ("deepseek2", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024), "660.54"),
+    ("deepseek2", dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256), "120.13"),
 ]
 
 
@@ -146,6 +148,7 @@ def test_rebuilt_families_pinned(family, kwargs, mib, tmp_path_factory):
 
     make = {"gemma4": F.gemma4, "gemma3n": F.gemma3n, "lfm2": F.lfm2, "llama4": F.llama4, "nemotron_h": F.nemotron_h,
             "falcon-h1": F.falcon_h1, "gpt-oss": F.gpt_oss, "glm4moe": F.glm4moe,
+            "deepseek2": F.deepseek2,
             "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window")}[family]
     d = tmp_path_factory.getbasetemp() / "pinned_families"
     d.mkdir(exist_ok=True)

@@ -98,6 +98,7 @@ class TransformerShape:
     moe_oai: bool = False  # gpt-oss MoE: router bias, softmax over the selected logits, expert biases (add_id)
     rows_after_layers: bool = False  # gpt-oss: the last layer's output is h_nextn (an output), its rows then
     #                                  the output norm
+    mla: tuple[int, ...] = ()  # DeepSeek-V2 MLA: (kv_lora_rank, n_rot, key_length_mla, value_length_mla)
     moe_sigmoid: bool = False  # GLM-4.5: sigmoid probabilities, selected after adding exp_probs_b, and a
     #                            dense shared expert added (build_ffn)
     ssm: tuple[int, ...] = ()  # Nemotron-H: one block per layer (Mamba2, attention or ReLU^2 MLP) and the
@@ -187,7 +188,7 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         g.expand(out)
     if k == 1:
         out = g.op("CONT", "ffn_moe_out", (E, T), out)
-    if L.n_ff_shexp and (shape.moe_llama4 or shape.moe_sigmoid):  # llama4.cpp, glm4-moe.cpp: build_ffn of the
+    if L.n_ff_shexp and (shape.moe_llama4 or shape.moe_sigmoid or shape.mla):  # llama4.cpp, glm4-moe.cpp: build_ffn of the
         # shared expert, added
         gate = g.op("MUL_MAT", "ffn_gate_shexp", (L.n_ff_shexp, T), None, cur)
         up = g.op("MUL_MAT", "ffn_up_shexp", (L.n_ff_shexp, T), None, cur)
@@ -348,6 +349,57 @@ def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_s
     logits.is_output = True
     g.expand(logits)
     return g
+
+
+def _mla(g: Graph, shape: TransformerShape, L: LayerShape, il: int, cur: Tensor, T: int, tps: int, ns: int,
+         flash_attn: bool, pos: Tensor, cache_input) -> Tensor:
+    """deepseek2.cpp's absorbed MLA attention (``is_mla``, DeepSeek-V2-Lite's single Q projection):
+    Q split in nope/rope parts, the nope part times ``wk_b`` per head, K the normed latent plus the
+    roped ``k_pe`` (one head), V a view of the K cache; ``build_attn`` with a K-only cache
+    (llm_graph_input_attn_k) and ``build_attn_mha``'s ``v_mla`` product, then ``wo``."""
+    kv_lora, rope, k_mla, v_mla = shape.mla
+    H, nope, hk = L.n_head, k_mla - rope, kv_lora + rope
+    q = g.reshape(g.op("MUL_MAT", f"q-{il}", (k_mla * H, T), None, cur), k_mla, H, T)
+    kvp = g.op("MUL_MAT", f"kv_cmpr_pe-{il}", (hk, T), None, cur)
+    kv = g.view(kvp, (kv_lora, T), (kvp.nb[1],))
+    k_pe = g.view(kvp, (rope, 1, T), (kvp.nb[1], kvp.nb[1]), kv_lora * 4)
+    k_pe = g.op("ROPE", f"k_pe-{il}", (rope, 1, T), k_pe, pos)
+    kv = g.op("MUL", f"kv_cmpr-{il}", (kv_lora, T), g.op("RMS_NORM", f"norm-{il}", (kv_lora, T), kv), None)
+    q_nope = g.view(q, (nope, H, T), (q.nb[1], q.nb[2]))
+    q_pe = g.view(q, (rope, H, T), (q.nb[1], q.nb[2]), nope * 4)
+    q_pe = g.op("ROPE", f"q_pe-{il}", (rope, H, T), q_pe, pos)
+    qa = g.op("MUL_MAT", f"q_nope_absorbed-{il}", (kv_lora, T, H), None, g.permute(q_nope, 0, 2, 1, 3))
+    qcur = g.op("CONCAT", f"Qcur-{il}", (hk, H, T), g.permute(qa, 0, 2, 1, 3), q_pe)
+    kv3 = g.reshape(kv, kv_lora, 1, T)
+    kcur = g.op("CONCAT", f"Kcur-{il}", (hk, 1, T), kv3, k_pe)
+    g.expand(qcur)
+    g.expand(kv3)
+    g.expand(kcur)
+    n_kv = L.n_kv
+    cache_k = g.leaf(f"cache_k_l{il}", (hk, n_kv * ns), "f16")
+    k_idxs = cache_input(False, "attn_inp_k_idxs", (T,), "i64")
+    g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, g.view(kcur, (hk, T), (kcur.nb[2],)), k_idxs))
+    mask = cache_input(False, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
+    if not any(t is mask for t, _, _ in g.kv_sized):
+        g.kv_sized.append((mask, False, 0))
+    qp = g.permute(g.reshape(qcur, hk, H, tps, ns) if ns > 1 else qcur, 0, 2, 1, 3)
+    kview = g.permute(g.view(cache_k, (hk, 1, n_kv, ns), (hk * 2, hk * 2, hk * 2 * n_kv)), 0, 2, 1, 3)
+    vview = g.permute(g.view(cache_k, (kv_lora, 1, n_kv, ns), (hk * 2, hk * 2, hk * 2 * n_kv)), 0, 2, 1, 3)
+    if flash_attn:
+        fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (kv_lora, H, tps, ns), qp, kview, vview, mask)
+        o = g.op("MUL_MAT", f"fattn_mla-{il}", (v_mla, tps, H, ns), None, g.permute(fa, 0, 2, 1, 3))
+        o = g.op("CONT", f"fattn_mla-{il}", (v_mla, H, tps, ns), g.permute(o, 0, 2, 1, 3))
+        attn = g.reshape(o, v_mla * H, T)
+    else:
+        kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
+        sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+        vc = g.op("CONT", f"v_cont-{il}", (n_kv, kv_lora, 1, ns), g.transpose(vview), etype="f16")
+        g.kv_sized += [(kq, False, 0), (sm, False, 0), (vc, False, 0)]
+        kqv = g.op("MUL_MAT", f"kqv-{il}", (kv_lora, tps, H, ns), vc, sm)
+        kqv = g.op("MUL_MAT", f"kqv_mla-{il}", (v_mla, tps, H, ns), None, kqv)
+        attn = g.op("CONT", f"kqv_out-{il}", (v_mla * H, T), g.permute(kqv, 0, 2, 1, 3))
+    g.expand(attn)
+    return g.op("MUL_MAT", f"attn_out-{il}", (shape.n_embd, T), None, attn)
 
 
 def _magnitude(g: Graph, x: Tensor) -> Tensor:
@@ -522,6 +574,8 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             if s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
                 s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
             cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy)
+        elif shape.mla:
+            cur = _mla(g, shape, L, il, cur, T, tps, ns, flash_attn, pos, cache_input)
         elif L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
             cur = g.op("MUL_MAT", f"wo-{il}", (E, T), None, cur)
         elif L.n_head_kv > 0:
@@ -775,6 +829,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "falcon-h1": {"parallel_ssm": True},
     "gpt-oss": {"attn_out_bias": True, "moe_oai": True, "rows_after_layers": True},
     "glm4moe": {"moe_sigmoid": True},
+    "deepseek2": {},
 }
 
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
@@ -815,7 +870,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     (layer 0's, or every layer's where layers differ in kind)."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
-    if extra is None or st.is_mla or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
+    if extra is None or (st.is_mla and model.architecture != "deepseek2") or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
         return None
     rows = st.layers
     n_layer = model.n_layer
@@ -837,6 +892,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
     glm_moe = False
+    mla_shape: tuple[int, ...] = ()
     if model.architecture == "glm4moe":  # glm4-moe.cpp: dense leading layers, then MoE with a shared expert;
         # post_attention_norm is the feed-forward norm; sigmoid gating (the default), exp_probs_b
         all_names = {t.name.split(".", 2)[2] for t in model.tensors
@@ -853,6 +909,25 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
             return None  # another gating, M-RoPE or interleaved dense layers: not rebuilt
         names = (names - {"post_attention_norm.weight"}) | {"ffn_norm.weight"}
         glm_moe = True
+    if model.architecture == "deepseek2":  # deepseek2.cpp, absorbed MLA (DeepSeek-V2-Lite's single Q
+        # projection), dense leading layers, softmax-routed MoE with shared experts
+        a = "deepseek2"
+        all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
+        ds = {"attn_norm.weight", "attn_kv_a_norm.weight", "attn_q.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight",
+              "attn_v_b.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+              "ffn_down.weight", "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight",
+              "ffn_down_exps.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+        meta = model.metadata
+        mla = [meta.get(f"{a}.attention.kv_lora_rank"), meta.get(f"{a}.rope.dimension_count"),
+               meta.get(f"{a}.attention.key_length_mla"), meta.get(f"{a}.attention.value_length_mla")]
+        if not st.is_mla or not all_names <= ds or meta.get(f"{a}.expert_gating_func", 0) not in (0, 1) or \
+                meta.get(f"{a}.expert_group_count", 0) not in (0, 1) or \
+                meta.get(f"{a}.attention.temperature_scale") is not None or \
+                not all(isinstance(x, int) and x > 0 for x in mla) or type_k.lower() == "f32" or \
+                any(il not in moe_layers for il in range(model.n_layer) if il >= min(moe_layers, default=model.n_layer)):
+            return None  # the full Q LoRA, sigmoid or grouped routing, temperature tuning: not rebuilt
+        mla_shape = tuple(mla)
+        glm_moe = True  # per-layer MoE like GLM-4.5
     if model.architecture == "gpt-oss":  # openai-moe.cpp: post_attention_norm is the feed-forward norm
         gpt_oss = {"post_attention_norm.weight", "attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias",
                    "ffn_gate_exps.bias", "ffn_down_exps.bias", "ffn_up_exps.bias"}
@@ -870,7 +945,11 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     flags["ffn_norm_bias"] = "ffn_norm.bias" in names
     flags["output_norm_bias"] = "output_norm.bias" in top
     if glm_moe:
-        flags["moe_norm_w"] = bool(model.metadata.get("glm4moe.expert_weights_norm", False))
+        flags["moe_norm_w"] = bool(model.metadata.get(f"{model.architecture}.expert_weights_norm", False))
+    if mla_shape:
+        flags["mla"] = mla_shape
+        names = (names - {"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"}) | \
+            {"attn_k.weight", "attn_v.weight"}
     if flags["qk_norm"] and flags.get("layer_norm"):
         return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
     known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
