@@ -15,7 +15,9 @@ CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_gra
   attention-free and "linear attention" layers; Gemma 4 and Gemma 3n (src/models/gemma4.cpp,
   gemma3n.cpp: per-layer embeddings, shared-KV layers that only read, Gemma 3n's AltUp streams and
   LAuReL); LFM2's short-conv layers (lfm2.cpp, ``build_rs`` state rows); Llama 4 (llama4.cpp: NoPE
-  layers, L2 Q/K norms, sigmoid MoE weighted before the experts, shared expert);
+  layers, L2 Q/K norms, sigmoid MoE weighted before the experts, shared expert); Nemotron-H and
+  Falcon-H1 (``build_mamba2_layer``); gpt-oss (openai-moe.cpp); GLM-4.5 MoE (glm4-moe.cpp);
+  DeepSeek-V2's absorbed MLA (deepseek2.cpp);
 - ``build_attn`` / ``build_attn_mha``: Q, V, K expanded first (Q, K, V for iSWA), the cache
   writes (``ggml_set_rows``; V transposed without flash attention, one index per element), then
   flash attention or ``kq`` / ``soft_max`` / ``kqv``, f16 casts of an f32 cache;
