@@ -109,3 +109,54 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     if transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) is not None:
         assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"
     assert ours >= 0.98 * theirs - 8 * MiB
+
+
+#: the rebuilt graphs of Gemma 4, Gemma 3n, LFM2, Llama 4, Nemotron-H, Falcon-H1, gpt-oss, GLM-4.5 and DeepSeek-V2 (tests/gguf_families.py shapes) against
+#: the figures llama.cpp's dry run printed for them (tests/test_model_families.py asserts the same
+#: equalities against a live dry run; this pins them without llama.cpp)
+PINNED = [
+    ("gemma4", dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2), "572.80"),
+    ("gemma4", dict(n_ctx=4096, flash_attn="off", n_seq=1), "527.00"),
+    ("gemma4", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024), "1098.03"),
+    ("gemma3n", dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2), "525.55"),
+    ("gemma3n", dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256), "262.00"),
+    ("lfm2", dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2), "144.04"),
+    ("lfm2-swa", dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2), "141.01"),
+    ("lfm2-swa", dict(n_ctx=4096, flash_attn="off", n_seq=1), "144.01"),
+    ("llama4", dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256), "212.31"),
+    ("llama4", dict(n_ctx=32768, flash_attn="on", swa_full=True), "444.72"),
+    ("nemotron_h", dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2), "286.34"),
+    ("nemotron_h", dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256), "144.76"),
+    ("falcon-h1", dict(n_ctx=4096, flash_attn="off", n_seq=1), "140.00"),
+    ("falcon-h1", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024), "362.02"),
+    ("gpt-oss", dict(n_ctx=32768, flash_attn="on", swa_full=True), "409.63"),
+    ("gpt-oss", dict(n_ctx=4096, flash_attn="off", n_seq=1), "558.39"),
+    ("glm4moe", dict(n_ctx=4096, flash_attn="off", n_seq=1), "154.01"),
+    ("deepseek2", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024), "660.54"),
+    ("deepseek2", dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256), "120.13"),
+]
+
+
+@pytest.mark.parametrize("family,kwargs,mib", PINNED, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(PINNED)])
+def test_rebuilt_families_pinned(family, kwargs, mib, tmp_path_factory):
+    import gguf_families as F
+    from gguf_factory import write_model
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.plan.reserve_graph import transformer_shape
+
+    make = {"gemma4": F.gemma4, "gemma3n": F.gemma3n, "lfm2": F.lfm2, "llama4": F.llama4, "nemotron_h": F.nemotron_h,
+            "falcon-h1": F.falcon_h1, "gpt-oss": F.gpt_oss, "glm4moe": F.glm4moe,
+            "deepseek2": F.deepseek2,
+            "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window")}[family]
+    d = tmp_path_factory.getbasetemp() / "pinned_families"
+    d.mkdir(exist_ok=True)
+    path = d / f"{family}.gguf"
+    if not path.exists():
+        write_model(path, make())
+    model = ModelProfile.from_gguf(path)
+    config = PlanConfig(**kwargs)
+    plan = plan_memory(model, config)
+    assert transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) is not None
+    assert f"{plan.compute.bytes_on('CPU') / MiB:.2f}" == mib

@@ -200,7 +200,8 @@ def estimate_compute(
     if not gpu_devices and all(d == host for d in layer_devices):
         shape = transformer_shape(model, kv_layers, type_k, type_v)
         if shape is not None:
-            exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn)
+            exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn,
+                                              n_seqs=n_seq)
             return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
