@@ -155,6 +155,7 @@ def test_a_run_corrects_the_prefill_kernels_it_ran(plan, tmp_path):
     scales = dict(cal.constants.host_prefill_type_scales)
     assert scales["Q5_0"] < scales["Q4_K"] <= 1.0  # the bigger share moves more
     assert cal.constants.host_prefill_scale == 1.0
+    assert not any("@mul_mat_id" in t for t in scales)  # a dense model's bench never ran MoE experts' kernel
     f16 = ModelProfile.from_gguf(write_real_shape(tmp_path / "f16.gguf", "llama-3.2-1b", "F16"))
     f16_plan = plan_memory(f16, PlanConfig(n_ctx=1024), [], HOST)
     after = speed_inputs([], HOST, n_threads=2, constants=cal.constants)

@@ -181,7 +181,8 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     (p,) = prefill_workload(plan, 64, 0).devices
     assert sum(w[1] for w in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
     # an expert matmul gets 64 x 2 / 8 = 16 of the ubatch's rows, a dense one all 64
-    assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 16.0, 64.0}  # 1: the output, last token only
+    assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 64.0}  # 1: the output, last token only
+    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id"} == {16.0}  # experts: MUL_MAT_ID, its own entry
     assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
 
 

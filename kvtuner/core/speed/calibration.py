@@ -12,7 +12,7 @@ scaled constants and picks the scales ``s`` (natural log ``x = ln s``) that mini
 prior picks the smallest change, i.e. the constant of the bottleneck term moves). Decode fits
 ``host_decode_scale``, ``host_attn_scale``, ``host_overhead_scale``, ``gpu_bw_efficiency`` and
 ``gpu_token_overhead_s``; prefill fits one host scale per weight type the runs computed on the CPU
-(``host_prefill_type_scales``: a run corrects the kernels it ran, in proportion to their share of its
+(``host_prefill_type_scales``, MoE experts' MUL_MAT_ID apart: a run corrects the kernels it ran, in proportion to their share of its
 time), ``gpu_int8_efficiency`` and ``gpu_fp16_efficiency``. A family (``architecture/file_type``) is fitted starting from the
 machine-wide fit.
 
@@ -50,7 +50,7 @@ from ..model.profile import ModelProfile
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
 from .speed_model import PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500

@@ -114,6 +114,15 @@ THREAD_EFFICIENCY = 0.55
 
 #: Calibration parameter name prefix for one weight type's host prefill scale.
 PREFILL_TYPE_PARAM = "host_prefill_type:"
+#: Appended to a weight type in a prefill workload when its matmul is ggml's MUL_MAT_ID (MoE
+#: experts: ggml-cpu.c ``ggml_compute_forward_mul_mat_id``), another kernel than the dense
+#: MUL_MAT of the same type, so a calibration run corrects the one it ran: ``"Q5_0@mul_mat_id"``.
+MUL_MAT_ID_TAG = "@mul_mat_id"
+
+
+def base_type(type_name: str) -> str:
+    """The ggml type of a workload entry (``"Q5_0@mul_mat_id"`` -> ``"Q5_0"``)."""
+    return type_name.split("@", 1)[0]
 
 
 class SpeedModelError(ValueError):
@@ -142,7 +151,9 @@ class SpeedConstants:
         host_prefill_scale: multiplies the probe's prefill FLOP/s (every weight type).
         host_prefill_type_scales: ``((type name, factor), ...)``: multiplies the probe's prefill
             FLOP/s of that weight type on top of ``host_prefill_scale``; what a calibration run
-            moves, in proportion to the time its model spends in each type's kernel. One shared
+            moves, in proportion to the time its model spends in each type's kernel. MoE experts'
+            MUL_MAT_ID has its own entries (``"Q5_0@mul_mat_id"``, :data:`MUL_MAT_ID_TAG`): a dense
+            model's bench does not move them. One shared
             scale did not transfer: on the 2-core VM the probe's Q5_0 rate was about 30 % optimistic
             (most of the default model's prefill) while its Q8_0 rate was within 8 %
             (benchmarks/speed_cpu_runs.json), so a scale fitted on the default model made every
@@ -734,7 +745,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                 # ggml_compute_forward_mul_mat_id_one_chunk: vec_dot per row pair in 16 x 16
                 # tiles; neither llamafile's sgemm nor the multi-row kernels of a dense MUL_MAT)
                 f /= consts.host_moe_prefill_efficiency
-            acc.weight(run, t, b * n_calls, f * n_prompt, rows)
+            acc.weight(run, t + MUL_MAT_ID_TAG if expert else t, b * n_calls, f * n_prompt, rows)
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
@@ -815,8 +826,8 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
             t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:
-            for typ, _, f, rows in d.weights:
-                t += f / (cpu.prefill_rate(typ, rows) * c.prefill_scale(typ))
+            for typ, _, f, rows in d.weights:  # a MUL_MAT_ID entry has its own calibration scale
+                t += f / (cpu.prefill_rate(base_type(typ), rows) * c.prefill_scale(typ))
             t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
             t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
     except ProbeError as exc:
@@ -833,7 +844,7 @@ def _gpu_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants) ->
     int8 = (r.int8_op_s or (r.fp16_flop_s or 0) * 2 or r.bandwidth_bytes_s * 80) * c.gpu_int8_efficiency
     t_cmp = d.attn_flops / fp16
     for typ, _, f, _ in d.weights:
-        t_cmp += f / (fp16 if typ in _FLOAT_TYPES else int8)
+        t_cmp += f / (fp16 if base_type(typ) in _FLOAT_TYPES else int8)
     return max(t_mem, t_cmp) + d.n_layers * c.gpu_layer_overhead_s
 
 
