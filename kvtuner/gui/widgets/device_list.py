@@ -81,6 +81,7 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         self.by_memory.setChecked(True)
         form.addRow(self.by_memory)
         lay.addLayout(form)
+        self._split_form = form  # shown with two devices or more, like the list with one or more
         self.sliders_box = QtWidgets.QWidget()
         self.sliders_layout = QtWidgets.QFormLayout(self.sliders_box)
         self.sliders_layout.setContentsMargins(0, 0, 0, 0)
@@ -213,6 +214,12 @@ class DeviceListPanel(QtWidgets.QGroupBox):
             self.sliders.append(s)
             self.sliders_layout.addRow(f"-ts {i}", s)
         self.main_gpu.setMaximum(max(0, len(devs) - 1))
+        # one card or none: nothing to split, so the window shows only the two ways to add one
+        self.list.setVisible(bool(devs))
+        self.remove_button.setVisible(bool(self._extra))
+        for row in range(self._split_form.rowCount()):
+            self._split_form.setRowVisible(row, len(devs) >= 2)
+        self.sliders_box.setVisible(len(devs) >= 2)
 
     def _emit(self, *_: object) -> None:
         try:
