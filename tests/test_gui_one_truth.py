@@ -67,7 +67,7 @@ def _server_line(w: MainWindow) -> str:
 def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
     w = _window(qtbot, tmp_path)
     assert w.hardware.current_choice() == CPU_ONLY
-    assert "planning for this machine (CPU only)" in w.hardware.detected_label.text()
+    assert "this machine plans CPU only" in w.hardware.detected_label.text()
     assert w.hardware.gpus() == [] and w.plan.n_gpu_layers == 0 and w.config.n_gpu_layers == 0
     # GPU layers and KV layers do not apply: they read n/a and are disabled, with the reason
     for entry in (w.controls.ngl, w.controls.kv):
@@ -82,7 +82,7 @@ def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
     _choose(qtbot, w, DEFAULT_WHAT_IF)
     assert "RTX 3060 12GB" in w.hardware.choice.currentText() and "GB/s" in w.hardware.choice.currentText()
     assert w.plan.n_gpu_layers > 0 and w.graphs._predicted == []
-    assert "no predicted lines: the plan is for a what-if RTX 3060 12GB" in w.graphs_box.title()
+    assert "no predicted lines: the plan is for RTX 3060 12GB (what-if)" in w.graphs_box.title()
 
 
 def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbot, tmp_path):

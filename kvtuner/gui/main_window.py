@@ -727,7 +727,8 @@ class MainWindow(QtWidgets.QMainWindow):
         if what_if:
             self.graphs.set_predicted([], [])
             self.graphs_box.setTitle(f"Live: memory and speed of this machine (no predicted lines: the plan is for "
-                                     f"a what-if {what_if[0].name}; dotted: run phases)")
+                                     f"{what_if[0].name if 'what-if' in what_if[0].name else 'a what-if ' + what_if[0].name}; "
+                                     "dotted: run phases)")
             return
         where = "this machine, " + (", ".join(g.name for g in gpus) if gpus else "CPU only")
         memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus if g.kind == "gpu"]

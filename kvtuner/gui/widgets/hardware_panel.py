@@ -48,8 +48,8 @@ class HardwarePanel(QtWidgets.QGroupBox):
             self.detected_label.setText("; ".join(f"{g.device} {g.name}, {fmt_bytes(g.total_bytes)}" for g in gpus))
         else:
             self.detected_label.setText("no GPU found" + (f" ({gpu_note})" if gpu_note else "") +
-                                        ": planning for this machine (CPU only); choose a what-if card "
-                                        "in \"Plan for\" to see what one would hold")
+                                        ": this machine plans CPU only; a what-if card in \"Plan for\" "
+                                        "shows what one would hold")
         form.addRow("GPU", self.detected_label)
         self.ram_label = QtWidgets.QLabel(
             f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
