@@ -251,9 +251,11 @@ def _kvgl_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
 
 
 def _moe_hi(model: ModelProfile, cfg: PlanConfig) -> int:
-    # MoE models only: the layers whose experts may stay in RAM (llama.cpp's --n-cpu-moe N puts
-    # the experts of layers 0..N-1 on the CPU); a dense model has one value, 0
-    return model.n_layer if model.n_expert else 0
+    # MoE models with every layer offloaded only: the layers whose experts may stay in RAM
+    # (llama.cpp's --n-cpu-moe N puts the experts of layers 0..N-1 on the CPU). With fewer
+    # layers offloaded it has one value, 0: experts go to RAM before whole layers do (the order of
+    # llama.cpp's own --fit, llama_params_fit_impl), which keeps the search under a second
+    return model.n_layer if model.n_expert and cfg.n_gpu_layers == ALL_LAYERS else 0
 
 
 def _moe_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
