@@ -32,7 +32,7 @@ def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_os
     qtbot.waitUntil(lambda: w.model is not None and w.model.n_expert == 32, timeout=30_000)
     w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("8 GB"))
     c = w.controls
-    assert not c.moe.isHidden() and c._labels["n_cpu_moe"].text() == "MoE layers with &experts on CPU"
+    assert not c.moe.isHidden() and c._labels["n_cpu_moe"].text() == "MoE &experts on CPU"
     assert (c.moe.slider.minimum(), c.moe.slider.maximum()) == (0, 24)
     gpu_row = w.prediction.bars.rows[0]
     assert gpu_row.experts_bytes > 0 and gpu_row.free_bytes < 0  # all experts in VRAM: does not fit
@@ -49,3 +49,7 @@ def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_os
     c.moe.slider.setValue(16)
     qtbot.wait(50)
     assert w.grab().save(str(shot)) and shot.stat().st_size > 0
+    if os.environ.get("KVTUNER_MOE_SCREENSHOT"):  # the README's picture: 12 layers' experts in RAM
+        c.moe.slider.setValue(12)
+        qtbot.wait(50)
+        w.grab().save(os.environ["KVTUNER_MOE_SCREENSHOT"])

@@ -238,7 +238,8 @@ class _Ctx:
                 best = _tuned_config(self.plan.model, cfg, self.gpus, self.host, self.speed.inputs, g)
             except (TuneError, ConfigError, SpeedModelError):
                 best = None
-            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if getattr(cfg, k) != v}
+            cur = cfg.to_dict()  # compared as JSON values (a tuple and a list of the same items are equal)
+            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if cur.get(k) != v}
                                 if best is not None else {})
         return dict(self._tuned[key])
 

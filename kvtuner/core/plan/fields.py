@@ -164,8 +164,8 @@ FIELDS: tuple[ConfigField, ...] = (
         "read weights into RAM instead of memory-mapping them", llama_cpp_python="use_mmap", ollama="use_mmap",
         koboldcpp="usemmap"),
     ConfigField(
-        "n_cpu_moe", "--n-cpu-moe", ("-ncmoe",), "--n-cpu-moe", "int", "MoE layers with &experts on CPU",
-        "keep the MoE expert weights of the first N layers in host RAM (default 0)",
+        "n_cpu_moe", "--n-cpu-moe", ("-ncmoe",), "--n-cpu-moe", "int", "MoE &experts on CPU",
+        "MoE layers with experts on CPU: keep the MoE expert weights of the first N layers in host RAM (default 0)",
         "llama.cpp adds -ot blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU for each layer i < N\n"
         "(common/common.h llm_add_n_cpu_ffn_overrides): attention, KV and the dense part stay in VRAM;\n"
         "a token reads n_expert_used / n_expert of those experts from RAM, computed by the CPU.",
