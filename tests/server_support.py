@@ -6,8 +6,12 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from pathlib import Path
 import urllib.error
 import urllib.request
+
+import pytest
 
 
 def free_port() -> int:
@@ -38,3 +42,19 @@ def stop_group(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float) -> str:
+    """Poll ``/health`` every 0.5 s until llama-server answers 200 and return the body; fail the
+    test (with the tail of ``log``) when the process exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    status, body = 0, ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        status, body = health(port)
+        if status == 200:
+            break
+        time.sleep(0.5)
+    assert status == 200, f"no healthy /health within {timeout_s} s:\n{log.read_text(errors='replace')[-4000:]}"
+    return body

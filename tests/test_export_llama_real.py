@@ -12,17 +12,15 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import export
-from server_support import free_port, health  # noqa: E402
+from server_support import free_port, health, stop_group, wait_healthy  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -136,16 +134,7 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
         proc = subprocess.Popen(["/bin/sh", "-c", command], stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"})
     try:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        status, body = 0, ""
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-            status, body = health(port)
-            if status == 200:
-                break
-            time.sleep(0.5)
-        assert status == 200, f"no healthy /health within {HEALTH_TIMEOUT_S} s:\n{log.read_text(errors='replace')[-4000:]}"
+        body = wait_healthy(proc, port, log, HEALTH_TIMEOUT_S)
         assert json.loads(body) == {"status": "ok"}
         text = log.read_text(errors="replace")
         # the flags took effect: llama.cpp reports the context and the caches it made
@@ -163,13 +152,7 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
         if name == "n-cpu-moe":
             assert "--n-cpu-moe 2" in result.text
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+        stop_group(proc)
     assert proc.returncode is not None
     assert health(port)[0] == 0  # the port is closed again
     print(shlex.join(result.argv))

@@ -27,7 +27,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import PRINT_TOLERANCE_BYTES, plan_memory
 from kvtuner.core.plan.placement import DeviceSplit
 from kvtuner.core.units import MiB
-from server_support import free_port, health, stop_group  # noqa: E402
+from server_support import free_port, stop_group, wait_healthy  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -101,17 +101,7 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
         with open(log, "wb") as fh:
             procs.append(subprocess.Popen([*result.argv, "--host", "127.0.0.1", "--port", str(port), "--threads", "2",
                                            "-lv", "4"], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
-        server = procs[-1]
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        status, body = 0, ""
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                pytest.fail(f"llama-server exited with {server.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-            status, body = health(port)
-            if status == 200:
-                break
-            time.sleep(0.5)
-        assert status == 200, f"no healthy /health within {HEALTH_TIMEOUT_S} s:\n{log.read_text(errors='replace')[-4000:]}"
+        body = wait_healthy(procs[-1], port, log, HEALTH_TIMEOUT_S)
         assert json.loads(body) == {"status": "ok"}
         text = log.read_text(errors="replace")
         weights, kv, compute = _buffers(text, "model"), _buffers(text, "KV"), _buffers(text, "compute")
