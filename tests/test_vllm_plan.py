@@ -16,8 +16,9 @@ from gguf_factory import write_real_shape
 from kvtuner.core.export.vllm import render, settings_from_config
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.decision_table import decision_table, kv_bytes_per_token
+from kvtuner.core.plan.torch_allocator import CachingAllocatorModel
 from kvtuner.core.plan.vllm import (VllmError, VllmModel, VllmSettings, estimate_activation_bytes, plan_vllm,
-                                    pool_from_available)
+                                    cuda_reported_total, pool_from_available, reserved_profile_bytes)
 from kvtuner.core.plan.workload import Workload, WorkloadError, workload_advice, workload_kv
 from kvtuner.core.units import GiB, MiB
 
@@ -105,10 +106,118 @@ def test_public_logs_within_5_percent():
     assert len(arith) >= 7 and all(abs(v - 1) < 0.01 for v in arith), arith
     assert all(r["export_blocks"] == r["full"]["blocks"] for r in results if "full" in r)  # the export prints them
     for r in results:
-        if r["multimodal"] or r["id"].startswith("qwen15"):  # vision profiling; assumed GPTQ weights (6.7%)
+        if r["multimodal"]:  # vision-encoder profiling is not modelled: no blocks, no ratios
+            assert r["full"]["blocks"] is None and r["export_blocks"] is None and not r["full_ratios"]
+            assert "vision encoder not modelled" in r["full"]["unknown"]
             continue
         for v in r.get("full_ratios", {}).values():
             assert abs(v - 1) < 0.05, (r["id"], v)
+    gptq = next(r for r in results if r["id"] == "qwen15-7b-gptq-3090")
+    assert abs(gptq["full_ratios"]["kv_tokens"] - 1) < 0.01  # 24384 predicted, 24320 logged
+
+
+#: Qwen1.5-7B-Chat-GPTQ-Int4 (benchmarks/vllm_logs/rows.json): Qwen2 shapes, 4-bit GPTQ, group size 128.
+QWEN15_GPTQ = {"model_type": "qwen2", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+               "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": False,
+               "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}}
+
+
+def gptq_linear_bytes(n_in: int, n_out: int) -> int:
+    # qweight int32 [in/8, out] + g_idx int32 [in] + qzeros int32 [in/128, out/8] + scales fp16 [in/128, out]
+    return n_in // 8 * n_out * 4 + n_in * 4 + n_in // 128 * (n_out // 8) * 4 + n_in // 128 * n_out * 2
+
+
+def test_gptq_weights_exact_by_hand():
+    m = VllmModel.from_hf_config(QWEN15_GPTQ, name="qwen")
+    assert m.gptq is not None and (m.gptq.bits, m.gptq.group_size) == (4, 128) and m.qkv_bias and m.n_head == 32
+    per_layer = (gptq_linear_bytes(4096, 3 * 4096) + 3 * 4096 * 2  # qkv_proj + its fp16 bias
+                 + gptq_linear_bytes(4096, 4096) + gptq_linear_bytes(4096, 2 * 11008) + gptq_linear_bytes(11008, 4096)
+                 + 2 * 4096 * 2)  # two RMSNorm weights
+    # qkv 26,189,824 + o 8,732,672 + gate_up 46,866,432 + down 23,469,056 + norms 16,384
+    assert per_layer == 105_274_368
+    total = 151936 * 4096 * 2 * 2 + 32 * per_layer + 4096 * 2  # embed_tokens + lm_head (fp16), layers, final norm
+    assert m.weights_bytes == total == 5_858_107_392  # the checkpoint's safetensors: 3.99 GB + 1.87 GB
+    # the allocated activation peak: (3 F + 3 E) x 2 bytes per token + down_proj's dequantized fp16 weight
+    assert estimate_activation_bytes(m, 32768) == 32768 * (3 * 11008 + 3 * 4096) * 2 + 11008 * 4096 * 2
+    plain = VllmModel.from_hf_config({k: v for k, v in QWEN15_GPTQ.items() if k != "quantization_config"})
+    assert plain.gptq is None and plain.weights_bytes == plain.n_params * 2
+    with pytest.raises(VllmError, match="GPTQ checkpoints of 2, 4 or 8 bits"):
+        VllmModel.from_hf_config(dict(QWEN15_GPTQ, quantization_config={"quant_method": "gptq", "bits": 3}))
+
+
+def test_caching_allocator_rules_by_hand():
+    a = CachingAllocatorModel()
+    a.malloc("tiny", 100)  # small pool: 512 bytes out of a 2 MiB segment
+    assert (a.allocated_bytes, a.reserved_bytes) == (512, 2 * MiB)
+    a.malloc("scales", 1_409_024)  # 1.34 MiB, under 10 MiB: a 20 MiB segment, the rest split off
+    assert a.reserved_bytes == 22 * MiB and a.allocated_bytes == 512 + 1_409_024
+    a.malloc("qweight", 22_544_384)  # 21.5 MiB: a 22 MiB segment; 0.5 MiB left is not split (<= 1 MiB)
+    assert a.reserved_bytes == 44 * MiB and a.allocated_bytes == 512 + 1_409_024 + 22 * MiB
+    a.malloc("qkv", 768 * MiB)
+    a.free("qkv")  # cached, still reserved
+    a.malloc("gate_up", 1376 * MiB)  # does not fit the 768 MiB block: a new segment
+    a.malloc("act", 688 * MiB)  # best fit: the cached 768 MiB block, split
+    assert a.reserved_bytes == (44 + 768 + 1376) * MiB
+    assert a.peak_allocated_bytes == 512 + 1_409_024 + (22 + 1376 + 688) * MiB
+
+
+def test_reserved_profile_qwen_gptq_by_hand():
+    """vLLM v0.3.0 subtracts total - free: the reserved segments of one forward of 32768 tokens.
+    Segments: residual 256 MiB, layer 0's normalised input 256, qkv_proj output 768, its temp_dq
+    (4096 x 12288 fp16) 96, output + bias 768, gate_up 1376 (the freed 768 MiB blocks are too
+    small), and a 2 MiB small-pool segment for input ids and positions; the attention and
+    o_proj outputs, act (688) and the later layers reuse cached blocks."""
+    m = VllmModel.from_hf_config(QWEN15_GPTQ, name="qwen")
+    weights, act = reserved_profile_bytes(m, 32768)
+    assert act == (256 + 256 + 768 + 96 + 768 + 1376 + 2) * MiB
+    assert m.weights_bytes < weights < m.weights_bytes * 1.02  # segments rounded up to 2 MiB / 20 MiB
+    s = VllmSettings(max_model_len=32768, engine="v0", memory_profiling="mem_get_info")
+    p = plan_vllm(m, s, int(23.58 * GiB))
+    assert (p.weights_bytes, p.activation_bytes, p.non_torch_bytes) == (weights, act, int(0.35 * GiB))
+    assert p.num_blocks == (int(int(23.58 * GiB) * 0.9) - weights - act - int(0.35 * GiB)) // (8 * MiB)
+    assert p.kv_tokens == 16 * p.num_blocks == 24384  # QwenLM/Qwen3#16 logged 24320 (vLLM 0.3.0)
+    # vLLM v0.6.4+ (torch_peak) subtracts the allocated peak: the same model keeps more blocks
+    assert plan_vllm(m, VllmSettings(max_model_len=32768, engine="v0"), int(23.58 * GiB)).num_blocks > p.num_blocks
+    with pytest.raises(VllmError, match="memory profiling"):
+        VllmSettings(max_model_len=4096, memory_profiling="guess")
+
+
+def test_export_cli_gptq_mem_get_info(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(QWEN15_GPTQ))
+    out = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--gpu-mem", "24G", "--max-model-len", "32768",
+                  "--vllm-engine", "v0", "--vllm-memory-profiling", "mem_get_info")
+    assert out.returncode == 0, out.stderr
+    m = VllmModel.from_hf_config(QWEN15_GPTQ)
+    s = VllmSettings(max_model_len=32768, max_num_seqs=1, engine="v0", memory_profiling="mem_get_info")
+    p = plan_vllm(m, s, cuda_reported_total(24 * GiB))
+    assert f"# GPU blocks: {p.num_blocks}\n" in out.stdout and "GPTQ 4-bit tensors" in out.stderr
+    bad = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--vllm-memory-profiling", "free")
+    assert bad.returncode == 2 and "--vllm-memory-profiling" in bad.stderr
+
+
+#: Llama-3.2-11B-Vision's config.json shape: a text_config inside an mllama model.
+MLLAMA = {"model_type": "mllama", "vision_config": {"image_size": 560, "max_num_tiles": 4},
+          "text_config": {"model_type": "mllama_text_model", "num_hidden_layers": 40, "hidden_size": 4096,
+                          "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                          "vocab_size": 128256}}
+
+
+def test_multimodal_plan_says_blocks_unknown(tmp_path):
+    m = VllmModel.from_hf_config(MLLAMA, name="mllama")
+    assert m.multimodal == "mllama"
+    p = plan_vllm(m, VllmSettings(max_model_len=65536, max_num_seqs=128), int(79.22 * GiB))
+    assert p.unknown.startswith("vision encoder not modelled: blocks unknown")
+    assert (p.num_blocks, p.kv_tokens, p.max_concurrency, p.fits) == (None, None, None, None)
+    assert p.to_dict()["num_blocks"] is None
+    r = render("meta-llama/Llama-3.2-11B-Vision", m, PlanConfig(), p.settings, int(79.22 * GiB))
+    assert "# GPU blocks: unknown (vision encoder not modelled: blocks unknown" in r.text
+    assert "Maximum concurrency for 65,536 tokens per request: unknown" in r.text
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MLLAMA))
+    out = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--gpu", "H100 SXM", "--max-model-len", "65536")
+    assert out.returncode == 0, out.stderr
+    assert "# GPU blocks: unknown" in out.stdout and "vision encoder not modelled" in out.stderr
 
 
 def test_bad_vllm_settings_say_what_to_change():

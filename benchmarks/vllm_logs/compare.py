@@ -8,8 +8,10 @@ Two checks per row, printed as ratios ``predicted / logged``:
    concurrency. A row that logs blocks but no budget checks only the concurrency from the blocks.
 2. **Full prediction** (``plan_vllm``): from the card's memory as PyTorch reports it and the
    model's config.json alone: weights, activation peak and non-torch memory estimated by
-   kvtuner, each logged component shown beside ours. Multimodal rows are printed but kept out of
-   the summary (vision-encoder profiling is not modelled). The exporter's text
+   kvtuner, each logged component shown beside ours. A row's ``settings.memory_profiling``
+   ``mem_get_info`` (vLLM v0.3.x) plans the weights and activation as PyTorch's reserved
+   segments. Multimodal rows get no blocks: the planner says "vision encoder not modelled:
+   blocks unknown" (their logged activation is shown; they are kept out of the summary). The exporter's text
    (``kvtuner export --format vllm``, kvtuner/core/export/vllm.py ``render``) is parsed too and
    must print the same blocks.
 
@@ -78,25 +80,31 @@ def evaluate(doc: dict) -> list[dict]:
                 "weights_logged_gib": lg.get("weights_gib"),
                 "activation_gib": round(plan.activation_bytes / GiB, 3), "activation_logged_gib": logged_act,
                 "non_torch_gib": round(plan.non_torch_bytes / GiB, 3), "non_torch_logged_gib": lg.get("non_torch_gib"),
-                "kv_gib": round(plan.available_kv_bytes / GiB, 3), "kv_logged_gib": lg.get("kv_cache_gib"),
-                "blocks": plan.num_blocks, "kv_tokens": plan.kv_tokens, "max_concurrency": round(plan.max_concurrency, 3),
+                "kv_gib": None if plan.available_kv_bytes is None else round(plan.available_kv_bytes / GiB, 3),
+                "kv_logged_gib": lg.get("kv_cache_gib"),
+                "blocks": plan.num_blocks, "kv_tokens": plan.kv_tokens,
+                "max_concurrency": None if plan.max_concurrency is None else round(plan.max_concurrency, 3),
                 "batched_tokens": plan.batched_tokens,
             }
             r: dict = {}
-            if "kv_cache_gib" in lg:
-                r["kv_bytes"] = plan.available_kv_bytes / _gib(lg["kv_cache_gib"])
-            if "gpu_blocks" in lg:
-                r["blocks"] = plan.num_blocks / lg["gpu_blocks"]
-            if "kv_tokens" in lg:
-                r["kv_tokens"] = plan.kv_tokens / lg["kv_tokens"]
-            if "max_concurrency" in lg:
-                r["max_concurrency"] = plan.max_concurrency / lg["max_concurrency"]
+            if plan.unknown:  # a multimodal model: no blocks predicted, no ratios
+                res["full"]["unknown"] = plan.unknown
+            else:
+                if "kv_cache_gib" in lg:
+                    r["kv_bytes"] = plan.available_kv_bytes / _gib(lg["kv_cache_gib"])
+                if "gpu_blocks" in lg:
+                    r["blocks"] = plan.num_blocks / lg["gpu_blocks"]
+                if "kv_tokens" in lg:
+                    r["kv_tokens"] = plan.kv_tokens / lg["kv_tokens"]
+                if "max_concurrency" in lg:
+                    r["max_concurrency"] = plan.max_concurrency / lg["max_concurrency"]
             res["full_ratios"] = r
             # the same prediction as `kvtuner export --format vllm` prints it
             text = render(row["model"], model, PlanConfig(), settings, _gib(total), weights, row["card"]).text
             blocks_line = next(x for x in text.splitlines() if "# GPU blocks:" in x)
-            res["export_blocks"] = int(blocks_line.rsplit(":", 1)[1])
-            if "gpu_blocks" in lg:
+            shown = blocks_line.split("# GPU blocks:", 1)[1].split()[0]
+            res["export_blocks"] = None if shown == "unknown" else int(shown)
+            if "gpu_blocks" in lg and res["export_blocks"] is not None:
                 res["export_ratios"] = {"blocks": res["export_blocks"] / lg["gpu_blocks"]}
         out.append(res)
     return out
@@ -120,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'row':<26} {'card':<12} {'pool arithmetic (ours/logged)':<48} full prediction (ours/logged)")
     for r in results:
         card = r["card"] if len(r["card"]) <= 12 else r["card"][:11] + "…"
-        full = _fmt(r.get("full_ratios")) + ("  [multimodal: not in summary]" if r["multimodal"] else "")
+        full = _fmt(r.get("full_ratios")) if r.get("full_ratios") else "-"
+        if r.get("full", {}).get("unknown"):
+            full = "blocks unknown (vision encoder not modelled)"
+        if r["multimodal"]:
+            full += "  [multimodal: not in summary]"
         print(f"{r['id']:<26} {card:<12} {_fmt(r.get('arith_ratios')):<48} {full}")
         f = r.get("full")
         if f:
             print(f"{'':<26} components GiB ours (logged): weights {f['weights_gib']} ({f['weights_logged_gib']}), "
-                  f"activation {f['activation_gib']} ({f['activation_logged_gib']}) at {f['batched_tokens']} tokens, "
-                  f"non-torch {f['non_torch_gib']} ({f['non_torch_logged_gib']}), KV {f['kv_gib']} ({f['kv_logged_gib']})")
+                  f"activation {'unknown' if f.get('unknown') else f['activation_gib']} ({f['activation_logged_gib']}) at {f['batched_tokens']} tokens, "
+                  f"non-torch {f['non_torch_gib']} ({f['non_torch_logged_gib']}), KV {'unknown' if f['kv_gib'] is None else f['kv_gib']} ({f['kv_logged_gib']})")
     arith = [abs(v - 1) for r in results for v in r.get("arith_ratios", {}).values()]
     full = [abs(v - 1) for r in results if not r["multimodal"] for v in r.get("full_ratios", {}).values()]
     pairs = {(r["model"], r["card"]) for r in results if r.get("arith_ratios") or r.get("full_ratios")}

@@ -425,6 +425,10 @@ def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32"],
                    help="vLLM KV dtype (default: fp8 when llama.cpp's K and V are quantized, else auto)")
     g.add_argument("--vllm-engine", default=None, choices=["v1", "v0"], help="vLLM engine (default v1)")
+    g.add_argument("--vllm-memory-profiling", default=None, choices=["torch_peak", "mem_get_info"],
+                   help="what vLLM subtracts after its profiling pass: torch_peak (v0.6.4 and later, default: "
+                        "PyTorch's allocated peak + non-torch memory) or mem_get_info (v0.3.x: total - free memory, "
+                        "PyTorch's reserved segments)")
     g.add_argument("--weight-bits", type=float, default=None, metavar="B",
                    help="bits per weight as the engine holds them (default 16: a bf16 checkpoint in vLLM; about 4.25 "
                         "for AWQ/GPTQ int4, 8 for FP8; plan --table with --hf-config uses it too)")
@@ -485,7 +489,8 @@ def vllm_settings_from_args(args: argparse.Namespace, config: "PlanConfig") -> "
         return settings_from_config(config, max_model_len=args.max_model_len,
                                     gpu_memory_utilization=args.gpu_memory_utilization,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    kv_cache_dtype=args.kv_cache_dtype, engine=args.vllm_engine)
+                                    kv_cache_dtype=args.kv_cache_dtype, engine=args.vllm_engine,
+                                    memory_profiling=getattr(args, "vllm_memory_profiling", None))
     except VllmError as exc:
         raise UserError(str(exc)) from None
 

@@ -199,13 +199,20 @@ def vllm_text(plan: "object", gpu_name: str) -> str:
     lines = [
         f"vLLM on {gpu_name} (total_gpu_memory {fmt_bytes(p.total_bytes)} x {s.gpu_memory_utilization} = "  # type: ignore[attr-defined]
         f"{fmt_bytes(p.usable_bytes)}, engine {s.engine}, kv_cache_dtype {s.kv_cache_dtype}):",  # type: ignore[attr-defined]
-        f"  weights {fmt_bytes(p.weights_bytes)} ({src['weights']}), activation peak {fmt_bytes(p.activation_bytes)} "  # type: ignore[attr-defined]
-        f"({src['activation']}, {p.batched_tokens} tokens), non-torch {fmt_bytes(p.non_torch_bytes)} ({src['non_torch']})",  # type: ignore[attr-defined]
-        f"  KV cache {fmt_bytes(p.available_kv_bytes)}: # GPU blocks: {p.num_blocks} "  # type: ignore[attr-defined]
-        f"({fmt_bytes(p.block_bytes)} each), GPU KV cache size: {p.kv_tokens:,} tokens",  # type: ignore[attr-defined]
-        f"  Maximum concurrency for {s.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",  # type: ignore[attr-defined]
+        f"  weights {fmt_bytes(p.weights_bytes)} ({src['weights']}), activation peak "  # type: ignore[attr-defined]
+        + (f"unknown ({p.batched_tokens} tokens)" if p.unknown  # type: ignore[attr-defined]
+           else f"{fmt_bytes(p.activation_bytes)} ({src['activation']}, {p.batched_tokens} tokens)")  # type: ignore[attr-defined]
+        + f", non-torch {fmt_bytes(p.non_torch_bytes)} ({src['non_torch']})",  # type: ignore[attr-defined]
     ]
-    if not p.fits:  # type: ignore[attr-defined]
+    if p.unknown:  # type: ignore[attr-defined]
+        lines.append("  # GPU blocks: unknown, maximum concurrency unknown (see the note)")
+    else:
+        lines += [
+            f"  KV cache {fmt_bytes(p.available_kv_bytes)}: # GPU blocks: {p.num_blocks} "  # type: ignore[attr-defined]
+            f"({fmt_bytes(p.block_bytes)} each), GPU KV cache size: {p.kv_tokens:,} tokens",  # type: ignore[attr-defined]
+            f"  Maximum concurrency for {s.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x",  # type: ignore[attr-defined]
+        ]
+    if p.fits is False:  # type: ignore[attr-defined]
         lines.append(f"  vLLM would refuse to start: --max-model-len {s.max_model_len} exceeds the {p.kv_tokens} KV tokens")  # type: ignore[attr-defined]
     lines += [f"  note: {n}" for n in p.notes]  # type: ignore[attr-defined]
     return "\n".join(lines)

@@ -84,20 +84,29 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
     if total_bytes:
         plan = plan_vllm(model, settings, total_bytes, weights_bytes=weights_bytes, gpu_name=gpu_name)
         lines += ["", f"# kvtuner's prediction for a {total_bytes / GiB:.2f} GiB GPU "
-                      f"(utilization {settings.gpu_memory_utilization}):",
-                  f"#   weights {plan.weights_bytes / GiB:.2f} GiB, activation peak {plan.activation_bytes / GiB:.2f} GiB "
-                  f"(estimated at {plan.batched_tokens} tokens), non-torch {plan.non_torch_bytes / GiB:.2f} GiB",
-                  f"#   KV cache {plan.available_kv_bytes / GiB:.2f} GiB = {plan.num_blocks} blocks of {settings.block_size} "
-                  f"tokens ({plan.block_bytes / (1 << 20):.2f} MiB each)",
-                  f"#   # GPU blocks: {plan.num_blocks}",
-                  f"#   GPU KV cache size: {plan.kv_tokens:,} tokens",
-                  f"#   Maximum concurrency for {settings.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"]
-        if not plan.fits:
+                      f"(utilization {settings.gpu_memory_utilization}):"]
+        if plan.unknown:
+            lines += [f"#   weights {plan.weights_bytes / GiB:.2f} GiB, activation peak unknown, "
+                      f"non-torch {plan.non_torch_bytes / GiB:.2f} GiB",
+                      f"#   # GPU blocks: unknown ({plan.unknown})",
+                      "#   GPU KV cache size: unknown",
+                      f"#   Maximum concurrency for {settings.max_model_len:,} tokens per request: unknown"]
+        else:
+            lines += [f"#   weights {plan.weights_bytes / GiB:.2f} GiB, activation peak {plan.activation_bytes / GiB:.2f} GiB "
+                      f"(estimated at {plan.batched_tokens} tokens), non-torch {plan.non_torch_bytes / GiB:.2f} GiB",
+                      f"#   KV cache {plan.available_kv_bytes / GiB:.2f} GiB = {plan.num_blocks} blocks of "  # type: ignore[operator]
+                      f"{settings.block_size} tokens ({plan.block_bytes / (1 << 20):.2f} MiB each)",
+                      f"#   # GPU blocks: {plan.num_blocks}",
+                      f"#   GPU KV cache size: {plan.kv_tokens:,} tokens",
+                      f"#   Maximum concurrency for {settings.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"]
+        if plan.fits is False:
             lines.append(f"#   vLLM will refuse to start: max_model_len {settings.max_model_len} > {plan.kv_tokens} KV tokens")
     limits = [
         "vLLM loads the original (safetensors) checkpoint or its own quantizations (AWQ, GPTQ, FP8); "
         "llama.cpp's GGUF k-quant weights are not what it holds: weights are planned at "
-        + ("2 bytes per parameter (--weight-bits for a quantized checkpoint)" if weights_bytes is None
+        + (f"the GPTQ {model.gptq.bits}-bit tensors of config.json's quantization_config "
+           f"({model.weights_bytes / GiB:.2f} GiB)" if weights_bytes is None and model.gptq is not None
+           else "2 bytes per parameter (--weight-bits for a quantized checkpoint)" if weights_bytes is None
            else f"{weights_bytes / GiB:.2f} GiB (--weight-bits)"),
         "vLLM keeps every layer's KV on the GPU: per-layer KV placement (-ngl below all, --kv-gpu-layers, -nkvo) "
         "and CPU layers have no equivalent" if (config.n_gpu_layers >= 0 or config.kv_gpu_layers is not None) else "",

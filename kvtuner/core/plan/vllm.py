@@ -28,8 +28,18 @@ outside PyTorch) and cuts the rest into paged blocks of 16 tokens. Formulas, by 
   ``num_blocks / cdiv(max_model_len, block_size)`` (equal when ``max_model_len`` is a multiple
   of 16).
 
-The profiling peak is measured by vLLM at start-up; kvtuner estimates it
-(:func:`estimate_activation_bytes`) and says so. ``benchmarks/vllm_logs/`` checks both halves
+- **What the profiling pass costs**, by version: v0.6.4 and later subtract PyTorch's
+  *allocated* peak plus the memory outside PyTorch (:func:`estimate_activation_bytes`, derived
+  from the tensors alive at ``down_proj``); v0.3.x subtracts ``total - free`` after the pass,
+  i.e. every segment PyTorch *reserved* (:func:`reserved_profile_bytes`, replaying the weights
+  and one forward through :mod:`~kvtuner.core.plan.torch_allocator`) plus the CUDA context
+  (``VllmSettings.memory_profiling``).
+- **GPTQ weights** (:meth:`VllmModel.weight_tensors`): vLLM's own tensors for a checkpoint whose
+  ``config.json`` has a GPTQ ``quantization_config``.
+- **Multimodal models**: vLLM's profiling pass also runs the vision encoder on dummy images;
+  kvtuner does not model it and gives no blocks (:data:`MULTIMODAL_UNKNOWN`).
+
+The profiling peak is measured by vLLM at start-up; kvtuner estimates it and says so. ``benchmarks/vllm_logs/`` checks both halves
 against public logs: the pool and block arithmetic (from the logged budget) and the full
 prediction (from the card's memory and our estimates).
 """
@@ -41,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..units import GiB
+from .torch_allocator import CachingAllocatorModel
 
 #: vLLM's default KV block size in tokens (``vllm/config.py`` ``CacheConfig.block_size``
 #: default 16 on CUDA, every version from v0.2 to v0.11).
@@ -84,6 +95,13 @@ class VllmModel:
         n_vocab: vocabulary (``vocab_size``).
         n_params: parameter count (from the GGUF tensors, or estimated from ``config.json``).
         weight_bytes_per_param: bytes per weight as vLLM loads it (2: a bf16/fp16 checkpoint).
+        n_head: query heads (``num_attention_heads``; 0 when unknown: no per-tensor layout).
+        qkv_bias: q/k/v projections carry a bias (Qwen2: ``model_type`` qwen2).
+        gptq: the checkpoint's GPTQ quantization (``quantization_config`` with ``quant_method``
+            gptq), None for a bf16/fp16 checkpoint.
+        multimodal: the ``model_type`` of a vision-language checkpoint (e.g. ``mllama``), "" for
+            a text model. vLLM profiles its vision encoder too; kvtuner does not model that.
+        tied_embeddings: ``tie_word_embeddings`` (no separate lm_head tensor).
     """
 
     name: str
@@ -95,6 +113,11 @@ class VllmModel:
     n_vocab: int
     n_params: int
     weight_bytes_per_param: float = 2.0
+    n_head: int = 0
+    qkv_bias: bool = False
+    gptq: "GptqConfig | None" = None
+    multimodal: str = ""
+    tied_embeddings: bool = False
 
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto") -> int:
         """K and V bytes one token takes in every layer: ``2 x n_layer x n_kv_head x head_dim x
@@ -111,12 +134,82 @@ class VllmModel:
 
     @property
     def weights_bytes(self) -> int:
-        """Weights as vLLM holds them: ``n_params x weight_bytes_per_param`` bytes."""
+        """Weights as vLLM holds them, bytes: the sum of :meth:`weight_tensors` for a GPTQ
+        checkpoint, else ``n_params x weight_bytes_per_param``."""
+        if self.gptq is not None and self.n_head:
+            return sum(b for _, b in self.weight_tensors())
         return int(self.n_params * self.weight_bytes_per_param)
+
+    @property
+    def vocab_padded(self) -> int:
+        """Rows of the embedding and lm_head as vLLM allocates them: ``vocab_size`` rounded up to
+        a multiple of 64 (``vllm/model_executor/layers/vocab_parallel_embedding.py``
+        ``pad_vocab_size``, ``DEFAULT_VOCAB_PADDING_SIZE = 64``, v0.3 - v0.11)."""
+        return -(-self.n_vocab // 64) * 64
+
+    def linears(self) -> list[tuple[str, int, int, bool]]:
+        """One decoder layer's linear layers as vLLM fuses them, ``(name, in_features,
+        out_features, has_bias)``: ``qkv_proj`` (E -> (H + 2 Hkv) d, ``QKVParallelLinear``),
+        ``o_proj`` (H d -> E), ``gate_up_proj`` (E -> 2 F, ``MergedColumnParallelLinear``),
+        ``down_proj`` (F -> E) (``vllm/model_executor/models/llama.py`` / ``qwen2.py``, v0.3).
+
+        Raises:
+            VllmError: ``n_head`` or ``n_ff`` unknown (a model from a GGUF without them).
+        """
+        if not self.n_head or not self.n_ff:
+            raise VllmError("the per-tensor layout needs num_attention_heads and intermediate_size: give --hf-config")
+        d, e = self.head_dim, self.n_embd
+        return [("qkv_proj", e, (self.n_head + 2 * self.n_kv_head) * d, self.qkv_bias),
+                ("o_proj", self.n_head * d, e, False),
+                ("gate_up_proj", e, 2 * self.n_ff, False),
+                ("down_proj", self.n_ff, e, False)]
+
+    def weight_tensors(self) -> list[tuple[str, int]]:
+        """Every weight tensor vLLM allocates on the GPU, ``(name, bytes)``, in the order the
+        model's ``__init__`` creates them (``embed_tokens``; per layer the four linears, then
+        ``input_layernorm`` and ``post_attention_layernorm``; ``norm``; ``lm_head`` unless tied).
+
+        Dtype bytes: ``weight_bytes_per_param`` (2 for fp16/bf16). A GPTQ linear holds, from
+        ``GPTQLinearMethod.create_weights`` (``vllm/model_executor/layers/quantization/gptq.py``,
+        v0.3.0): ``qweight`` int32 ``[in / (32 / bits), out]``, ``g_idx`` int32 ``[in]`` (created
+        whatever ``desc_act`` is), ``qzeros`` int32 ``[in / group_size, out / (32 / bits)]``,
+        ``scales`` fp16 ``[in / group_size, out]``; the bias (``ColumnParallelLinear``) stays
+        fp16. Embeddings, lm_head and norms are not quantized (``ParallelLMHead`` /
+        ``VocabParallelEmbedding`` / ``RMSNorm`` take no ``linear_method``). The rotary
+        cos/sin cache (one ``max_position x head_dim`` fp16 buffer, 8 MiB for 32K positions)
+        is not counted.
+
+        Raises:
+            VllmError: see :meth:`linears`.
+        """
+        b = int(self.weight_bytes_per_param)
+        out: list[tuple[str, int]] = [("embed_tokens", self.vocab_padded * self.n_embd * b)]
+        for il in range(self.n_layer):
+            for name, n_in, n_out, bias in self.linears():
+                tag = f"layers.{il}.{name}"
+                q = self.gptq
+                if q is not None:
+                    pack = 32 // q.bits
+                    groups = n_in // q.group_size if q.group_size > 0 else 1
+                    out += [(tag + ".qweight", n_in // pack * n_out * 4), (tag + ".g_idx", n_in * 4),
+                            (tag + ".qzeros", groups * (n_out // pack) * 4), (tag + ".scales", groups * n_out * 2)]
+                else:
+                    out.append((tag + ".weight", n_in * n_out * b))
+                if bias:
+                    out.append((tag + ".bias", n_out * b))
+            out += [(f"layers.{il}.input_layernorm", self.n_embd * b),
+                    (f"layers.{il}.post_attention_layernorm", self.n_embd * b)]
+        out.append(("norm", self.n_embd * b))
+        if not self.tied_embeddings:
+            out.append(("lm_head", self.vocab_padded * self.n_embd * b))
+        return out
 
     @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> "VllmModel":
-        """Read an HF ``config.json`` (a multimodal one's ``text_config`` is used when present).
+        """Read an HF ``config.json`` (a multimodal one's ``text_config`` is used when present,
+        and the model is marked :attr:`multimodal`). A ``quantization_config`` with
+        ``quant_method`` gptq (what vLLM's ``get_quant_config`` reads first,
+        ``vllm/model_executor/weight_utils.py`` v0.3.0) sets :attr:`gptq`.
 
         The parameter count, when the config has none, is counted from the shapes of a
         Llama-style decoder: embeddings ``V x E`` (twice unless ``tie_word_embeddings``), per
@@ -152,8 +245,14 @@ class VllmModel:
             n_params = n_layer * per_layer + emb + n_embd
         dtype = str(c.get("torch_dtype") or cfg.get("torch_dtype") or "bfloat16")
         wbytes = 4.0 if dtype == "float32" else 2.0
+        gptq = GptqConfig.from_hf(cfg.get("quantization_config") or c.get("quantization_config"))
+        mm = ""
+        if cfg.get("vision_config") or cfg.get("text_config") or cfg.get("model_type") in MULTIMODAL_MODEL_TYPES:
+            mm = str(cfg.get("model_type") or "multimodal")
         return cls(name or str(c.get("_name_or_path") or cfg.get("_name_or_path") or c.get("model_type") or "model"),
-                   n_layer, int(n_kv), int(head_dim), n_embd, n_ff, n_vocab, int(n_params), wbytes)
+                   n_layer, int(n_kv), int(head_dim), n_embd, n_ff, n_vocab, int(n_params), wbytes, n_head=n_head,
+                   qkv_bias=c.get("model_type") in ("qwen2",), gptq=gptq, multimodal=mm,
+                   tied_embeddings=bool(c.get("tie_word_embeddings")))
 
     @classmethod
     def from_profile(cls, profile: Any) -> "VllmModel":
@@ -179,6 +278,45 @@ class VllmModel:
             n_ff = max(n_ff) if n_ff else 0
         return cls(profile.name or profile.file_name, len(kv_layers), int(n_kv), int(profile.head_dim_k),
                    int(profile.n_embd), int(n_ff or 0), int(profile.n_vocab), int(profile.n_params), 2.0)
+
+
+#: ``model_type`` values of vision-language checkpoints vLLM profiles with dummy images
+#: (``vllm/multimodal``); a ``config.json`` with a ``vision_config`` or ``text_config`` counts too.
+MULTIMODAL_MODEL_TYPES = frozenset({"mllama", "llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "pixtral", "gemma3",
+                                    "idefics3", "paligemma", "chameleon", "internvl_chat", "phi3_v", "minicpmv"})
+
+
+@dataclass(frozen=True)
+class GptqConfig:
+    """A GPTQ checkpoint's quantization (``quantization_config`` / ``quantize_config.json``
+    fields, read by vLLM's ``GPTQConfig.from_config``, ``vllm/model_executor/layers/quantization/
+    gptq.py`` v0.3.0).
+
+    Attributes:
+        bits: ``bits`` (4 in vLLM v0.3.0, which refuses others; 2 and 8 load from v0.4, packed
+            ``32 / bits`` to an int32 the same way; 3-bit packing is not planned).
+        group_size: ``group_size`` (-1: one group per input row).
+        desc_act: ``desc_act`` (act-order; vLLM v0.3 creates ``g_idx`` either way).
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    desc_act: bool = False
+
+    @classmethod
+    def from_hf(cls, qc: Any) -> "GptqConfig | None":
+        """From a ``quantization_config`` mapping; None when absent or not GPTQ.
+
+        Raises:
+            VllmError: ``bits`` other than 2, 4 or 8.
+        """
+        if not isinstance(qc, Mapping) or str(qc.get("quant_method", "")).lower() != "gptq":
+            return None
+        bits = qc.get("bits", 4)
+        if bits not in (2, 4, 8):
+            raise VllmError(f"config.json: kvtuner sizes GPTQ checkpoints of 2, 4 or 8 bits, not {bits!r}")
+        group = qc.get("group_size", 128)
+        return cls(int(bits), int(group) if isinstance(group, int) else 128, bool(qc.get("desc_act", False)))
 
 
 def kv_dtype_bytes(kv_cache_dtype: str) -> int:
@@ -208,6 +346,14 @@ class VllmSettings:
         enable_prefix_caching: ``--enable-prefix-caching`` (default on in the v1 engine).
         engine: ``v1`` (vLLM >= 0.8 default) or ``v0``.
         enforce_eager: ``--enforce-eager`` (no CUDA graphs).
+        memory_profiling: what vLLM subtracts from the budget after its profiling pass:
+            ``torch_peak`` (v0.6.4 and later: PyTorch's allocated peak plus the memory outside
+            PyTorch, ``Worker.determine_num_available_blocks`` / ``determine_available_memory``)
+            or ``mem_get_info`` (v0.3.x: ``peak_memory = total_gpu_memory - free_gpu_memory``
+            after ``profile_run`` in ``Worker.profile_num_available_blocks``, v0.3.0 wheel: every
+            segment PyTorch reserved, :func:`reserved_profile_bytes`, plus the CUDA context).
+            vLLM v0.2.4 subtracted ``torch.cuda.max_memory_allocated()`` alone (no non-torch
+            term); that version is not modelled separately.
     """
 
     max_model_len: int
@@ -219,8 +365,11 @@ class VllmSettings:
     enable_prefix_caching: bool = True
     engine: str = "v1"
     enforce_eager: bool = False
+    memory_profiling: str = "torch_peak"
 
     def __post_init__(self) -> None:
+        if self.memory_profiling not in ("torch_peak", "mem_get_info"):
+            raise VllmError(f"vLLM memory profiling must be torch_peak or mem_get_info, not '{self.memory_profiling}'")
         if self.max_model_len <= 0:
             raise VllmError(f"--max-model-len must be a positive number of tokens, not {self.max_model_len}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -252,17 +401,103 @@ class VllmSettings:
 
 
 def estimate_activation_bytes(model: VllmModel, n_tokens: int) -> int:
-    """kvtuner's estimate of vLLM's "PyTorch activation peak memory" for a profiling pass of
-    ``n_tokens`` tokens: ``n_tokens x (3 x n_ff + 3 x n_embd) x 2`` bytes.
+    """vLLM's "PyTorch activation peak memory" (the allocated peak above the weights) for a
+    profiling pass of ``n_tokens`` tokens: ``n_tokens x (3 x n_ff + 3 x n_embd) x 2`` bytes, plus
+    ``n_ff x n_embd x 2`` for a GPTQ model.
 
-    The shape is a gated MLP forward (the ``gate_up_proj`` output of 2 x n_ff, the activated
-    n_ff, and hidden states / residual of n_embd each, bf16); the constant 3 on n_embd is fitted to
-    vllm-project/vllm#10517 (Llama-3.1-8B on an RTX 3090, v0.6.4: 2.07 GiB logged at 20000 tokens,
-    2.99 GiB at 29000; this gives 2.06 and 2.99). It is an estimate, not vLLM's measurement:
-    vision encoders (multimodal profiling) and MoE kernels' workspaces are not in it.
+    Derived from the tensors alive when ``down_proj`` runs in the last decoder layer
+    (``LlamaMLP.forward`` / ``Qwen2MLP.forward``: ``gate_up, _ = self.gate_up_proj(x);
+    x = self.act_fn(gate_up); x, _ = self.down_proj(x)``, vLLM v0.3 - v0.11): the layer's
+    residual (E), the MLP input the decoder layer still holds (E), ``gate_up`` (2 F, still bound),
+    the activation output (F) and the ``down_proj`` output (E), 2 bytes each (bf16/fp16). Every
+    other moment of the layer holds less (attention: 2 E + q/k/v + 2 E). A GPTQ ``down_proj``
+    adds the exllama kernel's dequantized weight, ``temp_dq`` ``[in, out]`` fp16
+    (``gptq_gemm`` in ``csrc/quantization/gptq/q_gemm.cu``, v0.3.0). It matches
+    vllm-project/vllm#10517 (Llama-3.1-8B, RTX 3090, v0.6.4: 2.06 GiB here against 2.071 GiB
+    logged at 20000 tokens, 2.99 against 2.991 at 29000). Not in it: the sampler (smaller), vision
+    encoders (multimodal profiling), MoE kernels' workspaces.
     """
     n_ff = model.n_ff or 4 * model.n_embd
-    return n_tokens * (3 * n_ff + 3 * model.n_embd) * ACTIVATION_BYTES
+    extra = n_ff * model.n_embd * ACTIVATION_BYTES if model.gptq is not None else 0
+    return n_tokens * (3 * n_ff + 3 * model.n_embd) * ACTIVATION_BYTES + extra
+
+
+def _linear_events(a: CachingAllocatorModel, model: VllmModel, out_tag: str, n_tokens: int, n_in: int, n_out: int,
+                   bias: bool) -> None:
+    """One linear layer's allocations: the output; a GPTQ layer's ``temp_dq`` (allocated after
+    the output, freed on return, ``gptq_gemm`` v0.3.0); with a bias ``output + bias``, a second
+    output (``GPTQLinearMethod.apply_weights`` v0.3.0; an unquantized layer fuses the bias into
+    ``F.linear``)."""
+    b = ACTIVATION_BYTES
+    a.malloc(out_tag, n_tokens * n_out * b)
+    if model.gptq is not None:
+        a.malloc("temp_dq", n_in * n_out * b)
+        a.free("temp_dq")
+        if bias:
+            a.malloc(out_tag + "+bias", n_tokens * n_out * b)
+            a.free(out_tag)
+            a.rename(out_tag + "+bias", out_tag)
+
+
+def reserved_profile_bytes(model: VllmModel, n_tokens: int, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> tuple[int, int]:
+    """``(weights_reserved, activation_reserved)`` bytes as the driver sees them after vLLM
+    v0.3's profiling pass: the weights and one forward of ``n_tokens`` tokens over
+    ``min(max_num_seqs, n_tokens)`` sequences replayed through PyTorch's caching allocator
+    (:class:`~kvtuner.core.plan.torch_allocator.CachingAllocatorModel`); activation = the
+    reserved peak minus the weights' segments.
+
+    The events follow vLLM v0.3.0's code: weights in :meth:`VllmModel.weight_tensors` order;
+    ``ModelRunner._prepare_prompt`` input ids and positions (int64); ``embed_tokens``; per
+    decoder layer (``Qwen2DecoderLayer`` / ``LlamaDecoderLayer``): the first layer's
+    ``input_layernorm`` output (later layers normalise in place, ``fused_add_rms_norm``),
+    ``qkv_proj`` (:func:`_linear_events`), the attention output (xformers
+    ``memory_efficient_attention_forward``, ``[T, H d]``), ``o_proj``, then ``gate_up_proj``,
+    the activation and ``down_proj``, each freed where its Python variable is dropped; the
+    sampler (``vllm/model_executor/layers/sampler.py``: logits ``[S, V]`` at the model dtype,
+    the top-k/top-p sort values and int64 indices, softmax, cumsum, masks, the inverse
+    permutation, then fp32 probs and logprobs and the multinomial copy with its exponential
+    noise), ``S`` = sampled sequences.
+
+    Raises:
+        VllmError: see :meth:`VllmModel.linears`.
+    """
+    a = CachingAllocatorModel()
+    for tag, n in model.weight_tensors():
+        a.malloc("w:" + tag, n)
+    weights = a.reserved_bytes
+    t, e, b = n_tokens, model.n_embd, ACTIVATION_BYTES
+    lin = {name: (n_in, n_out, bias) for name, n_in, n_out, bias in model.linears()}
+    a.malloc("input_ids", t * 8)
+    a.malloc("positions", t * 8)
+    a.malloc("residual", t * e * b)  # embed_tokens output, the residual stream from layer 0 on
+    for il in range(model.n_layer):
+        if il == 0:
+            a.malloc("x", t * e * b)  # input_layernorm(hidden_states) with residual None
+        _linear_events(a, model, "qkv", t, *lin["qkv_proj"])
+        a.malloc("attn", t * model.n_head * model.head_dim * b)
+        _linear_events(a, model, "o", t, *lin["o_proj"])
+        a.free("attn")
+        a.free("qkv")
+        a.free("x")  # the decoder layer rebinds hidden_states to the o_proj output
+        a.rename("o", "x")
+        _linear_events(a, model, "gate_up", t, *lin["gate_up_proj"])
+        a.malloc("act", t * model.n_ff * b)
+        _linear_events(a, model, "down", t, *lin["down_proj"])
+        a.free("gate_up")
+        a.free("act")
+        a.free("x")
+        a.rename("down", "x")
+    seqs, v = min(max_num_seqs, n_tokens), model.vocab_padded
+    sv = seqs * v
+    for tag, n in (("pruned", seqs * e * b), ("logits", sv * b), ("sort", sv * b), ("sort_idx", sv * 8),
+                   ("topk_mask", sv), ("probs_sort", sv * b), ("probs_sum", sv * b), ("topp_mask", sv),
+                   ("idx_inv", sv * 8), ("logits2", sv * b)):
+        a.malloc(tag, n)
+    for tag in ("topk_mask", "probs_sort", "probs_sum", "topp_mask", "idx_inv", "sort", "sort_idx", "logits"):
+        a.free(tag)
+    for tag, n in (("probs", sv * 4), ("logprobs", sv * 4), ("probs_sel", sv * 4), ("q", sv * 4)):
+        a.malloc(tag, n)
+    return weights, a.peak_reserved_bytes - weights
 
 
 @dataclass(frozen=True)
@@ -273,11 +508,14 @@ class VllmPlan:
         total_bytes: the card's memory as vLLM sees it (``total_gpu_memory``).
         usable_bytes: ``total_bytes x gpu_memory_utilization``.
         weights_bytes, activation_bytes, non_torch_bytes: the profiled components.
-        available_kv_bytes: ``usable - weights - activation - non_torch`` (0 when negative).
+        available_kv_bytes: ``usable - weights - activation - non_torch`` (0 when negative);
+            None when :attr:`unknown` (also for the three below).
         block_bytes: one block (``block_size`` tokens, all layers).
         num_blocks: ``available_kv_bytes // block_bytes``.
         kv_tokens: ``num_blocks x block_size`` ("GPU KV cache size: N tokens").
         max_concurrency: requests of ``max_model_len`` tokens the pool holds at once.
+        unknown: why the pool cannot be predicted ("" when it can): a multimodal model, whose
+            vision-encoder profiling is not modelled.
         sources: per component, ``logged`` or ``estimated``.
         notes: what the figures do not include.
         batched_tokens: tokens of the profiling pass the activation figure is for.
@@ -290,20 +528,23 @@ class VllmPlan:
     weights_bytes: int
     activation_bytes: int
     non_torch_bytes: int
-    available_kv_bytes: int
+    available_kv_bytes: int | None
     block_bytes: int
-    num_blocks: int
-    kv_tokens: int
-    max_concurrency: float
+    num_blocks: int | None
+    kv_tokens: int | None
+    max_concurrency: float | None
     sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     batched_tokens: int = 0
+    unknown: str = ""
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> bool | None:
         """Whether one request of ``max_model_len`` tokens fits (vLLM refuses to start otherwise:
         "The model's max seq len is larger than the maximum number of tokens that can be stored
-        in KV cache")."""
+        in KV cache"); None when :attr:`unknown`."""
+        if self.kv_tokens is None:
+            return None
         return self.kv_tokens >= self.settings.max_model_len
 
     def to_dict(self) -> dict[str, Any]:
@@ -312,9 +553,9 @@ class VllmPlan:
                 "activation_bytes": self.activation_bytes, "non_torch_bytes": self.non_torch_bytes,
                 "available_kv_bytes": self.available_kv_bytes, "block_bytes": self.block_bytes,
                 "num_blocks": self.num_blocks, "kv_tokens": self.kv_tokens,
-                "max_concurrency": round(self.max_concurrency, 4), "fits": self.fits, "sources": dict(self.sources),
-                "batched_tokens": self.batched_tokens,
-                "notes": list(self.notes)}
+                "max_concurrency": None if self.max_concurrency is None else round(self.max_concurrency, 4),
+                "fits": self.fits, "sources": dict(self.sources), "batched_tokens": self.batched_tokens,
+                "unknown": self.unknown, "notes": list(self.notes)}
 
 
 def pool_from_available(model: VllmModel, settings: VllmSettings, available_kv_bytes: int) -> tuple[int, int, int, float]:
@@ -330,15 +571,23 @@ def pool_from_available(model: VllmModel, settings: VllmSettings, available_kv_b
     return block, blocks, tokens, conc
 
 
+#: What the plan says instead of blocks for a multimodal model.
+MULTIMODAL_UNKNOWN = ("vision encoder not modelled: blocks unknown (vLLM's profiling pass also runs the vision "
+                      "encoder on max_num_seqs dummy images at the largest size, which kvtuner does not size)")
+
+
 def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, weights_bytes: int | None = None,
               activation_bytes: int | None = None, non_torch_bytes: int | None = None, gpu_name: str = "") -> VllmPlan:
     """Plan vLLM's KV pool on one GPU of ``total_bytes``.
 
     Components given (e.g. from a log) are used as they are; the others are estimated: weights
-    ``n_params x weight_bytes_per_param``, the activation peak by
+    :attr:`VllmModel.weights_bytes` (exact for a GPTQ checkpoint), the activation peak by
     :func:`estimate_activation_bytes` at :meth:`VllmSettings.batched_tokens` (for this card,
-    ``gpu_name``), non-torch memory
-    :data:`DEFAULT_NON_TORCH_BYTES`.
+    ``gpu_name``), non-torch memory :data:`DEFAULT_NON_TORCH_BYTES`. With
+    ``memory_profiling="mem_get_info"`` (vLLM v0.3.x) the weights and activation are the
+    segments PyTorch reserves for them (:func:`reserved_profile_bytes`) when the model's
+    per-tensor layout is known. A multimodal model without a given activation gets no blocks:
+    :attr:`VllmPlan.unknown` says why.
 
     Raises:
         VllmError: ``total_bytes`` not positive.
@@ -348,17 +597,34 @@ def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, wei
     sources = {"weights": "logged" if weights_bytes is not None else "estimated",
                "activation": "logged" if activation_bytes is not None else "estimated",
                "non_torch": "logged" if non_torch_bytes is not None else "estimated"}
-    w = model.weights_bytes if weights_bytes is None else int(weights_bytes)
     n_tokens = settings.batched_tokens(total_bytes, gpu_name)
+    w = model.weights_bytes if weights_bytes is None else int(weights_bytes)
     a = estimate_activation_bytes(model, n_tokens) if activation_bytes is None else int(activation_bytes)
+    reserved_note = ""
+    if settings.memory_profiling == "mem_get_info" and model.n_head and model.n_ff and (
+            weights_bytes is None or activation_bytes is None):
+        w_res, a_res = reserved_profile_bytes(model, n_tokens, settings.max_num_seqs)
+        if weights_bytes is None:
+            w, sources["weights"] = w_res, "estimated (reserved segments)"
+        if activation_bytes is None:
+            a, sources["activation"] = a_res, "estimated (reserved segments)"
+        reserved_note = ("vLLM v0.3 subtracts total - free memory after profiling: the weights and the activation "
+                         "peak are PyTorch's reserved segments, replayed through its caching allocator")
     n = DEFAULT_NON_TORCH_BYTES if non_torch_bytes is None else int(non_torch_bytes)
     usable = int(total_bytes * settings.gpu_memory_utilization)
+    block = model.block_bytes(settings.kv_cache_dtype, settings.block_size)
+    graphs = ("CUDA graphs are captured after the KV pool is sized: their memory (typically 0.1-1 GiB) comes on top "
+              "of --gpu-memory-utilization" if not settings.enforce_eager else "")
+    if model.multimodal and activation_bytes is None:
+        sources["activation"] = "unknown"
+        notes = [f"{model.multimodal}: {MULTIMODAL_UNKNOWN}", graphs]
+        return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, None, block, None, None, None, sources,
+                        tuple(x for x in notes if x), n_tokens, MULTIMODAL_UNKNOWN)
     avail = max(usable - w - a - n, 0)
     block, blocks, tokens, conc = pool_from_available(model, settings, avail)
-    notes = ["CUDA graphs are captured after the KV pool is sized: their memory (typically 0.1-1 GiB) comes on top "
-             "of --gpu-memory-utilization" if not settings.enforce_eager else "",
+    notes = [graphs, reserved_note,
              "vLLM measures the activation peak at start-up; kvtuner's figure is an estimate"
-             if sources["activation"] == "estimated" else ""]
+             if sources["activation"] != "logged" else ""]
     return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, avail, block, blocks, tokens, conc, sources,
                     tuple(x for x in notes if x), n_tokens)
 
