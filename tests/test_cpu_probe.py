@@ -108,3 +108,16 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q9_9"], capture_output=True, text=True,
                          timeout=60, env=env)
     assert bad.returncode == 2 and "cannot probe Q9_9" in bad.stderr
+
+
+def test_a_busy_repetition_does_not_become_the_probe_figure():
+    """The token time is the fastest repetition's median: a repetition slowed down as a whole
+    (another job on the machine) and single interrupted tokens are both left out."""
+    from kvtuner.runner.probe import fastest_token_s
+
+    quiet = [(0, 0.010), (0, 0.011), (0, 0.012), (0, 0.5)]        # one interrupted token
+    busy = [(1, 0.030), (1, 0.031), (1, 0.029), (1, 0.032)]        # the whole repetition at 1/3 speed
+    assert fastest_token_s(quiet + busy) == pytest.approx(0.0115)
+    assert fastest_token_s(busy) == pytest.approx(0.0305)
+    with pytest.raises(ValueError):
+        fastest_token_s([])

@@ -3,11 +3,14 @@ models (sparse, a few KiB each) to a temporary directory, then for each load it,
 warm-up pass, then ``repetitions``), unload it. The child sees no GPU (``CUDA_VISIBLE_DEVICES``
 empty): it measures the CPU's kernels only.
 
-Other programs on the machine slow a measurement down now and then, so each figure is a median:
-a prompt's time the median of the repetitions, a decoded token's time the median of every token
-of every repetition (a single token takes a few milliseconds; one interruption would spoil a
-whole repetition's mean, while the median stays what the machine typically gives, as a long run
-on it would see).
+Other programs on the machine only ever slow a measurement down, and on a shared machine they
+do it for seconds at a time (a whole repetition at half speed, now and then a whole bench far
+slower), so each figure is the fastest repetition's: a decoded token's time is the median of
+one repetition's tokens (one interruption does not move a median), and of the repetitions the
+smallest such median is kept; a prompt's time is the smallest of the repetitions' times. A
+figure read at a busy moment would be stored for a week and slow every prediction made from it
+(on a 2-core machine shared with other jobs a median over every repetition once read the attention
+cost over 300x too high).
 
 Takes about 10-25 s on an idle 2-core machine for a model of two weight types; the result is
 stored per machine and thread count by :class:`kvtuner.core.speed.calibration.CalibrationStore`.
@@ -25,7 +28,7 @@ from ..core.speed.cpu_probe import CpuRates, ProbeError, ProbeRun, probe_plan, r
 from . import protocol as P
 from .client import RunnerClient, RunnerError
 
-#: Quantile of the per-token decode times taken as a probe's token time (see the module docstring).
+#: Quantile of one repetition's per-token decode times taken as its token time (see the module docstring).
 TOKEN_QUANTILE = 0.5
 
 
@@ -37,6 +40,21 @@ def _quantile(values: list[float], q: float) -> float:
     lo = int(i)
     hi = min(lo + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (i - lo)
+
+
+def fastest_token_s(tokens: Sequence[tuple[int, float]]) -> float:
+    """A decoded token's time from ``(repetition, seconds)`` pairs: the median of each
+    repetition's tokens, the smallest of those medians (see the module docstring), s.
+
+    Raises:
+        ValueError: no tokens.
+    """
+    by_rep: dict[int, list[float]] = {}
+    for rep, dt in tokens:
+        by_rep.setdefault(rep, []).append(dt)
+    if not by_rep:
+        raise ValueError("no decoded tokens")
+    return min(_quantile(v, TOKEN_QUANTILE) for v in by_rep.values())
 
 
 def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: Sequence[str] = ("32/8/128",),
@@ -65,19 +83,19 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                 client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
                                P.LoadedEvent, timeout_s=timeout_s, idle_timeout_s=timeout_s)
                 for depth, n_prompt, n_gen in m.runs:
-                    tokens: list[float] = []
+                    tokens: list[tuple[int, float]] = []
 
                     def keep(ev: P.Message) -> None:
                         if isinstance(ev, P.TokenEvent):
-                            tokens.append(ev.dt_s)
+                            tokens.append((ev.rep, ev.dt_s))
 
                     res = client.request(P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth,
                                                         repetitions=repetitions), P.BenchResultEvent,
                                          timeout_s=timeout_s, idle_timeout_s=timeout_s, on_other=keep)
                     assert isinstance(res, P.BenchResultEvent)
                     reps = [P.Repetition.of(r) for r in res.reps]
-                    decode_s = n_gen * _quantile(tokens, TOKEN_QUANTILE) if n_gen and tokens else 0.0
-                    prefill_s = _quantile([r.prefill_s for r in reps], 0.5)
+                    decode_s = n_gen * fastest_token_s(tokens) if n_gen and tokens else 0.0
+                    prefill_s = min(r.prefill_s for r in reps)
                     runs.append(ProbeRun(m.key, depth, n_prompt, prefill_s, n_gen, decode_s))
                 client.request(P.UnloadCommand(), P.UnloadedEvent, timeout_s=60.0)
         except RunnerError as exc:
