@@ -17,8 +17,11 @@ Knobs searched:
 - categorical (:func:`kv_type_pairs`, ``flash_attn``, ``n_ubatch``): every combination, in the
   order of its upper bound (the predicted decode with every layer and all KV on the GPUs,
   fitting or not); a combination whose upper bound is below the best found is skipped;
-- integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models)
-  then ``kv_gpu_layers``;
+- integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models),
+  ``n_cpu_ffn`` (dense models: ``--n-cpu-ffn``, the dense FFN weights of the first N layers in
+  RAM while their attention and KV stay in VRAM), then ``kv_gpu_layers``; ``n_cpu_moe`` and
+  ``n_cpu_ffn`` only with every layer offloaded (weights go to RAM in parts before whole layers
+  do, the order of llama.cpp's ``--fit`` for experts);
   each is a "GPU share" ``g`` from 0 to ``hi``: GPU memory grows with ``g``, host memory falls.
   The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the ones
   before it are sampled on a grid and refined around the best sample (:func:`_frontier`).
@@ -262,11 +265,27 @@ def _moe_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
     return cfg.with_(n_cpu_moe=hi - g, cpu_moe=False)
 
 
+def _ffn_hi(model: ModelProfile, cfg: PlanConfig) -> int:
+    # dense models with every layer offloaded only: the layers whose dense FFN weights may stay in
+    # RAM (llama.cpp's --n-cpu-ffn N: one override blk\.i\.ffn_(up|down|gate)\.=CPU per layer
+    # i < N, common/common.h llm_add_n_cpu_ffn_overrides with LLM_FFN_DENSE_REGEX); attention and
+    # the KV cache of those layers stay in VRAM. With fewer layers offloaded it has one value, 0,
+    # as n_cpu_moe (a layer on the CPU already has its FFN there); MoE models keep n_cpu_moe
+    return model.n_layer if not model.n_expert and cfg.n_gpu_layers == ALL_LAYERS else 0
+
+
+def _ffn_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
+    return cfg.with_(n_cpu_ffn=hi - g)
+
+
 #: The integer knobs, outermost first; the last is binary searched. ``n_cpu_moe`` (issue 12) is
-#: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM.
+#: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM;
+#: ``n_cpu_ffn`` (dense models) likewise as ``n_layer - n_cpu_ffn``. ``n_gpu_layers`` stays first
+#: (:func:`fit_equivalent` searches it alone).
 INT_KNOBS: tuple[IntKnob, ...] = (
     IntKnob("n_gpu_layers", _ngl_hi, _ngl_apply),
     IntKnob("n_cpu_moe", _moe_hi, _moe_apply),
+    IntKnob("n_cpu_ffn", _ffn_hi, _ffn_apply),
     IntKnob("kv_gpu_layers", _kvgl_hi, _kvgl_apply),
 )
 
@@ -306,6 +325,9 @@ class _Searcher:
         self._plans: dict[PlanConfig, MemoryPlan | None] = {}
         self._decode: dict[PlanConfig, float] = {}
         self.hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        #: decode speed (tokens/s) below which a value is not worth searching: the target of a
+        #: yes/no question (:meth:`at_ctx` with ``target``), else 0
+        self.floor = 0.0
 
     def plan(self, cfg: PlanConfig) -> MemoryPlan | None:
         if cfg not in self._plans:
@@ -363,7 +385,8 @@ class _Searcher:
                 for ub in sorted(set(self.goal.ubatch_choices), reverse=True):
                     try:
                         out.append(self.base.with_(n_ctx=n_ctx, type_k=k, type_v=v, flash_attn=fa, n_ubatch=ub,
-                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None))
+                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0,
+                                                   cpu_moe=False, n_cpu_ffn=0))
                     except ConfigError:
                         continue
         return out
@@ -389,6 +412,8 @@ class _Searcher:
                     lo, step = lo + step, step * 2
                 top = min(hi, lo + step) - 1 if lo + step <= hi else hi
                 lo_b, hi_b, best = lo + 1, top, lo
+            elif h > 0 and not ok(0):
+                return None, ()  # not even the bottom fits
             else:  # gallop down to the first value that fits
                 step, up = 1, h
                 while up - step >= 0 and not ok(up - step):
@@ -399,7 +424,11 @@ class _Searcher:
                     lo_b, hi_b, best = up - step + 1, up - 1, up - step
         else:
             best = hi if ok(hi) else None
-            lo_b, hi_b = (0, hi - 1) if best is None else (1, 0)
+            if best is None and hi > 0 and not ok(0):
+                return None, ()  # not even the bottom fits: no binary search
+            lo_b, hi_b = (1, hi - 1) if best is None else (1, 0)
+            if best is None and hi > 0:
+                best = 0
         while lo_b <= hi_b:
             mid = (lo_b + hi_b) // 2
             if ok(mid):
@@ -410,6 +439,60 @@ class _Searcher:
             return None, ()
         c = self.candidate(knob.apply(cfg, best, hi))
         return (c if c is not None and c.fits else None), (best,)
+
+    def _climb_start(self, cfg: PlanConfig, knob: IntKnob, hi: int, rest: Sequence[IntKnob],
+                     guess: int | None = None) -> tuple[int, ...]:
+        """Where the search of ``knob`` starts: the largest ``g`` whose plan fits the GPUs with
+        every knob of ``rest`` at its top (binary search, galloping from ``guess`` when given;
+        GPU memory grows with ``g``), and those tops as the hint of ``rest``; ``(0,)`` when none
+        fits. Below that ``g`` every value fits with ``rest`` at its top and is slower (less on
+        the GPUs; the speed model's decode falls as bytes move to the host), so the fastest
+        value is there or above it, where the knobs after it have to give way."""
+
+        def ok(g: int) -> bool:
+            p = self.plan(_at_top(self.model, knob.apply(cfg, g, hi), rest))
+            return p is not None and self.vram_ok(p)
+
+        lo, up = 0, hi
+        if guess is not None and 0 < guess <= hi:
+            if ok(guess):
+                lo, step = guess, 1
+                while lo + step <= hi and ok(lo + step):
+                    lo, step = lo + step, step * 2
+                up = min(hi, lo + step - 1)
+            else:
+                bad, step = guess, 1  # gallop down to a value that fits
+                while True:
+                    x = bad - step
+                    if x < 0:
+                        if not ok(0):
+                            return (0,)
+                        lo, up = 0, bad - 1
+                        break
+                    if ok(x):
+                        lo, up = x, bad - 1
+                        break
+                    bad, step = x, step * 2
+        elif not ok(0):
+            return (0,)
+        while lo < up:
+            mid = (lo + up + 1) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                up = mid - 1
+        c, tops = knob.apply(cfg, lo, hi), []
+        for k in rest:
+            tops.append(k.hi(self.model, c))
+            c = k.apply(c, tops[-1], tops[-1])
+        return (lo, *tops)
+
+    def _beaten(self, cfg: PlanConfig, rest: Sequence[IntKnob], best: float) -> bool:
+        """Whether no value of ``rest`` from ``cfg`` can beat ``best`` (tokens/s): the speed with
+        every knob of ``rest`` at its top, fitting or not, is an upper bound (decode falls as
+        bytes move to the host)."""
+        c = self.candidate(_at_top(self.model, cfg, rest))
+        return c is not None and c.decode_tok_s <= best
 
     def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
                  hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
@@ -428,10 +511,18 @@ class _Searcher:
         hi = knob.hi(self.model, cfg)
         results: dict[int, tuple[Candidate | None, tuple[int, ...]]] = {}
 
+        beaten_at = [-1]  # values at or below this one cannot beat the best (speed falls with g)
+
         def at(g: int) -> None:
             g = max(0, min(hi, g))
             if g not in results:
-                results[g] = self.frontier(knob.apply(cfg, g, hi), rest, hint[1:] if hint else None)
+                c = knob.apply(cfg, g, hi)
+                best = max([score(k) for k in results] + [self.floor])
+                if g <= beaten_at[0] or (best > 0 and self._beaten(c, rest, best)):
+                    results[g] = (None, ())  # cannot beat a value already found
+                    beaten_at[0] = max(beaten_at[0], g)
+                else:
+                    results[g] = self.frontier(c, rest, hint[1:] if hint else None)
 
         def score(g: int) -> float:
             c = results[g][0]
@@ -440,6 +531,12 @@ class _Searcher:
         def best_g() -> int:
             return max(results, key=lambda g: (score(g), g))
 
+        lo = 0
+        if len(rest) == 1:
+            # climb from where the last knob stops fitting at its top (a hint, from another
+            # n_ubatch or context, only guesses where that is: climbing from a stale value can
+            # stop on a step of the last knob's staircase)
+            hint = self._climb_start(cfg, knob, hi, rest, hint[0] if hint else None)
         if hint:
             g = max(0, min(hi, hint[0]))
             at(g)
@@ -450,15 +547,15 @@ class _Searcher:
                         break
                     g += direction
         else:
-            step = max(1, math.ceil(hi / (GRID_POINTS - 1)))
-            for g in range(hi, -1, -step):
+            step = max(1, math.ceil((hi - lo) / (GRID_POINTS - 1)))
+            for g in range(hi, lo - 1, -step):
                 at(g)
-            at(0)
+            at(lo)
             while step > 1:
                 step = max(1, step // 2)
                 b = best_g()
                 for g in (b - step, b + step):
-                    if 0 <= g <= hi:
+                    if lo <= g <= hi:
                         at(g)
         b = best_g()
         c, sub = results[b]
@@ -493,12 +590,21 @@ class _Searcher:
             if c is not None:
                 bounds.append((c.decode_tok_s, cfg, c))
         bounds.sort(key=lambda t: -t[0])
-        best_decode = 0.0
-        full_fit: set[tuple[str, str, str]] = set()
         # knob values found for another n_ubatch of the same combination; during the min_tok_s
         # context search also those found at the previous context (self.hints)
         hints: dict[tuple[str, str, str], tuple[int, ...]] = self.hints if target is not None else {}
         reached: dict[tuple[str, str, str], float] = {}
+        self.floor = target * (1 - 1e-9) if target is not None else 0.0
+        try:
+            return self._search_combos(bounds, hints, reached, found, target)
+        finally:
+            self.floor = 0.0
+
+    def _search_combos(self, bounds: list, hints: dict, reached: dict, found: list[Candidate],
+                       target: float | None) -> list[Candidate]:
+        """:meth:`at_ctx`'s search of the combinations, in the order of their upper bound."""
+        best_decode = 0.0
+        full_fit: set[tuple[str, str, str]] = set()
         for ub_decode, cfg, top in bounds:
             key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
             if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
@@ -531,6 +637,14 @@ class _Searcher:
         hi = knobs[0].hi(self.model, cfg)
         for g in range(hi + 1):
             yield from self._all_int(knobs[0].apply(cfg, g, hi), knobs[1:])
+
+
+def _at_top(model: ModelProfile, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> PlanConfig:
+    """``cfg`` with every knob of ``knobs`` at its top (everything they place on the GPUs)."""
+    for k in knobs:
+        top = k.hi(model, cfg)
+        cfg = k.apply(cfg, top, top)
+    return cfg
 
 
 def _rank(s: _Searcher, found: list[Candidate]) -> list[Candidate]:
