@@ -173,6 +173,18 @@ def test_cli_tune_json_and_errors(tmp_path):
     exp = kvtuner("export", "--from-tune", str(tmp_path / "t.json"), "--format", "llama-server")
     assert exp.returncode == 0, exp.stderr
     assert "-ctk q4_0" in exp.stdout or "--cache-type-k q4_0" in exp.stdout
+    # the default q8_0 floor: the tuned result keeps the FFN of some layers in RAM, and the export
+    # of the tune result carries it (--n-cpu-ffn N, llama.cpp's flag); the text says what it trades
+    out = kvtuner("tune", str(path), "--gpu-mem", "12G", "--ram", "64G", "--ctx", "131072", "--no-probe", "-t", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    n = doc["best"]["config"]["n_cpu_ffn"]
+    assert doc["best"]["config"]["type_k"] == "q8_0" and n > 0
+    assert any(l.startswith("trade:     --n-cpu-ffn") and "stay in VRAM" in l for l in doc["explanation"])
+    (tmp_path / "t8.json").write_text(out.stdout)
+    exp = kvtuner("export", "--from-tune", str(tmp_path / "t8.json"), "--format", "llama-server")
+    assert exp.returncode == 0, exp.stderr
+    assert f"--n-cpu-ffn {n}" in exp.stdout and "-ctk q8_0" in exp.stdout
     for bad, words in ((["--ctx", "4096", "--min-tok-s", "3"], "exactly one goal"), (["--ctx", "4096", "--runs", "4"], "--runs"),
                        (["--ctx", "4096", "--gpu-mem", "12G", "--runs", "1"], "what-if")):
         r = kvtuner("tune", str(path), "--no-probe", *bad)

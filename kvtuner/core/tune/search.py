@@ -23,8 +23,12 @@ Knobs searched:
   ``n_cpu_ffn`` only with every layer offloaded (weights go to RAM in parts before whole layers
   do, the order of llama.cpp's ``--fit`` for experts);
   each is a "GPU share" ``g`` from 0 to ``hi``: GPU memory grows with ``g``, host memory falls.
-  The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the ones
-  before it are sampled on a grid and refined around the best sample (:func:`_frontier`).
+  The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the one just
+  before it (``n_cpu_ffn`` / ``n_cpu_moe``) climbs from the largest ``g`` that still fits with the
+  last at its top (:meth:`_Searcher._climb_start`); ``n_gpu_layers`` is sampled on a grid and
+  refined around the best sample (:meth:`_Searcher.frontier`). A value whose speed with every
+  knob after it at its top (an upper bound: decode falls as bytes move to the host) cannot beat
+  the best found, or the ``--min-tok-s`` target, is not searched, nor any value below it.
   **Adding a knob**: append one :class:`IntKnob` to :data:`INT_KNOBS` with its range and its
   value mapping (as ``n_cpu_moe = n_layer - g``); nothing else changes.
 
@@ -497,9 +501,11 @@ class _Searcher:
     def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
                  hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
         """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
-        that gave it. The last knob goes to its largest fitting value; each one before it is
+        that gave it. The last knob goes to its largest fitting value; the one just before it
+        climbs from :meth:`_climb_start`, one step at a time while the speed rises; the others are
         sampled on a :data:`GRID_POINTS` grid, then refined by halving the step around the best
-        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks that).
+        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks
+        that). Values that cannot beat the best found (:meth:`_beaten`) are skipped.
         ``hint``: the values found for a neighbouring combination (another ``n_ubatch``): the
         search then only climbs from there, one step at a time."""
         if not knobs:
@@ -531,7 +537,6 @@ class _Searcher:
         def best_g() -> int:
             return max(results, key=lambda g: (score(g), g))
 
-        lo = 0
         if len(rest) == 1:
             # climb from where the last knob stops fitting at its top (a hint, from another
             # n_ubatch or context, only guesses where that is: climbing from a stale value can
@@ -547,15 +552,15 @@ class _Searcher:
                         break
                     g += direction
         else:
-            step = max(1, math.ceil((hi - lo) / (GRID_POINTS - 1)))
-            for g in range(hi, lo - 1, -step):
+            step = max(1, math.ceil(hi / (GRID_POINTS - 1)))
+            for g in range(hi, -1, -step):
                 at(g)
-            at(lo)
+            at(0)
             while step > 1:
                 step = max(1, step // 2)
                 b = best_g()
                 for g in (b - step, b + step):
-                    if lo <= g <= hi:
+                    if 0 <= g <= hi:
                         at(g)
         b = best_g()
         c, sub = results[b]
@@ -583,6 +588,12 @@ class _Searcher:
                 if best is not None:
                     found.append(best)
             return _rank(self, found)
+        if target is not None:
+            # a yes/no question on decode: the speed model's decode does not depend on n_ubatch
+            # and a smaller n_ubatch only shrinks the compute buffers (llama-context.cpp
+            # graph_reserve), so if the smallest one cannot reach the target none can
+            ub_min = min(c.n_ubatch for c in combos) if combos else 0
+            combos = [c for c in combos if c.n_ubatch == ub_min]
         # upper bound of each combination: everything on the GPUs, fitting or not
         bounds = []
         for cfg in combos:
@@ -668,6 +679,28 @@ def _runner_up(top: list[Candidate]) -> Candidate | None:
     return top[1]
 
 
+def offload_note(c: Candidate) -> str | None:
+    """What the candidate's ``--n-cpu-ffn`` / ``--n-cpu-moe`` trades, in one sentence (None when
+    it has neither). The bytes are the tensors the overrides move to the host
+    (:attr:`MemoryPlan.moves`, llama-model-loader.cpp ``create_tensor``); the speed model reads
+    them over host memory bandwidth once per token (the CPU computes those FFNs), a cost that
+    does not grow with the context, while KV in RAM is read in full at every token."""
+    cfg = c.config
+    gpus = {d.device for d in c.plan.gpus}
+    moved = sum(b for _, _, to, b in c.plan.moves.moved if to not in gpus)
+    size = f"{moved / GiB:.2f} GiB"
+    if cfg.n_cpu_ffn:
+        return (f"--n-cpu-ffn {cfg.n_cpu_ffn}: the dense FFN weights of the first {cfg.n_cpu_ffn} layers ({size}) stay "
+                f"in RAM and the CPU reads them over host memory bandwidth at every token; attention and the KV cache "
+                f"of every layer stay in VRAM, so that cost does not grow with the context as KV in RAM would")
+    if cfg.n_cpu_moe or cfg.cpu_moe:
+        n = c.plan.model.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
+        return (f"--n-cpu-moe {n}: the MoE experts of the first {n} layers ({size}) stay in RAM; a token reads only the "
+                f"experts it is routed to ({c.plan.model.n_expert_used} of {c.plan.model.n_expert}) there, on the CPU; "
+                f"attention, the shared weights and the KV cache stay in VRAM")
+    return None
+
+
 def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequence[GpuSpec],
                    host: HostSpec | None, inputs: SpeedInputs, *,
                    vram_margin_bytes: int = VRAM_MARGIN_BYTES,
@@ -679,8 +712,12 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     only when the user left it to the model (``n_ctx == 0``), never when set, as here; then the
     user's KV types and flash attention stay and ``n_gpu_layers`` is lowered until the devices
     fit (KV follows its layers: ``offload_kqv``). For MoE models llama.cpp first moves expert
-    tensors to the CPU (``ffn_*_exps`` overrides); kvtuner does not plan expert placement yet
-    (issue 12), so there it lowers ``n_gpu_layers`` too and the result is pessimistic.
+    tensors to the CPU (``ffn_*_exps`` overrides); this equivalent lowers ``n_gpu_layers`` there
+    too, so its MoE result is pessimistic. Dense FFN weights (``--n-cpu-ffn``) are never moved
+    by ``--fit`` for a dense model: common/fit.cpp (the vendored llama.cpp of llama-cpp-python
+    0.3.36, ``common_params_fit_impl``) fills whole layers back to front and returns when
+    ``hp_nex == 0``; its partial-layer patterns (``LAYER_FRACTION_ATTN/UP/GATE``, ``ffn_*`` of one
+    layer) are used only in the MoE step. So the equivalent keeps every FFN with its layer.
 
     Returns:
         The candidate, or None when not even ``-ngl 0`` fits.
@@ -763,8 +800,8 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
                          ram_headroom_fraction=goal.ram_headroom_fraction) if with_fit else None
     if model.n_expert and gpus:
-        notes.append("MoE: expert placement (--n-cpu-moe) is not searched yet; llama.cpp's --fit would move experts "
-                     "to the CPU before layers, so its figure here is pessimistic")
+        notes.append("MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
+                     "-ngl only, so it is pessimistic")
     return TuneResult(goal, best, runner, fit, s.evaluated, time.perf_counter() - t0, tuple(top), tuple(notes))
 
 
@@ -822,7 +859,7 @@ def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequen
                 vram_margin_bytes: int = VRAM_MARGIN_BYTES,
                 ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> list[KneeCurve]:
     """The knee chart's data: for each configuration, its knobs (KV types, flash attention,
-    n_gpu_layers, kv_gpu_layers, n_ubatch) planned and predicted at ``n_points`` contexts spaced
+    n_gpu_layers, kv_gpu_layers, n_cpu_ffn / n_cpu_moe, n_ubatch) planned and predicted at ``n_points`` contexts spaced
     evenly on a log scale from 1024 to ``max_ctx`` (default: twice the largest configured
     context, at most the training context when it is larger than that), plus the longest
     context that fits (binary search: memory is monotone in n_ctx). A few ms per point."""
