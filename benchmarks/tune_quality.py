@@ -7,7 +7,8 @@ the best speed; ``--min-tok-s 5``: the longest context at >= 5 tok/s), on a fixe
 50 GB/s, 8 threads, the speed model's assumed CPU rates, so the figures do not depend on this VM):
 
 - ``--ctx``: the tuned best's predicted decode at full context against the exhaustive search's
-  best (every KV type pair, flash attention, n_ubatch, every n_gpu_layers x kv_gpu_layers);
+  best (every KV type pair, flash attention, n_ubatch, every n_gpu_layers x kv_gpu_layers, and
+  with every layer offloaded every n_cpu_ffn (dense) or n_cpu_moe (MoE) x kv_gpu_layers);
 - ``--min-tok-s``: the exhaustive best at the tuned context (the tuned decode must be within 5 %
   of it and reach the target) and, one context step (1024 tokens) further, whether the exhaustive
   search finds anything that reaches the target (it must not: the tuned context is the longest);
@@ -15,13 +16,16 @@ the best speed; ``--min-tok-s 5``: the longest context at >= 5 tok/s), on a fixe
 - the planning-only time of each tune (must stay under 1 s): the process's CPU time, which a
   machine shared with other work inflates far less than the wall time (both printed).
 
-    python benchmarks/tune_quality.py            # about 5-10 minutes on 2 cores (the exhaustive part)
-    python benchmarks/tune_quality.py --quick    # the fast search only, no reference
+    python benchmarks/tune_quality.py            # 40+ minutes of CPU on 2 cores (the exhaustive part:
+                                                 # with n_cpu_ffn, a 64-layer context is ~77k plans)
+    python benchmarks/tune_quality.py --quick    # the fast search only, no reference (~10 s)
+    python benchmarks/tune_quality.py --only qwen1.5-moe-a2.7b   # some shapes only
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -67,21 +71,35 @@ def _fits(model, cfg, gpus) -> bool:
             and p.host.total_bytes <= 0.8 * HOST.available_bytes)
 
 
+def _on_cpu(b) -> int:
+    """Layers whose dense FFN (``--n-cpu-ffn``) or MoE experts (``--n-cpu-moe``) stay in RAM."""
+    return b.config.n_cpu_ffn or b.config.n_cpu_moe
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="no exhaustive reference")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--only", default="", metavar="KEY[,KEY]",
+                    help="only these shapes (e.g. qwen1.5-moe-a2.7b); the verdict then covers them only")
     args = ap.parse_args()
+    only = {k for k in args.only.split(",") if k}
     tmp = Path(tempfile.mkdtemp(prefix="tune_quality_"))
     rows = []
     worst_gap, worst_time, worst_wall, all_fit = 0.0, 0.0, 0.0, True
     for key, quant, what in SHAPES:
+        if only and key not in only:
+            continue
         shape = QWEN25_32B if key == "qwen2.5-32b" else REAL_SHAPES[key]
         model = ModelProfile.from_gguf(write_real_shape(tmp / f"{key}.gguf", shape, quant))
         for card in CARDS:
             gpus = [catalogue_gpu(card)]
             inputs = speed_inputs(gpus, HOST, measure=False, n_threads=8)
             for goal in GOALS:
+                # the exhaustive reference of the previous row holds tens of thousands of plans:
+                # freed here, so that no garbage collection of them is timed as the tune's
+                s = exh = None
+                gc.collect()
                 cpu0 = time.process_time()
                 r = tune(model, PlanConfig(), gpus, HOST, inputs, goal)
                 cpu_s = time.process_time() - cpu0
@@ -110,6 +128,7 @@ def main() -> int:
                       f"K/V {b.config.type_k + '/' + b.config.type_v if b else '-':<9} "
                       f"ngl {('all' if b and b.config.n_gpu_layers < 0 else b.config.n_gpu_layers) if b else '-':>3} "
                       f"kv {('all' if b and b.config.kv_gpu_layers is None else b.config.kv_gpu_layers) if b else '-':>3} "
+                      f"ffn/moe on CPU {_on_cpu(b) if b else '-':>3} "
                       f"tuned {b.decode_tok_s if b else 0:8.2f}  exhaustive {ref or 0:8.2f}  gap {gtxt:>6}  "
                       f"next-step best {beyond if beyond is not None else float('nan'):6.2f}  "
                       f"{cpu_s * 1000:5.0f} ms CPU ({r.elapsed_s * 1000:5.0f} wall) {r.candidates_evaluated:5d} plans  "
@@ -122,17 +141,19 @@ def main() -> int:
     bad_beyond = [r for r in rows if r[3] == "min_tok_s" and r[7] is not None and r[7] >= 5.0]
     print(f"--min-tok-s results where one more context step still reaches 5 tok/s: {len(bad_beyond)}")
     if args.markdown:
-        print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | tuned tok/s | exhaustive tok/s | gap | ms CPU | fits |")
-        print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
+        print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | FFN (MoE: experts) layers on CPU | tuned tok/s "
+              "| exhaustive tok/s | gap | ms CPU | fits |")
+        print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for key, what, card, kind, b, ref, gap, beyond, el, n, fits in rows:
             if b is None:
                 why = "nothing reaches 5 tok/s" if kind == "min_tok_s" else "nothing fits"
-                print(f"| {key} | {card} | {kind} | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "
+                print(f"| {key} | {card} | {kind} | - | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "
                       f"| - | {el * 1000:.0f} | - |")
                 continue
             ngl = "all" if b.config.n_gpu_layers < 0 else b.config.n_gpu_layers
             kv = "all" if b.config.kv_gpu_layers is None else b.config.kv_gpu_layers
             print(f"| {key} | {card} | {kind} | {b.config.n_ctx} | {b.config.type_k}/{b.config.type_v} | {ngl} | {kv} | "
+                  f"{_on_cpu(b)} | "
                   f"{b.decode_tok_s:.2f} | {ref if ref is not None else float('nan'):.2f} | "
                   f"{gap if gap is not None else float('nan'):+.1%} | {el * 1000:.0f} | {fits} |")
     return 0 if worst_gap < 0.05 and worst_time < 1.0 and all_fit and not bad_beyond else 1

@@ -68,3 +68,37 @@ def test_knee_chart_of_the_issue_case(qtbot, tmp_path):
     assert panel.measured == [(65536, 20.0)]
     panel.apply()
     assert got == [r.best.config]
+
+
+def test_apply_puts_the_ffn_split_on_the_controls(qtbot, tmp_path):
+    """The issue's case with the default q8_0 floor on a 12 GB what-if card: the tuned
+    configuration keeps the dense FFN of some layers in RAM (--n-cpu-ffn); the dialog says what
+    that trades and Apply shows it on the "Dense FFN on CPU" slider of the controls."""
+    make_app()
+    path = write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M")
+    host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
+    w = MainWindow(PlanConfig(n_ctx=131072), settings=ini_settings(tmp_path), hardware=([what_if_gpu(12 * GiB)], host, "test"),
+                   sampler=IdleSampler())
+    qtbot.addWidget(w)
+    try:
+        w.open_model(path)
+        qtbot.waitUntil(lambda: w.plan is not None and w.model_path == path and w.tasks.pending == 0, timeout=30_000)
+        c = w.controls
+        assert c.ffn.isHidden() and c._labels["n_cpu_ffn"].isHidden()  # a dense model without the split
+        dlg = w.open_tune()
+        qtbot.addWidget(dlg)
+        dlg.ctx_spin.setValue(131072)
+        assert dlg.start()
+        qtbot.waitUntil(lambda: not dlg.busy, timeout=60_000)
+        best = dlg.result.best
+        assert best is not None and best.config.type_k == "q8_0" and best.config.n_cpu_ffn > 0, dlg.text.text()
+        assert f"FFN on CPU {best.config.n_cpu_ffn}" in dlg.text.text() and "Trade: --n-cpu-ffn" in dlg.text.text()
+        dlg.apply()
+        assert w.config == best.config
+        assert not c.ffn.isHidden() and c._labels["n_cpu_ffn"].text() == "Dense FFN on CPU"
+        assert c.ffn.value() == best.config.n_cpu_ffn and c.ffn.slider.maximum() == 32
+        assert w.plan.config.n_cpu_ffn == best.config.n_cpu_ffn
+        c.ffn.spin.setValue(best.config.n_cpu_ffn + 2)  # the slider moves it like any other control
+        qtbot.waitUntil(lambda: w.config.n_cpu_ffn == best.config.n_cpu_ffn + 2, timeout=10_000)
+    finally:
+        w.shutdown()

@@ -73,3 +73,28 @@ def test_layer_regex_dedupes_and_sorts():
     assert layer_regex([3, 1, 3]) == r"^blk\.(1|3)\."
     with pytest.raises(ValueError):
         layer_regex([])
+
+
+def test_tensor_device_index_agrees_with_trying_every_pattern():
+    """tensor_device's index (literal prefixes, block numbers, memo) gives the answer of trying
+    each pattern in order with re.search, as llama-model-loader.cpp create_tensor does."""
+    from kvtuner.core.plan.placement import _required_literal, tensor_device, tensor_overrides
+
+    names = [f"blk.{i}.{t}.weight" for i in range(0, 40) for t in
+             ("attn_q", "attn_k", "attn_norm", "ffn_up", "ffn_down", "ffn_gate", "ffn_up_exps", "ffn_gate_up_exps",
+              "ffn_down_chexps", "ffn_up_shexp")]
+    names += ["token_embd.weight", "output.weight", "output_norm.weight", "xblk.3.ffn_up.weight", "blk.3.blk.13.ffn_up.weight"]
+    lists = [
+        tensor_overrides(PlanConfig(n_cpu_ffn=33)),
+        tensor_overrides(PlanConfig(n_cpu_moe=7, n_cpu_ffn=3, cpu_moe=True, tensor_overrides=("^output=CPU",))),
+        tuple(p.split("=") for p in (r"blk\.1[0-9]\.ffn_up=CUDA0", r"attn_q|ffn_down=CPU", r"blk\.(2|3)\.=CUDA1",
+                                     r"blk\.3+\.ffn=CPU", r"ffn_(up|gate)_?\w*=CPU", r"[.]13\.=CUDA0", r"blk\.13\.=CPU")),
+    ]
+    for ot in lists:
+        ot = tuple((p, b) for p, b in ot)
+        for name in names:
+            want = next((b for p, b in ot if re.search(p, name)), "DEFAULT")
+            assert tensor_device(name, "DEFAULT", ot) == want, (name, ot)
+    assert _required_literal(r"blk\.12\.ffn_(up|down|gate)\.") == "blk.12.ffn_"
+    assert _required_literal(r"attn_q|ffn_down") == "" and _required_literal(r"blk\.3+") == "blk."
+    assert _required_literal(r"^output") == "output" and _required_literal(r"\d+") == ""

@@ -155,8 +155,10 @@ def _print_load(l: "RealLoad") -> None:
 def _short(cfg: "PlanConfig") -> str:
     ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
     kv = "all" if cfg.kv_gpu_layers is None else str(cfg.kv_gpu_layers)
+    off = (f", FFN of {cfg.n_cpu_ffn} layers on CPU (--n-cpu-ffn)" if cfg.n_cpu_ffn else "") + (
+        f", experts of {cfg.n_cpu_moe} layers on CPU (--n-cpu-moe)" if cfg.n_cpu_moe else "")
     return (f"ctx {cfg.n_ctx}, K {cfg.type_k} / V {cfg.type_v}, flash attn {cfg.flash_attn}, ngl {ngl}, "
-            f"KV layers on GPU {kv}, ubatch {cfg.n_ubatch}")
+            f"KV layers on GPU {kv}, ubatch {cfg.n_ubatch}{off}")
 
 
 def _where(c: "Candidate") -> str:
@@ -177,6 +179,7 @@ def _speed(c: "Candidate") -> str:
 
 def explain(result: "TuneResult") -> list[str]:
     """The result in sentences: chosen and why, runner-up and what it trades, llama.cpp's --fit."""
+    from ..core.tune import offload_note
     from ..core.units import fmt_bytes
 
     lines = []
@@ -200,6 +203,9 @@ def explain(result: "TuneResult") -> list[str]:
     if b.measured_decode_tok_s is not None:
         why += f"; measured {b.measured_decode_tok_s:.2f} tok/s decode near the top of the context"
     lines.append(f"why:       {why}")
+    note = offload_note(b)
+    if note:
+        lines.append(f"trade:     {note}")
     r = result.runner_up
     if r is not None:
         trade = []
@@ -213,6 +219,10 @@ def explain(result: "TuneResult") -> list[str]:
             trade.append(f"{r.plan.n_gpu_repeating} layers on the GPU")
         if r.config.n_ubatch != b.config.n_ubatch:
             trade.append(f"ubatch {r.config.n_ubatch}")
+        if r.config.n_cpu_ffn != b.config.n_cpu_ffn:
+            trade.append(f"FFN of {r.config.n_cpu_ffn} layers on CPU")
+        if r.config.n_cpu_moe != b.config.n_cpu_moe:
+            trade.append(f"experts of {r.config.n_cpu_moe} layers on CPU")
         dv = r.decode_tok_s / b.decode_tok_s - 1 if b.decode_tok_s else 0.0
         lines.append(f"runner-up: {_short(r.config)}")
         lines.append(f"           {_speed(r)} ({dv:+.0%}); trades: {', '.join(trade) or 'placement'}")

@@ -49,7 +49,8 @@ def effective_config(wanted: PlanConfig, n_layer: int, gpus: Sequence[Any]) -> E
     """``wanted`` as it applies to ``gpus`` (the devices planned for; empty: CPU only) for a
     model of ``n_layer`` repeating layers (0: no model open, nothing is changed).
 
-    * no GPU: ``n_gpu_layers`` 0, ``kv_gpu_layers`` None and no MoE experts moved (all not applicable);
+    * no GPU: ``n_gpu_layers`` 0, ``kv_gpu_layers`` None and no MoE experts or dense FFN moved (all not
+      applicable);
     * ``-ngl`` offloads no repeating layer: ``kv_gpu_layers`` None (not applicable);
     * ``kv_gpu_layers`` at or above the offloaded repeating layers: None ("all" of them).
     """
@@ -61,7 +62,8 @@ def effective_config(wanted: PlanConfig, n_layer: int, gpus: Sequence[Any]) -> E
         na["n_gpu_layers"] = "CPU only: every layer stays on the CPU"
         na["kv_gpu_layers"] = "CPU only: every layer's KV cache is in RAM"
         na["n_cpu_moe"] = "CPU only: every expert is in RAM already"
-        return Effective(cfg.with_(n_gpu_layers=0, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False), na)
+        na["n_cpu_ffn"] = "CPU only: every FFN is in RAM already"
+        return Effective(cfg.with_(n_gpu_layers=0, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0), na)
     n_off = offloaded_repeating_layers(cfg.n_gpu_layers, n_layer)
     if n_off == 0:
         na["kv_gpu_layers"] = "no repeating layer is on the GPU (raise GPU layers)"

@@ -16,7 +16,8 @@ from PySide6 import QtCore, QtWidgets
 
 from ..core.plan.config import PlanConfig
 from ..core.speed.speed_model import ABANDON_TOK_S
-from ..core.tune import KV_QUALITY_ORDER, DEFAULT_KV_QUALITY, KneeCurve, TuneError, TuneGoal, TuneResult, knee_curves, tune
+from ..core.tune import (KV_QUALITY_ORDER, DEFAULT_KV_QUALITY, KneeCurve, TuneError, TuneGoal, TuneResult, knee_curves,
+                         offload_note, tune)
 
 #: Line colours of the top configurations (chosen first).
 CURVE_COLORS = ("#1e8449", "#2471a3", "#9a6700", "#7d3c98")
@@ -29,7 +30,9 @@ GOALS = (("ctx", "This context at the best speed (--ctx)"), ("ctx_min", "At leas
 def _label(cfg: PlanConfig) -> str:
     ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
     kv = "all" if cfg.kv_gpu_layers is None else str(cfg.kv_gpu_layers)
-    return f"K {cfg.type_k}/V {cfg.type_v}, fa {cfg.flash_attn}, ngl {ngl}, KV on GPU {kv}, ub {cfg.n_ubatch}"
+    off = (f", FFN on CPU {cfg.n_cpu_ffn}" if cfg.n_cpu_ffn else "") + (
+        f", experts on CPU {cfg.n_cpu_moe}" if cfg.n_cpu_moe else "")
+    return f"K {cfg.type_k}/V {cfg.type_v}, fa {cfg.flash_attn}, ngl {ngl}, KV on GPU {kv}, ub {cfg.n_ubatch}{off}"
 
 
 class TunePanel(QtWidgets.QDialog):
@@ -102,7 +105,8 @@ class TunePanel(QtWidgets.QDialog):
         self.plot.setLabel("left", "predicted decode at full context (tok/s)")
         self.plot.setLogMode(x=True, y=True)
         self.plot.showGrid(x=True, y=True, alpha=0.25)
-        self.plot.addLegend(offset=(-10, 10))
+        # bottom left: decode falls with the context, so the curves leave that corner empty
+        self.plot.addLegend(offset=(10, -10), brush=pg.mkBrush(255, 255, 255, 220))
         self.plot.setMinimumHeight(320)
 
         lay = QtWidgets.QVBoxLayout(self)
@@ -200,6 +204,9 @@ class TunePanel(QtWidgets.QDialog):
             lines += list(result.notes) or ["Nothing fits."]
         else:
             lines.append(f"Chosen: ctx {b.config.n_ctx}, {_label(b.config)}: {b.decode_tok_s:.2f} tok/s at full context.")
+            note = offload_note(b)
+            if note:
+                lines.append(f"Trade: {note}.")
             r = result.runner_up
             if r is not None:
                 lines.append(f"Runner-up: {_label(r.config)}: {r.decode_tok_s:.2f} tok/s.")

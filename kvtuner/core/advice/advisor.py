@@ -292,7 +292,7 @@ def _tuned_config(model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSp
     """The tuner's best configuration for ``goal`` from ``cfg`` (cached: :data:`_TUNED`)."""
     # what the search keeps from the user's configuration (search.py: the base's non-searched
     # fields); the searched ones do not change the answer
-    base = cfg.with_(n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False, type_k="f16",
+    base = cfg.with_(n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0, type_k="f16",
                      type_v="f16", flash_attn="auto", n_ubatch=512)
     key = (model.header_sha256, model.structure.source, model.n_layer, tuple(gpus), host, id(inputs), goal, base)
     hit = _TUNED.get(key)
@@ -311,8 +311,9 @@ def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[s
     candidates that keep the context (MoE experts or dense FFN to RAM, KV split, -ngl cut ...),
     the one that fits with the fastest predicted decode at full context (the tuner's own ranking;
     on a tie the tuned one), so the next rules have nothing worse to flag. The candidates take
-    part because the tuner does not search every override (``--n-cpu-ffn``); without a
-    prediction, or when none of them fits, the first candidate that fits (a smaller context last)."""
+    part because they keep the user's other settings (the tuner may change KV types, flash
+    attention and n_ubatch too); without a prediction, or when none of them fits, the first
+    candidate that fits (a smaller context last)."""
     options = []
     tuned = c.tuned_fix({"n_ctx": c.plan.config.n_ctx})
     candidates = list(_memory_candidates(c, ok, gpu=gpu))

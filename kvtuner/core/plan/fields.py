@@ -175,7 +175,7 @@ FIELDS: tuple[ConfigField, ...] = (
         "keep the MoE expert weights of every layer in host RAM",
         "llama.cpp's -ot \\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU (common/common.h llm_ffn_exps_cpu_override)."),
     ConfigField(
-        "n_cpu_ffn", "--n-cpu-ffn", ("-ncffn",), "--n-cpu-ffn", "int", "Layers with FFN on CPU",
+        "n_cpu_ffn", "--n-cpu-ffn", ("-ncffn",), "--n-cpu-ffn", "int", "Dense FFN on CPU",
         "keep the dense FFN weights of the first N layers in host RAM (default 0)",
         "llama.cpp adds -ot blk\\.i\\.ffn_(up|down|gate)\\.=CPU for each layer i < N (common/common.h\n"
         "LLM_FFN_DENSE_REGEX): attention and KV stay in VRAM, the CPU computes those FFNs.",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from .config import ConfigError
-from .placement import tensor_device
+from .placement import override_lookup
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.profile import ModelProfile
@@ -91,6 +91,7 @@ def apply_overrides(model: "ModelProfile", layer_devices: Sequence[str], overrid
     moved: list[tuple[str, str, str, int]] = []
     expert: dict[str, int] = {}
     layers: dict[str, set[int]] = {}
+    lookup = override_lookup(overrides) if gpu_devices and overrides else None
     for t in model.tensors:
         m = _BLK.match(t.name)
         il = int(m.group(1)) if m else None
@@ -98,8 +99,8 @@ def apply_overrides(model: "ModelProfile", layer_devices: Sequence[str], overrid
             continue  # MTP / NextN blocks beyond n_layer: the profile counts them as input
         default = layer_devices[il] if il is not None else (layer_devices[n_layer] if t.name.startswith("output") else host)
         dev = default
-        if gpu_devices and overrides:
-            buf = tensor_device(t.name, "", overrides)
+        if lookup is not None:
+            buf = lookup(t.name)
             if buf:
                 dev = host if buf == "CPU" else buf
                 if dev != host and dev not in gpu_devices:

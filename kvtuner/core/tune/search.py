@@ -17,11 +17,18 @@ Knobs searched:
 - categorical (:func:`kv_type_pairs`, ``flash_attn``, ``n_ubatch``): every combination, in the
   order of its upper bound (the predicted decode with every layer and all KV on the GPUs,
   fitting or not); a combination whose upper bound is below the best found is skipped;
-- integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models)
-  then ``kv_gpu_layers``;
+- integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models),
+  ``n_cpu_ffn`` (dense models: ``--n-cpu-ffn``, the dense FFN weights of the first N layers in
+  RAM while their attention and KV stay in VRAM), then ``kv_gpu_layers``; ``n_cpu_moe`` and
+  ``n_cpu_ffn`` only with every layer offloaded (weights go to RAM in parts before whole layers
+  do, the order of llama.cpp's ``--fit`` for experts);
   each is a "GPU share" ``g`` from 0 to ``hi``: GPU memory grows with ``g``, host memory falls.
-  The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the ones
-  before it are sampled on a grid and refined around the best sample (:func:`_frontier`).
+  The last knob is binary searched for the largest ``g`` whose plan fits the GPUs; the one just
+  before it (``n_cpu_ffn`` / ``n_cpu_moe``) climbs from the largest ``g`` that still fits with the
+  last at its top (:meth:`_Searcher._climb_start`); ``n_gpu_layers`` is sampled on a grid and
+  refined around the best sample (:meth:`_Searcher.frontier`). A value whose speed with every
+  knob after it at its top (an upper bound: decode falls as bytes move to the host) cannot beat
+  the best found, or the ``--min-tok-s`` target, is not searched, nor any value below it.
   **Adding a knob**: append one :class:`IntKnob` to :data:`INT_KNOBS` with its range and its
   value mapping (as ``n_cpu_moe = n_layer - g``); nothing else changes.
 
@@ -262,11 +269,27 @@ def _moe_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
     return cfg.with_(n_cpu_moe=hi - g, cpu_moe=False)
 
 
+def _ffn_hi(model: ModelProfile, cfg: PlanConfig) -> int:
+    # dense models with every layer offloaded only: the layers whose dense FFN weights may stay in
+    # RAM (llama.cpp's --n-cpu-ffn N: one override blk\.i\.ffn_(up|down|gate)\.=CPU per layer
+    # i < N, common/common.h llm_add_n_cpu_ffn_overrides with LLM_FFN_DENSE_REGEX); attention and
+    # the KV cache of those layers stay in VRAM. With fewer layers offloaded it has one value, 0,
+    # as n_cpu_moe (a layer on the CPU already has its FFN there); MoE models keep n_cpu_moe
+    return model.n_layer if not model.n_expert and cfg.n_gpu_layers == ALL_LAYERS else 0
+
+
+def _ffn_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
+    return cfg.with_(n_cpu_ffn=hi - g)
+
+
 #: The integer knobs, outermost first; the last is binary searched. ``n_cpu_moe`` (issue 12) is
-#: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM.
+#: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM;
+#: ``n_cpu_ffn`` (dense models) likewise as ``n_layer - n_cpu_ffn``. ``n_gpu_layers`` stays first
+#: (:func:`fit_equivalent` searches it alone).
 INT_KNOBS: tuple[IntKnob, ...] = (
     IntKnob("n_gpu_layers", _ngl_hi, _ngl_apply),
     IntKnob("n_cpu_moe", _moe_hi, _moe_apply),
+    IntKnob("n_cpu_ffn", _ffn_hi, _ffn_apply),
     IntKnob("kv_gpu_layers", _kvgl_hi, _kvgl_apply),
 )
 
@@ -306,6 +329,9 @@ class _Searcher:
         self._plans: dict[PlanConfig, MemoryPlan | None] = {}
         self._decode: dict[PlanConfig, float] = {}
         self.hints: dict[tuple[str, str, str], tuple[int, ...]] = {}
+        #: decode speed (tokens/s) below which a value is not worth searching: the target of a
+        #: yes/no question (:meth:`at_ctx` with ``target``), else 0
+        self.floor = 0.0
 
     def plan(self, cfg: PlanConfig) -> MemoryPlan | None:
         if cfg not in self._plans:
@@ -363,7 +389,8 @@ class _Searcher:
                 for ub in sorted(set(self.goal.ubatch_choices), reverse=True):
                     try:
                         out.append(self.base.with_(n_ctx=n_ctx, type_k=k, type_v=v, flash_attn=fa, n_ubatch=ub,
-                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None))
+                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0,
+                                                   cpu_moe=False, n_cpu_ffn=0))
                     except ConfigError:
                         continue
         return out
@@ -389,6 +416,8 @@ class _Searcher:
                     lo, step = lo + step, step * 2
                 top = min(hi, lo + step) - 1 if lo + step <= hi else hi
                 lo_b, hi_b, best = lo + 1, top, lo
+            elif h > 0 and not ok(0):
+                return None, ()  # not even the bottom fits
             else:  # gallop down to the first value that fits
                 step, up = 1, h
                 while up - step >= 0 and not ok(up - step):
@@ -399,7 +428,11 @@ class _Searcher:
                     lo_b, hi_b, best = up - step + 1, up - 1, up - step
         else:
             best = hi if ok(hi) else None
-            lo_b, hi_b = (0, hi - 1) if best is None else (1, 0)
+            if best is None and hi > 0 and not ok(0):
+                return None, ()  # not even the bottom fits: no binary search
+            lo_b, hi_b = (1, hi - 1) if best is None else (1, 0)
+            if best is None and hi > 0:
+                best = 0
         while lo_b <= hi_b:
             mid = (lo_b + hi_b) // 2
             if ok(mid):
@@ -411,12 +444,68 @@ class _Searcher:
         c = self.candidate(knob.apply(cfg, best, hi))
         return (c if c is not None and c.fits else None), (best,)
 
+    def _climb_start(self, cfg: PlanConfig, knob: IntKnob, hi: int, rest: Sequence[IntKnob],
+                     guess: int | None = None) -> tuple[int, ...]:
+        """Where the search of ``knob`` starts: the largest ``g`` whose plan fits the GPUs with
+        every knob of ``rest`` at its top (binary search, galloping from ``guess`` when given;
+        GPU memory grows with ``g``), and those tops as the hint of ``rest``; ``(0,)`` when none
+        fits. Below that ``g`` every value fits with ``rest`` at its top and is slower (less on
+        the GPUs; the speed model's decode falls as bytes move to the host), so the fastest
+        value is there or above it, where the knobs after it have to give way."""
+
+        def ok(g: int) -> bool:
+            p = self.plan(_at_top(self.model, knob.apply(cfg, g, hi), rest))
+            return p is not None and self.vram_ok(p)
+
+        lo, up = 0, hi
+        if guess is not None and 0 < guess <= hi:
+            if ok(guess):
+                lo, step = guess, 1
+                while lo + step <= hi and ok(lo + step):
+                    lo, step = lo + step, step * 2
+                up = min(hi, lo + step - 1)
+            else:
+                bad, step = guess, 1  # gallop down to a value that fits
+                while True:
+                    x = bad - step
+                    if x < 0:
+                        if not ok(0):
+                            return (0,)
+                        lo, up = 0, bad - 1
+                        break
+                    if ok(x):
+                        lo, up = x, bad - 1
+                        break
+                    bad, step = x, step * 2
+        elif not ok(0):
+            return (0,)
+        while lo < up:
+            mid = (lo + up + 1) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                up = mid - 1
+        c, tops = knob.apply(cfg, lo, hi), []
+        for k in rest:
+            tops.append(k.hi(self.model, c))
+            c = k.apply(c, tops[-1], tops[-1])
+        return (lo, *tops)
+
+    def _beaten(self, cfg: PlanConfig, rest: Sequence[IntKnob], best: float) -> bool:
+        """Whether no value of ``rest`` from ``cfg`` can beat ``best`` (tokens/s): the speed with
+        every knob of ``rest`` at its top, fitting or not, is an upper bound (decode falls as
+        bytes move to the host)."""
+        c = self.candidate(_at_top(self.model, cfg, rest))
+        return c is not None and c.decode_tok_s <= best
+
     def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
                  hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
         """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
-        that gave it. The last knob goes to its largest fitting value; each one before it is
+        that gave it. The last knob goes to its largest fitting value; the one just before it
+        climbs from :meth:`_climb_start`, one step at a time while the speed rises; the others are
         sampled on a :data:`GRID_POINTS` grid, then refined by halving the step around the best
-        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks that).
+        sample (speed along the frontier is taken unimodal; ``tune(..., exhaustive=True)`` checks
+        that). Values that cannot beat the best found (:meth:`_beaten`) are skipped.
         ``hint``: the values found for a neighbouring combination (another ``n_ubatch``): the
         search then only climbs from there, one step at a time."""
         if not knobs:
@@ -428,10 +517,18 @@ class _Searcher:
         hi = knob.hi(self.model, cfg)
         results: dict[int, tuple[Candidate | None, tuple[int, ...]]] = {}
 
+        beaten_at = [-1]  # values at or below this one cannot beat the best (speed falls with g)
+
         def at(g: int) -> None:
             g = max(0, min(hi, g))
             if g not in results:
-                results[g] = self.frontier(knob.apply(cfg, g, hi), rest, hint[1:] if hint else None)
+                c = knob.apply(cfg, g, hi)
+                best = max([score(k) for k in results] + [self.floor])
+                if g <= beaten_at[0] or (best > 0 and self._beaten(c, rest, best)):
+                    results[g] = (None, ())  # cannot beat a value already found
+                    beaten_at[0] = max(beaten_at[0], g)
+                else:
+                    results[g] = self.frontier(c, rest, hint[1:] if hint else None)
 
         def score(g: int) -> float:
             c = results[g][0]
@@ -440,6 +537,11 @@ class _Searcher:
         def best_g() -> int:
             return max(results, key=lambda g: (score(g), g))
 
+        if len(rest) == 1:
+            # climb from where the last knob stops fitting at its top (a hint, from another
+            # n_ubatch or context, only guesses where that is: climbing from a stale value can
+            # stop on a step of the last knob's staircase)
+            hint = self._climb_start(cfg, knob, hi, rest, hint[0] if hint else None)
         if hint:
             g = max(0, min(hi, hint[0]))
             at(g)
@@ -486,6 +588,12 @@ class _Searcher:
                 if best is not None:
                     found.append(best)
             return _rank(self, found)
+        if target is not None:
+            # a yes/no question on decode: the speed model's decode does not depend on n_ubatch
+            # and a smaller n_ubatch only shrinks the compute buffers (llama-context.cpp
+            # graph_reserve), so if the smallest one cannot reach the target none can
+            ub_min = min(c.n_ubatch for c in combos) if combos else 0
+            combos = [c for c in combos if c.n_ubatch == ub_min]
         # upper bound of each combination: everything on the GPUs, fitting or not
         bounds = []
         for cfg in combos:
@@ -493,12 +601,21 @@ class _Searcher:
             if c is not None:
                 bounds.append((c.decode_tok_s, cfg, c))
         bounds.sort(key=lambda t: -t[0])
-        best_decode = 0.0
-        full_fit: set[tuple[str, str, str]] = set()
         # knob values found for another n_ubatch of the same combination; during the min_tok_s
         # context search also those found at the previous context (self.hints)
         hints: dict[tuple[str, str, str], tuple[int, ...]] = self.hints if target is not None else {}
         reached: dict[tuple[str, str, str], float] = {}
+        self.floor = target * (1 - 1e-9) if target is not None else 0.0
+        try:
+            return self._search_combos(bounds, hints, reached, found, target)
+        finally:
+            self.floor = 0.0
+
+    def _search_combos(self, bounds: list, hints: dict, reached: dict, found: list[Candidate],
+                       target: float | None) -> list[Candidate]:
+        """:meth:`at_ctx`'s search of the combinations, in the order of their upper bound."""
+        best_decode = 0.0
+        full_fit: set[tuple[str, str, str]] = set()
         for ub_decode, cfg, top in bounds:
             key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
             if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
@@ -533,6 +650,14 @@ class _Searcher:
             yield from self._all_int(knobs[0].apply(cfg, g, hi), knobs[1:])
 
 
+def _at_top(model: ModelProfile, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> PlanConfig:
+    """``cfg`` with every knob of ``knobs`` at its top (everything they place on the GPUs)."""
+    for k in knobs:
+        top = k.hi(model, cfg)
+        cfg = k.apply(cfg, top, top)
+    return cfg
+
+
 def _rank(s: _Searcher, found: list[Candidate]) -> list[Candidate]:
     """Best first: decode at full context, prefill among those within :data:`DECODE_TIE`."""
     if not found:
@@ -554,6 +679,28 @@ def _runner_up(top: list[Candidate]) -> Candidate | None:
     return top[1]
 
 
+def offload_note(c: Candidate) -> str | None:
+    """What the candidate's ``--n-cpu-ffn`` / ``--n-cpu-moe`` trades, in one sentence (None when
+    it has neither). The bytes are the tensors the overrides move to the host
+    (:attr:`MemoryPlan.moves`, llama-model-loader.cpp ``create_tensor``); the speed model reads
+    them over host memory bandwidth once per token (the CPU computes those FFNs), a cost that
+    does not grow with the context, while KV in RAM is read in full at every token."""
+    cfg = c.config
+    gpus = {d.device for d in c.plan.gpus}
+    moved = sum(b for _, _, to, b in c.plan.moves.moved if to not in gpus)
+    size = f"{moved / GiB:.2f} GiB"
+    if cfg.n_cpu_ffn:
+        return (f"--n-cpu-ffn {cfg.n_cpu_ffn}: the dense FFN weights of the first {cfg.n_cpu_ffn} layers ({size}) stay "
+                f"in RAM and the CPU reads them over host memory bandwidth at every token; attention and the KV cache "
+                f"of every layer stay in VRAM, so that cost does not grow with the context as KV in RAM would")
+    if cfg.n_cpu_moe or cfg.cpu_moe:
+        n = c.plan.model.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
+        return (f"--n-cpu-moe {n}: the MoE experts of the first {n} layers ({size}) stay in RAM; a token reads only the "
+                f"experts it is routed to ({c.plan.model.n_expert_used} of {c.plan.model.n_expert}) there, on the CPU; "
+                f"attention, the shared weights and the KV cache stay in VRAM")
+    return None
+
+
 def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequence[GpuSpec],
                    host: HostSpec | None, inputs: SpeedInputs, *,
                    vram_margin_bytes: int = VRAM_MARGIN_BYTES,
@@ -565,8 +712,12 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     only when the user left it to the model (``n_ctx == 0``), never when set, as here; then the
     user's KV types and flash attention stay and ``n_gpu_layers`` is lowered until the devices
     fit (KV follows its layers: ``offload_kqv``). For MoE models llama.cpp first moves expert
-    tensors to the CPU (``ffn_*_exps`` overrides); kvtuner does not plan expert placement yet
-    (issue 12), so there it lowers ``n_gpu_layers`` too and the result is pessimistic.
+    tensors to the CPU (``ffn_*_exps`` overrides); this equivalent lowers ``n_gpu_layers`` there
+    too, so its MoE result is pessimistic. Dense FFN weights (``--n-cpu-ffn``) are never moved
+    by ``--fit`` for a dense model: common/fit.cpp (the vendored llama.cpp of llama-cpp-python
+    0.3.36, ``common_params_fit_impl``) fills whole layers back to front and returns when
+    ``hp_nex == 0``; its partial-layer patterns (``LAYER_FRACTION_ATTN/UP/GATE``, ``ffn_*`` of one
+    layer) are used only in the MoE step. So the equivalent keeps every FFN with its layer.
 
     Returns:
         The candidate, or None when not even ``-ngl 0`` fits.
@@ -649,8 +800,8 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
                          ram_headroom_fraction=goal.ram_headroom_fraction) if with_fit else None
     if model.n_expert and gpus:
-        notes.append("MoE: expert placement (--n-cpu-moe) is not searched yet; llama.cpp's --fit would move experts "
-                     "to the CPU before layers, so its figure here is pessimistic")
+        notes.append("MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
+                     "-ngl only, so it is pessimistic")
     return TuneResult(goal, best, runner, fit, s.evaluated, time.perf_counter() - t0, tuple(top), tuple(notes))
 
 
@@ -708,7 +859,7 @@ def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequen
                 vram_margin_bytes: int = VRAM_MARGIN_BYTES,
                 ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> list[KneeCurve]:
     """The knee chart's data: for each configuration, its knobs (KV types, flash attention,
-    n_gpu_layers, kv_gpu_layers, n_ubatch) planned and predicted at ``n_points`` contexts spaced
+    n_gpu_layers, kv_gpu_layers, n_cpu_ffn / n_cpu_moe, n_ubatch) planned and predicted at ``n_points`` contexts spaced
     evenly on a log scale from 1024 to ``max_ctx`` (default: twice the largest configured
     context, at most the training context when it is larger than that), plus the longest
     context that fits (binary search: memory is monotone in n_ctx). A few ms per point."""

@@ -208,11 +208,16 @@ class ConfigControls(QtWidgets.QGroupBox):
         # MoE only (shown by set_model_layers): --n-cpu-moe, the experts of the first N layers in RAM
         self.moe = _SliderEntry(_AllSpinBox())
         self.moe.setToolTip(config_field("n_cpu_moe").tooltip())
+        # dense models (shown by set_config once the configuration has one, e.g. from Tune's
+        # Apply, the advisor's fix or --n-cpu-ffn): the dense FFN of the first N layers in RAM
+        self.ffn = _SliderEntry(_AllSpinBox())
+        self.ffn.setToolTip(config_field("n_cpu_ffn").tooltip())
+        self._dense = False
 
         self._labels = {}
         # Alt+letter goes to the number box (a value can be typed there; the arrow keys step it)
         for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.spin), ("kv_gpu_layers", self.kv, self.kv.spin),
-                               ("n_cpu_moe", self.moe, self.moe.spin),
+                               ("n_cpu_moe", self.moe, self.moe.spin), ("n_cpu_ffn", self.ffn, self.ffn.spin),
                                ("n_ctx", self.ctx, self.ctx.spin), ("type_k", type_k_row, self.type_k),
                                ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
                                ("n_seq", self.parallel, self.parallel.spin), ("n_ubatch", self.ubatch, self.ubatch)):
@@ -236,6 +241,7 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ngl.valueChanged.connect(self._emit)
         self.kv.valueChanged.connect(self._emit)
         self.moe.valueChanged.connect(self._emit)
+        self.ffn.valueChanged.connect(self._emit)
         self.parallel.valueChanged.connect(self._emit)
         self.ubatch.valueChanged.connect(self._emit)
         self.type_k.currentTextChanged.connect(self._on_type_k_changed)
@@ -256,6 +262,10 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.moe.setRange(0, n_layer)
         for w in (self.moe, self._labels["n_cpu_moe"]):
             w.setVisible(n_expert > 0)
+        self.ffn.setRange(0, n_layer)
+        self._dense = n_layer > 0 and n_expert == 0
+        for w in (self.ffn, self._labels["n_cpu_ffn"]):
+            w.setVisible(False)
         self._ctx_values = ctx_slider_values(n_ctx_train)
         self.ctx.slider.blockSignals(True)
         self.ctx.slider.setRange(0, len(self._ctx_values) - 1)
@@ -286,7 +296,11 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.not_applicable = dict(not_applicable or {})
         self.blockSignals(True)
         try:
-            for name, entry in (("n_gpu_layers", self.ngl), ("kv_gpu_layers", self.kv), ("n_cpu_moe", self.moe)):
+            if self._dense and (config.n_cpu_ffn or shown.n_cpu_ffn):
+                for w in (self.ffn, self._labels["n_cpu_ffn"]):
+                    w.setVisible(True)
+            for name, entry in (("n_gpu_layers", self.ngl), ("kv_gpu_layers", self.kv), ("n_cpu_moe", self.moe),
+                                ("n_cpu_ffn", self.ffn)):
                 na = name in self.not_applicable
                 entry.spin.not_applicable = na
                 entry.setEnabled(not na)
@@ -298,7 +312,7 @@ class ConfigControls(QtWidgets.QGroupBox):
                 self.ngl.setValue(0)
             n_off = offloaded_repeating_layers(shown.n_gpu_layers, self._n_layer) if self._n_layer else 0
             self.set_kv_layers_max(0 if "kv_gpu_layers" in self.not_applicable else n_off)
-            for entry in (self.ngl, self.kv, self.moe):  # the text may change ("n/a") while the value does not
+            for entry in (self.ngl, self.kv, self.moe, self.ffn):  # the text may change ("n/a") while the value does not
                 entry.spin.blockSignals(True)
                 entry.spin.lineEdit().setText(entry.spin.textFromValue(entry.spin.value()))
                 entry.spin.blockSignals(False)
@@ -321,6 +335,7 @@ class ConfigControls(QtWidgets.QGroupBox):
             self.moe.setValue(self._n_layer if shown.cpu_moe else min(shown.n_cpu_moe, self._n_layer))
             if "n_cpu_moe" in self.not_applicable:
                 self.moe.setValue(0)
+            self.ffn.setValue(0 if "n_cpu_ffn" in self.not_applicable else min(shown.n_cpu_ffn, self._n_layer))
             self.ubatch.blockSignals(True)
             self.ubatch.setValue(shown.n_ubatch)
             self.ubatch.blockSignals(False)
@@ -345,6 +360,8 @@ class ConfigControls(QtWidgets.QGroupBox):
         if not self.moe.isHidden() and not (self._base.cpu_moe and self.moe.value() >= self._n_layer):
             values["n_cpu_moe"] = self.moe.value()
             values["cpu_moe"] = False  # the slider now says how many layers
+        if not self.ffn.isHidden():
+            values["n_cpu_ffn"] = self.ffn.value()
         for name in self.not_applicable:
             values[name] = getattr(self._base, name)
         return values
