@@ -62,6 +62,9 @@ MOE_KEYS = ("granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
 EXTRA_SHAPES = [("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M"),
                 ("gpt-oss-20b-6l", "gpt-oss-20b", 6, "MXFP4_MOE"),
                 ("deepseek-v2-lite-6l", "deepseek-v2-lite", 6, "Q4_K_M")]
+#: README labels of the extra rows
+LABELS = {"qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,", "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
+          "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,"}
 #: shapes laid out by tests/gguf_families.py (architectures the RealShape writer does not know)
 FAMILY_SHAPES = ("gpt-oss-20b", "deepseek-v2-lite")
 
@@ -349,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", action="store_true", help="bench the extra MoE shapes missing from moe_cpu_runs.json")
     ap.add_argument("--check-routing", action="store_true",
                     help="bench the family shapes with and without routing data (prefill should differ) and stop")
+    ap.add_argument("--markdown", action="store_true", help="print the rows as README's markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-moe-"))
@@ -366,9 +370,20 @@ def main(argv: list[str] | None = None) -> int:
         extra = measure(probe["n_threads"], directory, extra)
         if "probe_gaps" not in extra:
             extra = measure_probe_gaps(probe["n_threads"], directory, probe, extra)
-    rows += extra.get("runs", [])
+    order = [k for k, *_ in EXTRA_SHAPES]
+    rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
     if args.fit:
         print(f"host_moe_prefill_efficiency = {fit(rows, probe, directory):.3f}")
+        return 0
+    if args.markdown:
+        print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in predict(rows, probe, directory):
+            same = r["set"] == "validate" and r["key"] == FIT_ROW[0]
+            print(f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}"
+                  f"{' (same model)' if same else ''} | {r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | "
+                  f"{r['pred_prefill'] / r['prefill_tok_s'] - 1:+.0%} | {r['decode_tok_s']:.2f} | {r['pred_decode']:.2f} | "
+                  f"{r['pred_decode'] / r['decode_tok_s'] - 1:+.0%} | {r.get('load_avg', float('nan')):.2f} |")
         return 0
     print(f"MoE rows on this CPU, cold (the probe of {STORED.name}, no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN} "
           f"-r 1, {probe['n_threads']} thread)")
