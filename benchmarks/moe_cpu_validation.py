@@ -14,15 +14,26 @@ calibration), like benchmarks/speed_validation.py, whose stored runs this reuses
                     the rows of benchmarks/moe_cpu_runs.json measured here with --measure:
                     Qwen3-30B-A3B's per-layer shapes (qwen3moe, 128 experts / 8 used) with 8 of its
                     48 layers (the full model does not fit beside three other jobs in 24 GiB),
-                    each benched between two runs of the fitting row (the "anchor"), so that a
-                    measurement taken while other jobs load the machine can be read against the
-                    slowdown they caused (its quiet-machine speed is stored)
+                    gpt-oss-20b's (MXFP4 experts as the published file ships them, 32 experts /
+                    4 used, router bias) with 6 of its 24 layers, and DeepSeek-V2-Lite's
+                    (deepseek2: MLA, a dense first layer, 64 experts / 6 used plus 2 shared,
+                    llama-quantize's Q4_K_M types) with 6 of its 27 layers; each benched between
+                    two runs of the fitting row (the "anchor"), so that a measurement taken while
+                    other jobs load the machine can be read against the slowdown they caused (its
+                    quiet-machine speed is stored)
 
-Errors are ``predicted / measured - 1``.
+Every extra file carries routing data (random token embeddings and routers, unit norms; see
+tests/gguf_factory.py above ``RealShape``), so each token picks its own experts as in a real model:
+``--check-routing`` shows it, from the routers in the file and by timing a prefill with and without
+that data. Errors are ``predicted / measured - 1``. The predictions use the stored probe, whose
+nearest type or shape stands in for what it lacks (MXFP4, the 64/8/64 and 32/4/128 attention);
+``--measure`` also probes those on this CPU, and a second table shows the extra rows with them, as
+``kvtuner`` predicts a model after probing the types and shapes it needs.
 
-    python benchmarks/moe_cpu_validation.py --fit       # fit the efficiency on the fitting row
-    python benchmarks/moe_cpu_validation.py             # print every row (prediction vs measurement)
-    python benchmarks/moe_cpu_validation.py --measure   # bench the extra rows (a few minutes, 1 thread)
+    python benchmarks/moe_cpu_validation.py --fit            # fit the efficiency on the fitting row
+    python benchmarks/moe_cpu_validation.py                  # print every row (prediction vs measurement)
+    python benchmarks/moe_cpu_validation.py --measure        # bench the extra rows (minutes, 1 thread)
+    python benchmarks/moe_cpu_validation.py --check-routing  # experts picked, prefill with / without routing data
 """
 
 from __future__ import annotations
@@ -48,7 +59,84 @@ EXTRA = ROOT / "benchmarks" / "moe_cpu_runs.json"
 FIT_ROW = ("granite-3.0-1b-a400m", "Q4_K_M", 0)
 MOE_KEYS = ("granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
 #: the extra shapes: (key, real shape, layers kept, file type)
-EXTRA_SHAPES = [("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M")]
+EXTRA_SHAPES = [("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M"),
+                ("gpt-oss-20b-6l", "gpt-oss-20b", 6, "MXFP4_MOE"),
+                ("deepseek-v2-lite-6l", "deepseek-v2-lite", 6, "Q4_K_M")]
+#: README labels of the extra rows
+LABELS = {"qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,", "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
+          "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,"}
+#: shapes laid out by tests/gguf_families.py (architectures the RealShape writer does not know)
+FAMILY_SHAPES = ("gpt-oss-20b", "deepseek-v2-lite")
+
+
+def _use_more_bits(il: int, n_layer: int) -> bool:
+    """llama-quant.cpp ``use_more_bits``: first and last eighth of the layers and every third between."""
+    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
+
+
+def family_spec(shape: str, n_layer: int, ftype: str):
+    """The :class:`gguf_factory.ModelSpec` of a family shape with ``n_layer`` layers, its tensor types
+    those of the published file (gpt-oss-20b) or of llama-quantize's mix (DeepSeek-V2-Lite).
+
+    gpt-oss-20b ``MXFP4_MOE`` (general.file_type 38): as ggml-org/gpt-oss-20b-GGUF ships it, whose
+    llama.cpp load log reads "type f32: 289, q8_0: 98, mxfp4: 72 tensors, 11.27 GiB": the 72 expert
+    matrices MXFP4, the other 98 matrices (attn_q/k/v/output of 24 layers, token_embd, output) Q8_0,
+    and 12 F32 tensors per layer (2 norms, attn_sinks, attn_q/k/v/output biases, the router's weight
+    and bias, 3 expert biases) plus output_norm; tests/gguf_families.py ``gpt_oss`` lacks the optional
+    attn_q/k/v biases (openai-moe.cpp loads them through ``create_tensor_qkv``), added here.
+
+    DeepSeek-V2-Lite ``Q4_K_M`` (15): llama-quantize's choice in the llama.cpp that llama-cpp-python
+    0.3.36 vendors (src/llama-quant.cpp ``llama_tensor_get_type_impl`` / ``tensor_type_fallback``,
+    n_expert 64): Q4_K matrices, Q6_K output, ``ffn_down*`` Q6_K in the ``use_more_bits`` layers,
+    a k-quant over rows not a multiple of 256 falls back (Q4_K -> Q5_0, Q6_K -> Q8_0: attn_k_b's
+    128-wide rows, ffn_down's 10944 and ffn_down_exps' 1408); F32 norms and routers. At a layer count
+    other than 26 or 27, llama.cpp's deepseek2 loader (``load_arch_hparams``, ``is_lite``) requires
+    ``attention.q_lora_rank``: 0 (no Q LoRA, as Lite has) is written.
+
+    Raises:
+        ValueError: a shape or file type this function does not write.
+    """
+    import dataclasses
+
+    import gguf
+
+    import gguf_families as F
+
+    Q, FT = gguf.GGMLQuantizationType, gguf.LlamaFileType
+    if shape == "gpt-oss-20b" and ftype == "MXFP4_MOE":
+        s = F.gpt_oss(n_layer=n_layer, name=f"gpt-oss-20b shape, {n_layer} layers (zero weights)")
+        width = {n: sh[1] for n, sh, _ in s.tensors if n.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight"))}
+        rows = []
+        for name, sh, t in s.tensors:
+            if name.endswith("_exps.weight"):
+                t = Q.MXFP4
+            elif t == Q.F16:
+                t = Q.Q8_0
+            rows.append((name, sh, t))
+            if name.endswith("attn_v.weight"):  # after the matrices, the q/k/v biases
+                p = name[: -len("attn_v.weight")]
+                rows += [(p + f"attn_{x}.bias", (width[p + f"attn_{x}.weight"],), Q.F32) for x in "qkv"]
+        return dataclasses.replace(s, tensors=rows, file_type=int(FT.MOSTLY_MXFP4_MOE))
+    if shape == "deepseek-v2-lite" and ftype == "Q4_K_M":
+        s = F.deepseek2(n_layer=n_layer, name=f"DeepSeek-V2-Lite shape, {n_layer} layers (zero weights)")
+        fallback = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}
+
+        def ty(name: str, sh: tuple[int, ...], t: int) -> int:
+            if t != Q.F16:
+                return t  # F32: norms and routers are not quantized
+            il = int(name.split(".")[1]) if name.startswith("blk.") else -1
+            if name == "output.weight":
+                t = Q.Q6_K
+            elif "ffn_down" in name and _use_more_bits(il, n_layer):
+                t = Q.Q6_K
+            else:
+                t = Q.Q4_K
+            return fallback[t] if sh[0] % 256 else t
+
+        rows = [(n, sh, ty(n, sh, t)) for n, sh, t in s.tensors]
+        kv = {**s.extra_kv, "deepseek2.attention.q_lora_rank": 0, "deepseek2.expert_weights_scale": 1.0}
+        return dataclasses.replace(s, tensors=rows, extra_kv=kv, file_type=int(FT.MOSTLY_Q4_K_M))
+    raise ValueError(f"no family fixture for {shape} {ftype}")
 
 
 def _real_shape(key: str):
@@ -62,14 +150,27 @@ def _real_shape(key: str):
     return REAL_SHAPES[key]
 
 
-def fixture(key: str, ftype: str, directory: Path) -> Path:
+def fixture(key: str, ftype: str, directory: Path, *, routing: bool = True) -> Path:
+    """The model file of a row (written once into ``directory``): an extra shape's sparse file with
+    routing data (``routing=False``: without, all routing tensors zero, for the routing check), else
+    speed_validation's fixture."""
     for k, shape, n_layer, ft in EXTRA_SHAPES:
         if k == key:
             from gguf_factory import write_real_shape
 
-            path = directory / f"{key}-{ft}.gguf"
-            if not path.exists():
+            path = directory / f"{key}-{ft}{'' if routing else '-norouting'}.gguf"
+            if path.exists():
+                return path
+            if shape in FAMILY_SHAPES:
+                from gguf_factory import write_model, write_routing_data
+
+                write_model(path, family_spec(shape, n_layer, ft))
+                if routing:
+                    write_routing_data(path)
+            elif routing:
                 write_real_shape(path, replace(_real_shape(shape), n_layer=n_layer, key=key), ft)
+            else:
+                raise ValueError(f"{key}: files without routing data are written for family shapes only")
             return path
     return SV.fixture(key, ftype, directory)
 
@@ -140,25 +241,149 @@ def measure(threads: int, directory: Path, data: dict) -> dict:
     return data
 
 
+def router_spread(path: Path, n_tokens: int = SV.CPU_PROMPT, seed: int = 1) -> list[tuple[int, int, int]]:
+    """Which experts ``n_tokens`` random tokens pick in each MoE layer of a zero-weight file with
+    routing data, computed from the file's own tensors: with every other weight zero, attention
+    and experts add nothing, so each layer's router sees the token's embedding, RMS-normed (unit
+    norms), and picks the top n_expert_used of ``ffn_gate_inp @ x (+ ffn_gate_inp.bias)``
+    (llama-graph.cpp ``build_moe_ffn``: the top-k of the logits, or of their softmax, the same
+    experts). Returns ``(layer, distinct expert sets, experts hit)`` per MoE layer."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    k = int(reader.fields[f"{arch}.expert_used_count"].parts[-1][0])
+    emb = tensors["token_embd.weight"]
+    n_embd, n_vocab = int(emb.shape[0]), int(emb.shape[1])
+    toks = np.random.default_rng(seed).integers(0, n_vocab, n_tokens)
+    x = gguf.dequantize(np.asarray(emb.data).reshape(n_vocab, -1)[toks], emb.tensor_type).reshape(n_tokens, n_embd)
+    x = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6)
+    out = []
+    for il in range(int(reader.fields[f"{arch}.block_count"].parts[-1][0])):
+        w = tensors.get(f"blk.{il}.ffn_gate_inp.weight")
+        if w is None:
+            continue
+        logits = x @ np.asarray(w.data).reshape(-1, n_embd).T
+        b = tensors.get(f"blk.{il}.ffn_gate_inp.bias")
+        if b is not None:
+            logits = logits + np.asarray(b.data)
+        top = np.argsort(-logits, axis=1)[:, :k]
+        out.append((il, len({tuple(sorted(t)) for t in top}), len(np.unique(top))))
+    return out
+
+
+#: the per-type and per-shape tables of a CPU probe record (cpu_probe.CpuRates.to_dict)
+_PROBE_TABLES = ("decode_bytes_s", "prefill_flop_s", "half_batch", "attn_decode_s", "attn_prefill_s")
+
+
+def probe_gaps(probe: dict, directory: Path) -> tuple[list[str], list[str]]:
+    """The weight types and attention shapes the extra rows' models need probed (cpu_probe.probe_needs,
+    what ``kvtuner`` probes for a model before predicting it) that the stored probe lacks: the
+    stored-probe predictions use the nearest probed type / shape for them (cpu_probe.nearest,
+    CpuRates.attn_cost)."""
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.speed.cpu_probe import probe_needs
+
+    types: set[str] = set()
+    shapes: set[str] = set()
+    for key, _, _, ft in EXTRA_SHAPES:
+        t, sh = probe_needs(ModelProfile.from_gguf(fixture(key, ft, directory)))
+        types |= {x for x in t if x not in probe["prefill_flop_s"]}
+        shapes |= {x for x in sh if x not in probe["attn_prefill_s"]}
+    return sorted(types), sorted(shapes)
+
+
+def measure_probe_gaps(threads: int, directory: Path, probe: dict, data: dict) -> dict:
+    """Probe this CPU (kvtuner.runner.probe.run_cpu_probe) for :func:`probe_gaps` and keep only those
+    types' and shapes' entries in ``data["probe_gaps"]``: added to the stored probe they give the
+    prediction ``kvtuner`` makes for these models on this CPU (its probe measures the types and
+    shapes a model needs); the stored probe's fixed costs stay."""
+    from kvtuner.runner.probe import run_cpu_probe
+
+    types, shapes = probe_gaps(probe, directory)
+    if not types and not shapes:
+        return data
+    t0 = time.time()
+    rates = run_cpu_probe(types or ["Q4_K"], threads, attn_shapes=shapes or ("32/8/128",)).to_dict()
+    keep = {"decode_bytes_s": types, "prefill_flop_s": types, "half_batch": types, "attn_decode_s": shapes,
+            "attn_prefill_s": shapes}
+    data["probe_gaps"] = {**{k: {x: rates[k][x] for x in keep[k] if x in rates[k]} for k in _PROBE_TABLES},
+                          "load_avg": os.getloadavg()[0], "t_unix": time.time(), "wall_s": time.time() - t0}
+    EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"# probed {', '.join(types + shapes)}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+    return data
+
+
+def with_gaps(probe: dict, gaps: dict) -> dict:
+    """The stored probe with the :func:`measure_probe_gaps` entries added."""
+    return {**probe, **{k: {**probe.get(k, {}), **gaps.get(k, {})} for k in _PROBE_TABLES}}
+
+
+def check_routing(threads: int, directory: Path) -> list[dict]:
+    """Bench each family shape's file with and without routing data (depth 0, -p 128 -n 4): with the
+    routing tensors all zero every token picks the same experts, so a prefill reads n_expert_used
+    experts per layer instead of up to all of them and runs much faster; with routing data it should
+    not. Returns one record per file."""
+    from kvtuner.runner.bench import run_bench
+
+    out = []
+    for key, shape, _, ft in EXTRA_SHAPES:
+        if shape not in FAMILY_SHAPES:
+            continue
+        for il, sets, hit in router_spread(fixture(key, ft, directory)):
+            print(f"{key:24} layer {il}: {SV.CPU_PROMPT} random tokens pick {sets} distinct expert sets, "
+                  f"{hit} experts hit (routers computed from the file)")
+        for routing in (True, False):
+            r = run_bench(fixture(key, ft, directory, routing=routing), SV.cpu_config(0), n_prompt=SV.CPU_PROMPT,
+                          n_gen=4, n_depth=0, repetitions=1, n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
+            out.append({"key": key, "routing": routing, "prefill_tok_s": r.prefill_tok_s.median,
+                        "decode_tok_s": r.decode_tok_s.median, "load_avg": os.getloadavg()[0]})
+            print(f"{key:24} routing data {'yes' if routing else 'no ':3} | prefill {out[-1]['prefill_tok_s']:7.1f} "
+                  f"tok/s, decode {out[-1]['decode_tok_s']:6.2f} tok/s | load {out[-1]['load_avg']:.2f}", flush=True)
+        print(f"{key:24} prefill without / with routing data: x{out[-1]['prefill_tok_s'] / out[-2]['prefill_tok_s']:.2f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit the efficiency on the fitting row and print it")
     ap.add_argument("--measure", action="store_true", help="bench the extra MoE shapes missing from moe_cpu_runs.json")
+    ap.add_argument("--check-routing", action="store_true",
+                    help="bench the family shapes with and without routing data (prefill should differ) and stop")
+    ap.add_argument("--markdown", action="store_true", help="print the rows as README's markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-moe-"))
     directory.mkdir(parents=True, exist_ok=True)
     stored = json.loads(STORED.read_text(encoding="utf-8"))
     probe = stored["probe"]
+    if args.check_routing:
+        check_routing(probe["n_threads"], directory)
+        return 0
     rows = [r for r in stored["runs"] if r["key"] in MOE_KEYS]
     for r in rows:
         r["set"] = "fit" if (r["key"], r["ftype"], r["depth"]) == FIT_ROW else "validate"
     extra = json.loads(EXTRA.read_text(encoding="utf-8")) if EXTRA.exists() else {}
     if args.measure:
         extra = measure(probe["n_threads"], directory, extra)
-    rows += extra.get("runs", [])
+        if "probe_gaps" not in extra:
+            extra = measure_probe_gaps(probe["n_threads"], directory, probe, extra)
+    order = [k for k, *_ in EXTRA_SHAPES]
+    rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
     if args.fit:
         print(f"host_moe_prefill_efficiency = {fit(rows, probe, directory):.3f}")
+        return 0
+    if args.markdown:
+        print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in predict(rows, probe, directory):
+            same = r["set"] == "validate" and r["key"] == FIT_ROW[0]
+            print(f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}"
+                  f"{' (same model)' if same else ''} | {r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | "
+                  f"{r['pred_prefill'] / r['prefill_tok_s'] - 1:+.0%} | {r['decode_tok_s']:.2f} | {r['pred_decode']:.2f} | "
+                  f"{r['pred_decode'] / r['decode_tok_s'] - 1:+.0%} | {r.get('load_avg', float('nan')):.2f} |")
         return 0
     print(f"MoE rows on this CPU, cold (the probe of {STORED.name}, no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN} "
           f"-r 1, {probe['n_threads']} thread)")
@@ -174,6 +399,16 @@ def main(argv: list[str] | None = None) -> int:
     for s, e in errs.items():
         if e:
             print(f"  {s:8} max |error| {max(e):.1%}, rows within 25%: {sum(x <= 0.25 for x in e)}/{len(e)}")
+    gaps = extra.get("probe_gaps")
+    if gaps:
+        names = sorted({x for k in _PROBE_TABLES for x in gaps.get(k, {})})
+        print(f"\nthe extra rows with this CPU's probe of what the stored probe lacks ({', '.join(names)}; probed at "
+              f"load {gaps['load_avg']:.2f}), as kvtuner probes a model's own types and shapes:")
+        for r in predict(extra.get("runs", []), with_gaps(probe, gaps), directory):
+            rp, rd = r["pred_prefill"] / r["prefill_tok_s"], r["pred_decode"] / r["decode_tok_s"]
+            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
+                  f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
+                  f"{rd:6.3f} {rd - 1:+7.1%} | {r.get('load_avg', float('nan')):.2f}")
     anchored = [r for r in rows if "anchor" in r]
     if anchored:
         (fit_row,) = [r for r in rows if (r["key"], r["ftype"], r["depth"]) == FIT_ROW and "anchor" not in r]

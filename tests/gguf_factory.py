@@ -509,9 +509,13 @@ def real_shape_tensors(s: RealShape, ftype: str) -> list[tuple[str, tuple[int, .
     return [(n, sh, _real_type(n, sh, ftype, s, counters)) for n, sh in _real_tensors(s)]
 
 
-def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones: bool = False) -> bytes:
+def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones: bool = False,
+                 centered: bool = False) -> bytes:
     """Bytes of a tensor with finite non-zero values: F32 (ones or N(0, 1)), F16 or a block
-    type whose scale fields are set (Q8_0/Q4_K: f16 d first; Q6_K: f16 d last) over random quants."""
+    type whose scale fields are set (Q8_0/Q4_K: f16 d first; Q6_K: f16 d last) over random quants.
+    ``centered``: Q4_K/Q5_K values average zero (their ``d * sc * q - dmin * m`` with ``dmin``
+    = mean q x ``d``, ggml-common.h ``block_q4_K``) instead of being all >= 0; the other types
+    are symmetric already."""
     n = int(np.prod(shape))
     if t == GQT.F32:
         return (np.ones(n, np.float32) if ones else rng.standard_normal(n).astype(np.float32)).tobytes()
@@ -523,7 +527,8 @@ def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones:
     if t in (GQT.Q8_0, GQT.Q5_0, GQT.Q4_K, GQT.Q5_K):
         raw[:, 0:2] = d
         if t in (GQT.Q4_K, GQT.Q5_K):
-            raw[:, 2:4] = 0  # dmin
+            mean_q = 7.5 if t == GQT.Q4_K else 15.5  # 4-bit / 5-bit quants, uniform
+            raw[:, 2:4] = np.frombuffer(np.float16(0.01 * mean_q).tobytes(), np.uint8) if centered else 0  # dmin
     elif t == GQT.Q6_K:
         raw[:, size - 2:size] = d
     else:
@@ -587,4 +592,37 @@ def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_
                 if routing:
                     f.seek(data_start + offsets[name])
                     f.write(_random_data(shape_, t, rng, ones=name.endswith("_norm.weight")))
+    return path
+
+
+def is_routing_tensor(name: str) -> bool:
+    """Whether ``name`` is one of the small tensors a MoE router's choice depends on (see the comment
+    above :class:`RealShape`): the token embedding, the norms, the router ``ffn_gate_inp`` (weight
+    and, as gpt-oss has one, bias; qwen2moe's shared-expert gate too) and DeepSeek-V3-style expert
+    selection biases ``exp_probs_b``."""
+    return (name == "token_embd.weight" or name.endswith("_norm.weight") or "ffn_gate_inp" in name
+            or "exp_probs_b" in name)
+
+
+def write_routing_data(path: str | Path, *, seed: int = 0) -> Path:
+    """Write real data into the routing tensors (:func:`is_routing_tensor`) of a sparse GGUF written
+    by :func:`write_model` (any architecture, e.g. a ``tests/gguf_families.py`` spec): random token
+    embeddings and routers, unit norms, all other weights left zero, so that every token of a
+    zero-weight MoE file picks its own experts as :func:`write_real_shape` files do. The residual
+    stream stays each token's embedding (attention and experts add zeros), so each layer's router
+    sees a different unit-RMS vector per token. Returns ``path``.
+
+    Raises:
+        ValueError: a routing tensor of a type :func:`_random_data` cannot fill.
+    """
+    path = Path(path)
+    reader = gguf.GGUFReader(str(path))
+    todo = [(t.name, tuple(int(x) for x in t.shape), int(t.tensor_type), int(t.data_offset))
+            for t in reader.tensors if is_routing_tensor(t.name)]
+    del reader
+    rng = np.random.default_rng(seed)
+    with open(path, "r+b") as f:
+        for name, shape, t, offset in todo:
+            f.seek(offset)
+            f.write(_random_data(shape, t, rng, ones=name.endswith("_norm.weight"), centered=True))
     return path
