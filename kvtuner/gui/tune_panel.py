@@ -9,6 +9,7 @@ the GUI thread; all figures come from :mod:`kvtuner.core.tune`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import pyqtgraph as pg
@@ -104,6 +105,9 @@ class TunePanel(QtWidgets.QDialog):
         self.plot.setLabel("bottom", "context length (tokens)")
         self.plot.setLabel("left", "predicted decode at full context (tok/s)")
         self.plot.setLogMode(x=True, y=True)
+        # context lengths as llama.cpp users write them (1K .. 1M, powers of two): pyqtgraph's own
+        # log ticks label every 1..9 x 10^k and run into each other between the decades
+        self.plot.getAxis("bottom").setTicks([[(math.log10(n), _ctx_label(n)) for n in CTX_TICKS], []])
         self.plot.showGrid(x=True, y=True, alpha=0.25)
         # bottom left: decode falls with the context, so the curves leave that corner empty
         self.plot.addLegend(offset=(10, -10), brush=pg.mkBrush(255, 255, 255, 220))
@@ -271,8 +275,15 @@ class TunePanel(QtWidgets.QDialog):
         self.applied.emit(cfg)
 
 
+#: Context lengths labelled on the knee chart's x axis, tokens (1K to 1M).
+CTX_TICKS = tuple(1024 * 2 ** i for i in range(11))
+
+
+def _ctx_label(n_tokens: int) -> str:
+    """``1024 -> "1K"``, ``1048576 -> "1M"``."""
+    return f"{n_tokens // (1 << 20)}M" if n_tokens >= 1 << 20 else f"{n_tokens // 1024}K"
+
+
 def _log(v: float) -> float:
     """Position on a log-mode pyqtgraph axis (pyqtgraph draws items in log10 coordinates)."""
-    import math
-
     return math.log10(max(v, 1e-9))
