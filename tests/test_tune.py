@@ -216,3 +216,16 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 1
     with pytest.raises(ValueError, match="--runs"):
         s.confirm_tune(TuneGoal(n_ctx=2048), measure, 4)
+
+
+def test_a_cpu_only_plan_is_not_offered_gpu_layers(llama8b):
+    """Without a GPU the tuner's "-ngl all" places nothing: the advisor's fix for a CPU-only plan
+    under the abandon line must not read "all layers and the output layer on the GPU"."""
+    inputs = _inputs([])
+    plan = plan_memory(llama8b, PlanConfig(n_ctx=131072, n_gpu_layers=0), [], HOST)
+    adv = advise(plan, predict_speed(plan, inputs))
+    fixes = [a for a in adv if a.fix]
+    assert fixes, [a.id for a in adv]
+    for a in fixes:
+        assert not {"n_gpu_layers", "kv_gpu_layers", "n_cpu_ffn", "n_cpu_moe"} & set(a.fix), (a.id, a.fix)
+        assert "on the GPU" not in a.fix_label

@@ -239,7 +239,10 @@ class _Ctx:
             except (TuneError, ConfigError, SpeedModelError):
                 best = None
             cur = cfg.to_dict()  # compared as JSON values (a tuple and a list of the same items are equal)
-            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if cur.get(k) != v}
+            # without a GPU the placement fields change nothing (every layer is on the CPU): the
+            # tuner's "-ngl all" is not offered as "all layers on the GPU" to a CPU-only plan
+            same = set() if self.gpus else _GPU_PLACEMENT_FIELDS
+            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if cur.get(k) != v and k not in same}
                                 if best is not None else {})
         return dict(self._tuned[key])
 
@@ -285,6 +288,10 @@ class _Ctx:
 #: 10-500 ms on a 2-core machine; a hit is free).
 _TUNED: dict[tuple, tuple[Any, PlanConfig | None]] = {}
 _TUNED_MAX = 32
+
+
+#: Fields that only place tensors on GPUs (no effect on a CPU-only plan).
+_GPU_PLACEMENT_FIELDS = frozenset({"n_gpu_layers", "kv_gpu_layers", "n_cpu_moe", "cpu_moe", "n_cpu_ffn"})
 
 
 def _tuned_config(model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSpec | None, inputs: Any,
