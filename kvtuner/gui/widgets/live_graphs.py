@@ -70,6 +70,20 @@ RUN_LEAD_S = 3.0
 MEM_FLOOR_GIB = 0.05
 
 
+
+def _tick_label(v: float) -> str:
+    """``0.5 -> "0.5"``, ``2.0 -> "2"``, ``20000 -> "20k"``."""
+    if v >= 1000:
+        return f"{v / 1000:g}k"
+    return f"{v:g}"
+
+
+#: Ticks of the log axes (positions in log10 units, as pyqtgraph's log mode draws them): the
+#: decades 0.001 .. 10 000, then 2 and 5 x 10^k as a second level, whose labels pyqtgraph leaves
+#: out when the axis is too short for them (``AxisItem`` ``textFillLimits``).
+LOG_TICKS = [[(float(e), _tick_label(10.0 ** e)) for e in range(-3, 5)],
+             [(math.log10(m * 10.0 ** e), _tick_label(m * 10.0 ** e)) for e in range(-3, 5) for m in (2, 5)]]
+
 class LiveGraphs(QtWidgets.QWidget):
     """Two stacked plots sharing the time axis (seconds since the window opened).
 
@@ -109,6 +123,10 @@ class LiveGraphs(QtWidgets.QWidget):
         # available RAM (issue 17: a linear 0-40 GiB axis hid the runner's ~0.4 GiB)
         self.mem_plot.getPlotItem().setLogMode(x=False, y=True)
         self.mem_plot.getPlotItem().setLabel("left", "GiB (log)")
+        # log axes labelled 1-2-5 per decade: pyqtgraph's own log ticks label every 1..9 x 10^k
+        # and ran into each other on a short plot (0.4 .. 30 tok/s read "0.8 0.6 0.5 0.4")
+        for plot in (self.mem_plot, self.speed_plot):
+            plot.getPlotItem().getAxis("left").setTicks(LOG_TICKS)
         self.mem_plot.getPlotItem().getAxis("bottom").setStyle(showValues=False)
         self.speed_plot.setXLink(self.mem_plot)
         # Ranges are set by refresh() from the series themselves (one paint per plot per
