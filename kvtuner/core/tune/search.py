@@ -408,37 +408,7 @@ class _Searcher:
             p = self.plan(knob.apply(cfg, g, hi))
             return p is not None and self.vram_ok(p)
 
-        if hint is not None:
-            h = max(0, min(hi, hint))
-            if ok(h):  # gallop up to the first value that does not fit
-                lo, step = h, 1
-                while lo + step <= hi and ok(lo + step):
-                    lo, step = lo + step, step * 2
-                top = min(hi, lo + step) - 1 if lo + step <= hi else hi
-                lo_b, hi_b, best = lo + 1, top, lo
-            elif h > 0 and not ok(0):
-                return None, ()  # not even the bottom fits
-            else:  # gallop down to the first value that fits
-                step, up = 1, h
-                while up - step >= 0 and not ok(up - step):
-                    up, step = up - step, step * 2
-                if up - step < 0:
-                    lo_b, hi_b, best = 0, up - 1, None
-                else:
-                    lo_b, hi_b, best = up - step + 1, up - 1, up - step
-        else:
-            best = hi if ok(hi) else None
-            if best is None and hi > 0 and not ok(0):
-                return None, ()  # not even the bottom fits: no binary search
-            lo_b, hi_b = (1, hi - 1) if best is None else (1, 0)
-            if best is None and hi > 0:
-                best = 0
-        while lo_b <= hi_b:
-            mid = (lo_b + hi_b) // 2
-            if ok(mid):
-                best, lo_b = mid, mid + 1
-            else:
-                hi_b = mid - 1
+        best = _largest_true(ok, hi, hint)
         if best is None:
             return None, ()
         c = self.candidate(knob.apply(cfg, best, hi))
@@ -457,34 +427,9 @@ class _Searcher:
             p = self.plan(_at_top(self.model, knob.apply(cfg, g, hi), rest))
             return p is not None and self.vram_ok(p)
 
-        lo, up = 0, hi
-        if guess is not None and 0 < guess <= hi:
-            if ok(guess):
-                lo, step = guess, 1
-                while lo + step <= hi and ok(lo + step):
-                    lo, step = lo + step, step * 2
-                up = min(hi, lo + step - 1)
-            else:
-                bad, step = guess, 1  # gallop down to a value that fits
-                while True:
-                    x = bad - step
-                    if x < 0:
-                        if not ok(0):
-                            return (0,)
-                        lo, up = 0, bad - 1
-                        break
-                    if ok(x):
-                        lo, up = x, bad - 1
-                        break
-                    bad, step = x, step * 2
-        elif not ok(0):
+        lo = _largest_true(ok, hi, guess if guess is not None and 0 < guess <= hi else None)
+        if lo is None:
             return (0,)
-        while lo < up:
-            mid = (lo + up + 1) // 2
-            if ok(mid):
-                lo = mid
-            else:
-                up = mid - 1
         c, tops = knob.apply(cfg, lo, hi), []
         for k in rest:
             tops.append(k.hi(self.model, c))
@@ -648,6 +593,45 @@ class _Searcher:
         hi = knobs[0].hi(self.model, cfg)
         for g in range(hi + 1):
             yield from self._all_int(knobs[0].apply(cfg, g, hi), knobs[1:])
+
+
+def _largest_true(ok: Callable[[int], bool], hi: int, guess: int | None = None) -> int | None:
+    """The largest ``g`` in ``0..hi`` with ``ok(g)``, for an ``ok`` that holds up to some value and
+    not above it (GPU memory is monotone in a knob's GPU share); None when ``ok(0)`` fails.
+    With a ``guess`` (a neighbouring search's answer) it gallops outwards from there, doubling
+    the step, then binary searches the last step; without one it tries ``hi``, then ``0``, then
+    binary searches between them."""
+    if guess is not None:
+        h = max(0, min(hi, guess))
+        if ok(h):  # gallop up to the first value that does not fit
+            lo, step = h, 1
+            while lo + step <= hi and ok(lo + step):
+                lo, step = lo + step, step * 2
+            top = min(hi, lo + step) - 1 if lo + step <= hi else hi
+            lo_b, hi_b, best = lo + 1, top, lo
+        elif h > 0 and not ok(0):
+            return None  # not even the bottom fits
+        else:  # gallop down to the first value that fits
+            step, up = 1, h
+            while up - step >= 0 and not ok(up - step):
+                up, step = up - step, step * 2
+            if up - step < 0:
+                lo_b, hi_b, best = 0, up - 1, None
+            else:
+                lo_b, hi_b, best = up - step + 1, up - 1, up - step
+    else:
+        if ok(hi):
+            return hi
+        if hi == 0 or not ok(0):
+            return None  # not even the bottom fits: no binary search
+        lo_b, hi_b, best = 1, hi - 1, 0
+    while lo_b <= hi_b:
+        mid = (lo_b + hi_b) // 2
+        if ok(mid):
+            best, lo_b = mid, mid + 1
+        else:
+            hi_b = mid - 1
+    return best
 
 
 def _at_top(model: ModelProfile, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> PlanConfig:
