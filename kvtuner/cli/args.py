@@ -68,6 +68,13 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
 
 
+def add_threads_arg(p: "argparse._ActionsContainer", use: str = "") -> None:
+    """``-t/--threads N``: llama.cpp's ``-t``, CPU threads (default: the physical cores); ``use``
+    says what the command does with them (``"to predict the speed for"``)."""
+    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
+                   help=f"CPU threads{' ' + use if use else ''} (llama.cpp's -t; default: the physical cores)")
+
+
 def _layers(text: str) -> int:
     from ..core.plan.config import ALL_LAYERS
 

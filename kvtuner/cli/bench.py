@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, config_from_args, emit_json,
-                   ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
+                   emit_json, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("-n", "--n-gen", type=positive_int, default=128, metavar="G", help="tokens to decode (default 128)")
     g.add_argument("-d", "--n-depth", type=positive_int, default=0, metavar="D", help="context depth before the prompt (default 0)")
     g.add_argument("-r", "--repetitions", type=positive_int, default=3, metavar="R", help="repetitions (default 3)")
-    g.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N", help="CPU threads (default: physical cores)")
+    add_threads_arg(g)
     g.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds (default 3600)")
     g.add_argument("--no-record", action="store_true",
                    help="do not record this run for speed calibration (by default every successful bench refines "

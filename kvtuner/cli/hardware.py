@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import UserError, add_model_arg, emit_json, load_model, positive_int
+from .args import UserError, add_model_arg, add_threads_arg, emit_json, load_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "machine's CPU rates per weight type (decode bytes/s, prefill FLOP/s), its flash-attention cost "
                        "and its fixed costs per layer and token; kept for a week and used by every speed prediction.")
     add_model_arg(p)
-    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads (llama.cpp's -t; default: the physical cores)")
+    add_threads_arg(p)
     p.add_argument("--types", default=None, metavar="T,T",
                    help="weight types to time (default: those of MODEL), e.g. Q4_K,Q6_K,Q8_0")
     p.add_argument("--attn", default=None, metavar="H/K/D,...",

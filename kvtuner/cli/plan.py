@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, add_workload_args,
-                   any_workload_flag, config_from_args, emit_json, ensure_cpu_probe, hardware_from_args, load_model,
-                   positive_int, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args,
-                   workload_from_args)
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+                   add_workload_args, any_workload_flag, config_from_args, emit_json, ensure_cpu_probe,
+                   hardware_from_args, load_model, session_from_args, vllm_model_from_args, vllm_settings_from_args,
+                   vllm_weights_from_args, workload_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -23,8 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_config_args(p)
     add_hardware_args(p)
-    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads to predict the speed for (llama.cpp's -t; default: the physical cores)")
+    add_threads_arg(p, "to predict the speed for")
     p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     add_workload_args(p)

@@ -8,8 +8,8 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_tune_args, config_from_args,
-                   emit_json, ensure_cpu_probe, load_model, positive_int, session_from_args)
+from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
+                   config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
@@ -21,16 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``tune``."""
     p = sub.add_parser(
         "tune", help="find the fastest configuration that fits a goal (headless)",
-        description="Search n_gpu_layers, KV layers on the GPU, K/V types within the quality floor, flash attention "
-                    "and n_ubatch for the fastest predicted decode at the full context that fits every device "
+        description="Search n_gpu_layers, KV layers on the GPU, MoE experts (--n-cpu-moe) or dense FFN (--n-cpu-ffn) "
+                    "in RAM, K/V types within the quality floor, flash attention and n_ubatch for the fastest predicted decode at the full context that fits every device "
                     "(1 GiB VRAM margin, 20 %% of RAM free); explain the choice, the runner-up and what llama.cpp's "
                     "--fit would run.")
     add_model_arg(p)
     add_config_args(p)
     add_hardware_args(p)
     add_tune_args(p)
-    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                   help="CPU threads to predict (and run) with (default: the physical cores)")
+    add_threads_arg(p, "to predict (and run) with")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1, README)")
     p.set_defaults(func=cmd_tune)
 
