@@ -1,7 +1,7 @@
 """Decode time per token at several KV depths on this CPU, measured and predicted cold.
 
-Loads a model once in a runner child (no GPU), and for each depth fills the cache, prefills 64
-tokens and decodes 48 (``kvtuner bench -p 64 -n 48 -d D``, one repetition), printing the median
+For each depth, loads the model in a runner child (no GPU), fills the cache, prefills 64 tokens
+and decodes 48 (``kvtuner bench -p 64 -n 48 -d D``, one repetition), printing the median
 and the fastest token time; then the speed model's cold prediction (the stored CPU probe of this
 machine and thread count, no calibration) at the same depths. Shows where decode at depth departs
 from the probe's per-cell attention cost (README, "Tune", the confirmation on this CPU).
@@ -35,7 +35,7 @@ def main() -> int:
     from kvtuner.core.speed.calibration import CalibrationStore
     from kvtuner.core.speed.speed_model import decode_tok_s, speed_inputs
     from kvtuner.runner import protocol as P
-    from kvtuner.runner.client import RunnerClient
+    from kvtuner.runner.bench import run_bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?", default=None)
@@ -47,10 +47,6 @@ def main() -> int:
     depths = [int(d) for d in args.depths.split(",")]
     cfg = PlanConfig(n_ctx=args.ctx, n_gpu_layers=0, flash_attn="on", n_batch=2048, n_ubatch=512)
 
-    client = RunnerClient(env={"CUDA_VISIBLE_DEVICES": ""})
-    client.start(timeout_s=120)
-    client.request(P.LoadCommand(model_path=path, config=cfg.to_dict(), n_threads=args.threads), P.LoadedEvent,
-                   timeout_s=600, idle_timeout_s=600)
     measured: dict[int, tuple[float, float]] = {}
     for d in depths:
         toks: list[float] = []
@@ -60,11 +56,10 @@ def main() -> int:
                 toks.append(ev.dt_s)
 
         t0 = time.time()
-        client.request(P.BenchCommand(n_prompt=64, n_gen=48, n_depth=d, repetitions=1), P.BenchResultEvent,
-                       timeout_s=3600, idle_timeout_s=3600, on_other=keep)
+        run_bench(path, cfg, n_prompt=64, n_gen=48, n_depth=d, repetitions=1, n_threads=args.threads,
+                  timeout_s=3600, idle_timeout_s=3600, on_event=keep, env={"CUDA_VISIBLE_DEVICES": ""})
         measured[d] = (statistics.median(toks), min(toks))
         print(f"# depth {d}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
-    client.close(timeout_s=5)
 
     model = ModelProfile.from_gguf(path)
     plan = plan_memory(model, cfg, [], detect_host())
@@ -83,7 +78,7 @@ def main() -> int:
     for d in depths:
         med, fast = measured[d]
         pred = 1.0 / decode_tok_s(plan, inputs, min(d + 64, plan.n_ctx_seq - 1))
-        print(f"| {d} | {med * 1e3:.1f} ({fast * 1e3:.1f}) | {pred * 1e3:.1f} | {pred / med - 1:+.0%} |")
+        print(f"| {d} | {med * 1e3:.1f} ({fast * 1e3:.1f}) | {pred * 1e3:.1f} | {med / pred - 1:+.0%} |")
     return 0
 
 
