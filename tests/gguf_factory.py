@@ -588,8 +588,7 @@ def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_
         if s.n_expert:  # routing data (see above)
             rng = np.random.default_rng(seed)
             for name, shape_, t in tensors:
-                routing = name == "token_embd.weight" or "ffn_gate_inp" in name or name.endswith("_norm.weight")
-                if routing:
+                if is_routing_tensor(name):
                     f.seek(data_start + offsets[name])
                     f.write(_random_data(shape_, t, rng, ones=name.endswith("_norm.weight")))
     return path
