@@ -69,11 +69,6 @@ LABELS = {"qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,", "gpt-oss-
 FAMILY_SHAPES = ("gpt-oss-20b", "deepseek-v2-lite")
 
 
-def _use_more_bits(il: int, n_layer: int) -> bool:
-    """llama-quant.cpp ``use_more_bits``: first and last eighth of the layers and every third between."""
-    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
-
-
 def family_spec(shape: str, n_layer: int, ftype: str):
     """The :class:`gguf_factory.ModelSpec` of a family shape with ``n_layer`` layers, its tensor types
     those of the published file (gpt-oss-20b) or of llama-quantize's mix (DeepSeek-V2-Lite).
@@ -101,6 +96,7 @@ def family_spec(shape: str, n_layer: int, ftype: str):
     import gguf
 
     import gguf_families as F
+    from gguf_factory import _use_more_bits as use_more_bits
 
     Q, FT = gguf.GGMLQuantizationType, gguf.LlamaFileType
     if shape == "gpt-oss-20b" and ftype == "MXFP4_MOE":
@@ -127,7 +123,7 @@ def family_spec(shape: str, n_layer: int, ftype: str):
             il = int(name.split(".")[1]) if name.startswith("blk.") else -1
             if name == "output.weight":
                 t = Q.Q6_K
-            elif "ffn_down" in name and _use_more_bits(il, n_layer):
+            elif "ffn_down" in name and use_more_bits(il, n_layer):
                 t = Q.Q6_K
             else:
                 t = Q.Q4_K
