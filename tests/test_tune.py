@@ -214,6 +214,13 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     assert len(loads) == 1 and loads[0].measured.decode_tok_s > 0 and loads[0].predicted_decode_tok_s > 0
     assert result.best is not None
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 1
+    # A load that does not confirm its prediction (tolerance 0: none does) is followed by a load
+    # of the calibrated prediction, made before that load and differing from the cold one.
+    result, loads2 = s.confirm_tune(TuneGoal(n_ctx=2048), measure, 2, tolerance=0.0)
+    assert len(loads2) == 2 and loads2[0].config == loads2[1].config == result.best.config
+    assert loads2[1].predicted_decode_tok_s != loads2[0].predicted_decode_tok_s
+    assert result.best.measured_decode_tok_s == loads2[1].measured.decode_tok_s
+    assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 3
     with pytest.raises(ValueError, match="--runs"):
         s.confirm_tune(TuneGoal(n_ctx=2048), measure, 4)
 

@@ -36,7 +36,7 @@ from .speed.cpu_probe import CpuRates, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
 from .tune import TuneGoal, TuneResult, tune
-from .tune.confirm import MAX_REAL_LOADS, Measure, Measured, RealLoad
+from .tune.confirm import CONFIRM_TOLERANCE, MAX_REAL_LOADS, Measure, RealLoad
 from .units import MiB
 
 log = logging.getLogger("kvtuner.session")
@@ -466,15 +466,18 @@ class Session:
         return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
 
     def confirm_tune(self, goal: TuneGoal, measure: Measure, runs: int,
-                     on_load: Callable[[RealLoad], None] | None = None) -> tuple[TuneResult, list[RealLoad]]:
+                     on_load: Callable[[RealLoad], None] | None = None, *,
+                     tolerance: float = CONFIRM_TOLERANCE) -> tuple[TuneResult, list[RealLoad]]:
         """Tune, then confirm with up to ``runs`` (<= 3) real loads: each measures the current
         best (``measure``, a bench in the runner child), is recorded for calibration
-        (:meth:`record_run`) and the search runs again with the calibrated speed model; it stops
-        when the best is a configuration already measured.
+        (:meth:`record_run`) and the search runs again with the calibrated speed model. It stops
+        when the best is a configuration whose last load confirmed the prediction made before it
+        (decode within ``tolerance``, a fraction); a best that was measured but missed is loaded
+        again, so the calibrated prediction it now carries is checked by a load it has not seen.
 
         Returns:
-            ``(result, loads)``: the last result, its best carrying the measured figures when it
-            was loaded, and one :class:`RealLoad` per load (prediction made before the load).
+            ``(result, loads)``: the last result, its best carrying the last measured figures when
+            it was loaded, and one :class:`RealLoad` per load (prediction made before the load).
 
         Raises:
             ValueError: ``runs`` outside 0..3, or what :meth:`tune` raises.
@@ -485,10 +488,13 @@ class Session:
             raise ValueError(f"--runs must be between 0 and {MAX_REAL_LOADS}, not {runs}")
         result = self.tune(goal)
         loads: list[RealLoad] = []
-        done: dict[PlanConfig, Measured] = {}
+        done: dict[PlanConfig, RealLoad] = {}
         for _ in range(runs):
             best = result.best
-            if best is None or best.config in done:
+            if best is None:
+                break
+            last = done.get(best.config)
+            if last is not None and last.decode_error is not None and abs(last.decode_error) <= tolerance:
                 break
             m = measure(best.config)
             inputs, _why = self.speed_inputs()
@@ -498,14 +504,14 @@ class Session:
             pred_pre = _prefill(plan, inputs, max(1, m.n_prompt), m.n_depth) if inputs is not None else float("nan")
             load = RealLoad(best.config, m, pred_dec, pred_pre)
             loads.append(load)
-            done[best.config] = m
+            done[best.config] = load
             if on_load is not None:
                 on_load(load)
             self.record_run(plan, n_threads=m.n_threads, n_depth=m.n_depth, n_prompt=m.n_prompt, n_gen=m.n_gen,
                             prefill_tok_s=m.prefill_tok_s, decode_tok_s=m.decode_tok_s)
             result = self.tune(goal)
         if result.best is not None and result.best.config in done:
-            m = done[result.best.config]
+            m = done[result.best.config].measured
             result = replace(result, best=replace(result.best, measured_decode_tok_s=m.decode_tok_s,
                                                   measured_prefill_tok_s=m.prefill_tok_s))
         return result, loads
