@@ -25,10 +25,13 @@ calibration), like benchmarks/speed_validation.py, whose stored runs this reuses
 Every extra file carries routing data (random token embeddings and routers, unit norms; see
 tests/gguf_factory.py above ``RealShape``), so each token picks its own experts as in a real model:
 ``--check-routing`` shows it, from the routers in the file and by timing a prefill with and without
-that data. Errors are ``predicted / measured - 1``. The predictions use the stored probe, whose
-nearest type or shape stands in for what it lacks (MXFP4, the 64/8/64 and 32/4/128 attention);
-``--measure`` also probes those on this CPU, and a second table shows the extra rows with them, as
-``kvtuner`` predicts a model after probing the types and shapes it needs.
+that data. Their MXFP4 blocks carry a normal scale (``write_mxfp4_scales``: a zero exponent byte is
+a subnormal float, and the MXFP4 kernels ran 2.7x slower on it). Errors are ``predicted / measured
+- 1``. The predictions are kvtuner's: the stored probe plus this CPU's probe of the types and
+shapes it lacks (MXFP4, the 64/8/64 and 32/4/128 attention; ``--measure`` probes them once and
+stores them as ``probe_gaps``), as ``kvtuner`` probes a model's own types and shapes before
+predicting it; a second table shows the extra rows with the stored probe alone, its nearest type
+or shape standing in.
 
     python benchmarks/moe_cpu_validation.py --fit            # fit the efficiency on the fitting row
     python benchmarks/moe_cpu_validation.py                  # print every row (prediction vs measurement)
@@ -148,25 +151,31 @@ def _real_shape(key: str):
 
 def fixture(key: str, ftype: str, directory: Path, *, routing: bool = True) -> Path:
     """The model file of a row (written once into ``directory``): an extra shape's sparse file with
-    routing data (``routing=False``: without, all routing tensors zero, for the routing check), else
-    speed_validation's fixture."""
+    routing data (``routing=False``: without, all routing tensors zero, for the routing check) and
+    MXFP4 blocks with a normal scale (``write_mxfp4_scales``: a zero exponent is a subnormal float
+    that slows the MXFP4 kernels 2.7x), else speed_validation's fixture.
+
+    The routing data is ``write_routing_data``'s (embeddings centred on zero) for every extra row:
+    ``write_real_shape``'s own all-positive Q4_K embeddings let Qwen3-30B-A3B's tokens reach only
+    73-86 of its 128 experts, so its file gets the centred data written over them (``.r2`` in the
+    name marks files written this way).
+    """
     for k, shape, n_layer, ft in EXTRA_SHAPES:
         if k == key:
-            from gguf_factory import write_real_shape
+            from gguf_factory import write_model, write_mxfp4_scales, write_real_shape, write_routing_data
 
-            path = directory / f"{key}-{ft}{'' if routing else '-norouting'}.gguf"
+            path = directory / f"{key}-{ft}{'' if routing else '-norouting'}.r2.gguf"
             if path.exists():
                 return path
             if shape in FAMILY_SHAPES:
-                from gguf_factory import write_model, write_routing_data
-
                 write_model(path, family_spec(shape, n_layer, ft))
-                if routing:
-                    write_routing_data(path)
             elif routing:
                 write_real_shape(path, replace(_real_shape(shape), n_layer=n_layer, key=key), ft)
             else:
                 raise ValueError(f"{key}: files without routing data are written for family shapes only")
+            if routing:
+                write_routing_data(path)
+            write_mxfp4_scales(path)
             return path
     return SV.fixture(key, ftype, directory)
 
@@ -203,13 +212,17 @@ def fit(rows: list[dict], probe: dict, directory: Path) -> float:
     return (lo + hi) / 2
 
 
-def _bench(path: Path, depth: int, threads: int) -> dict:
+#: Repetitions of a --measure bench of an extra row (the median is kept; the anchor runs once).
+MEASURE_REPETITIONS = 3
+
+
+def _bench(path: Path, depth: int, threads: int, repetitions: int = 1) -> dict:
     from kvtuner.runner.bench import run_bench
 
     t0 = time.time()
-    r = run_bench(path, SV.cpu_config(depth), n_prompt=SV.CPU_PROMPT, n_gen=SV.CPU_GEN, n_depth=depth, repetitions=1,
-                  n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
-    return {"depth": depth, "threads": threads, "prefill_tok_s": r.prefill_tok_s.median,
+    r = run_bench(path, SV.cpu_config(depth), n_prompt=SV.CPU_PROMPT, n_gen=SV.CPU_GEN, n_depth=depth,
+                  repetitions=repetitions, n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
+    return {"depth": depth, "threads": threads, "repetitions": repetitions, "prefill_tok_s": r.prefill_tok_s.median,
             "decode_tok_s": r.decode_tok_s.median, "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0],
             "t_unix": time.time()}
 
@@ -226,7 +239,8 @@ def measure(threads: int, directory: Path, data: dict) -> dict:
             if (key, depth) in done:
                 continue
             before = _bench(anchor, FIT_ROW[2], threads)
-            rec = {"key": key, "ftype": ft, "set": "validate", **_bench(fixture(key, ft, directory), depth, threads)}
+            rec = {"key": key, "ftype": ft, "set": "validate", **_bench(fixture(key, ft, directory), depth, threads,
+                                                                         MEASURE_REPETITIONS)}
             after = _bench(anchor, FIT_ROW[2], threads)
             rec["anchor"] = {k: (before[k] + after[k]) / 2 for k in ("prefill_tok_s", "decode_tok_s", "load_avg")}
             data["runs"].append(rec)
@@ -312,6 +326,31 @@ def measure_probe_gaps(threads: int, directory: Path, probe: dict, data: dict) -
     return data
 
 
+def measure_current_probe(threads: int, directory: Path, rows: list[dict], data: dict) -> dict:
+    """Probe this CPU now, as ``kvtuner probe`` does today (kvtuner.runner.probe.run_cpu_probe:
+    each figure the fastest of 3 repetitions), for every weight type and attention shape of
+    ``rows``; stored as ``data["probe_current"]``. The stored probe of speed_cpu_runs.json is
+    older than that rule (each figure then a median over the tokens of one repetition, so a
+    repetition slowed by another job raised it)."""
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.speed.cpu_probe import probe_needs
+    from kvtuner.runner.probe import run_cpu_probe
+
+    types: set[str] = set()
+    shapes: set[str] = set()
+    for r in rows:
+        t, sh = probe_needs(ModelProfile.from_gguf(fixture(r["key"], r["ftype"], directory)))
+        types |= set(t)
+        shapes |= set(sh)
+    t0 = time.time()
+    rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(shapes)).to_dict()
+    data["probe_current"] = {**rates, "wall_s": time.time() - t0}
+    EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"# probed {', '.join(sorted(types) + sorted(shapes))}: {time.time() - t0:.0f} s, load "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    return data
+
+
 def with_gaps(probe: dict, gaps: dict) -> dict:
     """The stored probe with the :func:`measure_probe_gaps` entries added."""
     return {**probe, **{k: {**probe.get(k, {}), **gaps.get(k, {})} for k in _PROBE_TABLES}}
@@ -320,8 +359,11 @@ def with_gaps(probe: dict, gaps: dict) -> dict:
 def check_routing(threads: int, directory: Path) -> list[dict]:
     """Bench each family shape's file with and without routing data (depth 0, -p 128 -n 4): with the
     routing tensors all zero every token picks the same experts, so a prefill reads n_expert_used
-    experts per layer instead of up to all of them and runs much faster; with routing data it should
-    not. Returns one record per file."""
+    experts per layer instead of up to all of them (1.14x faster for DeepSeek-V2-Lite's shapes; for
+    gpt-oss's about 1x: a 2-layer file without routing data ran 66.1 tok/s, one with routing data and
+    normal MXFP4 scales 67.6; the 3.4x this check showed before was the subnormal-scale artefact
+    that ``write_mxfp4_scales`` removes).
+    Returns one record per file."""
     from kvtuner.runner.bench import run_bench
 
     out = []
@@ -342,12 +384,44 @@ def check_routing(threads: int, directory: Path) -> list[dict]:
     return out
 
 
+def _table(rows: list[dict], markdown: bool, *, summary: bool = True) -> None:
+    """Print predicted rows (:func:`predict`) as text or as README's markdown table, and how many
+    figures of each set are within 25%."""
+    if markdown:
+        print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    else:
+        print(f"{'row':34} {'set':8} | {'prefill meas':>12} {'pred':>8} {'ratio':>6} {'err':>7} | "
+              f"{'decode meas':>11} {'pred':>7} {'ratio':>6} {'err':>7} | load")
+    errs: dict[str, list[float]] = {"fit": [], "validate": []}
+    for r in rows:
+        rp, rd = r["pred_prefill"] / r["prefill_tok_s"], r["pred_decode"] / r["decode_tok_s"]
+        errs[r["set"]] += [abs(rp - 1), abs(rd - 1)]
+        load = r.get("load_avg", float("nan"))
+        if markdown:
+            same = " (same model)" if r["set"] == "validate" and r["key"] == FIT_ROW[0] else ""
+            print(f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}{same} | "
+                  f"{r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | {rp - 1:+.0%} | {r['decode_tok_s']:.2f} | "
+                  f"{r['pred_decode']:.2f} | {rd - 1:+.0%} | {load:.2f} |")
+        else:
+            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
+                  f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
+                  f"{rd:6.3f} {rd - 1:+7.1%} | {load:.2f}")
+    if summary:
+        for s, e in errs.items():
+            if e:
+                print(f"{'' if not markdown else chr(10)}  {s:8} max |error| {max(e):.1%}, figures within 25%: "
+                      f"{sum(x <= 0.25 for x in e)}/{len(e)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit the efficiency on the fitting row and print it")
     ap.add_argument("--measure", action="store_true", help="bench the extra MoE shapes missing from moe_cpu_runs.json")
     ap.add_argument("--check-routing", action="store_true",
                     help="bench the family shapes with and without routing data (prefill should differ) and stop")
+    ap.add_argument("--reprobe", action="store_true",
+                    help="probe this CPU now for every row's types and shapes (kept as probe_current) and show the rows with it")
     ap.add_argument("--markdown", action="store_true", help="print the rows as README's markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -368,49 +442,43 @@ def main(argv: list[str] | None = None) -> int:
             extra = measure_probe_gaps(probe["n_threads"], directory, probe, extra)
     order = [k for k, *_ in EXTRA_SHAPES]
     rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
-    if args.fit:
-        print(f"host_moe_prefill_efficiency = {fit(rows, probe, directory):.3f}")
-        return 0
-    if args.markdown:
-        print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        for r in predict(rows, probe, directory):
-            same = r["set"] == "validate" and r["key"] == FIT_ROW[0]
-            print(f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}"
-                  f"{' (same model)' if same else ''} | {r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | "
-                  f"{r['pred_prefill'] / r['prefill_tok_s'] - 1:+.0%} | {r['decode_tok_s']:.2f} | {r['pred_decode']:.2f} | "
-                  f"{r['pred_decode'] / r['decode_tok_s'] - 1:+.0%} | {r.get('load_avg', float('nan')):.2f} |")
-        return 0
-    print(f"MoE rows on this CPU, cold (the probe of {STORED.name}, no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN} "
-          f"-r 1, {probe['n_threads']} thread)")
-    print(f"{'row':34} {'set':8} | {'prefill meas':>12} {'pred':>8} {'ratio':>6} {'err':>7} | "
-          f"{'decode meas':>11} {'pred':>7} {'ratio':>6} {'err':>7} | load")
-    errs: dict[str, list[float]] = {"fit": [], "validate": []}
-    for r in predict(rows, probe, directory):
-        rp, rd = r["pred_prefill"] / r["prefill_tok_s"], r["pred_decode"] / r["decode_tok_s"]
-        errs[r["set"]] += [abs(rp - 1), abs(rd - 1)]
-        print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
-              f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
-              f"{rd:6.3f} {rd - 1:+7.1%} | {r.get('load_avg', float('nan')):.2f}")
-    for s, e in errs.items():
-        if e:
-            print(f"  {s:8} max |error| {max(e):.1%}, rows within 25%: {sum(x <= 0.25 for x in e)}/{len(e)}")
     gaps = extra.get("probe_gaps")
+    # as kvtuner predicts: its probe measures the types and shapes a model needs, so the stored
+    # probe plus this CPU's probe of what it lacks (the fitting and older rows use none of those)
+    full = with_gaps(probe, gaps) if gaps else probe
+    current = extra.get("probe_current")
+    if args.reprobe:
+        extra = measure_current_probe(probe["n_threads"], directory, rows, extra)
+        current = extra["probe_current"]
+    if args.fit:
+        print(f"host_moe_prefill_efficiency = {fit(rows, full, directory):.3f}")
+        if current:
+            print(f"  with the current probe: {fit(rows, current, directory):.3f}")
+        return 0
+    names = sorted({x for k in _PROBE_TABLES for x in (gaps or {}).get(k, {})})
+    print(f"{'' if not args.markdown else '### '}MoE rows on this CPU, cold (the probe of {STORED.name}"
+          + (f" plus this CPU's probe of {', '.join(names)}, which it lacks" if names else "")
+          + f"; no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread)")
+    _table(predict(rows, full, directory), args.markdown)
+    if current:
+        eff = fit(rows, current, directory)
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(current["t_unix"]))
+        print(f"\n{'' if not args.markdown else '### '}every row with this CPU's current probe ({when} UTC, load "
+              f"{current['load_avg']:.2f}; each figure the fastest of 3 repetitions) and the expert efficiency "
+              f"refitted on the fitting row with it: {eff:.3f}")
+        _table(predict(rows, current, directory, eff), args.markdown)
+    if args.markdown:
+        return 0
     if gaps:
-        names = sorted({x for k in _PROBE_TABLES for x in gaps.get(k, {})})
-        print(f"\nthe extra rows with this CPU's probe of what the stored probe lacks ({', '.join(names)}; probed at "
-              f"load {gaps['load_avg']:.2f}), as kvtuner probes a model's own types and shapes:")
-        for r in predict(extra.get("runs", []), with_gaps(probe, gaps), directory):
-            rp, rd = r["pred_prefill"] / r["prefill_tok_s"], r["pred_decode"] / r["decode_tok_s"]
-            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
-                  f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
-                  f"{rd:6.3f} {rd - 1:+7.1%} | {r.get('load_avg', float('nan')):.2f}")
+        print(f"\nthe extra rows with the stored probe alone (its nearest type or shape standing in for "
+              f"{', '.join(names)}; those probed at load {gaps['load_avg']:.2f}):")
+        _table(predict(extra.get("runs", []), probe, directory), False, summary=False)
     anchored = [r for r in rows if "anchor" in r]
     if anchored:
         (fit_row,) = [r for r in rows if (r["key"], r["ftype"], r["depth"]) == FIT_ROW and "anchor" not in r]
         print("\nrows measured beside other jobs, read against the anchor (the fitting row benched just before and"
               " after,\nwhose quiet-machine speed is stored): measured x (anchor quiet / anchor now)")
-        for r in predict(anchored, probe, directory):
+        for r in predict(anchored, full, directory):
             fp = fit_row["prefill_tok_s"] / r["anchor"]["prefill_tok_s"]
             fd = fit_row["decode_tok_s"] / r["anchor"]["decode_tok_s"]
             mp, md = r["prefill_tok_s"] * fp, r["decode_tok_s"] * fd
