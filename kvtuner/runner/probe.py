@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..core.plan.config import PlanConfig
-from ..core.speed.cpu_probe import CpuRates, ProbeError, ProbeRun, probe_plan, rates_from_runs, write_probe_model
+from ..core.speed.cpu_probe import CpuRates, ProbeError, ProbeRun, attn_key_kv, probe_plan, rates_from_runs, write_probe_model
 from . import protocol as P
 from .client import RunnerClient, RunnerError
 
@@ -78,7 +78,9 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                 if on_step is not None:
                     on_step(m.key)
                 path = write_probe_model(Path(tmp) / f"{m.key.replace(':', '-').replace('/', '-')}.gguf", m)
-                cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=kv_type, type_v=kv_type, flash_attn="on",
+                # an attention probe keyed with a K/V pair (cpu_probe.attn_key) runs with that pair
+                _, type_k, type_v = attn_key_kv(m.key.split(":", 1)[1]) if "@" in m.key else ("", kv_type, kv_type)
+                cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=type_k, type_v=type_v, flash_attn="on",
                                  n_batch=512, n_ubatch=512)
                 client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
                                P.LoadedEvent, timeout_s=timeout_s, idle_timeout_s=timeout_s)

@@ -46,6 +46,8 @@ from typing import Any, Sequence
 import gguf
 import numpy as np
 
+from ..model.ggml_types import KV_CACHE_TYPES
+
 #: Probe model shapes (see the module docstring).
 MATRIX_LAYERS, MATRIX_EMBD, MATRIX_FF, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM = 4, 4096, 14336, 32, 8, 128
 ATTN_LAYERS, ATTN_EMBD, ATTN_FF = 4, 256, 256
@@ -60,13 +62,42 @@ OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
 ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
 
 
-def attn_key(n_head: int, n_head_kv: int, head_dim: int) -> str:
-    """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads, head size)."""
-    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}"
+#: K/V types whose CPU flash attention takes ggml's vectorised paths (ggml-cpu/ops.cpp
+#: ``ggml_compute_forward_flash_attn_ext_f16``: the split-KV decode path and the tiled prompt path
+#: need K and V of one type, F32 or F16). Any other pair runs the one-row path
+#: (``ggml_compute_forward_flash_attn_ext_f16_one_chunk``, K dot products and V accumulation per
+#: cell in the K/V type), which costs differently per cell: measured here on the default model at
+#: depth 32,544, a q8_0 K/V prefill ran 41 tok/s where f16 ran 86-120. Such pairs are probed and
+#: stored under their own key (:func:`attn_key`).
+ATTN_FAST_KV = ("f16", "f32")
+
+
+def attn_kv_suffix(type_k: str = "f16", type_v: str = "f16") -> str:
+    """The K/V part of an attention key: ``""`` for the fast pairs (:data:`ATTN_FAST_KV`, one type
+    for K and V), else ``"@q8_0"`` (K and V of one type) or ``"@q8_0+f16"`` (K, V)."""
+    k, v = str(type_k).lower(), str(type_v).lower()
+    if k == v and k in ATTN_FAST_KV:
+        return ""
+    return f"@{k}" if k == v else f"@{k}+{v}"
+
+
+def attn_key(n_head: int, n_head_kv: int, head_dim: int, type_k: str = "f16", type_v: str = "f16") -> str:
+    """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads,
+    head size) with f16 K/V, ``"32/8/128@q8_0"`` with another K/V pair (:func:`attn_kv_suffix`)."""
+    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}" + attn_kv_suffix(type_k, type_v)
+
+
+def attn_key_kv(key: str) -> tuple[str, str, str]:
+    """``(shape, type_k, type_v)`` of an attention key: ``"32/8/128@q8_0"`` -> ``("32/8/128", "q8_0", "q8_0")``."""
+    shape, _, kv = key.partition("@")
+    if not kv:
+        return shape, "f16", "f16"
+    k, _, v = kv.partition("+")
+    return shape, k, v or k
 
 
 def _parse_attn_key(key: str) -> tuple[int, int, int] | None:
-    parts = key.split("/")
+    parts = key.partition("@")[0].split("/")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
         return None
     return int(parts[0]), int(parts[1]), int(parts[2])
@@ -162,6 +193,10 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
     if head_dim not in ATTN_HEAD_DIMS:
         raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
                          f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
+    _, type_k, type_v = attn_key_kv(shape)
+    for t in (type_k, type_v):
+        if t not in KV_CACHE_TYPES:
+            raise ProbeError(f"no CPU attention probe for K/V type {t!r}: KV cache types are {', '.join(KV_CACHE_TYPES)}")
     return ProbeModel(f"attn:{shape}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
                       ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
 
@@ -186,23 +221,27 @@ def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/
     return (*overhead_models(), *shapes, *(matrix_model(t) for t in types))
 
 
-def model_attn_shapes(model: Any) -> tuple[str, ...]:
-    """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV."""
-    return tuple(sorted({attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il))
-                         for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]}))
+def model_attn_shapes(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)) -> tuple[str, ...]:
+    """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV, for each K/V type
+    pair of ``kv_pairs``."""
+    return tuple(sorted({attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il), k, v)
+                         for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]
+                         for k, v in kv_pairs}))
 
 
-def probe_needs(model: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def probe_needs(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)
+                ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What a CPU prediction for ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`)
     needs measured: its weight types of over 1 % of its bytes that the probe can write, and the
-    attention shapes of its layers that the probe can measure."""
+    attention shapes of its layers that the probe can measure, for each K/V type pair of
+    ``kv_pairs`` (``(type_k, type_v)``; f16 K/V by default)."""
     from .weights import weight_summary
 
     wt = weight_summary(model).types()
     total = sum(wt.values()) or 1
     types = tuple(sorted(t for t, b in wt.items() if b / total > 0.01 and t in PROBE_TYPES))
     shapes = []
-    for key in model_attn_shapes(model):
+    for key in model_attn_shapes(model, kv_pairs):
         try:
             attention_model(key)
         except ProbeError:
@@ -313,13 +352,17 @@ class CpuRates:
 
     def attn_cost(self, table: dict[str, float], shape: str) -> float:
         """Cost per head and cell of an attention shape (:func:`attn_key`) from ``table``
-        (``attn_decode_s`` or ``attn_prefill_s``): the measured shape, else the measured one
-        nearest in head size and then in query heads per KV head, scaled by the head size; else
-        the fallback ``"*"`` (for 128-wide heads) scaled by the head size."""
+        (``attn_decode_s`` or ``attn_prefill_s``): the measured shape, else for another K/V pair
+        than f16 the same shape with f16 K/V (what was used before K/V pairs were probed), else
+        the f16 shape nearest in head size and then in query heads per KV head, scaled by the
+        head size; else the fallback ``"*"`` (for 128-wide heads) scaled by the head size."""
         if shape in table:
             return table[shape]
+        base, _, _ = attn_key_kv(shape)
+        if base != shape:
+            return self.attn_cost(table, base)
         want = _parse_attn_key(shape) or (32, 8, 128)
-        known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table) if p is not None]
+        known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table if "@" not in k) if p is not None]
         if not known:
             return table.get("*", 0.0) * want[2] / 128
         ratio = want[0] / max(1, want[1])

@@ -29,9 +29,10 @@ Decode (one token at KV depth ``D``)::
     bytes_T: the weights a token reads (weights.py: every 2-D weight once; of MoE experts
              n_expert_used / n_expert; the output matrix once; the input embedding one row)
     kv_bytes: sum over layers of bytes_per_cell * cells_read, cells_read = min(D + 1, window)
-    head_cells: query heads x cells_read, per head size: the CPU flash-attention kernel walks
-             the cache once per query head (ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16``),
-             at a cost per cell the probe measures for each head size
+    head_cells: query heads x cells_read, per attention shape hd: the CPU flash-attention kernel
+             walks the cache once per query head (ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16``),
+             at a cost per cell the probe measures for each shape and K/V pair (f16 K/V takes the
+             split-KV / tiled paths, other pairs the one-row path: cpu_probe.attn_key)
 
 Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(n_ubatch, n_prompt)``)::
 
@@ -643,10 +644,11 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
     kv = []
     n_stream = max(1, plan.n_stream)
+    kv_pair = (plan.config.type_k, plan.config.type_v)  # the CPU attention cost is probed per K/V pair
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
-        kv.append((lk.device, per_cell, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads, 2.0 * heads * dims,
+        kv.append((lk.device, per_cell, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il), *kv_pair), heads, 2.0 * heads * dims,
                    min(_window(plan, lk.swa), lk.cells)))
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
@@ -757,6 +759,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     for w in s.output:  # logits of the last token only
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
     n_stream = max(1, plan.n_stream)
+    kv_pair = (plan.config.type_k, plan.config.type_v)  # the CPU attention cost is probed per K/V pair
     for lk in plan.kv_layers:
         window = min(_window(plan, lk.swa), lk.cells)
         heads, dims = _attn_dims(plan, lk.il)
@@ -775,7 +778,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
             pcie += kv_read  # host KV copied to the GPU for every ubatch
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
-        acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il)), heads * cells)
+        acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il), *kv_pair), heads * cells)
     seq = [HOST] + wdev + [out_dev]
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
