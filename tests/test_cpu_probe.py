@@ -147,3 +147,22 @@ def test_attention_keys_carry_the_kv_pair_that_is_not_f16():
 def test_a_tune_probes_the_attention_of_every_kv_pair_it_ranks(default_profile):
     _, dims = probe_needs(default_profile, [("f16", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")])
     assert dims == ("4/1/256", "4/1/256@f16+q8_0", "4/1/256@q8_0")
+
+
+def test_kv_pairs_whose_block_does_not_divide_the_head_are_never_probed(tmp_path):
+    """llama.cpp refuses a q8_0 cache for 80-wide heads (block of 32): a tune of such a model must
+    not put that pair in the probe, which is all-or-nothing (StableLM-3B, phi-2)."""
+    import gguf_families as F
+    from gguf_factory import write_model
+    from kvtuner.core.tune import kv_type_pairs
+
+    prof = ModelProfile.from_gguf(write_model(tmp_path / "s.gguf", F.stablelm(n_layer=2)))
+    pairs = kv_type_pairs(prof, "q4_0", gpu=False)
+    assert pairs == [("f16", "f16")]
+    assert probe_needs(prof, [("f16", "f16"), ("q8_0", "q8_0")])[1] == ("32/32/80",)
+    with pytest.raises(ProbeError, match="does not divide"):
+        attention_model("32/32/80@q8_0")
+    assert attention_model("32/8/128@Q8_0+q8_0").key == "attn:32/8/128@q8_0"
+    assert attention_model("32/8/128@f16").key == "attn:32/8/128"
+    only = CpuRates(1, {}, {}, 0.0, 0.0, {"32/8/128@q8_0": 3e-7}, {})
+    assert only.attn_cost(only.attn_decode_s, "32/8/128") == 3e-7  # never free

@@ -335,3 +335,16 @@ def test_host_bandwidth_probe_is_quick_and_cached():
     t = time.perf_counter()
     assert measure_host_bandwidth() == bw
     assert time.perf_counter() - t < 0.01
+
+
+def test_cpu_attention_is_keyed_by_the_kv_pair_flash_attention_runs(default_profile):
+    """CPU flash attention with q8_0 K / f16 V runs ggml's one-row path, probed under its own key;
+    without flash attention llama.cpp multiplies K and V with MUL_MATs, priced as f16's."""
+    host = HostSpec(16 << 30, 8 << 30)
+    keys = {}
+    for fa in ("on", "off"):
+        plan = plan_memory(default_profile, PlanConfig(n_ctx=4096, n_gpu_layers=0, type_k="q8_0", type_v="f16",
+                                                       flash_attn=fa), [], host)
+        keys[fa] = {h for d in prefill_workload(plan, 64, 1024).devices for h, _ in d.head_cells}
+        assert keys[fa] == {h for d in decode_workload(plan, 1024).devices for h, _ in d.head_cells}
+    assert keys == {"on": {"4/1/256@q8_0+f16"}, "off": {"4/1/256"}}

@@ -224,6 +224,15 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     last = [l for l in loads2 if l.config == result.best.config]
     assert not last or result.best.measured_decode_tok_s == last[-1].measured.decode_tok_s
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 3
+    # A load without a decode figure (a real bench that decodes nothing) cannot miss: one load.
+    def measure_prefill_only(cfg):
+        depth = confirm_depth(cfg.n_ctx)
+        r = run_bench(default_profile.path, cfg, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=0, n_depth=depth,
+                      repetitions=1, n_threads=1, timeout_s=600)
+        return Measured(depth, CONFIRM_PROMPT_TOKENS, 0, r.n_threads, r.prefill_tok_s.median, None)
+
+    _, loads_p = s.confirm_tune(TuneGoal(n_ctx=2048), measure_prefill_only, 3, tolerance=0.0)
+    assert len(loads_p) == 1 and loads_p[0].decode_error is None
     # Any load confirms (infinite tolerance): no configuration is loaded twice.
     _, loads3 = s.confirm_tune(TuneGoal(n_ctx=2048), measure, 3, tolerance=float("inf"))
     assert 1 <= len(loads3) and len({l.config for l in loads3}) == len(loads3)

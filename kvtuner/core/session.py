@@ -498,7 +498,7 @@ class Session:
             if best is None:
                 break
             last = done.get(best.config)
-            if last is not None and last.decode_error is not None and abs(last.decode_error) <= tolerance:
+            if last is not None and (last.decode_error is None or not abs(last.decode_error) > tolerance):
                 break
             m = measure(best.config)
             inputs, _why = self.speed_inputs()

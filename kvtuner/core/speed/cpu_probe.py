@@ -92,7 +92,7 @@ def attn_key_kv(key: str) -> tuple[str, str, str]:
     shape, _, kv = key.partition("@")
     if not kv:
         return shape, "f16", "f16"
-    k, _, v = kv.partition("+")
+    k, _, v = kv.lower().partition("+")
     return shape, k, v or k
 
 
@@ -197,7 +197,12 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
     for t in (type_k, type_v):
         if t not in KV_CACHE_TYPES:
             raise ProbeError(f"no CPU attention probe for K/V type {t!r}: KV cache types are {', '.join(KV_CACHE_TYPES)}")
-    return ProbeModel(f"attn:{shape}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
+        if head_dim % KV_CACHE_TYPES[t].block_size:  # llama_init_from_model refuses it (context_checks)
+            raise ProbeError(f"no CPU attention probe for K/V type {t} with head size {head_dim}: its block of "
+                             f"{KV_CACHE_TYPES[t].block_size} does not divide it")
+    # the key as lookups build it ("@f16", "@Q8_0", "@q8_0+q8_0" written by hand become "", "@q8_0", "@q8_0")
+    key = attn_key(n_head, n_head_kv, head_dim, type_k, type_v)
+    return ProbeModel(f"attn:{key}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
                       ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
 
 
@@ -363,6 +368,8 @@ class CpuRates:
             return self.attn_cost(table, base)
         want = _parse_attn_key(shape) or (32, 8, 128)
         known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table if "@" not in k) if p is not None]
+        if not known:  # only other K/V pairs probed: the nearest of those rather than nothing
+            known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table) if p is not None]
         if not known:
             return table.get("*", 0.0) * want[2] / 128
         ratio = want[0] / max(1, want[1])

@@ -622,6 +622,13 @@ class _DecodeParts:
     net: tuple[tuple[str, float, float], ...] = ()
 
 
+def _attn_kv_pair(plan: MemoryPlan) -> tuple[str, str]:
+    """The K/V pair whose probed CPU attention cost a plan's attention has (cpu_probe.attn_key):
+    the configuration's with flash attention; f16's without it, where llama.cpp multiplies K and
+    V with ordinary MUL_MATs instead of the flash-attention kernel the pairs were probed with."""
+    return (plan.config.type_k, plan.config.type_v) if plan.flash_attn else ("f16", "f16")
+
+
 def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     m = plan.model
     s = weight_summary(m)
@@ -644,7 +651,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
     kv = []
     n_stream = max(1, plan.n_stream)
-    kv_pair = (plan.config.type_k, plan.config.type_v)  # the CPU attention cost is probed per K/V pair
+    kv_pair = _attn_kv_pair(plan)
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
@@ -759,7 +766,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     for w in s.output:  # logits of the last token only
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
     n_stream = max(1, plan.n_stream)
-    kv_pair = (plan.config.type_k, plan.config.type_v)  # the CPU attention cost is probed per K/V pair
+    kv_pair = _attn_kv_pair(plan)
     for lk in plan.kv_layers:
         window = min(_window(plan, lk.swa), lk.cells)
         heads, dims = _attn_dims(plan, lk.il)

@@ -303,10 +303,18 @@ def kv_type_pairs(model: ModelProfile, quality: str, *, gpu: bool) -> list[tuple
     Types whose block does not divide the rows are dropped (llama-kv-cache.cpp refuses them).
     """
     allowed = KV_QUALITY_ORDER[: KV_QUALITY_ORDER.index(quality) + 1]
-    heads = {model.head_dim_k_at(l.il) for l in model.structure.kv_layers} if model.structure.kv_layers else set()
+    layers = model.structure.kv_layers or ()
+    heads = {model.head_dim_k_at(l.il) for l in layers}
+    heads_v = {model.head_dim_v_at(l.il) for l in layers}
+
+    def fits(t: str, dims: set[int]) -> bool:
+        return all(d % kv_type(t).block_size == 0 for d in dims)
+
     pairs = []
     for k in allowed:
         for v in allowed:
+            if not (fits(k, heads) and fits(v, heads_v)):
+                continue
             if gpu and k != v:
                 continue
             if gpu and 256 in heads and (k != "f16" or v != "f16"):
