@@ -288,21 +288,28 @@ def router_spread(path: Path, n_tokens: int = SV.CPU_PROMPT, seed: int = 1) -> l
 _PROBE_TABLES = ("decode_bytes_s", "prefill_flop_s", "half_batch", "attn_decode_s", "attn_prefill_s")
 
 
-def probe_gaps(probe: dict, directory: Path) -> tuple[list[str], list[str]]:
-    """The weight types and attention shapes the extra rows' models need probed (cpu_probe.probe_needs,
-    what ``kvtuner`` probes for a model before predicting it) that the stored probe lacks: the
-    stored-probe predictions use the nearest probed type / shape for them (cpu_probe.nearest,
-    CpuRates.attn_cost)."""
+def _needs(files: list[tuple[str, str]], directory: Path) -> tuple[set[str], set[str]]:
+    """The weight types and attention shapes the models of ``files`` (``(key, ftype)`` rows) need
+    probed (cpu_probe.probe_needs, what ``kvtuner`` probes for a model before predicting it)."""
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.speed.cpu_probe import probe_needs
 
     types: set[str] = set()
     shapes: set[str] = set()
-    for key, _, _, ft in EXTRA_SHAPES:
+    for key, ft in files:
         t, sh = probe_needs(ModelProfile.from_gguf(fixture(key, ft, directory)))
-        types |= {x for x in t if x not in probe["prefill_flop_s"]}
-        shapes |= {x for x in sh if x not in probe["attn_prefill_s"]}
-    return sorted(types), sorted(shapes)
+        types |= set(t)
+        shapes |= set(sh)
+    return types, shapes
+
+
+def probe_gaps(probe: dict, directory: Path) -> tuple[list[str], list[str]]:
+    """What the extra rows' models need probed (:func:`_needs`) that the stored probe lacks: the
+    stored-probe predictions use the nearest probed type / shape for them (cpu_probe.nearest,
+    CpuRates.attn_cost)."""
+    types, shapes = _needs([(key, ft) for key, _, _, ft in EXTRA_SHAPES], directory)
+    return (sorted(x for x in types if x not in probe["prefill_flop_s"]),
+            sorted(x for x in shapes if x not in probe["attn_prefill_s"]))
 
 
 def measure_probe_gaps(threads: int, directory: Path, probe: dict, data: dict) -> dict:
@@ -332,16 +339,9 @@ def measure_current_probe(threads: int, directory: Path, rows: list[dict], data:
     ``rows``; stored as ``data["probe_current"]``. The stored probe of speed_cpu_runs.json is
     older than that rule (each figure then a median over the tokens of one repetition, so a
     repetition slowed by another job raised it)."""
-    from kvtuner.core.model.profile import ModelProfile
-    from kvtuner.core.speed.cpu_probe import probe_needs
     from kvtuner.runner.probe import run_cpu_probe
 
-    types: set[str] = set()
-    shapes: set[str] = set()
-    for r in rows:
-        t, sh = probe_needs(ModelProfile.from_gguf(fixture(r["key"], r["ftype"], directory)))
-        types |= set(t)
-        shapes |= set(sh)
+    types, shapes = _needs([(r["key"], r["ftype"]) for r in rows], directory)
     t0 = time.time()
     rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(shapes)).to_dict()
     data["probe_current"] = {**rates, "wall_s": time.time() - t0}
