@@ -318,11 +318,6 @@ class Session:
         """CPU threads the speed is predicted for (:attr:`n_threads`, else the physical cores)."""
         return int(self.n_threads) if self.n_threads else physical_cores()
 
-    def _probe_kv_type(self) -> str:
-        kv = self.config.type_k
-        store = self.calibration_store()
-        return kv if store.cpu_rates(self.threads(), kv, self.machine_id) is not None else "f16"
-
     def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Weight types (over 1 % of the model's bytes) and attention shapes of the model that
         this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
@@ -352,10 +347,11 @@ class Session:
     def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
         """The speed model's inputs for this hardware, calibrated for this model family on this
         machine (not when a what-if card is planned for: runs only feed the hardware they ran on), with this machine's CPU probe when one is stored; ``(None, reason)`` when the
-        speed model cannot be set up. Cached until the hardware, the model family or the KV type
-        changes (:meth:`invalidate_speed`)."""
+        speed model cannot be set up. The probe's attention costs are keyed by K/V pair
+        (cpu_probe.attn_key), so one set of inputs serves every KV type. Cached until the hardware
+        or the model family changes (:meth:`invalidate_speed`)."""
         family = (self.model.architecture, self.model.file_type) if self.model is not None else None
-        key = (self._hardware_key(), family, self.machine_id, self.threads(), self.config.type_k)
+        key = (self._hardware_key(), family, self.machine_id, self.threads())
         if self._inputs is not None and self._inputs[0] == key:
             return self._inputs[1], self._inputs[2]
         try:
@@ -365,7 +361,7 @@ class Session:
                 bw = store.host_bandwidth_bytes_s(self.machine_id, measure=self.measure_host_bandwidth)
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
-            cpu = store.cpu_rates(self.threads(), self._probe_kv_type(), self.machine_id)
+            cpu = store.cpu_rates(self.threads(), "f16", self.machine_id)
             inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
                                   cpu=cpu)
             if self.model is not None and not any(g.what_if for g in self.gpus):
