@@ -37,6 +37,13 @@ or shape standing in.
     python benchmarks/moe_cpu_validation.py                  # print every row (prediction vs measurement)
     python benchmarks/moe_cpu_validation.py --measure        # bench the extra rows (minutes, 1 thread)
     python benchmarks/moe_cpu_validation.py --check-routing  # experts picked, prefill with / without routing data
+    python benchmarks/moe_cpu_validation.py --measure-here   # probe + bench every row on this CPU (~25 min)
+
+``--measure-here`` checks everything on the machine it runs on, nothing fitted there: one CPU probe
+of every type, attention shape and MoE expert shape (cpu_probe ``expert_model``: the decode of
+ggml's MUL_MAT_ID at the model's own expert shape and types), then a bench of every row, granite's
+too (stored as ``here``). ``host_moe_prefill_efficiency`` keeps the value fitted on granite on the
+machine of the stored probe, so on another machine every row is a validation row.
 """
 
 from __future__ import annotations
@@ -351,6 +358,68 @@ def measure_current_probe(threads: int, directory: Path, rows: list[dict], data:
     return data
 
 
+#: Repetitions of a --measure-here bench (the median is kept).
+HERE_REPETITIONS = 2
+
+
+def _cpu_name() -> str:
+    """This CPU's model name and flags that matter to ggml-cpu (lscpu / /proc/cpuinfo)."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == "model name" and name == "unknown CPU":
+                name = v.strip()
+            elif k.strip() == "flags" and not flags:
+                flags = set(v.split())
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile") if f in flags]
+    return f"{name} ({os.cpu_count()} CPUs; {', '.join(simd) or 'no AVX2'})"
+
+
+def measure_here(threads: int, directory: Path, rows: list[dict], data: dict) -> dict:
+    """Everything on this machine, cold, as ``kvtuner`` would predict it: one CPU probe
+    (kvtuner.runner.probe.run_cpu_probe) of every weight type, attention shape and MoE expert
+    shape the rows' models need (:func:`_needs`, cpu_probe.probe_expert_needs), then a bench of
+    every row (median of :data:`HERE_REPETITIONS`). Stored as ``data["here"]`` (resumable: rows
+    already there are kept). Nothing is fitted to these rows: the speed model's one MoE constant
+    was fitted on another machine's granite row."""
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.speed.cpu_probe import probe_expert_needs
+    from kvtuner.runner.probe import run_cpu_probe
+
+    here = data.setdefault("here", {"cpu": _cpu_name(), "runs": []})
+    if "probe" not in here:
+        files = sorted({(r["key"], r["ftype"]) for r in rows})
+        types, shapes = _needs(files, directory)
+        experts = sorted({e for key, ft in files for e in probe_expert_needs(ModelProfile.from_gguf(fixture(key, ft, directory)))})
+        t0 = time.time()
+        rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(shapes), expert_keys=experts,
+                              on_step=lambda k: print(f"#   probe {k}", flush=True))
+        here["probe"] = {**rates.to_dict(), "wall_s": time.time() - t0}
+        EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"# probed {len(types)} types, {len(shapes)} attention shapes, {len(experts)} expert shapes: "
+              f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+    done = {(r["key"], r["depth"]) for r in here["runs"]}
+    for r in rows:
+        if (r["key"], r["depth"]) in done:
+            continue
+        rec = {"key": r["key"], "ftype": r["ftype"], "set": "validate",
+               **_bench(fixture(r["key"], r["ftype"], directory), r["depth"], threads, HERE_REPETITIONS)}
+        here["runs"].append(rec)
+        EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"# measured {r['key']} depth {r['depth']}: {rec['prefill_tok_s']:.1f} / {rec['decode_tok_s']:.2f} tok/s, "
+              f"{rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}", flush=True)
+    return data
+
+
+def without_experts(probe: dict) -> dict:
+    """A probe record without its expert entries (the experts' decode then goes at the dense rate
+    of their type)."""
+    return {k: v for k, v in probe.items() if not k.startswith("expert_")}
+
+
 def with_gaps(probe: dict, gaps: dict) -> dict:
     """The stored probe with the :func:`measure_probe_gaps` entries added."""
     return {**probe, **{k: {**probe.get(k, {}), **gaps.get(k, {})} for k in _PROBE_TABLES}}
@@ -422,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bench the family shapes with and without routing data (prefill should differ) and stop")
     ap.add_argument("--reprobe", action="store_true",
                     help="probe this CPU now for every row's types and shapes (kept as probe_current) and show the rows with it")
+    ap.add_argument("--measure-here", action="store_true",
+                    help="probe this CPU (types, attention and expert shapes) and bench every row on it (kept as 'here')")
     ap.add_argument("--markdown", action="store_true", help="print the rows as README's markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -442,6 +513,22 @@ def main(argv: list[str] | None = None) -> int:
             extra = measure_probe_gaps(probe["n_threads"], directory, probe, extra)
     order = [k for k, *_ in EXTRA_SHAPES]
     rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
+    if args.measure_here:
+        extra = measure_here(probe["n_threads"], directory, rows, extra)
+    here = extra.get("here")
+    if here and here.get("runs"):
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(here["probe"]["t_unix"]))
+        hr = sorted(here["runs"], key=lambda r: ([r["key"] for r in rows].index(r["key"]), r["depth"]))
+        print(f"{'' if not args.markdown else '### '}every row on {here['cpu']}, cold: this CPU's probe ({when} UTC, "
+              f"load {here['probe']['load_avg']:.2f}) with the expert probe of each model's expert shapes (decode); "
+              f"host_moe_prefill_efficiency as fitted on the Intel VM, nothing fitted here; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread, median of {HERE_REPETITIONS}")
+        _table(predict(hr, here["probe"], directory), args.markdown)
+        print(f"\n{'' if not args.markdown else '### '}the same rows without the expert probe (the experts' "
+              f"decode at the dense rate of their type)")
+        _table(predict(hr, without_experts(here["probe"]), directory), args.markdown)
+        if args.markdown or args.measure_here:
+            return 0
+        print()
     gaps = extra.get("probe_gaps")
     # as kvtuner predicts: its probe measures the types and shapes a model needs, so the stored
     # probe plus this CPU's probe of what it lacks (the fitting and older rows use none of those)

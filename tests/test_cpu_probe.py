@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import gguf
+import numpy as np
 import pytest
 
 from kvtuner.core.model.profile import ModelProfile
@@ -166,3 +168,97 @@ def test_kv_pairs_whose_block_does_not_divide_the_head_are_never_probed(tmp_path
     assert attention_model("32/8/128@f16").key == "attn:32/8/128"
     only = CpuRates(1, {}, {}, 0.0, 0.0, {"32/8/128@q8_0": 3e-7}, {})
     assert only.attn_cost(only.attn_decode_s, "32/8/128") == 3e-7  # never free
+
+
+def test_expert_keys_and_probe_models(tmp_path):
+    """An expert probe is a llama MoE of the model's own expert shape and types (ggml's MUL_MAT_ID
+    runs at a speed of its own per shape), with enough layers to outgrow the caches, routing data
+    so tokens spread over the experts, and MXFP4 blocks with a normal scale."""
+    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, EXPERT_MIN_BYTES, expert_key, expert_model, parse_expert_key
+
+    assert expert_key(2048, 768, 128, 8, ["q4_k"] * 3) == "2048/768/128/8@Q4_K"
+    assert expert_key(2048, 1408, 64, 6, ["Q4_K", "Q4_K", "Q5_0"]) == "2048/1408/64/6@Q4_K,Q4_K,Q5_0"
+    assert parse_expert_key("2048/1408/64/6@Q4_K,Q4_K,Q5_0") == (2048, 1408, 64, 6, ("Q4_K", "Q4_K", "Q5_0"))
+    assert parse_expert_key("32/8/128") is None and parse_expert_key("1/2/3/4@A,B") is None
+    m = expert_model("2048/768/128/8@Q4_K")  # Qwen3-30B-A3B: 340 MB of experts a layer
+    per_layer = 3 * 2048 * 768 * 128 // 256 * 144
+    assert m.n_layer == 2 and m.n_layer * per_layer >= EXPERT_MIN_BYTES
+    assert m.runs == ((0, 0, EXPERT_GEN),)  # decode only
+    assert m.expert_bytes_params() == (2 * per_layer * 8 // 128, 2 * 3 * 2048 * 768 * 8)
+    assert expert_model("256/128/8/2@Q8_0").n_layer == 16  # tiny experts: the most layers
+    with pytest.raises(ProbeError, match="does not fit Q4_K"):
+        expert_model("2048/1408/64/6@Q4_K")  # ffn_down_exps rows of 1408: llama-quantize falls back to Q5_0
+    with pytest.raises(ProbeError, match="IQ1_S"):
+        expert_model("256/128/8/2@IQ1_S")
+    with pytest.raises(ProbeError, match="at most the experts"):
+        expert_model("256/128/8/9@Q8_0")
+    x = expert_model("256/256/8/2@MXFP4")
+    path = write_probe_model(tmp_path / "x.gguf", x)
+    prof = ModelProfile.from_gguf(path)
+    assert (prof.architecture, prof.n_expert, prof.n_expert_used, prof.n_layer) == ("llama", 8, 2, x.n_layer)
+    reader = gguf.GGUFReader(str(path))
+    t = {r.name: r for r in reader.tensors}
+    exps = np.asarray(t["blk.0.ffn_up_exps.weight"].data).reshape(-1)[:34]
+    assert list(exps[[0, 17]]) == [127, 127] and not exps[1:17].any()  # scale 2^0 x 0.5, zero nibbles
+    dense = gguf.GGUFReader(str(write_probe_model(tmp_path / "mx.gguf", matrix_model("MXFP4"))))
+    assert np.asarray(next(x for x in dense.tensors if x.name == "blk.3.ffn_down.weight").data).reshape(-1)[-17] == 127
+    emb = np.asarray(t["token_embd.weight"].data)
+    assert emb.std() > 0.5 and np.asarray(t["blk.0.ffn_norm.weight"].data).min() == 1.0
+    router0, router1 = (np.asarray(t[f"blk.{i}.ffn_gate_inp.weight"].data) for i in (0, 1))
+    assert router0.std() > 0.5 and not np.array_equal(router0, router1)  # each layer routes on its own
+
+
+def test_model_expert_keys_follow_the_tensor_table(tmp_path):
+    """Per layer the expert shape and the gate/up/down types of its tensors (llama-quantize's
+    Q4_K_M gives some layers' ffn_down_exps Q6_K: another key)."""
+    from gguf_factory import ModelSpec, write_model
+    from kvtuner.core.speed.cpu_probe import model_expert_keys, probe_expert_needs
+
+    dense = ModelProfile.from_gguf(write_model(tmp_path / "d.gguf", ModelSpec(n_layer=2)))
+    assert model_expert_keys(dense) == (None, None) and probe_expert_needs(dense) == ()
+    spec = ModelSpec(arch="qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_expert=8,
+                     n_expert_used=2, n_ff_exp=256, weight_type=gguf.GGMLQuantizationType.Q8_0,
+                     tensor_types={"ffn_down_exps": gguf.GGMLQuantizationType.Q4_K})
+    moe = ModelProfile.from_gguf(write_model(tmp_path / "m.gguf", spec))
+    assert model_expert_keys(moe) == ("256/256/8/2@Q8_0,Q8_0,Q4_K",) * 3
+    assert probe_expert_needs(moe) == ("256/256/8/2@Q8_0,Q8_0,Q4_K",)
+    assert [m.key for m in probe_plan([], [], probe_expert_needs(moe))][-1] == "expert:256/256/8/2@Q8_0,Q8_0,Q4_K"
+
+
+def test_expert_rates_from_runs_by_hand():
+    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, expert_model
+
+    key = "256/256/8/2@Q8_0"
+    m = expert_model(key)
+    b, _ = m.expert_bytes_params()
+    base = [ProbeRun("overhead:24", 0, 8, 0.0118, OVERHEAD_GEN, OVERHEAD_GEN * 1.24e-3),
+            ProbeRun("overhead:6", 0, 8, 0.01, OVERHEAD_GEN, OVERHEAD_GEN * 0.70e-3)]
+    # a token: the selected experts' bytes at 4 GB/s plus m.n_layer x 30 us and 0.52 ms of fixed costs
+    td = b / 4e9 + m.n_layer * 30e-6 + 0.52e-3
+    r = rates_from_runs(base + [ProbeRun(f"expert:{key}", 0, 0, 0.0, EXPERT_GEN, EXPERT_GEN * td)], 1)
+    assert r.expert_decode_bytes_s == {key: pytest.approx(4e9)}  # no matrix probe ran: nothing else subtracted
+    assert CpuRates.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert r.merged(CpuRates(1, {}, {}, 0.0, 0.0, {}, {})).expert_decode_bytes_s == r.expert_decode_bytes_s
+
+
+def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):
+    """``kvtuner probe MODEL`` on a MoE file times its expert shape through llama.cpp (MUL_MAT_ID
+    on a probe model of that shape), and the next plan of that file probes nothing more."""
+    from gguf_factory import ModelSpec, write_model
+
+    # Q4_K experts: a type that is no KV cache type (an expert key is never read as an attention K/V pair)
+    spec = ModelSpec(arch="qwen3moe", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_expert=8,
+                     n_expert_used=2, n_ff_exp=256, weight_type=gguf.GGMLQuantizationType.Q4_K)
+    path = write_model(tmp_path / "moe.gguf", spec)
+    env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", str(path), "-t", "1", "--json"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    rates = CpuRates.from_dict(json.loads(out.stdout))
+    key = "256/256/8/2@Q4_K"
+    assert set(rates.expert_decode_bytes_s) == {key} and 1e8 < rates.expert_decode_bytes_s[key] < 1e12
+    plan = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", str(path), "-t", "1", "--no-gpu", "--json"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert "timing llama.cpp" not in plan.stderr  # nothing left to probe
+    assert any("llama.cpp probe" in s for s in json.loads(plan.stdout)["speed"]["sources"])

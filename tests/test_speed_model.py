@@ -182,8 +182,27 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     assert sum(w[1] for w in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
     # an expert matmul gets 64 x 2 / 8 = 16 of the ubatch's rows, a dense one all 64
     assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 64.0}  # 1: the output, last token only
-    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id"} == {16.0}  # experts: MUL_MAT_ID, its own entry
+    # experts: MUL_MAT_ID, its own entry, named with the layer's expert shape (the expert probe's key)
+    assert s.expert_keys == ("256/256/8/2@Q8_0",) * 2
+    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id:256/256/8/2@Q8_0"} == {16.0}
     assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
+    # with the expert probe's decode rate of that shape the experts' bytes go at that rate; their
+    # prefill stays the dense rate x host_moe_prefill_efficiency either way
+    rates = CpuRates(1, {"Q8_0": 10e9}, {"Q8_0": 50e9}, 0.0, 0.0, {"*": 0.0}, {"*": 0.0}, half_batch={"Q8_0": 0.0})
+    probed = replace(rates, expert_decode_bytes_s={"256/256/8/2@Q8_0": 2e9})
+    host = HostSpec(16 << 30, 8 << 30)
+    t = {}
+    for name, r in (("dense", rates), ("probed", probed)):
+        inp = speed_inputs([], host, n_threads=1, cpu=r, constants=C)
+        t[name] = 64 / prefill_tok_s(plan, inp, 64, 0), 1 / decode_tok_s(plan, inp, 0)
+    (dhost,) = decode_workload(plan, 0).devices
+    (dw,) = [w for w in dhost.weights if "@mul_mat_id" in w[0]]
+    assert t["probed"][1] - t["dense"][1] == pytest.approx(dw[1] / 2e9 - dw[1] / 10e9, rel=1e-9)
+    assert t["probed"][0] == t["dense"][0]
+    (ew,) = [w for w in p.weights if "@mul_mat_id" in w[0]]
+    without = replace(C, host_moe_prefill_efficiency=1.0)
+    t1 = 64 / prefill_tok_s(plan, speed_inputs([], host, n_threads=1, cpu=rates, constants=without), 64, 0)
+    assert t["dense"][0] - t1 == pytest.approx(ew[2] / (50e9 * C.host_moe_prefill_efficiency) - ew[2] / 50e9, rel=1e-9)
 
 
 def test_gpu_decode_and_prefill_on_a_catalogue_card(tiny):

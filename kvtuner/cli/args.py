@@ -342,7 +342,8 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
                      kv_pairs: Sequence[tuple[str, str]] = ()) -> str:
     """Run the CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`, in a child process) for the
     weight types and attention shapes of the session's model this machine has no probe of
-    (attention also for each K/V pair of ``kv_pairs``: :meth:`Session.missing_probe`), when the
+    (attention also for each K/V pair of ``kv_pairs``) and MoE expert shapes
+    (:meth:`Session.missing_probe`), when the
     plan puts any weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a
     note for stderr ("" when nothing was done). A failed probe is a note: the prediction then
     uses the assumed rates."""
@@ -354,8 +355,8 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
         return ""
     if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
         return ""  # everything that computes is on the GPUs: CPU kernels do not matter
-    missing, dims = session.missing_probe(kv_pairs)
-    if not missing and not dims:
+    missing, dims, experts = session.missing_probe(kv_pairs)
+    if not missing and not dims and not experts:
         return ""
     from ..core.speed.calibration import CalibrationError
     from ..core.speed.cpu_probe import ProbeError
@@ -363,11 +364,11 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
 
     n = session.threads()
     if not quiet:
-        what = ", ".join([*missing, *(f"attention {d}" for d in dims)])
+        what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
               "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims))
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts))
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
     return ""

@@ -18,8 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_gpus)
     p = sub.add_parser("probe", help="time llama.cpp's CPU kernels on this machine (headless, about 20 s)",
                        description="Run tiny zero-weight models through llama.cpp in a child process to measure this "
-                       "machine's CPU rates per weight type (decode bytes/s, prefill FLOP/s), its flash-attention cost "
-                       "and its fixed costs per layer and token; kept for a week and used by every speed prediction.")
+                       "machine's CPU rates per weight type (decode bytes/s, prefill FLOP/s), its flash-attention cost, "
+                       "for a MoE model the decode rate of its expert matmuls (MUL_MAT_ID) at its own expert shape, and its "
+                       "fixed costs per layer and token; kept for a week and used by every speed prediction.")
     add_model_arg(p)
     add_threads_arg(p)
     p.add_argument("--types", default=None, metavar="T,T",
@@ -69,7 +70,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ..core.hardware.host import physical_cores
     from ..core.session import Session
     from ..core.speed.calibration import CalibrationError
-    from ..core.speed.cpu_probe import PROBE_TYPES, ProbeError, attention_model, probe_needs
+    from ..core.speed.cpu_probe import PROBE_TYPES, ProbeError, attention_model, probe_expert_needs, probe_needs
     from ..runner.probe import run_cpu_probe
 
     n = args.threads or physical_cores()
@@ -80,11 +81,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
             raise UserError(f"--types: cannot probe {', '.join(bad)}: probe types are {', '.join(PROBE_TYPES)}")
         session = Session(measure_host_bandwidth=False, n_threads=n)
         dims: list[str] = ["32/8/128"]
+        experts: list[str] = []
     else:
         model = load_model(args.model)
         session = Session(model=model, measure_host_bandwidth=False, n_threads=n)
         t_needed, d_needed = probe_needs(model)
         types, dims = list(t_needed), list(d_needed) or ["32/8/128"]
+        experts = list(probe_expert_needs(model))
     if args.attn:
         dims = [x.strip() for x in args.attn.split(",") if x.strip()]
         for d in dims:
@@ -93,10 +96,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
             except ProbeError as exc:
                 raise UserError(f"--attn: {exc}") from None
     if not args.json:
-        print(f"kvtuner: timing llama.cpp's CPU kernels for {', '.join(types)} at {n} thread{'s' if n != 1 else ''} ...",
+        print(f"kvtuner: timing llama.cpp's CPU kernels for {', '.join([*types, *(f'experts {e}' for e in experts)])} at {n} thread{'s' if n != 1 else ''} ...",
               file=sys.stderr)
     try:
-        rates = run_cpu_probe(types, n, attn_shapes=dims,
+        rates = run_cpu_probe(types, n, attn_shapes=dims, expert_keys=experts,
                               on_step=None if args.json else lambda k: print(f"  {k}", file=sys.stderr))
         session.set_cpu_rates(rates)
     except (ProbeError, CalibrationError) as exc:
@@ -110,6 +113,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     for d in sorted(rates.attn_decode_s):
         print(f"attention {d} (query heads/KV heads/head size): {rates.attn_decode_s[d] * 1e9:.1f} ns per head and cell in decode, "
               f"{rates.attn_prefill_s.get(d, 0) * 1e9:.2f} ns per token, head and cell in prefill")
+    for e in sorted(rates.expert_decode_bytes_s):
+        print(f"experts {e} (width/expert FFN/experts/per token@types): decode {rates.expert_decode_bytes_s[e] / 1e9:.2f} GB/s "
+              "of the selected experts")
     print(f"per layer {rates.layer_s * 1e6:.1f} us (prefill {rates.layer_prefill_s * 1e6:.1f} us), per token "
           f"{rates.token_s * 1e3:.2f} ms (load average {rates.load_avg:.2f})")
     return 0

@@ -32,7 +32,7 @@ from .plan.placement import DeviceSplit
 from .model.structure import ModelStructure, differences
 from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
-from .speed.cpu_probe import CpuRates, probe_needs
+from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
 from .tune import TuneGoal, TuneResult, tune
@@ -318,26 +318,31 @@ class Session:
         """CPU threads the speed is predicted for (:attr:`n_threads`, else the physical cores)."""
         return int(self.n_threads) if self.n_threads else physical_cores()
 
-    def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Weight types (over 1 % of the model's bytes) and attention shapes of the model that
-        this machine's stored CPU probe lacks at :meth:`threads` threads (all of them when there
-        is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should measure before a
-        prediction. The attention shapes are wanted with f16 K/V, the configuration's K/V pair and
-        each ``(type_k, type_v)`` of ``kv_pairs`` (a tune's candidates: the CPU attention cost
-        depends on the pair, :func:`~kvtuner.core.speed.cpu_probe.attn_key`). ``((), ())`` when
-        nothing is missing."""
+    def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()
+                      ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """Weight types (over 1 % of the model's bytes), attention shapes and MoE expert shapes
+        of the model that this machine's stored CPU probe lacks at :meth:`threads` threads (all
+        of them when there is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should
+        measure before a prediction. The attention shapes are wanted with f16 K/V, the
+        configuration's K/V pair and each ``(type_k, type_v)`` of ``kv_pairs`` (a tune's
+        candidates: the CPU attention cost depends on the pair,
+        :func:`~kvtuner.core.speed.cpu_probe.attn_key`); the expert shapes are
+        :func:`~kvtuner.core.speed.cpu_probe.probe_expert_needs`. ``((), (), ())`` when nothing is
+        missing."""
         if self.model is None:
-            return (), ()
+            return (), (), ()
         pairs = sorted({("f16", "f16"), (self.config.type_k, self.config.type_v), *kv_pairs})
         types, dims = probe_needs(self.model, pairs)
+        experts = probe_expert_needs(self.model)
         have = self.calibration_store().cpu_rates(self.threads(), "f16", self.machine_id)
         if have is None:
-            return types, dims
+            return types, dims, experts
         missing_t = tuple(t for t in types if t not in have.decode_bytes_s)
         missing_d = tuple(d for d in dims if d not in have.attn_decode_s)
-        if not missing_t and not missing_d:
-            return (), ()
-        return missing_t, missing_d or dims[:1]
+        missing_e = tuple(e for e in experts if e not in have.expert_decode_bytes_s)
+        if not missing_t and not missing_d and not missing_e:
+            return (), (), ()
+        return missing_t, missing_d or dims[:1], missing_e
 
     def set_cpu_rates(self, rates: CpuRates) -> None:
         """Store a CPU probe for this machine and use it from now on."""

@@ -58,17 +58,20 @@ def fastest_token_s(tokens: Sequence[tuple[int, float]]) -> float:
 
 
 def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: Sequence[str] = ("32/8/128",),
-                  kv_type: str = "f16", repetitions: int = 3, timeout_s: float = 600.0,
-                  on_step: Callable[[str], None] | None = None) -> CpuRates:
-    """Probe this machine's CPU for ``weight_types`` (ggml type names) and ``attn_shapes``
-    (``"32/8/128"``: query heads/KV heads/head size) at ``n_threads`` threads.
+                  expert_keys: Sequence[str] = (), kv_type: str = "f16", repetitions: int = 3,
+                  timeout_s: float = 600.0, on_step: Callable[[str], None] | None = None) -> CpuRates:
+    """Probe this machine's CPU for ``weight_types`` (ggml type names), ``attn_shapes``
+    (``"32/8/128"``: query heads/KV heads/head size) and MoE ``expert_keys``
+    (``"2048/768/128/8@Q4_K"``, :func:`kvtuner.core.speed.cpu_probe.expert_key`) at ``n_threads``
+    threads. An expert probe file holds a few MiB of data (routing, MXFP4 scales: about 1/17 of
+    its MXFP4 bytes); the rest is a hole.
 
     ``on_step`` is told each probe model's key before it runs (progress for the user).
 
     Raises:
         ProbeError: the child failed (its reason in the message), or the runs were unusable.
     """
-    models = probe_plan(weight_types, attn_shapes)
+    models = probe_plan(weight_types, attn_shapes, expert_keys)
     runs: list[ProbeRun] = []
     with tempfile.TemporaryDirectory(prefix="kvtuner-probe-") as tmp:
         client = RunnerClient(env={"CUDA_VISIBLE_DEVICES": ""})
@@ -77,9 +80,11 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
             for m in models:
                 if on_step is not None:
                     on_step(m.key)
-                path = write_probe_model(Path(tmp) / f"{m.key.replace(':', '-').replace('/', '-')}.gguf", m)
+                name = "".join(c if c.isalnum() or c in "._" else "-" for c in m.key)
+                path = write_probe_model(Path(tmp) / f"{name}.gguf", m)
                 # an attention probe keyed with a K/V pair (cpu_probe.attn_key) runs with that pair
-                _, type_k, type_v = attn_key_kv(m.key.split(":", 1)[1]) if "@" in m.key else ("", kv_type, kv_type)
+                kind, _, key = m.key.partition(":")
+                _, type_k, type_v = attn_key_kv(key) if kind == "attn" else ("", kv_type, kv_type)
                 cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=type_k, type_v=type_v, flash_attn="on",
                                  n_batch=512, n_ubatch=512)
                 client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
@@ -100,6 +105,7 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                     prefill_s = min(r.prefill_s for r in reps)
                     runs.append(ProbeRun(m.key, depth, n_prompt, prefill_s, n_gen, decode_s))
                 client.request(P.UnloadCommand(), P.UnloadedEvent, timeout_s=60.0)
+                path.unlink(missing_ok=True)  # an expert probe's file can hold 100s of MB of scales
         except RunnerError as exc:
             raise ProbeError(f"the CPU probe failed ({exc.kind}): {exc.message}") from None
         finally:

@@ -50,7 +50,7 @@ from ..model.profile import ModelProfile
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
 from .speed_model import PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500

@@ -26,6 +26,20 @@ The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-toke
   the decode kernel walks each query head's KV rows in turn (ggml-cpu/ops.cpp
   ``ggml_compute_forward_flash_attn_ext_f16``, split-KV path) and how much of that stays in cache
   depends on the grouping; so the model's own shape is measured.
+- experts, one per MoE expert shape of the model (:func:`expert_key`: width, expert FFN width,
+  experts, experts per token and the gate/up/down types): a ``llama``-architecture MoE model with
+  exactly those expert tensors and a 1-head attention of 32 (under 2 % of its bytes), enough
+  layers for :data:`EXPERT_MIN_BYTES` of experts, and routing data (random token embeddings and
+  routers, unit norms) so each token picks its own experts as in a real model. Its decode gives
+  the bytes/s of the selected experts' mat-vecs (ggml-cpu.c ``ggml_compute_forward_mul_mat_id``,
+  another kernel than a dense MUL_MAT, over ``n_expert_used`` slices of a few MB each rather than
+  one large matrix): measured here 10.2 GB/s for gpt-oss-20b's MXFP4 experts, where the dense
+  probe of MXFP4 read 4.6 GB/s (with zero-exponent blocks; see :data:`_MXFP4_SCALE`) and the
+  model's decode was predicted 22-31 % slow. Its prefill is not timed: in a probe of 2 layers
+  with this tiny attention the expert matmuls ran 1.5-2x faster than in the real models (8
+  layers of Qwen3-30B-A3B's experts alone: 1.29 ms per layer and token against 0.94 ms with 2;
+  with its real attention 1.95 ms, as the real file's 2.06), so the prefill of experts stays the
+  dense rate x ``host_moe_prefill_efficiency`` (speed_model.SpeedConstants).
 - overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
   build, scheduling, thread barriers of every op, sampling) solved from the two, and the same for
   a prompt's per-layer cost ``layer_prefill_s``.
@@ -38,10 +52,11 @@ they were measured at. Units in the field names (``_s`` seconds, ``_bytes_s`` by
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import gguf
 import numpy as np
@@ -58,6 +73,13 @@ PROBE_VOCAB = 256
 MATRIX_PROMPT, MATRIX_SMALL_PROMPT, MATRIX_GEN = 64, 16, 16
 ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 2048, 64, 32
 OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
+#: Expert probe: generated tokens (decode only, no prompt), the least bytes of experts its layers
+#: hold (more than a desktop CPU's last-level cache, as the matrix probe), and its layer count
+#: bounds; the attention of its layers: 1 query head of ``EXPERT_HEAD_DIM``.
+EXPERT_GEN = 16
+EXPERT_MIN_BYTES = 384 << 20
+EXPERT_MIN_LAYERS, EXPERT_MAX_LAYERS = 2, 16
+EXPERT_HEAD_DIM = 32
 #: Head sizes the attention probe can measure (the ones llama.cpp's CPU flash attention meets).
 ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
 
@@ -101,6 +123,66 @@ def _parse_attn_key(key: str) -> tuple[int, int, int] | None:
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
         return None
     return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def expert_key(n_embd: int, n_ff_exp: int, n_expert: int, n_expert_used: int, types: Sequence[str]) -> str:
+    """The key of a MoE expert shape in the probe's tables: ``"2048/768/128/8@Q4_K"`` (width,
+    expert FFN width, experts, experts per token; the type of ``ffn_gate_exps``, ``ffn_up_exps``
+    and ``ffn_down_exps``, one name when they are alike, else ``"@Q4_K,Q4_K,Q6_K"``)."""
+    ts = [str(t).upper() for t in types]
+    kind = ts[0] if len(set(ts)) == 1 else ",".join(ts)
+    return f"{int(n_embd)}/{int(n_ff_exp)}/{int(n_expert)}/{int(n_expert_used)}@{kind}"
+
+
+def parse_expert_key(key: str) -> tuple[int, int, int, int, tuple[str, str, str]] | None:
+    """``(n_embd, n_ff_exp, n_expert, n_expert_used, (gate, up, down types))`` of an
+    :func:`expert_key`, or None when ``key`` is not one."""
+    shape, _, kind = key.partition("@")
+    parts = shape.split("/")
+    ts = [t.strip().upper() for t in kind.split(",")] if kind else []
+    if len(parts) != 4 or not all(p.isdigit() for p in parts) or len(ts) not in (1, 3) or not all(ts):
+        return None
+    if len(ts) == 1:
+        ts = ts * 3
+    return int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), (ts[0], ts[1], ts[2])
+
+
+_EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+
+
+def model_expert_keys(model: Any) -> tuple[str | None, ...]:
+    """Per repeating layer of ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`) the
+    :func:`expert_key` of its experts, from its tensor table (``blk.N.ffn_{gate,up,down}_exps``:
+    ggml shapes ``[n_embd, n_ff_exp, n_expert]`` and ``[n_ff_exp, n_embd, n_expert]``); None for
+    a layer without them (dense layers, fused gate/up experts, a profile without a tensor table)."""
+    return expert_keys_of(getattr(model, "tensors", ()) or (), int(getattr(model, "n_layer", 0) or 0),
+                          int(getattr(model, "n_expert_used", 0) or 0))
+
+
+def expert_keys_of(tensors: Sequence[Any], n_layer: int, n_expert_used: int) -> tuple[str | None, ...]:
+    """:func:`model_expert_keys` from a tensor table (``TensorInfo``: ``name``, ``shape``, ``ggml_type``)."""
+    found: list[dict[str, tuple[tuple[int, ...], str]]] = [{} for _ in range(n_layer)]
+    for t in tensors:
+        m = _EXPS.match(t.name)
+        if m and int(m.group(1)) < n_layer and len(t.shape) == 3:
+            try:
+                name = gguf.GGMLQuantizationType(t.ggml_type).name
+            except ValueError:
+                name = f"type{t.ggml_type}"
+            found[int(m.group(1))][m.group(2)] = (tuple(t.shape), name)
+    k = n_expert_used
+    out: list[str | None] = []
+    for f in found:
+        if set(f) != {"gate", "up", "down"} or not k:
+            out.append(None)
+            continue
+        e, ff, n = f["gate"][0]
+        down = f["down"][0]
+        alike = f["up"][0] == f["gate"][0] and (down[1], down[0], down[2]) == (e, ff, n)
+        out.append(expert_key(e, ff, n, k, (f["gate"][1], f["up"][1], f["down"][1])) if alike else None)
+    return tuple(out)
+
+
 #: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
 PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ4_NL", "IQ4_XS", "MXFP4")
@@ -127,6 +209,9 @@ class ProbeModel:
     n_ff: int
     weight_type: str
     runs: tuple[tuple[int, int, int], ...]
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_types: tuple[str, ...] = ()
 
     @property
     def n_ctx(self) -> int:
@@ -144,9 +229,24 @@ class ProbeModel:
             p = f"blk.{il}."
             out += [(p + "attn_norm.weight", (E,), "F32"), (p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
                     (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t),
-                    (p + "ffn_norm.weight", (E,), "F32"), (p + "ffn_gate.weight", (E, F), t),
-                    (p + "ffn_up.weight", (E, F), t), (p + "ffn_down.weight", (F, E), t)]
+                    (p + "ffn_norm.weight", (E,), "F32")]
+            if self.n_expert:
+                N, (tg, tu, td) = self.n_expert, self.expert_types
+                out += [(p + "ffn_gate_inp.weight", (E, N), "F32"), (p + "ffn_gate_exps.weight", (E, F, N), tg),
+                        (p + "ffn_down_exps.weight", (F, E, N), td), (p + "ffn_up_exps.weight", (E, F, N), tu)]
+            else:
+                out += [(p + "ffn_gate.weight", (E, F), t), (p + "ffn_up.weight", (E, F), t), (p + "ffn_down.weight", (F, E), t)]
         return out
+
+    def expert_bytes_params(self) -> tuple[int, int]:
+        """Bytes and parameters of the expert matrices one token reads (``n_expert_used`` of each
+        layer's experts; 0, 0 for a model without experts)."""
+        b = p = 0
+        for name, shape, t in self.tensors():
+            if name.endswith("_exps.weight"):
+                b += _nbytes(shape, t) * self.n_expert_used // self.n_expert
+                p += shape[0] * shape[1] * self.n_expert_used
+        return b, p
 
     def matrix_bytes_params(self) -> tuple[int, int]:
         """Bytes and parameters of the layers' matrices (the weights the probe times)."""
@@ -206,16 +306,42 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
                       ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
 
 
+def expert_model(key: str) -> ProbeModel:
+    """The expert probe of a MoE expert shape (:func:`expert_key`): :data:`EXPERT_MIN_BYTES` of
+    experts or more in :data:`EXPERT_MIN_LAYERS` to :data:`EXPERT_MAX_LAYERS` layers, a 1-head
+    attention of :data:`EXPERT_HEAD_DIM`, benched for :data:`EXPERT_GEN` decoded tokens (no prompt).
+
+    Raises:
+        ProbeError: not an expert key, a type the probe cannot write, or a row that does not fit
+            its type's blocks.
+    """
+    parsed = parse_expert_key(key)
+    if parsed is None:
+        raise ProbeError(f"no CPU expert probe for {key!r}: give width/expert FFN width/experts/experts per token@TYPE")
+    e, ff, n, k, types = parsed
+    if not (e and ff and n and 0 < k <= n):
+        raise ProbeError(f"no CPU expert probe for {key!r}: sizes must be positive and experts per token at most the experts")
+    bad = [t for t in types if t not in PROBE_TYPES]
+    if bad:
+        raise ProbeError(f"no CPU expert probe for type {bad[0]}: probe types are {', '.join(PROBE_TYPES)}")
+    per_layer = (_nbytes((e, ff, n), types[0]) + _nbytes((e, ff, n), types[1])  # raises on a row that does not fit
+                 + _nbytes((ff, e, n), types[2]))
+    n_layer = min(EXPERT_MAX_LAYERS, max(EXPERT_MIN_LAYERS, -(-EXPERT_MIN_BYTES // per_layer)))
+    return ProbeModel(f"expert:{expert_key(e, ff, n, k, types)}", n_layer, e, 1, 1, EXPERT_HEAD_DIM, ff, "F16",
+                      ((0, 0, EXPERT_GEN),), n, k, types)
+
+
 def overhead_models() -> tuple[ProbeModel, ...]:
     """The two overhead probes (:data:`OVERHEAD_LAYERS` layers of width :data:`OVERHEAD_EMBD`)."""
     return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16",
                             ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
 
 
-def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",)) -> tuple[ProbeModel, ...]:
-    """The probe models for ``weight_types`` and ``attn_shapes`` (:func:`attn_key`; what the probe
-    cannot write is skipped): the overhead probes, one attention probe per shape, one matrix probe
-    per type."""
+def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",),
+               expert_keys: Sequence[str] = ()) -> tuple[ProbeModel, ...]:
+    """The probe models for ``weight_types``, ``attn_shapes`` (:func:`attn_key`) and
+    ``expert_keys`` (:func:`expert_key`; what the probe cannot write is skipped): the overhead
+    probes, one attention probe per shape, one matrix probe per type, one expert probe per key."""
     types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
     shapes = []
     for key in sorted(set(attn_shapes)):
@@ -223,7 +349,13 @@ def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/
             shapes.append(attention_model(key))
         except ProbeError:
             continue
-    return (*overhead_models(), *shapes, *(matrix_model(t) for t in types))
+    experts = []
+    for key in sorted(set(expert_keys)):
+        try:
+            experts.append(expert_model(key))
+        except ProbeError:
+            continue
+    return (*overhead_models(), *shapes, *(matrix_model(t) for t in types), *experts)
 
 
 def model_attn_shapes(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)) -> tuple[str, ...]:
@@ -255,6 +387,56 @@ def probe_needs(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"
     return types, tuple(shapes)
 
 
+def probe_expert_needs(model: Any) -> tuple[str, ...]:
+    """The expert shapes (:func:`expert_key`) of ``model``'s layers that the expert probe can
+    write (:func:`model_expert_keys`, :func:`expert_model`)."""
+    out = []
+    for key in sorted({k for k in model_expert_keys(model) if k}):
+        try:
+            expert_model(key)
+        except ProbeError:
+            continue
+        out.append(key)
+    return tuple(out)
+
+
+#: ggml's MXFP4 block (ggml-common.h ``block_mxfp4``): one E8M0 scale byte, then 16 bytes of nibbles.
+_MXFP4_BLOCK_BYTES = 17
+#: The scale byte every probe model writes into its MXFP4 blocks: 127 (x 0.5, ggml-impl.h
+#: ``GGML_E8M0_TO_FP32_HALF``). A hole's 0 is 2^-128, a subnormal float, and x86 runs arithmetic on
+#: subnormals through a slow path: zero-weight MXFP4 experts with nonzero activations prefilled
+#: 2.7x slower than normal ones on an Intel VM, and on an AMD EPYC VM even the dense probe (zero
+#: activations) read MXFP4 at 4.6 GB/s decode and 52 GFLOP/s prefill with zero exponents against
+#: 9.7 and 80 with this one.
+_MXFP4_SCALE = 127
+
+
+def _routing_data(m: ProbeModel, name: str, shape: tuple[int, ...], t: str) -> Iterator[bytes] | None:
+    """The data a probe model holds for one tensor (None: a hole of zeros): MXFP4 blocks with a
+    normal scale (:data:`_MXFP4_SCALE`); in an expert probe also random token embeddings and
+    routers (fixed seed) and norms of one, so the hidden state of every layer is the token's own
+    embedding and each layer's router sends it to its own experts."""
+    if t == "MXFP4":
+        return _mxfp4_blocks(_nbytes(shape, t) // _MXFP4_BLOCK_BYTES)
+    if not m.n_expert:
+        return None
+    if name == "token_embd.weight" or name.endswith("ffn_gate_inp.weight"):
+        seed = 0 if name == "token_embd.weight" else 1 + int(name.split(".")[1])
+        return iter([np.random.default_rng(seed).standard_normal(int(np.prod(shape))).astype(np.float32).tobytes()])
+    if name.endswith("_norm.weight"):
+        return iter([np.ones(int(np.prod(shape)), np.float32).tobytes()])
+    return None
+
+
+def _mxfp4_blocks(n_blocks: int, chunk_blocks: int = 1 << 16) -> Iterator[bytes]:
+    """``n_blocks`` MXFP4 blocks of zero nibbles with scale :data:`_MXFP4_SCALE`, in chunks."""
+    block = np.zeros(_MXFP4_BLOCK_BYTES, np.uint8)
+    block[0] = _MXFP4_SCALE
+    chunk = np.tile(block, chunk_blocks).tobytes()
+    for lo in range(0, n_blocks, chunk_blocks):
+        yield chunk[: (min(n_blocks, lo + chunk_blocks) - lo) * _MXFP4_BLOCK_BYTES]
+
+
 def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
     """Write ``m`` as a sparse GGUF (header and tensor table; the data a hole of the right size).
 
@@ -277,6 +459,9 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         w.add_layer_norm_rms_eps(1e-6)
         w.add_rope_freq_base(10000.0)
         w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+        if m.n_expert:
+            w.add_expert_count(m.n_expert)
+            w.add_expert_used_count(m.n_expert_used)
         w.add_tokenizer_model("none")
         w.add_vocab_size(PROBE_VOCAB)
         tensors = m.tensors()
@@ -292,6 +477,14 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         total = sum(-(-_nbytes(s, t) // align) * align for _, s, t in tensors)
         with open(path, "r+b") as f:
             f.truncate(start + total)
+            offset = start
+            for name, shape, t in tensors:
+                data = _routing_data(m, name, shape, t)
+                if data is not None:
+                    f.seek(offset)
+                    for chunk in data:
+                        f.write(chunk)
+                offset += -(-_nbytes(shape, t) // align) * align
     except OSError as exc:
         raise ProbeError(f"cannot write the CPU probe model {path}: {exc.strerror or exc}") from None
     return path
@@ -328,6 +521,8 @@ class CpuRates:
         half_batch: per weight type, the batch at which the mat-mat kernels reach half of
             ``prefill_flop_s`` (tokens).
         layer_prefill_s: fixed cost per layer per prompt batch, s.
+        expert_decode_bytes_s: per MoE expert shape (:func:`expert_key`), bytes/s of the selected
+            experts' weights the MUL_MAT_ID mat-vecs stream (decode).
         t_unix: when it was measured.
         load_avg: the 1-minute load average then (a busy machine measures slow).
         source: how it was obtained.
@@ -346,6 +541,7 @@ class CpuRates:
     source: str = "llama.cpp probe"
     half_batch: dict[str, float] = field(default_factory=dict)
     layer_prefill_s: float = 0.0
+    expert_decode_bytes_s: dict[str, float] = field(default_factory=dict)
 
     def prefill_rate(self, type_name: str, batch: float) -> float:
         """FLOP/s of ``type_name``'s mat-mat kernels for a batch of ``batch`` rows:
@@ -382,6 +578,7 @@ class CpuRates:
                 "prefill_flop_s": dict(self.prefill_flop_s), "half_batch": dict(self.half_batch),
                 "layer_s": self.layer_s, "token_s": self.token_s, "layer_prefill_s": self.layer_prefill_s,
                 "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
+                "expert_decode_bytes_s": dict(self.expert_decode_bytes_s),
                 "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
 
     @classmethod
@@ -398,23 +595,25 @@ class CpuRates:
             r = cls(int(d["n_threads"]), table("decode_bytes_s"), table("prefill_flop_s"), float(d["layer_s"]),
                     float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
                     float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
-                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)))
+                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)), table("expert_decode_bytes_s"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed CPU probe record: {exc}") from None
         values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
-                  *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s]
+                  *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s,
+                  *r.expert_decode_bytes_s.values()]
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
         return r
 
     def merged(self, other: "CpuRates") -> "CpuRates":
-        """These rates with ``other``'s weight types and head sizes added (``other``'s fixed costs
-        win: newer)."""
+        """These rates with ``other``'s weight types, attention and expert shapes added (``other``'s
+        fixed costs win: newer)."""
         return CpuRates(other.n_threads, {**self.decode_bytes_s, **other.decode_bytes_s},
                         {**self.prefill_flop_s, **other.prefill_flop_s}, other.layer_s, other.token_s,
                         {**self.attn_decode_s, **other.attn_decode_s}, {**self.attn_prefill_s, **other.attn_prefill_s},
                         other.kv_type, other.t_unix, other.load_avg, other.source,
-                        {**self.half_batch, **other.half_batch}, other.layer_prefill_s)
+                        {**self.half_batch, **other.half_batch}, other.layer_prefill_s,
+                        {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s})
 
 
 def _bits_per_weight(type_name: str) -> float:
@@ -456,7 +655,10 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
     - matrix type T: ``decode_bytes_s = bytes / (t_token - layers * layer_s - token_s)``; the prompt
       rates ``r(b) = 2 * params * b / (t_prompt(b) - token_s - layers * layer_prefill_s)`` at the two
       batches give ``half_batch = b1 b2 (r1 - r2) / (b1 r2 - b2 r1)`` and
-      ``prefill_flop_s = r1 (b1 + half_batch) / b1`` (``rate(b) = peak * b / (b + half)``).
+      ``prefill_flop_s = r1 (b1 + half_batch) / b1`` (``rate(b) = peak * b / (b + half)``);
+    - expert shape X (``L`` layers, ``k`` of ``n`` experts per token): ``expert_decode_bytes_s =
+      selected expert bytes / (t_token - L * layer_s - token_s - the rest's bytes at the probed
+      rate nearest F16)``.
 
     A difference that comes out at or below zero (noise on a tiny model) is floored at 2 % of
     the measured time.
@@ -507,5 +709,16 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
         h = b1 * b2 * (r1 - r2) / den if den > 0 and r1 > r2 else 0.0
         half[t] = h
         pre[t] = r1 * (b1 + h) / b1
+    e_dec: dict[str, float] = {}
+    for key in sorted({r.key for r in runs if r.key.startswith("expert:")}):
+        x = key.split(":", 1)[1]
+        m = expert_model(x)
+        b, _ = m.expert_bytes_params()
+        run = get(key, 0)
+        td = run.decode_s / run.n_gen
+        # the rest a decoded token reads: per layer the F16 attention and the F32 router, the F32 output
+        rest = m.n_layer * (2 * m.n_embd * m.head_dim * 2 * 2 + m.n_embd * m.n_expert * 4) + m.n_embd * PROBE_VOCAB * 4
+        t_rest = rest / nearest(dec, "F16") if dec else 0.0
+        e_dec[x] = b / pos(td - m.n_layer * layer_s - token_s - t_rest, td)
     return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,
-                    half_batch=half, layer_prefill_s=layer_prefill_s)
+                    half_batch=half, layer_prefill_s=layer_prefill_s, expert_decode_bytes_s=e_dec)

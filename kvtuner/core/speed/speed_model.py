@@ -19,7 +19,8 @@ Decode (one token at KV depth ``D``)::
     query (``RPC_CMD_DEVICE_COUNT``, median of 5) or :attr:`SpeedConstants.rpc_rtt_s`; throughput:
     ``--rpc-link`` or :attr:`SpeedConstants.rpc_link_bytes_s` (1 Gbit/s Ethernet). An RPC device
     computes at the rates of the catalogue card it is (``host:port=RTX 3090``) or the nearest in size.
-    host:  t_dev = sum_T bytes_T / decode_bytes_s[T]                          (probe, per weight type T)
+    host:  t_dev = sum_T bytes_T / decode_bytes_s[T]                          (probe, per weight type T;
+                                           MoE experts at expert_decode_bytes_s of the layer's expert shape)
                    + max(sum_hd head_cells_hd * attn_decode_s[hd], kv_bytes / stream_bytes_s)
                                                                                 (probe per head size hd)
                    + n_layers_on_host * layer_s                                 (probe)
@@ -40,7 +41,7 @@ Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(
            + calls * (token_s + n_layers * layer_prefill_s)
            rate_T(b) = prefill_flop_s[T] * b / (b + half_batch[T]) (probe); b = the ubatch's tokens,
            for MoE experts the tokens each expert gets, u * n_expert_used / n_expert, and
-           their FLOPs divided by host_moe_prefill_efficiency (MUL_MAT_ID: one token row at a time)
+           the rate x host_moe_prefill_efficiency (MUL_MAT_ID: one token row at a time)
     GPU:   sum_T flops_T / (rate_T * efficiency_T) + attn_flops / (fp16 rate * gpu_fp16_efficiency)
            + weight bytes per ubatch / (bandwidth * gpu_bw_efficiency) + calls * gpu_token_overhead_s
            rate_T: quantized T -> int8 tensor ops/s (MMQ, ggml-cuda/mmq.cu ``ggml_cuda_should_use_mmq``:
@@ -126,6 +127,18 @@ def base_type(type_name: str) -> str:
     return type_name.split("@", 1)[0]
 
 
+def expert_tag(type_name: str, key: str | None) -> str:
+    """A workload entry's name for MoE expert weights of ``type_name`` in a layer whose expert
+    shape is ``key`` (:func:`kvtuner.core.speed.cpu_probe.expert_key`; None: not known):
+    ``"Q4_K@mul_mat_id:2048/768/128/8@Q4_K"``, or ``"Q4_K@mul_mat_id"``."""
+    return type_name + MUL_MAT_ID_TAG + (f":{key}" if key else "")
+
+
+def tagged_expert_key(type_name: str) -> str | None:
+    """The expert shape of a workload entry named by :func:`expert_tag` (None for other entries)."""
+    return type_name.partition(MUL_MAT_ID_TAG + ":")[2] or None
+
+
 class SpeedModelError(ValueError):
     """Bad input to the speed model; the message says what to change."""
 
@@ -175,7 +188,8 @@ class SpeedConstants:
         host_moe_prefill_efficiency: share of the probe's prefill rate (a dense MUL_MAT at that
             many rows) that MoE expert matmuls reach on the CPU, where ggml-cpu's MUL_MAT_ID
             multiplies one token row at a time (ggml-cpu.c ``ggml_compute_forward_mul_mat_id_one_chunk``);
-            the expert FLOPs of a host prefill are divided by it. Fitted on the one MoE row of the
+            (the expert probe times the experts' decode only: cpu_probe's module docstring says
+            why). Fitted on the one MoE row of the
             CPU fitting set (granite-3.0-1b-a400m Q4_K_M, depth 0, benchmarks/speed_cpu_runs.json;
             ``benchmarks/moe_cpu_validation.py --fit``), validated on the other MoE rows there.
     """
@@ -360,6 +374,7 @@ def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
                    prefill_flop_s={t: v * k for t, v in rates.prefill_flop_s.items()},
                    attn_decode_s={t: v / k for t, v in rates.attn_decode_s.items()},
                    attn_prefill_s={t: v / k for t, v in rates.attn_prefill_s.items()},
+                   expert_decode_bytes_s={t: v * k for t, v in rates.expert_decode_bytes_s.items()},
                    source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads")
 
 
@@ -638,8 +653,8 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     crossings = pcie = 0.0
     for il in range(m.n_layer):
         away = set()
-        for dev, t, b, f, _, _ in _layer_weights(s, il, 1, moved):
-            acc.weight(dev or wdev[il], t, b, f)
+        for dev, t, b, f, _, expert in _layer_weights(s, il, 1, moved):
+            acc.weight(dev or wdev[il], expert_tag(t, s.expert_key(il)) if expert else t, b, f)
             if dev and dev != wdev[il]:
                 away.add(dev)
         acc.nl[wdev[il]] += 1
@@ -719,8 +734,8 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
 def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                      constants: SpeedConstants | None = None) -> Workload:
     """The work of a prefill of ``n_prompt`` tokens after ``depth`` cached tokens, in ubatches
-    of ``plan.n_ubatch`` (formulas in the module docstring). Expert FLOPs computed on the host are
-    divided by ``constants.host_moe_prefill_efficiency`` (default constants when None).
+    of ``plan.n_ubatch`` (formulas in the module docstring). ``constants`` is accepted for
+    symmetry and unused (expert weights are priced by their kernel's rate in the time, not here).
 
     Raises:
         SpeedModelError: ``n_prompt`` below 1 or ``depth + n_prompt`` beyond ``n_ctx_seq``.
@@ -732,7 +747,6 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
         )
     m = plan.model
     s = weight_summary(m)
-    consts = constants or SpeedConstants()
     wdev, out_dev = _devices_of(plan)
     n_ub = max(1, plan.n_ubatch)
     n_calls = math.ceil(n_prompt / n_ub)
@@ -749,12 +763,8 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
         for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
             home = dev or wdev[il]
             run = gpu0 if (offload and home == HOST) else home
-            if expert and run == HOST:
-                # ggml-cpu's MUL_MAT_ID takes one token row at a time per expert (ggml-cpu.c
-                # ggml_compute_forward_mul_mat_id_one_chunk: vec_dot per row pair in 16 x 16
-                # tiles; neither llamafile's sgemm nor the multi-row kernels of a dense MUL_MAT)
-                f /= consts.host_moe_prefill_efficiency
-            acc.weight(run, t + MUL_MAT_ID_TAG if expert else t, b * n_calls, f * n_prompt, rows)
+            # experts are priced by their own kernel's rate on the host (_host_time_s)
+            acc.weight(run, expert_tag(t, s.expert_key(il)) if expert else t, b * n_calls, f * n_prompt, rows)
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
@@ -824,20 +834,32 @@ def _sum_min_range(lo: int, hi: int, cap: int) -> float:
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
+def _host_prefill_rate(cpu: CpuRates, typ: str, rows: float, c: SpeedConstants) -> float:
+    """FLOP/s of a prefill workload entry's matmuls on the CPU: the probe's dense rate
+    (:meth:`CpuRates.prefill_rate`), for MoE experts times ``host_moe_prefill_efficiency``
+    (ggml-cpu's MUL_MAT_ID takes one token row at a time per expert, ggml-cpu.c
+    ``ggml_compute_forward_mul_mat_id_one_chunk``: neither llamafile's sgemm nor the multi-row
+    kernels of a dense MUL_MAT)."""
+    dense = cpu.prefill_rate(base_type(typ), rows)
+    return dense * c.host_moe_prefill_efficiency if MUL_MAT_ID_TAG in typ else dense
+
+
 def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n_calls: int) -> float:
     cpu = r.cpu or fallback_cpu_rates(1, r.bandwidth_bytes_s)
     t = 0.0
     try:
         if phase == "decode":
             for typ, b, _, _ in d.weights:
-                t += b / (nearest(cpu.decode_bytes_s, typ) * c.host_decode_scale)
+                key = tagged_expert_key(typ)
+                rate = cpu.expert_decode_bytes_s.get(key) if key else None
+                t += b / ((rate or nearest(cpu.decode_bytes_s, base_type(typ))) * c.host_decode_scale)
             stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
             attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd) for hd, n in d.head_cells)
             t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:
             for typ, _, f, rows in d.weights:  # a MUL_MAT_ID entry has its own calibration scale
-                t += f / (cpu.prefill_rate(base_type(typ), rows) * c.prefill_scale(typ))
+                t += f / (_host_prefill_rate(cpu, typ, rows, c) * c.prefill_scale(typ))
             t += sum(n * cpu.attn_cost(cpu.attn_prefill_s, hd) for hd, n in d.head_cells) / c.host_attn_scale
             t += n_calls * d.n_layers * cpu.layer_prefill_s / c.host_overhead_scale
     except ProbeError as exc:

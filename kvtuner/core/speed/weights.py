@@ -30,6 +30,7 @@ import gguf
 
 from ..model.gguf_header import GGUFError, read_header
 from ..model.profile import ModelProfile
+from .cpu_probe import expert_keys_of
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
 
@@ -60,13 +61,20 @@ class TypedWeights:
 class WeightSummary:
     """The weights of a model by type: ``layers[il]`` for repeating layer ``il``, ``output`` for
     the output matrix and norm (the duplicated ``token_embd`` when tied), ``n_expert`` and
-    ``n_expert_used`` (0 for dense), ``source``: ``"tensor table"`` or ``"profile estimate"``."""
+    ``n_expert_used`` (0 for dense), ``source``: ``"tensor table"`` or ``"profile estimate"``,
+    ``expert_keys``: per layer the shape of its experts
+    (:func:`kvtuner.core.speed.cpu_probe.expert_key`, None without; empty for a profile estimate)."""
 
     layers: tuple[tuple[TypedWeights, ...], ...]
     output: tuple[TypedWeights, ...]
     n_expert: int = 0
     n_expert_used: int = 0
     source: str = "tensor table"
+    expert_keys: tuple[str | None, ...] = ()
+
+    def expert_key(self, il: int) -> str | None:
+        """The expert shape of layer ``il`` (None: no experts, or not known)."""
+        return self.expert_keys[il] if 0 <= il < len(self.expert_keys) else None
 
     def types(self) -> dict[str, int]:
         """Bytes per ggml type over the layers and the output matrix."""
@@ -109,27 +117,28 @@ def _summary_cached(paths: tuple[str, ...], header_sha256: str, n_layer: int, n_
     output: dict[tuple[str, bool], list[int]] = {}
     embd: tuple[str, int, int] | None = None
     has_output = False
-    for part, path in enumerate(paths):
-        for t in read_header(path, part).tensors:
-            name = _type_name(t.ggml_type)
-            m = _BLK.match(t.name)
-            if m and int(m.group(1)) < n_layer:
-                key = (name, "_exps." in t.name)
-                acc = layers[int(m.group(1))].setdefault(key, [0, 0])
-            elif t.name.startswith("output"):
-                has_output = has_output or t.name == "output.weight"
-                acc = output.setdefault((name, False), [0, 0])
-            else:
-                if t.name == "token_embd.weight":
-                    embd = (name, t.n_bytes, t.n_elements)
-                continue
-            acc[0] += t.n_bytes
-            acc[1] += t.n_elements
+    table = [t for part, path in enumerate(paths) for t in read_header(path, part).tensors]
+    for t in table:
+        name = _type_name(t.ggml_type)
+        m = _BLK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            key = (name, "_exps." in t.name)
+            acc = layers[int(m.group(1))].setdefault(key, [0, 0])
+        elif t.name.startswith("output"):
+            has_output = has_output or t.name == "output.weight"
+            acc = output.setdefault((name, False), [0, 0])
+        else:
+            if t.name == "token_embd.weight":
+                embd = (name, t.n_bytes, t.n_elements)
+            continue
+        acc[0] += t.n_bytes
+        acc[1] += t.n_elements
     if not has_output and embd is not None:  # tied: llama.cpp duplicates token_embd as the output
         acc = output.setdefault((embd[0], False), [0, 0])
         acc[0] += embd[1]
         acc[1] += embd[2]
-    return WeightSummary(tuple(_group(g) for g in layers), _group(output), n_expert, n_expert_used)
+    return WeightSummary(tuple(_group(g) for g in layers), _group(output), n_expert, n_expert_used,
+                         expert_keys=expert_keys_of(table, n_layer, n_expert_used))
 
 
 def summary_from_profile(model: ModelProfile) -> WeightSummary:
