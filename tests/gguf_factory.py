@@ -23,6 +23,9 @@ from typing import Sequence
 import gguf
 import numpy as np
 
+# the E8M0 exponent write_mxfp4_scales writes and its block writer: the CPU probe's own
+from kvtuner.core.speed.cpu_probe import MXFP4_NORMAL_EXPONENT, mxfp4_blocks
+
 GQT = gguf.GGMLQuantizationType
 
 
@@ -627,12 +630,6 @@ def write_routing_data(path: str | Path, *, seed: int = 0) -> Path:
     return path
 
 
-#: The E8M0 block exponent written by :func:`write_mxfp4_scales`: 127 encodes 2**0 (ggml-common.h
-#: ``block_mxfp4.e``, ggml-impl.h ``GGML_E8M0_TO_FP32_HALF``); any exponent of a normal float
-#: runs at the same speed.
-MXFP4_NORMAL_EXPONENT = 127
-
-
 def write_mxfp4_scales(path: str | Path, exponent: int = MXFP4_NORMAL_EXPONENT) -> Path:
     """Give every MXFP4 block of a sparse GGUF a normal scale: the E8M0 exponent byte of each
     17-byte block (``block_mxfp4``: 1 exponent byte, 16 bytes of 4-bit values) set to ``exponent``,
@@ -654,15 +651,9 @@ def write_mxfp4_scales(path: str | Path, exponent: int = MXFP4_NORMAL_EXPONENT) 
     todo = [(int(t.n_bytes), int(t.data_offset)) for t in reader.tensors
             if int(t.tensor_type) == int(gguf.GGMLQuantizationType.MXFP4)]
     del reader
-    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.MXFP4][1]  # 17 bytes per 32 weights
     with open(path, "r+b") as f:
         for n_bytes, offset in todo:
             f.seek(offset)
-            chunk = np.zeros((min(n_bytes // block, 1 << 20), block), np.uint8)
-            chunk[:, 0] = exponent
-            left = n_bytes // block
-            while left:
-                n = min(left, len(chunk))
-                f.write(chunk[:n].tobytes())
-                left -= n
+            for chunk in mxfp4_blocks(n_bytes, exponent):
+                f.write(chunk)
     return path

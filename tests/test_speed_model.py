@@ -182,9 +182,9 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     assert sum(w[1] for w in p.weights) == pytest.approx(2 * (dense + experts) + out, rel=1e-7)
     # an expert matmul gets 64 x 2 / 8 = 16 of the ubatch's rows, a dense one all 64
     assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 64.0}  # 1: the output, last token only
-    # experts: MUL_MAT_ID, its own entry, named with the layer's expert shape (the expert probe's key)
+    # experts: MUL_MAT_ID, its own entry; in decode named with the layer's expert shape (the expert probe's key)
     assert s.expert_keys == ("256/256/8/2@Q8_0",) * 2
-    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id:256/256/8/2@Q8_0"} == {16.0}
+    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id"} == {16.0}
     assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
     # with the expert probe's decode rate of that shape the experts' bytes go at that rate; their
     # prefill stays the dense rate x host_moe_prefill_efficiency either way

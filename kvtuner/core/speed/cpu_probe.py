@@ -34,7 +34,7 @@ The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-toke
   the bytes/s of the selected experts' mat-vecs (ggml-cpu.c ``ggml_compute_forward_mul_mat_id``,
   another kernel than a dense MUL_MAT, over ``n_expert_used`` slices of a few MB each rather than
   one large matrix): measured here 10.2 GB/s for gpt-oss-20b's MXFP4 experts, where the dense
-  probe of MXFP4 read 4.6 GB/s (with zero-exponent blocks; see :data:`_MXFP4_SCALE`) and the
+  probe of MXFP4 read 4.6 GB/s (with zero-exponent blocks; see :data:`MXFP4_NORMAL_EXPONENT`) and the
   model's decode was predicted 22-31 % slow. Its prefill is not timed: in a probe of 2 layers
   with this tiny attention the expert matmuls ran 1.5-2x faster than in the real models (8
   layers of Qwen3-30B-A3B's experts alone: 1.29 ms per layer and token against 0.94 ms with 2;
@@ -337,24 +337,27 @@ def overhead_models() -> tuple[ProbeModel, ...]:
                             ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
 
 
+def _buildable(keys: Sequence[str], build: Any) -> list[tuple[str, ProbeModel]]:
+    """``(key, model)`` for each distinct key of ``keys`` (sorted) that ``build``
+    (:func:`attention_model`, :func:`expert_model`) makes a probe model of; keys it refuses
+    (:class:`ProbeError`) are left out."""
+    out = []
+    for key in sorted(set(keys)):
+        try:
+            out.append((key, build(key)))
+        except ProbeError:
+            continue
+    return out
+
+
 def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",),
                expert_keys: Sequence[str] = ()) -> tuple[ProbeModel, ...]:
     """The probe models for ``weight_types``, ``attn_shapes`` (:func:`attn_key`) and
     ``expert_keys`` (:func:`expert_key`; what the probe cannot write is skipped): the overhead
     probes, one attention probe per shape, one matrix probe per type, one expert probe per key."""
     types = sorted({t.upper() for t in weight_types if t.upper() in PROBE_TYPES})
-    shapes = []
-    for key in sorted(set(attn_shapes)):
-        try:
-            shapes.append(attention_model(key))
-        except ProbeError:
-            continue
-    experts = []
-    for key in sorted(set(expert_keys)):
-        try:
-            experts.append(expert_model(key))
-        except ProbeError:
-            continue
+    shapes = [m for _, m in _buildable(attn_shapes, attention_model)]
+    experts = [m for _, m in _buildable(expert_keys, expert_model)]
     return (*overhead_models(), *shapes, *(matrix_model(t) for t in types), *experts)
 
 
@@ -377,47 +380,31 @@ def probe_needs(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"
     wt = weight_summary(model).types()
     total = sum(wt.values()) or 1
     types = tuple(sorted(t for t, b in wt.items() if b / total > 0.01 and t in PROBE_TYPES))
-    shapes = []
-    for key in model_attn_shapes(model, kv_pairs):
-        try:
-            attention_model(key)
-        except ProbeError:
-            continue
-        shapes.append(key)
-    return types, tuple(shapes)
+    return types, tuple(k for k, _ in _buildable(model_attn_shapes(model, kv_pairs), attention_model))
 
 
 def probe_expert_needs(model: Any) -> tuple[str, ...]:
     """The expert shapes (:func:`expert_key`) of ``model``'s layers that the expert probe can
     write (:func:`model_expert_keys`, :func:`expert_model`)."""
-    out = []
-    for key in sorted({k for k in model_expert_keys(model) if k}):
-        try:
-            expert_model(key)
-        except ProbeError:
-            continue
-        out.append(key)
-    return tuple(out)
+    return tuple(k for k, _ in _buildable([k for k in model_expert_keys(model) if k], expert_model))
 
 
-#: ggml's MXFP4 block (ggml-common.h ``block_mxfp4``): one E8M0 scale byte, then 16 bytes of nibbles.
-_MXFP4_BLOCK_BYTES = 17
 #: The scale byte every probe model writes into its MXFP4 blocks: 127 (x 0.5, ggml-impl.h
 #: ``GGML_E8M0_TO_FP32_HALF``). A hole's 0 is 2^-128, a subnormal float, and x86 runs arithmetic on
 #: subnormals through a slow path: zero-weight MXFP4 experts with nonzero activations prefilled
 #: 2.7x slower than normal ones on an Intel VM, and on an AMD EPYC VM even the dense probe (zero
 #: activations) read MXFP4 at 4.6 GB/s decode and 52 GFLOP/s prefill with zero exponents against
 #: 9.7 and 80 with this one.
-_MXFP4_SCALE = 127
+MXFP4_NORMAL_EXPONENT = 127
 
 
-def _routing_data(m: ProbeModel, name: str, shape: tuple[int, ...], t: str) -> Iterator[bytes] | None:
+def _probe_data(m: ProbeModel, name: str, shape: tuple[int, ...], t: str) -> Iterator[bytes] | None:
     """The data a probe model holds for one tensor (None: a hole of zeros): MXFP4 blocks with a
-    normal scale (:data:`_MXFP4_SCALE`); in an expert probe also random token embeddings and
+    normal scale (:data:`MXFP4_NORMAL_EXPONENT`); in an expert probe also random token embeddings and
     routers (fixed seed) and norms of one, so the hidden state of every layer is the token's own
     embedding and each layer's router sends it to its own experts."""
     if t == "MXFP4":
-        return _mxfp4_blocks(_nbytes(shape, t) // _MXFP4_BLOCK_BYTES)
+        return mxfp4_blocks(_nbytes(shape, t))
     if not m.n_expert:
         return None
     if name == "token_embd.weight" or name.endswith("ffn_gate_inp.weight"):
@@ -428,13 +415,16 @@ def _routing_data(m: ProbeModel, name: str, shape: tuple[int, ...], t: str) -> I
     return None
 
 
-def _mxfp4_blocks(n_blocks: int, chunk_blocks: int = 1 << 16) -> Iterator[bytes]:
-    """``n_blocks`` MXFP4 blocks of zero nibbles with scale :data:`_MXFP4_SCALE`, in chunks."""
-    block = np.zeros(_MXFP4_BLOCK_BYTES, np.uint8)
-    block[0] = _MXFP4_SCALE
-    chunk = np.tile(block, chunk_blocks).tobytes()
+def mxfp4_blocks(n_bytes: int, exponent: int = MXFP4_NORMAL_EXPONENT, chunk_blocks: int = 1 << 16) -> Iterator[bytes]:
+    """``n_bytes`` of MXFP4 data (ggml-common.h ``block_mxfp4``: one E8M0 exponent byte, then 16
+    bytes of 4-bit values, per 32 weights) whose blocks have exponent byte ``exponent`` and zero
+    values -- zero weights with a normal scale -- in chunks of ``chunk_blocks`` blocks."""
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.MXFP4][1]
+    n_blocks = n_bytes // block
+    chunk = np.zeros((min(n_blocks, chunk_blocks), block), np.uint8)
+    chunk[:, 0] = exponent
     for lo in range(0, n_blocks, chunk_blocks):
-        yield chunk[: (min(n_blocks, lo + chunk_blocks) - lo) * _MXFP4_BLOCK_BYTES]
+        yield chunk[: min(n_blocks - lo, chunk_blocks)].tobytes()
 
 
 def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
@@ -479,7 +469,7 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
             f.truncate(start + total)
             offset = start
             for name, shape, t in tensors:
-                data = _routing_data(m, name, shape, t)
+                data = _probe_data(m, name, shape, t)
                 if data is not None:
                     f.seek(offset)
                     for chunk in data:
@@ -716,8 +706,9 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
         b, _ = m.expert_bytes_params()
         run = get(key, 0)
         td = run.decode_s / run.n_gen
-        # the rest a decoded token reads: per layer the F16 attention and the F32 router, the F32 output
-        rest = m.n_layer * (2 * m.n_embd * m.head_dim * 2 * 2 + m.n_embd * m.n_expert * 4) + m.n_embd * PROBE_VOCAB * 4
+        # the rest a decoded token reads: the layers' attention and router matrices, the output
+        rest = sum(_nbytes(sh, t) for name, sh, t in m.tensors()
+                   if (name.startswith("blk.") and len(sh) == 2) or name == "output.weight")
         t_rest = rest / nearest(dec, "F16") if dec else 0.0
         e_dec[x] = b / pos(td - m.n_layer * layer_s - token_s - t_rest, td)
     return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,

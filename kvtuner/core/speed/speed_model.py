@@ -735,7 +735,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                      constants: SpeedConstants | None = None) -> Workload:
     """The work of a prefill of ``n_prompt`` tokens after ``depth`` cached tokens, in ubatches
     of ``plan.n_ubatch`` (formulas in the module docstring). ``constants`` is accepted for
-    symmetry and unused (expert weights are priced by their kernel's rate in the time, not here).
+    symmetry and unused (host experts' efficiency is applied in the time, not here).
 
     Raises:
         SpeedModelError: ``n_prompt`` below 1 or ``depth + n_prompt`` beyond ``n_ctx_seq``.
@@ -763,8 +763,10 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
         for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
             home = dev or wdev[il]
             run = gpu0 if (offload and home == HOST) else home
-            # experts are priced by their own kernel's rate on the host (_host_time_s)
-            acc.weight(run, expert_tag(t, s.expert_key(il)) if expert else t, b * n_calls, f * n_prompt, rows)
+            # experts: MUL_MAT_ID, priced at host_moe_prefill_efficiency x the dense rate on the
+            # host (_host_prefill_rate) and calibrated apart from the dense MUL_MAT of their type;
+            # their prefill does not depend on the expert shape (no key: one scale per kernel)
+            acc.weight(run, expert_tag(t, None) if expert else t, b * n_calls, f * n_prompt, rows)
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
