@@ -174,7 +174,8 @@ def test_expert_keys_and_probe_models(tmp_path):
     """An expert probe is a llama MoE of the model's own expert shape and types (ggml's MUL_MAT_ID
     runs at a speed of its own per shape), with enough layers to outgrow the caches, routing data
     so tokens spread over the experts, and MXFP4 blocks with a normal scale."""
-    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, EXPERT_MIN_BYTES, expert_key, expert_model, parse_expert_key
+    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, EXPERT_MIN_BYTES, expert_model
+    from kvtuner.core.speed.expert_shapes import expert_key, parse_expert_key
 
     assert expert_key(2048, 768, 128, 8, ["q4_k"] * 3) == "2048/768/128/8@Q4_K"
     assert expert_key(2048, 1408, 64, 6, ["Q4_K", "Q4_K", "Q5_0"]) == "2048/1408/64/6@Q4_K,Q4_K,Q5_0"

@@ -62,7 +62,7 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                   timeout_s: float = 600.0, on_step: Callable[[str], None] | None = None) -> CpuRates:
     """Probe this machine's CPU for ``weight_types`` (ggml type names), ``attn_shapes``
     (``"32/8/128"``: query heads/KV heads/head size) and MoE ``expert_keys``
-    (``"2048/768/128/8@Q4_K"``, :func:`kvtuner.core.speed.cpu_probe.expert_key`) at ``n_threads``
+    (``"2048/768/128/8@Q4_K"``, :func:`kvtuner.core.speed.expert_shapes.expert_key`) at ``n_threads``
     threads. An expert probe file holds a few MiB of data (routing, MXFP4 scales: about 1/17 of
     its MXFP4 bytes); the rest is a hole.
 

@@ -129,7 +129,7 @@ def base_type(type_name: str) -> str:
 
 def expert_tag(type_name: str, key: str | None) -> str:
     """A workload entry's name for MoE expert weights of ``type_name`` in a layer whose expert
-    shape is ``key`` (:func:`kvtuner.core.speed.cpu_probe.expert_key`; None: not known):
+    shape is ``key`` (:func:`kvtuner.core.speed.expert_shapes.expert_key`; None: not known):
     ``"Q4_K@mul_mat_id:2048/768/128/8@Q4_K"``, or ``"Q4_K@mul_mat_id"``."""
     return type_name + MUL_MAT_ID_TAG + (f":{key}" if key else "")
 

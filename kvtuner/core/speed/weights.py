@@ -30,7 +30,7 @@ import gguf
 
 from ..model.gguf_header import GGUFError, read_header
 from ..model.profile import ModelProfile
-from .cpu_probe import expert_keys_of
+from .expert_shapes import expert_keys_of
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
 
@@ -63,7 +63,7 @@ class WeightSummary:
     the output matrix and norm (the duplicated ``token_embd`` when tied), ``n_expert`` and
     ``n_expert_used`` (0 for dense), ``source``: ``"tensor table"`` or ``"profile estimate"``,
     ``expert_keys``: per layer the shape of its experts
-    (:func:`kvtuner.core.speed.cpu_probe.expert_key`, None without; empty for a profile estimate)."""
+    (:func:`kvtuner.core.speed.expert_shapes.expert_key`, None without; empty for a profile estimate)."""
 
     layers: tuple[tuple[TypedWeights, ...], ...]
     output: tuple[TypedWeights, ...]
