@@ -40,9 +40,12 @@ or shape standing in.
     python benchmarks/moe_cpu_validation.py --measure-here   # probe + bench every row on this CPU (~25 min)
 
 ``--measure-here`` checks everything on the machine it runs on, nothing fitted there: one CPU probe
-of every type, attention shape and MoE expert shape (cpu_probe ``expert_model``: the decode of
-ggml's MUL_MAT_ID at the model's own expert shape and types), then a bench of every row, granite's
-too (stored as ``here``). ``host_moe_prefill_efficiency`` keeps the value fitted on granite on the
+of every type, attention shape (DeepSeek-V2-Lite's MLA too: cpu_probe ``attention_model`` of
+16/1/576/512, a deepseek2 probe with its latent cache) and MoE expert shape (cpu_probe
+``expert_model``: the decode of ggml's MUL_MAT_ID at the model's own expert shape and types), then a
+bench of every row, granite's too (median of 3; stored as ``here``; to measure afresh, move
+``here`` into the list ``here_earlier``, whose records are printed too: the AMD EPYC with AVX2 only
+of 2026-12-01 12:33, measured before the MLA attention probe existed). ``host_moe_prefill_efficiency`` keeps the value fitted on granite on the
 machine of the stored probe, so on another machine every row is a validation row.
 """
 
@@ -358,8 +361,9 @@ def measure_current_probe(threads: int, directory: Path, rows: list[dict], data:
     return data
 
 
-#: Repetitions of a --measure-here bench (the median is kept).
-HERE_REPETITIONS = 2
+#: Repetitions of a --measure-here bench (the median is kept): runs of one row differed by 10-15 %
+#: between two sessions on one AMD EPYC VM, so three.
+HERE_REPETITIONS = 3
 
 
 def _cpu_name() -> str:
@@ -515,20 +519,23 @@ def main(argv: list[str] | None = None) -> int:
     rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
     if args.measure_here:
         extra = measure_here(probe["n_threads"], directory, rows, extra)
-    here = extra.get("here")
-    if here and here.get("runs"):
+    measured_here = [h for h in (*extra.get("here_earlier", []), extra.get("here")) if h and h.get("runs")]
+    for here in measured_here:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(here["probe"]["t_unix"]))
         hr = sorted(here["runs"], key=lambda r: ([r["key"] for r in rows].index(r["key"]), r["depth"]))
+        mla = any(k.partition("@")[0].count("/") == 3 for k in here["probe"].get("attn_decode_s", {}))  # an MLA key (cpu_probe.attn_key)
         print(f"{'' if not args.markdown else '### '}every row on {here['cpu']}, cold: this CPU's probe ({when} UTC, "
-              f"load {here['probe']['load_avg']:.2f}) with the expert probe of each model's expert shapes (decode); "
-              f"host_moe_prefill_efficiency as fitted on the Intel VM, nothing fitted here; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread, median of {HERE_REPETITIONS}")
+              f"load {here['probe']['load_avg']:.2f}) with the expert probe of each model's expert shapes (decode)"
+              f"{'' if mla else ' but no MLA attention probe (DeepSeek at the nearest GQA shape, scaled by the head size)'}; "
+              f"host_moe_prefill_efficiency as fitted on the Intel VM, nothing fitted here; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread, "
+              f"median of {'/'.join(map(str, sorted({r['repetitions'] for r in hr})))}")
         _table(predict(hr, here["probe"], directory), args.markdown)
         print(f"\n{'' if not args.markdown else '### '}the same rows without the expert probe (the experts' "
               f"decode at the dense rate of their type)")
         _table(predict(hr, without_experts(here["probe"]), directory), args.markdown)
-        if args.markdown or args.measure_here:
-            return 0
         print()
+    if measured_here and (args.markdown or args.measure_here):
+        return 0
     gaps = extra.get("probe_gaps")
     # as kvtuner predicts: its probe measures the types and shapes a model needs, so the stored
     # probe plus this CPU's probe of what it lacks (the fitting and older rows use none of those)

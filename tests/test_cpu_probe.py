@@ -14,8 +14,8 @@ import pytest
 
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.speed.cpu_probe import (ATTN_DEPTH, ATTN_LAYERS, OVERHEAD_GEN, CpuRates, ProbeError,
-                                          ProbeRun, attention_model, attn_key, attn_key_kv, matrix_model, probe_needs,
-                                          probe_plan, rates_from_runs, write_probe_model)
+                                          ProbeRun, attention_model, attn_key, attn_key_kv, layer_attn_key, matrix_model,
+                                          probe_needs, probe_plan, rates_from_runs, write_probe_model)
 
 
 def test_rates_from_runs_by_hand():
@@ -240,6 +240,32 @@ def test_expert_rates_from_runs_by_hand():
     assert r.expert_decode_bytes_s == {key: pytest.approx(4e9)}  # no matrix probe ran: nothing else subtracted
     assert CpuRates.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     assert r.merged(CpuRates(1, {}, {}, 0.0, 0.0, {}, {})).expert_decode_bytes_s == r.expert_decode_bytes_s
+
+
+def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
+    """DeepSeek-V2's MLA (one KV head: a latent of kv_lora_rank plus RoPE as K, the latent as V) gets
+    its own key and a deepseek2 probe model with that cache, which llama.cpp loads and times, and a
+    plan of an MLA model then reads that cost rather than the nearest GQA shape's."""
+    import gguf_families as F
+    from gguf_factory import write_model
+
+    path = write_model(tmp_path / "mla.gguf", F.deepseek2(n_layer=2, E=256, n_head=4, n_ff=256, n_expert=4, n_expert_used=2,
+                                                          n_ff_exp=128, n_shared=1, V=1024))
+    prof = ModelProfile.from_gguf(path)
+    assert prof.is_mla and layer_attn_key(prof, 0) == "4/1/576/512" and layer_attn_key(prof, 0, "q8_0", "q8_0") == "4/1/576/512@q8_0"
+    assert probe_needs(prof)[1] == ("4/1/576/512",)
+    probe = ModelProfile.from_gguf(write_probe_model(tmp_path / "probe.gguf", attention_model("4/1/576/512")))
+    assert (probe.architecture, probe.n_layer, probe.is_mla, layer_attn_key(probe, 0)) == ("deepseek2", 4, True, "4/1/576/512")
+    for bad in ("4/2/576/512", "4/1/512/512", "4/1/575/512"):  # two KV heads, no RoPE part, an odd one
+        with pytest.raises(ProbeError, match="MLA"):
+            attention_model(bad)
+    env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "F16", "--attn", "4/1/576/512", "-t", "1",
+                          "--json"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    rates = CpuRates.from_dict(json.loads(out.stdout))
+    assert 0 < rates.attn_decode_s["4/1/576/512"] < 1e-5 and 0 < rates.attn_prefill_s["4/1/576/512"] < 1e-5
+    assert rates.attn_cost(rates.attn_decode_s, "4/1/576/512") == rates.attn_decode_s["4/1/576/512"]
 
 
 def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):

@@ -27,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="weight types to time (default: those of MODEL), e.g. Q4_K,Q6_K,Q8_0")
     p.add_argument("--attn", default=None, metavar="H/K/D,...",
                    help="attention shapes to time, query heads/KV heads/head size, with f16 K/V or, after @, "
-                        "another K/V pair: 32/8/128@q8_0, 32/8/128@q8_0+f16 (K+V) (default: those of MODEL, or "
-                        "32/8/128 with --types)")
+                        "another K/V pair: 32/8/128@q8_0, 32/8/128@q8_0+f16 (K+V); an MLA attention adds its "
+                        "kv_lora_rank: 16/1/576/512 (default: those of MODEL, or 32/8/128 with --types)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_probe)
 

@@ -6,7 +6,8 @@ weight type's vec-dot and gemm kernels, OpenMP barriers and the page cache are a
 model meets. Weight values never change a kernel's speed, so the models are sparse files of a
 few KiB on disk (the data are holes).
 
-The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-token vocabulary):
+The probe models (``llama`` architecture but the MLA attention probe, tokenizer ``none`` with a
+256-token vocabulary):
 
 - matrix, one per weight type T: 4 layers of width 4096 (32 query heads and 8 KV heads of 128,
   FFN 14336), every matrix in T: 872 M parameters (490 MB in Q4_K), more than any desktop CPU's
@@ -25,7 +26,12 @@ The probe models (all ``llama`` architecture, tokenizer ``none`` with a 256-toke
   ns for 32 over 8, 132 ns for 32 over 32; 64-wide heads cost more than 128-wide ones), because
   the decode kernel walks each query head's KV rows in turn (ggml-cpu/ops.cpp
   ``ggml_compute_forward_flash_attn_ext_f16``, split-KV path) and how much of that stays in cache
-  depends on the grouping; so the model's own shape is measured.
+  depends on the grouping; so the model's own shape is measured. An MLA attention (DeepSeek-V2/V3,
+  Kimi K2: one KV head, a cached latent of ``kv_lora_rank`` plus the RoPE part as K, the latent as
+  V; src/models/deepseek2.cpp) gets a ``deepseek2``-architecture probe with those sizes
+  (:func:`attn_key` ``mla_rank``): measured 60 ns per head and cell for DeepSeek-V2-Lite's
+  16/1/576/512 on an AVX-512 AMD EPYC, where scaling the nearest probed shape (32/4/128, 35 ns)
+  by the head size said 156 (benchmarks/moe_cpu_validation.py ``here``).
 - experts, one per MoE expert shape of the model (:func:`expert_key`: width, expert FFN width,
   experts, experts per token and the gate/up/down types): a ``llama``-architecture MoE model with
   exactly those expert tensors and a 1-head attention of 32 (under 2 % of its bytes), enough
@@ -82,6 +88,10 @@ EXPERT_MIN_LAYERS, EXPERT_MAX_LAYERS = 2, 16
 EXPERT_HEAD_DIM = 32
 #: Head sizes the attention probe can measure (the ones llama.cpp's CPU flash attention meets).
 ATTN_HEAD_DIMS = (64, 80, 96, 112, 128, 192, 256)
+#: An MLA attention probe (``deepseek2`` architecture) is any K head size ``rank + rope``: its
+#: per-head query/output parts (``key_length_mla - rope`` and ``value_length_mla``), which only the
+#: depth-independent absorbed matmuls (attn_k_b, attn_v_b) see, are DeepSeek-V2's 128 and 128.
+MLA_NOPE, MLA_V = 128, 128
 
 
 #: K/V types whose CPU flash attention takes ggml's vectorised paths (ggml-cpu/ops.cpp
@@ -103,10 +113,22 @@ def attn_kv_suffix(type_k: str = "f16", type_v: str = "f16") -> str:
     return f"@{k}" if k == v else f"@{k}+{v}"
 
 
-def attn_key(n_head: int, n_head_kv: int, head_dim: int, type_k: str = "f16", type_v: str = "f16") -> str:
+def attn_key(n_head: int, n_head_kv: int, head_dim: int, type_k: str = "f16", type_v: str = "f16", *,
+             mla_rank: int = 0) -> str:
     """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads,
-    head size) with f16 K/V, ``"32/8/128@q8_0"`` with another K/V pair (:func:`attn_kv_suffix`)."""
-    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}" + attn_kv_suffix(type_k, type_v)
+    head size) with f16 K/V, ``"32/8/128@q8_0"`` with another K/V pair (:func:`attn_kv_suffix`);
+    an MLA attention (``mla_rank``: its ``kv_lora_rank``, the V head size of its one KV head, whose
+    K head is that latent plus the RoPE part) adds it as a fourth field: ``"16/1/576/512"``."""
+    mla = f"/{int(mla_rank)}" if mla_rank else ""
+    return f"{int(n_head)}/{int(n_head_kv)}/{int(head_dim)}{mla}" + attn_kv_suffix(type_k, type_v)
+
+
+def layer_attn_key(model: Any, il: int, type_k: str = "f16", type_v: str = "f16") -> str:
+    """The attention shape (:func:`attn_key`) of layer ``il`` of ``model`` (a
+    :class:`~kvtuner.core.model.profile.ModelProfile`) with a K/V type pair: its query heads, KV
+    heads and K head size, and for an MLA model (``is_mla``) its ``kv_lora_rank``."""
+    mla = model.mla_kv_lora_rank if getattr(model, "is_mla", False) else 0
+    return attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il), type_k, type_v, mla_rank=mla)
 
 
 def attn_key_kv(key: str) -> tuple[str, str, str]:
@@ -119,10 +141,18 @@ def attn_key_kv(key: str) -> tuple[str, str, str]:
 
 
 def _parse_attn_key(key: str) -> tuple[int, int, int] | None:
+    """(query heads, KV heads, K head size) of an attention key (its MLA rank left out), None if malformed."""
+    parsed = _parse_attn_key_mla(key)
+    return None if parsed is None else parsed[:3]
+
+
+def _parse_attn_key_mla(key: str) -> tuple[int, int, int, int] | None:
+    """(query heads, KV heads, K head size, MLA rank or 0) of an attention key, None if malformed."""
     parts = key.partition("@")[0].split("/")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
         return None
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    h, hkv, hd, *rank = (int(p) for p in parts)
+    return h, hkv, hd, (rank[0] if rank else 0)
 
 
 #: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
@@ -154,6 +184,12 @@ class ProbeModel:
     n_expert: int = 0
     n_expert_used: int = 0
     expert_types: tuple[str, ...] = ()
+    mla_rank: int = 0
+
+    @property
+    def arch(self) -> str:
+        """The GGUF architecture: ``deepseek2`` for an MLA attention probe, else ``llama``."""
+        return "deepseek2" if self.mla_rank else "llama"
 
     @property
     def n_ctx(self) -> int:
@@ -162,16 +198,26 @@ class ProbeModel:
         return -(-need // 256) * 256
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``)."""
+        """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``; an
+        MLA probe's attention as src/models/deepseek2.cpp's with ``q_lora_rank`` 0 and every layer
+        dense)."""
         E, F, V, t = self.n_embd, self.n_ff, PROBE_VOCAB, self.weight_type
         q, kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         out: list[tuple[str, tuple[int, ...], str]] = [
             ("token_embd.weight", (E, V), "F32"), ("output_norm.weight", (E,), "F32"), ("output.weight", (E, V), "F32")]
         for il in range(self.n_layer):
             p = f"blk.{il}."
-            out += [(p + "attn_norm.weight", (E,), "F32"), (p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
-                    (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t),
-                    (p + "ffn_norm.weight", (E,), "F32")]
+            out.append((p + "attn_norm.weight", (E,), "F32"))
+            if self.mla_rank:
+                r, rope = self.mla_rank, self.head_dim - self.mla_rank
+                out += [(p + "attn_kv_a_norm.weight", (r,), "F32"), (p + "attn_q.weight", (E, self.n_head * (MLA_NOPE + rope)), t),
+                        (p + "attn_kv_a_mqa.weight", (E, r + rope), t), (p + "attn_k_b.weight", (MLA_NOPE, r, self.n_head), t),
+                        (p + "attn_v_b.weight", (r, MLA_V, self.n_head), t),
+                        (p + "attn_output.weight", (self.n_head * MLA_V, E), t)]
+            else:
+                out += [(p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
+                        (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t)]
+            out.append((p + "ffn_norm.weight", (E,), "F32"))
             if self.n_expert:
                 N, (tg, tu, td) = self.n_expert, self.expert_types
                 out += [(p + "ffn_gate_inp.weight", (E, N), "F32"), (p + "ffn_gate_exps.weight", (E, F, N), tg),
@@ -227,12 +273,17 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
     Raises:
         ProbeError: a head size outside :data:`ATTN_HEAD_DIMS`, or query heads not a multiple of the KV heads.
     """
-    parsed = _parse_attn_key(shape)
+    parsed = _parse_attn_key_mla(shape)
     if parsed is None or not parsed[0] or not parsed[1] or parsed[0] % parsed[1]:
         raise ProbeError(f"no CPU attention probe for the shape {shape!r}: give query heads/KV heads/head size, "
                          "query heads a multiple of KV heads")
-    n_head, n_head_kv, head_dim = parsed
-    if head_dim not in ATTN_HEAD_DIMS:
+    n_head, n_head_kv, head_dim, mla_rank = parsed
+    if mla_rank:
+        rope = head_dim - mla_rank
+        if n_head_kv != 1 or rope <= 0 or rope % 2:
+            raise ProbeError(f"no CPU attention probe for the MLA shape {shape!r}: one KV head whose K head size is "
+                             "the rank plus an even RoPE size")
+    elif head_dim not in ATTN_HEAD_DIMS:
         raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
                          f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
     _, type_k, type_v = attn_key_kv(shape)
@@ -243,9 +294,9 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
             raise ProbeError(f"no CPU attention probe for K/V type {t} with head size {head_dim}: its block of "
                              f"{KV_CACHE_TYPES[t].block_size} does not divide it")
     # the key as lookups build it ("@f16", "@Q8_0", "@q8_0+q8_0" written by hand become "", "@q8_0", "@q8_0")
-    key = attn_key(n_head, n_head_kv, head_dim, type_k, type_v)
+    key = attn_key(n_head, n_head_kv, head_dim, type_k, type_v, mla_rank=mla_rank)
     return ProbeModel(f"attn:{key}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
-                      ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)))
+                      ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)), mla_rank=mla_rank)
 
 
 def expert_model(key: str) -> ProbeModel:
@@ -306,7 +357,7 @@ def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/
 def model_attn_shapes(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)) -> tuple[str, ...]:
     """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV, for each K/V type
     pair of ``kv_pairs``."""
-    return tuple(sorted({attn_key(model.n_head[il], model.n_head_kv[il], model.head_dim_k_at(il), k, v)
+    return tuple(sorted({layer_attn_key(model, il, k, v)
                          for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]
                          for k, v in kv_pairs}))
 
@@ -377,7 +428,7 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
     """
     path = Path(path)
     try:
-        w = gguf.GGUFWriter(str(path), "llama")
+        w = gguf.GGUFWriter(str(path), m.arch)
         w.add_name(f"kvtuner CPU probe {m.key}")
         w.add_block_count(m.n_layer)
         w.add_context_length(m.n_ctx)
@@ -386,8 +437,20 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         w.add_head_count(m.n_head)
         w.add_head_count_kv(m.n_head_kv)
         w.add_key_length(m.head_dim)
-        w.add_value_length(m.head_dim)
-        w.add_rope_dimension_count(m.head_dim)
+        if m.mla_rank:  # deepseek2.cpp load_arch_hparams: MLA with an absorbed K-only cache
+            rope = m.head_dim - m.mla_rank
+            w.add_value_length(m.mla_rank)
+            w.add_rope_dimension_count(rope)
+            w.add_q_lora_rank(0)
+            w.add_kv_lora_rank(m.mla_rank)
+            w.add_key_length_mla(MLA_NOPE + rope)
+            w.add_value_length_mla(MLA_V)
+            w.add_leading_dense_block_count(m.n_layer)
+            w.add_expert_feed_forward_length(m.n_ff)
+            w.add_expert_shared_count(0)
+        else:
+            w.add_value_length(m.head_dim)
+            w.add_rope_dimension_count(m.head_dim)
         w.add_layer_norm_rms_eps(1e-6)
         w.add_rope_freq_base(10000.0)
         w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))

@@ -82,7 +82,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
 from ..units import GiB, pad_to
-from .cpu_probe import CpuRates, ProbeError, attn_key, nearest
+from .cpu_probe import CpuRates, ProbeError, layer_attn_key, nearest
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -670,7 +670,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
-        kv.append((lk.device, per_cell, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il), *kv_pair), heads, 2.0 * heads * dims,
+        kv.append((lk.device, per_cell, layer_attn_key(m, lk.il, *kv_pair), heads, 2.0 * heads * dims,
                    min(_window(plan, lk.swa), lk.cells)))
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
@@ -797,7 +797,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
             pcie += kv_read  # host KV copied to the GPU for every ubatch
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
-        acc.cells(run_on, attn_key(heads, m.n_head_kv[lk.il], m.head_dim_k_at(lk.il), *kv_pair), heads * cells)
+        acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)
     seq = [HOST] + wdev + [out_dev]
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
