@@ -174,7 +174,7 @@ def test_expert_keys_and_probe_models(tmp_path):
     """An expert probe is a llama MoE of the model's own expert shape and types (ggml's MUL_MAT_ID
     runs at a speed of its own per shape), with enough layers to outgrow the caches, routing data
     so tokens spread over the experts, and MXFP4 blocks with a normal scale."""
-    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, EXPERT_MIN_BYTES, expert_model
+    from kvtuner.core.speed.cpu_probe import EXPERT_GEN, EXPERT_MIN_BYTES, EXPERT_PROMPT, expert_model
     from kvtuner.core.speed.expert_shapes import expert_key, parse_expert_key
 
     assert expert_key(2048, 768, 128, 8, ["q4_k"] * 3) == "2048/768/128/8@Q4_K"
@@ -184,7 +184,7 @@ def test_expert_keys_and_probe_models(tmp_path):
     m = expert_model("2048/768/128/8@Q4_K")  # Qwen3-30B-A3B: 340 MB of experts a layer
     per_layer = 3 * 2048 * 768 * 128 // 256 * 144
     assert m.n_layer == 2 and m.n_layer * per_layer >= EXPERT_MIN_BYTES
-    assert m.runs == ((0, 0, EXPERT_GEN),)  # decode only
+    assert m.runs == ((0, EXPERT_PROMPT, EXPERT_GEN),)  # a prompt and decode
     assert m.expert_bytes_params() == (2 * per_layer * 8 // 128, 2 * 3 * 2048 * 768 * 8)
     assert expert_model("256/128/8/2@Q8_0").n_layer == 16  # tiny experts: the most layers
     with pytest.raises(ProbeError, match="does not fit Q4_K"):
@@ -240,6 +240,13 @@ def test_expert_rates_from_runs_by_hand():
     assert r.expert_decode_bytes_s == {key: pytest.approx(4e9)}  # no matrix probe ran: nothing else subtracted
     assert CpuRates.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     assert r.merged(CpuRates(1, {}, {}, 0.0, 0.0, {}, {})).expert_decode_bytes_s == r.expert_decode_bytes_s
+    assert r.expert_prefill_flop_s == {}  # no prompt timed
+    # a prompt of P tokens: (L - 1) layers of every token and the last layer's output token, 2 of 8
+    # experts each, at 20 GFLOP/s, plus the fixed costs (token_s + L x layer_prefill_s)
+    P, fixed = 128, r.token_s + m.n_layer * r.layer_prefill_s
+    flops = 2.0 * 3 * 256 * 256 * 2 * ((m.n_layer - 1) * P + 1)
+    r = rates_from_runs(base + [ProbeRun(f"expert:{key}", 0, P, flops / 20e9 + fixed, EXPERT_GEN, EXPERT_GEN * td)], 1)
+    assert r.expert_prefill_flop_s == {key: pytest.approx(20e9)}
 
 
 def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):

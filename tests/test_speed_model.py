@@ -184,10 +184,14 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     assert {w[3] for w in p.weights if w[0] == "Q8_0"} == {1.0, 64.0}  # 1: the output, last token only
     # experts: MUL_MAT_ID, its own entry; in decode named with the layer's expert shape (the expert probe's key)
     assert s.expert_keys == ("256/256/8/2@Q8_0",) * 2
-    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id"} == {16.0}
+    assert {w[3] for w in p.weights if w[0] == "Q8_0@mul_mat_id:256/256/8/2@Q8_0"} == {16.0}
     assert s.expert_share(1) == 0.25 and s.expert_share(2) == pytest.approx(1 - 0.75**2)
+    # llama.cpp runs the last layer's experts for the output token only (olmoe.cpp takes the output
+    # rows before the last FFN): 64 tokens of layer 0, 1 of layer 1, each 2 of 8 experts
+    (ew,) = [w for w in p.weights if "@mul_mat_id" in w[0]]
+    assert ew[2] == pytest.approx(2.0 * 3 * 256 * 256 * 2 * (64 + 1), rel=1e-12)
     # with the expert probe's decode rate of that shape the experts' bytes go at that rate; their
-    # prefill stays the dense rate x host_moe_prefill_efficiency either way
+    # prefill stays the dense rate x host_moe_prefill_efficiency without its prefill rate
     rates = CpuRates(1, {"Q8_0": 10e9}, {"Q8_0": 50e9}, 0.0, 0.0, {"*": 0.0}, {"*": 0.0}, half_batch={"Q8_0": 0.0})
     probed = replace(rates, expert_decode_bytes_s={"256/256/8/2@Q8_0": 2e9})
     host = HostSpec(16 << 30, 8 << 30)
@@ -199,10 +203,13 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
     (dw,) = [w for w in dhost.weights if "@mul_mat_id" in w[0]]
     assert t["probed"][1] - t["dense"][1] == pytest.approx(dw[1] / 2e9 - dw[1] / 10e9, rel=1e-9)
     assert t["probed"][0] == t["dense"][0]
-    (ew,) = [w for w in p.weights if "@mul_mat_id" in w[0]]
     without = replace(C, host_moe_prefill_efficiency=1.0)
     t1 = 64 / prefill_tok_s(plan, speed_inputs([], host, n_threads=1, cpu=rates, constants=without), 64, 0)
     assert t["dense"][0] - t1 == pytest.approx(ew[2] / (50e9 * C.host_moe_prefill_efficiency) - ew[2] / 50e9, rel=1e-9)
+    # with its prefill rate probed too, the experts' prompt FLOPs go at that rate instead
+    both = replace(probed, expert_prefill_flop_s={"256/256/8/2@Q8_0": 5e9})
+    t2 = 64 / prefill_tok_s(plan, speed_inputs([], host, n_threads=1, cpu=both, constants=C), 64, 0)
+    assert t2 - t["dense"][0] == pytest.approx(ew[2] / 5e9 - ew[2] / (50e9 * C.host_moe_prefill_efficiency), rel=1e-9)
 
 
 def test_gpu_decode_and_prefill_on_a_catalogue_card(tiny):

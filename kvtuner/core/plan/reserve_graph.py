@@ -834,6 +834,18 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "deepseek2": {},
 }
 
+def last_layer_rows_only(arch: str) -> bool:
+    """Whether llama.cpp's graph of ``arch`` runs its last layer's feed-forward for the output rows
+    only: src/models/llama.cpp and most builders take ``ggml_get_rows(cur, inp_out_ids)`` after the
+    last layer's attention ("skip computing output for unused tokens"), so a prompt's prefill
+    computes that feed-forward for its last token alone. False where the rows are taken after the
+    layers (openai-moe.cpp: only with ``cparams.embeddings_nextn_masked``, off by default) or after
+    the output norm (gemma4.cpp): :data:`EXACT_ARCHITECTURES` ``rows_after_layers`` /
+    ``rows_after_norm``."""
+    traits = EXACT_ARCHITECTURES.get(arch, {})
+    return not (traits.get("rows_after_layers") or traits.get("rows_after_norm"))
+
+
 #: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
 #: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
 #: true; olmoe.cpp false)

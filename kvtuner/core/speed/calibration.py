@@ -48,7 +48,8 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.memory_plan import MemoryPlan
 from ..model.profile import ModelProfile
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
-from .speed_model import PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload, decode_workload, prefill_workload, workload_time_s
+from .speed_model import (PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload,
+                          decode_workload, kernel_tag, prefill_workload, workload_time_s)
 
 SCHEMA_VERSION = 4
 FILE_NAME = "calibration.json"
@@ -219,7 +220,7 @@ def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple
     has_host = any(d.kind == "host" for _, w, _ in data for d in w.devices)
     active = [p for p in params if (("gpu" in p and has_gpu) or ("host" in p and has_host) or "overhead" in p)]
     if phase == "prefill":
-        active += sorted({PREFILL_TYPE_PARAM + typ for _, w, _ in data for d in w.devices if d.kind == "host"
+        active += sorted({PREFILL_TYPE_PARAM + kernel_tag(typ) for _, w, _ in data for d in w.devices if d.kind == "host"
                           for typ, *_ in d.weights})
     x = {p: 0.0 for p in active}
 

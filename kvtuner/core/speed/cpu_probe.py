@@ -41,11 +41,14 @@ The probe models (``llama`` architecture but the MLA attention probe, tokenizer 
   another kernel than a dense MUL_MAT, over ``n_expert_used`` slices of a few MB each rather than
   one large matrix): measured here 10.2 GB/s for gpt-oss-20b's MXFP4 experts, where the dense
   probe of MXFP4 read 4.6 GB/s (with zero-exponent blocks; see :data:`MXFP4_NORMAL_EXPONENT`) and the
-  model's decode was predicted 22-31 % slow. Its prefill is not timed: in a probe of 2 layers
-  with this tiny attention the expert matmuls ran 1.5-2x faster than in the real models (8
-  layers of Qwen3-30B-A3B's experts alone: 1.29 ms per layer and token against 0.94 ms with 2;
-  with its real attention 1.95 ms, as the real file's 2.06), so the prefill of experts stays the
-  dense rate x ``host_moe_prefill_efficiency`` (speed_model.SpeedConstants).
+  model's decode was predicted 22-31 % slow. Its prefill of ``EXPERT_PROMPT`` tokens gives the
+  FLOP/s of the same kernel in a prompt, where ggml-cpu's repacked MUL_MAT_ID (repack.cpp
+  ``forward_mul_mat_id``) still runs one mat-vec per token and chosen expert: measured 68 GFLOP/s
+  for gpt-oss-20b's experts on an AVX-512 AMD EPYC whose dense MXFP4 matmul ran 326 (0.21 of it,
+  where the constant ``host_moe_prefill_efficiency`` says 0.45), 77-95 for Qwen3-30B-A3B's and
+  OLMoE's Q4_K experts against 252. Its last layer's experts run for one token only (llama.cpp
+  computes the last layer's FFN for the output rows alone); an earlier reading that missed this
+  took a 2-layer probe for 1.5-2x faster than the real models.
 - overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
   build, scheduling, thread barriers of every op, sampling) solved from the two, and the same for
   a prompt's per-layer cost ``layer_prefill_s``.
@@ -79,10 +82,10 @@ PROBE_VOCAB = 256
 MATRIX_PROMPT, MATRIX_SMALL_PROMPT, MATRIX_GEN = 64, 16, 16
 ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN = 2048, 64, 32
 OVERHEAD_PROMPT, OVERHEAD_GEN = 8, 64
-#: Expert probe: generated tokens (decode only, no prompt), the least bytes of experts its layers
-#: hold (more than a desktop CPU's last-level cache, as the matrix probe), and its layer count
-#: bounds; the attention of its layers: 1 query head of ``EXPERT_HEAD_DIM``.
-EXPERT_GEN = 16
+#: Expert probe: prompt and generated tokens, the least bytes of experts its layers hold (more
+#: than a desktop CPU's last-level cache, as the matrix probe), and its layer count bounds; the
+#: attention of its layers: 1 query head of ``EXPERT_HEAD_DIM``.
+EXPERT_PROMPT, EXPERT_GEN = 128, 16
 EXPERT_MIN_BYTES = 384 << 20
 EXPERT_MIN_LAYERS, EXPERT_MAX_LAYERS = 2, 16
 EXPERT_HEAD_DIM = 32
@@ -321,7 +324,7 @@ def expert_model(key: str) -> ProbeModel:
                  + _nbytes((ff, e, n), types[2]))
     n_layer = min(EXPERT_MAX_LAYERS, max(EXPERT_MIN_LAYERS, -(-EXPERT_MIN_BYTES // per_layer)))
     return ProbeModel(f"expert:{expert_key(e, ff, n, k, types)}", n_layer, e, 1, 1, EXPERT_HEAD_DIM, ff, "F16",
-                      ((0, 0, EXPERT_GEN),), n, k, types)
+                      ((0, EXPERT_PROMPT, EXPERT_GEN),), n, k, types)
 
 
 def overhead_models() -> tuple[ProbeModel, ...]:
@@ -518,6 +521,8 @@ class CpuRates:
         layer_prefill_s: fixed cost per layer per prompt batch, s.
         expert_decode_bytes_s: per MoE expert shape (:func:`expert_key`), bytes/s of the selected
             experts' weights the MUL_MAT_ID mat-vecs stream (decode).
+        expert_prefill_flop_s: per MoE expert shape, FLOP/s of the selected experts' MUL_MAT_ID in
+            a prompt of :data:`EXPERT_PROMPT` tokens (0 or absent: not probed).
         t_unix: when it was measured.
         load_avg: the 1-minute load average then (a busy machine measures slow).
         source: how it was obtained.
@@ -537,6 +542,7 @@ class CpuRates:
     half_batch: dict[str, float] = field(default_factory=dict)
     layer_prefill_s: float = 0.0
     expert_decode_bytes_s: dict[str, float] = field(default_factory=dict)
+    expert_prefill_flop_s: dict[str, float] = field(default_factory=dict)
 
     def prefill_rate(self, type_name: str, batch: float) -> float:
         """FLOP/s of ``type_name``'s mat-mat kernels for a batch of ``batch`` rows:
@@ -574,6 +580,7 @@ class CpuRates:
                 "layer_s": self.layer_s, "token_s": self.token_s, "layer_prefill_s": self.layer_prefill_s,
                 "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
                 "expert_decode_bytes_s": dict(self.expert_decode_bytes_s),
+                "expert_prefill_flop_s": dict(self.expert_prefill_flop_s),
                 "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
 
     @classmethod
@@ -590,12 +597,13 @@ class CpuRates:
             r = cls(int(d["n_threads"]), table("decode_bytes_s"), table("prefill_flop_s"), float(d["layer_s"]),
                     float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
                     float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
-                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)), table("expert_decode_bytes_s"))
+                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)), table("expert_decode_bytes_s"),
+                    table("expert_prefill_flop_s"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed CPU probe record: {exc}") from None
         values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
                   *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s,
-                  *r.expert_decode_bytes_s.values()]
+                  *r.expert_decode_bytes_s.values(), *r.expert_prefill_flop_s.values()]
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
         return r
@@ -608,7 +616,8 @@ class CpuRates:
                         {**self.attn_decode_s, **other.attn_decode_s}, {**self.attn_prefill_s, **other.attn_prefill_s},
                         other.kv_type, other.t_unix, other.load_avg, other.source,
                         {**self.half_batch, **other.half_batch}, other.layer_prefill_s,
-                        {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s})
+                        {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s},
+                        {**self.expert_prefill_flop_s, **other.expert_prefill_flop_s})
 
 
 def _bits_per_weight(type_name: str) -> float:
@@ -653,7 +662,9 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
       ``prefill_flop_s = r1 (b1 + half_batch) / b1`` (``rate(b) = peak * b / (b + half)``);
     - expert shape X (``L`` layers, ``k`` of ``n`` experts per token): ``expert_decode_bytes_s =
       selected expert bytes / (t_token - L * layer_s - token_s - the rest's bytes at the probed
-      rate nearest F16)``.
+      rate nearest F16)``; ``expert_prefill_flop_s = 2 * selected params per layer * ((L - 1) * P
+      + 1) / (t_prompt - token_s - L * layer_prefill_s - the rest's FLOPs at the F16 rate)`` for a
+      prompt of ``P`` tokens (the last layer's experts run for the output token only).
 
     A difference that comes out at or below zero (noise on a tiny model) is floored at 2 % of
     the measured time.
@@ -705,6 +716,7 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
         half[t] = h
         pre[t] = r1 * (b1 + h) / b1
     e_dec: dict[str, float] = {}
+    e_pre: dict[str, float] = {}
     for key in sorted({r.key for r in runs if r.key.startswith("expert:")}):
         x = key.split(":", 1)[1]
         m = expert_model(x)
@@ -716,5 +728,16 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
                    if (name.startswith("blk.") and len(sh) == 2) or name == "output.weight")
         t_rest = rest / nearest(dec, "F16") if dec else 0.0
         e_dec[x] = b / pos(td - m.n_layer * layer_s - token_s - t_rest, td)
+        if run.n_prompt and run.prefill_s > 0:
+            # llama.cpp runs the last layer's FFN for the output row only (reserve_graph
+            # last_layer_rows_only: the probe is a llama model), so the prompt's expert work is
+            # (L - 1) layers of every token plus one token of the last layer
+            _, params = m.expert_bytes_params()
+            flops = 2.0 * params / m.n_layer * ((m.n_layer - 1) * run.n_prompt + 1)
+            fixed = token_s + m.n_layer * layer_prefill_s
+            rest_p = sum(sh[0] * sh[1] for name, sh, t in m.tensors() if name.startswith("blk.") and len(sh) == 2)
+            t_rest_p = 2.0 * rest_p * run.n_prompt / nearest(pre, "F16") if pre else 0.0
+            e_pre[x] = flops / pos(run.prefill_s - fixed - t_rest_p, run.prefill_s)
     return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,
-                    half_batch=half, layer_prefill_s=layer_prefill_s, expert_decode_bytes_s=e_dec)
+                    half_batch=half, layer_prefill_s=layer_prefill_s, expert_decode_bytes_s=e_dec,
+                    expert_prefill_flop_s=e_pre)

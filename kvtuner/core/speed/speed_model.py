@@ -81,6 +81,7 @@ from ..hardware.host import physical_cores
 from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
 from ..plan.memory_plan import MemoryPlan
+from ..plan.reserve_graph import last_layer_rows_only
 from ..units import GiB, pad_to
 from .cpu_probe import CpuRates, ProbeError, layer_attn_key, nearest
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
@@ -137,6 +138,13 @@ def expert_tag(type_name: str, key: str | None) -> str:
 def tagged_expert_key(type_name: str) -> str | None:
     """The expert shape of a workload entry named by :func:`expert_tag` (None for other entries)."""
     return type_name.partition(MUL_MAT_ID_TAG + ":")[2] or None
+
+
+def kernel_tag(type_name: str) -> str:
+    """The kernel of a workload entry, what calibration scales: :func:`expert_tag`'s name without
+    the expert shape (``"Q4_K@mul_mat_id:2048/768/128/8@Q4_K"`` -> ``"Q4_K@mul_mat_id"``)."""
+    head, sep, _ = type_name.partition(MUL_MAT_ID_TAG + ":")
+    return head + MUL_MAT_ID_TAG if sep else type_name
 
 
 class SpeedModelError(ValueError):
@@ -237,7 +245,7 @@ class SpeedConstants:
 
     def prefill_scale(self, type_name: str) -> float:
         """The host prefill rate factor for weights of ``type_name`` (dimensionless)."""
-        return self.host_prefill_scale * dict(self.host_prefill_type_scales).get(type_name, 1.0)
+        return self.host_prefill_scale * dict(self.host_prefill_type_scales).get(kernel_tag(type_name), 1.0)
 
 
 @dataclass(frozen=True)
@@ -758,15 +766,19 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     acc = _Acc(plan)
     pcie = crossings = 0.0
     moved = moved_weights(m, plan.moves.device_of())
+    rows_only = last_layer_rows_only(m.architecture)
     for il in range(m.n_layer):
         run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
         for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
             home = dev or wdev[il]
             run = gpu0 if (offload and home == HOST) else home
-            # experts: MUL_MAT_ID, priced at host_moe_prefill_efficiency x the dense rate on the
-            # host (_host_prefill_rate) and calibrated apart from the dense MUL_MAT of their type;
-            # their prefill does not depend on the expert shape (no key: one scale per kernel)
-            acc.weight(run, expert_tag(t, None) if expert else t, b * n_calls, f * n_prompt, rows)
+            # experts: MUL_MAT_ID, priced on the host at the expert probe's prefill rate of the
+            # layer's expert shape, else host_moe_prefill_efficiency x the dense rate
+            # (_host_prefill_rate), and calibrated apart from the dense MUL_MAT of their type (one
+            # scale per kernel: kernel_tag); the last layer's experts run for the output token
+            # only where llama.cpp skips the unused rows there (last_layer_rows_only)
+            tokens = 1 if (expert and il == m.n_layer - 1 and rows_only) else n_prompt
+            acc.weight(run, expert_tag(t, s.expert_key(il)) if expert else t, b * n_calls, f * tokens, rows)
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
@@ -838,12 +850,16 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 def _host_prefill_rate(cpu: CpuRates, typ: str, rows: float, c: SpeedConstants) -> float:
     """FLOP/s of a prefill workload entry's matmuls on the CPU: the probe's dense rate
-    (:meth:`CpuRates.prefill_rate`), for MoE experts times ``host_moe_prefill_efficiency``
-    (ggml-cpu's MUL_MAT_ID takes one token row at a time per expert, ggml-cpu.c
-    ``ggml_compute_forward_mul_mat_id_one_chunk``: neither llamafile's sgemm nor the multi-row
-    kernels of a dense MUL_MAT)."""
-    dense = cpu.prefill_rate(base_type(typ), rows)
-    return dense * c.host_moe_prefill_efficiency if MUL_MAT_ID_TAG in typ else dense
+    (:meth:`CpuRates.prefill_rate`); for MoE experts the expert probe's prefill rate of their
+    shape (``CpuRates.expert_prefill_flop_s``), else the dense rate times
+    ``host_moe_prefill_efficiency`` (ggml-cpu's MUL_MAT_ID takes one token row at a time per
+    expert, ggml-cpu.c ``ggml_compute_forward_mul_mat_id_one_chunk`` and repack.cpp
+    ``forward_mul_mat_id``: neither llamafile's sgemm nor the multi-row kernels of a dense MUL_MAT)."""
+    if MUL_MAT_ID_TAG not in typ:
+        return cpu.prefill_rate(base_type(typ), rows)
+    key = tagged_expert_key(typ)
+    probed = cpu.expert_prefill_flop_s.get(key) if key else None
+    return probed or cpu.prefill_rate(base_type(typ), rows) * c.host_moe_prefill_efficiency
 
 
 def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n_calls: int) -> float:
