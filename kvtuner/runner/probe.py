@@ -12,7 +12,9 @@ figure read at a busy moment would be stored for a week and slow every predictio
 (on a 2-core machine shared with other jobs a median over every repetition once read the attention
 cost over 300x too high).
 
-Takes about 10-25 s on an idle 2-core machine for a model of two weight types; the result is
+Attention probes get at least :data:`ATTN_MIN_REPETITIONS` repetitions (their figures are
+differences of two such times). Takes about 15-35 s on an idle 2-core machine for a model of
+two weight types; the result is
 stored per machine and thread count by :class:`kvtuner.core.speed.calibration.CalibrationStore`.
 """
 
@@ -30,6 +32,11 @@ from .client import RunnerClient, RunnerError
 
 #: Quantile of one repetition's per-token decode times taken as its token time (see the module docstring).
 TOKEN_QUANTILE = 0.5
+#: The least repetitions of an attention probe's benches. Its figures are differences of two
+#: fastest times (depth ATTN_DEPTH minus depth 0), noisier than either: five probes of the
+#: 32/4/128 attention on an AVX-512 AMD EPYC read its prefill cost at 5.6-9.4 ns per head and cell
+#: with 3 repetitions (a 45% spread) and at 7.9-9.0 with 5 (13%); 8 s more per shape.
+ATTN_MIN_REPETITIONS = 5
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -96,8 +103,9 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                         if isinstance(ev, P.TokenEvent):
                             tokens.append((ev.rep, ev.dt_s))
 
+                    n_rep = max(repetitions, ATTN_MIN_REPETITIONS) if kind == "attn" else repetitions
                     res = client.request(P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth,
-                                                        repetitions=repetitions), P.BenchResultEvent,
+                                                        repetitions=n_rep), P.BenchResultEvent,
                                          timeout_s=timeout_s, idle_timeout_s=timeout_s, on_other=keep)
                     assert isinstance(res, P.BenchResultEvent)
                     reps = [P.Repetition.of(r) for r in res.reps]
