@@ -43,10 +43,10 @@ The probe models (``llama`` architecture but the MLA attention probe, tokenizer 
   probe of MXFP4 read 4.6 GB/s (with zero-exponent blocks; see :data:`MXFP4_NORMAL_EXPONENT`) and the
   model's decode was predicted 22-31 % slow. Its prefill of ``EXPERT_PROMPT`` tokens gives the
   FLOP/s of the same kernel in a prompt, where ggml-cpu's repacked MUL_MAT_ID (repack.cpp
-  ``forward_mul_mat_id``) still runs one mat-vec per token and chosen expert: measured 68 GFLOP/s
-  for gpt-oss-20b's experts on an AVX-512 AMD EPYC whose dense MXFP4 matmul ran 326 (0.21 of it,
-  where the constant ``host_moe_prefill_efficiency`` says 0.45), 77-95 for Qwen3-30B-A3B's and
-  OLMoE's Q4_K experts against 252. Its last layer's experts run for one token only (llama.cpp
+  ``forward_mul_mat_id``) still runs one mat-vec per token and chosen expert: measured 73 GFLOP/s
+  for gpt-oss-20b's experts on an AVX-512 AMD EPYC whose dense MXFP4 matmul ran 338 (0.22 of it,
+  where the constant ``host_moe_prefill_efficiency`` says 0.45), 84-87 for Qwen3-30B-A3B's Q4_K
+  experts against 260 (benchmarks/moe_cpu_runs.json ``here``). Its last layer's experts run for one token only (llama.cpp
   computes the last layer's FFN for the output rows alone); an earlier reading that missed this
   took a 2-layer probe for 1.5-2x faster than the real models.
 - overhead: 24 and 6 layers of width 64: decode time = ``n_layer * layer_s + token_s`` (graph
