@@ -70,6 +70,7 @@ import gguf
 import numpy as np
 
 from ..model.ggml_types import KV_CACHE_TYPES
+from ..plan.reserve_graph import last_layer_rows_only
 from .expert_shapes import expert_key, model_expert_keys, parse_expert_key
 
 #: Probe model shapes (see the module docstring).
@@ -195,6 +196,11 @@ class ProbeModel:
         return "deepseek2" if self.mla_rank else "llama"
 
     @property
+    def mla_rope(self) -> int:
+        """An MLA probe's RoPE part of the K head (``head_dim - mla_rank``), 0 for others."""
+        return self.head_dim - self.mla_rank if self.mla_rank else 0
+
+    @property
     def n_ctx(self) -> int:
         """Context for its deepest run, padded to 256."""
         need = max(d + p + g for d, p, g in self.runs) + 16
@@ -212,7 +218,7 @@ class ProbeModel:
             p = f"blk.{il}."
             out.append((p + "attn_norm.weight", (E,), "F32"))
             if self.mla_rank:
-                r, rope = self.mla_rank, self.head_dim - self.mla_rank
+                r, rope = self.mla_rank, self.mla_rope
                 out += [(p + "attn_kv_a_norm.weight", (r,), "F32"), (p + "attn_q.weight", (E, self.n_head * (MLA_NOPE + rope)), t),
                         (p + "attn_kv_a_mqa.weight", (E, r + rope), t), (p + "attn_k_b.weight", (MLA_NOPE, r, self.n_head), t),
                         (p + "attn_v_b.weight", (r, MLA_V, self.n_head), t),
@@ -441,7 +447,7 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         w.add_head_count_kv(m.n_head_kv)
         w.add_key_length(m.head_dim)
         if m.mla_rank:  # deepseek2.cpp load_arch_hparams: MLA with an absorbed K-only cache
-            rope = m.head_dim - m.mla_rank
+            rope = m.mla_rope
             w.add_value_length(m.mla_rank)
             w.add_rope_dimension_count(rope)
             w.add_q_lora_rank(0)
@@ -720,7 +726,7 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
     for key in sorted({r.key for r in runs if r.key.startswith("expert:")}):
         x = key.split(":", 1)[1]
         m = expert_model(x)
-        b, _ = m.expert_bytes_params()
+        b, params = m.expert_bytes_params()
         run = get(key, 0)
         td = run.decode_s / run.n_gen
         # the rest a decoded token reads: the layers' attention and router matrices, the output
@@ -729,11 +735,11 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
         t_rest = rest / nearest(dec, "F16") if dec else 0.0
         e_dec[x] = b / pos(td - m.n_layer * layer_s - token_s - t_rest, td)
         if run.n_prompt and run.prefill_s > 0:
-            # llama.cpp runs the last layer's FFN for the output row only (reserve_graph
-            # last_layer_rows_only: the probe is a llama model), so the prompt's expert work is
-            # (L - 1) layers of every token plus one token of the last layer
-            _, params = m.expert_bytes_params()
-            flops = 2.0 * params / m.n_layer * ((m.n_layer - 1) * run.n_prompt + 1)
+            # llama.cpp runs the last layer's FFN for the output row only (the probe is a llama
+            # model: last_layer_rows_only), so the prompt's expert work is (L - 1) layers of every
+            # token plus the last layer's output token
+            last = 1 if last_layer_rows_only(m.arch) else run.n_prompt
+            flops = 2.0 * params / m.n_layer * ((m.n_layer - 1) * run.n_prompt + last)
             fixed = token_s + m.n_layer * layer_prefill_s
             rest_p = sum(sh[0] * sh[1] for name, sh, t in m.tensors() if name.startswith("blk.") and len(sh) == 2)
             t_rest_p = 2.0 * rest_p * run.n_prompt / nearest(pre, "F16") if pre else 0.0
