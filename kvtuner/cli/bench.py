@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
+from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
                    emit_json, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "planned and measured buffers side by side.",
     )
     add_model_arg(b)
+    add_engine_arg(b)
     add_config_args(b)
     add_hardware_args(b)
     g = b.add_argument_group("benchmark")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
+from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
                    config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
                    session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Export one configuration to the tool you run it with. What the target cannot express is "
                     "printed as notes on stderr. Files are written atomically and never overwritten without --force.")
     add_model_arg(p)
+    add_engine_arg(p)
     add_config_args(p)
     add_hardware_args(p)
     p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,

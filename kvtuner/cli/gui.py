@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import UserError, add_config_args, add_model_arg, any_config_flag, config_from_args, load_model
+from .args import UserError, add_config_args, add_engine_arg, add_model_arg, any_config_flag, config_from_args, load_model
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``gui``."""
@@ -13,6 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control. "
                                    "MODEL may also be a kvtuner profile (.json): its model and configuration open.")
     add_model_arg(p)
+    add_engine_arg(p)
     add_config_args(p)
     p.add_argument("--screenshot", metavar="FILE", default=None,
                    help="render the main window offscreen to a PNG and exit (no display needed)")

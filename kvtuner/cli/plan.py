@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
-                   add_workload_args, any_workload_flag, config_from_args, emit_json, ensure_cpu_probe,
+from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+                   add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
                    hardware_from_args, load_model, session_from_args, vllm_model_from_args, vllm_settings_from_args,
                    vllm_weights_from_args, workload_from_args)
 
@@ -21,10 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan where every byte goes for a configuration (headless)",
                        description="Plan weights, KV cache, compute and output buffers per device, as llama.cpp will allocate them.")
     add_model_arg(p)
+    add_engine_arg(p)
     add_config_args(p)
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
-    p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
+    p.add_argument("--verify", action="store_true",
+                   help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
+                        "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     add_workload_args(p)
     t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
@@ -65,7 +68,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if note:
             print(note, file=sys.stderr)
         if args.verify:
-            session.set_verified(verify(model, config))
+            session.set_verified(verify(model, config, engine_from_args(args)))
         elif session.needs_structure_probe and not args.no_probe:
             session.set_structure(probe(model))
         assessment = session.assess()
@@ -193,20 +196,29 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def verify(model: "ModelProfile", config: "PlanConfig") -> "object":
-    """llama.cpp's dry run of ``config`` (child process).
+def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" = None) -> "object":
+    """What ``engine`` (None: the embedded one) reports for ``config``
+    (:func:`kvtuner.runner.server_verify.verify_with_engine`; nothing is loaded).
 
     Raises:
         UserError: llama.cpp refused the configuration, or the runner is missing.
     """
     try:
-        from ..runner.dryrun import DryRunError, dry_run
+        from ..runner.dryrun import DryRunError
+        from ..runner.engines import embedded_engine
+        from ..runner.server_verify import verify_with_engine
     except ImportError as exc:  # pragma: no cover - broken install
         raise UserError(f"--verify needs the runner: {exc}") from None
+    eng = engine if engine is not None else embedded_engine()
     try:
-        return dry_run(model.path, config)
+        return verify_with_engine(eng, model.path, config, timeout_s=VERIFY_TIMEOUT_S)  # type: ignore[arg-type]
     except DryRunError as exc:
-        raise UserError(f"llama.cpp refused this configuration ({exc.kind}): {exc}") from None
+        who = getattr(eng, "label", "llama.cpp")
+        raise UserError(f"{who} refused this configuration ({exc.kind}): {exc}") from None
+
+
+#: Seconds ``plan --verify`` waits for llama.cpp's figures.
+VERIFY_TIMEOUT_S = 120.0
 
 
 def probe(model: "ModelProfile") -> "object":

@@ -101,7 +101,9 @@ def plan_text(assessment: "Assessment") -> str:
     lines.append(f"compute buffers: {plan.compute.label}")
     if verified is not None:
         lines.append("")
-        lines.append("verified by llama.cpp (dry-run); the figures above are llama.cpp's:")
+        method = getattr(verified, "method", "") or "embedded dry run"
+        who = getattr(verified, "engine", "") or "llama.cpp"
+        lines.append(f"verified by {who} ({method}); the figures above are llama.cpp's:")
         rows = [["buffer", "cells", "layers", "kvtuner", "llama.cpp"]]
         attn = [kc for kc in plan.kv_caches if kc.kind != "recurrent"]
         theirs = [vc for vc in verified.kv_caches if vc.layers > 0]
@@ -119,6 +121,7 @@ def plan_text(assessment: "Assessment") -> str:
         for dev, mib in verified.output_mib.items():
             rows.append([f"output {dev}", "", "", f"{m.n_vocab * max(1, c.n_seq) * 4 / MiB:.2f} MiB", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
+        lines += _comparison_text(assessment)
     if speed is not None:
         lines.append("")
         lines.append(_speed_text(speed))
@@ -133,6 +136,30 @@ def plan_text(assessment: "Assessment") -> str:
             if fix:
                 lines.append(f"    fix: {fix_flags(fix)}")
     return "\n".join(lines)
+
+
+def _comparison_text(assessment: "Assessment") -> list[str]:
+    """llama.cpp's figures per device beside kvtuner's analytic ones
+    (:func:`kvtuner.core.session.device_comparison`), differences over 2% / 8 MiB marked."""
+    from ..core.session import device_comparison
+
+    v = assessment.verified
+    if v is None or not getattr(v, "breakdown", ()):
+        return []
+    who = getattr(v, "engine", "") or "llama.cpp"
+
+    def cell(x: "float | None") -> str:
+        return "-" if x is None else (f"{x} MiB" if isinstance(x, int) else f"{x:.2f} MiB")
+
+    rows = [["device", "column", f"{who}", "kvtuner (analytic)", ""]]
+    for entry in device_comparison(v, assessment.analytic):
+        t, o, diff = entry["llama_cpp"] or {}, entry["kvtuner"] or {}, entry["differs"]
+        for label, tk, ok, dk in (("model", "model_mib", "weights_mib", "model"), ("context", "context_mib", "kv_mib", "context"),
+                                  ("compute", "compute_mib", "compute_mib", "compute")):
+            rows.append([entry["device"] if label == "model" else "", label, cell(t.get(tk)), cell(o.get(ok)),
+                         "DIFFERS" if diff[dk] else ""])
+    return ["", f"{who}'s own memory breakdown (integer MiB as printed; context = KV + recurrent state) "
+                "beside kvtuner's analytic plan:", _table(rows, {2, 3})]
 
 
 def _structure_source(plan: MemoryPlan) -> str:

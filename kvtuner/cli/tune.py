@@ -8,7 +8,7 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
+from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
                    config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(1 GiB VRAM margin, 20 %% of RAM free); explain the choice, the runner-up and what llama.cpp's "
                     "--fit would run.")
     add_model_arg(p)
+    add_engine_arg(p)
     add_config_args(p)
     add_hardware_args(p)
     add_tune_args(p)

@@ -97,6 +97,70 @@ def _mib_to_bytes(v: float) -> int:
     return int(round(v * MiB))
 
 
+#: kvtuner's analytic figure and llama.cpp's differ when they are further apart than this share
+#: of llama.cpp's figure or :data:`DIFFER_SLACK_MIB`, whichever is larger (the compute-buffer
+#: tolerance of tests/test_plan_vs_llama.py; it also covers the breakdown's truncated MiB).
+DIFFER_SHARE = 0.02
+DIFFER_SLACK_MIB = 8.0
+
+
+def differs(analytic_mib: float | None, llama_mib: float | None) -> bool | None:
+    """Whether kvtuner's analytic figure and llama.cpp's printed one (MiB) differ by more than
+    :data:`DIFFER_SHARE` or :data:`DIFFER_SLACK_MIB`, whichever is larger; None when one is missing."""
+    if analytic_mib is None or llama_mib is None:
+        return None
+    return abs(analytic_mib - llama_mib) > max(DIFFER_SHARE * abs(llama_mib), DIFFER_SLACK_MIB)
+
+
+def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str, Any]]:
+    """llama.cpp's figures per device beside kvtuner's analytic ones (MiB), one entry per device
+    of either side, in the analytic plan's device order then llama.cpp's.
+
+    llama.cpp's side: the memory breakdown rows the engine printed (``breakdown``: model,
+    context = KV and recurrent state, compute; integer MiB as printed, rows of one device
+    summed: the ``Host`` row and host buffer types such as ``CPU_REPACK`` are the host ``CPU``),
+    else the dry run's compute buffers (model and context are not measured there). kvtuner's
+    side: weights (with the host's repacked copy), KV and compute of ``analytic``, the plan made
+    without llama.cpp's figures. ``differs`` per column: :func:`differs`.
+    """
+    from .plan.buffers import buffer_device
+
+    rows = tuple(getattr(v, "breakdown", ()) or ())
+    theirs: dict[str, dict[str, Any]] = {}
+    if rows:
+        for r in rows:
+            dev = "CPU" if r.kind == "host" else buffer_device(r.name)
+            t = theirs.setdefault(dev, {"model_mib": 0, "context_mib": 0, "compute_mib": 0, "rows": []})
+            t["model_mib"] += r.model_mib
+            t["context_mib"] += r.context_mib
+            t["compute_mib"] += r.compute_mib
+            t["rows"].append(r.name)
+    else:
+        for dev, nbytes in bytes_by_device(v.compute_mib).items():
+            theirs[dev] = {"model_mib": None, "context_mib": None, "compute_mib": round(nbytes / MiB, 2),
+                           "rows": [k for k in v.compute_mib if buffer_device(k) == dev]}
+    ours: dict[str, dict[str, float]] = {}
+    if analytic is not None:
+        for d in analytic.devices:
+            ours[d.device] = {"weights_mib": round((d.weights_bytes + d.repack_bytes) / MiB, 2),
+                              "kv_mib": round(d.kv_bytes / MiB, 2),
+                              "compute_mib": round(analytic.compute.estimate_on(d.device) / MiB, 2)}
+    out = []
+    for dev in [*ours, *(k for k in theirs if k not in ours)]:
+        t, o = theirs.get(dev), ours.get(dev)
+        out.append({
+            "device": dev,
+            "llama_cpp": t,
+            "kvtuner": o,
+            "differs": {
+                "model": differs(o and o["weights_mib"], t and t["model_mib"]),
+                "context": differs(o and o["kv_mib"], t and t["context_mib"]),
+                "compute": differs(o and o["compute_mib"], t and t["compute_mib"]),
+            },
+        })
+    return out
+
+
 @dataclass(frozen=True)
 class Assessment:
     """Everything kvtuner says about one configuration on one machine.
@@ -108,6 +172,8 @@ class Assessment:
         speed: the predicted speed (None when the speed model cannot predict; see ``speed_error``).
         advice: the advisor's findings, errors first.
         speed_error: why there is no speed prediction ("" when there is one).
+        analytic: with ``verified``, the plan as kvtuner computes it without llama.cpp's
+            figures (shown beside them, :func:`device_comparison`); None otherwise.
     """
 
     plan: MemoryPlan
@@ -115,6 +181,7 @@ class Assessment:
     speed: SpeedPrediction | None = None
     advice: tuple[Advice, ...] = ()
     speed_error: str = ""
+    analytic: MemoryPlan | None = None
 
     @property
     def fits(self) -> bool:
@@ -130,7 +197,11 @@ class Assessment:
         message, reason, fix, fix_label}``), ``speed`` (null, or
         :meth:`~kvtuner.core.speed.speed_model.SpeedPrediction.to_dict`) and ``verified`` (null,
         or the dry run's figures in bytes, converted from llama.cpp's MiB with 2 decimals:
-        ``compute_bytes`` by llama.cpp buffer name, ``compute_bytes_by_device`` summed per device).
+        ``compute_bytes`` by llama.cpp buffer name, ``compute_bytes_by_device`` summed per device;
+        ``method``, ``engine``, ``engine_build``: how and by which build it was measured;
+        ``breakdown``: llama.cpp's memory breakdown rows as printed, integer MiB; ``devices``:
+        :func:`device_comparison`, llama.cpp's figures beside kvtuner's analytic ones; the keys
+        are documented in docs/reference/verify.md).
         """
         d: dict[str, Any] = {"schema": SCHEMA_VERSION, **self.plan.to_dict()}
         d["advice"] = [a.to_dict() for a in self.advice]
@@ -152,7 +223,19 @@ class Assessment:
                 "compute_bytes": {k: _mib_to_bytes(x) for k, x in v.compute_mib.items()},
                 "compute_bytes_by_device": bytes_by_device(v.compute_mib),
                 "output_bytes": {k: _mib_to_bytes(x) for k, x in v.output_mib.items()},
+                "method": getattr(v, "method", "") or "embedded dry run",
+                "engine": getattr(v, "engine", "") or "",
+                "engine_build": getattr(v, "engine_build", None),
+                "breakdown": [
+                    {"kind": r.kind, "name": r.name, "description": r.description, "model_mib": r.model_mib,
+                     "context_mib": r.context_mib, "compute_mib": r.compute_mib, "self_mib": r.self_mib,
+                     "total_mib": r.total_mib, "free_mib": r.free_mib, "unaccounted_mib": r.unaccounted_mib}
+                    for r in (getattr(v, "breakdown", ()) or ())
+                ],
+                "devices": device_comparison(v, self.analytic),
             }
+            if getattr(v, "method", "").startswith(("llama-server", "llama-fit-params")):
+                d["verified"]["source"] = f"{v.method} ({getattr(v, 'engine', '') or 'llama-server'}, no_alloc)"
         return d
 
 
@@ -428,7 +511,11 @@ class Session:
             except SpeedModelError as exc:
                 why = str(exc)
         advice = tuple(advise(plan, speed, live=live))
-        return Assessment(plan=plan, verified=self.verified, speed=speed, advice=advice, speed_error=why)
+        verified = self.verified
+        analytic = None
+        if verified is not None:
+            analytic = plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split)
+        return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic)
 
     # -- measured runs -------------------------------------------------------------------------
 

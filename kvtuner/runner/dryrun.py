@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from . import protocol as P
 from .client import RunnerClient, RunnerError
-from .llama_log import KvCacheSize, RecurrentStateSize
+from .llama_log import KvCacheSize, MemoryBreakdownRow, RecurrentStateSize
 from .structure_probe import structure_from_facts
 
 
@@ -30,6 +30,11 @@ from .structure_probe import structure_from_facts
 #: ``size_mib``, ``k_mib``, ``v_mib`` as printed (2 decimals); ``cells`` per stream; ``layers``;
 #: ``n_seq`` (n_seq_max); ``n_stream``; ``type_k``, ``type_v``. The log parser's record, as is.
 KvCacheReport = KvCacheSize
+
+#: :attr:`DryRunResult.method` of each way of asking llama.cpp.
+METHOD_EMBEDDED = "embedded dry run"
+METHOD_SERVER = "llama-server start-up breakdown"
+METHOD_FIT_PRINT = "llama-fit-params --fit-print"
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,18 @@ class DryRunResult:
             ``layers`` is llama.cpp's ``n_layer``, not the recurrent layers).
         structure_facts: the per-layer facts the structure probe read from the log
             (:func:`kvtuner.runner.structure_probe.collect_facts`), None if none were logged.
+        method: how llama.cpp was asked: :data:`METHOD_EMBEDDED` (llama-cpp-python in the
+            runner child), :data:`METHOD_SERVER` (the user's llama-server, its ``--fit``
+            probe's log) or :data:`METHOD_FIT_PRINT` (``llama-fit-params --fit-print on``).
+        engine: the engine's label (``llama-server b11434 (CPU)``,
+            :attr:`kvtuner.runner.engines.Engine.label`); "" for the embedded engine's own result.
+        engine_build: llama.cpp's build number of that engine (None when unknown).
+        breakdown: llama.cpp's memory breakdown rows exactly as printed (integer MiB,
+            :class:`~kvtuner.runner.llama_log.MemoryBreakdownRow`); empty for the embedded
+            dry run. From them: ``model_mib`` and ``kv_buffer_mib`` (the ``context`` column)
+            keyed by device name, ``CPU`` for the ``Host`` row and the buffer type for other
+            rows; ``compute_mib`` likewise unless the log gave the two-decimal
+            ``sched_reserve`` figures.
     """
 
     kv_caches: tuple[KvCacheReport, ...]
@@ -68,6 +85,10 @@ class DryRunResult:
     log_tail: tuple[str, ...]
     recurrent: tuple[RecurrentStateSize, ...] = ()
     structure_facts: dict | None = None
+    method: str = METHOD_EMBEDDED
+    engine: str = ""
+    engine_build: int | None = None
+    breakdown: tuple[MemoryBreakdownRow, ...] = ()
 
     @property
     def kv_mib(self) -> float:

@@ -45,7 +45,7 @@ PROBE_TIMEOUT_S = 20.0
 
 _VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\(build\s+(?P<build>-?\d+),\s*commit\s+(?P<commit>[^)\s]+)\)")
 _BUILT_RE = re.compile(r"built with (?P<compiler>.+?) for (?P<target>\S+)")
-_DEVICE_RE = re.compile(r"^\s+(?P<name>[^:\s]+):\s*(?P<desc>.*?)\s*\((?P<total>\d+) MiB,\s*(?P<free>\d+) MiB free\)\s*$")
+_DEVICE_RE = re.compile(r"^\s+(?P<name>\S+?):\s+(?P<desc>.*?)\s*\((?P<total>\d+) MiB,\s*(?P<free>\d+) MiB free\)\s*$")
 _FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 
@@ -65,8 +65,10 @@ class EngineDevice:
 
     @property
     def backend(self) -> str:
-        """The backend of the device name (``CUDA0`` -> ``CUDA``, ``Vulkan1`` -> ``Vulkan``)."""
-        return re.sub(r"\d+$", "", self.name) or self.name
+        """The backend of the device name (``CUDA0`` -> ``CUDA``, ``Vulkan1`` -> ``Vulkan``,
+        ``RPC[10.0.0.2:50052]`` -> ``RPC``)."""
+        m = re.match(r"[A-Za-z_]+?(?=\d|\[|$)", self.name)
+        return m.group(0) if m and m.group(0) else self.name
 
 
 @dataclass(frozen=True)
@@ -232,9 +234,10 @@ def parse_flags(help_text: str) -> frozenset[str]:
         head = line.strip()
         if not head.startswith("-"):
             continue
-        # the flag column ends at the first run of two spaces (common/arg.cpp prints the help
-        # text after padding); several spellings are separated by commas
-        column = re.split(r"\s{2,}", head, maxsplit=1)[0]
+        # the flag column ends at the first run of two spaces that does not follow a comma
+        # (common/arg.cpp pads the column before the help text, and writes several spellings
+        # as "-fit,  --fit [on|off]")
+        column = re.split(r"(?<![,\s])\s{2,}", head, maxsplit=1)[0]
         flags.update(_FLAG_RE.findall(column))
     return frozenset(flags)
 
@@ -298,6 +301,66 @@ def server_engine(spec: str | os.PathLike[str], *, origin: str = "--engine", lis
                   bench=_sibling(server, "llama-bench"), build=build, commit=commit,
                   version_text="\n".join(lines), origin=origin, devices=devices,
                   flags=parse_flags(help_text), package=package)
+
+
+#: The settings key (``kvtuner.ini``, QSettings INI format: section ``engine``, key ``choice``)
+#: holding the user's engine choice: ``embedded``, ``server`` or a llama-server path.
+ENGINE_SETTING_KEY = "engine/choice"
+
+
+def _unescape_ini(value: str) -> str:
+    r"""A QSettings INI string value as written (qsettings.cpp ``iniEscapedString``): surrounding
+    quotes, ``\\`` escapes and ``\xHHHH`` code points undone."""
+    v = value.strip()
+    if len(v) >= 2 and v[0] == v[-1] == '"':
+        v = v[1:-1]
+    out: list[str] = []
+    i = 0
+    simple = {"\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
+              "t": "\t", "v": "\v", ";": ";", ",": ",", "=": "="}
+    while i < len(v):
+        c = v[i]
+        if c == "\\" and i + 1 < len(v):
+            nxt = v[i + 1]
+            if nxt == "x":
+                j = i + 2
+                while j < len(v) and j < i + 6 and v[j] in "0123456789abcdefABCDEF":
+                    j += 1
+                if j > i + 2:
+                    out.append(chr(int(v[i + 2:j], 16)))
+                    i = j
+                    continue
+            if nxt in simple:
+                out.append(simple[nxt])
+                i += 2
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def saved_engine_setting(path: str | os.PathLike[str] | None = None) -> str | None:
+    """The engine choice saved in the app's settings (:data:`ENGINE_SETTING_KEY` in
+    ``kvtuner.ini``, :func:`kvtuner.core.paths.config_dir`), read without Qt; None when the file
+    or the key is missing or unreadable (the default then applies)."""
+    import configparser
+
+    if path is None:
+        from ..core.paths import config_dir
+
+        path = config_dir() / "kvtuner.ini"
+    section, _, key = ENGINE_SETTING_KEY.partition("/")
+    parser = configparser.RawConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            parser.read_file(f)
+    except (OSError, configparser.Error):
+        return None
+    if not parser.has_option(section, key):
+        return None
+    value = _unescape_ini(parser.get(section, key)).strip()
+    return value or None
 
 
 def _candidates(setting: str | None = None) -> list[tuple[str, str]]:

@@ -201,6 +201,116 @@ class LogError:
     kind: str
 
 
+@dataclass(frozen=True)
+class MemoryBreakdownRow:
+    """One row of llama.cpp's memory breakdown, integer MiB as printed (truncated: ``bytes / MiB``).
+
+    Printed by ``common_memory_breakdown_print`` (common/fit.cpp, trace level, ``-lv 4``): a
+    header, one row per model device ``| - CUDA0 (RTX 3090) | total = free + (self = model +
+    context + compute) + unaccounted |``, one ``| - Host | self = model + context + compute |``
+    row (every host buffer: ``CPU``, ``CPU_Mapped``, ``CUDA_Host`` ...) and one row per other
+    buffer type (``CPU_REPACK`` ...). ``llama-fit-params --fit-print on`` prints the same
+    figures as ``<device> <model> <context> <compute>`` lines and a ``Host`` line
+    (common/fit.cpp ``common_fit_print``); those rows have no total, free or unaccounted.
+
+    ``context`` is the context's memory (KV cache, recurrent state: ``llama_context::memory_breakdown``,
+    src/llama-context.cpp); the output buffer is in none of the columns.
+
+    Attributes:
+        kind: ``"device"``, ``"host"`` or ``"buffer_type"``.
+        name: device name (``CUDA0``), ``Host``, or the buffer type (``CPU_REPACK``).
+        description: the device description as printed (vendor prefixes stripped), "" otherwise.
+    """
+
+    kind: str
+    name: str
+    description: str
+    model_mib: int
+    context_mib: int
+    compute_mib: int
+    self_mib: int
+    total_mib: int | None = None
+    free_mib: int | None = None
+    unaccounted_mib: int | None = None
+
+
+#: The function name every breakdown row starts with (common/fit.cpp).
+BREAKDOWN_FUNC = "common_memory_breakdown_print"
+_RE_BREAKDOWN_HEADER = re.compile(rf"{BREAKDOWN_FUNC}: \| memory breakdown \[MiB\]")
+_RE_BREAKDOWN_DEVICE = re.compile(
+    rf"{BREAKDOWN_FUNC}: \|\s+- (\S+) \((.*)\)\s*\|\s*(\d+) =\s*(\d+) \+ \(\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\) \+\s*(-?\d+)\s*\|")
+_RE_BREAKDOWN_OTHER = re.compile(
+    rf"{BREAKDOWN_FUNC}: \|\s+- (\S+)\s*\|\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\s*\|")
+_RE_FIT_PRINT = re.compile(r"^(\S+) (\d+) (\d+) (\d+) ?$")
+#: the prefix llama.cpp tools put before a log line (common/log.cpp ``common_log_entry::print``:
+#: ``M.ss.mmm.uuu`` timestamp, level letter), and terminal colour codes
+_RE_TOOL_PREFIX = re.compile(r"^(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:[IWEDT] )?")
+_RE_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_tool_prefix(line: str) -> str:
+    """A llama.cpp tool's log line (llama-server, llama-fit-params) without its timestamp, level
+    letter and colour codes, as the library logged it (``llama_kv_cache: size = ...``)."""
+    return _RE_TOOL_PREFIX.sub("", _RE_ANSI.sub("", line.rstrip("\r\n")), count=1)
+
+
+def is_breakdown_header(line: str) -> bool:
+    """Whether ``line`` is the header of a memory breakdown table."""
+    return bool(_RE_BREAKDOWN_HEADER.search(line))
+
+
+def parse_breakdown_row(line: str) -> MemoryBreakdownRow | None:
+    """One row of the memory breakdown table (prefix allowed), None for any other line (the
+    header included)."""
+    if m := _RE_BREAKDOWN_DEVICE.search(line):
+        total, free, self_, model, context, compute, unacc = (int(m.group(i)) for i in range(3, 10))
+        return MemoryBreakdownRow("device", m.group(1), m.group(2), model, context, compute, self_, total, free, unacc)
+    if m := _RE_BREAKDOWN_OTHER.search(line):
+        self_, model, context, compute = (int(m.group(i)) for i in range(2, 6))
+        name = m.group(1)
+        return MemoryBreakdownRow("host" if name == "Host" else "buffer_type", name, "", model, context, compute, self_)
+    return None
+
+
+def parse_breakdown(lines: Iterable[str]) -> tuple[MemoryBreakdownRow, ...]:
+    """The rows of the first memory breakdown table in ``lines`` (empty when there is none).
+
+    llama-server prints one table per measurement of ``--fit`` (common/fit.cpp
+    ``common_get_device_memory_data_impl``); the first is the configuration as given."""
+    rows: list[MemoryBreakdownRow] = []
+    inside = False
+    for line in lines:
+        if is_breakdown_header(line):
+            if inside:
+                break
+            inside = True
+            continue
+        if inside:
+            row = parse_breakdown_row(line)
+            if row is None:
+                break
+            rows.append(row)
+    return tuple(rows)
+
+
+def parse_fit_print(text: str) -> tuple[MemoryBreakdownRow, ...]:
+    """``llama-fit-params --fit-print on`` output (stdout): ``<device> <model> <context>
+    <compute>`` per device, then ``Host ...`` (common/fit.cpp ``common_fit_print``, integer
+    MiB). Log lines around them are skipped."""
+    rows: list[MemoryBreakdownRow] = []
+    for line in text.splitlines():
+        m = _RE_FIT_PRINT.match(line.strip() + " ")
+        if not m:
+            continue
+        name = m.group(1)
+        model, context, compute = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        rows.append(MemoryBreakdownRow("host" if name == "Host" else "device", name, "", model, context, compute,
+                                       model + context + compute))
+    if not rows or rows[-1].kind != "host":
+        return ()
+    return tuple(rows)
+
+
 Record = Union[
     ModelBuffer, OffloadedLayers, OutputBuffer, KvBuffer, KvCacheSize, ComputeBuffer,
     ContextParam, FlashAttnResolved, LogError, RecurrentStateSize, KvLayer, KvReuse, IswaSection,
