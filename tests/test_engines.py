@@ -114,7 +114,8 @@ def test_real_version_text_parses():
 
 
 @needs_bin
-def test_version_and_help_are_cached(monkeypatch):
+def test_version_and_help_are_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVTUNER_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
     real = E._run
 

@@ -120,8 +120,10 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
     context = KV and recurrent state, compute; integer MiB as printed, rows of one device
     summed: the ``Host`` row and host buffer types such as ``CPU_REPACK`` are the host ``CPU``),
     else the dry run's compute buffers (model and context are not measured there). kvtuner's
-    side: weights (with the host's repacked copy), KV and compute of ``analytic``, the plan made
-    without llama.cpp's figures. ``differs`` per column: :func:`differs`.
+    side: weights, KV and compute of ``analytic``, the plan made without llama.cpp's figures (the
+    weights without the host's ``CPU_REPACK`` copy: llama.cpp's probe loads without mmap, and then
+    the repacked tensors are in the ``CPU_REPACK`` row instead of ``Host``, the same bytes once).
+    ``differs`` per column: :func:`differs`.
     """
     from .plan.buffers import buffer_device
 
@@ -142,7 +144,7 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
     ours: dict[str, dict[str, float]] = {}
     if analytic is not None:
         for d in analytic.devices:
-            ours[d.device] = {"weights_mib": round((d.weights_bytes + d.repack_bytes) / MiB, 2),
+            ours[d.device] = {"weights_mib": round(d.weights_bytes / MiB, 2),
                               "kv_mib": round(d.kv_bytes / MiB, 2),
                               "compute_mib": round(analytic.compute.estimate_on(d.device) / MiB, 2)}
     out = []
