@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
-                   hardware_from_args, load_model, session_from_args, vllm_model_from_args, vllm_settings_from_args,
-                   vllm_weights_from_args, workload_from_args)
+                   hardware_from_args, load_model, rpc_endpoints, session_from_args, vllm_model_from_args,
+                   vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -68,7 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if note:
             print(note, file=sys.stderr)
         if args.verify:
-            session.set_verified(verify(model, config, engine_from_args(args)))
+            session.set_verified(verify(model, config, engine_from_args(args), split=session.split,
+                                        rpc=[e for e in rpc_endpoints(args) if "=" not in e]))
         elif session.needs_structure_probe and not args.no_probe:
             session.set_structure(probe(model))
         assessment = session.assess()
@@ -196,9 +197,11 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" = None) -> "object":
+def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" = None, *, split: "object" = None,
+           rpc: "list[str] | None" = None) -> "object":
     """What ``engine`` (None: the embedded one) reports for ``config``
-    (:func:`kvtuner.runner.server_verify.verify_with_engine`; nothing is loaded).
+    (:func:`kvtuner.runner.server_verify.verify_with_engine`; nothing is loaded); a llama-server
+    gets the ``-sm``/``-ts``/``-mg`` of ``split`` and the real (not what-if) ``--rpc`` servers.
 
     Raises:
         UserError: llama.cpp refused the configuration, or the runner is missing.
@@ -211,7 +214,8 @@ def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" 
         raise UserError(f"--verify needs the runner: {exc}") from None
     eng = engine if engine is not None else embedded_engine()
     try:
-        return verify_with_engine(eng, model.path, config, timeout_s=VERIFY_TIMEOUT_S)  # type: ignore[arg-type]
+        return verify_with_engine(eng, model.path, config, timeout_s=VERIFY_TIMEOUT_S,  # type: ignore[arg-type]
+                                  split=split, rpc=rpc or ())
     except DryRunError as exc:
         who = getattr(eng, "label", "llama.cpp")
         raise UserError(f"{who} refused this configuration ({exc.kind}): {exc}") from None

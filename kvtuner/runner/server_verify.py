@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..core.plan.config import PlanConfig
 from . import llama_log as L
@@ -64,7 +64,7 @@ _LEVELS = {"I": L.LEVEL_INFO, "W": L.LEVEL_WARN, "E": L.LEVEL_ERROR, "D": L.LEVE
 
 
 def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: PlanConfig, *,
-                       timeout_s: float = 30.0) -> DryRunResult:
+                       timeout_s: float = 30.0, split: Any = None, rpc: Sequence[str] = ()) -> DryRunResult:
     """What ``engine`` reports for ``config`` on ``model_path``, without reading any weight.
 
     Args:
@@ -72,6 +72,9 @@ def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: Pl
         model_path: the GGUF file (first part of a split model).
         config: the configuration, as exported to llama-server.
         timeout_s: bound on the whole verification (the process group is killed after it).
+        split: ``-sm``/``-ts``/``-mg`` (:class:`~kvtuner.core.plan.placement.DeviceSplit`) for a
+            server engine, None for llama.cpp's default.
+        rpc: ``host:port`` of rpc-servers (``--rpc``) for a server engine.
 
     Returns:
         A :class:`DryRunResult` whose ``method``, ``engine`` and ``engine_build`` say how and by
@@ -90,7 +93,7 @@ def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: Pl
     if problem:
         raise DryRunError("model_error", problem)
     deadline = time.monotonic() + timeout_s
-    argv = server_argv(engine, path, config)
+    argv = server_argv(engine, path, config, split=split, rpc=rpc)
     tail: Sequence[str] = ()
     if not engine.flags or "--fit" in engine.flags:
         lines, finished = _run_until_breakdown(argv, deadline)
@@ -105,7 +108,8 @@ def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: Pl
                       "and no llama-fit-params lies beside it", tuple(tail))
 
 
-def server_argv(engine: Engine, model_path: str, config: PlanConfig, *, port: int | None = None) -> list[str]:
+def server_argv(engine: Engine, model_path: str, config: PlanConfig, *, port: int | None = None, split: Any = None,
+                rpc: Sequence[str] = ()) -> list[str]:
     """The command the probe starts: the exported llama-server command line
     (:func:`kvtuner.core.export.llama_server.render` with ``binary`` = the engine's server) with
     ``--fit on`` in place of ``--fit off``, ``-lv 5``, ``--host 127.0.0.1`` and a free port.
@@ -123,7 +127,8 @@ def server_argv(engine: Engine, model_path: str, config: PlanConfig, *, port: in
 
     gpu = next((d.name for d in engine.devices), "CUDA0")
     try:
-        exported = render(Path(model_path), config, n_layer, binary=str(engine.server), gpu_buffer_type=gpu)
+        exported = render(Path(model_path), config, n_layer, binary=str(engine.server), gpu_buffer_type=gpu, split=split,
+                          rpc=rpc)
     except ExportError as exc:
         raise DryRunError("invalid_config", str(exc)) from None
     argv = list(exported.argv or ())
