@@ -53,6 +53,9 @@ from .structure_probe import collect_facts
 PROBE_VERBOSITY = "5"
 #: Seconds a stopped llama-server gets after SIGTERM before SIGKILL.
 STOP_GRACE_S = 1.0
+#: What common/fit.cpp ``common_fit_params`` logs when its no-alloc probe throws (the model did
+#: not load, the context was refused); llama-server then goes on to the real load.
+FIT_FAILED = "encountered an error while trying to fit params"
 #: Seconds to wait for another breakdown row after the ``Host`` row (the rows are printed in one
 #: loop; only other buffer types can follow it).
 ROW_IDLE_S = 0.1
@@ -213,6 +216,8 @@ def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], b
                 break
             line = item.rstrip("\r\n")
             lines.append(line)
+            if FIT_FAILED in line:  # the probe failed: what follows would be the real load
+                break
             if L.is_breakdown_header(line):
                 inside = True
             elif inside:
@@ -271,6 +276,11 @@ def _raise_refusal(lines: Sequence[str]) -> None:
         rec = L.parse_line(text, level)
         if isinstance(rec, L.LogError) and rec.kind in ("invalid_config", "model_error", "out_of_memory"):
             raise DryRunError(rec.kind, f"{rec.func}: {rec.message}", tuple(lines[-TAIL_LINES:]))
+    for _level, text in _levelled(lines):
+        if FIT_FAILED in text:
+            reason = text.rpartition(": ")[2]
+            kind = "model_error" if "load model" in reason else "invalid_config"
+            raise DryRunError(kind, f"llama.cpp could not set up this configuration: {reason}", tuple(lines[-TAIL_LINES:]))
     for _level, text in _levelled(lines):
         # common/arg.cpp refuses unknown flags and bad values before anything is loaded
         if text.startswith("error: ") or "invalid argument" in text:
