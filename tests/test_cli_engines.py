@@ -119,3 +119,17 @@ def test_plan_verify_with_llama_server_text():
     lines = out.stdout.splitlines()
     compute = next(x for x in lines if x.split()[:1] == ["compute"] and "MiB" in x and "DIFFERS" in x)
     assert "23 MiB" in compute and "514.50 MiB" in compute
+
+
+def test_saved_engine_that_no_longer_works_falls_back_with_a_note(tmp_path):
+    env = _env_without_path_server(tmp_path)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    section, key = ENGINE_SETTING_KEY.split("/")
+    (cfg / "kvtuner.ini").write_text(f"[{section}]\n{key}={tmp_path / 'gone' / 'llama-server'}\n")
+    env["KVTUNER_CONFIG_DIR"] = str(cfg)
+    env["KVTUNER_CPU_PROBE"] = "off"
+    out = kvtuner("plan", "--verify", "--json", "--no-probe", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.startswith("kvtuner: the saved engine cannot be used (llama-server not found: ")
+    assert json.loads(out.stdout)["verified"]["method"] == "embedded dry run"

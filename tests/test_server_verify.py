@@ -217,3 +217,41 @@ def test_model_llama_server_cannot_load(tmp_path, engine):
     with pytest.raises(DryRunError) as exc:
         S.verify_with_engine(engine, tmp_path / "missing.gguf", PlanConfig())
     assert exc.value.kind == "model_error" and "not found" in str(exc.value)
+
+
+def test_cuda_rows_are_compared_per_device(default_profile):
+    """A CUDA build's rows (the format of ggml-org/llama.cpp issue 24608's log) beside a plan for a
+    24 GiB card: each device row is compared with the same planned device, Host with the host.
+    The card is a what-if: this machine has no GPU."""
+    from kvtuner.core.hardware.specs import what_if_gpu
+    from kvtuner.runner import llama_log as L
+    from kvtuner.runner.dryrun import DryRunResult, KvCacheReport
+
+    log = ("0.13.594.200 I common_memory_breakdown_print: |   - CUDA0 (RTX 3090)   | 24123 = 23832 + "
+           "(   266 =   235 +      27 +       3) +         -266 |\n"
+           "0.13.594.202 I common_memory_breakdown_print: |   - Host               |                  "
+           "   6 =     0 +       0 +       6                |\n")
+    rows = tuple(L.parse_breakdown_row(x) for x in log.splitlines())
+    assert [r.kind for r in rows] == ["device", "host"]  # type: ignore[union-attr]
+    config = PlanConfig(n_ctx=4096)
+    result = DryRunResult(
+        kv_caches=(KvCacheReport(12.0, 4096, 3, 1, 1, "f16", 6.0, "f16", 6.0),
+                   KvCacheReport(15.0, 1024, 15, 1, 1, "f16", 7.5, "f16", 7.5)),
+        compute_mib={"CUDA0": 3.28, "CUDA_Host": 6.02}, output_mib={"CUDA_Host": 1.0},
+        model_mib={"CUDA0": 235.0, "CPU": 0.0}, kv_buffer_mib={"CUDA0": 27.0}, n_ctx=4096, n_ctx_seq=4096,
+        flash_attn=True, gpu_offload_supported=True, devices=("CUDA0", "CPU"), llama_build="llama.cpp b11434",
+        log_tail=(), method=METHOD_SERVER, engine="llama-server b11434 (CUDA, CPU)", engine_build=11434,
+        breakdown=rows)  # type: ignore[arg-type]
+    session = Session(model=default_profile, config=config, gpus=(what_if_gpu(24 << 30),), use_compute_cache=False,
+                      use_structure_cache=False, measure_host_bandwidth=False)
+    session.set_verified(result)
+    doc = session.assess().to_dict()
+    gpu, host = doc["verified"]["devices"]
+    assert gpu["device"] == "CUDA0" and gpu["llama_cpp"] == {"model_mib": 235, "context_mib": 27, "compute_mib": 3,
+                                                              "rows": ["CUDA0"]}
+    assert gpu["kvtuner"]["kv_mib"] == 27.0 and gpu["differs"]["context"] is False
+    assert host["device"] == "CPU" and host["llama_cpp"]["rows"] == ["Host"] and host["llama_cpp"]["compute_mib"] == 6
+    # the plan's compute buffers are llama-server's: 3.28 MiB on the card, CUDA_Host on the host
+    planned = {d["device"]: d["compute_bytes"] for d in doc["devices"]}
+    assert planned["CUDA0"] == round(3.28 * 2**20)
+    assert doc["verified"]["breakdown"][0]["total_mib"] == 24123 and doc["verified"]["breakdown"][0]["free_mib"] == 23832
