@@ -149,7 +149,16 @@ def _free_port() -> int:
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """Stop ``proc`` and everything in its process group (started with ``start_new_session``):
-    SIGTERM, then SIGKILL after ``grace_s``; waits for ``proc``."""
+    SIGTERM, then SIGKILL after ``grace_s``; waits for ``proc``. Without process groups
+    (Windows) the process itself is terminated, then killed."""
+    if not hasattr(os, "killpg"):
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10.0)
+        return
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
