@@ -1,0 +1,92 @@
+"""Run an engine's ``llama-fit-params`` and read the choice llama.cpp's ``--fit`` makes.
+
+``llama-fit-params -m MODEL --fit on ...`` loads the model without allocating
+(common/fit.cpp ``common_get_device_memory_data``), runs ``common_fit_params`` on this machine's
+devices and prints ``-c N -ngl N [-ts ...] [-ot "..."]`` on stdout (tools/fit-params/fit-params.cpp);
+it exits 1 when ``--fit`` gives up. The arguments come from
+:func:`kvtuner.core.tune.fit_choice.fit_params_args`; the result is a
+:class:`~kvtuner.core.tune.fit_choice.FitChoice` with method ``llama-fit-params``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.tune.fit_choice import METHOD_BINARY, FitChoice, FitChoiceError, FitRequest, fit_params_args, parse_fit_line
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.plan.config import PlanConfig
+    from .engines import Engine
+
+#: Seconds llama-fit-params may take (it loads the model's metadata and plans several layouts).
+FIT_TIMEOUT_S = 120.0
+
+
+class FitParamsError(RuntimeError):
+    """llama-fit-params could not give a choice: missing, failed, timed out, or ``--fit`` gave up
+    (the message is one line, with the binary's own last error line)."""
+
+
+def _last_error(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        s = line.strip()
+        if s and ("fail" in s or "error" in s.lower() or "abort" in s or "unable" in s):
+            return s
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "PlanConfig",
+                   request: FitRequest = FitRequest(), *, n_threads: int = 1,
+                   timeout_s: float = FIT_TIMEOUT_S) -> FitChoice:
+    """``--fit``'s choice for ``base`` and ``request`` from ``engine``'s llama-fit-params.
+
+    Args:
+        engine: a server engine with ``fit_params`` (:class:`~kvtuner.runner.engines.Engine`).
+        model_path: the GGUF file.
+        base: the configuration whose KV types, flash attention, sequences and batches are kept.
+        request: context and margin.
+        n_threads: ``-t`` (the fit loads no weights; threads only matter to start-up).
+        timeout_s: wall-clock limit; the process group is killed past it.
+
+    Raises:
+        FitParamsError: no llama-fit-params beside the engine, it failed, printed no choice, or
+            took longer than ``timeout_s``.
+    """
+    binary = getattr(engine, "fit_params", None)
+    if binary is None:
+        raise FitParamsError(f"{engine.label} has no llama-fit-params beside it")
+    args, notes = fit_params_args(str(Path(model_path).expanduser().absolute()), base, request)
+    argv = [str(binary), *args, "-t", str(max(1, n_threads))]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, errors="replace", start_new_session=True)
+    except OSError as exc:
+        raise FitParamsError(f"cannot start {binary}: {exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.communicate()
+        raise FitParamsError(f"llama-fit-params took longer than {timeout_s:g} s") from None
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise FitParamsError(f"llama-fit-params: {_last_error(err + out)}")
+    try:
+        n_ctx, ngl, ts, ot = parse_fit_line(out)
+    except FitChoiceError as exc:
+        raise FitParamsError(f"{exc}: {_last_error(err + out)}") from None
+    return FitChoice(METHOD_BINARY, n_ctx, ngl, ts, ot, source=engine.label, note="; ".join(notes))
