@@ -98,7 +98,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         doc["model_path"] = str(model.path)
         doc["real_loads"] = [l.to_dict() for l in loads]
         doc["dry_run"] = dry or None
-        doc["explanation"] = explain(result)
+        doc["explanation"] = explain(result, fit, fit_error)
         emit_json(doc)
     else:
         lines = explain(result, fit, fit_error)
