@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .args import (UserError, add_config_args, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
                    config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
@@ -128,37 +128,16 @@ def _engine(args: argparse.Namespace) -> "object":
 
 def fit_choice(args: argparse.Namespace, session: "object", goal: "object", model_path: "object"
                ) -> tuple["FitChoice | None", str | None]:
-    """llama.cpp's ``--fit`` choice beside the tune: the engine's llama-fit-params on this
-    machine's devices, or the port of common/fit.cpp for a what-if card or an engine without
-    llama-fit-params; ``(choice, None)`` or ``(None, why there is none)``."""
-    from ..core.plan.config import ConfigError
-    from ..core.tune.fit_choice import FitChoiceError
-    from ..runner.fit_params import FitParamsError, run_fit_params
+    """llama.cpp's ``--fit`` choice beside the tune (:func:`kvtuner.runner.fit_params.fit_choice_for`):
+    the engine's llama-fit-params on this machine's devices, or the port of common/fit.cpp for a
+    what-if card or an engine without llama-fit-params; ``(choice, None)`` or ``(None, why)``."""
+    from ..runner.fit_params import fit_choice_for
 
-    measured = None
-    note = ""
-    try:
-        if not session.fit_needs_port:  # type: ignore[attr-defined]
-            engine = _engine(args)
-            if getattr(engine, "fit_params", None) is not None:
-                try:
-                    measured = run_fit_params(engine, model_path, session.config,  # type: ignore[attr-defined]
-                                              session.fit_request(goal),  # type: ignore[attr-defined]
-                                              n_threads=min(2, session.threads()))  # type: ignore[attr-defined]
-                except FitParamsError as exc:
-                    if "abort" in str(exc) or "failed to fit" in str(exc):
-                        return None, str(exc)
-                    note = f"llama-fit-params failed ({exc}); computed by kvtuner's port"
-            else:
-                note = f"{engine.label} has no llama-fit-params: computed by kvtuner's port of common/fit.cpp"  # type: ignore[attr-defined]
-        choice = session.fit_choice(goal, measured)  # type: ignore[attr-defined]
-    except (FitChoiceError, ConfigError) as exc:
-        return None, str(exc)
-    if note:
-        from dataclasses import replace
-
-        choice = replace(choice, note="; ".join(x for x in (choice.note, note) if x))
-    return choice, None
+    s = session  # type: Any
+    engine = None if s.fit_needs_port else _engine(args)
+    inputs, _why = s.speed_inputs()
+    return fit_choice_for(engine, model_path, s.planned_model(), s.config, s.gpus, s.host, inputs, goal,  # type: ignore[arg-type]
+                          split=s.split, n_threads=min(2, s.threads()))
 
 
 def _dry_run(path: "object", best: "Candidate") -> str:

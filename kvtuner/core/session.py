@@ -36,7 +36,7 @@ from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
 from .tune import TuneGoal, TuneResult, tune
-from .tune.fit_choice import FitChoice, FitChoiceError, FitRequest, fit_blockers, port_fit_choice, predict_choice
+from .tune.fit_choice import FitRequest
 from .tune.confirm import CONFIRM_TOLERANCE, MAX_REAL_LOADS, Measure, RealLoad
 from .units import MiB
 
@@ -481,37 +481,6 @@ class Session:
         """True when llama.cpp's own llama-fit-params cannot answer for the planned hardware (a
         what-if card: llama.cpp sees only the devices this machine has)."""
         return any(g.what_if for g in self.gpus)
-
-    def fit_choice(self, goal: TuneGoal, measured: FitChoice | None = None) -> FitChoice:
-        """llama.cpp's ``--fit`` choice for ``goal`` beside the tune, with kvtuner's prediction of it
-        (:func:`~kvtuner.core.tune.fit_choice.predict_choice`).
-
-        Args:
-            goal: the tune's goal (its context and VRAM margin become ``-c``/``--fit-ctx`` and
-                ``--fit-target``).
-            measured: the choice llama-fit-params printed on this machine
-                (:func:`kvtuner.runner.fit_params.run_fit_params`); None computes it with the port
-                of common/fit.cpp on this session's hardware (:func:`port_fit_choice`).
-
-        Raises:
-            FitChoiceError: ``--fit`` gives up for this configuration (the reason).
-            ConfigError: the configuration cannot be planned.
-            ValueError: no model is open.
-        """
-        model = self.planned_model()
-        blockers = fit_blockers(self.config, self.split)
-        if blockers:
-            raise FitChoiceError(f"--fit is off: {', '.join(blockers)} set (common/fit.cpp gives up when the user "
-                                 "sets the layers, split or tensor overrides)")
-        choice = measured
-        if choice is None:
-            def plan(cfg: PlanConfig, split: DeviceSplit | None) -> MemoryPlan:
-                return plan_memory(model, cfg, self.gpus, self.host, split=split or self.split)
-
-            choice = port_fit_choice(model, self.config, self.gpus, self.host, self.fit_request(goal), plan=plan)
-        inputs, _why = self.speed_inputs()
-        return predict_choice(choice, model, self.config, self.gpus, self.host, inputs,
-                              vram_margin_bytes=goal.vram_margin_bytes)
 
     def confirm_tune(self, goal: TuneGoal, measure: Measure, runs: int,
                      on_load: Callable[[RealLoad], None] | None = None, *,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.tune.fit_choice import METHOD_BINARY, FitChoice, FitChoiceError, FitRequest, fit_params_args, parse_fit_line
 
@@ -90,3 +91,60 @@ def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "
     except FitChoiceError as exc:
         raise FitParamsError(f"{exc}: {_last_error(err + out)}") from None
     return FitChoice(METHOD_BINARY, n_ctx, ngl, ts, ot, source=engine.label, note="; ".join(notes))
+
+
+def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], model: Any, base: "PlanConfig",
+                   gpus: Sequence[Any], host: Any, inputs: Any, goal: Any, *, split: Any = None,
+                   n_threads: int = 2) -> tuple[FitChoice | None, str | None]:
+    """llama.cpp's ``--fit`` choice beside a tune, with kvtuner's prediction of it.
+
+    The engine's llama-fit-params answers for this machine's own devices; a what-if card (which
+    llama.cpp cannot see), an engine without llama-fit-params, or a llama-fit-params that fails
+    to run get kvtuner's port of common/fit.cpp
+    (:func:`~kvtuner.core.tune.fit_choice.port_fit_choice`), and the choice's ``note`` says so.
+
+    Args:
+        engine: the engine in use (None: the port).
+        model_path, model: the GGUF file and its (planned) profile.
+        base, gpus, host, split: what is planned.
+        inputs: the speed model's inputs (None: no prediction).
+        goal: the :class:`~kvtuner.core.tune.TuneGoal`.
+        n_threads: ``-t`` of llama-fit-params.
+
+    Returns:
+        ``(choice, None)``, or ``(None, why)`` when ``--fit`` gives up (user-set layers, split or
+        overrides) or nothing can be planned.
+    """
+    from ..core.plan.config import ConfigError
+    from ..core.plan.memory_plan import plan_memory
+    from ..core.tune.fit_choice import fit_blockers, port_fit_choice, predict_choice
+    from ..core.units import MiB
+
+    blockers = fit_blockers(base, split)
+    if blockers:
+        return None, (f"--fit is off: {', '.join(blockers)} set (common/fit.cpp gives up when the user sets the "
+                      "layers, split or tensor overrides)")
+    request = FitRequest.for_goal(goal, max(0, goal.vram_margin_bytes // MiB))
+    measured = None
+    note = ""
+    if not any(getattr(g, "what_if", False) for g in gpus):
+        if engine is not None and getattr(engine, "fit_params", None) is not None:
+            try:
+                measured = run_fit_params(engine, model_path, base, request, n_threads=n_threads)
+            except FitParamsError as exc:
+                if "failed to fit" in str(exc):
+                    return None, str(exc)
+                note = f"llama-fit-params failed ({exc}); computed by kvtuner's port of common/fit.cpp"
+        else:
+            name = engine.label if engine is not None else "no engine"
+            note = f"{name} has no llama-fit-params: computed by kvtuner's port of common/fit.cpp"
+    try:
+        choice = measured or port_fit_choice(
+            model, base, gpus, host, request,
+            plan=lambda c, s: plan_memory(model, c, gpus, host, split=s or split))
+        choice = predict_choice(choice, model, base, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes)
+    except (FitChoiceError, ConfigError) as exc:
+        return None, str(exc)
+    if note:
+        choice = replace(choice, note="; ".join(x for x in (choice.note, note) if x))
+    return choice, None
