@@ -34,8 +34,10 @@ HOST = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_by
 
 def physical_host() -> HostSpec:
     """This machine as ggml's CPU device reports it (ggml-cpu.cpp: total = free = physical pages)."""
+    from kvtuner.core.hardware.host import cpu_features
+
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return HostSpec(total_bytes=total, available_bytes=total, mem_bandwidth_bytes_s=20e9)
+    return HostSpec(total_bytes=total, available_bytes=total, mem_bandwidth_bytes_s=20e9, cpu_features=cpu_features())
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +142,10 @@ def test_port_matches_llama_fit_params_reducing_the_context(engine, llama8b_path
     # context between --fit-ctx and the training context (common/fit.cpp step 2)
     full = plan_memory(llama8b, base.with_(n_ctx=llama8b.n_ctx_train), [], host).host
     at_min = plan_memory(llama8b, base.with_(n_ctx=4096), [], host).host
-    used_full = full.weights_bytes + full.kv_bytes + full.compute_bytes + full.output_bytes
-    used_min = at_min.weights_bytes + at_min.kv_bytes + at_min.compute_bytes + at_min.output_bytes
+    # what llama.cpp counts: the host buffers, not the CPU_REPACK copy
+    used_full = full.weights_bytes - full.repack_bytes + full.kv_bytes + full.compute_bytes + full.output_bytes
+    used_min = at_min.weights_bytes - at_min.repack_bytes + at_min.kv_bytes + at_min.compute_bytes + at_min.output_bytes
+    assert 0 < at_min.repack_bytes < at_min.weights_bytes  # this CPU repacks Q4_K (AVX2): the case that matters
     margin_mib = (host.total_bytes - (used_full + used_min) // 2) // MiB
     request = FitRequest(n_ctx=0, target_mib=margin_mib)
     got = _binary(engine, llama8b_path, base, request)
@@ -149,10 +153,15 @@ def test_port_matches_llama_fit_params_reducing_the_context(engine, llama8b_path
     assert 4096 < got.n_ctx < llama8b.n_ctx_train and got.n_gpu_layers == -1
     # one 256-token step of f16 KV of this model is 32 MiB: the two agree within a few steps
     assert abs(port.n_ctx - got.n_ctx) <= 4 * 256, (port.flags, got.flags)
-    # --fit-ctx is the floor: a margin that leaves nothing for the KV stops at it
-    floor = _binary(engine, llama8b_path, base, FitRequest(n_ctx=0, n_ctx_min=8192,
-                                                           target_mib=(host.total_bytes - used_min) // MiB))
-    assert floor.n_ctx == 8192
+    # a margin that leaves less than --fit-ctx needs: a CPU-only fit gives up (common/fit.cpp "was
+    # unable to fit model into system memory by reducing context"), in both
+    from kvtuner.runner.fit_params import FitParamsError
+
+    tight = FitRequest(n_ctx=0, n_ctx_min=8192, target_mib=(host.total_bytes - used_min) // MiB)
+    with pytest.raises(FitParamsError, match="failed to fit"):
+        _binary(engine, llama8b_path, base, tight)
+    with pytest.raises(FitChoiceError, match="system memory"):
+        port_fit_choice(llama8b, base, [], host, tight)
 
 
 @pytest.mark.llama

@@ -85,7 +85,7 @@ def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "
         proc.wait()
         raise
     if proc.returncode != 0:
-        raise FitParamsError(f"llama-fit-params: {_last_error(err + out)}")
+        raise FitParamsError(f"llama-fit-params (exit {proc.returncode}): {_last_error(err + out)}")
     try:
         n_ctx, ngl, ts, ot = parse_fit_line(out)
     except FitChoiceError as exc:

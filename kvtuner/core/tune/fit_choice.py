@@ -256,7 +256,8 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
     a GPU's use is its planned total (weights, KV, compute, output and the CUDA context) against
     its capacity (its free memory when measured), so the target keeps ``target_mib`` free as
     ``--fit-target`` does; the host (CPU only) is its weights, KV, compute and output against its
-    physical RAM (ggml-cpu.cpp ``ggml_backend_cpu_device_get_memory`` reports the total as free).
+    physical RAM (ggml-cpu.cpp ``ggml_backend_cpu_device_get_memory`` reports the total as free),
+    less the weights in the ``CPU_REPACK`` buffer, which llama.cpp's measurement does not count.
     Steps: (1) nothing changes when every device keeps the margin; (2) a context left to the model
     is interpolated linearly between ``--fit-ctx`` and the training context to the memory left,
     rounded down to 256 per stream; (3) layers fill the devices back to front by false position,
@@ -307,8 +308,11 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
         return [by.get(g.device, 0) for g in devs]
 
     def host_used(p: MemoryPlan) -> int:
+        # llama.cpp sums the host buffer types only: the CPU_REPACK copy is an extra buffer type
+        # that is neither host nor a device's, so the weights it holds are not counted
+        # (common/fit.cpp common_get_device_memory_data_impl, ggml_backend_buft_is_host)
         h = p.host
-        return h.weights_bytes + h.kv_bytes + h.compute_bytes + h.output_bytes
+        return h.weights_bytes - h.repack_bytes + h.kv_bytes + h.compute_bytes + h.output_bytes
 
     def choice(ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), note: str = "") -> FitChoice:
         return FitChoice(METHOD_PORT, n_ctx, ngl, ts, ot, source=source, note=note)
