@@ -120,7 +120,9 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
     from ..core.tune.fit_choice import fit_blockers, port_fit_choice, predict_choice
     from ..core.units import MiB
 
-    blockers = fit_blockers(base, split)
+    # on a CPU-only machine --fit only lowers the context: common/fit.cpp returns (or gives up)
+    # before it looks at the user's -ngl / -ts / -ot
+    blockers = fit_blockers(base, split) if gpus else []
     if blockers:
         return None, (f"--fit is off: {', '.join(blockers)} set (common/fit.cpp gives up when the user sets the "
                       "layers, split or tensor overrides)")
