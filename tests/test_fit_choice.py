@@ -101,6 +101,29 @@ def test_port_splits_two_cards_and_moe_overflow(llama8b, tmp_path):
     assert all(d.total_bytes <= d.capacity_bytes - 1024 * MiB for d in p.gpus)
 
 
+def test_port_moe_keeps_experts_in_ram_first(tmp_path):
+    """A MoE model on a card too small for its experts: every layer offloaded (-ngl n_layer + 1),
+    the experts of the first layers in RAM (common/fit.cpp step 4: whole layers front to back, one
+    partly offloaded layer), within the card less 1 GiB."""
+    from gguf_factory import write_model
+    from gguf_families import gpt_oss
+
+    model = ModelProfile.from_gguf(write_model(tmp_path / "moe.gguf", gpt_oss()))
+    gpus = [what_if_gpu(10 * GiB)]
+    c = port_fit_choice(model, PlanConfig(), gpus, HOST, FitRequest(n_ctx=8192))
+    assert c.n_gpu_layers == model.n_layer + 1 and c.overrides
+    first, rest = c.overrides[0], c.overrides[1:]
+    il0 = int(first.split("\\.")[1])
+    assert first.endswith("=CPU") and "_exps" not in first  # the partial layer: part of its FFN in RAM
+    assert rest == tuple(rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"
+                         for il in range(il0 + 1, il0 + 1 + len(rest)))
+    cfg, split = c.config(PlanConfig(), 1)
+    p = plan_memory(model, cfg, gpus, HOST, split=split)
+    assert p.gpus[0].total_bytes <= gpus[0].total_bytes - 1024 * MiB
+    assert 0 < p.host.expert_bytes < sum(d.expert_bytes for d in plan_memory(model, PlanConfig(n_ctx=8192, cpu_moe=True),
+                                                                              gpus, HOST).devices)
+
+
 def test_fit_blocked_by_user_layers_is_advised(llama8b):
     gpus = [catalogue_gpu("RTX 3060 12GB")]
     with pytest.raises(FitChoiceError, match="-ngl 20"):

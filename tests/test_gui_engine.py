@@ -105,6 +105,7 @@ def test_export_and_tune_dialogs_use_the_engine(qtbot, tmp_path, monkeypatch):
         dlg = w.open_export()  # deletes itself on close
         assert dlg.checked.text() == f"Checked against llama-server b11434 (CPU) ({server}): every flag is in its --help."
         assert dlg.limitation_lines()[0] == dlg.checked.text()
+        _shot(dlg, "export_checked.png")
         dlg.close()
         # the Tune dialog: kvtuner's choice and llama.cpp's own --fit (llama-fit-params on this CPU)
         tune = w.open_tune()
