@@ -134,9 +134,10 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
             try:
                 measured = run_fit_params(engine, model_path, base, request, n_threads=n_threads)
             except FitParamsError as exc:
-                # exit 1 is --fit giving up (tools/fit-params: "failed to fit CLI arguments"),
-                # whether or not llama.cpp's log thread flushed that line before exit(1)
-                if "failed to fit" in str(exc) or "(exit 1)" in str(exc):
+                # --fit gave up (tools/fit-params: "failed to fit CLI arguments", exit 1); llama.cpp's
+                # log thread may not flush that line before exit(1), leaving a silent exit 1
+                # (an argument it refuses prints "error: invalid argument" instead)
+                if "failed to fit" in str(exc) or str(exc).endswith("(exit 1): no output"):
                     return None, str(exc)
                 note = f"llama-fit-params failed ({exc}); computed by kvtuner's port of common/fit.cpp"
         else:
