@@ -133,7 +133,7 @@ def fit_choice(args: argparse.Namespace, session: "object", goal: "object", mode
     what-if card or an engine without llama-fit-params; ``(choice, None)`` or ``(None, why)``."""
     from ..runner.fit_params import fit_choice_for
 
-    s = session  # type: Any
+    s: Any = session
     engine = None if s.fit_needs_port else _engine(args)
     inputs, _why = s.speed_inputs()
     return fit_choice_for(engine, model_path, s.planned_model(), s.config, s.gpus, s.host, inputs, goal,  # type: ignore[arg-type]

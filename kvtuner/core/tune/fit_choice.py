@@ -20,8 +20,7 @@ Pure Python: no Qt, no llama_cpp, no processes.
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from ..hardware.specs import GpuSpec, HostSpec
@@ -523,11 +522,6 @@ def predict_choice(choice: FitChoice, model: ModelProfile, base: PlanConfig, gpu
     return replace(choice, decode_tok_s=dec, prefill_tok_s=pre, fits=fits)
 
 
-def shell_flags(choice: FitChoice) -> list[str]:
-    """:attr:`FitChoice.flags` as an argument list (the ``-ot`` value unquoted)."""
-    return shlex.split(choice.flags)
-
-
 __all__ = ["FIT_MIN_CTX", "FIT_TARGET_MIB", "FitChoice", "FitChoiceError", "FitRequest", "METHOD_BINARY",
            "METHOD_PORT", "MOE_ALL_PATTERN", "fit_blockers", "fit_params_args", "overflow_pattern", "parse_fit_line",
-           "port_fit_choice", "predict_choice", "shell_flags"]
+           "port_fit_choice", "predict_choice"]
