@@ -36,7 +36,6 @@ from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache
 from .tune import TuneGoal, TuneResult, tune
-from .tune.fit_choice import FitRequest
 from .tune.confirm import CONFIRM_TOLERANCE, MAX_REAL_LOADS, Measure, RealLoad
 from .units import MiB
 
@@ -470,11 +469,6 @@ class Session:
         if inputs is None:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
         return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
-
-    def fit_request(self, goal: TuneGoal) -> FitRequest:
-        """The ``--fit`` request for ``goal`` (:meth:`FitRequest.for_goal`, the goal's VRAM margin
-        as ``--fit-target``)."""
-        return FitRequest.for_goal(goal, max(0, goal.vram_margin_bytes // MiB))
 
     @property
     def fit_needs_port(self) -> bool:
