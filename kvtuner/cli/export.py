@@ -136,10 +136,33 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
         except GGUFError as exc:
             raise UserError(str(exc)) from None
     try:
-        return export(args.export_format, model_path, config, model=model, measured=measured,  # type: ignore[arg-type]
-                      gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note,
-                      split=split_from_args(args), rpc=[e.partition("=")[0].strip() for e in rpc_endpoints(args)])
+        result = export(args.export_format, model_path, config, model=model, measured=measured,  # type: ignore[arg-type]
+                        gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note,
+                        split=split_from_args(args), rpc=[e.partition("=")[0].strip() for e in rpc_endpoints(args)])
+        if args.export_format in ("llama-server", "llama-cli"):
+            from ..core.export.checked import check_export
+            from ..runner.export_check import build_flags
+
+            result = check_export(result, build_flags(_engine(args), args.export_format))
+        return result
     except ExportError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _engine(args: argparse.Namespace) -> "object":
+    """The engine the export is checked against: ``--engine`` where the command has it, else the
+    default (:func:`kvtuner.runner.engines.resolve_engine`: a llama-server from
+    ``$KVTUNER_LLAMA_SERVER`` or ``PATH``, else the embedded engine, which checks nothing)."""
+    from ..runner.engines import EngineError, resolve_engine
+
+    try:
+        from . import args as _args
+
+        engine_from_args = getattr(_args, "engine_from_args", None)
+        if engine_from_args is not None and hasattr(args, "engine"):
+            return engine_from_args(args)
+        return resolve_engine(getattr(args, "engine", None), list_devices=False)
+    except EngineError as exc:
         raise UserError(str(exc)) from None
 
 

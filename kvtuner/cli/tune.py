@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
                    config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
@@ -14,6 +14,7 @@ from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
     from ..core.tune import Candidate, TuneResult
+    from ..core.tune.fit_choice import FitChoice
     from ..core.tune.confirm import Measured, RealLoad
 
 
@@ -90,21 +91,54 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    fit, fit_error = fit_choice(args, session, goal, model.path)
     if args.json:
         doc = result.to_dict()
+        doc["fit_choice"] = fit.to_dict() if fit is not None else None
+        doc["fit_choice_error"] = fit_error
         doc["model_path"] = str(model.path)
         doc["real_loads"] = [l.to_dict() for l in loads]
         doc["dry_run"] = dry or None
-        doc["explanation"] = explain(result)
+        doc["explanation"] = explain(result, fit, fit_error)
         emit_json(doc)
     else:
-        lines = explain(result)
+        lines = explain(result, fit, fit_error)
         if dry:
             lines.append(f"dry run: {dry}")
         for l in loads:
             lines.append(_load_line(l))
         print("\n".join(lines))
     return 0 if result.best is not None else 1
+
+
+def _engine(args: argparse.Namespace) -> "object":
+    """The engine this command uses: ``--engine`` when the command has it, else the default
+    (:func:`kvtuner.runner.engines.resolve_engine`)."""
+    from ..runner.engines import EngineError, resolve_engine
+
+    try:
+        from . import args as _args
+
+        engine_from_args = getattr(_args, "engine_from_args", None)
+        if engine_from_args is not None and hasattr(args, "engine"):
+            return engine_from_args(args)
+        return resolve_engine(getattr(args, "engine", None), list_devices=False)
+    except EngineError as exc:
+        raise UserError(str(exc)) from None
+
+
+def fit_choice(args: argparse.Namespace, session: "object", goal: "object", model_path: "object"
+               ) -> tuple["FitChoice | None", str | None]:
+    """llama.cpp's ``--fit`` choice beside the tune (:func:`kvtuner.runner.fit_params.fit_choice_for`):
+    the engine's llama-fit-params on this machine's devices, or the port of common/fit.cpp for a
+    what-if card or an engine without llama-fit-params; ``(choice, None)`` or ``(None, why)``."""
+    from ..runner.fit_params import fit_choice_for
+
+    s: Any = session
+    engine = None if s.fit_needs_port else _engine(args)
+    inputs, _why = s.speed_inputs()
+    return fit_choice_for(engine, model_path, s.planned_model(), s.config, s.gpus, s.host, inputs, goal,  # type: ignore[arg-type]
+                          split=s.split, n_threads=min(2, s.threads()))
 
 
 def _dry_run(path: "object", best: "Candidate") -> str:
@@ -181,8 +215,24 @@ def _speed(c: "Candidate") -> str:
     return f"{c.decode_tok_s:.2f} tok/s decode at the full {c.plan.n_ctx_seq}-token context{pre}"
 
 
-def explain(result: "TuneResult") -> list[str]:
-    """The result in sentences: chosen and why, runner-up and what it trades, llama.cpp's --fit."""
+def fit_line(fit: "FitChoice", best: "Candidate | None") -> str:
+    """llama.cpp's --fit choice in one row beside the tune's best."""
+    how = "llama-fit-params" if fit.method == "llama-fit-params" else "kvtuner's port of common/fit.cpp"
+    if fit.decode_tok_s is not None:
+        speed = f"{fit.decode_tok_s:.2f} tok/s decode at the full context"
+        if fit.prefill_tok_s is not None:
+            speed += f", prefill {fit.prefill_tok_s:.1f} tok/s"
+        if best is not None and fit.decode_tok_s:
+            speed += f"; the tuned one is {best.decode_tok_s / fit.decode_tok_s:.1f}x that"
+    else:
+        speed = "not predicted"
+    tail = "" if fit.fits is None or fit.fits else " (over a device's capacity less the margin in kvtuner's plan)"
+    return f"--fit:     llama.cpp's --fit chooses {fit.flags} ({how}, {fit.source}): {speed}{tail}"
+
+
+def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str | None = None) -> list[str]:
+    """The result in sentences: chosen and why, runner-up and what it trades, llama.cpp's --fit
+    (its own choice when ``fit`` is given, else kvtuner's equivalent)."""
     from ..core.tune import offload_note
     from ..core.units import fmt_bytes
 
@@ -231,7 +281,13 @@ def explain(result: "TuneResult") -> list[str]:
         lines.append(f"runner-up: {_short(r.config)}")
         lines.append(f"           {_speed(r)} ({dv:+.0%}); trades: {', '.join(trade) or 'placement'}")
     f = result.fit_equivalent
-    if f is not None:
+    if fit is not None:
+        lines.append(fit_line(fit, b))
+        if fit.note:
+            lines.append(f"           {fit.note}")
+    elif fit_error:
+        lines.append(f"--fit:     {fit_error}")
+    elif f is not None:
         dv = b.decode_tok_s / f.decode_tok_s if f.decode_tok_s else float("inf")
         lines.append(f"--fit:     llama.cpp's --fit keeps K {f.config.type_k} / V {f.config.type_v}, flash attention "
                      f"{f.config.flash_attn}, and sets -ngl {'all' if f.config.n_gpu_layers < 0 else f.config.n_gpu_layers}: "

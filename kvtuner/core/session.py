@@ -560,6 +560,12 @@ class Session:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
         return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
 
+    @property
+    def fit_needs_port(self) -> bool:
+        """True when llama.cpp's own llama-fit-params cannot answer for the planned hardware (a
+        what-if card: llama.cpp sees only the devices this machine has)."""
+        return any(g.what_if for g in self.gpus)
+
     def confirm_tune(self, goal: TuneGoal, measure: Measure, runs: int,
                      on_load: Callable[[RealLoad], None] | None = None, *,
                      tolerance: float = CONFIRM_TOLERANCE) -> tuple[TuneResult, list[RealLoad]]:

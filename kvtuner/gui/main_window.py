@@ -203,6 +203,12 @@ class MainWindow(QtWidgets.QMainWindow):
         self.known_good = KnownGoodPanel()
         self.status = StatusBar()
         self.setStatusBar(self.status)
+        # the llama.cpp build the window works with: found on a worker, switched and saved here
+        from .widgets.engine_selector import EngineSelector
+
+        self.engine_selector = EngineSelector(self.tasks.submit, self.app_settings)
+        self.status.addPermanentWidget(self.engine_selector)
+        self.engine_selector.refresh()
 
         self.banner = QtWidgets.QLabel()
         self.banner.setTextFormat(QtCore.Qt.TextFormat.PlainText)
@@ -934,6 +940,11 @@ class MainWindow(QtWidgets.QMainWindow):
             self.update_live()
         self.graphs.refresh()
 
+    @property
+    def engine(self) -> Any:
+        """The llama.cpp engine in use (:class:`kvtuner.runner.engines.Engine`; the window's selector)."""
+        return self.engine_selector.engine
+
     # -- tune --------------------------------------------------------------------------------------
 
     def open_tune(self) -> Any:
@@ -952,7 +963,13 @@ class MainWindow(QtWidgets.QMainWindow):
             self.set_config(config)
             self.status.showMessage("applied the tuned configuration", 5000)
 
-        dlg = TunePanel(context, self.tasks.submit, apply, parent=self)
+        def fit(model: Any, config: PlanConfig, gpus: tuple, host: Any, inputs: Any, goal: Any) -> Any:
+            from ..runner.fit_params import fit_choice_for  # llama.cpp's own --fit, on the worker
+
+            return fit_choice_for(engine, path, model, config, gpus, host, inputs, goal, split=split)
+
+        engine, path, split = self.engine, self.model_path, self.session.split
+        dlg = TunePanel(context, self.tasks.submit, apply, parent=self, fit=fit if path is not None else None)
         dlg.ctx_spin.setValue(self._config.n_ctx)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.show()
@@ -969,8 +986,12 @@ class MainWindow(QtWidgets.QMainWindow):
         save_dir = str(last_dir) if last_dir and Path(str(last_dir)).is_dir() else str(Path.home())
         s = self._sync_session()
         rpc = tuple(dict.fromkeys(g.endpoint for g in s.gpus if g.endpoint is not None))  # --rpc, in order
+        from ..runner.export_check import build_flags
+
+        engine = self.engine
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc)
+                           machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc,
+                           flags_for=lambda target: build_flags(engine, target))
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.finished.connect(lambda *_: dlg.last_saved is not None
                              and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))

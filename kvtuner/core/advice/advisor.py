@@ -9,7 +9,8 @@ see ``shared/reference/llama-cpp-memory.md`` section 6).
 Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentation-risk``,
 ``swap-risk``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
 ``ctx-exceeds-train``, ``first-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
-``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``.
+``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``,
+``fit-off``.
 
 A fix is applied with ``dataclasses.replace(plan.config, **advice.fix)``; every fix offered
 here is checked to build a valid :class:`PlanConfig`. ``fix`` is ``{}`` when no configuration
@@ -32,6 +33,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from ..tune.fit_choice import fit_blockers
 from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
 from ..units import GiB, MiB, fmt_bytes
 
@@ -858,10 +860,25 @@ def _rule_offload_knee(c: _Ctx) -> list[Advice]:
                   "; step worth it when relative speed gain > relative VRAM cost", fix)]
 
 
+def _rule_fit_off(c: _Ctx) -> list[Advice]:
+    p = c.plan
+    if not p.gpus:
+        return []
+    blockers = fit_blockers(p.config, p.split)
+    if not blockers:
+        return []
+    return [_adv("fit-off", "info",
+                 f"{', '.join(blockers)} switches off llama-server's --fit: it will not lower the layers or context "
+                 "to keep 1 GiB of each GPU free; this plan is what it will run.",
+                 "common/fit.cpp common_params_fit_impl gives up when n_gpu_layers, tensor_split or "
+                 "tensor_buft_overrides (-ot, --n-cpu-moe, --cpu-moe, --n-cpu-ffn) were set by the user",
+                 {})]
+
+
 _RULES = (
     _rule_vram_oom, _rule_ram_oom, _rule_fragmentation, _rule_swap, _rule_abandon, _rule_v_needs_fa, _rule_kv_slow_path,
     _rule_ctx_train, _rule_first_layer_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
-    _rule_other_processes, _rule_offload_knee,
+    _rule_other_processes, _rule_offload_knee, _rule_fit_off,
 )
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.export import TARGETS, ExportError, export, write_text_atomic
+from ...core.export.checked import check_export
 from ...core.model.gguf_header import GGUFError
 
 #: What each target is, for the combo box's tooltip line.
@@ -34,6 +35,10 @@ class ExportDialog(QtWidgets.QDialog):
             into the profile target), or None.
         machine: this machine's fingerprint for the profile (None: detected on export).
         save_dir: folder the Save dialog opens in.
+        flags_for: ``flags_for(target) -> BuildFlags | None``, the flags of the llama.cpp binary the
+            llama-server / llama-cli line is for (the window's engine,
+            :func:`kvtuner.runner.export_check.build_flags`); the line is checked against them
+            (:func:`kvtuner.core.export.checked.check_export`), and says so. None: no build known.
 
     The two questions Save asks are attributes so tests (and embedders) can answer them
     without a modal dialog: :attr:`ask_save_path` ``(suggested_path) -> path or None`` and
@@ -42,7 +47,8 @@ class ExportDialog(QtWidgets.QDialog):
 
     def __init__(self, model_path: Path, config: Any, *, model: Any = None, measured: dict | None = None,
                  machine: Any = None, save_dir: str = "", parent: QtWidgets.QWidget | None = None,
-                 split: Any = None, rpc: tuple[str, ...] = ()) -> None:
+                 split: Any = None, rpc: tuple[str, ...] = (),
+                 flags_for: Callable[[str], Any] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export configuration")
         self.resize(820, 560)
@@ -51,6 +57,7 @@ class ExportDialog(QtWidgets.QDialog):
         self._machine = machine
         self._split, self._rpc = split, tuple(rpc)  # -sm/-ts/-mg and --rpc (llama-server / llama-cli lines)
         self._save_dir = save_dir
+        self._flags_for = flags_for
         self.result: Any = None
         self.error = ""
         self.last_saved: Path | None = None
@@ -84,6 +91,11 @@ class ExportDialog(QtWidgets.QDialog):
         self.description.setTextFormat(QtCore.Qt.TextFormat.PlainText)
         self.description.setWordWrap(True)
         lay.addWidget(self.description)
+        self.checked = QtWidgets.QLabel()
+        self.checked.setTextFormat(QtCore.Qt.TextFormat.PlainText)
+        self.checked.setWordWrap(True)
+        self.checked.hide()
+        lay.addWidget(self.checked)
 
         self.preview = QtWidgets.QPlainTextEdit()
         self.preview.setReadOnly(True)
@@ -126,8 +138,12 @@ class ExportDialog(QtWidgets.QDialog):
         try:
             self.result = export(target, self._model_path, self._config, model=self._model,
                                  measured=measured, machine=self._machine, split=self._split, rpc=self._rpc)
+            if target in ("llama-server", "llama-cli"):
+                build = self._flags_for(target) if self._flags_for is not None else None
+                self.result = check_export(self.result, build)
         except (ExportError, GGUFError, OSError) as exc:  # one line saying what to change
             self.result = None
+            self.checked.hide()
             self.error = f"Cannot export to {target}: {exc}"
             self.preview.setPlainText("")
             self.description.setText(self.error)
@@ -145,6 +161,10 @@ class ExportDialog(QtWidgets.QDialog):
                      "; no measured numbers (run a bench with this configuration to include them)")
         self.description.setText(desc)
         lines = list(r.limitations)
+        command = target in ("llama-server", "llama-cli")
+        self.checked.setVisible(command)
+        if command and lines:
+            self.checked.setText(lines[0])
         if r.env:
             lines.append("Set in the environment: " + " ".join(f"{k}={v}" for k, v in r.env.items()))
         if not lines:
