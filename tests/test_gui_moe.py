@@ -1,4 +1,4 @@
-"""The app's "MoE layers with experts on CPU" slider (issue 12): shown for MoE models only, it
+"""The app's "MoE layers with experts on CPU" slider: shown for MoE models only, it
 moves the experts of the first N layers to RAM, and the memory bars show experts separately."""
 
 from __future__ import annotations

@@ -371,7 +371,7 @@ class Session:
                                   cpu=cpu)
             if self.model is not None and not any(g.what_if for g in self.gpus):
                 # this machine's runs calibrate this machine only: a what-if card keeps the
-                # uncalibrated prior (a CPU run says nothing about a card's rates; issue 17)
+                # uncalibrated prior (a CPU run says nothing about a card's rates)
                 inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
             result: tuple[SpeedInputs | None, str] = (inputs, "")
         except (SpeedModelError, CalibrationError, OSError, ValueError) as exc:

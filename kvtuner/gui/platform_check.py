@@ -1,7 +1,7 @@
 """Start-up check: will Qt's X11 platform plugin load? If not, say which system packages to install.
 
 Qt's own message when ``libqxcb.so`` cannot load names ``xcb-cursor0`` whatever is really
-missing (issue 17: on a plain Debian desktop ``libxcb-icccm4`` and ``libxcb-keysyms1`` were
+missing (on a plain Debian desktop ``libxcb-icccm4`` and ``libxcb-keysyms1`` were
 missing while ``libxcb-cursor0`` was installed), then aborts. :func:`platform_problem` asks the
 dynamic loader instead (``ldd`` on the plugin and on ``libQt6XcbQpa``: the libraries it reports
 ``not found``) and returns one line with the exact ``apt-get install`` command (and the ``dnf``

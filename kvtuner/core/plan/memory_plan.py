@@ -407,7 +407,7 @@ def plan_memory(
         kv_gpu, offload_kqv = placement.kv_gpu_layers, placement.offload_kqv
         if placement.experimental:
             warnings.append(
-                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot): memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned); its speed is predicted too high"
+                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot): memory layout checked on a GPU (weights and KV per device as planned: docs/accuracy/gpu.md); its speed is predicted too high"
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from ..plan.config import PlanConfig
 
-#: Most real loads one tune may use (issue 13: "confirm with at most 3 short real loads").
+#: Most real loads one tune may use (at most 3 short real loads: each costs a model load and a
+#: prefill at the top of the context).
 MAX_REAL_LOADS = 3
 #: Bench shape of a confirming load: a short prompt and a short decode at the top of the context
 #: (the ranking is decode at the full context).

@@ -3,8 +3,8 @@
 (8/12/16/24/48 GB, or a custom size).
 
 On a machine without a GPU the plan is for this machine (CPU only) by default: a what-if card is
-an explicit choice (issue 17: a default what-if card predicted 464 tok/s where this CPU measured
-64-86)."""
+an explicit choice (a default what-if card predicted 464 tok/s for the default model where this
+CPU measured 64-86)."""
 
 from __future__ import annotations
 
