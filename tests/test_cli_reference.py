@@ -74,3 +74,27 @@ def test_a_flag_without_help_fails_the_check():
     parser.add_argument("--hidden", help=argparse.SUPPRESS)
     missing = [a.option_strings for a in HOOK.documented_actions(parser) if not HOOK.help_text(parser, a)]
     assert missing == [["--bare"], ["--hidden"]]
+
+
+def test_the_docs_build_refuses_a_flag_without_help():
+    """The hook's own check (it fails `mkdocs build`): nothing missing in kvtuner's parsers, and a
+    subcommand flag without help is named with its command."""
+    assert HOOK.missing_help(PARSER) == []
+    parser = argparse.ArgumentParser(prog="kvtuner")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("demo", help="a demo").add_argument("--bare")
+    assert HOOK.missing_help(parser) == ["kvtuner demo --bare"]
+
+
+def test_every_advice_id_is_in_the_advice_reference():
+    """docs/reference/advice.md lists every rule id the advisor can emit (the ids its module
+    docstring names, plus the workload rules)."""
+    import re
+
+    from kvtuner.core.advice import advisor, workload
+
+    ids = set(re.findall(r"``([a-z0-9]+(?:-[a-z0-9]+)+)``", advisor.__doc__.split("Rule ids")[1].split(".\n")[0]))
+    ids |= set(re.findall(r"``(workload-[a-z-]+)``", workload.__doc__))
+    assert len(ids) >= 17, ids
+    page = (ROOT / "docs" / "reference" / "advice.md").read_text()
+    assert not [i for i in sorted(ids) if f"`{i}`" not in page]

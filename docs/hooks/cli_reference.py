@@ -143,10 +143,23 @@ def on_files(files, config):  # noqa: ANN001 (MkDocs hook signature)
     return files
 
 
+def missing_help(parser: argparse.ArgumentParser) -> list[str]:
+    """``"kvtuner plan --flag"`` for every argument of every subcommand without help text."""
+    out = [f"kvtuner {', '.join(a.option_strings)}" for a in documented_actions(parser) if not help_text(parser, a)]
+    for name, (_, sub) in subcommands(parser).items():
+        out += [f"kvtuner {name} {', '.join(a.option_strings) or a.dest}" for a in documented_actions(sub)
+                if not help_text(sub, a)]
+    return out
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (MkDocs hook signature)
-    """Fill the CLI reference page from the parsers."""
+    """Fill the CLI reference page from the parsers; a flag without help text fails the build."""
     if page.file.src_uri == CLI_PAGE:
         if MARKER not in markdown:
             raise ValueError(f"{CLI_PAGE} lost its marker {MARKER}")
-        return markdown.replace(MARKER, render_reference())
+        parser = _parser()
+        missing = missing_help(parser)
+        if missing:
+            raise ValueError("arguments without help text (add help= to each): " + "; ".join(missing))
+        return markdown.replace(MARKER, render_reference(parser))
     return markdown
