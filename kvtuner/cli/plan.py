@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
     p.add_argument("--verify", action="store_true", help="ask the installed llama.cpp (dry-run in a child process) for the exact buffers")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/reference/plan-json.md)")
     add_workload_args(p)
     t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
     t.add_argument("--table", action="store_true",

@@ -41,7 +41,7 @@ from .units import MiB
 
 log = logging.getLogger("kvtuner.session")
 
-#: Version of the ``kvtuner plan --json`` document (README "plan --json schema"; keys are only added).
+#: Version of the ``kvtuner plan --json`` document (docs/reference/plan-json.md; keys are only added).
 SCHEMA_VERSION = 1
 
 
@@ -122,7 +122,7 @@ class Assessment:
         return all(d.headroom_bytes is None or d.headroom_bytes >= 0 for d in self.plan.devices)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``kvtuner plan --json`` document (schema in README).
+        """The ``kvtuner plan --json`` document (schema: docs/reference/plan-json.md).
 
         Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``,
         ``kv_bytes_per_token``, ``weights_bytes``, ``kv_caches``, ``kv_layers``,

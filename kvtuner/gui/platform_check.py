@@ -52,7 +52,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "libglib-2.0.so.0": ("libglib2.0-0", "glib2"),
 }
 
-#: What the README lists for Debian/Ubuntu: the libraries above that a minimal desktop may lack.
+#: What the install page (docs/getting-started/install.md) lists for Debian/Ubuntu: the libraries above that a minimal desktop may lack.
 DEBIAN_PACKAGES = ("libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1", "libxcb-image0", "libxcb-render-util0",
                    "libxcb-xkb1", "libxkbcommon-x11-0", "libegl1", "libfontconfig1", "libdbus-1-3")
 #: The same for Fedora.

@@ -133,7 +133,7 @@ class DevicePlan:
         return None if self.capacity_bytes is None else self.capacity_bytes - self.total_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (schema in README "plan --json")."""
+        """JSON-able dict (schema: docs/reference/plan-json.md)."""
         return {
             "device": self.device,
             "kind": self.kind,
@@ -240,7 +240,7 @@ class MemoryPlan:
         return sum(c.bytes_per_cell for c in self.kv_caches if c.kind == "full")
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable ``kvtuner plan --json`` schema (documented in README)."""
+        """The stable ``kvtuner plan --json`` schema (docs/reference/plan-json.md)."""
         return {
             "model": {
                 "path": str(self.model.path),

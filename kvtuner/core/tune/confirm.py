@@ -22,7 +22,7 @@ CONFIRM_GEN_TOKENS = 32
 #: fraction (|predicted / measured - 1|) does not confirm it: the calibrated prediction is measured
 #: again (loads permitting), so the speed a tune reports was checked by a load it had not seen.
 #: 10%: two thirds of the 15% the issue asks of a confirmed prediction, leaving room for the
-#: run-to-run spread of a CPU decode (5-10% on a shared 2-core machine, README "Tune").
+#: run-to-run spread of a CPU decode (5-10% on a shared 2-core machine: docs/accuracy/tune.md).
 CONFIRM_TOLERANCE = 0.10
 
 

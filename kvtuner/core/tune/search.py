@@ -207,7 +207,7 @@ class TuneResult:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``kvtuner tune --json`` document (schema ``kvtuner.tune/1``, README)."""
+        """The ``kvtuner tune --json`` document (schema ``kvtuner.tune/1``, docs/reference/tune-json.md)."""
         return {
             "schema": "kvtuner.tune/1",
             "goal": self.goal.to_dict(),

@@ -19,7 +19,7 @@ CPU_ONLY = "cpu"
 CUSTOM = "custom"
 #: Choice prefix of a catalogue card (``card:RTX 3090``).
 CARD = "card:"
-#: A what-if card (tests and the README's examples choose it explicitly).
+#: A what-if card (tests and the documentation's examples choose it explicitly).
 DEFAULT_WHAT_IF = CARD + "RTX 3060 12GB"
 
 
