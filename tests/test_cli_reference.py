@@ -29,8 +29,9 @@ SUBCOMMANDS = HOOK.subcommands(PARSER)
 
 def test_every_subcommand_is_registered_with_a_summary():
     """The reference lists the commands kvtuner's own parser has, each with its one-line help."""
-    assert {"plan", "inspect", "bench", "export", "library", "gui", "gpus", "probe", "tune",
-            "install-desktop"} <= set(SUBCOMMANDS)
+    assert {"plan", "inspect", "bench", "export", "library", "gui", "gpus", "probe", "tune", "install-desktop"} <= set(
+        SUBCOMMANDS
+    )
     assert not [name for name, (summary, _) in SUBCOMMANDS.items() if not summary.strip()]
 
 
@@ -38,8 +39,7 @@ def test_every_subcommand_is_registered_with_a_summary():
 def test_every_flag_has_help_text(name):
     """No argument of any subcommand lacks help text or hides it with argparse.SUPPRESS."""
     _, parser = SUBCOMMANDS[name]
-    missing = [a.option_strings or [a.dest] for a in HOOK.documented_actions(parser)
-               if not HOOK.help_text(parser, a)]
+    missing = [a.option_strings or [a.dest] for a in HOOK.documented_actions(parser) if not HOOK.help_text(parser, a)]
     assert not missing, f"kvtuner {name}: arguments without help text: {missing}"
 
 

@@ -50,8 +50,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[str, argpars
 
 def documented_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The parser's arguments a user gives: every action except ``--help`` and the subcommands."""
-    return [a for a in parser._actions
-            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
 
 
 def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -77,7 +76,7 @@ def _argument(action: argparse.Action) -> str:
         return " \\| ".join(f"`{c}`" for c in action.choices)
     if action.metavar is not None:
         metavar = action.metavar if isinstance(action.metavar, str) else " ".join(action.metavar)
-        return _code(_cell(metavar))
+        return _code(metavar.replace("\n", " "))  # a pipe inside a code span does not split the cell
     return _code(action.dest.upper())
 
 
@@ -92,7 +91,7 @@ def render_parser(name: str, summary: str, parser: argparse.ArgumentParser) -> s
     """One subcommand as Markdown: heading, summary, usage, description, a table per group."""
     usage = parser.format_usage().strip()
     if usage.startswith("usage: "):
-        usage = usage[len("usage: "):]
+        usage = usage[len("usage: ") :]
     lines = [f"## `{name}`", ""]
     if summary:
         lines += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
@@ -100,8 +99,7 @@ def render_parser(name: str, summary: str, parser: argparse.ArgumentParser) -> s
     if parser.description:
         lines += [parser.description.strip(), ""]
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions
-                   if a in documented_actions(parser)]
+        actions = [a for a in group._group_actions if a in documented_actions(parser)]
         if not actions:
             continue
         title = group.title or ""
@@ -109,8 +107,10 @@ def render_parser(name: str, summary: str, parser: argparse.ArgumentParser) -> s
         lines += ["| argument | value | default | meaning |", "|---|---|---|---|"]
         for a in actions:
             flags = ", ".join(f"`{s}`" for s in a.option_strings) or _code(str(a.metavar or a.dest))
-            lines.append(f"| {flags} | {_argument(a) if a.option_strings else ''} | {_default(a)} "
-                         f"| {_cell(help_text(parser, a))} |")
+            lines.append(
+                f"| {flags} | {_argument(a) if a.option_strings else ''} | {_default(a)} "
+                f"| {_cell(help_text(parser, a))} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -119,7 +119,7 @@ def render_reference(parser: argparse.ArgumentParser | None = None) -> str:
     """Every ``kvtuner`` command and flag as Markdown (the body of ``reference/cli.md``)."""
     parser = parser or _parser()
     subs = subcommands(parser)
-    lines = ["```text", parser.format_usage().strip()[len("usage: "):], "```", ""]
+    lines = ["```text", parser.format_usage().strip()[len("usage: ") :], "```", ""]
     lines += ["| command | what it does |", "|---|---|"]
     lines += [f"| [`{n}`](#{n}) | {_cell(h)} |" for n, (h, _) in subs.items()]
     lines.append("")
@@ -131,7 +131,7 @@ def render_reference(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(lines)
 
 
-def on_files(files, config):  # noqa: ANN001 (MkDocs hook signature)
+def on_files(files, config):  # MkDocs hook signature
     """Add one page per dated measurement record (``benchmarks/results/*.md`` and the GPU run's)."""
     from mkdocs.structure.files import File
 
@@ -147,12 +147,15 @@ def missing_help(parser: argparse.ArgumentParser) -> list[str]:
     """``"kvtuner plan --flag"`` for every argument of every subcommand without help text."""
     out = [f"kvtuner {', '.join(a.option_strings)}" for a in documented_actions(parser) if not help_text(parser, a)]
     for name, (_, sub) in subcommands(parser).items():
-        out += [f"kvtuner {name} {', '.join(a.option_strings) or a.dest}" for a in documented_actions(sub)
-                if not help_text(sub, a)]
+        out += [
+            f"kvtuner {name} {', '.join(a.option_strings) or a.dest}"
+            for a in documented_actions(sub)
+            if not help_text(sub, a)
+        ]
     return out
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (MkDocs hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:  # MkDocs hook signature
     """Fill the CLI reference page from the parsers; a flag without help text fails the build."""
     if page.file.src_uri == CLI_PAGE:
         if MARKER not in markdown:
