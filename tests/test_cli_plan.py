@@ -146,7 +146,7 @@ def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, need
     (["frobnicate"], "kvtuner: error: argument COMMAND: invalid choice: 'frobnicate'"),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needle):
-    """The README: bad input ends in one line; argparse's usage block is not printed."""
+    """The documentation (docs/reference/cli.md): bad input ends in one line; argparse's usage block is not printed."""
     out = kvtuner(*args)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()

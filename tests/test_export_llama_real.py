@@ -40,7 +40,7 @@ def need_llama_cpp():
 
 
 LOADS = {
-    # the README's example configuration: q8_0 K and V, flash attention on, small SWA cache
+    # the documentation's first plan (docs/getting-started/first-plan.md): q8_0 K and V, flash attention on, small SWA cache
     "q8-fa": PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on", swa_full=False),
     # KV on the host, K quantized without FA, full SWA cache, weights read (no mmap)
     "nkvo-nommap": PlanConfig(n_ctx=2048, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",

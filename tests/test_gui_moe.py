@@ -49,7 +49,7 @@ def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_os
     c.moe.slider.setValue(16)
     qtbot.wait(50)
     assert w.grab().save(str(shot)) and shot.stat().st_size > 0
-    if os.environ.get("KVTUNER_MOE_SCREENSHOT"):  # the README's picture: 12 layers' experts in RAM
+    if os.environ.get("KVTUNER_MOE_SCREENSHOT"):  # docs/moe-experts-slider.png: 12 layers' experts in RAM
         c.moe.slider.setValue(12)
         qtbot.wait(50)
         w.grab().save(os.environ["KVTUNER_MOE_SCREENSHOT"])

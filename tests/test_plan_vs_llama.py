@@ -52,7 +52,7 @@ def _model_path(name, synthetic, default_model):
 
 
 CASES = [
-    # (model, config kwargs)  -- the first is the README's example configuration
+    # (model, config kwargs)  -- the first is the example of docs/getting-started/first-plan.md
     ("default", dict(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")),
     ("default", dict(n_ctx=4096, flash_attn="off")),
     ("default", dict(n_ctx=32768, n_seq=2)),
