@@ -87,11 +87,18 @@ def _default(action: argparse.Action) -> str:
     return _code(_cell(str(d)))
 
 
+def _usage(parser: argparse.ArgumentParser) -> str:
+    """The usage block without its ``usage: `` prefix, continuation lines shifted to match."""
+    prefix = "usage: "
+    lines = parser.format_usage().strip().splitlines()
+    return "\n".join(
+        line[len(prefix) :] if line.startswith(prefix) or not line[: len(prefix)].strip() else line for line in lines
+    )
+
+
 def render_parser(name: str, summary: str, parser: argparse.ArgumentParser) -> str:
     """One subcommand as Markdown: heading, summary, usage, description, a table per group."""
-    usage = parser.format_usage().strip()
-    if usage.startswith("usage: "):
-        usage = usage[len("usage: ") :]
+    usage = _usage(parser)
     lines = [f"## `{name}`", ""]
     if summary:
         lines += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
@@ -119,7 +126,7 @@ def render_reference(parser: argparse.ArgumentParser | None = None) -> str:
     """Every ``kvtuner`` command and flag as Markdown (the body of ``reference/cli.md``)."""
     parser = parser or _parser()
     subs = subcommands(parser)
-    lines = ["```text", parser.format_usage().strip()[len("usage: ") :], "```", ""]
+    lines = ["```text", _usage(parser), "```", ""]
     lines += ["| command | what it does |", "|---|---|"]
     lines += [f"| [`{n}`](#{n}) | {_cell(h)} |" for n, (h, _) in subs.items()]
     lines.append("")
