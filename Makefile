@@ -51,6 +51,17 @@ $(VENV)/.rpc-bin: .ci/build_llama_rpc.sh $(VENV)/.installed-test
 test: $(VENV)/.installed-test $(VENV)/.rpc-bin
 	QT_QPA_PLATFORM=offscreen KVTUNER_RPC_BIN="$$(cat $(VENV)/.rpc-bin)" $(VENV)/bin/python -m pytest
 
+# The documentation site (mkdocs.yml) into site/: --strict fails on a broken link or a missing
+# page; docs/hooks/cli_reference.py generates the CLI reference from kvtuner's own parsers, so the
+# docs extra goes into the app's venv.
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed-app
+	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[docs]'
+	touch $@
+
+.PHONY: docs
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 $(VENV)/.installed-package: pyproject.toml $(VENV)/bin/python
 	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[package]'
 	touch $@ $(VENV)/.installed-app

@@ -2,7 +2,7 @@
 
 For each configuration: kvtuner's plan (``plan_memory``, CPU only) and llama.cpp's no_alloc dry run
 (``kvtuner.runner.dryrun``, a child process) of the same sparse GGUF; prints one row per
-configuration and the distribution README "Compute buffer (analytic)" reports.
+configuration and the distribution the docs page docs/accuracy/memory.md ("Compute buffer") reports.
 
 The set is the union of tests/test_plan_vs_llama.py ``CASES``, tests/test_model_families.py
 ``FAMILIES x CONFIGS`` and ``LONG``, and tests/test_compute_exact.py ``REAL`` (real-size shapes on
@@ -84,7 +84,7 @@ def timing() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="only configurations whose model name contains this")
-    ap.add_argument("--markdown", action="store_true", help="print the distribution as a README table")
+    ap.add_argument("--markdown", action="store_true", help="print the distribution as a Markdown table")
     ap.add_argument("--timing", action="store_true", help="only time plan_memory over a slider of contexts")
     args = ap.parse_args()
     if args.timing:

@@ -4,7 +4,7 @@ For each depth, loads the model in a runner child (no GPU), fills the cache, pre
 and decodes 48 (``kvtuner bench -p 64 -n 48 -d D``, one repetition), printing the median
 and the fastest token time; then the speed model's cold prediction (the stored CPU probe of this
 machine and thread count, no calibration) at the same depths. Shows where decode at depth departs
-from the probe's per-cell attention cost (README, "Tune", the confirmation on this CPU).
+from the probe's per-cell attention cost (benchmarks/results/2026-12-01-cpu-depth-sweep.md).
 
     python benchmarks/cpu_depth_sweep.py [MODEL] --ctx 32768 --depths 0,8192,16384,24576,32544 -t 2
 

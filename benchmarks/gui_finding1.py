@@ -1,4 +1,4 @@
-"""Issue 17, finding 1, driven end to end through the real window with keys only (QTest at the
+"""One configuration shown and another run (the window's first finding), driven end to end through the real window with keys only (QTest at the
 top level: key events go through Qt's shortcut map and focus handling as a person's would).
 
     what-if 16 GB card (Alt+N, arrow keys) -> KV layers on GPU 5 (Alt+K, type 5, Enter)

@@ -1,4 +1,4 @@
-"""CPU the app uses when left open with nothing running (issue 17: a monitor left open all day
+"""CPU the app uses when left open with nothing running (a monitor left open all day
 should idle under 1% of a core; it used 3.3-3.6% with 10 Hz sampling and redraws).
 
 Opens the real main window (offscreen Qt, the real samplers) on the embedded default model,

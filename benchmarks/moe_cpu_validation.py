@@ -1,4 +1,4 @@
-"""CPU speed of MoE models (issue 12): the expert-matmul efficiency of a host prefill, fitted on one
+"""CPU speed of MoE models: the expert-matmul efficiency of a host prefill, fitted on one
 row and checked on rows nobody fitted to.
 
 On a CPU-only run every expert is on the host, so these runs are "experts on the CPU" at their
@@ -75,7 +75,7 @@ MOE_KEYS = ("granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
 EXTRA_SHAPES = [("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M"),
                 ("gpt-oss-20b-6l", "gpt-oss-20b", 6, "MXFP4_MOE"),
                 ("deepseek-v2-lite-6l", "deepseek-v2-lite", 6, "Q4_K_M")]
-#: README labels of the extra rows
+#: Table labels of the extra rows
 LABELS = {"qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,", "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
           "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,"}
 #: shapes laid out by tests/gguf_families.py (architectures the RealShape writer does not know)
@@ -458,7 +458,7 @@ def check_routing(threads: int, directory: Path) -> list[dict]:
 
 
 def _table(rows: list[dict], markdown: bool, *, summary: bool = True) -> None:
-    """Print predicted rows (:func:`predict`) as text or as README's markdown table, and how many
+    """Print predicted rows (:func:`predict`) as text or as a Markdown table, and how many
     figures of each set are within 25%."""
     if markdown:
         print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="probe this CPU now for every row's types and shapes (kept as probe_current) and show the rows with it")
     ap.add_argument("--measure-here", action="store_true",
                     help="probe this CPU (types, attention and expert shapes) and bench every row on it (kept as 'here')")
-    ap.add_argument("--markdown", action="store_true", help="print the rows as README's markdown table and stop")
+    ap.add_argument("--markdown", action="store_true", help="print the rows as a Markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
     directory = Path(args.models_dir or tempfile.mkdtemp(prefix="kvtuner-moe-"))

@@ -1,4 +1,4 @@
-"""Experts on the CPU with a GPU (issue 12): kvtuner's decode prediction against public GPU + CPU
+"""Experts on the CPU with a GPU: kvtuner's decode prediction against public GPU + CPU
 measurements. Every row is validation: no constant was fitted to these numbers.
 
     row                                  source

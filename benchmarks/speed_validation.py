@@ -250,7 +250,7 @@ MARKDOWN = False
 
 
 def _md_table(title: str, rows: list[dict], meas_pre: str, meas_dec: str, sets: tuple[str, ...]) -> None:
-    """The rows as a Markdown table (README)."""
+    """The rows as a Markdown table (docs/accuracy/speed.md)."""
     print(f"\n**{title}**\n")
     print("| row | set | prefill measured | predicted | error | decode measured | predicted | error |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", default=None, help="keep the CPU measurements (and probe) in this JSON file")
     ap.add_argument("--load", default=None, help="predict stored CPU measurements instead of measuring")
     ap.add_argument("--reprobe", action="store_true", help="run the CPU probe again (before measuring)")
-    ap.add_argument("--markdown", action="store_true", help="also print the rows as Markdown tables (README)")
+    ap.add_argument("--markdown", action="store_true", help="also print the rows as Markdown tables")
     ap.add_argument("--sets", default="fit,validate",
                     help="which sets to measure and print (default fit,validate; 'fit' while choosing constants)")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Tune quality: the fast search against the exhaustive reference (issue 13).
+"""Tune quality: the fast search against the exhaustive reference.
 
 For 7 model shapes (dense 7B-32B, MHA and GQA, sliding-window, MoE; zero-weight sparse GGUF
 headers of the real architectures, tests/gguf_factory.py ``write_real_shape``) x 3 catalogue

@@ -1,6 +1,6 @@
 """kvtuner: plan, monitor and tune llama.cpp memory for long contexts on small GPUs.
 
-Layers (see README "Architecture"):
+Layers (docs/development/architecture.md):
 
 - :mod:`kvtuner.core`   pure Python: model profile, memory planner, samplers, exporters.
 - :mod:`kvtuner.runner` the only code that imports ``llama_cpp``; always in a child process.

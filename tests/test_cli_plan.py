@@ -16,7 +16,7 @@ def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_done_when_plan_json_default_model():
-    """Issue 2: n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers)
+    """The default model at n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers)
     and 7.97 MiB (15 sliding-window layers), the figures llama.cpp reports."""
     out = kvtuner("plan", "--ctx", "8192", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--json")
     assert out.returncode == 0, out.stderr
@@ -146,7 +146,7 @@ def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, need
     (["frobnicate"], "kvtuner: error: argument COMMAND: invalid choice: 'frobnicate'"),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needle):
-    """The README: bad input ends in one line; argparse's usage block is not printed."""
+    """The documentation (docs/reference/cli.md): bad input ends in one line; argparse's usage block is not printed."""
     out = kvtuner(*args)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()

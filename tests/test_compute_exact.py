@@ -3,8 +3,8 @@ and placed by a model of ggml-alloc (core/plan/ggml_graph.py), against llama.cpp
 
 ``REAL`` are real-size shapes (tests/gguf_factory.py ``write_real_shape``, sparse Q4_K_M files)
 on the CPU alone, with flash attention auto/on/off, n_ubatch 512/1024/2048, contexts from 300 tokens
-to 128K, 1-4 streams and quantized or f32 caches; among them the llama-2-7B counterexample of
-issue 10 (fa auto, n_ubatch 512, ctx 4096: llama.cpp 100.51 MiB, the phase estimate 84.51). Architectures the graph model rebuilds must match
+to 128K, 1-4 streams and quantized or f32 caches; among them the phase estimate's known miss
+(LLaMA-2-7B, fa auto, n_ubatch 512, ctx 4096: llama.cpp 100.51 MiB, the phase estimate 84.51). Architectures the graph model rebuilds must match
 to the printed 0.01 MiB; the others keep the phase estimate and its bound (never under llama.cpp
 by more than 2% + 8 MiB).
 """
@@ -28,7 +28,7 @@ EXTRA_SHAPES = {
 }
 
 REAL = [
-    ("llama-2-7b", dict(n_ctx=4096)),  # issue 10's counterexample: fa auto, n_ubatch 512
+    ("llama-2-7b", dict(n_ctx=4096)),  # the phase estimate's counterexample: fa auto, n_ubatch 512
     ("llama-2-7b", dict(n_ctx=4096, flash_attn="off")),
     ("llama-2-7b", dict(n_ctx=2048, flash_attn="off", n_ubatch=2048)),
     ("llama-2-7b", dict(n_ctx=16384, flash_attn="on", n_ubatch=1024)),

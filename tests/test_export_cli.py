@@ -61,7 +61,7 @@ def test_not_a_model_for_profile(tmp_path, capsys):
 
 
 def test_llama_cpp_spelling_of_ngl(default_model, capsys):
-    """The README promises llama.cpp's -ngl; only --ngl used to be accepted."""
+    """The documentation promises llama.cpp's -ngl; only --ngl used to be accepted."""
     assert main(["export", "--format", "llama-server", "-ngl", "0"]) == 0
     assert " -ngl 0 --fit off " in capsys.readouterr().out
 

@@ -40,7 +40,7 @@ def need_llama_cpp():
 
 
 LOADS = {
-    # the done-when configuration of issue 2: q8_0 K and V, flash attention on, small SWA cache
+    # the documentation's first plan (docs/getting-started/first-plan.md): q8_0 K and V, flash attention on, small SWA cache
     "q8-fa": PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on", swa_full=False),
     # KV on the host, K quantized without FA, full SWA cache, weights read (no mmap)
     "nkvo-nommap": PlanConfig(n_ctx=2048, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
@@ -104,7 +104,7 @@ SERVER_CONFIGS = {
     # the partial split's -ot syntax, aimed at the CPU buffer type (a CPU build has no CUDA0)
     "split-syntax": (PlanConfig(n_ctx=2048, kv_gpu_layers=12, type_k="q8_0", type_v="q8_0", flash_attn="on"),
                      {"gpu_buffer_type": "CPU"}),
-    # issue 12: an exported --n-cpu-moe line on a small MoE model (a no-op on a CPU build, but parsed and applied)
+    # an exported --n-cpu-moe line on a small MoE model (a no-op on a CPU build, but parsed and applied)
     "n-cpu-moe": (PlanConfig(n_ctx=2048, n_cpu_moe=2, flash_attn="on"), {"model": "moe"}),
 }
 
@@ -144,7 +144,7 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
         assert f"n_slots = {config.n_seq}," in text
         assert f"kv_unified = '{str(config.kv_unified).lower()}'" in text
         assert ("using full-size SWA cache" in text) == config.swa_full
-        if name == "q8-fa":  # issue 2's done-when figures, from the real server
+        if name == "q8-fa":  # the example's figures, from the real server
             assert "size =   12.75 MiB (  8192 cells,   3 layers" in text
             assert "size =    7.97 MiB (  1024 cells,  15 layers" in text
         if name in ("split-syntax", "n-cpu-moe"):

@@ -1,4 +1,4 @@
-"""The GPU truth script (benchmarks/gpu_truth, issue 18) in its CPU rehearsal, so it cannot rot.
+"""The GPU truth script (benchmarks/gpu_truth) in its CPU rehearsal, so it cannot rot.
 
 The device run happens on a lent GPU machine with 15 minutes in all; these tests make sure the same
 code paths (run.sh, gpu_truth.py, probe.py, the fixtures, the kvtuner command lines it parses)

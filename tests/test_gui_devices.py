@@ -1,4 +1,4 @@
-"""The device list (issue 14): add a what-if card or an RPC host, split sliders, -sm / -mg; the
+"""The device list: add a what-if card or an RPC host, split sliders, -sm / -mg; the
 plan the window shows follows llama.cpp's split rule. Offscreen, no llama.cpp needed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Graphs read at a glance (issue 17, item 5): legends above the data so phase labels never sit
+"""Graphs read at a glance: legends above the data so phase labels never sit
 under them, a log memory axis on which the runner's few hundred MiB are visible beside 20+ GiB
 of available RAM, and a time axis that follows the current run with a "whole session" toggle.
 Real pyqtgraph widgets offscreen."""

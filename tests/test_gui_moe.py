@@ -1,4 +1,4 @@
-"""The app's "MoE layers with experts on CPU" slider (issue 12): shown for MoE models only, it
+"""The app's "MoE layers with experts on CPU" slider: shown for MoE models only, it
 moves the experts of the first N layers to RAM, and the memory bars show experts separately."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_os
     c.moe.slider.setValue(16)
     qtbot.wait(50)
     assert w.grab().save(str(shot)) and shot.stat().st_size > 0
-    if os.environ.get("KVTUNER_MOE_SCREENSHOT"):  # the README's picture: 12 layers' experts in RAM
+    if os.environ.get("KVTUNER_MOE_SCREENSHOT"):  # docs/moe-experts-slider.png: 12 layers' experts in RAM
         c.moe.slider.setValue(12)
         qtbot.wait(50)
         w.grab().save(os.environ["KVTUNER_MOE_SCREENSHOT"])

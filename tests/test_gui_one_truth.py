@@ -1,4 +1,4 @@
-"""Issue 17: the window tells one truth. What the controls show is what is planned, predicted,
+"""The window tells one truth. What the controls show is what is planned, predicted,
 run and exported; a control that does not apply reads "n/a" and its value is not used; a
 refused combination keeps the last plan marked stale with a one-click fix; the badge combines
 fit and speed; a machine without GPU plans for itself (CPU only) by default.
@@ -226,7 +226,7 @@ def test_quantized_kv_advice_says_how_much_it_saves(qtbot, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot, tmp_path):
-    """Issue 17, item 6: runs made while the machine was busy measured the other load. Two
+    """Runs made while the machine was busy measured the other load. Two
     busy-loop processes (as many as this VM has cores) run beside a short bench: the run is
     flagged, its figures are shown but neither calibrate nor enter Known good."""
     from kvtuner.core.monitor.contention import cpu_snapshot, other_cores

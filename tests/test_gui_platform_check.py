@@ -1,6 +1,6 @@
 """Start-up: when Qt's X11 plugin lacks system libraries, ``kvtuner`` says which packages to
 install (the exact ``apt-get install`` line) and exits 2, instead of Qt's abort that names
-``xcb-cursor0`` whatever is missing (issue 17, finding 4). Real ``ldd`` on the real plugin."""
+``xcb-cursor0`` whatever is missing. Real ``ldd`` on the real plugin."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Desktop app: llama-server's defaults and the structure probe, as the CLI has them (issue 10).
+"""Desktop app: llama-server's defaults and the structure probe, as the CLI has them.
 
 The context box accepts 0 ("training": the model's training context) and the parallel box -1
 ("auto": 4 slots with a unified KV cache), resolved like ``kvtuner plan --ctx 0 -np -1`` and said

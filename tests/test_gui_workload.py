@@ -1,4 +1,4 @@
-"""The workload fields next to -np (issue 16): real widgets offscreen, the default model."""
+"""The workload fields next to -np: real widgets offscreen, the default model."""
 
 from __future__ import annotations
 

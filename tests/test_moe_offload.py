@@ -1,4 +1,4 @@
-"""MoE experts in host RAM (issue 12): --n-cpu-moe / --cpu-moe / -ot planned tensor by tensor,
+"""MoE experts in host RAM: --n-cpu-moe / --cpu-moe / -ot planned tensor by tensor,
 advised, passed to a real llama.cpp and exported.
 
 The byte checks read the GGUF tensor table with gguf-py's own reader (not kvtuner's), so the plan
@@ -202,7 +202,7 @@ def test_llama_cpp_python_snippet_with_overrides_runs(tmp_path, granite_moe):
     assert out.stdout.strip().endswith("decoded 4")
 
 
-# ---------------------------------------------------------------- --n-cpu-ffn (issue 12, item 7)
+# ---------------------------------------------------------------- --n-cpu-ffn
 @pytest.fixture(scope="module")
 def llama8b(tmp_path_factory):
     from gguf_factory import write_real_shape
@@ -227,7 +227,7 @@ def test_n_cpu_ffn_moves_the_dense_ffn_of_the_first_layers(llama8b):
 
 def test_advisor_offers_the_fastest_of_kv_split_ngl_cut_and_n_cpu_ffn(llama8b):
     """Item 7: the KV split, the -ngl cut and the FFN split compete by predicted decode speed; with
-    the tuner (issue 13) the fix is the fastest at full context (the tuner's ranking) of those and
+    the tuner the fix is the fastest at full context (the tuner's ranking) of those and
     the tuned configuration, and fits."""
     from kvtuner.core.speed.speed_model import decode_tok_s, predict_speed, speed_inputs
 

@@ -1,7 +1,7 @@
 """Installing kvtuner: version and About, the app resources (icon, desktop entry, metainfo) read
 through importlib.resources, a wheel that carries them, install-desktop, and the runner child's
 re-entry through a frozen app's executable (packaging/kvtuner_main.py). The built bundle itself
-is checked by packaging/smoke.py (`make package package-smoke`, see README "Install")."""
+is checked by packaging/smoke.py (`make package package-smoke`, see docs/getting-started/install.md)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def _model_path(name, synthetic, default_model):
 
 
 CASES = [
-    # (model, config kwargs)  -- the first is issue 2's "done when" configuration
+    # (model, config kwargs)  -- the first is the example of docs/getting-started/first-plan.md
     ("default", dict(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")),
     ("default", dict(n_ctx=4096, flash_attn="off")),
     ("default", dict(n_ctx=32768, n_seq=2)),
@@ -125,7 +125,7 @@ def test_kv_bytes_per_cell_exact(name, types, synthetic, default_model):
 
 
 def test_done_when_figures(default_model):
-    """Issue 2: n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers) and
+    """The default model at n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers) and
     7.97 MiB (15 sliding-window layers), as llama.cpp reports them."""
     config = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")
     got = dryrun.dry_run(default_model, config)

@@ -1,4 +1,4 @@
-"""Issue 10's table: models people download in 2026, planned by kvtuner and dry-run by llama.cpp.
+"""Models people download in 2026, planned by kvtuner and dry-run by llama.cpp.
 
 Each row: a sparse GGUF with the model's published shapes, the command a new user types, the
 figures llama.cpp (the llama-cpp-python 0.3.36 build) reports, and kvtuner's plan of the same.

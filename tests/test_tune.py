@@ -59,7 +59,7 @@ def test_issue_case_llama8b_131072_on_12_gb(llama8b):
     """The issue's chain: f16 KV at 131072 on a 12 GB card. The old one-click fix was "KV of
     some layers on the GPU" (0.20 tok/s here); the tuner fits and beats it by far: with the
     default q8_0 floor by keeping every layer's attention and KV on the GPU and the dense FFN of
-    30 layers in RAM (--n-cpu-ffn 30, 5.77 tok/s, 28x; 2026-12-01), with q4_0 KV with everything
+    30 layers in RAM (--n-cpu-ffn 30, 5.77 tok/s, 28x), with q4_0 KV with everything
     on the GPU (30.4 tok/s)."""
     gpus = [what_if_gpu(12 * GiB)]
     inputs = _inputs(gpus)

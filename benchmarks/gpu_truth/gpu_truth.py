@@ -1,6 +1,6 @@
 """GPU truth: measure what llama.cpp allocates and how fast it runs, next to kvtuner's plan.
 
-Project issue 18. Started by ``run.sh`` (which installs the carried wheels and, on a GPU machine,
+Started by ``run.sh`` (which installs the carried wheels and, on a GPU machine,
 builds llama-cpp-python with CUDA first); runs here too, on the CPU backend, as the rehearsal.
 
 It talks to kvtuner only through its command line (``python -m kvtuner.cli plan ... --verify
@@ -351,7 +351,7 @@ RE_OFFLOADED = re.compile(r"^load_tensors: offloaded (\d+)/(\d+) layers to GPU")
 RE_FA = re.compile(r"^llama_context: flash_attn\s+= (\S+)")
 RE_GPU_BUFT = re.compile(r"^(CUDA|ROCm|Vulkan|Metal|SYCL|MUSA)\d+$")
 #: host weight buffers that hold a second, re-laid-out copy of some weights (llama.cpp's "extra"
-#: buffer types: CPU_REPACK, AMX, KleidiAI); kvtuner does not plan them (README "How exact is it")
+#: buffer types: CPU_REPACK, AMX, KleidiAI); kvtuner does not plan them (docs/concepts/where-the-bytes-go.md)
 RE_EXTRA_BUFT = re.compile(r"REPACK|AMX|KLEIDI", re.IGNORECASE)
 
 

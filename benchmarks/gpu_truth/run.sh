@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU truth run (project issue 18): build llama-cpp-python with CUDA, then measure what llama.cpp
+# GPU truth run: build llama-cpp-python with CUDA, then measure what llama.cpp
 # allocates and how fast it runs next to kvtuner's plan. README.md beside this file has the details.
 #
 #   bash benchmarks/gpu_truth/run.sh build   [options]   # (a) carried wheels, (b) CUDA build

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", action="store_true",
                    help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
                         "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/reference/plan-json.md)")
     add_workload_args(p)
     t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
     t.add_argument("--table", action="store_true",

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     add_tune_args(p)
     add_threads_arg(p, "to predict (and run) with")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1, README)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1: docs/reference/tune-json.md)")
     p.set_defaults(func=cmd_tune)
 
 

@@ -41,7 +41,7 @@ from .units import MiB
 
 log = logging.getLogger("kvtuner.session")
 
-#: Version of the ``kvtuner plan --json`` document (README "plan --json schema"; keys are only added).
+#: Version of the ``kvtuner plan --json`` document (docs/reference/plan-json.md; keys are only added).
 SCHEMA_VERSION = 1
 
 
@@ -191,7 +191,7 @@ class Assessment:
         return all(d.headroom_bytes is None or d.headroom_bytes >= 0 for d in self.plan.devices)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``kvtuner plan --json`` document (schema in README).
+        """The ``kvtuner plan --json`` document (schema: docs/reference/plan-json.md).
 
         Keys: ``schema``, ``model``, ``config``, ``effective``, ``kv_bytes``,
         ``kv_bytes_per_token``, ``weights_bytes``, ``kv_caches``, ``kv_layers``,
@@ -457,7 +457,7 @@ class Session:
                                   cpu=cpu)
             if self.model is not None and not any(g.what_if for g in self.gpus):
                 # this machine's runs calibrate this machine only: a what-if card keeps the
-                # uncalibrated prior (a CPU run says nothing about a card's rates; issue 17)
+                # uncalibrated prior (a CPU run says nothing about a card's rates)
                 inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
             result: tuple[SpeedInputs | None, str] = (inputs, "")
         except (SpeedModelError, CalibrationError, OSError, ValueError) as exc:

@@ -1,7 +1,7 @@
 """Start the desktop app: ``kvtuner`` / ``kvtuner gui [MODEL]`` call :func:`run`.
 
 ``run(..., screenshot=FILE)`` renders the main window offscreen (after a short real bench on
-the model with ``run=True``), writes a PNG and returns 0: the README's screenshot and the
+the model with ``run=True``), writes a PNG and returns 0: the documentation's screenshots and the
 tests use it.
 """
 

@@ -57,8 +57,8 @@ log = logging.getLogger("kvtuner.gui")
 #: samplers sample, 10 Hz).
 PULL_INTERVAL_MS = 100
 #: The same with nothing running: 1 Hz keeps the RAM graph and status bar alive while a window
-#: left open all day idles under 1% of a core (issue 17: 3.3-3.6% at 10 Hz;
-#: benchmarks/gui_idle_cpu.py measures it).
+#: left open all day idles under 1% of a core (3.3-3.6% at 10 Hz; benchmarks/gui_idle_cpu.py
+#: measures it, docs/development/benchmarks.md has the figures).
 IDLE_PULL_INTERVAL_MS = 1000
 #: Seconds after a run ends before sampling slows to the idle rate (the graphs show the release).
 IDLE_AFTER_S = 3.0
@@ -93,7 +93,7 @@ def _run_state(name: str, doc: str) -> property:
 class _WindowShortcuts(QtCore.QObject):
     """Event filter for the window's text boxes: the window's own shortcuts (Ctrl+E, Ctrl+R ...)
     win over the line edit's (QLineEdit takes Ctrl+E as "end of line" on X11, so Export did
-    nothing while a number box had focus: issue 17)."""
+    nothing while a number box had focus)."""
 
     def __init__(self, actions: list[QtGui.QAction], parent: QtCore.QObject) -> None:
         super().__init__(parent)
@@ -192,10 +192,10 @@ class MainWindow(QtWidgets.QMainWindow):
     def _build(self, gpus: list, host: Any, note: str) -> None:
         self.model_card = ModelCard()
         self.hardware = HardwarePanel(gpus, host, note)
-        self.devices = DeviceListPanel()  # issue 14: extra cards, RPC hosts, -sm/-ts/-mg
+        self.devices = DeviceListPanel()  # extra cards, RPC hosts, -sm/-ts/-mg
         self.devices.set_base(self.hardware.gpus())
         self.controls = ConfigControls()
-        self.workload = WorkloadPanel()  # issue 16: expected-case KV next to -np
+        self.workload = WorkloadPanel()  # expected-case KV next to -np
         self.prediction = PredictionPanel()
         self.graphs = LiveGraphs()
         self.advisor = AdvisorPane()
@@ -346,7 +346,7 @@ class MainWindow(QtWidgets.QMainWindow):
         tb.setMovable(False)
         tb.addAction(self.open_action)
         tb.addAction(self.export_action)
-        # issue 13: the Tune dialog (kvtuner/gui/tune_panel.py)
+        # the Tune dialog (kvtuner/gui/tune_panel.py)
         self.tune_action = QtGui.QAction("&Tune...", self, shortcut="Ctrl+T", triggered=self.open_tune)
         self.tune_action.setToolTip("Find the fastest configuration that fits a goal, with its knee chart")
         run_menu.addAction(self.tune_action)

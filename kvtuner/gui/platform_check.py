@@ -1,7 +1,7 @@
 """Start-up check: will Qt's X11 platform plugin load? If not, say which system packages to install.
 
 Qt's own message when ``libqxcb.so`` cannot load names ``xcb-cursor0`` whatever is really
-missing (issue 17: on a plain Debian desktop ``libxcb-icccm4`` and ``libxcb-keysyms1`` were
+missing (on a plain Debian desktop ``libxcb-icccm4`` and ``libxcb-keysyms1`` were
 missing while ``libxcb-cursor0`` was installed), then aborts. :func:`platform_problem` asks the
 dynamic loader instead (``ldd`` on the plugin and on ``libQt6XcbQpa``: the libraries it reports
 ``not found``) and returns one line with the exact ``apt-get install`` command (and the ``dnf``
@@ -52,7 +52,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "libglib-2.0.so.0": ("libglib2.0-0", "glib2"),
 }
 
-#: What the README lists for Debian/Ubuntu: the libraries above that a minimal desktop may lack.
+#: What the install page (docs/getting-started/install.md) lists for Debian/Ubuntu: the libraries above that a minimal desktop may lack.
 DEBIAN_PACKAGES = ("libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1", "libxcb-image0", "libxcb-render-util0",
                    "libxcb-xkb1", "libxkbcommon-x11-0", "libegl1", "libfontconfig1", "libdbus-1-3")
 #: The same for Fedora.

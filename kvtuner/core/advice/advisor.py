@@ -369,7 +369,7 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     if cfg.flash_attn == "off":
         yield {"flash_attn": "on"}
     if gpu and plan.model.n_expert and not cfg.cpu_moe and any(d.expert_bytes for d in plan.gpus):
-        # MoE: experts to the host before anything else (issue 12): attention, KV and the dense part
+        # MoE: experts to the host before anything else: attention, KV and the dense part
         # stay in VRAM and a token reads only n_expert_used / n_expert of the moved experts
         n = c.smallest("n_cpu_moe", cfg.n_cpu_moe + 1, plan.model.n_layer, ok)
         if n is not None:
@@ -389,7 +389,7 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
         if n is not None:
             fixes.append({"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})})
         if not plan.model.n_expert and cfg.n_gpu_layers == ALL_LAYERS and cfg.kv_gpu_layers is None:
-            # the other direction (issue 12, item 7): every layer's attention and KV stay in VRAM,
+            # the other direction: every layer's attention and KV stay in VRAM,
             # the FFN of the first layers goes to RAM (llama.cpp's --n-cpu-ffn)
             f = c.smallest("n_cpu_ffn", cfg.n_cpu_ffn + 1, plan.model.n_layer, ok)
             if f is not None:
@@ -738,7 +738,7 @@ def _rule_mha(c: _Ctx) -> list[Advice]:
 
 
 #: The parallel-sequences advice offers "-np 1" only when it saves at least this much KV (and
-#: a tenth of the KV): issue 17 saw it offered to save 54 MiB.
+#: a tenth of the KV): below that the fix is noise (it was once offered to save 54 MiB).
 PARALLEL_FIX_MIN_BYTES = 256 << 20
 
 

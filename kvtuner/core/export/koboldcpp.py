@@ -135,7 +135,7 @@ def render(
             f"Partial KV split: gpulayers {placement.n_gpu_layers} keeps the KV of the last "
             f"{config.kv_gpu_layers} layers in VRAM; overridetensors moves the weights of layers "
             f"{placement.override_layers[0]}-{placement.override_layers[-1]} to {gpu_buffer_type}, their KV stays in RAM. "
-            "The same llama.cpp mechanism as llama-server's -ot: memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned)."
+            "The same llama.cpp mechanism as llama-server's -ot: memory layout checked on a GPU (weights and KV per device as planned: docs/accuracy/gpu.md)."
         )
     if not config.swa_full:
         notes.append("useswa (small sliding-window cache) turns off koboldcpp's context shifting.")

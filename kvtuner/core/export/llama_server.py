@@ -95,7 +95,7 @@ def render(
             f"Partial KV split: -ngl {placement.n_gpu_layers} keeps the KV of the last "
             f"{config.kv_gpu_layers} layers in VRAM; -ot moves the weights of layers "
             f"{placement.override_layers[0]}-{placement.override_layers[-1]} to {gpu_buffer_type} while their KV "
-            "stays in RAM and attention copies it over PCIe each step (slower than the plan predicts). memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned); "
+            "stays in RAM and attention copies it over PCIe each step (slower than the plan predicts). memory layout checked on a GPU (weights and KV per device as planned: docs/accuracy/gpu.md); "
             f"'{gpu_buffer_type}' must match 'llama-server --list-devices'."
         )
     if not config.use_mmap:

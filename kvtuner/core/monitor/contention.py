@@ -1,6 +1,6 @@
 """Was the machine quiet during a run? CPU time used by *other* processes while a bench ran.
 
-A bench on a busy machine measures the other load, not the configuration (issue 17: runs at 8.4
+A bench on a busy machine measures the other load, not the configuration (runs at 8.4
 and 2.5 tok/s beside 86 were saved as known good and widened the prediction band to
 122-1,648 tok/s). :func:`cpu_snapshot` before and after the run, :func:`other_cores` between
 them: the machine's busy CPU seconds (``/proc/stat`` via :func:`psutil.cpu_times`: every state

@@ -20,8 +20,8 @@ output (logits and hidden states, plus the holes freed inputs leave under them w
 ggml-alloc places tensors best-fit in freed blocks, so a large tensor lands on top of the blocks
 freed before it; that packing is why the phase figure is an estimate.
 
-The distribution over every configuration the tests cover is README "Compute buffer (analytic)"
-(``benchmarks/compute_accuracy.py --markdown``); the tests assert that no figure is under
+The distribution over every configuration the tests cover is on docs/accuracy/memory.md
+("Compute buffer", ``benchmarks/compute_accuracy.py --markdown``); the tests assert that no figure is under
 llama.cpp's by more than 2% + 8 MiB (an under-estimate is an out-of-memory the user does not
 see coming).
 """

@@ -133,7 +133,7 @@ class DevicePlan:
         return None if self.capacity_bytes is None else self.capacity_bytes - self.total_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict (schema in README "plan --json")."""
+        """JSON-able dict (schema: docs/reference/plan-json.md)."""
         return {
             "device": self.device,
             "kind": self.kind,
@@ -240,7 +240,7 @@ class MemoryPlan:
         return sum(c.bytes_per_cell for c in self.kv_caches if c.kind == "full")
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable ``kvtuner plan --json`` schema (documented in README)."""
+        """The stable ``kvtuner plan --json`` schema (docs/reference/plan-json.md)."""
         return {
             "model": {
                 "path": str(self.model.path),
@@ -407,7 +407,7 @@ def plan_memory(
         kv_gpu, offload_kqv = placement.kv_gpu_layers, placement.offload_kqv
         if placement.experimental:
             warnings.append(
-                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot): memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned); its speed is predicted too high"
+                "KV of only some offloaded layers on the GPU uses tensor overrides (-ot): memory layout checked on a GPU (weights and KV per device as planned: docs/accuracy/gpu.md); its speed is predicted too high"
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None

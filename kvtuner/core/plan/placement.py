@@ -15,7 +15,7 @@ There is no per-layer KV flag upstream (ggml-org/llama.cpp#12663). For
 VRAM, and moves the weights of the other planned layers to the GPU with tensor buffer-type
 overrides (``-ot "^blk\\.(i|j)\\.=CUDA0"``, llama-model-loader.cpp ``regex_search`` on the
 tensor name); llama.cpp still treats those layers as host layers, so their KV stays in host
-memory. Checked on a GPU: memory layout checked on an H200 (llama-cpp-python 0.3.36, 2026-11-30: weights and KV per device as planned).
+memory. Memory layout checked on a GPU (weights and KV per device as planned: docs/accuracy/gpu.md).
 """
 
 from __future__ import annotations

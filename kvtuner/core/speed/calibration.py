@@ -56,8 +56,8 @@ FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500
 #: Relative 1-sigma error of the uncalibrated model, decode and prefill (natural log): the RMS of
-#: ln(predicted / measured) over the validation rows of benchmarks/speed_validation.py (README
-#: "Validation"): decode 0.131 on 14 CPU rows and 0.164 on 17 public GPU rows, 0.150 together;
+#: ln(predicted / measured) over the validation rows of benchmarks/speed_validation.py
+#: (docs/accuracy/speed.md, "Validation"): decode 0.131 on 14 CPU rows and 0.164 on 17 public GPU rows, 0.150 together;
 #: prefill 0.169 on 14 CPU rows (with the MoE expert term) and 0.285 on 18 GPU rows, 0.241 together.
 PRIOR_SIGMA_DECODE = 0.150
 PRIOR_SIGMA_PREFILL = 0.241

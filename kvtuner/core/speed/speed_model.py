@@ -101,7 +101,7 @@ CURVE_POINTS = 17
 #: ``GGML_OP_OFFLOAD_MIN_BATCH`` default).
 OFFLOAD_MIN_BATCH = 32
 #: Without a CPU probe: per-thread rates from this project's earlier measurements on a 2-core
-#: AVX2/AVX-512 VM (benchmarks/speed_accuracy.py, commit fcce6d6): 5 GB/s of weights per decode
+#: AVX2/AVX-512 VM (benchmarks/speed_accuracy.py): 5 GB/s of weights per decode
 #: thread, 30 GFLOP/s per prefill thread, 40 us per layer, 0.5 ms per token, and the flash-attention
 #: kernel's 1280 B-equivalent per (head x cell) in decode and 1024 FLOP-equivalent in prefill.
 FALLBACK_DECODE_BYTES_S_PER_THREAD = 5e9

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 from ..plan.config import PlanConfig
 
-#: Most real loads one tune may use (issue 13: "confirm with at most 3 short real loads").
+#: Most real loads one tune may use (at most 3 short real loads: each costs a model load and a
+#: prefill at the top of the context).
 MAX_REAL_LOADS = 3
 #: Bench shape of a confirming load: a short prompt and a short decode at the top of the context
 #: (the ranking is decode at the full context).
@@ -21,7 +22,7 @@ CONFIRM_GEN_TOKENS = 32
 #: fraction (|predicted / measured - 1|) does not confirm it: the calibrated prediction is measured
 #: again (loads permitting), so the speed a tune reports was checked by a load it had not seen.
 #: 10%: two thirds of the 15% the issue asks of a confirmed prediction, leaving room for the
-#: run-to-run spread of a CPU decode (5-10% on a shared 2-core machine, README "Tune").
+#: run-to-run spread of a CPU decode (5-10% on a shared 2-core machine: docs/accuracy/tune.md).
 CONFIRM_TOLERANCE = 0.10
 
 

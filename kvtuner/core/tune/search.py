@@ -207,7 +207,7 @@ class TuneResult:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``kvtuner tune --json`` document (schema ``kvtuner.tune/1``, README)."""
+        """The ``kvtuner tune --json`` document (schema ``kvtuner.tune/1``, docs/reference/tune-json.md)."""
         return {
             "schema": "kvtuner.tune/1",
             "goal": self.goal.to_dict(),
@@ -282,7 +282,7 @@ def _ffn_apply(cfg: PlanConfig, g: int, hi: int) -> PlanConfig:
     return cfg.with_(n_cpu_ffn=hi - g)
 
 
-#: The integer knobs, outermost first; the last is binary searched. ``n_cpu_moe`` (issue 12) is
+#: The integer knobs, outermost first; the last is binary searched. ``n_cpu_moe`` is
 #: searched as its GPU share ``n_layer - n_cpu_moe``: more layers' experts in VRAM, less in RAM;
 #: ``n_cpu_ffn`` (dense models) likewise as ``n_layer - n_cpu_ffn``. ``n_gpu_layers`` stays first
 #: (:func:`fit_equivalent` searches it alone).

@@ -80,8 +80,8 @@ class ExportDialog(QtWidgets.QDialog):
         self.experimental.setStyleSheet("background: #b26a00; color: white; font-weight: bold; padding: 2px 8px;"
                                         " border-radius: 3px;")
         self.experimental.setToolTip("This export moves layer weights with tensor overrides (-ot) so that only "
-                                     "part of the KV cache stays on the GPU. Its memory layout was checked on an H200 "
-                                     "with llama-cpp-python 0.3.36; attention of the other layers reads their KV "
+                                     "part of the KV cache stays on the GPU. Its memory layout was checked on a GPU "
+                                     "(docs/accuracy/gpu.md); attention of the other layers reads their KV "
                                      "over PCIe, so it runs slower than kvtuner predicts.")
         self.experimental.hide()
         row.addWidget(self.experimental)

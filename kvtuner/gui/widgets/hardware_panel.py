@@ -3,8 +3,8 @@
 (8/12/16/24/48 GB, or a custom size).
 
 On a machine without a GPU the plan is for this machine (CPU only) by default: a what-if card is
-an explicit choice (issue 17: a default what-if card predicted 464 tok/s where this CPU measured
-64-86)."""
+an explicit choice (a default what-if card predicted 464 tok/s for the default model where this
+CPU measured 64-86)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ CPU_ONLY = "cpu"
 CUSTOM = "custom"
 #: Choice prefix of a catalogue card (``card:RTX 3090``).
 CARD = "card:"
-#: A what-if card (tests and the README's examples choose it explicitly).
+#: A what-if card (tests and the documentation's examples choose it explicitly).
 DEFAULT_WHAT_IF = CARD + "RTX 3060 12GB"
 
 

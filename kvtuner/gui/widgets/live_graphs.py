@@ -120,7 +120,7 @@ class LiveGraphs(QtWidgets.QWidget):
         self.speed_plot.getPlotItem().setLogMode(x=False, y=True)
         self.speed_plot.getPlotItem().setLabel("left", "tok/s (log)")
         # memory: a log axis too, so the runner's few hundred MiB move visibly beside 20+ GiB of
-        # available RAM (issue 17: a linear 0-40 GiB axis hid the runner's ~0.4 GiB)
+        # available RAM (a linear 0-40 GiB axis hides the runner's ~0.4 GiB)
         self.mem_plot.getPlotItem().setLogMode(x=False, y=True)
         self.mem_plot.getPlotItem().setLabel("left", "GiB (log)")
         # log axes labelled 1-2-5 per decade: pyqtgraph's own log ticks label every 1..9 x 10^k
