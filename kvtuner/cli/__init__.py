@@ -21,7 +21,22 @@ __all__ = ["EXIT_USAGE", "UserError", "build_parser", "main"]
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the usage errors on one line too (``kvtuner plan: error: ...``, exit 2),
-    not the whole usage block; ``--help`` still prints it. Subparsers inherit the class."""
+    not the whole usage block; ``--help`` still prints it. Subparsers inherit the class.
+
+    A flag means only itself: no abbreviations (``--gpu`` is not ``--gpu-layers``), and a
+    single-dash word of several letters is never split into a one-letter flag and its value
+    (llama.cpp's flags ``-ngl``, ``-ctk``, ``-cd`` are whole words: ``-cd 4096`` is not
+    ``-c d``; common/arg.cpp takes every value as a separate argument)."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list[typing.Any]:
+        chars = self.prefix_chars
+        if len(option_string) > 2 and option_string[0] in chars and option_string[1] not in chars:
+            return []  # an unknown multi-letter single-dash flag: "unrecognized arguments"
+        return super()._get_option_tuples(option_string)
 
     def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -145,10 +145,10 @@ def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
     return config
 
 
-def add_hardware_args(parser: argparse.ArgumentParser) -> None:
-    """``--gpu NAME`` (a catalogue card, repeatable), ``--gpu-mem SIZE`` (a generic card,
-    repeatable), ``--no-gpu``, ``--ram SIZE`` and ``--no-probe``."""
-    g = parser.add_argument_group("hardware")
+def add_what_if_args(g: "argparse._ActionsContainer") -> None:
+    """The devices and RAM to plan for, shared by ``plan``, ``tune``, ``bench`` and ``gui``:
+    ``--gpu NAME`` (a catalogue card, repeatable), ``--gpu-mem SIZE`` (a generic card,
+    repeatable), ``--no-gpu`` and ``--ram SIZE``."""
     g.add_argument("--gpu", action="append", default=None, metavar="NAME", dest="gpu_name",
                    help="plan for a named card of the catalogue (e.g. \"RTX 3090\"; 'kvtuner gpus' lists them); "
                         "repeat for several GPUs; default: the detected GPUs")
@@ -156,6 +156,13 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
                    help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs")
     g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
+
+
+def add_hardware_args(parser: argparse.ArgumentParser) -> None:
+    """The what-if devices and RAM (:func:`add_what_if_args`), RPC servers, the device split
+    (``-sm``/``-ts``/``-mg``) and ``--no-probe``."""
+    g = parser.add_argument_group("hardware")
+    add_what_if_args(g)
     g.add_argument("--rpc", action="append", default=None, metavar="HOST:PORT[,...]",
                    help="llama.cpp RPC servers (rpc-server on other machines), comma-separated or repeated; each is "
                         "asked for its devices' memory, or planned as a what-if with HOST:PORT=24G or "

@@ -57,11 +57,14 @@ def _wait(app: Any, condition: Any, timeout_s: float) -> bool:
 
 def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | None = None, run: bool = False,
         *, settings: Any = None, run_timeout_s: float = 300.0, size: tuple[int, int] | None = None,
-        dark: bool = False) -> int:
+        dark: bool = False, plan_for: tuple[str, int | None] | None = None, host: Any = None) -> int:
     """Open the main window on ``model_path`` (None: the last model, else the embedded default;
     a ``.json`` path is a kvtuner profile: its model and configuration).
 
     ``size``: the window's (width, height) in pixels; ``dark``: a dark palette (screenshots).
+    ``plan_for``: the "Plan for" choice ``(choice, custom bytes)`` from ``--gpu``/``--gpu-mem``/
+    ``--no-gpu`` (None: the saved one); ``host``: a :class:`HostSpec` from ``--ram`` (None: this
+    machine's, followed as it changes).
 
     With ``screenshot``: render offscreen, optionally after a bench (``run``), save the PNG,
     return 0 (1 if the model or the run failed, with the reason on stderr).
@@ -83,7 +86,7 @@ def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | No
     from .run_controller import BenchSettings
 
     bench = BenchSettings(n_prompt=256, n_gen=48, repetitions=2) if screenshot else None
-    window = MainWindow(config, settings=settings, bench=bench)
+    window = MainWindow(config, settings=settings, bench=bench, plan_for=plan_for, host=host)
     if size is not None:
         window.resize(*size)
     window.show()

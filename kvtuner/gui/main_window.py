@@ -136,14 +136,17 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def __init__(self, config: PlanConfig | None = None, *, settings: QtCore.QSettings | None = None,
                  hardware: tuple[list, Any, str] | None = None, bench: BenchSettings | None = None,
-                 sampler: Any = None) -> None:
+                 sampler: Any = None, plan_for: tuple[str, int | None] | None = None, host: Any = None) -> None:
         super().__init__()
         self.setWindowTitle("kvtuner")
         self.setAcceptDrops(True)
         self.settings = settings if settings is not None else open_settings()
         self.app_settings = AppSettings(self.settings)
         self.tasks = BackgroundTasks(self)
-        gpus, host, note = hardware or _detect_hardware()
+        gpus, detected_host, note = hardware or _detect_hardware()
+        #: RAM given on the command line (``--ram``): planned as is, not followed as it changes
+        self.fixed_host = host is not None
+        host = host if host is not None else detected_host
         #: the window made its sampler and sets its rate (10 Hz in a run, 1 Hz idle); a sampler
         #: passed in keeps the rate it was given
         self._own_sampler = sampler is None
@@ -178,6 +181,11 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self._build(gpus, host, note)
         self._restore_settings(config)
+        #: the command line's "Plan for" choice: it wins over the saved one and is not saved
+        self._cli_plan_for = plan_for
+        if plan_for is not None:
+            self.hardware.set_choice(*plan_for)
+            self._apply_effective()
         self._pull_timer = QtCore.QTimer(self)
         self._pull_timer.timeout.connect(self.pull)
         self._fast = True
@@ -387,7 +395,8 @@ class MainWindow(QtWidgets.QMainWindow):
         s.set_geometry(self.saveGeometry())
         if self._remember_config:
             s.set_config(self._wanted)
-        s.set_hardware_choice(self.hardware.current_choice(), self.hardware.custom_bytes())
+        if self._cli_plan_for is None or self._cli_plan_for[0] != self.hardware.current_choice():
+            s.set_hardware_choice(self.hardware.current_choice(), self.hardware.custom_bytes())
         s.set_auto_stop(self.advisor.auto_stop.isChecked())
         s.set_remember_working_configs(self.known_good.remember.isChecked())
         if self.model_path is not None:
@@ -887,7 +896,8 @@ class MainWindow(QtWidgets.QMainWindow):
         """The plan's RAM headroom uses the RAM available now, not at start: when it moved by
         more than :data:`RAM_REPLAN_BYTES` (and no run holds memory), replan with it."""
         h = self.session.host
-        if h is None or self.runner.running or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES:
+        if (h is None or self.fixed_host or self.runner.running
+                or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES):
             return
         from dataclasses import replace
 
