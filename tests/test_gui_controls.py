@@ -204,7 +204,9 @@ def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(q
     QtWidgets.QApplication.processEvents()
     shown = [lab.text() for lab in w.advisor._body.findChildren(QtWidgets.QLabel) if lab.isVisibleTo(w.advisor)
              and lab.text()]
-    expected = [str(a.message) for a in w.advisor.items] or ["No problems found for this configuration."]
+    from kvtuner.gui.config_state import gui_wording
+
+    expected = [gui_wording(a.message) for a in w.advisor.items] or ["No problems found for this configuration."]
     assert sorted(shown) == sorted(expected)
 
 

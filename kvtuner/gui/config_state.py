@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..core.plan.config import PlanConfig
+from ..core.plan.config import ALL_LAYERS, PlanConfig
 from ..core.plan.fields import FIELDS, config_field
 from ..core.plan.placement import offloaded_repeating_layers
 
@@ -78,12 +78,49 @@ def _label(name: str) -> str:
     return config_field(name).label.replace("&", "")
 
 
+def _assignment(name: str, text: str) -> str:
+    """``name = text`` from a message as ``Label: value`` (a number read as one)."""
+    value: Any = int(text) if re.fullmatch(r"-?\d+", text) else (None if text == "None" else text)
+    return f"{_label(name)}: {value_wording(name, value)}"
+
+
+def value_wording(name: str, value: Any) -> str:
+    """A PlanConfig value as its control shows it: ``all`` for every layer (or every offloaded
+    layer's KV), ``on``/``off`` for a switch, the unit after a count (``30 layers``,
+    ``8192 tokens``)."""
+    f = config_field(name)
+    if value is None or (f.kind == "layers" and value == ALL_LAYERS):
+        return "all"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (tuple, list)):
+        return ", ".join(str(v) for v in value) or "none"
+    return f"{value} {f.unit}" if f.unit and isinstance(value, int) else str(value)
+
+
+def fix_wording(changes: dict[str, Any]) -> str:
+    """PlanConfig changes in control names: ``{"n_cpu_ffn": 30, "type_k": "q8_0"}`` ->
+    ``Dense FFN on CPU: 30 layers, K cache type: q8_0``."""
+    return ", ".join(f"{_label(k)}: {value_wording(k, v)}" if k in _FIELD_NAMES else f"{k}: {v}"
+                     for k, v in changes.items())
+
+
+_FIELD_NAMES = frozenset(f.name for f in FIELDS)
+
+
 def gui_wording(message: str) -> str:
-    """A configuration refusal worded for the window: every command-line flag (``--flash-attn``,
-    ``-ctk`` ...) becomes the name of its control in quotes (``"Flash attention (-fa)"``)."""
+    """A message worded for the window: every command-line flag (``--flash-attn``, ``-ctk`` ...)
+    and every configuration field name (``n_ubatch``; ``n_cpu_ffn = 30``) becomes the name of
+    its control (``"Flash attention (-fa)"``; ``Dense FFN on CPU: 30 layers``)."""
     names = {flag: f.name for f in FIELDS for flag in (f.flag, *f.aliases)}
     pattern = "|".join(re.escape(flag) for flag in sorted(names, key=len, reverse=True))
     text = re.sub(rf"(?<![\w-])({pattern})(?![\w-])", lambda m: f'"{_label(names[m.group(1)])}"', message)
+    # a run of flags (a fix written as a command line) becomes a list: "A" 1, "B" 2
+    labels = "|".join(re.escape(_label(f.name)) for f in FIELDS)
+    text = re.sub(rf'("(?:{labels})"(?: [^\s",:;]+)?) (?="(?:{labels})")', r"\1, ", text)
+    fields = "|".join(sorted(_FIELD_NAMES, key=len, reverse=True))
+    text = re.sub(rf"\b({fields}) ?= ?(-?\w+)", lambda m: _assignment(m.group(1), m.group(2)), text)
+    text = re.sub(rf"\b({fields})\b", lambda m: f'"{_label(m.group(1))}"', text)
     text = text.replace('"Context (-c)" 0', '"Context (-c)" at the training context')
     text = re.sub(r"give --gpu-mem to plan a what-if GPU", 'choose a what-if card in "Plan for"', text)
     text = re.sub(r"plan a what-if card with --gpu-mem \S+", 'choose a what-if card in "Plan for"', text)

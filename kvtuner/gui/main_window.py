@@ -33,7 +33,7 @@ from ..core.session import Assessment, Session
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run, probe_structure
 from .about import install_help_menu
-from .config_state import effective_config, fix_for_error, gui_wording
+from .config_state import effective_config, fix_for_error, fix_wording, gui_wording
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
 from .settings import AppSettings, open_settings
@@ -71,8 +71,11 @@ LEFT_MIN_WIDTH = 430
 RAM_REPLAN_BYTES = 512 << 20
 #: The progress text after a dry run (replaced when the configuration changes).
 VERIFIED_TEXT = "verified by llama.cpp"
-#: The advice pane's height at start, pixels (drag the splitter for more).
+#: The advice pane's least height, pixels (drag the splitter for more).
 ADVICE_HEIGHT_PX = 110
+#: The most of the graphs-and-advice column the advice pane takes by itself; its rows scroll
+#: beyond that (the graphs keep the rest).
+ADVICE_MAX_SHARE = 0.6
 #: The live graphs' title.
 GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
@@ -290,6 +293,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.main_split.setStretchFactor(1, 1)
         self.main_split.setSizes([LEFT_MIN_WIDTH, 1440 - LEFT_MIN_WIDTH])
         self._split_done = False  # the graphs/advice split is set at the first show (see showEvent)
+        self._advice_auto_px = 0  # the advice height the window last set by itself (0: none yet)
         self.setCentralWidget(self.main_split)
 
         self._build_actions()
@@ -307,7 +311,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.advisor.apply_fix.connect(self.apply_fix)
         self.advisor.stop_requested.connect(self.stop_run)
         self.advisor.auto_stop_changed.connect(self._on_auto_stop_changed)
-        self.advisor.notes_changed.connect(self._make_room_for_advice)
+        self.advisor.content_changed.connect(self._make_room_for_advice)
         self.known_good.restore_requested.connect(self.restore_working_config)
         self.known_good.delete_requested.connect(self.delete_working_configs)
         self.known_good.remember_changed.connect(self._on_remember_changed)
@@ -632,7 +636,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self._show_refusal(str(exc), values)
             return
         if self.controls.resolved_notes:  # llama-server defaults, shown resolved
-            self.status.showMessage("; ".join(self.controls.resolved_notes), 8000)
+            self.status.showMessage(gui_wording("; ".join(self.controls.resolved_notes)), 8000)
         self.set_config(config)
 
     def _on_fix_requested(self, changes: dict) -> None:
@@ -665,7 +669,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self._show_refusal(f"cannot apply this fix: {exc}")
             return
         self.set_config(config)
-        self.status.showMessage("applied: " + ", ".join(f"{k} = {v}" for k, v in fix.items()), 5000)
+        self.status.showMessage("applied: " + fix_wording(fix), 5000)
 
     def _sync_session(self) -> Session:
         """The session, told the model, configuration and hardware shown."""
@@ -1020,18 +1024,26 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def showEvent(self, event: QtGui.QShowEvent) -> None:  # noqa: N802 (Qt API)
         super().showEvent(event)
-        if not self._split_done:  # the graphs get the height, the advice a few rows (more by dragging)
+        if not self._split_done:  # the graphs get the height, the advice what its rows need
             self._split_done = True
-            total = sum(self.right_split.sizes()) or self.right_split.height()
-            advice = max(ADVICE_HEIGHT_PX, self.advisor.needed_height())
-            self.right_split.setSizes([max(total - advice, 1), advice])
+            self._advice_auto_px = 0
+            self._make_room_for_advice()
 
     def _make_room_for_advice(self) -> None:
-        """Grow the advice pane (from the graphs) until its notes show whole: never clipped."""
+        """Size the advice pane to its notes and rows (:meth:`AdvisorPane.needed_height`, at
+        least :data:`ADVICE_HEIGHT_PX`, at most :data:`ADVICE_MAX_SHARE` of the column, where
+        its rows scroll): it grows when advice comes, and shrinks back when advice goes unless
+        the splitter was dragged since."""
+        if not self._split_done:
+            return
         graphs, advice = self.right_split.sizes()
-        need = self.advisor.needed_height()
-        if advice < need and graphs + advice > need:
-            self.right_split.setSizes([graphs + advice - need, need])
+        total = graphs + advice
+        if total <= 0:
+            return
+        want = max(ADVICE_HEIGHT_PX, min(self.advisor.needed_height(), int(total * ADVICE_MAX_SHARE)))
+        if advice < want or (advice > want and advice == self._advice_auto_px):
+            self.right_split.setSizes([total - want, want])
+            self._advice_auto_px = self.right_split.sizes()[1]
 
     def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt API)
         self.save_settings()
