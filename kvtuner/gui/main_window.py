@@ -320,6 +320,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.run_controls.verify_clicked.connect(self.verify)
         self.run_controls.bench.set_settings(self.runner.settings)
         self.run_controls.bench.changed.connect(self._on_bench_changed)
+        self._set_model_open(False)
         self.resize(1440, 920)
 
     def _build_actions(self) -> None:
@@ -364,6 +365,12 @@ class MainWindow(QtWidgets.QMainWindow):
         run_menu.addAction(self.tune_action)
         tb.addAction(self.tune_action)
         self._update_recent_menu()
+
+    def _set_model_open(self, is_open: bool) -> None:
+        """Run, Verify and Export act on a model: disabled, with the reason, until one is open."""
+        self.run_controls.set_ready(is_open)
+        for action in (self.run_action, self.verify_action, self.export_action):
+            action.setEnabled(is_open and not self.stale)
 
     # -- settings ----------------------------------------------------------------------------------
 
@@ -457,6 +464,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_error("")
         self.app_settings.add_recent_model(self.model_path)
         self._update_recent_menu()
+        self._set_model_open(True)
         self.status.showMessage(f"opened {self.model_path.name}", 5000)
         self.replan()
         self.refresh_known_good()
@@ -511,7 +519,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.status.showMessage("configuration reset to the defaults", 5000)
 
     def _on_open_triggered(self) -> None:
-        start = str(self.model_path.parent) if self.model_path else str(Path.home())
+        start = str(self.app_settings.open_dir())  # the last folder opened from, else home
         path, _ = QtWidgets.QFileDialog.getOpenFileName(
             self, "Open a GGUF model or a kvtuner profile", start,
             "GGUF models and kvtuner profiles (*.gguf *.json);;GGUF models (*.gguf);;kvtuner profiles (*.json);;"
@@ -521,6 +529,8 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def open_path(self, path: Path | None) -> None:
         """Open a model, or a kvtuner profile when ``path`` ends in ``.json`` (None: the default model)."""
+        if path is not None:
+            self.app_settings.set_open_dir(Path(path))
         if path is not None and Path(path).suffix.lower() == ".json":
             self.open_profile(Path(path))
         else:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.advice.advisor import AdvisorSettings, should_auto_stop
 from ..core.monitor.contention import QUIET_MAX_OTHER_CORES, CpuSnapshot, cpu_snapshot, other_cores
 from ..core.monitor.live import SWAP_WINDOW_S, LiveState, LiveTracker, free_bytes_on
+from ..core.monitor.rolling import RollingRate
 from ..core.plan.config import PlanConfig
 from ..core.session import Session
 from ..core.store.library import record_completed_run
@@ -98,6 +99,8 @@ class RunEvents:
         self.measured: dict[str, float] = {}
         self.last_load_progress = 0.0
         self.live = LiveTracker()
+        #: the decode rate the live graph draws (rolling over the last tokens, not per token)
+        self.decode_rate = RollingRate()
         self.live_state: LiveState | None = None
         self.auto_stopped = False
         self.run_config: PlanConfig | None = None
@@ -122,6 +125,7 @@ class RunEvents:
         self._marks = set()
         self.last_load_progress = 0.0
         self.live.reset()
+        self.decode_rate.reset()
         self.live_state = None
         self.auto_stopped = False
         self.run_config, self.run_model_path = config, model_path
@@ -203,13 +207,17 @@ class RunEvents:
         elif isinstance(ev, P.TokenEvent):
             if ev.index == 0:
                 self._mark_once(t_s, f"decode {ev.rep}" if ev.rep > 0 else "decode")
-            if ev.dt_s > 0:
-                w.graphs.add_decode(t_s, 1.0 / ev.dt_s)
+                self.decode_rate.reset()
+            rate = self.decode_rate.add(ev.t_s, ev.dt_s)  # the graph draws the rolling rate
+            if rate is not None:
+                w.graphs.add_decode(t_s, rate)
             self.live.token(t_s, ev.dt_s)
             n_gen = w.runner.settings.n_gen
             w.run_controls.set_progress((ev.index + 1) / n_gen, f"decode {ev.index + 1}/{n_gen}")
         elif isinstance(ev, P.RepResultEvent):
             self.live.end_decode()
+            self.decode_rate.reset()
+            w.graphs.break_decode(t_s)  # the next repetition's decode is a line of its own
             if ev.decode_s > 0:
                 rate = ev.n_gen / ev.decode_s
                 w.status.show_speed(None, rate)

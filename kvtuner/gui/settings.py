@@ -163,5 +163,20 @@ class AppSettings:
         value = self.qsettings.value("model/last")
         return Path(str(value)) if value else None
 
+    def open_dir(self) -> Path:
+        """Where the Open dialog starts: the folder of the last model or profile the user opened,
+        else the home folder (never kvtuner's cache, where the default model lives)."""
+        value = self.qsettings.value("open/dir")
+        folder = Path(str(value)) if value else None
+        return folder if folder is not None and folder.is_dir() else Path.home()
+
+    def set_open_dir(self, path: Path) -> None:
+        """Remember ``path``'s folder for the Open dialog, unless it is kvtuner's cache."""
+        from ..core.paths import cache_dir
+
+        folder = Path(path).expanduser().resolve().parent
+        if folder != cache_dir().resolve():
+            self.qsettings.setValue("open/dir", str(folder))
+
     def set_last_model(self, path: Path) -> None:
         self.qsettings.setValue("model/last", str(path))

@@ -20,6 +20,8 @@ from ...core.units import fmt_bytes
 
 #: Slider steps per device (a -ts share of 0..SLIDER_MAX).
 SLIDER_MAX = 100
+#: The card list's first entry: nothing is chosen until the user picks a card.
+ADD_CARD_PLACEHOLDER = "Add a card..."
 
 
 class DeviceListPanel(QtWidgets.QGroupBox):
@@ -43,10 +45,16 @@ class DeviceListPanel(QtWidgets.QGroupBox):
 
         add = QtWidgets.QHBoxLayout()
         self.card = QtWidgets.QComboBox()
+        # no card is chosen until the user picks one: the first entry only says what the box is for
+        self.card.addItem(ADD_CARD_PLACEHOLDER, None)
         for g in GPU_CATALOGUE.values():
-            self.card.addItem(g.name)
+            self.card.addItem(g.name, g.name)
+        self.card.setToolTip("a card of the catalogue to plan beside the Hardware panel's choice")
         self.add_card_button = QtWidgets.QPushButton("Add card")
-        self.add_card_button.setToolTip("add a what-if local GPU of the catalogue (like a repeated --gpu NAME)")
+        self.add_card_button.setToolTip("add the chosen card as a what-if local GPU (like a repeated --gpu NAME)")
+        self.add_card_button.setEnabled(False)
+        self.card.currentIndexChanged.connect(
+            lambda *_: self.add_card_button.setEnabled(self.card.currentData() is not None))
         add.addWidget(self.card, 1)
         add.addWidget(self.add_card_button)
         lay.addLayout(add)
@@ -161,7 +169,11 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         return True
 
     def _add_card(self) -> None:
-        self.add_device(catalogue_gpu(self.card.currentText()))
+        name = self.card.currentData()
+        if name is None:
+            return
+        self.add_device(catalogue_gpu(str(name)))
+        self.card.setCurrentIndex(0)  # back to the placeholder: the next card is another choice
 
     def _add_rpc(self) -> None:
         if self.add_rpc(self.rpc_edit.text()):

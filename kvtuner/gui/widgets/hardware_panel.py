@@ -8,7 +8,7 @@ CPU measured 64-86)."""
 
 from __future__ import annotations
 
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.hardware.gpu_catalogue import GPU_CATALOGUE
 from ...core.hardware.specs import GPU_PRESETS_BYTES, GpuSpec, HostSpec, catalogue_gpu, what_if_gpu
@@ -21,6 +21,34 @@ CUSTOM = "custom"
 CARD = "card:"
 #: A what-if card (tests and the documentation's examples choose it explicitly).
 DEFAULT_WHAT_IF = CARD + "RTX 3060 12GB"
+#: Item data role of the short text the closed "Plan for" box shows (the list shows the full one).
+SHORT_TEXT_ROLE = int(QtCore.Qt.ItemDataRole.UserRole) + 1
+
+
+class ChoiceBox(QtWidgets.QComboBox):
+    """A combo box whose closed face shows each item's short text (:data:`SHORT_TEXT_ROLE`,
+    e.g. "RTX 3060 12GB (what-if)") while its list shows the full one with the card's figures,
+    so the choice reads whole in the narrow left column."""
+
+    def displayed_text(self) -> str:
+        """The text the closed box shows."""
+        return str(self.currentData(SHORT_TEXT_ROLE) or self.currentText())
+
+    def text_rect_width(self) -> int:
+        """Pixels the closed box has for its text."""
+        opt = QtWidgets.QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        return self.style().subControlRect(QtWidgets.QStyle.ComplexControl.CC_ComboBox, opt,
+                                           QtWidgets.QStyle.SubControl.SC_ComboBoxEditField, self).width()
+
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt API)
+        painter = QtWidgets.QStylePainter(self)
+        opt = QtWidgets.QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        opt.currentText = self.fontMetrics().elidedText(self.displayed_text(), QtCore.Qt.TextElideMode.ElideRight,
+                                                        max(self.text_rect_width(), 1))
+        painter.drawComplexControl(QtWidgets.QStyle.ComplexControl.CC_ComboBox, opt)
+        painter.drawControl(QtWidgets.QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
 
 class HardwarePanel(QtWidgets.QGroupBox):
@@ -56,12 +84,17 @@ class HardwarePanel(QtWidgets.QGroupBox):
             f"swap {fmt_bytes(host.swap_total_bytes)}")
         form.addRow("RAM", self.ram_label)
 
-        self.choice = QtWidgets.QComboBox()
+        self.choice = ChoiceBox()
+
+        def short(text: str) -> None:
+            self.choice.setItemData(self.choice.count() - 1, text, SHORT_TEXT_ROLE)
+
         if gpus:
             self.choice.addItem(f"detected GPU{'s' if len(gpus) > 1 else ''}", DETECTED)
         for g in GPU_CATALOGUE.values():
             self.choice.addItem(f"what-if {g.name} ({g.vram_bytes / GiB:g} GiB, {g.mem_bandwidth_bytes_s / 1e9:.0f} GB/s)",
                                 CARD + g.name)
+            short(f"{g.name} (what-if)")
             self.choice.setItemData(self.choice.count() - 1, g.describe() + "\nsource: " + g.source,
                                     QtCore.Qt.ItemDataRole.ToolTipRole)
         from ...core.speed.speed_model import GENERIC_CARDS
@@ -71,7 +104,9 @@ class HardwarePanel(QtWidgets.QGroupBox):
             bw = GPU_CATALOGUE[like].mem_bandwidth_bytes_s / 1e9 if like in GPU_CATALOGUE else None
             self.choice.addItem(f"what-if generic {name} GPU" + (
                 f" (speed of an {like}, {bw:.0f} GB/s)" if bw else (f" (speed of an {like})" if like else "")), name)
+            short(f"generic {name} GPU (what-if)")
         self.choice.addItem("what-if custom size (generic card)", CUSTOM)
+        short("custom size (what-if)")
         self.choice.addItem("CPU only (no GPU)", CPU_ONLY)
         self.choice.setToolTip("The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
                                "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold.")
@@ -138,6 +173,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         if custom_bytes:
             self.custom.setValue(custom_bytes / GiB)
         self.custom.setEnabled(choice == CUSTOM)
+        self.custom.setVisible(choice == CUSTOM)  # the size box only for a custom size: the choice reads whole
         for w in (self.choice, self.custom):
             w.blockSignals(False)
         self._show_figures()
@@ -172,5 +208,6 @@ class HardwarePanel(QtWidgets.QGroupBox):
 
     def _on_choice_changed(self, *_: object) -> None:
         self.custom.setEnabled(self.current_choice() == CUSTOM)
+        self.custom.setVisible(self.current_choice() == CUSTOM)
         self._show_figures()
         self.changed.emit()

@@ -240,7 +240,8 @@ class LiveGraphs(QtWidgets.QWidget):
         self.series["prefill"].append(self.rel(t_s), tok_s)
 
     def add_decode(self, t_s: float, tok_s: float) -> None:
-        """One measured decode rate (tok/s) at monotonic time ``t_s``."""
+        """One measured decode rate (tok/s) at monotonic time ``t_s`` (the window draws the
+        rolling rate of :class:`kvtuner.core.monitor.rolling.RollingRate`)."""
         self.series["decode"].append(self.rel(t_s), tok_s)
 
     def begin_run(self, t_s: float) -> None:
@@ -260,6 +261,11 @@ class LiveGraphs(QtWidgets.QWidget):
 
     def end_run(self, t_s: float) -> None:
         """Break the decode line so two runs are not joined."""
+        self.break_decode(t_s)
+
+    def break_decode(self, t_s: float) -> None:
+        """Break the decode line at monotonic time ``t_s`` (the end of a decode phase): the next
+        phase's rate is not joined to this one's."""
         self.series["decode"].append(self.rel(t_s), math.nan)
 
     def mark_phase(self, t_s: float, name: str) -> None:

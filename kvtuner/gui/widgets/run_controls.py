@@ -9,6 +9,10 @@ from typing import Any
 from PySide6 import QtCore, QtWidgets
 
 
+#: Run's and Verify's tooltip while no model is open.
+NO_MODEL_TIP = "Open a model first (File > Open, or File > Open the default model)"
+
+
 class BenchButton(QtWidgets.QToolButton):
     """A compact button that shows the bench (``256+64 tok x2, auto threads``) and drops down a
     form to set prompt tokens, generated tokens, repetitions and CPU threads (0: llama.cpp's
@@ -101,11 +105,23 @@ class RunControls(QtWidgets.QWidget):
         self.run_button.clicked.connect(self.run_clicked)
         self.stop_button.clicked.connect(self.stop_clicked)
         self.verify_button.clicked.connect(self.verify_clicked)
-        self.set_running(False)
+        self._tips = {b: b.toolTip() for b in (self.run_button, self.verify_button)}
+        self.ready = False
+        self._running = False
+        self.set_ready(False)
+
+    def set_ready(self, ready: bool) -> None:
+        """Whether a model is open: without one, Run and Verify are disabled and say so."""
+        self.ready = ready
+        for button, tip in self._tips.items():
+            button.setToolTip(tip if ready else NO_MODEL_TIP)
+        self.verify_button.setEnabled(ready)
+        self.set_running(self._running)
 
     def set_running(self, running: bool) -> None:
-        """Enable Stop while a run is active, Run otherwise."""
-        self.run_button.setEnabled(not running)
+        """Enable Stop while a run is active, Run otherwise (with a model open)."""
+        self._running = running
+        self.run_button.setEnabled(not running and self.ready)
         self.stop_button.setEnabled(running)
 
     def set_progress(self, fraction: float | None, text: str) -> None:
