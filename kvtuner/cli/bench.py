@@ -142,6 +142,40 @@ def _bench_side_by_side(plan: "MemoryPlan | None", result: "BenchResult") -> dic
     return doc
 
 
+def _check_bench_devices(args: argparse.Namespace) -> None:
+    """A bench runs on this machine's devices: ``--gpu NAME`` names a card it must have, as
+    llama-bench's ``-dev`` does (tools/llama-bench/llama-bench.cpp ``parse_devices_arg``: an
+    unknown device is "invalid device", and the bench does not run), so a card this machine
+    lacks, or a generic ``--gpu-mem`` card, ends in one line (exit 2) instead of a run on other
+    hardware whose figures would read as the card's. A named card that is this machine's GPU is
+    that GPU (the detected one is planned beside the measurement).
+
+    Raises:
+        UserError: ``--gpu-mem``, or a ``--gpu`` card that is not detected here.
+    """
+    names, sizes = getattr(args, "gpu_name", None) or [], getattr(args, "gpu_mem", None) or []
+    if sizes:
+        raise UserError(f"bench measures this machine: --gpu-mem {sizes[0]} is a what-if card it cannot run on; "
+                        f"leave it out, or plan the card with 'kvtuner plan --gpu-mem {sizes[0]}'")
+    if not names:
+        return
+    from ..core.hardware.gpu_catalogue import UnknownGpuError, find_gpu
+    from .args import detect_gpus
+
+    detected = detect_gpus()
+    have = {g.catalogue for g in detected if g.catalogue}
+    for name in names:
+        try:
+            card = find_gpu(name).name
+        except UnknownGpuError as exc:
+            raise UserError(f"--gpu: {exc}") from None
+        if card not in have:
+            here = ", ".join(g.name for g in detected) or "no GPU found"
+            raise UserError(f"bench measures this machine ({here}): it has no {card}, so --gpu \"{name}\" does not "
+                            f"apply; leave it out, or plan the card with 'kvtuner plan --gpu \"{card}\"'")
+    args.gpu_name = None  # the detected card it names is planned as detected (its free memory, its index)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
     from ..runner.bench import BenchError, run_bench
@@ -151,6 +185,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # the runner is llama-cpp-python, built without the RPC backend, and takes no split yet
         raise UserError("bench runs one device through llama-cpp-python (no RPC backend, no split): plan and export "
                         "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
+    _check_bench_devices(args)
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")

@@ -51,6 +51,16 @@ def model_text(m: ModelProfile) -> str:
     return "\n".join(lines)
 
 
+def planned_for_text(plan: MemoryPlan) -> str:
+    """The devices a plan is for, by name, in one line: ``planned for: CUDA0 RTX 3060 12GB
+    (what-if) 12.00 GiB; RAM 32.00 GiB`` (a catalogue card named as ``--gpu`` gave it, a generic
+    one as ``what-if 12 GiB GPU``, a detected one by its driver name), or ``CPU only``."""
+    gpus = [f"{d.device} {d.name} {fmt_bytes(d.capacity_bytes)}" if d.capacity_bytes else f"{d.device} {d.name}"
+            for d in plan.devices if d.kind != "host"]
+    ram = f"RAM {fmt_bytes(plan.host.capacity_bytes)}" if plan.host.capacity_bytes else "RAM unknown"
+    return f"planned for: {', '.join(gpus) if gpus else 'CPU only'}; {ram}"
+
+
 def plan_text(assessment: "Assessment") -> str:
     """Human-readable assessment: config line, KV caches, a per-device table, predicted speed,
     warnings and advice (each with its fix as command-line flags)."""
@@ -66,6 +76,7 @@ def plan_text(assessment: "Assessment") -> str:
         f"-ngl {ngl} ({gpu_note}), KV {c.type_k}/{c.type_v}, flash_attn {c.flash_attn}, n_ubatch {plan.n_ubatch}"
         + (f", swa_full" if c.swa_full else ""),
         f"layers: {m.structure.summary()} ({_structure_source(plan)})",
+        planned_for_text(plan),
         "",
     ]
     rows = [["KV cache", "cells", "layers", "K", "V", "total"]]

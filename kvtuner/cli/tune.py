@@ -92,6 +92,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     fit, fit_error = fit_choice(args, session, goal, model.path)
+    trained = trained_context_warning(result.best)
+    if trained and args.json:
+        print(f"kvtuner: warning: {trained}", file=sys.stderr)
     if args.json:
         doc = result.to_dict()
         doc["fit_choice"] = fit.to_dict() if fit is not None else None
@@ -103,12 +106,30 @@ def cmd_tune(args: argparse.Namespace) -> int:
         emit_json(doc)
     else:
         lines = explain(result, fit, fit_error)
+        if trained:
+            lines.append(f"[warning] ctx-exceeds-train: {trained}")
         if dry:
             lines.append(f"dry run: {dry}")
         for l in loads:
             lines.append(_load_line(l))
         print("\n".join(lines))
     return 0 if result.best is not None else 1
+
+
+def trained_context_warning(best: "Candidate | None") -> str:
+    """The advisor's ``ctx-exceeds-train`` warning for the chosen configuration, as ``plan``
+    gives it (:func:`kvtuner.core.advice.advisor` rule ``_rule_ctx_train``: each sequence's
+    context past the model's training context degrades output unless RoPE scaling is set), with
+    the ``--ctx`` that stays within it; "" when the context is within it."""
+    if best is None:
+        return ""
+    p, m = best.plan, best.plan.model
+    if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
+        return ""
+    per_seq = m.n_ctx_train * (1 if p.config.kv_unified else p.config.n_seq)
+    return (f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was "
+            f"trained on: positions past the trained length degrade output unless RoPE scaling is set "
+            f"(--ctx {per_seq} stays within it)")
 
 
 def _engine(args: argparse.Namespace) -> "object":
