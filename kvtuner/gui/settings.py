@@ -174,8 +174,8 @@ class AppSettings:
         """Remember ``path``'s folder for the Open dialog, unless it is kvtuner's cache."""
         from ..core.paths import cache_dir
 
-        folder = Path(path).expanduser().resolve().parent
-        if folder != cache_dir().resolve():
+        folder = Path(path).expanduser().absolute().parent  # the folder opened from, links not followed
+        if folder.resolve() != cache_dir().resolve():
             self.qsettings.setValue("open/dir", str(folder))
 
     def set_last_model(self, path: Path) -> None:
