@@ -176,11 +176,12 @@ def test_run_verify_and_export_wait_for_a_model(qtbot, tmp_path):
     rc = w.run_controls
     assert not rc.run_button.isEnabled() and not rc.verify_button.isEnabled()
     assert rc.run_button.toolTip() == NO_MODEL_TIP
-    assert not w.run_action.isEnabled() and not w.export_action.isEnabled()
+    assert not w.run_action.isEnabled() and not w.export_action.isEnabled() and not w.tune_action.isEnabled()
     assert w.start_run() is False and not w.runner.running
     w.open_path(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
     assert rc.run_button.isEnabled() and rc.verify_button.isEnabled() and w.run_action.isEnabled()
+    assert w.export_action.isEnabled() and w.tune_action.isEnabled()
     assert rc.run_button.toolTip() != NO_MODEL_TIP
 
 

@@ -367,10 +367,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self._update_recent_menu()
 
     def _set_model_open(self, is_open: bool) -> None:
-        """Run, Verify and Export act on a model: disabled, with the reason, until one is open."""
+        """Run, Verify, Export and Tune act on a model: disabled, with the reason, until one is open."""
         self.run_controls.set_ready(is_open)
         for action in (self.run_action, self.verify_action, self.export_action):
             action.setEnabled(is_open and not self.stale)
+        self.tune_action.setEnabled(is_open)
 
     # -- settings ----------------------------------------------------------------------------------
 
