@@ -372,6 +372,8 @@ def test_refusals_and_warnings_name_controls_not_flags():
         text = gui_wording(cli)
         assert "--" not in text, text
     assert 'choose a what-if card in "Plan for"' in gui_wording("x (give --gpu-mem to plan a what-if GPU)")
+    assert gui_wording("predicts 30.4 tok/s (kvtuner tune --kv-quality q4_0).") == \
+        'predicts 30.4 tok/s (Tune..., "KV quality floor" q4_0).'
 
 
 def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):

@@ -126,6 +126,8 @@ def gui_wording(message: str) -> str:
     text = re.sub(r"plan a what-if card with --gpu-mem \S+", 'choose a what-if card in "Plan for"', text)
     text = re.sub(r"--gpu-mem( \S+)?", 'a what-if card in "Plan for"', text)
     text = text.replace("plan --verify", '"Verify with llama.cpp"')
+    # a tune the command line would run is the Tune dialog here
+    text = re.sub(r"kvtuner tune --kv-quality (\S+?)(?=[).,;]|$| )", r'Tune..., "KV quality floor" \1', text)
     return text
 
 
