@@ -228,16 +228,16 @@ def cmd_library(args: argparse.Namespace) -> int:
 
 def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> None:
     """With hardware flags, plan the exported configuration on that hardware and say on stderr
-    what does not fit (the export is still written: the target may be another machine)."""
+    what the one fit verdict says when it is not "fits" (the export is still written: the target
+    may be another machine)."""
     from ..core.plan.config import ConfigError
-    from ..core.units import fmt_bytes
 
     model = load_model(str(model_path))
     try:
         assessment = session_from_args(args, model, config).assess()  # type: ignore[arg-type]
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    for d in assessment.plan.devices:
-        if d.headroom_bytes is not None and d.headroom_bytes < 0:
-            print(f"kvtuner: warning: on the hardware given this configuration does not fit: {d.device} needs "
-                  f"{fmt_bytes(d.total_bytes)} of {fmt_bytes(d.capacity_bytes)}", file=sys.stderr)
+    v = assessment.verdict
+    if not v.fits:
+        print(f"kvtuner: warning: on the hardware given this configuration is {v.level.upper()}: "
+              f"{v.detail}", file=sys.stderr)

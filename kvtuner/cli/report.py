@@ -86,6 +86,7 @@ def plan_text(assessment: "Assessment") -> str:
             "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
         ])
     lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
+    lines.append(fit_line(assessment))
     h = plan.host
     if h.repack_bytes or h.mapped_bytes:
         lines.append(
@@ -136,6 +137,13 @@ def plan_text(assessment: "Assessment") -> str:
             if fix:
                 lines.append(f"    fix: {fix_flags(fix)}")
     return "\n".join(lines)
+
+
+def fit_line(assessment: "Assessment") -> str:
+    """The one fit verdict in a line (:attr:`kvtuner.core.session.Assessment.verdict`): its level
+    in capitals, why, and the margins it used with their source."""
+    v = assessment.verdict
+    return f"fit: {v.level.upper()} -- {v.detail} (margin: {v.margins.source})"
 
 
 def _comparison_text(assessment: "Assessment") -> list[str]:
