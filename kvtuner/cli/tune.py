@@ -13,6 +13,7 @@ from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
+    from ..core.plan.verdict import FitVerdict
     from ..core.tune import Candidate, TuneResult
     from ..core.tune.fit_choice import FitChoice
     from ..core.tune.confirm import Measured, RealLoad
@@ -92,6 +93,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     fit, fit_error = fit_choice(args, session, goal, model.path)
+    given = _given_verdict(session, base, goal)
     if args.json:
         doc = result.to_dict()
         doc["fit_choice"] = fit.to_dict() if fit is not None else None
@@ -100,15 +102,53 @@ def cmd_tune(args: argparse.Namespace) -> int:
         doc["real_loads"] = [l.to_dict() for l in loads]
         doc["dry_run"] = dry or None
         doc["explanation"] = explain(result, fit, fit_error)
+        doc["given_fit"] = given.to_dict() if given is not None else None
+        doc["warnings"] = trained_context_warnings(result)
         emit_json(doc)
     else:
         lines = explain(result, fit, fit_error)
+        if given is not None:
+            lines.append(f"given:     the configuration as given, at {goal.n_ctx} tokens, is {given.level.upper()} -- "
+                         f"{given.detail}")
         if dry:
             lines.append(f"dry run: {dry}")
         for l in loads:
             lines.append(_load_line(l))
         print("\n".join(lines))
     return 0 if result.best is not None else 1
+
+
+def _given_verdict(session: "object", base: "PlanConfig", goal: "object") -> "FitVerdict | None":
+    """The fit verdict of the configuration as the user gave it, at the goal's context (None for
+    a goal without one, or a configuration that cannot be planned): the same verdict ``plan``
+    prints, so ``tune`` and ``plan`` agree on it."""
+    from ..core.plan.config import ConfigError
+    from ..core.plan.verdict import fit_verdict
+
+    s: Any = session
+    g: Any = goal
+    if g.n_ctx is None:
+        return None
+    try:
+        s.config = base.with_(n_ctx=g.n_ctx)
+        return fit_verdict(s.plan(), s.margins)
+    except ConfigError:
+        return None
+    finally:
+        s.config = base
+
+
+def trained_context_warnings(result: "TuneResult") -> list[str]:
+    """The warning ``plan`` gives (advice ``ctx-exceeds-train``) when the chosen configuration's
+    context per sequence is past the model's training context; [] otherwise."""
+    b = result.best
+    if b is None:
+        return []
+    p, m = b.plan, b.plan.model
+    if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
+        return []
+    return [f"ctx-exceeds-train: each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the "
+            "model was trained on; positions past the trained length degrade output unless RoPE scaling is set"]
 
 
 def _engine(args: argparse.Namespace) -> "object":
@@ -296,6 +336,8 @@ def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str
         lines.append("--fit:     llama.cpp's --fit finds nothing that fits with the configured KV types")
     for n in result.notes:
         lines.append(f"note:      {n}")
+    for w in trained_context_warnings(result):
+        lines.append(f"warning:   {w}")
     if p.gpus:
         lines.append(f"memory:    every GPU within capacity less {fmt_bytes(g.vram_margin_bytes)}, host within "
                      f"{1 - g.ram_headroom_fraction:.0%} of available RAM")
