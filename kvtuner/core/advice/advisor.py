@@ -35,7 +35,7 @@ from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
 from ..tune.fit_choice import fit_blockers
-from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
+from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_NOTES, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
 from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
@@ -74,6 +74,9 @@ class Advice:
         fix_label: button text (``"Use n_ubatch 256"``).
         action: what acting on it does; by default :attr:`AdviceAction.FIX` when there is a
             ``fix``, else :attr:`AdviceAction.NONE`.
+        trade: for "does not fit" and "too slow", the trade across KV quality levels
+            (:data:`~kvtuner.core.tune.KV_QUALITY_ORDER`): per level ``{kv_quality, fix, fix_label,
+            decode_tok_s_at_full_ctx, fits, note}``, ``fix`` None when nothing fits at that level.
     """
 
     id: str
@@ -83,6 +86,7 @@ class Advice:
     fix: dict[str, object]
     fix_label: str
     action: AdviceAction | None = None
+    trade: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action is None:
@@ -91,9 +95,10 @@ class Advice:
             object.__setattr__(self, "action", AdviceAction(self.action))
 
     def to_dict(self) -> dict[str, Any]:
-        """``{id, severity, message, reason, fix, fix_label}`` (JSON-able)."""
+        """``{id, severity, message, reason, fix, fix_label, trade}`` (JSON-able; ``trade`` is [] but
+        for "does not fit" and "too slow")."""
         return {"id": self.id, "severity": self.severity, "message": self.message, "reason": self.reason,
-                "fix": dict(self.fix), "fix_label": self.fix_label}
+                "fix": dict(self.fix), "fix_label": self.fix_label, "trade": [dict(t) for t in self.trade]}
 
 
 @dataclass(frozen=True)
@@ -349,22 +354,36 @@ def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[s
     return c.first_fix(candidates, c.fits)
 
 
-def _coarser_kv_note(c: _Ctx, fix: dict[str, object]) -> str:
-    """When the fix (the tuned configuration) predicts under the abandon line at full context and
-    a q4_0 KV cache would clear it, say so: the quality floor is the user's call."""
-    if not fix or "q4_0" in (c.plan.config.type_k, c.plan.config.type_v):
-        return ""
-    p = c.replan(fix)
-    v = c.decode(p, full=True) if p is not None else None
-    if v is None or v >= c.s.abandon_tok_s:
-        return ""
-    q4 = c.tuned_fix({"n_ctx": c.plan.config.n_ctx}, quality="q4_0")
-    p4 = c.replan(q4) if q4 else None
-    v4 = c.decode(p4, full=True) if p4 is not None else None
-    if v4 is None or v4 < c.s.abandon_tok_s or not c.fits(p4):
-        return ""
-    return (f" The fix predicts {v:.2f} tok/s at full context; with a q4_0 KV cache ({fix_flags(q4)}) the tuner "
-            f"predicts {v4:.1f} tok/s (kvtuner tune --kv-quality q4_0).")
+def _quality_trade(c: _Ctx, fix: dict[str, object]) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The trade across KV quality levels at this context: for f16, q8_0 and q4_0 (each the worst
+    KV type allowed) the tuner's fastest configuration that fits, its predicted decode at full
+    context, and what the level costs in quality (:data:`~kvtuner.core.tune.KV_QUALITY_NOTES`).
+    Returns the sentence for the message and the structured :attr:`Advice.trade`; ("", ()) without
+    a speed prediction."""
+    if c.speed is None or c.speed.inputs is None:
+        return "", ()
+    n_ctx = c.plan.config.n_ctx
+    rows: list[dict[str, Any]] = []
+    parts = []
+    for q in KV_QUALITY_ORDER:
+        f = c.tuned_fix({"n_ctx": n_ctx}, quality=q)
+        p = c.replan(f) if f else (c.plan if c.fits(c.plan) else None)
+        v = c.decode(p, full=True) if p is not None and c.fits(p) else None
+        ok = v is not None
+        rows.append({"kv_quality": q, "fix": dict(f) if ok else None, "fix_label": _label(f) if ok else "",
+                     "decode_tok_s_at_full_ctx": v, "fits": ok, "note": KV_QUALITY_NOTES[q]})
+        chosen = " (this fix)" if ok and f == fix else ""
+        parts.append(f"{q} {v:.3g} tok/s{chosen}" if ok else f"{q} nothing fits")
+    best = max((r for r in rows if r["fits"]), key=lambda r: r["decode_tok_s_at_full_ctx"], default=None)
+    text = f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): " + "; ".join(parts) + "."
+    if best is not None and best["fix"] and best["fix"] != fix:
+        text += f" The fastest, {best['kv_quality']}: {fix_flags(best['fix'])}."
+    return text, tuple(rows)
+
+
+def _quality_reason() -> str:
+    """The quality notes with their sources, for an advice's reason."""
+    return "KV quality: " + "; ".join(KV_QUALITY_NOTES[q] for q in KV_QUALITY_ORDER)
 
 
 def _label(fix: dict[str, object]) -> str:
@@ -425,9 +444,10 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
 
 
 def _adv(id: str, severity: str, message: str, reason: str, fix: dict[str, object] | None = None,
-         label: str | None = None, action: AdviceAction | None = None) -> Advice:
+         label: str | None = None, action: AdviceAction | None = None,
+         trade: tuple[dict[str, Any], ...] = ()) -> Advice:
     fix = dict(fix or {})
-    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action)
+    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action, trade)
 
 
 def _rule_vram_oom(c: _Ctx) -> list[Advice]:
@@ -443,15 +463,17 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
         fix = _tuned_or(c, c.fits, gpu=True)
         parts = (f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
                  f"{fmt_bytes(d.kv_bytes)}, compute {fmt_bytes(d.compute_bytes)})")
-        note = _moe_note(c, fix) + _coarser_kv_note(c, fix)
+        note = _moe_note(c, fix)
         if level == DOES_NOT_FIT:
+            trade_text, trade = _quality_trade(c, fix)
             out.append(_adv(
                 "vram-oom", "error",
                 f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: {fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} "
-                f"over." + note,
+                f"over." + note + trade_text,
                 "total = weights + KV + compute + driver overhead must stay under the card's capacity; the fit "
-                "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default)",
-                fix,
+                "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default). "
+                + _quality_reason(),
+                fix, trade=trade,
             ))
         else:
             out.append(_adv(
@@ -513,13 +535,14 @@ def _rule_ram_oom(c: _Ctx) -> list[Advice]:
     fix = _tuned_or(c, c.fits, gpu=False)
     what = "available" if h.free_bytes is not None else "installed"
     repack = f", repacked copy {fmt_bytes(h.repack_bytes)}" if h.repack_bytes else ""
+    trade_text, trade = _quality_trade(c, fix)
     return [_adv(
         "ram-oom", "error",
         f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}{repack}, KV {fmt_bytes(h.kv_bytes)}, "
-        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}.",
+        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}." + trade_text,
         "host total = weights (mapped pages must stay resident) + ggml-cpu's repacked copy + KV + compute + output + "
-        "process must fit the available RAM",
-        fix,
+        "process must fit the available RAM. " + _quality_reason(),
+        fix, trade=trade,
     )]
 
 
@@ -640,13 +663,23 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
             if c.plan.config.kv_gpu_layers is not None:
                 cands.append({"kv_gpu_layers": None})
             cands.append({"n_gpu_layers": ALL_LAYERS, "kv_gpu_layers": None})
-        n_ctx = c.plan.config.n_ctx
-        for _ in range(8):
-            n_ctx //= 2
-            if n_ctx < 512:
-                break
-            cands.append({"n_ctx": n_ctx})
-        fix = c.first_fix(cands, fast)
+        # of the fixes that keep the context, the fastest at full context that clears the line;
+        # only when none does, the longest shorter context that does
+        keep = []
+        for i, fx in enumerate(cands):
+            p = c.replan(fx) if fx else None
+            if p is not None and fast(p):
+                keep.append((c.decode(p, full=True) or 0.0, -i, fx))
+        fix = max(keep, key=lambda o: (o[0], o[1]))[2] if keep else {}
+        if not fix:
+            n_ctx, shorter = c.plan.config.n_ctx, []
+            for _ in range(8):
+                n_ctx //= 2
+                if n_ctx < 512:
+                    break
+                shorter.append({"n_ctx": n_ctx})
+            fix = c.first_fix(shorter, fast)
+        trade_text, trade = _quality_trade(c, fix)
         effect = ""
         if fix:
             fixed = c.replan(fix)
@@ -662,7 +695,8 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
                    f"(at most {sp.decode_tok_s_at_full_ctx * k:.2f}) at the full {c.plan.n_ctx_seq}-token context, under "
                    f"the {line:g} tok/s abandon line.{effect}")
             sev = "warning"
-        out.append(_adv("below-abandon-threshold", sev, msg, reason, fix))
+        out.append(_adv("below-abandon-threshold", sev, msg + trade_text, reason + ". " + _quality_reason(), fix,
+                        trade=trade))
     lv = c.live
     if lv is not None and lv.decode_tok_s is not None and lv.decode_tok_s < line and lv.below_abandon_s >= c.s.live_window_s:
         out.append(_adv(
