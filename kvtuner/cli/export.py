@@ -94,7 +94,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = _export_vllm(args, model_path, config)
     else:
         if any_hardware_flag(args):
-            _check_fits(args, model_path, config)
+            config = _check_fits(args, model_path, config)
         result = _export_llama(args, model_path, config, measured)
     if args.output is not None:  # -o '' is a mistake, not "stdout"
         try:
@@ -106,6 +106,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.write(result.text)
     for note in result.limitations:
         print(f"kvtuner: note: {note}", file=sys.stderr)
+    for w in getattr(result, "warnings", ()):
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -226,18 +228,24 @@ def cmd_library(args: argparse.Namespace) -> int:
 
 
 
-def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> None:
-    """With hardware flags, plan the exported configuration on that hardware and say on stderr
-    what the one fit verdict says when it is not "fits" (the export is still written: the target
-    may be another machine)."""
+def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> "object":
+    """With hardware flags, plan what the target will run (:func:`kvtuner.core.export.fit.check_export`)
+    on that hardware and say on stderr what the one fit verdict says when it is not "fits"; a
+    target that cannot express the placement (Ollama: whole layers only) gets the nearest
+    whole-layer placement that fits, with its predicted speed, or a "cannot express" warning.
+    Returns the configuration to write (the export is still written when it does not fit: the
+    target may be another machine)."""
+    from ..core.export.fit import check_export
     from ..core.plan.config import ConfigError
 
     model = load_model(str(model_path))
+    session = session_from_args(args, model, config)  # type: ignore[arg-type]
+    inputs, _why = session.speed_inputs()
     try:
-        assessment = session_from_args(args, model, config).assess()  # type: ignore[arg-type]
+        fit = check_export(args.export_format, session.planned_model(), config, session.gpus,  # type: ignore[arg-type]
+                           session.host, margins=session.margins, inputs=inputs, split=session.split)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    v = assessment.verdict
-    if not v.fits:
-        print(f"kvtuner: warning: on the hardware given this configuration is {v.level.upper()}: "
-              f"{v.detail}", file=sys.stderr)
+    for w in fit.warnings:
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
+    return fit.config if fit.config is not None else config

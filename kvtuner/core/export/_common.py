@@ -34,6 +34,8 @@ class ExportResult:
         env: environment variables the target needs set (Ollama's server settings ...).
         experimental: True when the export relies on an untested mechanism (the partial KV
             split through tensor overrides, :mod:`kvtuner.core.plan.placement`).
+        warnings: one sentence per reason the export will not run as planned (it does not fit,
+            or the target cannot express the placement); the CLI prints them as warnings.
     """
 
     target: str
@@ -43,6 +45,7 @@ class ExportResult:
     argv: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     experimental: bool = False
+    warnings: tuple[str, ...] = ()
 
 
 def check_path_text(model_path: Path) -> str:
@@ -88,6 +91,10 @@ def override_pattern(layers: tuple[int, ...], buffer_type: str) -> str:
 _before_replace_hook: Callable[[Path], None] | None = None
 
 
+#: The first line of a shell-script export (``.sh``).
+SHEBANG = "#!/bin/sh\n"
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder,
     flushed and fsynced, then renamed over the target. A crash or kill at any moment leaves
@@ -95,6 +102,10 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
 
     Without ``force`` an existing file is never replaced, even one created by someone else
     during the write (the final step is a hard link, which fails if the name exists).
+
+    A shell script (a name ending in ``.sh``: the llama-server, llama-cli and vLLM exports) starts
+    with :data:`SHEBANG` and is written executable (mode 0755 for a new file; an existing one keeps
+    its mode plus the execute bits of its read bits).
 
     Returns:
         The path written.
@@ -117,6 +128,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"{target} is not a regular file: give a file path (without -o the text goes to stdout)")
     if target.exists() and not force:
         raise ExportError(f"{target} already exists: pass --force to overwrite it, or choose another name")
+    script = target.name.endswith(".sh")
+    if script and not text.startswith("#!"):
+        text = SHEBANG + text
     folder = target.parent if str(target.parent) else Path(".")
     try:
         tmp = write_temp(folder, target.name, text)
@@ -124,7 +138,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"cannot write into {folder}: {exc.strerror or exc}") from None
     try:
         try:
-            mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+            mode = target.stat().st_mode & 0o777 if target.exists() else (0o755 if script else 0o644)
+            if script:
+                mode |= (mode & 0o444) >> 2  # x wherever r
             os.chmod(tmp, mode)
         except OSError:
             pass
