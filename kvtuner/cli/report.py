@@ -104,7 +104,13 @@ def plan_text(assessment: "Assessment") -> str:
         lines.append("")
         method = getattr(verified, "method", "") or "embedded dry run"
         who = getattr(verified, "engine", "") or "llama.cpp"
-        lines.append(f"verified by {who} ({method}); the figures above are llama.cpp's:")
+        measured = ["KV cache"] + (["recurrent state"] if getattr(verified, "recurrent", ()) else [])
+        if plan.compute.source == "dry-run":
+            measured.append("compute buffers")
+        lines.append(f"verified by {who} ({method}); llama.cpp measured the {', '.join(measured)} above"
+                     + ("" if plan.compute.source == "dry-run" else
+                        f"; the compute buffers above are kvtuner's estimate (llama.cpp ran on "
+                        f"{', '.join(verified.devices) or 'other devices'}, not on the devices planned)") + ":")
         rows = [["buffer", "cells", "layers", "kvtuner", "llama.cpp"]]
         attn = [kc for kc in plan.kv_caches if kc.kind != "recurrent"]
         theirs = [vc for vc in verified.kv_caches if vc.layers > 0]

@@ -94,6 +94,15 @@ def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:
     )
 
 
+def probe_covers(rates: CpuRates, model: ModelProfile) -> bool:
+    """A stored CPU probe measured every kernel ``model`` needs: its weight types, its attention
+    shapes with f16 K/V and its MoE expert shapes (:func:`~kvtuner.core.speed.cpu_probe.probe_needs`,
+    :func:`~kvtuner.core.speed.cpu_probe.probe_expert_needs`)."""
+    types, dims = probe_needs(model, [("f16", "f16")])
+    return (all(t in rates.decode_bytes_s for t in types) and all(d in rates.attn_decode_s for d in dims)
+            and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model)))
+
+
 def _mib_to_bytes(v: float) -> int:
     return int(round(v * MiB))
 
@@ -479,6 +488,11 @@ class Session:
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
             cpu = store.cpu_rates(self.threads(), "f16", self.machine_id)
+            if cpu is not None and self.model is not None and not probe_covers(cpu, self.model):
+                # a probe of other models' kernels (say only the default model's) would mix
+                # measured and assumed rates, and the advice would depend on which models were
+                # probed before: the assumed rates, all of them, until this model's are measured
+                cpu = None
             inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
                                   cpu=cpu)
             if self.model is not None and not any(g.what_if for g in self.gpus):
