@@ -25,7 +25,7 @@ TIGHT_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on"]   # 7.18 of 
 EXPRESSIVE = ["llama-server", "llama-cli", "llama-cpp-python", "koboldcpp", "profile"]
 
 
-def _export(path, fmt, flags, capsys, tmp_path=None):
+def _export(path, fmt, flags, capsys):
     argv = ["export", str(path), "--format", fmt, *flags]
     assert main(argv) == 0
     out, err = capsys.readouterr()

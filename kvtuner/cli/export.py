@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``kvtuner export``."""
-    from ..core.export import ExportError, MachineFingerprint, load_profile, write_text_atomic
+    from ..core.export import ExportError, MachineFingerprint, load_profile, write_export
     from ..core.store.library import ConfigLibrary, LibraryError
 
     base = None
@@ -98,7 +98,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = _export_llama(args, model_path, config, measured)
     if args.output is not None:  # -o '' is a mistake, not "stdout"
         try:
-            written = write_text_atomic(args.output, result.text, force=args.force)
+            written = write_export(result, args.output, force=args.force)
         except ExportError as exc:
             raise UserError(str(exc)) from None
         print(f"kvtuner: wrote {written}", file=sys.stderr)

@@ -105,7 +105,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         doc["explanation"] = explain(result, fit, fit_error)
         doc["given_fit"] = given.to_dict() if given is not None else None
         doc["quality_trade"] = trade
-        doc["warnings"] = trained_context_warnings(result)
         emit_json(doc)
     else:
         lines = explain(result, fit, fit_error)
@@ -179,19 +178,6 @@ def trade_lines(trade: list[dict]) -> list[str]:
     for t in trade:
         lines.append(f"           {t['kv_quality']}: {t['short'] or 'nothing fits'}; {t['note']}")
     return lines
-
-
-def trained_context_warnings(result: "TuneResult") -> list[str]:
-    """The warning ``plan`` gives (advice ``ctx-exceeds-train``) when the chosen configuration's
-    context per sequence is past the model's training context; [] otherwise."""
-    b = result.best
-    if b is None:
-        return []
-    p, m = b.plan, b.plan.model
-    if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
-        return []
-    return [f"ctx-exceeds-train: each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the "
-            "model was trained on; positions past the trained length degrade output unless RoPE scaling is set"]
 
 
 def _engine(args: argparse.Namespace) -> "object":
@@ -379,8 +365,6 @@ def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str
         lines.append("--fit:     llama.cpp's --fit finds nothing that fits with the configured KV types")
     for n in result.notes:
         lines.append(f"note:      {n}")
-    for w in trained_context_warnings(result):
-        lines.append(f"warning:   {w}")
     if p.gpus:
         lines.append(f"memory:    every GPU within capacity less {fmt_bytes(g.vram_margin_bytes)}, host within "
                      f"{1 - g.ram_headroom_fraction:.0%} of available RAM")

@@ -95,7 +95,23 @@ _before_replace_hook: Callable[[Path], None] | None = None
 SHEBANG = "#!/bin/sh\n"
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
+def write_export(result: "ExportResult", path: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Save an export (:func:`write_text_atomic`): a shell script (a name ending in ``.sh``, as the
+    llama-server, llama-cli and vLLM exports suggest) starts with :data:`SHEBANG` and is written
+    executable; any other file is ``result.text`` as is.
+
+    Raises:
+        ExportError: as :func:`write_text_atomic`.
+    """
+    script = os.fspath(path).endswith(".sh")
+    text = result.text
+    if script and not text.startswith("#!"):
+        text = SHEBANG + text
+    return write_text_atomic(path, text, force=force, executable=script)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False,
+                      executable: bool = False) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder,
     flushed and fsynced, then renamed over the target. A crash or kill at any moment leaves
     either the old file or the new one, never a mix (a stray hidden ``.*.tmp`` at worst).
@@ -103,9 +119,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
     Without ``force`` an existing file is never replaced, even one created by someone else
     during the write (the final step is a hard link, which fails if the name exists).
 
-    A shell script (a name ending in ``.sh``: the llama-server, llama-cli and vLLM exports) starts
-    with :data:`SHEBANG` and is written executable (mode 0755 for a new file; an existing one keeps
-    its mode plus the execute bits of its read bits).
+    ``executable``: add the execute bits wherever the file is readable (mode 0755 for a new file).
 
     Returns:
         The path written.
@@ -128,9 +142,6 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"{target} is not a regular file: give a file path (without -o the text goes to stdout)")
     if target.exists() and not force:
         raise ExportError(f"{target} already exists: pass --force to overwrite it, or choose another name")
-    script = target.name.endswith(".sh")
-    if script and not text.startswith("#!"):
-        text = SHEBANG + text
     folder = target.parent if str(target.parent) else Path(".")
     try:
         tmp = write_temp(folder, target.name, text)
@@ -138,8 +149,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"cannot write into {folder}: {exc.strerror or exc}") from None
     try:
         try:
-            mode = target.stat().st_mode & 0o777 if target.exists() else (0o755 if script else 0o644)
-            if script:
+            mode = target.stat().st_mode & 0o777 if target.exists() else (0o755 if executable else 0o644)
+            if executable:
                 mode |= (mode & 0o444) >> 2  # x wherever r
             os.chmod(tmp, mode)
         except OSError:
