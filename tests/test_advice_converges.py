@@ -122,7 +122,8 @@ def test_the_windows_advisor_shows_the_q4_0_option(llama8b, qtbot, tmp_path):
     assert "q4_0" in shown and "KV quality trade" in shown
 
 
-@pytest.mark.parametrize("flags", [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"]], ids=["rtx3060", "cpu-32g"])
+@pytest.mark.parametrize("flags", [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"]],
+                         ids=["rtx3060", "cpu-32g"])
 def test_the_advice_does_not_depend_on_other_models_probes(llama8b, flags):
     """With only the default model probed (a stored probe of its Q4_K / Q6_K / Q8_0 kernels and its
     4/1/256 attention, not the 8B's 32/8/128), the 8B's advice is the same as with no probe: a

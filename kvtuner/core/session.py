@@ -553,8 +553,9 @@ class Session:
                 speed = predict_speed(plan, inputs)
             except SpeedModelError as exc:
                 why = str(exc)
-        advice = tuple(advise(plan, speed, live=live, settings=AdvisorSettings(
-            vram_margin_bytes=self.margins.vram_margin_bytes, ram_headroom_fraction=self.margins.ram_headroom_fraction)))
+        settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,
+                                   ram_headroom_fraction=self.margins.ram_headroom_fraction)
+        advice = tuple(advise(plan, speed, live=live, settings=settings))
         verified = self.verified
         analytic = None
         if verified is not None:

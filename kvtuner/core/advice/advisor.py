@@ -35,7 +35,8 @@ from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
 from ..tune.fit_choice import fit_blockers
-from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_NOTES, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
+from ..tune import (DEFAULT_KV_QUALITY, KV_QUALITY_NOTES, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES,
+                    TuneError, TuneGoal, tune)
 from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
@@ -375,7 +376,8 @@ def _quality_trade(c: _Ctx, fix: dict[str, object]) -> tuple[str, tuple[dict[str
         chosen = " (this fix)" if ok and f == fix else ""
         parts.append(f"{q} {v:.3g} tok/s{chosen}" if ok else f"{q} nothing fits")
     best = max((r for r in rows if r["fits"]), key=lambda r: r["decode_tok_s_at_full_ctx"], default=None)
-    text = f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): " + "; ".join(parts) + "."
+    text = (f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): "
+            + "; ".join(parts) + ".")
     if best is not None and best["fix"] and best["fix"] != fix:
         text += f" The fastest, {best['kv_quality']}: {fix_flags(best['fix'])}."
     return text, tuple(rows)
@@ -468,8 +470,8 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             trade_text, trade = _quality_trade(c, fix)
             out.append(_adv(
                 "vram-oom", "error",
-                f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: {fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} "
-                f"over." + note + trade_text,
+                f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: "
+                f"{fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} over." + note + trade_text,
                 "total = weights + KV + compute + driver overhead must stay under the card's capacity; the fit "
                 "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default). "
                 + _quality_reason(),
@@ -479,8 +481,8 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             out.append(_adv(
                 "vram-tight", "warning",
                 f"{parts}: it loads on the {fmt_bytes(d.capacity_bytes)} card but leaves "
-                f"{fmt_bytes((d.capacity_bytes or 0) - d.total_bytes)} free, under the {fmt_bytes(c.s.vram_margin_bytes)} "
-                f"margin (limit {fmt_bytes(lim)})." + note,
+                f"{fmt_bytes((d.capacity_bytes or 0) - d.total_bytes)} free, under the "
+                f"{fmt_bytes(c.s.vram_margin_bytes)} margin (limit {fmt_bytes(lim)})." + note,
                 "the fit verdict calls a GPU tight when its total is within capacity but not within capacity - margin; "
                 "the margin is llama.cpp's --fit-target (1024 MiB by default, common/common.h fit_params_target): "
                 "the driver, the desktop or another program can take it, and llama-server's --fit would change "

@@ -34,7 +34,8 @@ WHOLE_LAYER_TARGETS = ("ollama", "llama-cpp-python-json")
 NO_KV_SPLIT_TARGETS = ("ollama", "llama-cpp-python", "llama-cpp-python-json")
 #: The setting that counts a target's GPU layers, by target (for the messages).
 LAYER_SETTING = {"ollama": "num_gpu", "koboldcpp": "gpulayers", "llama-cpp-python": "n_gpu_layers",
-                 "llama-cpp-python-json": "n_gpu_layers", "llama-server": "-ngl", "llama-cli": "-ngl", "profile": "-ngl"}
+                 "llama-cpp-python-json": "n_gpu_layers", "llama-server": "-ngl", "llama-cli": "-ngl",
+                 "profile": "-ngl"}
 
 
 def keeps_tensors_in_ram(config: PlanConfig) -> bool:
@@ -94,7 +95,8 @@ class ExportFit:
     warnings: tuple[str, ...]
 
 
-def _largest_fitting_ngl(base: PlanConfig, n_layer: int, verdict_of: Callable[[PlanConfig], FitVerdict | None]) -> int | None:
+def _largest_fitting_ngl(base: PlanConfig, n_layer: int,
+                         verdict_of: Callable[[PlanConfig], FitVerdict | None]) -> int | None:
     """The most GPU layers (0 .. n_layer + 1) whose plan the verdict calls "fits" (memory grows
     with the layers offloaded: binary search); None when not even 0 fits."""
     lo, hi, best = 0, n_layer + 1, None
@@ -153,7 +155,8 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
     ngl_written = (("999" if target == "ollama" else "all") if expressed.n_gpu_layers == ALL_LAYERS
                    else str(expressed.n_gpu_layers))
     what = ("keep tensors of offloaded layers in RAM (--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot) or the KV apart "
-            "from its layer" if target in WHOLE_LAYER_TARGETS else "split a layer's weights from its KV (--kv-gpu-layers)")
+            "from its layer" if target in WHOLE_LAYER_TARGETS
+            else "split a layer's weights from its KV (--kv-gpu-layers)")
     head = f"{target} cannot {what}: as written ({setting} {ngl_written}) it is {v0.level.upper()}: {v0.detail}"
     n = _largest_fitting_ngl(expressed, n_layer, verdict_of)
     if n is None:
@@ -182,5 +185,5 @@ def _decode(p: MemoryPlan | None, inputs: Any) -> float | None:
         return None
 
 
-__all__ = ["ExportFit", "LAYER_SETTING", "NO_KV_SPLIT_TARGETS", "WHOLE_LAYER_TARGETS", "check_export", "expressed_config",
-           "keeps_tensors_in_ram"]
+__all__ = ["ExportFit", "LAYER_SETTING", "NO_KV_SPLIT_TARGETS", "WHOLE_LAYER_TARGETS", "check_export",
+           "expressed_config", "keeps_tensors_in_ram"]

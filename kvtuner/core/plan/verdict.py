@@ -192,7 +192,8 @@ def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
         level, why = TIGHT, (f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, leaving {fmt_bytes(cap - need)} "
                              f"free, under the {fmt_bytes(m.vram_margin_bytes)} margin")
     else:
-        level, why = FITS, f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, keeping the {fmt_bytes(m.vram_margin_bytes)} margin"
+        level, why = FITS, (f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, keeping the "
+                            f"{fmt_bytes(m.vram_margin_bytes)} margin")
     return DeviceVerdict(d.device, d.kind, d.name, level, need, cap, limit, why)
 
 
@@ -204,7 +205,8 @@ def _host(h: Any, m: FitMargins) -> DeviceVerdict:
         return DeviceVerdict(h.device, h.kind, h.name, None, need, None, None, "host: RAM unknown")
     limit = int((1 - m.ram_headroom_fraction) * cap)
     if need > cap:
-        level, why = DOES_NOT_FIT, f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM, {fmt_bytes(need - cap)} over"
+        level, why = DOES_NOT_FIT, (f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM, "
+                                    f"{fmt_bytes(need - cap)} over")
     elif need > limit:
         level, why = TIGHT, (f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM ({need / cap:.0%}), "
                              f"more than {1 - m.ram_headroom_fraction:.0%}: swap risk")

@@ -832,8 +832,8 @@ def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
     hv = s.verdict(p).at_device("host")
     if hv is None or hv.limit_bytes is None:
         return f"nothing fits at {n_ctx} tokens; lower the context, allow --kv-quality q4_0, or plan a larger card"
-    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs {hv.need_bytes / GiB:.2f} GiB "
-            f"of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
+    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs "
+            f"{hv.need_bytes / GiB:.2f} GiB of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
             f"lower the context, allow --kv-quality q4_0, or plan a larger card")
 
 
