@@ -227,7 +227,7 @@ def test_first_layer_fix_and_flags(models):
     assert a.fix == {"n_gpu_layers": ALL_LAYERS}
     assert fix_flags(a.fix) == "--ngl all"
     assert a.to_dict() == {"id": a.id, "severity": "warning", "message": a.message, "reason": a.reason,
-                           "fix": {"n_gpu_layers": -1}, "fix_label": "Offload every layer (--ngl all)"}
+                           "fix": {"n_gpu_layers": -1}, "fix_label": "Offload every layer (--ngl all)", "trade": []}
 
 
 def test_fix_flags():

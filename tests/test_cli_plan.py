@@ -88,7 +88,7 @@ def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
     advice = json.loads(out.stdout)["advice"]
     assert advice, "expected advice for a 64K context with mixed KV types on an 8 GB what-if GPU"
     for a in advice:
-        assert set(a) == {"id", "severity", "message", "reason", "fix", "fix_label"}
+        assert set(a) == {"id", "severity", "message", "reason", "fix", "fix_label", "trade"}
         assert a["severity"] in ("error", "warning", "info") and a["message"] and a["reason"]
         assert isinstance(a["fix"], dict) and bool(a["fix_label"]) == bool(a["fix"])
     assert [a["severity"] for a in advice] == sorted((a["severity"] for a in advice),

@@ -147,7 +147,8 @@ def test_the_default_overwrite_question_is_a_real_message_box(qtbot, settings, t
     assert out.read_text() == "old\n"
     answer(QtWidgets.QMessageBox.StandardButton.Yes)
     assert dlg.save_to(str(out)) == out
-    assert out.read_text() == dlg.result.text
+    assert out.read_text() == "#!/bin/sh\n" + dlg.result.text  # a .sh export is a script
+    assert out.stat().st_mode & 0o100
 
 
 def test_profile_export_carries_the_last_runs_measured_numbers_only_for_that_configuration(qtbot, settings):

@@ -107,7 +107,7 @@ def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path):
     _choose(qtbot, w, DEFAULT_WHAT_IF)  # 4M tokens of f32 KV do not fit a 12 GB card ...
     assert not w.assessment.fits
     assert speed_band(min(w.speed.decode_tok_s, w.speed.decode_tok_s_at_full_ctx)) == "fluent"  # ... at any speed
-    assert w.prediction.badge.text() == "DOES NOT FIT" and "short" in w.prediction.badge.toolTip()
+    assert w.prediction.badge.text() == "DOES NOT FIT" and "over" in w.prediction.badge.toolTip()
     w.controls.set_config(SMALL)
     w.set_config(SMALL)
     assert w.assessment.fits

@@ -93,9 +93,9 @@ def test_advisor_chain_never_leads_somewhere_worse(llama8b):
     first = advise(plan, predict_speed(plan, inputs))
     oom = [a for a in first if a.id == "vram-oom"]
     # the tuned fix: q8_0 K/V, every layer and all KV on the GPU, the dense FFN of some layers in
-    # RAM (--n-cpu-ffn); over the abandon line, so no q4_0 note
+    # RAM (--n-cpu-ffn); the message shows the trade across KV quality levels, q4_0's among them
     assert oom and oom[0].fix.get("type_k") == "q8_0" and oom[0].fix.get("n_cpu_ffn", 0) > 0
-    assert "q4_0" not in oom[0].message
+    assert [t["kv_quality"] for t in oom[0].trade] == ["f16", "q8_0", "q4_0"] and "q4_0" in oom[0].message
     seen_tok_s = 0.0
     for _ in range(3):
         plan = plan_memory(llama8b, cfg, gpus, HOST)

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``kvtuner export``."""
-    from ..core.export import ExportError, MachineFingerprint, load_profile, write_text_atomic
+    from ..core.export import ExportError, MachineFingerprint, load_profile, write_export
     from ..core.store.library import ConfigLibrary, LibraryError
 
     base = None
@@ -94,11 +94,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = _export_vllm(args, model_path, config)
     else:
         if any_hardware_flag(args):
-            _check_fits(args, model_path, config)
+            config = _check_fits(args, model_path, config)
         result = _export_llama(args, model_path, config, measured)
     if args.output is not None:  # -o '' is a mistake, not "stdout"
         try:
-            written = write_text_atomic(args.output, result.text, force=args.force)
+            written = write_export(result, args.output, force=args.force)
         except ExportError as exc:
             raise UserError(str(exc)) from None
         print(f"kvtuner: wrote {written}", file=sys.stderr)
@@ -106,6 +106,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.write(result.text)
     for note in result.limitations:
         print(f"kvtuner: note: {note}", file=sys.stderr)
+    for w in getattr(result, "warnings", ()):
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -226,18 +228,24 @@ def cmd_library(args: argparse.Namespace) -> int:
 
 
 
-def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> None:
-    """With hardware flags, plan the exported configuration on that hardware and say on stderr
-    what does not fit (the export is still written: the target may be another machine)."""
+def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> "object":
+    """With hardware flags, plan what the target will run (:func:`kvtuner.core.export.fit.check_export`)
+    on that hardware and say on stderr what the one fit verdict says when it is not "fits"; a
+    target that cannot express the placement (Ollama: whole layers only) gets the nearest
+    whole-layer placement that fits, with its predicted speed, or a "cannot express" warning.
+    Returns the configuration to write (the export is still written when it does not fit: the
+    target may be another machine)."""
+    from ..core.export.fit import check_export
     from ..core.plan.config import ConfigError
-    from ..core.units import fmt_bytes
 
     model = load_model(str(model_path))
+    session = session_from_args(args, model, config)  # type: ignore[arg-type]
+    inputs, _why = session.speed_inputs()
     try:
-        assessment = session_from_args(args, model, config).assess()  # type: ignore[arg-type]
+        fit = check_export(args.export_format, session.planned_model(), config, session.gpus,  # type: ignore[arg-type]
+                           session.host, margins=session.margins, inputs=inputs, split=session.split)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    for d in assessment.plan.devices:
-        if d.headroom_bytes is not None and d.headroom_bytes < 0:
-            print(f"kvtuner: warning: on the hardware given this configuration does not fit: {d.device} needs "
-                  f"{fmt_bytes(d.total_bytes)} of {fmt_bytes(d.capacity_bytes)}", file=sys.stderr)
+    for w in fit.warnings:
+        print(f"kvtuner: warning: {w}", file=sys.stderr)
+    return fit.config if fit.config is not None else config

@@ -97,6 +97,7 @@ def plan_text(assessment: "Assessment") -> str:
             "-" if left is None else (fmt_bytes(left) if left >= 0 else f"OVER by {fmt_bytes(-left)}"),
         ])
     lines.append(_table(rows, {1, 2, 3, 4, 5, 6, 7, 8}))
+    lines.append(fit_line(assessment))
     h = plan.host
     if h.repack_bytes or h.mapped_bytes:
         lines.append(
@@ -114,7 +115,13 @@ def plan_text(assessment: "Assessment") -> str:
         lines.append("")
         method = getattr(verified, "method", "") or "embedded dry run"
         who = getattr(verified, "engine", "") or "llama.cpp"
-        lines.append(f"verified by {who} ({method}); the figures above are llama.cpp's:")
+        measured = ["KV cache"] + (["recurrent state"] if getattr(verified, "recurrent", ()) else [])
+        if plan.compute.source == "dry-run":
+            measured.append("compute buffers")
+        lines.append(f"verified by {who} ({method}); llama.cpp measured the {', '.join(measured)} above"
+                     + ("" if plan.compute.source == "dry-run" else
+                        f"; the compute buffers above are kvtuner's estimate (llama.cpp ran on "
+                        f"{', '.join(verified.devices) or 'other devices'}, not on the devices planned)") + ":")
         rows = [["buffer", "cells", "layers", "kvtuner", "llama.cpp"]]
         attn = [kc for kc in plan.kv_caches if kc.kind != "recurrent"]
         theirs = [vc for vc in verified.kv_caches if vc.layers > 0]
@@ -147,6 +154,13 @@ def plan_text(assessment: "Assessment") -> str:
             if fix:
                 lines.append(f"    fix: {fix_flags(fix)}")
     return "\n".join(lines)
+
+
+def fit_line(assessment: "Assessment") -> str:
+    """The one fit verdict in a line (:attr:`kvtuner.core.session.Assessment.verdict`): its level
+    in capitals, why, and the margins it used with their source."""
+    v = assessment.verdict
+    return f"fit: {v.level.upper()} -- {v.detail} (margin: {v.margins.source})"
 
 
 def _comparison_text(assessment: "Assessment") -> list[str]:

@@ -13,6 +13,7 @@ from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
+    from ..core.plan.verdict import FitVerdict
     from ..core.tune import Candidate, TuneResult
     from ..core.tune.fit_choice import FitChoice
     from ..core.tune.confirm import Measured, RealLoad
@@ -95,6 +96,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     trained = trained_context_warning(result.best)
     if trained and args.json:
         print(f"kvtuner: warning: {trained}", file=sys.stderr)
+    given = _given_verdict(session, base, goal)
+    trade = quality_trade(session, goal, result)
     if args.json:
         doc = result.to_dict()
         doc["fit_choice"] = fit.to_dict() if fit is not None else None
@@ -103,11 +106,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
         doc["real_loads"] = [l.to_dict() for l in loads]
         doc["dry_run"] = dry or None
         doc["explanation"] = explain(result, fit, fit_error)
+        doc["given_fit"] = given.to_dict() if given is not None else None
+        doc["quality_trade"] = trade
         emit_json(doc)
     else:
         lines = explain(result, fit, fit_error)
         if trained:
             lines.append(f"[warning] ctx-exceeds-train: {trained}")
+        lines += trade_lines(trade)
+        if given is not None:
+            lines.append(f"given:     the configuration as given, at {goal.n_ctx} tokens, is {given.level.upper()} -- "
+                         f"{given.detail}")
         if dry:
             lines.append(f"dry run: {dry}")
         for l in loads:
@@ -130,6 +139,66 @@ def trained_context_warning(best: "Candidate | None") -> str:
     return (f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was "
             f"trained on: positions past the trained length degrade output unless RoPE scaling is set "
             f"(--ctx {per_seq} stays within it)")
+
+
+def _given_verdict(session: "object", base: "PlanConfig", goal: "object") -> "FitVerdict | None":
+    """The fit verdict of the configuration as the user gave it, at the goal's context (None for
+    a goal without one, or a configuration that cannot be planned): the same verdict ``plan``
+    prints, so ``tune`` and ``plan`` agree on it."""
+    from ..core.plan.config import ConfigError
+    from ..core.plan.verdict import fit_verdict
+
+    s: Any = session
+    g: Any = goal
+    if g.n_ctx is None:
+        return None
+    try:
+        s.config = base.with_(n_ctx=g.n_ctx)
+        return fit_verdict(s.plan(), s.margins)
+    except ConfigError:
+        return None
+    finally:
+        s.config = base
+
+
+def quality_trade(session: "object", goal: "object", result: "TuneResult") -> list[dict]:
+    """The trade across KV quality levels: for each of f16, q8_0 and q4_0 as the worst KV type
+    allowed, the tuner's best for the same goal (``result`` for the goal's own level):
+    ``{kv_quality, config, decode_tok_s_at_full_ctx, fits, note}`` (config None when nothing fits;
+    ``note``: what the level costs in quality, with its source)."""
+    from dataclasses import replace
+
+    from ..core.tune import KV_QUALITY_NOTES, KV_QUALITY_ORDER, TuneError
+
+    s: Any = session
+    g: Any = goal
+    out = []
+    for q in KV_QUALITY_ORDER:
+        r = result
+        if q != g.kv_quality:
+            try:
+                r = s.tune(replace(g, kv_quality=q))
+            except (TuneError, ValueError):
+                r = None
+        b = r.best if r is not None else None
+        out.append({"kv_quality": q, "config": b.config.to_dict() if b is not None else None,
+                    "decode_tok_s_at_full_ctx": b.decode_tok_s if b is not None else None,
+                    "fits": b is not None, "chosen": q == g.kv_quality, "note": KV_QUALITY_NOTES[q],
+                    "short": _short(b.config) if b is not None else ""})
+    return out
+
+
+def trade_lines(trade: list[dict]) -> list[str]:
+    """The quality trade as text: one ``quality:`` line with each level's best speed, then one line
+    per level with its configuration and what it costs."""
+    if not trade:
+        return []
+    parts = [f"{t['kv_quality']} " + (f"{t['decode_tok_s_at_full_ctx']:.3g} tok/s" if t["fits"] else "nothing fits")
+             + (" (chosen)" if t["chosen"] else "") for t in trade]
+    lines = ["quality:   best decode at the full context per KV quality floor: " + " | ".join(parts)]
+    for t in trade:
+        lines.append(f"           {t['kv_quality']}: {t['short'] or 'nothing fits'}; {t['note']}")
+    return lines
 
 
 def _engine(args: argparse.Namespace) -> "object":

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from .advice.advisor import Advice, advise
+from .advice.advisor import Advice, AdvisorSettings, advise
 from .hardware.host import physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
@@ -29,6 +29,7 @@ from .plan.buffers import bytes_by_device
 from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .plan.placement import DeviceSplit
+from .plan.verdict import FitMargins, FitVerdict, badge, fit_verdict
 from .model.structure import ModelStructure, differences
 from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
@@ -91,6 +92,15 @@ def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:
         compute=bytes_by_device(v.compute_mib) if device_figures and v.compute_mib else None,
         output=bytes_by_device(v.output_mib) if device_figures and v.output_mib else None,
     )
+
+
+def probe_covers(rates: CpuRates, model: ModelProfile) -> bool:
+    """A stored CPU probe measured every kernel ``model`` needs: its weight types, its attention
+    shapes with f16 K/V and its MoE expert shapes (:func:`~kvtuner.core.speed.cpu_probe.probe_needs`,
+    :func:`~kvtuner.core.speed.cpu_probe.probe_expert_needs`)."""
+    types, dims = probe_needs(model, [("f16", "f16")])
+    return (all(t in rates.decode_bytes_s for t in types) and all(d in rates.attn_decode_s for d in dims)
+            and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model)))
 
 
 def _mib_to_bytes(v: float) -> int:
@@ -176,6 +186,7 @@ class Assessment:
         speed_error: why there is no speed prediction ("" when there is one).
         analytic: with ``verified``, the plan as kvtuner computes it without llama.cpp's
             figures (shown beside them, :func:`device_comparison`); None otherwise.
+        margins: the margins of the fit verdict (:attr:`verdict`).
     """
 
     plan: MemoryPlan
@@ -184,11 +195,29 @@ class Assessment:
     advice: tuple[Advice, ...] = ()
     speed_error: str = ""
     analytic: MemoryPlan | None = None
+    margins: FitMargins = field(default_factory=FitMargins)
+
+    @property
+    def verdict(self) -> FitVerdict:
+        """The one fit verdict of the plan (:func:`kvtuner.core.plan.verdict.fit_verdict`): the
+        badge, the advisor, the tuner, the CLI and the export all say this."""
+        return fit_verdict(self.plan, self.margins)
 
     @property
     def fits(self) -> bool:
-        """Every device with a known capacity holds its planned total."""
-        return all(d.headroom_bytes is None or d.headroom_bytes >= 0 for d in self.plan.devices)
+        """The verdict is "fits": every device keeps its margin."""
+        return self.verdict.fits
+
+    @property
+    def badge(self) -> str | None:
+        """The one badge: "does not fit" or "tight" from the verdict, else the speed band of the
+        worse of the empty-cache and full-context decode (None without a prediction)."""
+        from .speed.speed_model import speed_band
+
+        band = None
+        if self.speed is not None:
+            band = speed_band(min(self.speed.decode_tok_s, self.speed.decode_tok_s_at_full_ctx))
+        return badge(self.verdict, band)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``kvtuner plan --json`` document (schema: docs/reference/plan-json.md).
@@ -206,6 +235,8 @@ class Assessment:
         are documented in docs/reference/verify.md).
         """
         d: dict[str, Any] = {"schema": SCHEMA_VERSION, **self.plan.to_dict()}
+        d["fit"] = self.verdict.to_dict()
+        d["badge"] = self.badge
         d["advice"] = [a.to_dict() for a in self.advice]
         d["speed"] = self.speed.to_dict() if self.speed is not None else None
         d["verified"] = None
@@ -263,6 +294,9 @@ class Session:
             physical cores).
         split: ``-sm`` / ``-ts`` / ``-mg`` over the devices of ``gpus`` (RPC devices included;
             :class:`~kvtuner.core.plan.placement.DeviceSplit`).
+        margins: what a plan must leave free to "fit" (:class:`~kvtuner.core.plan.verdict.FitMargins`:
+            llama.cpp's ``--fit-target`` 1024 MiB of VRAM per GPU, 20 % of the available RAM); the
+            verdict, the advisor and :meth:`tune` all use them.
     """
 
     model: ModelProfile | None = None
@@ -276,6 +310,7 @@ class Session:
     use_structure_cache: bool = True
     n_threads: int | None = None
     split: DeviceSplit = field(default_factory=DeviceSplit)
+    margins: FitMargins = field(default_factory=FitMargins)
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
@@ -453,6 +488,11 @@ class Session:
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
             cpu = store.cpu_rates(self.threads(), "f16", self.machine_id)
+            if cpu is not None and self.model is not None and not probe_covers(cpu, self.model):
+                # a probe of other models' kernels (say only the default model's) would mix
+                # measured and assumed rates, and the advice would depend on which models were
+                # probed before: the assumed rates, all of them, until this model's are measured
+                cpu = None
             inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
                                   cpu=cpu)
             if self.model is not None and not any(g.what_if for g in self.gpus):
@@ -513,12 +553,15 @@ class Session:
                 speed = predict_speed(plan, inputs)
             except SpeedModelError as exc:
                 why = str(exc)
-        advice = tuple(advise(plan, speed, live=live))
+        settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,
+                                   ram_headroom_fraction=self.margins.ram_headroom_fraction)
+        advice = tuple(advise(plan, speed, live=live, settings=settings))
         verified = self.verified
         analytic = None
         if verified is not None:
             analytic = plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split)
-        return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic)
+        return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic,
+                          margins=self.margins)
 
     # -- measured runs -------------------------------------------------------------------------
 
@@ -549,7 +592,8 @@ class Session:
         """The fastest configuration that fits ``goal`` on this session's hardware
         (:func:`kvtuner.core.tune.tune`), from the current configuration (its ``n_seq``, batch
         and mmap settings stay; its KV types and flash attention are what llama.cpp's ``--fit``
-        would keep).
+        would keep), with this session's :attr:`margins` (what "fits" means is the same as in
+        :meth:`assess`).
 
         Raises:
             ValueError: no model is open, or the speed model cannot be set up (the reason).
@@ -558,6 +602,8 @@ class Session:
         inputs, why = self.speed_inputs()
         if inputs is None:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
+        goal = replace(goal, vram_margin_bytes=self.margins.vram_margin_bytes,
+                       ram_headroom_fraction=self.margins.ram_headroom_fraction)
         return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
 
     @property

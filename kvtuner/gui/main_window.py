@@ -741,7 +741,7 @@ class MainWindow(QtWidgets.QMainWindow):
         verified = a.to_dict()["verified"] if a.verified is not None else None
         if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
             self.run_controls.set_progress(0.0, "not verified for this configuration")
-        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error)
+        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins)
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()

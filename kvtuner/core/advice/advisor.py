@@ -7,7 +7,7 @@ errors first. Thresholds come from :class:`AdvisorSettings` (each default explai
 see ``shared/reference/llama-cpp-memory.md`` section 6).
 
 Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentation-risk``,
-``swap-risk``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
+``swap-risk``, ``vram-tight``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
 ``ctx-exceeds-train``, ``first-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
 ``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``,
 ``fit-off``.
@@ -32,9 +32,11 @@ from ..model.ggml_types import kv_type
 from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
 from ..tune.fit_choice import fit_blockers
-from ..tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES, TuneError, TuneGoal, tune
+from ..tune import (DEFAULT_KV_QUALITY, KV_QUALITY_NOTES, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES,
+                    TuneError, TuneGoal, tune)
 from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
@@ -73,6 +75,9 @@ class Advice:
         fix_label: button text (``"Use n_ubatch 256"``).
         action: what acting on it does; by default :attr:`AdviceAction.FIX` when there is a
             ``fix``, else :attr:`AdviceAction.NONE`.
+        trade: for "does not fit" and "too slow", the trade across KV quality levels
+            (:data:`~kvtuner.core.tune.KV_QUALITY_ORDER`): per level ``{kv_quality, fix, fix_label,
+            decode_tok_s_at_full_ctx, fits, note}``, ``fix`` None when nothing fits at that level.
     """
 
     id: str
@@ -82,6 +87,7 @@ class Advice:
     fix: dict[str, object]
     fix_label: str
     action: AdviceAction | None = None
+    trade: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.action is None:
@@ -90,9 +96,10 @@ class Advice:
             object.__setattr__(self, "action", AdviceAction(self.action))
 
     def to_dict(self) -> dict[str, Any]:
-        """``{id, severity, message, reason, fix, fix_label}`` (JSON-able)."""
+        """``{id, severity, message, reason, fix, fix_label, trade}`` (JSON-able; ``trade`` is [] but
+        for "does not fit" and "too slow")."""
         return {"id": self.id, "severity": self.severity, "message": self.message, "reason": self.reason,
-                "fix": dict(self.fix), "fix_label": self.fix_label}
+                "fix": dict(self.fix), "fix_label": self.fix_label, "trade": [dict(t) for t in self.trade]}
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,12 @@ class AdvisorSettings:
 
     Attributes:
         vram_margin_bytes: VRAM kept free per GPU for the driver and desktop: 1 GiB, the
-            margin llama.cpp's own ``--fit`` keeps per device by default (``--fit-target``, src/llama.cpp ``llama_params_fit``).
+            margin llama.cpp's own ``--fit`` keeps per device by default (``--fit-target``,
+            common/common.h ``fit_params_target``).
         ram_headroom_fraction: host need must stay under ``1 - this`` of available RAM (20 %: room for the OS page cache and other programs).
+            These two are the fit verdict's margins (:attr:`margins`,
+            :func:`kvtuner.core.plan.verdict.fit_verdict`): over capacity is an error
+            (``vram-oom``, ``ram-oom``), inside the margin a warning (``vram-tight``, ``swap-risk``).
         frag_min_bytes, frag_min_fraction: headroom under ``max(fraction * capacity, bytes)`` risks
             fragmentation.
         frag_last_alloc_fraction: the compute buffer (allocated last) needing more than this share of
@@ -130,6 +141,11 @@ class AdvisorSettings:
     long_context_tokens: int = 32768
     other_process_min_bytes: int = 256 * MiB
     knee_min_gain: float = 0.10
+
+    @property
+    def margins(self) -> FitMargins:
+        """The fit verdict's margins (:class:`~kvtuner.core.plan.verdict.FitMargins`)."""
+        return FitMargins(int(self.vram_margin_bytes), self.ram_headroom_fraction)
 
     def __post_init__(self) -> None:
         for name in ("vram_margin_bytes", "frag_min_bytes", "swap_in_bytes_s", "abandon_tok_s", "live_window_s",
@@ -199,19 +215,21 @@ class _Ctx:
     def vram_limit(self, d: Any) -> int | None:
         return None if d.capacity_bytes is None else d.capacity_bytes - self.s.vram_margin_bytes
 
+    def verdict(self, p: MemoryPlan) -> FitVerdict:
+        """The one fit verdict of ``p`` with the settings' margins."""
+        return fit_verdict(p, self.s.margins)
+
     def vram_ok(self, p: MemoryPlan) -> bool:
-        return all(self.vram_limit(d) is None or d.total_bytes <= self.vram_limit(d) for d in p.gpus)
+        return self.verdict(p).gpu_fits
 
     def ram_limit(self, p: MemoryPlan) -> int | None:
         h = p.host
         return h.free_bytes if h.free_bytes is not None else h.capacity_bytes
 
-    def ram_ok(self, p: MemoryPlan, fraction: float = 1.0) -> bool:
-        lim = self.ram_limit(p)
-        return lim is None or p.host.total_bytes <= fraction * lim
-
     def fits(self, p: MemoryPlan) -> bool:
-        return self.vram_ok(p) and self.ram_ok(p)
+        """The verdict says ``fits``: every fix the advisor offers passes this, so applying one
+        draws neither an out-of-memory error nor a tight or swap-risk warning."""
+        return self.verdict(p).fits
 
     def decode(self, p: MemoryPlan, full: bool = False) -> float | None:
         if self.speed is None or self.speed.inputs is None:
@@ -337,22 +355,37 @@ def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[s
     return c.first_fix(candidates, c.fits)
 
 
-def _coarser_kv_note(c: _Ctx, fix: dict[str, object]) -> str:
-    """When the fix (the tuned configuration) predicts under the abandon line at full context and
-    a q4_0 KV cache would clear it, say so: the quality floor is the user's call."""
-    if not fix or "q4_0" in (c.plan.config.type_k, c.plan.config.type_v):
-        return ""
-    p = c.replan(fix)
-    v = c.decode(p, full=True) if p is not None else None
-    if v is None or v >= c.s.abandon_tok_s:
-        return ""
-    q4 = c.tuned_fix({"n_ctx": c.plan.config.n_ctx}, quality="q4_0")
-    p4 = c.replan(q4) if q4 else None
-    v4 = c.decode(p4, full=True) if p4 is not None else None
-    if v4 is None or v4 < c.s.abandon_tok_s or not c.fits(p4):
-        return ""
-    return (f" The fix predicts {v:.2f} tok/s at full context; with a q4_0 KV cache ({fix_flags(q4)}) the tuner "
-            f"predicts {v4:.1f} tok/s (kvtuner tune --kv-quality q4_0).")
+def _quality_trade(c: _Ctx, fix: dict[str, object]) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The trade across KV quality levels at this context: for f16, q8_0 and q4_0 (each the worst
+    KV type allowed) the tuner's fastest configuration that fits, its predicted decode at full
+    context, and what the level costs in quality (:data:`~kvtuner.core.tune.KV_QUALITY_NOTES`).
+    Returns the sentence for the message and the structured :attr:`Advice.trade`; ("", ()) without
+    a speed prediction."""
+    if c.speed is None or c.speed.inputs is None:
+        return "", ()
+    n_ctx = c.plan.config.n_ctx
+    rows: list[dict[str, Any]] = []
+    parts = []
+    for q in KV_QUALITY_ORDER:
+        f = c.tuned_fix({"n_ctx": n_ctx}, quality=q)
+        p = c.replan(f) if f else (c.plan if c.fits(c.plan) else None)
+        v = c.decode(p, full=True) if p is not None and c.fits(p) else None
+        ok = v is not None
+        rows.append({"kv_quality": q, "fix": dict(f) if ok else None, "fix_label": _label(f) if ok else "",
+                     "decode_tok_s_at_full_ctx": v, "fits": ok, "note": KV_QUALITY_NOTES[q]})
+        chosen = " (this fix)" if ok and f == fix else ""
+        parts.append(f"{q} {v:.3g} tok/s{chosen}" if ok else f"{q} nothing fits")
+    best = max((r for r in rows if r["fits"]), key=lambda r: r["decode_tok_s_at_full_ctx"], default=None)
+    text = (f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): "
+            + "; ".join(parts) + ".")
+    if best is not None and best["fix"] and best["fix"] != fix:
+        text += f" The fastest, {best['kv_quality']}: {fix_flags(best['fix'])}."
+    return text, tuple(rows)
+
+
+def _quality_reason() -> str:
+    """The quality notes with their sources, for an advice's reason."""
+    return "KV quality: " + "; ".join(KV_QUALITY_NOTES[q] for q in KV_QUALITY_ORDER)
 
 
 def _label(fix: dict[str, object]) -> str:
@@ -413,27 +446,49 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
 
 
 def _adv(id: str, severity: str, message: str, reason: str, fix: dict[str, object] | None = None,
-         label: str | None = None, action: AdviceAction | None = None) -> Advice:
+         label: str | None = None, action: AdviceAction | None = None,
+         trade: tuple[dict[str, Any], ...] = ()) -> Advice:
     fix = dict(fix or {})
-    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action)
+    return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action, trade)
 
 
 def _rule_vram_oom(c: _Ctx) -> list[Advice]:
+    """``vram-oom`` (error) for a GPU the fit verdict calls "does not fit", ``vram-tight``
+    (warning) for one it calls "tight"; the fix is the fastest that the verdict calls "fits"."""
     out = []
+    levels = {d.device: d.level for d in c.verdict(c.plan).devices}
     for d in c.plan.gpus:
-        lim = c.vram_limit(d)
-        if lim is None or d.total_bytes <= lim:
+        level = levels.get(d.device)
+        if level not in (DOES_NOT_FIT, TIGHT):
             continue
+        lim = c.vram_limit(d)
         fix = _tuned_or(c, c.fits, gpu=True)
-        out.append(_adv(
-            "vram-oom", "error",
-            f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV {fmt_bytes(d.kv_bytes)}, "
-            f"compute {fmt_bytes(d.compute_bytes)}) but holds {fmt_bytes(d.capacity_bytes)} less a "
-            f"{fmt_bytes(c.s.vram_margin_bytes)} margin = {fmt_bytes(lim)}." + _moe_note(c, fix) + _coarser_kv_note(c, fix),
-            "total = weights + KV + compute + driver overhead must stay under capacity - margin "
-            "(llama.cpp's --fit keeps 1 GiB per device free by default for the driver and desktop)",
-            fix,
-        ))
+        parts = (f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
+                 f"{fmt_bytes(d.kv_bytes)}, compute {fmt_bytes(d.compute_bytes)})")
+        note = _moe_note(c, fix)
+        if level == DOES_NOT_FIT:
+            trade_text, trade = _quality_trade(c, fix)
+            out.append(_adv(
+                "vram-oom", "error",
+                f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: "
+                f"{fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} over." + note + trade_text,
+                "total = weights + KV + compute + driver overhead must stay under the card's capacity; the fit "
+                "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default). "
+                + _quality_reason(),
+                fix, trade=trade,
+            ))
+        else:
+            out.append(_adv(
+                "vram-tight", "warning",
+                f"{parts}: it loads on the {fmt_bytes(d.capacity_bytes)} card but leaves "
+                f"{fmt_bytes((d.capacity_bytes or 0) - d.total_bytes)} free, under the "
+                f"{fmt_bytes(c.s.vram_margin_bytes)} margin (limit {fmt_bytes(lim)})." + note,
+                "the fit verdict calls a GPU tight when its total is within capacity but not within capacity - margin; "
+                "the margin is llama.cpp's --fit-target (1024 MiB by default, common/common.h fit_params_target): "
+                "the driver, the desktop or another program can take it, and llama-server's --fit would change "
+                "this configuration",
+                fix,
+            ))
     fail = c.live.allocation_failure if c.live else None
     if fail is not None and fail.device.startswith("CUDA") and not (
         fail.free_bytes is not None and fail.requested_bytes is not None and fail.free_bytes >= fail.requested_bytes
@@ -472,20 +527,24 @@ def _moe_note(c: _Ctx, fix: dict[str, object]) -> str:
 
 
 def _rule_ram_oom(c: _Ctx) -> list[Advice]:
+    """``ram-oom`` (error) when the fit verdict calls the host "does not fit"; the fix is the
+    fastest the verdict calls "fits" (the host inside its headroom: no swap-risk afterwards)."""
     h = c.plan.host
     lim = c.ram_limit(c.plan)
-    if lim is None or h.total_bytes <= lim:
+    hv = c.verdict(c.plan).at_device("host")
+    if lim is None or hv is None or hv.level != DOES_NOT_FIT:
         return []
-    fix = _tuned_or(c, lambda p: c.ram_ok(p), gpu=False)
+    fix = _tuned_or(c, c.fits, gpu=False)
     what = "available" if h.free_bytes is not None else "installed"
     repack = f", repacked copy {fmt_bytes(h.repack_bytes)}" if h.repack_bytes else ""
+    trade_text, trade = _quality_trade(c, fix)
     return [_adv(
         "ram-oom", "error",
         f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}{repack}, KV {fmt_bytes(h.kv_bytes)}, "
-        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}.",
+        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}." + trade_text,
         "host total = weights (mapped pages must stay resident) + ggml-cpu's repacked copy + KV + compute + output + "
-        "process must fit the available RAM",
-        fix,
+        "process must fit the available RAM. " + _quality_reason(),
+        fix, trade=trade,
     )]
 
 
@@ -513,10 +572,10 @@ def _rule_fragmentation(c: _Ctx) -> list[Advice]:
     def no_risk(p: MemoryPlan) -> bool:
         return c.fits(p) and all(_frag_risk(c, d) is None for d in p.gpus)
 
+    levels = {d.device: d.level for d in c.verdict(c.plan).devices}
     for d in c.plan.gpus:
-        lim = c.vram_limit(d)
-        if lim is not None and d.total_bytes > lim:
-            continue  # vram-oom says it
+        if levels.get(d.device) in (DOES_NOT_FIT, TIGHT):
+            continue  # vram-oom or vram-tight says it
         why = _frag_risk(c, d)
         if why:
             fix = c.first_fix(_memory_candidates(c, no_risk, gpu=True), no_risk)
@@ -540,9 +599,9 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
     frac = 1 - c.s.ram_headroom_fraction
     reason = ("keep at least 20 % of RAM above the need; KV swapped to disk is unusable, not slow "
               "")
-    if lim is not None and frac * lim < h.total_bytes <= lim:
-        fix = c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
-                          lambda p: c.ram_ok(p, frac) and c.vram_ok(p))
+    hv = c.verdict(c.plan).at_device("host")
+    if lim is not None and hv is not None and hv.level == TIGHT:
+        fix = c.first_fix(_memory_candidates(c, c.fits, gpu=False), c.fits)
         split = (f" ({fmt_bytes(h.committed_bytes)} committed, which only swap can take; {fmt_bytes(h.mapped_bytes)} of "
                  "mapped file pages, which the OS drops and re-reads)" if h.mapped_bytes else "")
         out.append(_adv(
@@ -569,8 +628,7 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
         if lv.swap_in_bytes_s is not None and lv.swap_in_bytes_s > c.s.swap_in_bytes_s:
             out.append(_adv(
                 "swap-risk", "error", f"The system is swapping in {fmt_bytes(lv.swap_in_bytes_s)}/s during the run.",
-                reason + "; measured swap-in", c.first_fix(_memory_candidates(c, lambda p: c.ram_ok(p, frac), gpu=False),
-                                                          lambda p: c.ram_ok(p, frac)),
+                reason + "; measured swap-in", c.first_fix(_memory_candidates(c, c.fits, gpu=False), c.fits),
             ))
         if (lv.available_ram_bytes is not None and lv.total_ram_bytes
                 and lv.available_ram_bytes < c.s.low_available_fraction * lv.total_ram_bytes):
@@ -607,13 +665,23 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
             if c.plan.config.kv_gpu_layers is not None:
                 cands.append({"kv_gpu_layers": None})
             cands.append({"n_gpu_layers": ALL_LAYERS, "kv_gpu_layers": None})
-        n_ctx = c.plan.config.n_ctx
-        for _ in range(8):
-            n_ctx //= 2
-            if n_ctx < 512:
-                break
-            cands.append({"n_ctx": n_ctx})
-        fix = c.first_fix(cands, fast)
+        # of the fixes that keep the context, the fastest at full context that clears the line;
+        # only when none does, the longest shorter context that does
+        keep = []
+        for i, fx in enumerate(cands):
+            p = c.replan(fx) if fx else None
+            if p is not None and fast(p):
+                keep.append((c.decode(p, full=True) or 0.0, -i, fx))
+        fix = max(keep, key=lambda o: (o[0], o[1]))[2] if keep else {}
+        if not fix:
+            n_ctx, shorter = c.plan.config.n_ctx, []
+            for _ in range(8):
+                n_ctx //= 2
+                if n_ctx < 512:
+                    break
+                shorter.append({"n_ctx": n_ctx})
+            fix = c.first_fix(shorter, fast)
+        trade_text, trade = _quality_trade(c, fix)
         effect = ""
         if fix:
             fixed = c.replan(fix)
@@ -629,7 +697,8 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
                    f"(at most {sp.decode_tok_s_at_full_ctx * k:.2f}) at the full {c.plan.n_ctx_seq}-token context, under "
                    f"the {line:g} tok/s abandon line.{effect}")
             sev = "warning"
-        out.append(_adv("below-abandon-threshold", sev, msg, reason, fix))
+        out.append(_adv("below-abandon-threshold", sev, msg + trade_text, reason + ". " + _quality_reason(), fix,
+                        trade=trade))
     lv = c.live
     if lv is not None and lv.decode_tok_s is not None and lv.decode_tok_s < line and lv.below_abandon_s >= c.s.live_window_s:
         out.append(_adv(

@@ -31,6 +31,7 @@ from ._common import (
     ExportResult,
     clean_measured,
     kv_placement,
+    write_export,
     write_text_atomic,
 )
 from ..hardware.identity import GpuFingerprint, MachineFingerprint, llama_cpp_build
@@ -43,7 +44,7 @@ TARGETS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-js
 __all__ = [
     "TARGETS", "MEASURED_KEYS", "ExportError", "ExportResult", "ProfileError", "Profile",
     "LoadedProfile", "ModelIdentity", "MachineFingerprint", "GpuFingerprint", "export", "kv_placement",
-    "write_text_atomic", "load_profile", "read_profile", "clean_measured", "llama_cpp_build",
+    "write_export", "write_text_atomic", "load_profile", "read_profile", "clean_measured", "llama_cpp_build",
 ]
 
 

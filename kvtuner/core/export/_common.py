@@ -34,6 +34,8 @@ class ExportResult:
         env: environment variables the target needs set (Ollama's server settings ...).
         experimental: True when the export relies on an untested mechanism (the partial KV
             split through tensor overrides, :mod:`kvtuner.core.plan.placement`).
+        warnings: one sentence per reason the export will not run as planned (it does not fit,
+            or the target cannot express the placement); the CLI prints them as warnings.
     """
 
     target: str
@@ -43,6 +45,7 @@ class ExportResult:
     argv: tuple[str, ...] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     experimental: bool = False
+    warnings: tuple[str, ...] = ()
 
 
 def check_path_text(model_path: Path) -> str:
@@ -88,13 +91,35 @@ def override_pattern(layers: tuple[int, ...], buffer_type: str) -> str:
 _before_replace_hook: Callable[[Path], None] | None = None
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
+#: The first line of a shell-script export (``.sh``).
+SHEBANG = "#!/bin/sh\n"
+
+
+def write_export(result: "ExportResult", path: str | os.PathLike[str], *, force: bool = False) -> Path:
+    """Save an export (:func:`write_text_atomic`): a shell script (a name ending in ``.sh``, as the
+    llama-server, llama-cli and vLLM exports suggest) starts with :data:`SHEBANG` and is written
+    executable; any other file is ``result.text`` as is.
+
+    Raises:
+        ExportError: as :func:`write_text_atomic`.
+    """
+    script = os.fspath(path).endswith(".sh")
+    text = result.text
+    if script and not text.startswith("#!"):
+        text = SHEBANG + text
+    return write_text_atomic(path, text, force=force, executable=script)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False,
+                      executable: bool = False) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder,
     flushed and fsynced, then renamed over the target. A crash or kill at any moment leaves
     either the old file or the new one, never a mix (a stray hidden ``.*.tmp`` at worst).
 
     Without ``force`` an existing file is never replaced, even one created by someone else
     during the write (the final step is a hard link, which fails if the name exists).
+
+    ``executable``: add the execute bits wherever the file is readable (mode 0755 for a new file).
 
     Returns:
         The path written.
@@ -124,7 +149,9 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = 
         raise ExportError(f"cannot write into {folder}: {exc.strerror or exc}") from None
     try:
         try:
-            mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+            mode = target.stat().st_mode & 0o777 if target.exists() else (0o755 if executable else 0o644)
+            if executable:
+                mode |= (mode & 0o444) >> 2  # x wherever r
             os.chmod(tmp, mode)
         except OSError:
             pass

@@ -118,5 +118,16 @@ def render(model_ref: str, model: VllmModel, config: PlanConfig, settings: VllmS
         "which stores a shared prompt prefix's full 16-token blocks once",
         *(plan.notes if plan else ()),
     ]
+    warnings = []
+    if config.n_cpu_moe or config.cpu_moe or config.n_cpu_ffn or config.tensor_overrides:
+        warnings.append("vLLM cannot express this placement: it keeps every tensor on the GPU (no --n-cpu-moe / "
+                        "--cpu-moe / --n-cpu-ffn / -ot); "
+                        + ("the vLLM plan in the exported text says whether the whole model fits"
+                           if plan is not None else
+                           "give the card (--gpu / --gpu-mem) to check whether the whole model fits"))
+    if plan is not None and plan.fits is False:
+        warnings.append(f"vLLM will refuse to start on this card: max_model_len {settings.max_model_len} > "
+                        f"{plan.kv_tokens} KV tokens")
     stem = safe_stem(Path(model_ref.rstrip("/").split("/")[-1] or "model"))
-    return ExportResult("vllm", "\n".join(lines) + "\n", f"{stem}.vllm.sh", tuple(x for x in limits if x), tuple(argv))
+    return ExportResult("vllm", "\n".join(lines) + "\n", f"{stem}.vllm.sh", tuple(x for x in limits if x), tuple(argv),
+                        warnings=tuple(warnings))

@@ -28,10 +28,9 @@ from ..model.profile import ModelProfile
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, order_devices, plan_memory
 from ..plan.placement import DeviceSplit
+from ..plan.verdict import FIT_TARGET_MIB, FitMargins, fit_verdict
 from ..units import MiB
 
-#: ``--fit-target`` default: 1024 MiB kept free per device (common/common.h ``fit_params_target``).
-FIT_TARGET_MIB = 1024
 #: ``--fit-ctx`` default: the smallest context ``--fit`` reduces to (common/common.h ``fit_params_min_ctx``).
 FIT_MIN_CTX = 4096
 #: ``llama_params_fit`` rounds a reduced context down to a multiple of 256 per stream (common/fit.cpp,
@@ -511,7 +510,8 @@ def predict_choice(choice: FitChoice, model: ModelProfile, base: PlanConfig, gpu
         p = plan_memory(model, cfg, gpus, host, split=split)
     except ConfigError as exc:
         return replace(choice, note="; ".join(x for x in (choice.note, f"not planned: {exc}") if x))
-    fits = all(d.capacity_bytes is None or d.total_bytes <= d.capacity_bytes - vram_margin_bytes for d in p.gpus)
+    # --fit looks at the GPUs only: the fit verdict's GPU part with this margin
+    fits = fit_verdict(p, FitMargins(vram_margin_bytes=vram_margin_bytes)).gpu_fits
     dec = pre = None
     if inputs is not None:
         try:

@@ -48,16 +48,14 @@ from ..model.ggml_types import kv_type
 from ..model.profile import ModelProfile
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..plan.verdict import FIT_TARGET_MIB, RAM_HEADROOM_FRACTION, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import SpeedInputs, SpeedModelError, decode_tok_s, prefill_tok_s
-from ..units import GiB, pad_to
+from ..units import GiB, MiB, pad_to
 
-#: VRAM kept free per GPU: 1 GiB, llama.cpp's own ``--fit`` margin (``--fit-target`` default
-#: 1024 MiB; src/llama.cpp ``llama_params_fit_impl`` keeps ``margin`` free on every device).
-#: The advisor's :class:`~kvtuner.core.advice.advisor.AdvisorSettings` uses the same constant.
-VRAM_MARGIN_BYTES = 1 * GiB
-#: Host RAM kept free: 20 % of the available RAM, the advisor's swap-risk line
-#: (``AdvisorSettings.ram_headroom_fraction``), so a tuned configuration never draws that warning.
-RAM_HEADROOM_FRACTION = 0.20
+#: VRAM kept free per GPU and host RAM kept free: the fit verdict's defaults
+#: (:class:`~kvtuner.core.plan.verdict.FitMargins`: llama.cpp's ``--fit-target`` 1024 MiB, 20 % of
+#: the available RAM). A tuned configuration is one the verdict calls ``fits``.
+VRAM_MARGIN_BYTES = FIT_TARGET_MIB * MiB
 #: KV cache types from best to worst quality; ``--kv-quality T`` allows T and everything before it.
 #: Evidence (llama.cpp PR #7412, "CUDA: quantized KV cache demo", JohannesGaessler's table for
 #: LLaMA 3 8B on wikitext-2): q8_0 K + q8_0 V costs KL divergence 0.00098 against 0.00019 for f16
@@ -66,6 +64,14 @@ RAM_HEADROOM_FRACTION = 0.20
 #: (ik_llama.cpp PR #1547) and hit some model classes hard (attention-sink models,
 #: TheTom/llama-cpp-turboquant issue #305): q4_0 is opt-in, q8_0 the default floor.
 KV_QUALITY_ORDER = ("f16", "q8_0", "q4_0")
+#: What each KV quality level costs, one line each with its source (the evidence above).
+KV_QUALITY_NOTES = {
+    "f16": "f16 KV: llama.cpp's default, the reference",
+    "q8_0": "q8_0 KV: KL divergence 0.00098 against 0.00019 for f16 KV on LLaMA 3 8B, less than q8_0 weights "
+            "(llama.cpp PR #7412)",
+    "q4_0": "q4_0 KV: coarser; its errors grow with the context (ik_llama.cpp PR #1547) and hit some model classes "
+            "hard (attention-sink models)",
+}
 DEFAULT_KV_QUALITY = "q8_0"
 #: Decode speeds within this fraction of the best count as a tie, broken by prefill speed.
 DECODE_TIE = 0.01
@@ -125,6 +131,11 @@ class TuneGoal:
             raise TuneError("the memory margins must be >= 0 (RAM headroom a fraction below 1)")
         if not self.ubatch_choices or any(u < 1 for u in self.ubatch_choices):
             raise TuneError("n_ubatch choices must be positive numbers of tokens")
+
+    @property
+    def margins(self) -> FitMargins:
+        """The goal's margins as the fit verdict takes them."""
+        return FitMargins(self.vram_margin_bytes, self.ram_headroom_fraction)
 
     @property
     def kind(self) -> str:
@@ -333,6 +344,7 @@ class _Searcher:
     def __init__(self, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
                  inputs: SpeedInputs, goal: TuneGoal):
         self.model, self.base, self.gpus, self.host, self.inputs, self.goal = model, base, tuple(gpus), host, inputs, goal
+        self.margins = goal.margins
         self.evaluated = 0
         self._plans: dict[PlanConfig, MemoryPlan | None] = {}
         self._decode: dict[PlanConfig, float] = {}
@@ -350,17 +362,15 @@ class _Searcher:
                 self._plans[cfg] = None
         return self._plans[cfg]
 
-    def vram_ok(self, p: MemoryPlan) -> bool:
-        return all(d.capacity_bytes is None or d.total_bytes <= d.capacity_bytes - self.goal.vram_margin_bytes
-                   for d in p.gpus)
+    def verdict(self, p: MemoryPlan) -> FitVerdict:
+        """The one fit verdict (:func:`~kvtuner.core.plan.verdict.fit_verdict`) with the goal's margins."""
+        return fit_verdict(p, self.margins)
 
-    def ram_ok(self, p: MemoryPlan) -> bool:
-        h = p.host
-        lim = h.free_bytes if h.free_bytes is not None else h.capacity_bytes
-        return lim is None or h.total_bytes <= (1 - self.goal.ram_headroom_fraction) * lim
+    def vram_ok(self, p: MemoryPlan) -> bool:
+        return self.verdict(p).gpu_fits
 
     def fits(self, p: MemoryPlan) -> bool:
-        return self.vram_ok(p) and self.ram_ok(p)
+        return self.verdict(p).fits
 
     def decode(self, cfg: PlanConfig, p: MemoryPlan) -> float:
         if cfg not in self._decode:
@@ -819,10 +829,11 @@ def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
     p = s.plan(cfg)
     if p is None:
         return f"nothing can be planned at {n_ctx} tokens"
-    h = p.host
-    lim = h.free_bytes if h.free_bytes is not None else h.capacity_bytes
-    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs {h.total_bytes / GiB:.2f} GiB "
-            f"of the {((1 - s.goal.ram_headroom_fraction) * (lim or 0)) / GiB:.2f} GiB allowed and the GPUs hold no more; "
+    hv = s.verdict(p).at_device("host")
+    if hv is None or hv.limit_bytes is None:
+        return f"nothing fits at {n_ctx} tokens; lower the context, allow --kv-quality q4_0, or plan a larger card"
+    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs "
+            f"{hv.need_bytes / GiB:.2f} GiB of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
             f"lower the context, allow --kv-quality q4_0, or plan a larger card")
 
 

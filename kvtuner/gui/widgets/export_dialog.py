@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ...core.export import TARGETS, ExportError, export, write_text_atomic
+from ...core.export import TARGETS, ExportError, export, write_export
 from ...core.export.checked import check_export
 from ...core.model.gguf_header import GGUFError
 
@@ -202,7 +202,7 @@ class ExportDialog(QtWidgets.QDialog):
                 return None
             force = True
         try:
-            written = write_text_atomic(path, self.result.text, force=force)
+            written = write_export(self.result, path, force=force)  # a .sh is an executable script
         except (ExportError, OSError) as exc:  # exists meanwhile, folder not writable ...
             self.error = f"Could not save: {exc}"
             return None

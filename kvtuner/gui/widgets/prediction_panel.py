@@ -10,42 +10,49 @@ from PySide6 import QtCore, QtWidgets
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
-#: Badge colours: "does not fit" and the decode bands of :func:`kvtuner.core.speed.speed_model.speed_band`.
-BADGE_COLORS = {"does not fit": "#7b241c", "abandon": "#c0392b", "offline": "#d35400", "interactive": "#2471a3",
-                "fluent": "#1e8449"}
+#: Badge colours: the fit verdict's "does not fit" and "tight", then the decode bands of
+#: :func:`kvtuner.core.speed.speed_model.speed_band`.
+BADGE_COLORS = {"does not fit": "#7b241c", "tight": "#9a6700", "abandon": "#c0392b", "offline": "#d35400",
+                "interactive": "#2471a3", "fluent": "#1e8449"}
 
 
 def _tok_s(v: float) -> str:
     return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
 
 
-def verdict(plan: Any, speed: Any | None) -> tuple[str, str] | None:
+def verdict(plan: Any, speed: Any | None, margins: Any | None = None) -> tuple[str, str] | None:
     """The badge for a plan: ``(badge, reason)``; None when there is nothing to say (no plan).
 
-    ``"does not fit"`` when a device with a known capacity is short (its headroom is negative:
-    :attr:`~kvtuner.core.plan.memory_plan.DevicePlan.headroom_bytes`), whatever the speed; else
-    the decode band (:func:`kvtuner.core.speed.speed_model.speed_band`: abandon < 1 tok/s, offline
-    1-5, interactive 5-10, fluent >= 10) of the *worse* of the empty-cache and the full-context
-    decode speed (``speed.decode_tok_s``, ``speed.decode_tok_s_at_full_ctx``); None when there is
-    no speed prediction and the plan fits. ``reason`` is one line for the tooltip.
+    The one fit verdict (:func:`kvtuner.core.plan.verdict.fit_verdict` with ``margins``, default
+    llama.cpp's ``--fit-target`` 1 GiB per GPU and 20 % of the RAM) decides first: ``"does not
+    fit"`` or ``"tight"`` whatever the speed; a plan that fits shows the decode band
+    (:func:`kvtuner.core.speed.speed_model.speed_band`: abandon < 1 tok/s, offline 1-5,
+    interactive 5-10, fluent >= 10) of the *worse* of the empty-cache and the full-context decode
+    speed (``speed.decode_tok_s``, ``speed.decode_tok_s_at_full_ctx``); None when there is no
+    speed prediction and the plan fits. ``reason`` is one line for the tooltip.
     """
+    from ...core.plan.verdict import DOES_NOT_FIT, fit_verdict
     from ...core.speed.speed_model import speed_band
 
     if plan is None:
         return None
-    short = [(d, -d.headroom_bytes) for d in plan.devices if d.headroom_bytes is not None and d.headroom_bytes < 0]
-    if short:
-        parts = ", ".join(f"{d.name or d.device} is {fmt_bytes(over)} short" for d, over in short)
-        return "does not fit", f"Does not fit: {parts}. Lower the context, quantize the KV cache or move layers."
+    v = fit_verdict(plan, margins)
+    if v.level == DOES_NOT_FIT:
+        return v.level, f"{v.why}. Lower the context, quantize the KV cache or move layers."
+    band = ""
+    if speed is not None:
+        empty, full = speed.decode_tok_s, speed.decode_tok_s_at_full_ctx
+        worse = min(empty, full)
+        which = "with the context full" if full < empty else "with the cache empty"
+        band = (f"{speed_band(worse).upper()}: decode {_tok_s(worse)} tok/s {which} (empty cache {_tok_s(empty)}, "
+                f"full context {_tok_s(full)} tok/s). Bands: under 1 tok/s abandon, 1-5 offline only, "
+                "5-10 interactive, 10 and over fluent; the badge takes the worse of the two.")
+    if not v.fits:
+        return v.level, f"{v.why} ({v.margins.source}). It loads, with less than the margin free." + (
+            f" {band}" if band else "")
     if speed is None:
         return None
-    empty, full = speed.decode_tok_s, speed.decode_tok_s_at_full_ctx
-    worse = min(empty, full)
-    which = "with the context full" if full < empty else "with the cache empty"
-    reason = (f"{speed_band(worse).upper()}: decode {_tok_s(worse)} tok/s {which} (empty cache {_tok_s(empty)}, "
-              f"full context {_tok_s(full)} tok/s). Bands: under 1 tok/s abandon, 1-5 offline only, "
-              "5-10 interactive, 10 and over fluent; the badge takes the worse of the two.")
-    return speed_band(worse), reason
+    return speed_band(min(speed.decode_tok_s, speed.decode_tok_s_at_full_ctx)), band
 
 
 class PredictionPanel(QtWidgets.QGroupBox):
@@ -91,12 +98,13 @@ class PredictionPanel(QtWidgets.QGroupBox):
         self.setToolTip(f"Not replanned: {reason}" if reason else "")
 
     def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
-                 badge: str | None = None, speed_error: str = "") -> None:
+                 badge: str | None = None, speed_error: str = "", margins: Any | None = None) -> None:
         """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
         :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
         reason ``speed_error``) and the dry-run figures
-        (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None)."""
-        self.verdict = verdict(plan, speed) if badge is None else (badge, "")
+        (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None); ``margins``:
+        the fit verdict's (:class:`~kvtuner.core.plan.verdict.FitMargins`, None: the defaults)."""
+        self.verdict = verdict(plan, speed, margins) if badge is None else (badge, "")
         if plan is None:
             self.kv_label.setText("No plan: open a model.")
             self.speed_label.setText("")
