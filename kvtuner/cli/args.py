@@ -642,7 +642,14 @@ def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable
             # drop the flag whose value was refused (and the value), keep parsing the rest
             m = re.search(r"argument ([^:]+):", str(exc))
             names = set(m.group(1).split("/")) if m else set()
-            idx = next((i for i, a in enumerate(args) if a.split("=", 1)[0] in names), None)
+            hits = [i for i, a in enumerate(args) if a.split("=", 1)[0] in names]
+            bad = re.search(r"invalid \w+(?: value)?: '([^']*)'", str(exc))
+
+            def value_at(i: int) -> str:
+                return args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else "")
+
+            # the occurrence whose value was refused (an earlier, good one stays)
+            idx = next((i for i in hits if bad and value_at(i) == bad.group(1)), hits[-1] if hits else None)
             if idx is None:
                 not_understood.append(" ".join(args))
                 ns, extras = argparse.Namespace(), []
