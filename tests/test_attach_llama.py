@@ -62,8 +62,11 @@ class Client(threading.Thread):
                                "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                          headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                self.timings.append(json.loads(r.read())["timings"])
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    self.timings.append(json.loads(r.read())["timings"])
+            except OSError:  # the server was stopped under a request
+                return
             i += 1
 
 
