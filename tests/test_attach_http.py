@@ -250,11 +250,12 @@ def test_cli_keeps_watching_a_server_that_dies(server):
     assert len(samples) >= 3
 
 
-def test_ollama_ps_is_parsed_and_shown(server, tmp_path, monkeypatch, capsys):
+def test_ollama_ps_is_parsed_and_shown(server, tmp_path, monkeypatch, capsys, default_model):
     digest = OLLAMA_PS["models"][0]["digest"]
     blobs = tmp_path / "models" / "blobs"
     blobs.mkdir(parents=True)
-    (blobs / f"sha256-{digest}").write_bytes(b"GGUF")
+    # the blob Ollama would hold: a real GGUF (the default model)
+    (blobs / f"sha256-{digest}").symlink_to(default_model)
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "models"))
     s = server({"/api/ps": ok_json(OLLAMA_PS), "/api/version": ok_json({"version": "0.5.7"})})
     sample = A.OllamaWatcher(s.url).poll()
@@ -267,6 +268,12 @@ def test_ollama_ps_is_parsed_and_shown(server, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "attached to ollama" in out
     assert "mistral:latest ctx 4096 size 4899 MiB (VRAM 4899 MiB, RAM 0 MiB)" in out
+    # kvtuner's plan for the blob at Ollama's context: the KV of 4096 tokens of this model
+    assert "kvtuner plans" in out
+    assert main(["monitor", s.url, "--duration", "1", "--json"]) == 0
+    (sample,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"sample"' in x]
+    planned = sample["models"][0]["planned"]
+    assert planned["config"]["n_ctx"] == 4096 and planned["kv_bytes"] > 0 and planned["total_bytes"] > planned["kv_bytes"]
     # a broken /api/ps is one line
     s.httpd.routes["/api/ps"] = (200, "application/json", '{"models": [')
     assert A.OllamaWatcher(s.url).poll().problems[0].startswith("/api/ps: not JSON")

@@ -54,9 +54,14 @@ def sample_line(s: dict[str, Any]) -> str:
     if s.get("models") is not None and s.get("state") is not None and "slots" not in s:  # Ollama
         if s["state"] != "ok":
             return f"{clock} {s['state']}: {'; '.join(s['problems'])}"
-        parts = [f"{m['name']} ctx {m['context_length'] or '-'} size {_mib(m['size_bytes'])} "
-                 f"(VRAM {_mib(m['vram_bytes'])}, RAM {_mib(m['ram_bytes'])}) until {m['expires_at'] or '-'}"
-                 for m in s["models"]]
+        parts = []
+        for m in s["models"]:
+            part = (f"{m['name']} ctx {m['context_length'] or '-'} size {_mib(m['size_bytes'])} "
+                    f"(VRAM {_mib(m['vram_bytes'])}, RAM {_mib(m['ram_bytes'])}) until {m['expires_at'] or '-'}")
+            planned = m.get("planned")
+            if planned and "total_bytes" in planned:
+                part += f"; kvtuner plans {_mib(planned['total_bytes'])} (KV {_mib(planned['kv_bytes'])})"
+            parts.append(part)
         return f"{clock} ollama: " + ("; ".join(parts) if parts else "no model loaded")
     if s["state"] in ("gone", "error") and not s.get("slots"):
         return f"{clock} {s['state']}: {'; '.join(s['problems'])}"

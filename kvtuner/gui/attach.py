@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtWidgets
 
 from ..core.monitor.live import LiveState
 from ..runner.attach import AttachError, FoundServer, find_servers

@@ -196,6 +196,37 @@ class Monitor:
             self.notes.append(f"no plan: {exc}")
             self.session = None
 
+    def _plan_ollama(self, m: dict[str, Any]) -> dict[str, Any] | None:
+        """kvtuner's plan for one model Ollama holds (its blob at its ``context_length``, one
+        sequence, Ollama's other settings unknown and left at llama.cpp's defaults), cached by
+        digest; None when the blob is not readable here or not a GGUF kvtuner can read."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_ollama_plans", {})
+        key = f"{m.get('digest')}|{m.get('context_length')}"
+        if key in cache:
+            return cache[key]
+        plan = None
+        if m.get("blob"):
+            from ..core.hardware.host import detect_host
+            from ..core.hardware.nvml import detect_gpus
+            from ..core.model.profile import GGUFError, ModelProfile
+            from ..core.plan.config import ConfigError, PlanConfig
+            from ..core.session import Session
+
+            try:
+                profile = ModelProfile.from_gguf(Path(m["blob"]))
+                cfg = PlanConfig(n_ctx=int(m["context_length"] or 4096))
+                gpus = tuple(detect_gpus())
+                a = Session(model=profile, config=cfg, gpus=gpus, host=detect_host(), detected_gpus=gpus).assess()
+                plan = {"config": cfg.to_dict(), "total_bytes": sum(d.total_bytes for d in a.plan.devices),
+                        "gpu_bytes": sum(d.total_bytes for d in a.plan.gpus), "host_bytes": a.plan.host.total_bytes,
+                        "kv_bytes": a.plan.kv_bytes,
+                        "decode_tok_s": a.speed.decode_tok_s if a.speed is not None else None,
+                        "decode_tok_s_at_full_ctx": a.speed.decode_tok_s_at_full_ctx if a.speed is not None else None}
+            except (GGUFError, ConfigError, OSError, ValueError) as exc:
+                plan = {"error": str(exc)}
+        cache[key] = plan
+        return plan
+
     def header(self) -> dict[str, Any]:
         """What was attached and kvtuner's plan for it (the first ``--json`` line)."""
         return {
@@ -225,7 +256,19 @@ class Monitor:
         s = self.watcher.poll()
         out = {"type": "sample", **s.to_dict()}
         if self.kind == "ollama":
+            for m in out["models"]:
+                m["planned"] = self._plan_ollama(m)
             return out
+        if any("now serves" in n or "answers again" in n or "restarted" in n for n in s.notes):
+            # another process, perhaps another model and configuration: read them again
+            pid = pid_listening_on(self.server.url)
+            try:
+                argv = process_argv(pid) if pid else ()
+            except AttachError:
+                argv = ()
+            self.server = FoundServer(self.server.kind, self.server.url, pid, argv)
+            self._planned, self.session, self.assessment, self.config = False, None, None, None
+            self.notes = []
         if not self._planned and s.state == "ok":
             self._plan(s)
         now = s.t_s
