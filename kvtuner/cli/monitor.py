@@ -135,7 +135,13 @@ def _header_text(h: dict[str, Any]) -> str:
         lines.append(f"  model          {h['model_path']}")
     cfg = h.get("config")
     if cfg:
-        lines.append("  configuration  " + ", ".join(f"{k} {v}" for k, v in cfg.items()))
+        from ..core.plan.config import PlanConfig
+        from ..core.plan.fields import config_field
+
+        config, default = PlanConfig.from_dict(cfg), PlanConfig()
+        changed = [config_field(k).cli_text(getattr(config, k)) for k in cfg
+                   if getattr(config, k) != getattr(default, k)]
+        lines.append("  configuration  " + (" ".join(changed) or "kvtuner's defaults"))
     for r in h.get("resolved") or ():
         lines.append(f"  resolved       {r}")
     if h.get("not_understood"):
