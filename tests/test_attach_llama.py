@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -49,11 +50,13 @@ def start_server(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.P
 class Client(threading.Thread):
     """Sends completions one after another until stopped; keeps each answer's timings."""
 
-    def __init__(self, port: int, n_predict: int = 96) -> None:
+    def __init__(self, port: int, n_predict: int = 40) -> None:
         super().__init__(daemon=True)
         self.port, self.n_predict = port, n_predict
         self.stop = threading.Event()
         self.timings: list[dict] = []
+        #: (sent, answered) wall-clock times of each request, seconds since the epoch
+        self.spans: list[tuple[float, float]] = []
 
     def run(self) -> None:
         i = 0
@@ -63,8 +66,11 @@ class Client(threading.Thread):
             req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
                                          headers={"Content-Type": "application/json"})
             try:
+                t0 = time.time()
                 with urllib.request.urlopen(req, timeout=120) as r:
-                    self.timings.append(json.loads(r.read())["timings"])
+                    timings = json.loads(r.read())["timings"]
+                self.spans.append((t0, time.time()))
+                self.timings.append(timings)
             except OSError:  # the server was stopped under a request
                 return
             i += 1
@@ -87,28 +93,35 @@ def test_decode_speed_is_the_servers_own(metrics, default_model, tmp_path):
         client.start()
         while not client.timings:  # warm: one request done before the window opens
             client.join(0.2)
-        n_before = len(client.timings)
-        lines = monitor_json(f"http://127.0.0.1:{port}", 10)
-        n_after = len(client.timings)
+        lines = monitor_json(f"http://127.0.0.1:{port}", 14)
         client.stop.set()
         client.join(120)
     finally:
         stop_group(proc)
     header, samples = lines[0], [x for x in lines if x["type"] == "sample"]
     assert header["type"] == "attached" and header["pid"] == proc.pid
-    assert 8 <= len(samples) <= 11
+    assert 12 <= len(samples) <= 15
     assert all(s["state"] == "ok" and s["problems"] == [] for s in samples)
     assert samples[-1]["metrics_enabled"] is metrics
-    tokens = sum(s["decode_tokens"] for s in samples)
-    span = sum(s["decode_span_s"] for s in samples)
-    assert tokens > 50 and span > 3
+    # the requests that ran wholly inside the window, and the samples measured during them
+    # (one client: one request at a time; a sample counts decode only within one task)
+    first, last = samples[0]["time_unix_s"], samples[-1]["time_unix_s"]
+    inside = [i for i, (t0, t1) in enumerate(client.spans) if t0 >= first and t1 <= last]
+    assert inside, f"no request ran wholly inside the window: {client.spans} vs {first}..{last}"
+    during = [s for s in samples if s["decode_tokens"]
+              and any(client.spans[i][0] < s["time_unix_s"] <= client.spans[i][1] for i in inside)]
+    tokens = sum(s["decode_tokens"] for s in during)
+    span = sum(s["decode_span_s"] for s in during)
+    assert tokens >= 10 and span > 1
     measured = tokens / span
-    # the requests generating during the window (the one running at its start and its end included)
-    done = client.timings[max(0, n_before - 1):n_after + 1]
-    own = sum(t["predicted_n"] for t in done) / (sum(t["predicted_ms"] for t in done) / 1000)
-    print(f"kvtuner {measured:.2f} tok/s, llama-server {own:.2f} tok/s over {len(done)} requests "
+    own = (sum(client.timings[i]["predicted_n"] for i in inside)
+           / (sum(client.timings[i]["predicted_ms"] for i in inside) / 1000))
+    print(f"kvtuner {measured:.2f} tok/s, llama-server {own:.2f} tok/s over {len(inside)} requests "
           f"(load {os.getloadavg()[0]:.1f})")
     assert measured == pytest.approx(own, rel=0.10)
+    # each sample's own rate is its tokens over its time
+    for s in during:
+        assert s["decode_tok_s"] == pytest.approx(s["decode_tokens"] / s["decode_span_s"])
     # context fill per slot: the busy slot holds its prompt and what it generated so far
     busy = [sl for s in samples for sl in s["slots"] if sl["processing"]]
     assert busy and all(sl["n_ctx"] == 1024 and 0 < sl["tokens"] <= 1024 for sl in busy)
