@@ -113,3 +113,31 @@ def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path):
             s.stop()
         except Exception:
             pass
+
+
+def test_attach_dialog_lists_found_servers_and_takes_a_url(qtbot, tmp_path):
+    from kvtuner.gui.attach import AttachDialog
+    from kvtuner.runner.attach import FoundServer
+
+    s = Server(good_routes())
+    try:
+        w = _window(qtbot, tmp_path, [])
+        d = AttachDialog(w)
+        qtbot.addWidget(d)
+        qtbot.waitUntil(lambda: w.tasks.pending == 0 and not d.note.text().startswith("looking"), timeout=20_000)
+        found = [FoundServer("llama-server", s.url, 4321, ("llama-server", "-m", "/m/gemma.gguf", "--port", str(s.port))),
+                 FoundServer("ollama", "http://127.0.0.1:11434", answers=True)]
+        d.set_found(found)
+        assert [d.list.item(i).text() for i in range(d.list.count())] == [
+            f"llama-server {s.url} (pid 4321, gemma.gguf)", "ollama http://127.0.0.1:11434"]
+        assert d.chosen() is found[0] and d.target.text() == s.url
+        d.list.setCurrentRow(1)
+        assert d.chosen() is found[1]
+        d.target.setText("127.0.0.1:9")
+        assert d.chosen() == "127.0.0.1:9"
+        w.attach_to(s.url)
+        qtbot.waitUntil(lambda: w.run_controls.progress.format().startswith("attached: context"), timeout=20_000)
+        assert w.run_controls.progress.format() == "attached: context 300/1024 (29%)"
+        w.shutdown()
+    finally:
+        s.stop()
