@@ -30,8 +30,8 @@ llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 0
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    """Answers what ``self.server.routes[path]`` says: ``(status, content type, body)`` or a
-    callable that returns it (it may sleep)."""
+    """Answers what ``self.server.routes[path]`` says: ``(status, content type, body)`` (and a
+    dict of more headers), or a callable that returns it (it may sleep)."""
 
     def log_message(self, *a):  # quiet
         pass
@@ -43,13 +43,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             route = route(self)
         if route is None:
             route = (404, "text/plain", b"not found")
-        status, ctype, body = route
+        status, ctype, body, *extra = route
         if isinstance(body, str):
             body = body.encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in (extra[0] if extra else {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):

@@ -155,6 +155,14 @@ def test_a_dying_server_is_gone_and_watched_again_when_it_returns(server):
     del port
 
 
+def test_a_restart_is_noticed_from_the_metrics_start_time(server):
+    s = server(good_routes() | {"/metrics": (200, "text/plain", METRICS, {"Process-Start-Time-Unix": "1000"})})
+    w = A.ServerWatcher(s.url)
+    assert w.poll().notes == ()
+    s.httpd.routes["/metrics"] = (200, "text/plain", METRICS, {"Process-Start-Time-Unix": "2000"})
+    assert w.poll().notes == ("the server restarted",)
+
+
 def test_cli_keeps_watching_a_server_that_dies(server):
     s = server(good_routes())
 

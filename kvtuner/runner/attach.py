@@ -81,7 +81,7 @@ class Answer:
     status: int
     body: bytes = b""
     content_type: str = ""
-    headers: dict = field(default_factory=dict)
+    headers: dict = field(default_factory=dict)  # names in lower case
     problem: str = ""
     timed_out: bool = False
     refused: bool = False
@@ -111,7 +111,8 @@ def http_get(url: str, *, timeout_s: float = TIMEOUT_S, api_key: str | None = No
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read(MAX_BODY_BYTES)
-            return Answer(resp.status, body, resp.headers.get("Content-Type", ""), dict(resp.headers.items()))
+            return Answer(resp.status, body, resp.headers.get("Content-Type", ""),
+                          {k.lower(): v for k, v in resp.headers.items()})
     except urllib.error.HTTPError as exc:
         try:
             body = exc.read(MAX_BODY_BYTES)
@@ -436,7 +437,7 @@ class ServerWatcher:
                 if not metrics:
                     problems.append("/metrics: no llamacpp: series in the answer")
                     metrics = None
-                start = str(a.headers.get("Process-Start-Time-Unix", ""))
+                start = str(a.headers.get("process-start-time-unix", ""))
                 if start and self._start_time and start != self._start_time:
                     notes.append("the server restarted")
                     self._prev_metrics = None
