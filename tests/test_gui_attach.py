@@ -67,6 +67,10 @@ def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
                         and w.graphs.series["runner_rss"].last() > 0.05, timeout=30_000)
         qtbot.waitUntil(lambda: w.graphs.series.get("vram_runner0") is not None
                         and w.graphs.series["vram_runner0"].last() == pytest.approx(900 / 1024), timeout=30_000)
+        # the context fill: the KV bytes holding tokens, at most the plan's whole KV cache
+        qtbot.waitUntil(lambda: "context" in w.graphs.series and w.graphs.point_count("context") >= 2, timeout=30_000)
+        kv_gib = w.graphs.series["context"].arrays()[1]
+        assert (kv_gib > 0).all() and (kv_gib <= w.plan.kv_bytes / (1 << 30)).all()
         # kvtuner's prediction beside the measurements: the dashed lines of the plan for this configuration
         assert w.graphs._predicted
         decode = w.graphs.series["decode"].arrays()[1]

@@ -4,7 +4,8 @@ started, as it watches a run of its own.
 :class:`AttachedServer` runs a :class:`~kvtuner.runner.attach_monitor.Monitor` on its own thread
 (one poll a second; the HTTP requests never block the window) and queues its samples; the
 window's pull timer hands them to :meth:`AttachedServer.show`, which draws the measured decode
-and prefill tok/s in the speed graph, points the samplers at the server's process (its RSS and
+and prefill tok/s in the speed graph, the context fill as the KV bytes holding tokens (the plan's
+KV cache times the share of the slots' cells in use) in the memory graph, points the samplers at the server's process (its RSS and
 VRAM become the graphs' "runner" curves), opens the model and configuration its command line
 gives (so the prediction, the dashed predicted lines and the advice are kvtuner's plan for
 exactly that configuration), shows the context fill of the fullest slot in the progress bar,
@@ -139,6 +140,11 @@ class AttachedServer:
         if sample.get("prefill_tok_s") is not None:
             w.graphs.add_prefill(t, float(sample["prefill_tok_s"]))
         slots = sample.get("slots") or []
+        plan = w.plan
+        cells = sum(sl["n_ctx"] for sl in slots)
+        if plan is not None and cells and sample["state"] == "ok":
+            # the share of the KV cells that hold tokens, in bytes of the plan's KV cache
+            w.graphs.add_context(t, plan.kv_bytes * sum(sl["tokens"] for sl in slots) / cells)
         fullest = max(slots, key=lambda s: s["tokens"] / s["n_ctx"] if s["n_ctx"] else 0, default=None)
         if sample["state"] == "ok" and fullest is not None:
             fill = fullest["tokens"] / fullest["n_ctx"] if fullest["n_ctx"] else 0.0
