@@ -69,9 +69,10 @@ class AttachedServer:
         self._thread.start()
 
     def stop(self, timeout_s: float = 3.0) -> None:
-        """Stop polling and wait for the thread (one poll at most: 1.5 s timeouts)."""
+        """Stop polling; wait up to ``timeout_s`` for the thread (it ends after its current poll:
+        a few 1.5 s timeouts at most)."""
         self._stop.set()
-        if self._thread.is_alive():
+        if timeout_s > 0 and self._thread.is_alive():
             self._thread.join(timeout_s)
 
     @property

@@ -1016,12 +1016,13 @@ class MainWindow(QtWidgets.QMainWindow):
             self.sampler.set_pid(pid)
         self.status.set_field("runner", f"attached: {a.label}")
 
-    def detach(self, quiet: bool = False) -> None:
-        """Stop watching the attached server (the server itself runs on)."""
+    def detach(self, quiet: bool = False, wait_s: float = 0.0) -> None:
+        """Stop watching the attached server (the server itself runs on). The polling thread ends
+        after its current poll; ``wait_s``: how long to wait for it (0: not on the GUI thread)."""
         a, self.attached = self.attached, None
         if a is None:
             return
-        a.stop()
+        a.stop(wait_s)
         self.sampler.set_pid(self.runner.pid if self.runner.running else None)
         self.graphs.end_run(time.monotonic())
         self.detach_action.setEnabled(False)
@@ -1124,7 +1125,7 @@ class MainWindow(QtWidgets.QMainWindow):
         """Stop the run, the sampler and the timers (the window can then be dropped)."""
         self._pull_timer.stop()
         if self.attached is not None:
-            self.detach(quiet=True)
+            self.detach(quiet=True, wait_s=3.0)
         if self.runner.running:
             self.runner.stop()
             self.runner.wait(timeout_s)
