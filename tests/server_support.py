@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 import urllib.error
@@ -58,3 +60,50 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float)
         time.sleep(0.5)
     assert status == 200, f"no healthy /health within {timeout_s} s:\n{log.read_text(errors='replace')[-4000:]}"
     return body
+
+
+def start_llama_server(binary: Path, model: Path, log_dir: Path, flags: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
+    """Start ``binary -m model FLAGS --host 127.0.0.1 --port P`` in its own process group and
+    wait until ``/health`` is 200; returns (process, port, argv). Stop it with :func:`stop_group`."""
+    port = free_port()
+    argv = [str(binary), "-m", str(model), *flags, "--host", "127.0.0.1", "--port", str(port)]
+    log = log_dir / f"server-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        wait_healthy(proc, port, log, 120)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc, port, argv
+
+
+class CompletionClient(threading.Thread):
+    """Sends ``/completion`` requests to a llama-server one after another until :attr:`stop` is
+    set (or the server goes away); keeps each answer's ``timings`` and its (sent, answered)
+    wall-clock times in :attr:`spans`."""
+
+    def __init__(self, port: int, n_predict: int = 40) -> None:
+        super().__init__(daemon=True)
+        self.port, self.n_predict = port, n_predict
+        self.stop = threading.Event()
+        self.timings: list[dict] = []
+        self.spans: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            body = json.dumps({"prompt": f"Tell a long story about the number {i}.", "n_predict": self.n_predict,
+                               "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                t0 = time.time()
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    timings = json.loads(r.read())["timings"]
+                self.spans.append((t0, time.time()))
+                self.timings.append(timings)
+            except OSError:  # the server was stopped under a request
+                return
+            i += 1

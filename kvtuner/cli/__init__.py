@@ -1,6 +1,6 @@
 """``kvtuner`` command line.
 
-``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|tune|export|engines|library|gpus|probe|install-desktop``
+``kvtuner`` with no arguments opens the desktop app; ``kvtuner plan|inspect|bench|tune|export|engines|monitor|library|gpus|probe|install-desktop``
 are headless and take ``--json``; ``kvtuner --version`` names the llama.cpp build it plans for. One module per command (:mod:`.plan`, :mod:`.bench`,
 :mod:`.export`, :mod:`.gui`); the flags they share come from the configuration catalogue
 (:mod:`kvtuner.core.plan.fields`) in :mod:`.args`; text rendering is :mod:`.report`. Every user
@@ -59,7 +59,7 @@ class _VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    from . import bench, desktop, engines, export, gui, hardware, plan, tune
+    from . import bench, desktop, engines, export, gui, hardware, monitor, plan, tune
 
     parser = _Parser(
         prog="kvtuner",
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction,
                         help="print the version and the llama.cpp build kvtuner plans for, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (plan, bench, export, gui, hardware, tune, engines, desktop):
+    for module in (plan, bench, export, gui, hardware, tune, engines, monitor, desktop):
         module.register(sub)
     return parser
 

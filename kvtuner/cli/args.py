@@ -4,7 +4,9 @@ catalogue :data:`kvtuner.core.plan.fields.FIELDS`), the hardware flags, and JSON
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import typing
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..core.plan.fields import FIELDS
@@ -568,3 +570,111 @@ def engine_from_args(args: argparse.Namespace, *, list_devices: bool = True) -> 
         return resolve_engine(None, None, list_devices=list_devices)
     except EngineError as exc:
         raise UserError(f"--engine: {exc}") from None
+
+
+#: llama-server flags kvtuner reads beside the configuration catalogue (name -> takes a value):
+#: the model, the address and key to reach the server, the threads for the speed prediction,
+#: and the endpoints it serves (common/arg.cpp ``common_params_parser_init``).
+SERVER_OWN_FLAGS: dict[tuple[str, ...], bool] = {
+    ("-m", "--model"): True,
+    ("--host",): True,
+    ("--port",): True,
+    ("--api-key",): True,
+    ("-t", "--threads"): True,
+    ("-a", "--alias"): True,
+    ("--metrics",): False,
+    ("--slots",): False,
+    ("--no-slots",): False,
+}
+
+
+class _ServerArgvError(Exception):
+    """A llama-server argument the catalogue's parser refused (a value it does not know)."""
+
+
+class _ServerParser(argparse.ArgumentParser):
+    def error(self, message: str) -> "typing.NoReturn":
+        raise _ServerArgvError(message)
+
+
+def server_command_parser() -> argparse.ArgumentParser:
+    """An argparse parser of llama-server command lines: the configuration flags of the
+    catalogue (:func:`add_config_args`, every llama.cpp spelling it knows) and
+    :data:`SERVER_OWN_FLAGS`; no abbreviations. Errors raise instead of exiting."""
+    p = _ServerParser(prog="llama-server", add_help=False, allow_abbrev=False)
+    add_config_args(p)
+    for names, takes_value in SERVER_OWN_FLAGS.items():
+        dest = "server_" + names[-1].lstrip("-").replace("-", "_")
+        if takes_value:
+            p.add_argument(*names, dest=dest, default=None)
+        else:
+            p.add_argument(*names, dest=dest, action="store_true", default=None)
+    p.add_argument("-sm", "--split-mode", dest="split_mode", default=None)
+    p.add_argument("-ts", "--tensor-split", dest="tensor_split", default=None)
+    p.add_argument("-mg", "--main-gpu", dest="main_gpu", default=None, type=positive_int)
+    return p
+
+
+def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable[[], ModelProfile] | None" = None) -> "tuple[PlanConfig, argparse.Namespace, list[str]]":
+    """Parse a llama-server command line (``argv[0]`` the executable) into a configuration.
+
+    Flags it does not set take llama-server's defaults, not kvtuner's: ``-c 0`` (the training
+    context) and ``-np -1`` (four slots, unified KV), both resolved against ``model``
+    (common/common.h ``n_ctx = 0``; common/arg.cpp sets ``n_parallel = -1`` for the server).
+
+    Returns:
+        ``(config, namespace, not_understood)``: the namespace holds ``server_model``,
+        ``server_port``, ``server_api_key``, ``server_threads`` ... (None when absent);
+        ``not_understood`` lists each argument kvtuner does not know (``--jinja``,
+        ``--temp 0.7``) or whose value it refused, as it was written.
+
+    Raises:
+        UserError: a configuration llama.cpp would refuse too.
+    """
+    args = list(argv[1:])
+    parser = server_command_parser()
+    not_understood: list[str] = []
+    for _ in range(len(args) + 1):
+        try:
+            ns, extras = parser.parse_known_args(args)
+            break
+        except _ServerArgvError as exc:
+            # drop the flag whose value was refused (and the value), keep parsing the rest
+            m = re.search(r"argument ([^:]+):", str(exc))
+            names = set(m.group(1).split("/")) if m else set()
+            hits = [i for i, a in enumerate(args) if a.split("=", 1)[0] in names]
+            bad = re.search(r"invalid \w+(?: value)?: '([^']*)'", str(exc))
+
+            def value_at(i: int) -> str:
+                return args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else "")
+
+            # the occurrence whose value was refused (an earlier, good one stays)
+            idx = next((i for i in hits if bad and value_at(i) == bad.group(1)), hits[-1] if hits else None)
+            if idx is None:
+                not_understood.append(" ".join(args))
+                ns, extras = argparse.Namespace(), []
+                break
+            n = 2 if "=" not in args[idx] and idx + 1 < len(args) and not args[idx + 1].startswith("-") else 1
+            not_understood.append(" ".join(args[idx:idx + n]) + f" ({str(exc).split(': ', 1)[-1]})")
+            del args[idx:idx + n]
+    # an unknown flag's value comes out as its own extra: keep them together
+    i = 0
+    while i < len(extras):
+        word = extras[i]
+        if i + 1 < len(extras) and word.startswith("-") and not extras[i + 1].startswith("-"):
+            not_understood.append(f"{word} {extras[i + 1]}")
+            i += 2
+        else:
+            not_understood.append(word)
+            i += 1
+    for f in FIELDS:
+        if f.name == "n_ctx" and getattr(ns, f.dest, None) is None:
+            setattr(ns, f.dest, 0)
+        if f.name == "n_seq" and getattr(ns, f.dest, None) is None:
+            setattr(ns, f.dest, -1)
+    for names in SERVER_OWN_FLAGS:
+        dest = "server_" + names[-1].lstrip("-").replace("-", "_")
+        if not hasattr(ns, dest):
+            setattr(ns, dest, None)
+    config = config_from_args(ns, model=model)
+    return config, ns, not_understood

@@ -33,6 +33,7 @@ from ..core.session import Assessment, Session
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run, probe_structure
 from .about import install_help_menu
+from .attach import AttachDialog, AttachedServer
 from .config_state import effective_config, fix_for_error, fix_wording, gui_wording
 from .run_controller import BenchSettings, RunController
 from .run_events import RunEvents
@@ -159,6 +160,8 @@ class MainWindow(QtWidgets.QMainWindow):
             sampler = Sampler(interval_s=0.1, capacity=600, gpus=bool(gpus))
         self.sampler = sampler
         self.runner = RunController(bench, sampler=self.sampler)
+        #: the running server the window watches (Run > Attach), or None
+        self.attached: AttachedServer | None = None
 
         self.model: ModelProfile | None = None
         #: why the configuration asked for was refused ("" when it was not): the figures shown are stale
@@ -353,6 +356,16 @@ class MainWindow(QtWidgets.QMainWindow):
         self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
         for a in (self.run_action, self.stop_action, self.verify_action):
             run_menu.addAction(a)
+        run_menu.addSeparator()
+        self.attach_action = QtGui.QAction("&Attach to a running server...", self, shortcut="Ctrl+Shift+A",
+                                           triggered=self.open_attach)
+        self.attach_action.setToolTip("Watch a llama-server or Ollama someone else started: its speed, context fill "
+                                      "and memory live, beside kvtuner's plan for its configuration")
+        self.detach_action = QtGui.QAction("&Detach", self, triggered=lambda: self.detach())
+        self.detach_action.setEnabled(False)
+        run_menu.addAction(self.attach_action)
+        run_menu.addAction(self.detach_action)
+        run_menu.addSeparator()
         install_help_menu(self)  # Help > About, app icon (gui/about.py)
         tb = self.addToolBar("Main")
         tb.setObjectName("main-toolbar")
@@ -470,6 +483,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.replan()
         self.refresh_known_good()
         self._probe_structure_if_needed()
+        if self.attached is not None:
+            self.attached.model_opened()
 
     def _probe_structure_if_needed(self) -> None:
         """A model whose layer structure kvtuner's rules do not cover (the plan says "approximate"):
@@ -881,6 +896,9 @@ class MainWindow(QtWidgets.QMainWindow):
         """Start a bench with the current configuration (False if none can start)."""
         if self.model_path is None or self.runner.running:
             return False
+        if self.attached is not None:
+            self.status.showMessage("watching a running server: Run > Detach first", 8000)
+            return False
         self.show_error("")
         if self.stale:
             return False
@@ -961,9 +979,74 @@ class MainWindow(QtWidgets.QMainWindow):
             self.status.show_gpu(gpu_latest)
         for t_s, ev in self.runner.drain():
             self.run_events.handle(t_s, ev)
+        if self.attached is not None:
+            for sample in self.attached.drain():
+                if self.attached is None:
+                    break
+                self.attached.show(sample)
         if self.runner.running and time.monotonic() - self.run_events.last_live_t >= LIVE_ADVICE_INTERVAL_S:
             self.update_live()
         self.graphs.refresh()
+
+    # -- attach to a running server ----------------------------------------------------------------
+
+    def open_attach(self) -> AttachDialog | None:
+        """Run > Attach: the dialog of servers found; attaches to the one chosen."""
+        dialog = AttachDialog(self)
+        if dialog.exec() != QtWidgets.QDialog.DialogCode.Accepted:
+            return None
+        chosen = dialog.chosen()
+        if chosen:
+            self.attach_to(chosen)
+        return dialog
+
+    def attach_to(self, target: Any) -> bool:
+        """Watch the running server ``target`` (a URL, a PID, or a found server): its samples are
+        drawn by :class:`~kvtuner.gui.attach.AttachedServer`. False while a bench runs."""
+        if self.runner.running:
+            self.status.showMessage("a bench is running: stop it before attaching", 8000)
+            return False
+        if self.attached is not None:
+            self.detach(quiet=True)
+        self.attached = AttachedServer(self, target)
+        self.graphs.begin_run(time.monotonic())
+        self.graphs.mark_phase(time.monotonic(), "attached")
+        self.run_controls.set_progress(None, "attaching ...")
+        self.detach_action.setEnabled(True)
+        self.run_action.setEnabled(False)
+        self.attached.start()
+        # the server's process is polled once a second; the samplers follow its RSS and VRAM
+        QtCore.QTimer.singleShot(1500, self._follow_attached_pid)
+        return True
+
+    def _follow_attached_pid(self) -> None:
+        a = self.attached
+        if a is None:
+            return
+        if a.monitor is None and a.running:
+            QtCore.QTimer.singleShot(500, self._follow_attached_pid)
+            return
+        pid = a.monitor.server.pid if a.monitor is not None else None
+        if pid:
+            self.sampler.set_pid(pid)
+        self.status.set_field("runner", f"attached: {a.label}")
+
+    def detach(self, quiet: bool = False, wait_s: float = 0.0) -> None:
+        """Stop watching the attached server (the server itself runs on). The polling thread ends
+        after its current poll; ``wait_s``: how long to wait for it (0: not on the GUI thread)."""
+        a, self.attached = self.attached, None
+        if a is None:
+            return
+        a.stop(wait_s)
+        self.sampler.set_pid(self.runner.pid if self.runner.running else None)
+        self.graphs.end_run(time.monotonic())
+        self.detach_action.setEnabled(False)
+        self.run_action.setEnabled(True)
+        self.run_events.live_state = None
+        self.status.set_field("runner", "runner: idle")
+        if not quiet:
+            self.run_controls.set_progress(0.0, f"detached from {a.label}")
+        self.refresh_advice(running=False)
 
     @property
     def engine(self) -> Any:
@@ -1064,6 +1147,8 @@ class MainWindow(QtWidgets.QMainWindow):
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the run, the sampler and the timers (the window can then be dropped)."""
         self._pull_timer.stop()
+        if self.attached is not None:
+            self.detach(quiet=True, wait_s=3.0)
         if self.runner.running:
             self.runner.stop()
             self.runner.wait(timeout_s)

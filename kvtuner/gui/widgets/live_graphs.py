@@ -41,6 +41,7 @@ COLORS = {
     "prefill": "#009E73",
     "decode": "#0072B2",
     "phase": "#888888",
+    "context": "#E69F00",
 }
 
 
@@ -234,6 +235,13 @@ class LiveGraphs(QtWidgets.QWidget):
         self.series[f"vram_runner{index}"].extend(
             t, np.fromiter((math.nan if s.process_bytes is None else s.process_bytes / GiB for s in samples),
                            float, len(samples)))
+
+    def add_context(self, t_s: float, kv_bytes: float) -> None:
+        """The KV cache bytes holding tokens at monotonic time ``t_s`` (an attached server's
+        context fill; the curve appears with its first point)."""
+        if "context" not in self.series:
+            self._add_curve("context", self.mem_plot, "KV holding context", COLORS["context"])
+        self.series["context"].append(self.rel(t_s), kv_bytes / GiB)
 
     def add_prefill(self, t_s: float, tok_s: float) -> None:
         """One measured prefill rate (tok/s) at monotonic time ``t_s``."""
