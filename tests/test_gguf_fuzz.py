@@ -18,6 +18,7 @@ import sys
 import tracemalloc
 from datetime import timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import gguf
 import pytest
@@ -70,7 +71,7 @@ def _write(tmp: Path, name: str, spec: ModelSpec, *, big: bool = False) -> bytes
 class _Recorder(H._Cursor):
     """A cursor that records where every field it reads starts and how wide it is."""
 
-    log: list[tuple[int, int]] = []
+    log: ClassVar[list[tuple[int, int]]] = []
 
     def unpack(self, fmt, what):  # noqa: D401
         _Recorder.log.append((self.pos, struct.calcsize(fmt)))

@@ -190,7 +190,7 @@ def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
     from PySide6.QtTest import QTest
 
     class AcceptsCtrlE(QtCore.QObject):  # what QLineEdit::event does with the X11 key bindings
-        def eventFilter(self, obj, event):
+        def eventFilter(self, obj, event):  # noqa: N802 (Qt API)
             if event.type() == QtCore.QEvent.Type.ShortcutOverride and event.key() == QtCore.Qt.Key.Key_E:
                 event.accept()
                 return True

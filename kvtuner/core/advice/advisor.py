@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.fields import cli_flags, config_field
 from ..model.ggml_types import kv_type
+from ..hardware.nvml import GpuProcess
 from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory

@@ -166,7 +166,7 @@ class Graph:
     def view_of_op(self, op: str, name: str, target: Tensor, *src: Tensor) -> Tensor:
         """An op whose result is a view of ``target`` (``ggml_set_rows``, ``ggml_cpy``)."""
         root = target.view_src or target
-        return Tensor(name, op, target.ne, target.etype, (*src, target) if op == "CPY" else (*src, target),
+        return Tensor(name, op, target.ne, target.etype, (*src, target),
                       target.nb, root, target.view_offs)
 
     # ---- ggml_build_forward_expand ----

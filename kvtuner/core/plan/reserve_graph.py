@@ -529,9 +529,6 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     g.expand(embd)
     g.expand(g.input("inp_embd", (E, T), "f32"))
     pos = g.input("inp_pos", (T,), "i32")
-    masks: dict[int, Tensor] = {}
-    k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
-    v_idx_cache: dict[int, Tensor] = {}
     out_ids = g.input("out_ids", (n_out,), "i32")
     cache_inputs: dict[bool, dict[str, Tensor]] = {}
     def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
