@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.fields import cli_flags, config_field
@@ -179,7 +179,7 @@ class _Ctx:
         self._plans: dict[tuple, MemoryPlan | None] = {}
         self._tuned: dict[tuple, dict[str, object]] = {}
 
-    def config(self, fix: dict[str, object]) -> PlanConfig | None:
+    def config(self, fix: Mapping[str, Any]) -> PlanConfig | None:
         try:
             return replace(self.plan.config, **fix)
         except (ConfigError, TypeError):
@@ -199,7 +199,7 @@ class _Ctx:
         return None if d.capacity_bytes is None else d.capacity_bytes - self.s.vram_margin_bytes
 
     def vram_ok(self, p: MemoryPlan) -> bool:
-        return all(self.vram_limit(d) is None or d.total_bytes <= self.vram_limit(d) for d in p.gpus)
+        return all((lim := self.vram_limit(d)) is None or d.total_bytes <= lim for d in p.gpus)
 
     def ram_limit(self, p: MemoryPlan) -> int | None:
         h = p.host
@@ -322,7 +322,7 @@ def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[s
     part because they keep the user's other settings (the tuner may change KV types, flash
     attention and n_ubatch too); without a prediction, or when none of them fits, the first
     candidate that fits (a smaller context last)."""
-    options = []
+    options: list[tuple[float, int, dict[str, object]]] = []
     tuned = c.tuned_fix({"n_ctx": c.plan.config.n_ctx})
     candidates = list(_memory_candidates(c, ok, gpu=gpu))
     for fix in [tuned] + [fx for fx in candidates if "n_ctx" not in fx]:
@@ -348,7 +348,7 @@ def _coarser_kv_note(c: _Ctx, fix: dict[str, object]) -> str:
     q4 = c.tuned_fix({"n_ctx": c.plan.config.n_ctx}, quality="q4_0")
     p4 = c.replan(q4) if q4 else None
     v4 = c.decode(p4, full=True) if p4 is not None else None
-    if v4 is None or v4 < c.s.abandon_tok_s or not c.fits(p4):
+    if p4 is None or v4 is None or v4 < c.s.abandon_tok_s or not c.fits(p4):
         return ""
     return (f" The fix predicts {v:.2f} tok/s at full context; with a q4_0 KV cache ({fix_flags(q4)}) the tuner "
             f"predicts {v4:.1f} tok/s (kvtuner tune --kv-quality q4_0).")
@@ -379,7 +379,7 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     if cfg.type_k == "f16" or cfg.type_v == "f16":
         yield {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if cfg.flash_attn == "off" else {})}
     if gpu and plan.n_gpu_repeating:
-        fixes = []
+        fixes: list[dict[str, object]] = []
         k = c.largest("kv_gpu_layers", 0, plan.n_gpu_repeating - 1, ok) if plan.kv_gpu_layers else None
         if k is not None:
             fixes.append({"kv_gpu_layers": k})
