@@ -93,6 +93,8 @@ def test_probe_needs_the_models_types_and_head_sizes(default_profile):
     assert types == ("Q4_K", "Q5_0", "Q6_K", "Q8_0") and dims == ("4/1/256",)  # Gemma 3 270M: MQA, 256-wide heads
 
 
+@pytest.mark.llama
+@pytest.mark.slow
 def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     """One real probe (llama.cpp in a child, ~15-40 s), then ``kvtuner plan`` predicts with it."""
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
