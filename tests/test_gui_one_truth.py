@@ -314,6 +314,7 @@ def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
     assert [a.text() for a in w.menuBar().actions()] == ["&File", "&Run", "&Help"]
 
 
+@pytest.mark.llama
 def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
     """The plan's RAM headroom follows the RAM available now (the test host says 12 GiB; the
     real sampler reads this machine), and "verified by llama.cpp" does not outlive a change."""
