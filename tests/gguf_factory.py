@@ -547,7 +547,6 @@ def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_
     path = Path(path)
     tensors = real_shape_tensors(s, ftype)
     w = gguf.GGUFWriter(str(path), s.arch)
-    a = s.arch
     w.add_name(f"{s.key} shape (zero weights)")
     w.add_block_count(s.n_layer)
     w.add_context_length(s.n_ctx_train)

@@ -205,7 +205,7 @@ def test_vram_oom_fix_makes_it_fit(models):
 
 
 def test_offload_knee_fix_puts_kv_back(models):
-    adv, plan = run_case(models, Case("mha2b", {"n_ctx": 32768, "kv_gpu_layers": 0}, 24))
+    adv, _ = run_case(models, Case("mha2b", {"n_ctx": 32768, "kv_gpu_layers": 0}, 24))
     (a,) = [x for x in adv if x.id == "offload-knee"]
     assert a.fix.get("kv_gpu_layers", 0) is None or a.fix["kv_gpu_layers"] > 0
     assert "tok/s" in a.message and "%" in a.message
@@ -221,7 +221,7 @@ def test_fragmentation_fix_lowers_ubatch(models):
 
 def test_first_layer_fix_and_flags(models):
     """-ngl 18 on an 18-layer model: the output layer is on the GPU, layer 0 is not."""
-    adv, plan = run_case(models, Case(cfg={"n_gpu_layers": 18}, gpu_gib=12))
+    adv, _ = run_case(models, Case(cfg={"n_gpu_layers": 18}, gpu_gib=12))
     (a,) = [x for x in adv if x.id == "first-layer-on-host"]
     assert "layer 0" in a.message
     assert a.fix == {"n_gpu_layers": ALL_LAYERS}

@@ -80,6 +80,7 @@ def test_ngl_99_means_all_like_llama_cpp():
 ADVICE_ARGS = ("--ctx", "65536", "--gpu-mem", "8G", "--ngl", "18", "--cache-type-k", "q8_0", "--cache-type-v", "q4_0")
 
 
+@pytest.mark.slow
 def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
     from kvtuner.core.advice.advisor import fix_flags
 

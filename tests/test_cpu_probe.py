@@ -93,6 +93,8 @@ def test_probe_needs_the_models_types_and_head_sizes(default_profile):
     assert types == ("Q4_K", "Q5_0", "Q6_K", "Q8_0") and dims == ("4/1/256",)  # Gemma 3 270M: MQA, 256-wide heads
 
 
+@pytest.mark.llama
+@pytest.mark.slow
 def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     """One real probe (llama.cpp in a child, ~15-40 s), then ``kvtuner plan`` predicts with it."""
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
@@ -249,6 +251,8 @@ def test_expert_rates_from_runs_by_hand():
     assert r.expert_prefill_flop_s == {key: pytest.approx(20e9)}
 
 
+@pytest.mark.llama
+@pytest.mark.slow
 def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
     """DeepSeek-V2's MLA (one KV head: a latent of kv_lora_rank plus RoPE as K, the latent as V) gets
     its own key and a deepseek2 probe model with that cache, which llama.cpp loads and times, and a
@@ -275,6 +279,8 @@ def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
     assert rates.attn_cost(rates.attn_decode_s, "4/1/576/512") == rates.attn_decode_s["4/1/576/512"]
 
 
+@pytest.mark.llama
+@pytest.mark.slow
 def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):
     """``kvtuner probe MODEL`` on a MoE file times its expert shape through llama.cpp (MUL_MAT_ID
     on a probe model of that shape), and the next plan of that file probes nothing more."""

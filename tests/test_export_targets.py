@@ -116,7 +116,7 @@ def test_llama_cli_has_no_kv_unified():
 
 
 def test_bad_gpu_buffer_type():
-    with pytest.raises(ExportError, match="not a llama.cpp buffer name"):
+    with pytest.raises(ExportError, match=r"not a llama\.cpp buffer name"):
         export("llama-server", MODEL, SPLIT, model=IDENT, gpu_buffer_type="CUDA0,x=CPU")
 
 

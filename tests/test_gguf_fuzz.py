@@ -18,6 +18,7 @@ import sys
 import tracemalloc
 from datetime import timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import gguf
 import pytest
@@ -70,7 +71,7 @@ def _write(tmp: Path, name: str, spec: ModelSpec, *, big: bool = False) -> bytes
 class _Recorder(H._Cursor):
     """A cursor that records where every field it reads starts and how wide it is."""
 
-    log: list[tuple[int, int]] = []
+    log: ClassVar[list[tuple[int, int]]] = []
 
     def unpack(self, fmt, what):  # noqa: D401
         _Recorder.log.append((self.pos, struct.calcsize(fmt)))
@@ -140,6 +141,7 @@ def test_truncated_at_every_byte_of_the_header(seed):
 SEED_NAMES = st.sampled_from(["llama", "qwen35", "moe", "big"])
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=4500)
 @given(SEED_NAMES, st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 255)), min_size=1, max_size=8))
 def test_flipped_bytes(seed, flips):
@@ -154,6 +156,7 @@ EXTREMES = st.sampled_from([0, 1, 2, 3, 7, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFF
                             (1 << 63) - 1, (1 << 64) - 1])
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=4500)
 @given(SEED_NAMES, st.data())
 def test_every_field_at_extreme_values(seed, data):
@@ -216,6 +219,7 @@ def _wrong_typed_model(draw):
     return spec, extra
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=1500)
 @given(_wrong_typed_model())
 def test_wrong_value_types(tmp_path_factory, case):
@@ -245,6 +249,7 @@ def test_wrong_value_types(tmp_path_factory, case):
     _read(data)
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_on_huge_counts():
     """Counts and lengths claiming terabytes: refused from the file size, never allocated."""
     tracemalloc.start()

@@ -50,6 +50,7 @@ def test_held_out_part_is_big_enough():
     assert sum(r["split"] == "held_out" for r in ROWS) >= 8
 
 
+@pytest.mark.llama  # compare_row dry-runs the row's configuration in the runner child
 @pytest.mark.parametrize("row_id", [
     "ci-b4343-pythia2.8b-q4_0-ngl99",
     "ci-b4343-pythia2.8b-q4_0-ngl10",
@@ -77,6 +78,7 @@ def test_not_plannable_rows_are_listed_with_reason(tmp_path):
     assert res["status"] == "not plannable yet" and res["reason"]
 
 
+@pytest.mark.llama
 def test_partial_check_compares_kv_per_device_only(tmp_path):
     # -ot moves the experts to the host but not the layers: KV per device follows the free-memory split
     row = next(r for r in ROWS if r["id"] == "ik514-b5622-qwen3-30b-a3b-ot-exps-2gpu")

@@ -222,6 +222,7 @@ def test_a_malformed_profile_shows_one_line_and_changes_nothing(qtbot, settings,
     assert w.plan.config.n_ctx == w.config.n_ctx
 
 
+@pytest.mark.slow
 def test_gui_command_line_opens_a_profile(tmp_path, default_model):
     """``kvtuner gui PROFILE.json --screenshot``: a real process opens the profile."""
     import subprocess

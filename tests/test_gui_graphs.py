@@ -28,7 +28,7 @@ def test_series_is_bounded_and_keeps_the_newest_points():
     s = Series(capacity=100)
     for i in range(1000):
         s.append(float(i), float(i % 7))
-    t, v = s.arrays()
+    t, _ = s.arrays()
     assert len(s) == 100 and t[0] == 900 and t[-1] == 999
     s.extend(np.arange(1000, 1050, dtype=float), np.full(50, 42.0))
     assert len(s) == 100 and s.peak() == 42.0 and s.arrays()[0][-1] == 1049

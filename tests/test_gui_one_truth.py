@@ -190,7 +190,7 @@ def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
     from PySide6.QtTest import QTest
 
     class AcceptsCtrlE(QtCore.QObject):  # what QLineEdit::event does with the X11 key bindings
-        def eventFilter(self, obj, event):
+        def eventFilter(self, obj, event):  # noqa: N802 (Qt API)
             if event.type() == QtCore.QEvent.Type.ShortcutOverride and event.key() == QtCore.Qt.Key.Key_E:
                 event.accept()
                 return True
@@ -314,6 +314,7 @@ def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
     assert [a.text() for a in w.menuBar().actions()] == ["&File", "&Run", "&Help"]
 
 
+@pytest.mark.llama
 def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
     """The plan's RAM headroom follows the RAM available now (the test host says 12 GiB; the
     real sampler reads this machine), and "verified by llama.cpp" does not outlive a change."""

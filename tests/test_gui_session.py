@@ -158,8 +158,9 @@ def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_p
         gui = json.loads(json.dumps(w.assessment.to_dict()))
         assert w.session.machine_id == machine_id(one_gpu)  # the same machine: a what-if card is not one
         assert gui["config"] == cli["config"] and gui["effective"] == cli["effective"]
-        totals = lambda doc: [(d["device"], d["total_bytes"], d["kv_bytes"], d["compute_bytes"])  # noqa: E731
-                              for d in doc["devices"]]
+        def totals(doc):
+            return [(d["device"], d["total_bytes"], d["kv_bytes"], d["compute_bytes"]) for d in doc["devices"]]
+
         assert totals(gui) == totals(cli) and len(totals(cli)) == 2
         assert gui["kv_bytes"] == cli["kv_bytes"] and gui["weights_bytes"] == cli["weights_bytes"]
         assert cli["speed"] is not None and gui["speed"] == cli["speed"]

@@ -99,7 +99,7 @@ def test_record_completed_run_opt_out(tmp_path, monkeypatch, default_profile):
 def test_damaged_or_newer_database_is_a_clear_error(tmp_path):
     junk = tmp_path / "junk.sqlite3"
     junk.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(LibraryError, match="not a readable kvtuner library .* move it away"):
+    with pytest.raises(LibraryError, match=r"not a readable kvtuner library .* move it away"):
         ConfigLibrary(junk)
     newer = tmp_path / "newer.sqlite3"
     con = sqlite3.connect(newer)
@@ -157,7 +157,7 @@ def test_locked_library_says_busy_not_move_it_away(tmp_path):
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        with pytest.raises(LibraryError, match="busy .*try again") as info:
+        with pytest.raises(LibraryError, match=r"busy .*try again") as info:
             ConfigLibrary(path, timeout=0.1)
         assert "move it away" not in str(info.value)
     finally:

@@ -169,6 +169,7 @@ def test_embedding_only_model_refused(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "fifo.gguf", "not_gguf.gguf", "truncated_header.gguf", "wrong_type.gguf"])
 def test_cli_bad_file_exit_2_no_traceback(tmp_path, good, case):
+    import re
     import subprocess
     import sys
 
@@ -178,3 +179,4 @@ def test_cli_bad_file_exit_2_no_traceback(tmp_path, good, case):
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtuner: "), out.stderr
+    assert re.search(match, lines[0]), lines[0]

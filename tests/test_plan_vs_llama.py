@@ -149,7 +149,7 @@ def test_verify_makes_compute_exact_and_remembers_it(default_model, tmp_path):
     verified = json.loads(subprocess.run(args + ["--verify"], capture_output=True, text=True, timeout=120, env=env,
                                          check=True).stdout)
     assert verified["compute_source"] == "dry-run"
-    host = [d for d in verified["devices"] if d["device"] == "CPU"][0]
+    host = next(d for d in verified["devices"] if d["device"] == "CPU")
     assert host["compute_bytes"] == verified["verified"]["compute_bytes"]["CPU"]
     assert verified["kv_bytes"] == sum(c["kv_bytes"] for c in verified["kv_caches"])
     assert [round(c["kv_bytes"] / MiB, 2) for c in verified["kv_caches"]] == [c["kv_mib"] for c in verified["verified"]["kv_caches"]]

@@ -119,7 +119,8 @@ def test_cli_bench_text(default_model, capsys):
     "argv, message",
     [
         (["bench", "/no/such/model.gguf"], "kvtuner: model file not found: /no/such/model.gguf"),
-        (["bench", "--ctx", "256", "-p", "512", "-n", "8", "-r", "1"], "kvtuner: bench failed (invalid_config): the bench needs 520 tokens"),
+        pytest.param(["bench", "--ctx", "256", "-p", "512", "-n", "8", "-r", "1"],
+                     "kvtuner: bench failed (invalid_config): the bench needs 520 tokens", marks=pytest.mark.llama),
         (["bench", "--cache-type-k", "q3_k"], "kvtuner: --cache-type-k: unknown KV cache type 'q3_k'"),
         # llama.cpp takes n_threads <= 0 as its own default of 4, which the report then misstated
         (["bench", "-t", "0"], "kvtuner: --threads must be 1 or more"),

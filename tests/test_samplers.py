@@ -78,7 +78,7 @@ def test_failed_query_returns_the_default(nvml):
 def test_sampler_reads_gpus_and_the_runner_process_vram(nvml):
     nvml(fake_nvml(2, runner_pid=os.getpid()))
     s = S.Sampler(pid=os.getpid())
-    host, gpus = s.sample_once()
+    _, gpus = s.sample_once()
     assert [g.index for g in gpus] == [0, 1]
     g0, g1 = gpus
     assert g0.used_bytes == 2 << 30 and g0.free_bytes == 10 << 30 and g0.util_percent == 37.0

@@ -192,6 +192,8 @@ def test_cli_tune_json_and_errors(tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.llama
+@pytest.mark.slow
 def test_confirm_with_a_real_load(default_profile, tmp_path):
     """One real load of the default model (runner child, bench at the top of a 2048 context):
     recorded for calibration, predicted and measured side by side."""

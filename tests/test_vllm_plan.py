@@ -264,6 +264,7 @@ def llama8b(tmp_path_factory) -> Path:
     return write_real_shape(tmp_path_factory.mktemp("vllm") / "llama-3.1-8b-Q4_K_M.gguf", "llama-3.1-8b")
 
 
+@pytest.mark.slow
 def test_plan_cli_workload_section(llama8b):
     out = kvtuner("plan", str(llama8b), "--ctx", "65536", "-np", "4", "--kv-unified", "--window", "32768",
                   "--avg-tokens", "8000", "--p95-tokens", "20000", "--shared-prefix", "2000", "--no-gpu", "--no-probe",

@@ -31,7 +31,7 @@ def model_text(m: ModelProfile) -> str:
         f"{m.n_head[0]} heads / KV heads per layer {list(m.n_head_kv)}"
     lines = [
         f"{m.name or m.file_name}",
-        f"  file          {m.path}  ({fmt_bytes(m.file_bytes)}{', %d parts' % len(m.parts) if len(m.parts) > 1 else ''})",
+        f"  file          {m.path}  ({fmt_bytes(m.file_bytes)}{f', {len(m.parts)} parts' if len(m.parts) > 1 else ''})",
         f"  architecture  {m.architecture}   quant {m.file_type or '?'}   {m.n_params / 1e6:,.1f} M parameters",
         f"  layers        {m.n_layer}   n_embd {m.n_embd}   {m.attention_kind}: {heads}, head size K {m.head_dim_k} / V {m.head_dim_v}",
         f"  context       trained {m.n_ctx_train}"
@@ -231,7 +231,7 @@ def workload_text(workload: "object", llama: "object", vllm: "object | None", ad
             continue
 
         def cell(tokens: "int | None") -> str:
-            return "-" if tokens is None else f"{fmt_bytes(kv.bytes(tokens))} ({tokens})"  # type: ignore[attr-defined]
+            return "-" if tokens is None else f"{fmt_bytes(kv.bytes(tokens))} ({tokens})"  # type: ignore[attr-defined]  # noqa: B023
 
         rows.append([label, cell(kv.worst_tokens), cell(kv.p95_tokens), cell(kv.expected_tokens),  # type: ignore[attr-defined]
                      fmt_bytes(kv.bytes(kv.shared_saving_tokens))])  # type: ignore[attr-defined]

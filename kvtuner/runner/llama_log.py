@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable
 
 from ..core.plan.buffers import buffer_device
 
@@ -311,11 +311,11 @@ def parse_fit_print(text: str) -> tuple[MemoryBreakdownRow, ...]:
     return tuple(rows)
 
 
-Record = Union[
-    ModelBuffer, OffloadedLayers, OutputBuffer, KvBuffer, KvCacheSize, ComputeBuffer,
-    ContextParam, FlashAttnResolved, LogError, RecurrentStateSize, KvLayer, KvReuse, IswaSection,
-    RecurrentLayer, ModelInfo,
-]
+Record = (
+    ModelBuffer | OffloadedLayers | OutputBuffer | KvBuffer | KvCacheSize | ComputeBuffer
+    | ContextParam | FlashAttnResolved | LogError | RecurrentStateSize | KvLayer | KvReuse | IswaSection
+    | RecurrentLayer | ModelInfo
+)
 
 _F = r"([0-9]+(?:\.[0-9]+)?)"  # a %f number
 _RE_MODEL_BUF = re.compile(rf"^load_tensors:\s+(\S+) model buffer size =\s*{_F} MiB")

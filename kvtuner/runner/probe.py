@@ -101,7 +101,7 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
 
                     def keep(ev: P.Message) -> None:
                         if isinstance(ev, P.TokenEvent):
-                            tokens.append((ev.rep, ev.dt_s))
+                            tokens.append((ev.rep, ev.dt_s))  # noqa: B023 (runs within this iteration)
 
                     n_rep = max(repetitions, ATTN_MIN_REPETITIONS) if kind == "attn" else repetitions
                     res = client.request(P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth,

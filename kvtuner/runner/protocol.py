@@ -443,7 +443,8 @@ def _decode(line: str | bytes, registry: dict[str, type[Message]]) -> Message:
         raise ProtocolError(f"not a JSON object: {text[:80]!r}")
     if body.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {body.get('v')!r}, expected {PROTOCOL_VERSION}")
-    cls = registry.get(body.get("type"))  # type: ignore[arg-type]
+    type_name = body.get("type")
+    cls = registry.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message type {body.get('type')!r}")
     hints = _HINTS_CACHE.get(cls)
@@ -457,7 +458,7 @@ def _decode(line: str | bytes, registry: dict[str, type[Message]]) -> Message:
             if isinstance(value, list) and typing.get_origin(hints[f.name]) is tuple:
                 value = tuple(value)
             kwargs[f.name] = value
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(f"{cls.type} message lacks field '{f.name}'")
     return cls(**kwargs)
 

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from ..core.plan.config import ConfigError, PlanConfig
 from ..core.model.ggml_types import kv_type
@@ -226,7 +226,7 @@ class Worker:
         """ggml backend registry through ctypes (libggml ships with llama-cpp-python)."""
         try:
             try:
-                from llama_cpp._ggml import libggml as lib  # type: ignore[attr-defined]
+                from llama_cpp._ggml import libggml as lib
             except Exception:
                 from pathlib import Path
 
@@ -281,7 +281,7 @@ class Worker:
 
     def serve(self) -> None:
         """Main thread: run commands one at a time until shutdown."""
-        handlers = {
+        handlers: dict[type, Callable[[Any], None]] = {
             P.DryRunCommand: self._cmd_dry_run,
             P.LoadCommand: self._cmd_load,
             P.BenchCommand: self._cmd_bench,
@@ -293,7 +293,7 @@ class Worker:
                 self._free()
                 return
             try:
-                handlers[type(cmd)](cmd)  # type: ignore[operator]
+                handlers[type(cmd)](cmd)
             except _CommandFailed as exc:
                 self.emit(P.ErrorEvent(kind=exc.kind, message=exc.message, log_tail=tuple(self._tail)))
             except Exception as exc:  # a bug in the worker: report, keep serving
@@ -529,11 +529,11 @@ class Worker:
             lc.llama_model_free(model)
         recs = list(self._records)
 
-        def by_buft(kind: type) -> dict[str, float]:
+        def by_buft(kind: type[L.ComputeBuffer | L.OutputBuffer | L.ModelBuffer | L.KvBuffer]) -> dict[str, float]:
             out: dict[str, float] = {}
             for r in recs:
                 if isinstance(r, kind):
-                    out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)  # type: ignore[attr-defined]
+                    out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)
             return out
 
         ctx_ev = self._context_event(cfg)

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.fields import cli_flags, config_field
 from ..model.ggml_types import kv_type
+from ..hardware.nvml import GpuProcess
 from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory
@@ -196,7 +197,7 @@ class _Ctx:
         self._plans: dict[tuple, MemoryPlan | None] = {}
         self._tuned: dict[tuple, dict[str, object]] = {}
 
-    def config(self, fix: dict[str, object]) -> PlanConfig | None:
+    def config(self, fix: Mapping[str, Any]) -> PlanConfig | None:
         try:
             return replace(self.plan.config, **fix)
         except (ConfigError, TypeError):
@@ -341,7 +342,7 @@ def _tuned_or(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) -> dict[s
     part because they keep the user's other settings (the tuner may change KV types, flash
     attention and n_ubatch too); without a prediction, or when none of them fits, the first
     candidate that fits (a smaller context last)."""
-    options = []
+    options: list[tuple[float, int, dict[str, object]]] = []
     tuned = c.tuned_fix({"n_ctx": c.plan.config.n_ctx})
     candidates = list(_memory_candidates(c, ok, gpu=gpu))
     for fix in [tuned] + [fx for fx in candidates if "n_ctx" not in fx]:
@@ -413,7 +414,7 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
     if cfg.type_k == "f16" or cfg.type_v == "f16":
         yield {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if cfg.flash_attn == "off" else {})}
     if gpu and plan.n_gpu_repeating:
-        fixes = []
+        fixes: list[dict[str, object]] = []
         k = c.largest("kv_gpu_layers", 0, plan.n_gpu_repeating - 1, ok) if plan.kv_gpu_layers else None
         if k is not None:
             fixes.append({"kv_gpu_layers": k})

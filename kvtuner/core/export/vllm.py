@@ -36,7 +36,7 @@ def settings_from_config(config: PlanConfig, **overrides: object) -> VllmSetting
     values: dict = {"max_model_len": max(config.n_ctx // config.n_seq, 1), "max_num_seqs": config.n_seq,
                     "kv_cache_dtype": kv}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return VllmSettings(**values)  # type: ignore[arg-type]
+    return VllmSettings(**values)
 
 
 def _args(settings: VllmSettings) -> list[tuple[str, object]]:

@@ -284,5 +284,5 @@ def _parse(buf: mmap.mmap | bytes, size: int, p: Path, part: int) -> GGUFHeader:
             )
         tensors.append(TensorInfo(name, shape, ggml_type, n_elements, n_bytes, start, part))
 
-    digest = hashlib.sha256(buf[:data_offset] if not isinstance(buf, bytes) else buf[:data_offset]).hexdigest()
+    digest = hashlib.sha256(buf[:data_offset]).hexdigest()
     return GGUFHeader(p, version, metadata, tuple(tensors), data_offset, size, digest, big_endian=cur.order == ">")

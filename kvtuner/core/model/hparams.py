@@ -15,6 +15,7 @@ has KV) labelled ``approximate`` until a structure probe of the installed llama.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,9 @@ class Meta:
             raise GGUFError(f"{self.path}: metadata {k} is negative ({v})")
         return v
 
-    def per_layer(self, template: str, n_layer: int, default: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    # annotations below name the builtin explicitly: in this class body `int` is the method above
+    def per_layer(self, template: str, n_layer: builtins.int,
+                  default: builtins.int | tuple[builtins.int, ...] | None) -> tuple[builtins.int, ...] | None:
         """Scalar-or-array key (llama.cpp ``get_key_or_arr``): ``n_layer`` values.
 
         Raises:
@@ -107,7 +110,7 @@ class Meta:
             raise GGUFError(f"{self.path}: metadata {k} should be an integer or an array of integers")
         return (int(v),) * n_layer
 
-    def bool_array(self, template: str, n_max: int) -> tuple[bool, ...] | None:
+    def bool_array(self, template: str, n_max: builtins.int) -> tuple[bool, ...] | None:
         """A bool/int array key of at most ``n_max`` entries (llama.cpp ``get_arr`` into a
         per-layer array), None if absent or not an array.
 

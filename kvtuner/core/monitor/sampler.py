@@ -81,7 +81,7 @@ class RingBuffer(Generic[T]):
     def since(self, t_s: float) -> list[T]:
         """Samples with ``t_s`` later than ``t_s`` (items need a ``t_s`` attribute)."""
         with self._lock:
-            return [s for s in self._items if getattr(s, "t_s") > t_s]
+            return [s for s in self._items if getattr(s, "t_s") > t_s]  # noqa: B009 (T has no t_s in general)
 
     def latest(self) -> T | None:
         """The newest sample or None."""

@@ -71,7 +71,7 @@ class Tensor:
     def resize(self, n: int, dim: int = 0) -> None:
         """Give this contiguous tensor ``n`` elements in dimension ``dim`` (a graph reused for
         another KV size, :attr:`Graph.kv_sized`)."""
-        ne = tuple(n if i == dim else x for i, x in enumerate(self.ne))  # type: ignore[assignment]
+        ne = _ne4(tuple(n if i == dim else x for i, x in enumerate(self.ne)))
         self.ne = ne
         self.nb = nb = contiguous_nb(ne, self.etype)
         self.nbytes = ELEMENT_BYTES[self.etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
@@ -127,13 +127,11 @@ class Graph:
         if nb is None:
             nb4 = contiguous_nb(ne4, a.etype)
         else:
-            nb4 = (ELEMENT_BYTES[a.etype], *nb)  # type: ignore[assignment]
-            nb4 = _ne4(nb4) if len(nb4) < 4 else nb4
             # ggml_view_impl: missing higher strides follow the last given one
-            full = list(nb4) + [0] * (4 - len(nb4))
+            full = [ELEMENT_BYTES[a.etype], *nb] + [0] * (3 - len(nb))
             for i in range(len(nb) + 1, 4):
                 full[i] = full[i - 1] * ne4[i - 1]
-            nb4 = tuple(full[:4])  # type: ignore[assignment]
+            nb4 = (full[0], full[1], full[2], full[3])
         root = a.view_src or a
         return Tensor(name or a.name + " (view)", op, ne4, a.etype, (a,), nb4, root, a.view_offs + offs)
 
@@ -150,8 +148,8 @@ class Graph:
             ne[ax[i]] = a.ne[i]
             nb[ax[i]] = a.nb[i]
         root = a.view_src or a
-        return Tensor(a.name + " (permuted)", "PERMUTE", tuple(ne), a.etype, (a,), tuple(nb), root,  # type: ignore[arg-type]
-                      a.view_offs)
+        return Tensor(a.name + " (permuted)", "PERMUTE", (ne[0], ne[1], ne[2], ne[3]), a.etype, (a,),
+                      (nb[0], nb[1], nb[2], nb[3]), root, a.view_offs)
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``."""
@@ -166,7 +164,7 @@ class Graph:
     def view_of_op(self, op: str, name: str, target: Tensor, *src: Tensor) -> Tensor:
         """An op whose result is a view of ``target`` (``ggml_set_rows``, ``ggml_cpy``)."""
         root = target.view_src or target
-        return Tensor(name, op, target.ne, target.etype, (*src, target) if op == "CPY" else (*src, target),
+        return Tensor(name, op, target.ne, target.etype, (*src, target),
                       target.nb, root, target.view_offs)
 
     # ---- ggml_build_forward_expand ----

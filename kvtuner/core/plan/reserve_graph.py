@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .ggml_graph import Graph, Tensor, allocate
 
@@ -529,9 +529,6 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     g.expand(embd)
     g.expand(g.input("inp_embd", (E, T), "f32"))
     pos = g.input("inp_pos", (T,), "i32")
-    masks: dict[int, Tensor] = {}
-    k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
-    v_idx_cache: dict[int, Tensor] = {}
     out_ids = g.input("out_ids", (n_out,), "i32")
     cache_inputs: dict[bool, dict[str, Tensor]] = {}
     def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
@@ -787,7 +784,7 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     shape and resized (:func:`_template`); a new context then costs one allocation pass, ~1 ms
     for 32 layers (benchmarks/compute_accuracy.py ``--timing``).
     """
-    kv = {}
+    kv: dict[bool, int] = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
             return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs))  # per-layer sizes: no template
@@ -812,7 +809,7 @@ def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn:
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
 #: (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp, gemma3.cpp); traits that depend on the
 #: file (biases, Q/K norms, fused projections) are read from its tensor names
-EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
+EXACT_ARCHITECTURES: dict[str, dict[str, bool | int]] = {
     "llama": {},
     "qwen2": {},
     "qwen3": {},
@@ -861,7 +858,7 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
     slider move)."""
     hit = _FACTS.get(id(tensors))
     if hit is not None and hit[0] is tensors:
-        return hit[1]  # type: ignore[return-value]
+        return hit[1]
     names = {t.name[len("blk.0."):] for t in tensors if t.name.startswith("blk.0.")}
     moe_layers = {int(t.name.split(".")[1]): tuple(t.shape) for t in tensors
                   if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
@@ -932,7 +929,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
               "ffn_down.weight", "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight",
               "ffn_down_exps.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
         meta = model.metadata
-        mla = [meta.get(f"{a}.attention.kv_lora_rank"), meta.get(f"{a}.rope.dimension_count"),
+        mla: list[Any] = [meta.get(f"{a}.attention.kv_lora_rank"), meta.get(f"{a}.rope.dimension_count"),
                meta.get(f"{a}.attention.key_length_mla"), meta.get(f"{a}.attention.value_length_mla")]
         if not st.is_mla or not all_names <= ds or meta.get(f"{a}.expert_gating_func", 0) not in (0, 1) or \
                 meta.get(f"{a}.expert_group_count", 0) not in (0, 1) or \
@@ -950,7 +947,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         names = (names - gpt_oss) | {"ffn_norm.weight"}
     if "ffn_norm.weight" not in names and model.architecture not in ("nemotron_h", "falcon-h1"):
         return None  # parallel residual (StableLM 2 without ffn_norm), or no feed-forward norm: not rebuilt
-    flags = dict(extra)
+    flags: dict[str, Any] = dict(extra)  # TransformerShape keywords of mixed types
     flags["fused_qkv"] = "attn_qkv.weight" in names
     flags["fused_up"] = "ffn_gate.weight" not in names
     flags["qkv_bias"] = "attn_q.bias" in names
@@ -1062,7 +1059,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     type_k, type_v = type_k.lower(), type_v.lower()
     if not [l for l in layers if l.n_head_kv > 0]:
         return None
-    rot: dict[str, int] = {}
+    rot: dict[str, Any] = {}  # TransformerShape keywords (rotation sizes)
     # build_inp_mem_hybrid_iswa (llama-graph.cpp) sets no rotation inputs: a hybrid iSWA memory
     # (LFM2 with a sliding window) is never rotated, whatever the cache type
     hybrid_iswa = bool(st.recurrent_layers) and iswa

@@ -29,7 +29,7 @@ Shared prefixes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 #: Engines whose KV sharing rules :func:`workload_kv` knows.
 ENGINES = ("llama.cpp", "vllm")
@@ -96,6 +96,10 @@ class WorkloadKV:
     expected_tokens: int | None
     shared_saving_tokens: int
 
+    @overload
+    def bytes(self, tokens: int) -> int: ...
+    @overload
+    def bytes(self, tokens: None) -> None: ...
     def bytes(self, tokens: int | None) -> int | None:
         """``tokens x kv_bytes_per_token`` (None stays None)."""
         return None if tokens is None else tokens * self.kv_bytes_per_token

@@ -237,7 +237,7 @@ def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple
         for _ in range(6):
             improved = False
             for p in active:
-                for k in range(1, 41):  # walk in each direction while it helps
+                for _ in range(40):  # walk in each direction while it helps
                     moved = False
                     for sign in (1, -1):
                         trial = dict(x)

@@ -686,9 +686,9 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
             pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv)
     seq = [HOST] + wdev + [out_dev]  # input embedding (host) -> layers -> output
     net: dict[str, list[float]] = {}
-    for a, b in zip(seq, seq[1:]):
-        if a != b:
-            rpc = _rpc_side(a, b)
+    for a_dev, b_dev in zip(seq, seq[1:]):
+        if a_dev != b_dev:
+            rpc = _rpc_side(a_dev, b_dev)
             if rpc is not None:  # over the network instead of PCIe
                 x = net.setdefault(rpc, [0.0, 0.0])
                 x[0] += 1
@@ -768,10 +768,10 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
     for il in range(m.n_layer):
-        run_on = gpu0 if (offload and wdev[il] == HOST) else wdev[il]
+        run_on = gpu0 if (gpu0 is not None and offload and wdev[il] == HOST) else wdev[il]
         for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
             home = dev or wdev[il]
-            run = gpu0 if (offload and home == HOST) else home
+            run = gpu0 if (gpu0 is not None and offload and home == HOST) else home
             # experts: MUL_MAT_ID, priced on the host at the expert probe's prefill rate of the
             # layer's expert shape, else host_moe_prefill_efficiency x the dense rate
             # (_host_prefill_rate), and calibrated apart from the dense MUL_MAT of their type (one
@@ -804,7 +804,7 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
                 cells += (b - a) * min(pad_to(b, 256), lk.cells)
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         kv_read = per_cell * min(depth + n_prompt, window) * n_calls
-        run_on = gpu0 if (offload and lk.device == HOST) else lk.device
+        run_on = gpu0 if (gpu0 is not None and offload and lk.device == HOST) else lk.device
         if run_on != lk.device:
             pcie += kv_read  # host KV copied to the GPU for every ubatch
         acc.kv[run_on] += kv_read
@@ -916,9 +916,9 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
         t += work.pcie_bytes / (pcie * c.pcie_efficiency)
     t += work.n_crossings * c.crossing_latency_s
     for dev, n, b in work.net:
-        r = inputs.rates.get(dev)
-        rtt = (r.link_rtt_s if r is not None and r.link_rtt_s else c.rpc_rtt_s)
-        link = (r.link_bytes_s if r is not None and r.link_bytes_s else c.rpc_link_bytes_s)
+        lr = inputs.rates.get(dev)
+        rtt = (lr.link_rtt_s if lr is not None and lr.link_rtt_s else c.rpc_rtt_s)
+        link = (lr.link_bytes_s if lr is not None and lr.link_bytes_s else c.rpc_link_bytes_s)
         t += n * rtt + b / link
     if has_gpu:
         t += work.n_calls * c.gpu_token_overhead_s

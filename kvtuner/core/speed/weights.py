@@ -151,7 +151,7 @@ def summary_from_profile(model: ModelProfile) -> WeightSummary:
     rest = max(0, model.n_params - mat * (1 if model.tied_output else 2))
     total = sum(model.layer_bytes) or 1
     moe = model.n_expert > 0 and model.n_expert_used > 0
-    layers = []
+    layers: list[tuple[TypedWeights, ...]] = []
     for b in model.layer_bytes:
         p = rest * b // total
         if moe:

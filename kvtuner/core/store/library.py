@@ -220,6 +220,7 @@ class ConfigLibrary:
                 cur = self._db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", row)
         except sqlite3.Error as exc:
             raise LibraryError(f"cannot save to the configs library {self.path}: {exc}") from None
+        assert cur.lastrowid is not None  # set by every successful INSERT
         return int(cur.lastrowid)
 
     def delete(self, run_id: int) -> bool:

@@ -762,7 +762,7 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     s = _Searcher(model, base, gpus, host, inputs, goal)
     notes: list[str] = []
     ctx_train = model.n_ctx_train or 0
-    if goal.kind == "min_tok_s":
+    if goal.min_tok_s is not None:  # goal.kind == "min_tok_s"
         top_ctx = goal.max_ctx or ctx_train or 131072
         lo, hi = 1, max(1, top_ctx // CTX_STEP)
         best_top: list[Candidate] = []

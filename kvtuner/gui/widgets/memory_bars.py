@@ -173,7 +173,7 @@ class MemoryBars(QtWidgets.QWidget):
             bar = QtCore.QRectF(1, y, (row.capacity_bytes or row.total_bytes) * scale, self.BAR_H)
             p.fillRect(bar, pal.color(QtGui.QPalette.ColorRole.Base))
             pos = 1.0
-            for key, label, color in SEGMENTS:
+            for key, _label, color in SEGMENTS:
                 seg = row.segment_bytes(key) * scale
                 if seg <= 0:
                     continue
