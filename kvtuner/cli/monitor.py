@@ -89,6 +89,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     """``kvtuner monitor``: attach and print samples until ``--duration`` or Ctrl-C."""
     from ..runner.attach import AttachError, find_servers
     from ..runner.attach_monitor import Monitor, watch
+    from .args import config_from_server_argv
 
     if args.interval < 1:
         raise UserError(f"--interval must be 1 second or more (watching must not load the server), not {args.interval:g}")
@@ -103,7 +104,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             print("\n".join(s.label for s in found) if found else "no running llama-server or Ollama found")
         return 0
     try:
-        mon = Monitor.attach(args.target, api_key=args.api_key, router_model=args.router_model)
+        mon = Monitor.attach(args.target, api_key=args.api_key, router_model=args.router_model,
+                             parse_argv=config_from_server_argv)
     except AttachError as exc:
         raise UserError(str(exc)) from None
     state = {"header": False}

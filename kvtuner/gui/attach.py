@@ -28,6 +28,7 @@ from PySide6 import QtWidgets
 
 from ..core.monitor.live import LiveState
 from ..runner.attach import AttachError, FoundServer, find_servers
+from ..cli.args import config_from_server_argv
 from ..runner.attach_monitor import Monitor
 
 log = logging.getLogger("kvtuner.gui")
@@ -83,9 +84,9 @@ class AttachedServer:
     def _work(self) -> None:
         try:
             if isinstance(self.target, FoundServer):
-                self.monitor = Monitor(self.target)
+                self.monitor = Monitor(self.target, parse_argv=config_from_server_argv)
             else:
-                self.monitor = Monitor.attach(self.target)
+                self.monitor = Monitor.attach(self.target, parse_argv=config_from_server_argv)
         except AttachError as exc:
             self.error = str(exc)
             self.samples.put({"type": "error", "message": str(exc)})

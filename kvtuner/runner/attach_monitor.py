@@ -2,8 +2,9 @@
 window's "Attach to a running server" graphs.
 
 :class:`Monitor` resolves a target (a URL, a PID, or nothing: the one server found), reads the
-process's command line into a :class:`~kvtuner.core.plan.config.PlanConfig` through the CLI's
-configuration catalogue (:func:`kvtuner.cli.args.config_from_server_argv`), plans it with a
+process's command line into a :class:`~kvtuner.core.plan.config.PlanConfig` with the parser its
+caller hands in (the CLI's configuration catalogue: :func:`kvtuner.cli.args.config_from_server_argv`;
+the engine code never imports the CLI), plans it with a
 :class:`~kvtuner.core.session.Session` on this machine's hardware, and then, per
 :meth:`Monitor.step`, joins one poll of the server (:class:`~kvtuner.runner.attach.ServerWatcher`)
 with the process's RSS, swap and VRAM (:func:`~kvtuner.runner.attach.process_stats`), the host's
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .attach import (
     AttachError, FoundServer, OllamaWatcher, ServerSample, ServerWatcher, find_servers, is_ollama, normalize_url,
@@ -76,9 +77,9 @@ def resolve_target(target: str | None) -> FoundServer:
     url = normalize_url(t)
     if url.endswith(":11434") or is_ollama(url):
         return FoundServer("ollama", url)
-    pid = pid_listening_on(url)
-    argv = process_argv(pid) if pid else ()
-    return FoundServer("llama-server", url, pid, argv)
+    listening = pid_listening_on(url)
+    argv = process_argv(listening) if listening else ()
+    return FoundServer("llama-server", url, listening, argv)
 
 
 class Monitor:
@@ -98,7 +99,11 @@ class Monitor:
     """
 
     def __init__(self, server: FoundServer, *, api_key: str | None = None, plan: bool = True,
-                 router_model: str = "") -> None:
+                 router_model: str = "", parse_argv: Callable[..., Any] | None = None) -> None:
+        #: ``parse_argv(argv, model=profile) -> (config, namespace, not_understood)``, raising
+        #: ValueError or the caller's own error for a configuration llama.cpp would refuse; None:
+        #: the command line is not read (the configuration comes from ``/props``)
+        self._parse_argv = parse_argv
         self.server = server
         self.kind = server.kind
         self.notes: list[str] = []
@@ -145,7 +150,6 @@ class Monitor:
     def _plan(self, sample: ServerSample) -> None:
         """Parse the command line (or ``/props``) and plan it, once the server has answered."""
         self._planned = True
-        from ..cli.args import UserError, config_from_server_argv
         from ..core.model.profile import GGUFError, ModelProfile
         from ..core.plan.config import ConfigError, PlanConfig
 
@@ -161,8 +165,8 @@ class Monitor:
         else:
             self.notes.append("no plan: the server does not say which model file it serves")
         try:
-            if self.server.argv:
-                cfg, ns, self.not_understood = config_from_server_argv(self.server.argv, model=profile)
+            if self.server.argv and self._parse_argv is not None:
+                cfg, ns, self.not_understood = self._parse_argv(self.server.argv, model=profile)
                 self.resolved = list(getattr(ns, "resolved_notes", ()))
                 t = ns.server_threads
                 self.threads = int(t) if t and str(t).lstrip("-").isdigit() and int(t) > 0 else None
@@ -172,7 +176,7 @@ class Monitor:
                                   "(context and slots; the rest at llama-server's defaults)")
             else:
                 cfg = None
-        except (UserError, ConfigError) as exc:
+        except Exception as exc:  # the parser's refusal (ConfigError, the CLI's UserError): a note, not a crash
             self.notes.append(f"no plan: {exc}")
             cfg = None
         self.config = cfg

@@ -675,7 +675,8 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
                 keep.append((c.decode(p, full=True) or 0.0, -i, fx))
         fix = max(keep, key=lambda o: (o[0], o[1]))[2] if keep else {}
         if not fix:
-            n_ctx, shorter = c.plan.config.n_ctx, []
+            n_ctx = c.plan.config.n_ctx
+            shorter: list[dict[str, object]] = []
             for _ in range(8):
                 n_ctx //= 2
                 if n_ctx < 512:
