@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from ..units import pad_to
+from .build_rules import VENDORED, BuildRules
 from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -163,6 +164,7 @@ def estimate_compute(
     n_stream: int | None = None,
     type_k: str = "f16",
     type_v: str = "f16",
+    rules: BuildRules = VENDORED,
 ) -> ComputeEstimate:
     """Estimate the compute buffer of every backend, bytes.
 
@@ -188,6 +190,9 @@ def estimate_compute(
         kv_f16: K and V caches are both f16 (else the GPU's flash attention converts them).
         n_stream: KV streams (``n_seq``, or 1 with a unified cache); ``None``: ``n_seq``.
         type_k, type_v: KV cache types (a quantized cache rotates Q/K or V: more graph nodes).
+        rules: the llama.cpp build and program planned for (:mod:`.build_rules`): how many outputs
+            the reserve graph holds (every token, or one per sequence in llama-server) and the
+            build's embedding inputs.
 
     Plain transformers on the CPU alone (:func:`reserve_graph.transformer_shape` says which) skip
     the phase walk: their reserve graph is rebuilt node by node and placed by a model of ggml-alloc
@@ -201,7 +206,7 @@ def estimate_compute(
         shape = transformer_shape(model, kv_layers, type_k, type_v)
         if shape is not None:
             exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn,
-                                              n_seqs=n_seq)
+                                              n_seqs=n_seq, n_outputs=rules.n_outputs(T, n_seq), rules=rules)
             return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
@@ -218,6 +223,9 @@ def estimate_compute(
     swa_mask = swa_cells * T * mask_b
     recurrent = _recurrent_bytes(model, T, n_seq) if st.recurrent_layers else 0
     inputs = 4 * T * f32  # token ids, positions, output ids
+    if rules.mixed_embd:  # b11434 build_inp_embd: the mixed-batch embeddings input and its dup, never freed
+        inputs += 2 * TE
+    n_out = rules.n_outputs(T, n_seq)  # logits rows: every token, or one per sequence (llama-server)
     # Gemma 3n / 4 per-layer embeddings: [n_embd_per_layer x n_layer, T] looked up and projected
     # once, alive through every layer (gemma4.cpp / gemma3n.cpp)
     per_layer = _meta_int(model, "embedding_length_per_layer_input", 256 if model.architecture == "gemma3n" else 0)
@@ -257,7 +265,7 @@ def estimate_compute(
     # the output: logits and hidden states; inputs freed before it (KQ masks) leave holes the
     # logits cannot use when other blocks were allocated above them (hybrid memories and shared
     # KV layers, measured); MLA keeps its absorbed queries ([kv_lora + rope, n_head, T]) around
-    output = model.n_vocab * T * f32 + (3 if model.n_expert and not st.is_mla else 2) * TE
+    output = model.n_vocab * n_out * f32 + (3 if model.n_expert and not st.is_mla else 2) * TE
     if model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers):
         output += (full_mask if full_last >= 0 else 0) + (swa_mask if swa_last >= 0 else 0)
         output += 2 * per_layer * n_layer * T * f32
@@ -272,7 +280,7 @@ def estimate_compute(
     # cases above (hybrid memories, shared KV, MLA) are not measured on a GPU and keep theirs
     special = (model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers)
                or st.is_mla)
-    output_gpu = output if special else model.n_vocab * T * f32 + TE
+    output_gpu = output if special else model.n_vocab * n_out * f32 + TE
 
     devices = [host, *gpu_devices]
     result: dict[str, int] = {d: 0 for d in devices}
@@ -299,6 +307,8 @@ def estimate_compute(
         # ggml_backend_cuda_device_offload_op, batch >= 32), so host layers add nothing here.
         result[host] = host_inputs_bytes(model, n_ubatch=T, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells,
                                          flash_attn=flash_attn, kv_layers=kv_layers)
+        if rules.mixed_embd:  # the mixed-batch embeddings input and its copy (b11434 build_inp_embd)
+            result[host] += 2 * TE
     elif first_dev != host:
         # the host always stages the token embeddings for the first offloaded layer
         result[host] = max(result[host], TE)

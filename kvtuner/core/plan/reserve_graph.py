@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
+from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -509,15 +510,17 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
     return g
 
 
-def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
+def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
+           n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
     # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per sequence (n_seqs =
     # n_seq_max), so n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 sequences);
-    # n_outputs = n_tokens; the KV masks split them over the cache's streams
+    # n_outputs = min(n_tokens, n_outputs_max) (n_tokens in a generic context, one per slot in
+    # llama-server b11434); the KV masks split the tokens over the cache's streams
     ns = max(1, n_stream)
     n_seqs = max(1, n_seqs or ns)
-    n_out = T
+    n_out = min(T, n_outputs) if n_outputs > 0 else T
     T = -(-T // n_seqs) * n_seqs
     tps = T // ns
     s_copy: Tensor | None = None
@@ -528,6 +531,12 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
     g.expand(embd)
     g.expand(g.input("inp_embd", (E, T), "f32"))
+    if rules.mixed_embd:  # b11434: the mixed-batch branch, set_rows of token rows into a dup of its own
+        # embeddings input (set_rows' sources: rows, slots, destination); never selected, never freed
+        rows = g.op("GET_ROWS", "mixed_rows", (E, T), None, g.input("inp_mixed_tokens", (T,), "i32"))
+        slots = g.input("inp_mixed_slots", (T,), "i64")
+        dup = g.op("DUP", "mixed_dup", (E, T), g.input("inp_mixed_embd", (E, T), "f32"))
+        g.expand(g.view_of_op("SET_ROWS", "mixed_dup (view)", dup, rows, slots))
     pos = g.input("inp_pos", (T,), "i32")
     masks: dict[int, Tensor] = {}
     k_idxs = g.input("attn_inp_k_idxs", (T,), "i64")
@@ -542,7 +551,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         return g.reshape(r, *x.ne)
     norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
     inpL = embd
-    if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
+    if shape.embd_scale and rules.scale_rows:  # b11434: the token rows times an inp_scale_rows input
+        inpL = g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
+    elif shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
     n_layer = len(shape.layers)
     v_width = max(L.head_v * L.n_head_kv for L in shape.layers)  # llama_hparams::n_embd_v_gqa_max
@@ -775,10 +786,11 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
 
 @lru_cache(maxsize=256)
 def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool,
-                              n_seqs: int = 0) -> int:
+                              n_seqs: int = 0, n_outputs: int = 0, rules: BuildRules = VENDORED) -> int:
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
     prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams, the ubatch
-    holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``).
+    holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``), ``n_outputs`` of its tokens
+    outputs (0: all; :meth:`BuildRules.n_outputs`), built as the build and program of ``rules`` build it.
 
     Cached per shape and configuration. The whole graph is placed: cutting repeated layers to a
     few periods is *not* exact (the allocator's free list keeps changing for many layers: 5 of 300
@@ -790,10 +802,10 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     kv = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
-            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs))  # per-layer sizes: no template
+            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules))  # no template
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
-        g = _template(template, n_tokens, n_stream, flash_attn, n_seqs)
+        g = _template(template, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
         for t, swa, dim in g.kv_sized:
             t.resize(kv[swa], dim)
         return allocate(g)
@@ -803,10 +815,11 @@ _TEMPLATE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=8)
-def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
+def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
+              n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
-    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs)
+    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
 
 
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
