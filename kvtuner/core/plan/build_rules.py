@@ -19,6 +19,9 @@ source:
   ``llm_arch_supports_mixed_batch`` allows, and applies a token scale (Gemma's
   ``sqrt(n_embd)``) as ``ggml_mul`` by an ``inp_scale_rows [1, n_tokens]`` input; the vendored
   build (llama-cpp-python 0.3.36) selects between two and scales with ``ggml_scale``.
+- **recurrent state rows**: b11434's ``build_rs`` gathers every state row in one ``get_rows``
+  (``states_all``) and views the ubatch's rows in it; the vendored build gathers the ubatch's rows
+  and the extra rows separately.
 
 :func:`rules_for` picks the rules for an engine: the embedded engine plans as the vendored build;
 a llama-server plans as llama-server of the newest build kvtuner knows that is not newer than it,
@@ -48,6 +51,7 @@ class BuildRules:
             per token of the ubatch.
         mixed_embd: the embedding input holds the mixed-batch branch (b11434 ``build_inp_embd``).
         scale_rows: a token-embedding scale is a ``ggml_mul`` by an ``[1, n_tokens]`` input.
+        rs_gather: recurrent states are gathered in one ``get_rows`` of all rows (b11434 ``build_rs``).
         approximate_for: the build of the engine these rules stand in for when kvtuner has not read
             that build (``-1``: the engine does not say its build); None when they are its own.
     """
@@ -58,6 +62,7 @@ class BuildRules:
     outputs_per_seq: bool = False
     mixed_embd: bool = False
     scale_rows: bool = False
+    rs_gather: bool = False
     approximate_for: int | None = None
 
     @property
@@ -96,9 +101,10 @@ class BuildRules:
 #: llama-cpp-python 0.3.36's vendored llama.cpp (commit 0c1e570, ggml 0.25.3), the embedded engine.
 VENDORED = BuildRules(None, "llama-cpp-python 0.3.36", PROGRAM_GENERIC)
 #: llama.cpp b11434 (ggml 0.26.0) as llama-server runs it.
-B11434_SERVER = BuildRules(11434, "b11434", PROGRAM_SERVER, outputs_per_seq=True, mixed_embd=True, scale_rows=True)
+B11434_SERVER = BuildRules(11434, "b11434", PROGRAM_SERVER, outputs_per_seq=True, mixed_embd=True, scale_rows=True,
+                           rs_gather=True)
 #: llama.cpp b11434 in a generic context (llama-cli, llama-fit-params, a newer llama-cpp-python).
-B11434_GENERIC = BuildRules(11434, "b11434", PROGRAM_GENERIC, mixed_embd=True, scale_rows=True)
+B11434_GENERIC = BuildRules(11434, "b11434", PROGRAM_GENERIC, mixed_embd=True, scale_rows=True, rs_gather=True)
 
 #: Every (build, program) kvtuner has read, oldest build first.
 KNOWN = (VENDORED, B11434_GENERIC, B11434_SERVER)

@@ -207,7 +207,36 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     return out
 
 
-def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+def _build_rs(g: Graph, rules: BuildRules, name: str, state: Tensor, state_size: int, n_seqs: int, s_copy: Tensor,
+              getter=None) -> Tensor:
+    """``llm_graph_context::build_rs`` (src/llama-graph.cpp) when reserving (``n_rs = n_seqs``): one state
+    cleared in place, this ubatch's state rows, the others (none) copied back.
+
+    The vendored build gathers the ubatch's rows with ``getter`` (default ``ggml_get_rows`` by
+    ``s_copy``) and the extra rows with a second ``get_rows``. b11434 (``rules.rs_gather``) gathers
+    all ``n_rs`` rows at once (``states_all``): without a getter the ubatch's rows are a view of it;
+    with one (Mamba2's ``ssm_scan``) the gather skips the first row (``s_copy_tail``, ``n_rs - 1``
+    rows) and is expanded only with the copy of the extra rows, after the getter's output."""
+    states = g.reshape(state, state_size, n_seqs)
+    g.expand(g.view_of_op("SCALE", f"{name} (zero)", g.view(states, (state_size,))))  # clears a state in place
+    main_ids = g.view(s_copy, (n_seqs,))
+    if rules.rs_gather:
+        i0 = 1 if getter is not None else 0
+        tail = g.view(s_copy, (n_seqs - i0,), None, i0 * 4) if i0 else s_copy
+        states_all = g.op("GET_ROWS", f"{name} (all)", (state_size, n_seqs - i0), states, tail)
+        main = getter(states, main_ids) if getter is not None else g.view(states_all, (state_size, n_seqs))
+        g.expand(main)
+        extra = g.view(states_all, (state_size, 0), None, (n_seqs - i0) * state_size * 4)
+    else:
+        main = (getter or (lambda st, ids: g.op("GET_ROWS", name, (state_size, n_seqs), st, ids)))(states, main_ids)
+        g.expand(main)
+        extra = g.op("GET_ROWS", f"{name} (extra)", (state_size, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
+    g.expand(g.view_of_op("CPY", f"{name} (extra copied)", g.view(state, (state_size, 0)), extra))
+    return main
+
+
+def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
+               rules: BuildRules = VENDORED) -> Tensor:
     """``build_shortconv_block`` (src/models/lfm2.cpp): in_proj to B, C, x thirds, B*x transposed after
     the conv state (``build_rs``: the state rows of this ubatch's sequences, ``get_rows`` by
     ``s_copy``; the rest, none when reserving, copied back), the last ``d_conv`` columns copied
@@ -219,12 +248,7 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     b, c, x = (g.view(bcx, (E, tps, n_seqs), (bcx.nb[1], bcx.nb[2]), i * E * 4) for i in range(3))
     bx = g.transpose(g.op("MUL", f"bx-{il}", (E, tps, n_seqs), b, x))
     state = g.leaf(f"cache_r_l{il}", (d * E, n_seqs), "f32")
-    states = g.reshape(state, d * E, n_seqs)
-    g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (d * E,))))  # clears a state in place
-    main = g.op("GET_ROWS", f"rs-{il}", (d * E, n_seqs), states, g.view(s_copy, (n_seqs,)))
-    g.expand(main)
-    extra = g.op("GET_ROWS", f"rs_extra-{il}", (d * E, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
-    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (extra)", g.view(state, (d * E, 0)), extra))
+    main = _build_rs(g, rules, f"rs-{il}", state, d * E, n_seqs, s_copy)
     conv = g.reshape(main, d, E, n_seqs)
     bx = g.op("CONCAT", f"concat-{il}", (d + tps, E, n_seqs), conv, bx)
     snap = g.view(bx, (d, E, n_seqs), (bx.nb[1], bx.nb[2]), tps * 4)
@@ -235,7 +259,8 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     return g.reshape(y, E, T)
 
 
-def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
+            rules: BuildRules = VENDORED) -> Tensor:
     """``llm_build_mamba_base::build_mamba2_layer`` (src/models/mamba-base.cpp) on the normed
     ``[n_embd, T]`` input: ssm_in, the conv state (``build_rs``) concatenated before x/B/C, its last
     columns copied back, ``ssm_conv`` + bias + SiLU, ``ssm_scan`` over the state rows (y and the
@@ -246,20 +271,13 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
     head_dim, tps = d_inner // n_head, T // n_seqs
     conv_ch = d_inner + 2 * n_group * d_state
 
-    def rs(il: int, kind: str, state_size: int, rows) -> Tensor:
-        """build_rs: clear one state in place, this ubatch's rows (``rows``), the rest copied back."""
+    def rs(il: int, kind: str, state_size: int, getter=None) -> Tensor:
+        """build_rs (:func:`_build_rs`) of the layer's ``r`` (conv) or ``s`` (scan) state."""
         state = g.leaf(f"cache_{kind}_l{il}", (state_size, n_seqs), "f32")
-        states = g.reshape(state, state_size, n_seqs)
-        g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (state_size,))))
-        main = rows(states, g.view(s_copy, (n_seqs,)))
-        g.expand(main)
-        extra = g.op("GET_ROWS", f"rs_extra-{il}", (state_size, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
-        g.expand(g.view_of_op("CPY", f"cache_{kind}_l{il} (extra)", g.view(state, (state_size, 0)), extra))
-        return main
+        return _build_rs(g, rules, f"rs_{kind}-{il}", state, state_size, n_seqs, s_copy, getter)
 
     conv_state = g.leaf(f"cache_r_l{il}", ((d_conv - 1) * conv_ch, n_seqs), "f32")
-    conv = rs(il, "r", (d_conv - 1) * conv_ch,
-              lambda st, ids: g.op("GET_ROWS", f"rs-{il}", ((d_conv - 1) * conv_ch, n_seqs), st, ids))
+    conv = rs(il, "r", (d_conv - 1) * conv_ch)
     conv = g.reshape(conv, d_conv - 1, conv_ch, n_seqs)
     d_in = 2 * d_inner + 2 * n_group * d_state + n_head
     zx = g.reshape(g.op("MUL_MAT", f"ssm_in-{il}", (d_in, T), None, cur), d_in, tps, n_seqs)
@@ -295,7 +313,7 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
 
 
 def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-                out_ids: Tensor) -> Graph:
+                out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
     """``llama_model_nemotron_h::graph`` (src/models/nemotron-h.cpp): per layer an RMS norm, then
     one block (``build_mamba2_layer`` of mamba-base.cpp, attention without RoPE, or a ReLU^2 MLP)
     and the residual; the normed ``h_nextn`` (an output), its output rows, the head."""
@@ -305,7 +323,7 @@ def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_
         inpSA = inpL
         cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
         if L.mamba:
-            cur = _mamba2(g, shape, il, cur, T, n_seqs, s_copy)
+            cur = _mamba2(g, shape, il, cur, T, n_seqs, s_copy, rules)
         elif L.n_head_kv > 0:
             cur = mix(il, L, cur)
         else:  # build_ffn, ReLU^2, no gate
@@ -324,7 +342,7 @@ def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_
 
 
 def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-               out_ids: Tensor) -> Graph:
+               out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
     """``llama_model_falcon_h1::graph`` (src/models/falcon-h1.cpp): per layer attention and a Mamba2
     mixer side by side on two norms of the input, their sum added to the residual, then the
     SwiGLU feed-forward and its residual; output norm and head."""
@@ -336,7 +354,7 @@ def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_s
         cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
         attn_out = mix(il, L, cur)
         cur = g.op("MUL", f"ssm_in-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
-        cur = g.op("ADD", f"layer_out-{il}", (E, T), attn_out, _mamba2(g, shape, il, cur, T, n_seqs, s_copy))
+        cur = g.op("ADD", f"layer_out-{il}", (E, T), attn_out, _mamba2(g, shape, il, cur, T, n_seqs, s_copy, rules))
         inpSA = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
         if il == len(shape.layers) - 1:
             Tc = n_out
@@ -586,7 +604,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         if L.conv:  # lfm2.cpp build_shortconv_block
             if s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
                 s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
-            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy)
+            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy, rules)
         elif shape.mla:
             cur = _mla(g, shape, L, il, cur, T, tps, ns, flash_attn, pos, cache_input)
         elif L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
@@ -707,9 +725,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     if shape.altup:
         return _gemma3n(g, shape, inpL, ple, mix, T, n_out, out_ids)
     if shape.ssm and shape.parallel_ssm:
-        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
+        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
     if shape.ssm:
-        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
+        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
     for il, L in enumerate(shape.layers):
         inpSA = inpL
         w = _weight
