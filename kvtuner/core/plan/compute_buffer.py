@@ -222,6 +222,9 @@ def estimate_compute(
     full_mask = n_ctx_seq * T * mask_b
     swa_mask = swa_cells * T * mask_b
     recurrent = _recurrent_bytes(model, T, n_seq) if st.recurrent_layers else 0
+    if recurrent and rules.rs_gather:
+        # b11434 build_rs: beside ssm_scan's own state rows, one get_rows of the n_seq - 1 others
+        recurrent += 4 * _meta_int(model, "ssm.state_size", 0) * _meta_int(model, "ssm.inner_size", 0) * max(0, n_seq - 1)
     inputs = 4 * T * f32  # token ids, positions, output ids
     if rules.mixed_embd:  # b11434 build_inp_embd: the mixed-batch embeddings input and its dup, never freed
         inputs += 2 * TE
@@ -273,6 +276,12 @@ def estimate_compute(
         output += swa_mask  # the sliding-window mask's hole stays under the logits (iSWA caches, measured)
     if st.is_mla and st.kv_layers:
         output += 2 * T * max(model.n_head) * st.kv_layers[0].k_width * f32
+    if rules.mixed_embd:
+        # the mixed-batch embeddings input and its copy stay allocated to the end, and the token
+        # rows set into the copy leave a hole under them the logits cannot use (b11434
+        # build_inp_embd; GGML_SCHED_DEBUG dumps of qwen35 shapes: the only difference from the
+        # vendored graph, 3 x n_embd x T x 4 bytes more)
+        output += 3 * TE
     # on a GPU backend the output phase of an ordinary transformer holds the logits and one
     # hidden state: the masks and the second state are freed by then (measured on an H200 with the
     # vendored llama.cpp, CUDA0 compute = n_vocab x T x 4 + n_embd x T x 4 to 0.01 MiB on llama,
