@@ -114,6 +114,8 @@ class TransformerShape:
     v_norm: bool = False  # Gemma 4: V RMS-normed (no weight)
     rows_after_norm: bool = False  # Gemma 4: output rows taken after the output norm (h_nextn, an output)
     logit_softcap: bool = False  # Gemma 4: logits scaled, tanh, scaled back (f_final_logit_softcapping)
+    attn_softcap: bool = False  # Gemma 2: attention scores scaled, tanh, scaled back without flash attention
+    embd_scale_op: bool = False  # Gemma 2: the embeddings scaled by ggml_scale in every build (not build_inp_embd's rows)
 
 
 def hadamard_size(head: int) -> int:
@@ -569,7 +571,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         return g.reshape(r, *x.ne)
     norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
     inpL = embd
-    if shape.embd_scale and rules.scale_rows:  # b11434: the token rows times an inp_scale_rows input
+    if shape.embd_scale and rules.scale_rows and not shape.embd_scale_op:  # b11434: the token rows times an inp_scale_rows input
         inpL = g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
     elif shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
@@ -710,8 +712,13 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             else:
                 vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
                 kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
+                sized = [kq]
+                if shape.attn_softcap:  # build_attn_mha: kq scaled, tanh, scaled back (in place)
+                    for op in ("SCALE", "UNARY", "SCALE"):
+                        kq = g.op(op, f"kq_softcap-{il}", kq.ne, kq)
+                        sized.append(kq)
                 sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
-                g.kv_sized += [(kq, sw, 0), (sm, sw, 0)]
+                g.kv_sized += [(t, sw, 0) for t in (*sized, sm)]
                 kq = sm
                 kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
                 perm = g.permute(kqv, 0, 2, 1, 3)
@@ -849,6 +856,9 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool]] = {
     "qwen3": {},
     "phi3": {"q_scale": True, "residual_first": True},
     "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
+    # gemma2.cpp: Gemma 3's layer without Q/K norms, attention and final logit soft-capping
+    "gemma2": {"embd_scale": True, "embd_scale_op": True, "q_scale": True, "post_norms": True, "attn_softcap": True,
+               "logit_softcap": True},
     "olmoe": {},
     "qwen3moe": {},
     "qwen2moe": {},
@@ -932,7 +942,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
            and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
            and model.architecture != "nemotron_h" for r in rows):
         return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
-    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
+    if any(r.swa for r in rows) and model.architecture not in ("gemma2", "gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
                                                                 "gpt-oss"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
