@@ -241,13 +241,17 @@ def estimate_compute(
         kv = 0 if r.reuse >= 0 else T * model.n_head_kv[il] * (r.head_k + r.head_v) * f32
         out = T * h * r.head_v * f32
         mla = 2 * T * h * r.k_width * f32 if st.is_mla else 0  # absorbed queries [kv_lora + rope, n_head, T]
+        # qwen35.cpp / qwen3next.cpp build_layer_attn: one projection [2 x head_k x n_head, T] holds
+        # the query and its gate; both are views of it, so it stays allocated until the gate
+        # multiplies the attention output, beside the normed query
+        gated = 2 * q if model.architecture in ("qwen35", "qwen35moe", "qwen3next") else 0
         if flash_attn:
-            return TE + max(q + kv, q + out) + mla
+            return TE + max(q + kv, q + out) + mla + gated
         # the n_kv x T x n_head scores go on top of everything this layer allocated so far (the
         # norm, Q, K, V and their roped copies leave holes too small for them)
         l = kv_by_il.get(il)
         cells = l.cells if l is not None else (swa_cells if (r.swa and st.is_iswa) else n_ctx_seq)
-        return 3 * TE + q + kv + cells * T * h * f32 + mla
+        return 3 * TE + q + kv + cells * T * h * f32 + mla + gated
 
     def layer_peak(il: int) -> int:
         r = st.layers[il]
