@@ -2,16 +2,20 @@
 
 llama.cpp sizes them in ``llama_context::sched_reserve`` (src/llama-context.cpp) by building the
 prompt-processing graph for ``n_tokens = min(n_ctx, n_ubatch)`` tokens with
-``n_outputs = n_tokens`` and a full KV cache, and letting ``ggml-alloc`` pack its tensors. The
+``n_outputs = min(n_tokens, n_outputs_max)`` (every token in a generic context, one per slot in
+llama-server b11434: :mod:`.build_rules` says which build and program a plan follows) and a full
+KV cache, and letting ``ggml-alloc`` pack its tensors. The
 result depends on the allocator's packing, so an analytic figure is an *estimate*; a dry-run
 (``kvtuner plan --verify``) gives the exact one, which :meth:`ComputeEstimate.with_exact` records.
 
 On the CPU alone, for the architectures :mod:`.reserve_graph` rebuilds (llama and
-Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 3, StableLM, DeciLM), the
+Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 2, Gemma 3, StableLM, DeciLM
+and the others its docstring lists), the
 figure is computed the way llama.cpp computes it: the reserve graph is rebuilt node by node and
 placed by a model of ggml-alloc (:mod:`.ggml_graph`); it equals llama.cpp's to the printed
 0.01 MiB on every covered configuration of those architectures (tests/test_compute_exact.py,
-tests/test_plan_vs_llama.py, tests/test_model_families.py).
+tests/test_plan_vs_llama.py, tests/test_model_families.py), for the vendored build and for
+llama-server and llama-fit-params b11434 (benchmarks/compute_builds.py, tests/test_build_rules.py).
 
 Otherwise (other architectures, or a GPU in the plan) the estimate walks that graph by phases
 (:func:`estimate_compute`): a repeating layer (the residual stream, the KQ masks still needed,

@@ -1,8 +1,11 @@
 """llama.cpp's worst-case (reserve) graph for plain transformer layers, shape only.
 
 ``llama_context::sched_reserve`` (src/llama-context.cpp) builds the prompt-processing graph for
-``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output, over a full KV cache, and the
-CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_graph.allocate`).
+``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output (one per slot in llama-server
+b11434), over a full KV cache, and the CPU backend's compute buffer is what ggml-alloc reserves for
+it (:func:`ggml_graph.allocate`). What differs between builds and programs is keyed by
+:class:`~.build_rules.BuildRules` (b11434's mixed-batch embedding inputs and embedding scale rows,
+its one-gather ``build_rs``, the outputs reserved).
 :func:`transformer_reserve_bytes` rebuilds that graph:
 
 - the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
@@ -27,7 +30,9 @@ CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_gra
 
 The node order and op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the
 vendored llama.cpp (llama-cpp-python 0.3.36), and the result equals llama.cpp's dry run to the
-printed 0.01 MiB on every configuration the tests cover for these architectures.
+printed 0.01 MiB on every configuration the tests cover for these architectures. Gemma 2
+(gemma2.cpp) and the b11434 differences were checked against dumps of b11434's llama-server and
+llama-fit-params, whose figures the same graphs equal (benchmarks/compute_builds.py).
 """
 
 from __future__ import annotations
