@@ -137,3 +137,26 @@ def test_export_targets_are_planned_with_their_own_compute(default_model, tmp_pa
         res[target] = p.stderr
     assert "does not fit" not in res["llama-server"]
     assert "configuration does not fit: CUDA0 needs" in res["llama-cpp-python"]
+
+
+def test_tune_plans_its_candidates_with_the_rules(default_model):
+    """The tune search plans every candidate (and llama.cpp's --fit equivalent) for the build and
+    program given: as llama-server, the default model's compute holds one output, not 512."""
+    from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
+    from kvtuner.core.speed.speed_model import speed_inputs
+    from kvtuner.core.tune import TuneGoal, tune
+    from kvtuner.core.units import GiB
+
+    model = ModelProfile.from_gguf(default_model)
+    gpus = [what_if_gpu(4 * GiB)]
+    host = HostSpec(total_bytes=32 * GiB, available_bytes=24 * GiB)
+    inputs = speed_inputs(gpus, host, measure=False, n_threads=8)
+    goal = TuneGoal(n_ctx=8192)
+    out = {r.label: tune(model, PlanConfig(n_ctx=8192), gpus, host, inputs, goal, rules=r) for r in (VENDORED, B11434_SERVER)}
+    for label, result in out.items():
+        assert result.best is not None and result.best.plan.rules.label == label
+        assert result.fit_equivalent is None or result.fit_equivalent.plan.rules.label == label
+    server, vendored = out[B11434_SERVER.label].best.plan, out[VENDORED.label].best.plan
+    # the vendored build's GPU compute holds the logits of the whole ubatch (n_vocab x n_ubatch f32)
+    assert vendored.compute.bytes_on("CUDA0") >= model.n_vocab * vendored.n_ubatch * 4
+    assert server.compute.bytes_on("CUDA0") < model.n_vocab * server.n_ubatch * 4 / 4

@@ -563,7 +563,8 @@ class Session:
         inputs, why = self.speed_inputs()
         if inputs is None:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
-        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
+        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive,
+                    rules=self.rules)
 
     @property
     def fit_needs_port(self) -> bool:
