@@ -104,8 +104,10 @@ def test_plan_verify_with_llama_server_json():
     assert [(b["name"], b["model_mib"], b["context_mib"], b["compute_mib"]) for b in v["breakdown"]] == [
         ("Host", 222, 27, 23), ("CPU_REPACK", 12, 0, 0)]
     (cpu,) = v["devices"]
-    assert cpu["llama_cpp"]["compute_mib"] == 23 and cpu["kvtuner"]["compute_mib"] == 514.5
-    assert cpu["differs"]["compute"] is True and cpu["differs"]["context"] is False
+    # planned as llama-server b11434 (one output per slot): kvtuner's own figure is llama-server's
+    assert cpu["llama_cpp"]["compute_mib"] == 23 and cpu["kvtuner"]["compute_mib"] == 23.28
+    assert cpu["differs"]["compute"] is False and cpu["differs"]["context"] is False
+    assert doc["rules"]["label"] == "llama-server b11434"
     # the existing keys stay; the plan's compute is llama-server's
     assert v["compute_bytes"] == {"CPU": round(23.28 * 2**20)}
     assert doc["devices"][-1]["compute_bytes"] == round(23.28 * 2**20)
@@ -117,8 +119,10 @@ def test_plan_verify_with_llama_server_text():
     assert out.returncode == 0, out.stderr
     assert "verified by llama-server b11434 (CPU) (llama-server start-up breakdown)" in out.stdout
     lines = out.stdout.splitlines()
-    compute = next(x for x in lines if x.split()[:1] == ["compute"] and "MiB" in x and "DIFFERS" in x)
-    assert "23 MiB" in compute and "514.50 MiB" in compute
+    assert "planned as: llama-server b11434" in lines
+    # the breakdown row: llama-server's whole MiB beside kvtuner's figure, which agrees
+    compute = next(x for x in lines if x.split()[:1] == ["compute"] and " 23 MiB" in x)
+    assert "23.28 MiB" in compute and "DIFFERS" not in compute
 
 
 def test_saved_engine_that_no_longer_works_falls_back_with_a_note(tmp_path):

@@ -60,6 +60,8 @@ def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeyp
         sel.select(idx)
         assert w.engine.kind == "server" and w.engine.server.resolve() == server.resolve()
         assert w.engine.fit_params is not None and got == [w.engine]
+        # the window now plans as that build's llama-server (one output per slot)
+        assert w.session.rules.label == "llama-server b11434" and w.session.rules.outputs_per_seq
         assert AppSettings(w.settings).engine_choice() == str(w.engine.server)
         _shot(w, "window_engine_selector.png")
         # "Choose llama-server...": a file that is not one is refused with the reason, the engine stays

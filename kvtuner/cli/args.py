@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..core.hardware.specs import GpuSpec, HostSpec
     from ..core.model.profile import ModelProfile
+    from ..core.plan.build_rules import BuildRules
     from ..core.plan.config import PlanConfig
     from ..core.session import Session
 
@@ -322,7 +323,27 @@ def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "
     session = Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected),
                       split=split)  # type: ignore[arg-type]
     check_split(session)
+    if hasattr(args, "engine"):
+        session.rules = rules_from_args(args)
     return session
+
+
+def rules_from_args(args: argparse.Namespace, target: str | None = None) -> "BuildRules":
+    """The llama.cpp build and program a command plans for (:mod:`kvtuner.core.plan.build_rules`):
+    an export ``target`` selects its program (a llama-server export plans as llama-server, a
+    llama-cpp-python export as the vendored build); otherwise the engine in use
+    (:func:`engine_from_args`) does.
+
+    Raises:
+        UserError: ``--engine`` names nothing usable.
+    """
+    from ..core.plan.build_rules import rules_for, rules_for_target
+
+    engine = engine_from_args(args, list_devices=False)
+    kind, build = getattr(engine, "kind", "embedded"), getattr(engine, "build", None)
+    if target is not None:
+        return rules_for_target(target, build, kind)
+    return rules_for(kind, build)
 
 
 def check_split(session: "Session") -> None:

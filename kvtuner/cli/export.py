@@ -8,7 +8,7 @@ import sys
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
                    config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
-                   session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
+                   rules_from_args, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
 _EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
                    "vllm")
@@ -240,10 +240,14 @@ def _check_fits(args: argparse.Namespace, model_path: "object", config: "object"
 
     model = load_model(str(model_path))
     session = session_from_args(args, model, config)  # type: ignore[arg-type]
+    # planned as the target runs it: a llama-server export as llama-server, a llama-cpp-python
+    # export as the build llama-cpp-python vendors
+    session.rules = rules_from_args(args, args.export_format)
     inputs, _why = session.speed_inputs()
     try:
         fit = check_export(args.export_format, session.planned_model(), config, session.gpus,  # type: ignore[arg-type]
-                           session.host, margins=session.margins, inputs=inputs, split=session.split)
+                           session.host, margins=session.margins, inputs=inputs, split=session.split,
+                           rules=session.rules)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
     for w in fit.warnings:

@@ -111,6 +111,9 @@ def plan_text(assessment: "Assessment") -> str:
         lines.append(f"MoE experts (part of weights): {where}"
                      + (f"; {len(plan.moves.moved)} tensors moved by --n-cpu-moe/--cpu-moe/-ot" if plan.moves.moved else ""))
     lines.append(f"compute buffers: {plan.compute.label}")
+    rules = getattr(plan, "rules", None)
+    if rules is not None:
+        lines.append(f"planned as: {rules.label}")
     if verified is not None:
         lines.append("")
         method = getattr(verified, "method", "") or "embedded dry run"

@@ -26,6 +26,7 @@ from .hardware.specs import GpuSpec, HostSpec
 from .model.profile import ModelProfile
 from .monitor.live import LiveState
 from .plan.buffers import bytes_by_device
+from .plan.build_rules import VENDORED, BuildRules
 from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .plan.placement import DeviceSplit
@@ -297,6 +298,9 @@ class Session:
         margins: what a plan must leave free to "fit" (:class:`~kvtuner.core.plan.verdict.FitMargins`:
             llama.cpp's ``--fit-target`` 1024 MiB of VRAM per GPU, 20 % of the available RAM); the
             verdict, the advisor and :meth:`tune` all use them.
+        rules: the llama.cpp build and program the plan follows (:mod:`kvtuner.core.plan.build_rules`;
+            :func:`~kvtuner.core.plan.build_rules.rules_for` of the engine in use; default: the
+            embedded engine's vendored build).
     """
 
     model: ModelProfile | None = None
@@ -311,6 +315,7 @@ class Session:
     n_threads: int | None = None
     split: DeviceSplit = field(default_factory=DeviceSplit)
     margins: FitMargins = field(default_factory=FitMargins)
+    rules: BuildRules = VENDORED
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
@@ -365,7 +370,7 @@ class Session:
         if self.model is not None and callable(probe):
             self.set_structure(probe(self.model.structure))
         if self.use_compute_cache and self.model is not None and self._verified_applies(result):
-            plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host, split=self.split)
+            plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host, split=self.split, rules=self.rules)
             compute_cache.store(compute_cache.compute_key(plan), bytes_by_device(result.compute_mib))
 
     # -- model structure (analytic, or probed from llama.cpp) ------------------------------------
@@ -521,7 +526,7 @@ class Session:
         if self.model is None:
             raise ValueError("no model is open")
         model = self.planned_model()
-        plan = plan_memory(model, self.config, self.gpus, self.host, split=self.split)
+        plan = plan_memory(model, self.config, self.gpus, self.host, split=self.split, rules=self.rules)
         v = self.verified
         if v is not None:
             # llama.cpp's own figures for exactly this configuration: every cache, the recurrent
@@ -529,10 +534,10 @@ class Session:
             ef = exact_figures(v, device_figures=self._verified_applies(v))
             if ef.compute is None and self.use_compute_cache:
                 ef = replace(ef, compute=compute_cache.exact_for(plan))
-            return plan_memory(model, self.config, self.gpus, self.host, exact=ef, split=self.split)
+            return plan_memory(model, self.config, self.gpus, self.host, exact=ef, split=self.split, rules=self.rules)
         exact: Mapping[str, int] | None = compute_cache.exact_for(plan) if self.use_compute_cache else None
         if exact:
-            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact), split=self.split)
+            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact), split=self.split, rules=self.rules)
         return plan
 
     def assess(self, *, live: LiveState | None = None) -> Assessment:
@@ -559,7 +564,8 @@ class Session:
         verified = self.verified
         analytic = None
         if verified is not None:
-            analytic = plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split)
+            analytic = plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split,
+                                   rules=self.rules)
         return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic,
                           margins=self.margins)
 
@@ -604,7 +610,8 @@ class Session:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
         goal = replace(goal, vram_margin_bytes=self.margins.vram_margin_bytes,
                        ram_headroom_fraction=self.margins.ram_headroom_fraction)
-        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive)
+        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive,
+                    rules=self.rules)
 
     @property
     def fit_needs_port(self) -> bool:

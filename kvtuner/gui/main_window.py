@@ -222,6 +222,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self.engine_selector = EngineSelector(self.tasks.submit, self.app_settings)
         self.status.addPermanentWidget(self.engine_selector)
+        self.engine_selector.engine_changed.connect(self._on_engine_changed)
         self.engine_selector.refresh()
 
         self.banner = QtWidgets.QLabel()
@@ -1052,6 +1053,14 @@ class MainWindow(QtWidgets.QMainWindow):
     def engine(self) -> Any:
         """The llama.cpp engine in use (:class:`kvtuner.runner.engines.Engine`; the window's selector)."""
         return self.engine_selector.engine
+
+    def _on_engine_changed(self, engine: Any) -> None:
+        """Plan for the engine now in use: its build's and program's compute rules
+        (:func:`kvtuner.core.plan.build_rules.rules_for`)."""
+        from ..core.plan.build_rules import rules_for
+
+        self.session.rules = rules_for(engine.kind, engine.build)
+        self.replan()
 
     # -- tune --------------------------------------------------------------------------------------
 

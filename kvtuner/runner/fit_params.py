@@ -115,10 +115,14 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
         ``(choice, None)``, or ``(None, why)`` when ``--fit`` gives up (user-set layers, split or
         overrides) or nothing can be planned.
     """
+    from ..core.plan.build_rules import VENDORED, rules_for
     from ..core.plan.config import ConfigError
     from ..core.plan.memory_plan import plan_memory
     from ..core.tune.fit_choice import fit_blockers, port_fit_choice, predict_choice
     from ..core.units import MiB
+
+    # the port plans as the program that runs --fit: the engine's llama-server, or the vendored build
+    rules = rules_for(engine.kind, engine.build) if engine is not None else VENDORED
 
     # on a CPU-only machine --fit only lowers the context: common/fit.cpp returns (or gives up)
     # before it looks at the user's -ngl / -ts / -ot
@@ -146,8 +150,9 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
     try:
         choice = measured or port_fit_choice(
             model, base, gpus, host, request,
-            plan=lambda c, s: plan_memory(model, c, gpus, host, split=s or split))
-        choice = predict_choice(choice, model, base, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes)
+            plan=lambda c, s: plan_memory(model, c, gpus, host, split=s or split, rules=rules))
+        choice = predict_choice(choice, model, base, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
+                                rules=rules)
     except (FitChoiceError, ConfigError) as exc:
         return None, str(exc)
     if note:

@@ -208,7 +208,8 @@ class _Ctx:
         if key not in self._plans:
             cfg = self.config(fix)
             try:
-                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split) if cfg else None
+                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split,
+                                               rules=self.plan.rules) if cfg else None
             except ConfigError:
                 self._plans[key] = None
         return self._plans[key]

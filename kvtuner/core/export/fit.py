@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.build_rules import VENDORED, BuildRules
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.placement import placement_for
 from ..plan.verdict import FitMargins, FitVerdict, fit_verdict
@@ -111,7 +112,8 @@ def _largest_fitting_ngl(base: PlanConfig, n_layer: int,
 
 
 def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any], host: Any, *,
-                 margins: FitMargins | None = None, inputs: Any = None, split: Any = None) -> ExportFit:
+                 margins: FitMargins | None = None, inputs: Any = None, split: Any = None,
+                 rules: BuildRules = VENDORED) -> ExportFit:
     """Plan what ``target`` runs for ``config`` on ``gpus`` / ``host`` and decide what to write.
 
     Args:
@@ -123,6 +125,7 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
         inputs: speed-model inputs (:class:`~kvtuner.core.speed.speed_model.SpeedInputs`) for the
             predicted decode of a whole-layer fallback; None: no prediction.
         split: ``-sm`` / ``-ts`` / ``-mg`` (:class:`~kvtuner.core.plan.placement.DeviceSplit`).
+        rules: the llama.cpp build and program the target runs (:mod:`kvtuner.core.plan.build_rules`).
 
     Raises:
         ConfigError: the configuration cannot be planned for this model.
@@ -133,7 +136,8 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
 
     def plan(cfg: PlanConfig) -> MemoryPlan | None:
         try:
-            return plan_memory(model, cfg, list(gpus), host, **({"split": split} if split is not None else {}))
+            return plan_memory(model, cfg, list(gpus), host, rules=rules,
+                               **({"split": split} if split is not None else {}))
         except ConfigError:
             return None
 
@@ -143,7 +147,7 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
 
     p0 = plan(expressed)
     if p0 is None:
-        p0 = plan_memory(model, expressed, list(gpus), host)  # raises the ConfigError that says why
+        p0 = plan_memory(model, expressed, list(gpus), host, rules=rules)  # raises the ConfigError that says why
     v0 = fit_verdict(p0, m)
     setting = LAYER_SETTING.get(target, "-ngl")
     if v0.fits:

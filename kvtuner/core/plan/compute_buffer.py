@@ -2,16 +2,20 @@
 
 llama.cpp sizes them in ``llama_context::sched_reserve`` (src/llama-context.cpp) by building the
 prompt-processing graph for ``n_tokens = min(n_ctx, n_ubatch)`` tokens with
-``n_outputs = n_tokens`` and a full KV cache, and letting ``ggml-alloc`` pack its tensors. The
+``n_outputs = min(n_tokens, n_outputs_max)`` (every token in a generic context, one per slot in
+llama-server b11434: :mod:`.build_rules` says which build and program a plan follows) and a full
+KV cache, and letting ``ggml-alloc`` pack its tensors. The
 result depends on the allocator's packing, so an analytic figure is an *estimate*; a dry-run
 (``kvtuner plan --verify``) gives the exact one, which :meth:`ComputeEstimate.with_exact` records.
 
 On the CPU alone, for the architectures :mod:`.reserve_graph` rebuilds (llama and
-Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 3, StableLM, DeciLM), the
+Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 2, Gemma 3, StableLM, DeciLM
+and the others its docstring lists), the
 figure is computed the way llama.cpp computes it: the reserve graph is rebuilt node by node and
 placed by a model of ggml-alloc (:mod:`.ggml_graph`); it equals llama.cpp's to the printed
 0.01 MiB on every covered configuration of those architectures (tests/test_compute_exact.py,
-tests/test_plan_vs_llama.py, tests/test_model_families.py).
+tests/test_plan_vs_llama.py, tests/test_model_families.py), for the vendored build and for
+llama-server and llama-fit-params b11434 (benchmarks/compute_builds.py, tests/test_build_rules.py).
 
 Otherwise (other architectures, or a GPU in the plan) the estimate walks that graph by phases
 (:func:`estimate_compute`): a repeating layer (the residual stream, the KQ masks still needed,
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from ..units import pad_to
+from .build_rules import VENDORED, BuildRules
 from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -163,6 +168,7 @@ def estimate_compute(
     n_stream: int | None = None,
     type_k: str = "f16",
     type_v: str = "f16",
+    rules: BuildRules = VENDORED,
 ) -> ComputeEstimate:
     """Estimate the compute buffer of every backend, bytes.
 
@@ -188,6 +194,9 @@ def estimate_compute(
         kv_f16: K and V caches are both f16 (else the GPU's flash attention converts them).
         n_stream: KV streams (``n_seq``, or 1 with a unified cache); ``None``: ``n_seq``.
         type_k, type_v: KV cache types (a quantized cache rotates Q/K or V: more graph nodes).
+        rules: the llama.cpp build and program planned for (:mod:`.build_rules`): how many outputs
+            the reserve graph holds (every token, or one per sequence in llama-server) and the
+            build's embedding inputs.
 
     Plain transformers on the CPU alone (:func:`reserve_graph.transformer_shape` says which) skip
     the phase walk: their reserve graph is rebuilt node by node and placed by a model of ggml-alloc
@@ -201,7 +210,7 @@ def estimate_compute(
         shape = transformer_shape(model, kv_layers, type_k, type_v)
         if shape is not None:
             exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn,
-                                              n_seqs=n_seq)
+                                              n_seqs=n_seq, n_outputs=rules.n_outputs(T, n_seq), rules=rules)
             return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
@@ -217,7 +226,13 @@ def estimate_compute(
     full_mask = n_ctx_seq * T * mask_b
     swa_mask = swa_cells * T * mask_b
     recurrent = _recurrent_bytes(model, T, n_seq) if st.recurrent_layers else 0
+    if recurrent and rules.rs_gather:
+        # b11434 build_rs: beside ssm_scan's own state rows, one get_rows of the n_seq - 1 others
+        recurrent += 4 * _meta_int(model, "ssm.state_size", 0) * _meta_int(model, "ssm.inner_size", 0) * max(0, n_seq - 1)
     inputs = 4 * T * f32  # token ids, positions, output ids
+    if rules.mixed_embd:  # b11434 build_inp_embd: the mixed-batch embeddings input and its dup, never freed
+        inputs += 2 * TE
+    n_out = rules.n_outputs(T, n_seq)  # logits rows: every token, or one per sequence (llama-server)
     # Gemma 3n / 4 per-layer embeddings: [n_embd_per_layer x n_layer, T] looked up and projected
     # once, alive through every layer (gemma4.cpp / gemma3n.cpp)
     per_layer = _meta_int(model, "embedding_length_per_layer_input", 256 if model.architecture == "gemma3n" else 0)
@@ -230,13 +245,17 @@ def estimate_compute(
         kv = 0 if r.reuse >= 0 else T * model.n_head_kv[il] * (r.head_k + r.head_v) * f32
         out = T * h * r.head_v * f32
         mla = 2 * T * h * r.k_width * f32 if st.is_mla else 0  # absorbed queries [kv_lora + rope, n_head, T]
+        # qwen35.cpp / qwen3next.cpp build_layer_attn: one projection [2 x head_k x n_head, T] holds
+        # the query and its gate; both are views of it, so it stays allocated until the gate
+        # multiplies the attention output, beside the normed query
+        gated = 2 * q if model.architecture in ("qwen35", "qwen35moe", "qwen3next") else 0
         if flash_attn:
-            return TE + max(q + kv, q + out) + mla
+            return TE + max(q + kv, q + out) + mla + gated
         # the n_kv x T x n_head scores go on top of everything this layer allocated so far (the
         # norm, Q, K, V and their roped copies leave holes too small for them)
         l = kv_by_il.get(il)
         cells = l.cells if l is not None else (swa_cells if (r.swa and st.is_iswa) else n_ctx_seq)
-        return 3 * TE + q + kv + cells * T * h * f32 + mla
+        return 3 * TE + q + kv + cells * T * h * f32 + mla + gated
 
     def layer_peak(il: int) -> int:
         r = st.layers[il]
@@ -257,7 +276,7 @@ def estimate_compute(
     # the output: logits and hidden states; inputs freed before it (KQ masks) leave holes the
     # logits cannot use when other blocks were allocated above them (hybrid memories and shared
     # KV layers, measured); MLA keeps its absorbed queries ([kv_lora + rope, n_head, T]) around
-    output = model.n_vocab * T * f32 + (3 if model.n_expert and not st.is_mla else 2) * TE
+    output = model.n_vocab * n_out * f32 + (3 if model.n_expert and not st.is_mla else 2) * TE
     if model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers):
         output += (full_mask if full_last >= 0 else 0) + (swa_mask if swa_last >= 0 else 0)
         output += 2 * per_layer * n_layer * T * f32
@@ -265,6 +284,12 @@ def estimate_compute(
         output += swa_mask  # the sliding-window mask's hole stays under the logits (iSWA caches, measured)
     if st.is_mla and st.kv_layers:
         output += 2 * T * max(model.n_head) * st.kv_layers[0].k_width * f32
+    if rules.mixed_embd:
+        # the mixed-batch embeddings input and its copy stay allocated to the end, and the token
+        # rows set into the copy leave a hole under them the logits cannot use (b11434
+        # build_inp_embd; GGML_SCHED_DEBUG dumps of qwen35 shapes: the only difference from the
+        # vendored graph, 3 x n_embd x T x 4 bytes more)
+        output += 3 * TE
     # on a GPU backend the output phase of an ordinary transformer holds the logits and one
     # hidden state: the masks and the second state are freed by then (measured on an H200 with the
     # vendored llama.cpp, CUDA0 compute = n_vocab x T x 4 + n_embd x T x 4 to 0.01 MiB on llama,
@@ -272,7 +297,7 @@ def estimate_compute(
     # cases above (hybrid memories, shared KV, MLA) are not measured on a GPU and keep theirs
     special = (model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers)
                or st.is_mla)
-    output_gpu = output if special else model.n_vocab * T * f32 + TE
+    output_gpu = output if special else model.n_vocab * n_out * f32 + TE
 
     devices = [host, *gpu_devices]
     result: dict[str, int] = {d: 0 for d in devices}
@@ -299,6 +324,8 @@ def estimate_compute(
         # ggml_backend_cuda_device_offload_op, batch >= 32), so host layers add nothing here.
         result[host] = host_inputs_bytes(model, n_ubatch=T, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells,
                                          flash_attn=flash_attn, kv_layers=kv_layers)
+        if rules.mixed_embd:  # the mixed-batch embeddings input and its copy (b11434 build_inp_embd)
+            result[host] += 2 * TE
     elif first_dev != host:
         # the host always stages the token embeddings for the first offloaded layer
         result[host] = max(result[host], TE)

@@ -25,6 +25,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .build_rules import VENDORED, BuildRules
 from .compute_buffer import GPU_OP_OFFLOAD_MIN_BATCH, ComputeEstimate, estimate_compute
 from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
@@ -190,6 +191,7 @@ class MemoryPlan:
         split: the ``-sm`` / ``-ts`` / ``-mg`` planned with.
         moves: the tensors ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` send away from their
             layer's device, tensor by tensor from the tensor table (:mod:`.overrides`).
+        rules: the llama.cpp build and program the compute buffers follow (:mod:`.build_rules`).
     """
 
     model: ModelProfile
@@ -213,6 +215,7 @@ class MemoryPlan:
     verified: bool = False
     split: DeviceSplit | None = None
     moves: TensorMoves = field(default_factory=TensorMoves)
+    rules: BuildRules = VENDORED
 
     @property
     def kv_bytes(self) -> int:
@@ -290,6 +293,7 @@ class MemoryPlan:
                           "note": self.model.structure.note},
             "figures_source": "llama.cpp dry-run" if self.verified else "kvtuner",
             "compute_source": self.compute.source,
+            "rules": self.rules.to_dict(),
             "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
             "split": None if self.split is None else {"split_mode": self.split.split_mode,
@@ -342,6 +346,7 @@ def plan_memory(
     compute_override: dict[str, int] | None = None,
     exact: ExactFigures | None = None,
     split: DeviceSplit | None = None,
+    rules: BuildRules = VENDORED,
 ) -> MemoryPlan:
     """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
 
@@ -360,6 +365,8 @@ def plan_memory(
         split: ``-sm`` / ``-ts`` / ``-mg`` (:class:`~kvtuner.core.plan.placement.DeviceSplit`);
             None is llama.cpp's default (layer split by free memory). ``gpus`` may hold RPC
             devices (``GpuSpec.endpoint``); the plan orders them first, as llama.cpp does.
+        rules: the llama.cpp build and program planned for (:mod:`.build_rules`; default: the
+            build llama-cpp-python vendors, as the embedded engine runs it).
 
     Returns:
         The :class:`MemoryPlan`; pure arithmetic, well under a millisecond for 100 layers.
@@ -521,8 +528,10 @@ def plan_memory(
         model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
         layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in kept], host=HOST,
         kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
-        type_k=tk.name, type_v=tv.name,
+        type_k=tk.name, type_v=tv.name, rules=rules,
     )
+    if rules.approximate_line:
+        warnings.append(rules.approximate_line)
     if exact is not None and exact.compute:
         compute_override = exact.compute
     moved_to_host = moves.largest_moved(HOST)
@@ -593,7 +602,7 @@ def plan_memory(
         flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
         kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
         kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings), verified=exact is not None, split=split, moves=moves,
+        warnings=tuple(warnings), verified=exact is not None, split=split, moves=moves, rules=rules,
     )
 
 

@@ -1,8 +1,11 @@
 """llama.cpp's worst-case (reserve) graph for plain transformer layers, shape only.
 
 ``llama_context::sched_reserve`` (src/llama-context.cpp) builds the prompt-processing graph for
-``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output, over a full KV cache, and the
-CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_graph.allocate`).
+``n_tokens = min(n_ctx, n_ubatch)`` tokens, every token an output (one per slot in llama-server
+b11434), over a full KV cache, and the CPU backend's compute buffer is what ggml-alloc reserves for
+it (:func:`ggml_graph.allocate`). What differs between builds and programs is keyed by
+:class:`~.build_rules.BuildRules` (b11434's mixed-batch embedding inputs and embedding scale rows,
+its one-gather ``build_rs``, the outputs reserved).
 :func:`transformer_reserve_bytes` rebuilds that graph:
 
 - the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
@@ -27,7 +30,9 @@ CPU backend's compute buffer is what ggml-alloc reserves for it (:func:`ggml_gra
 
 The node order and op of every node were checked against ``GGML_SCHED_DEBUG=2`` dumps of the
 vendored llama.cpp (llama-cpp-python 0.3.36), and the result equals llama.cpp's dry run to the
-printed 0.01 MiB on every configuration the tests cover for these architectures.
+printed 0.01 MiB on every configuration the tests cover for these architectures. Gemma 2
+(gemma2.cpp) and the b11434 differences were checked against dumps of b11434's llama-server and
+llama-fit-params, whose figures the same graphs equal (benchmarks/compute_builds.py).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,6 +119,8 @@ class TransformerShape:
     v_norm: bool = False  # Gemma 4: V RMS-normed (no weight)
     rows_after_norm: bool = False  # Gemma 4: output rows taken after the output norm (h_nextn, an output)
     logit_softcap: bool = False  # Gemma 4: logits scaled, tanh, scaled back (f_final_logit_softcapping)
+    attn_softcap: bool = False  # Gemma 2: attention scores scaled, tanh, scaled back without flash attention
+    embd_scale_op: bool = False  # Gemma 2: the embeddings scaled by ggml_scale in every build (not build_inp_embd's rows)
 
 
 def hadamard_size(head: int) -> int:
@@ -206,7 +214,36 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     return out
 
 
-def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+def _build_rs(g: Graph, rules: BuildRules, name: str, state: Tensor, state_size: int, n_seqs: int, s_copy: Tensor,
+              getter=None) -> Tensor:
+    """``llm_graph_context::build_rs`` (src/llama-graph.cpp) when reserving (``n_rs = n_seqs``): one state
+    cleared in place, this ubatch's state rows, the others (none) copied back.
+
+    The vendored build gathers the ubatch's rows with ``getter`` (default ``ggml_get_rows`` by
+    ``s_copy``) and the extra rows with a second ``get_rows``. b11434 (``rules.rs_gather``) gathers
+    all ``n_rs`` rows at once (``states_all``): without a getter the ubatch's rows are a view of it;
+    with one (Mamba2's ``ssm_scan``) the gather skips the first row (``s_copy_tail``, ``n_rs - 1``
+    rows) and is expanded only with the copy of the extra rows, after the getter's output."""
+    states = g.reshape(state, state_size, n_seqs)
+    g.expand(g.view_of_op("SCALE", f"{name} (zero)", g.view(states, (state_size,))))  # clears a state in place
+    main_ids = g.view(s_copy, (n_seqs,))
+    if rules.rs_gather:
+        i0 = 1 if getter is not None else 0
+        tail = g.view(s_copy, (n_seqs - i0,), None, i0 * 4) if i0 else s_copy
+        states_all = g.op("GET_ROWS", f"{name} (all)", (state_size, n_seqs - i0), states, tail)
+        main = getter(states, main_ids) if getter is not None else g.view(states_all, (state_size, n_seqs))
+        g.expand(main)
+        extra = g.view(states_all, (state_size, 0), None, (n_seqs - i0) * state_size * 4)
+    else:
+        main = (getter or (lambda st, ids: g.op("GET_ROWS", name, (state_size, n_seqs), st, ids)))(states, main_ids)
+        g.expand(main)
+        extra = g.op("GET_ROWS", f"{name} (extra)", (state_size, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
+    g.expand(g.view_of_op("CPY", f"{name} (extra copied)", g.view(state, (state_size, 0)), extra))
+    return main
+
+
+def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
+               rules: BuildRules = VENDORED) -> Tensor:
     """``build_shortconv_block`` (src/models/lfm2.cpp): in_proj to B, C, x thirds, B*x transposed after
     the conv state (``build_rs``: the state rows of this ubatch's sequences, ``get_rows`` by
     ``s_copy``; the rest, none when reserving, copied back), the last ``d_conv`` columns copied
@@ -218,12 +255,7 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     b, c, x = (g.view(bcx, (E, tps, n_seqs), (bcx.nb[1], bcx.nb[2]), i * E * 4) for i in range(3))
     bx = g.transpose(g.op("MUL", f"bx-{il}", (E, tps, n_seqs), b, x))
     state = g.leaf(f"cache_r_l{il}", (d * E, n_seqs), "f32")
-    states = g.reshape(state, d * E, n_seqs)
-    g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (d * E,))))  # clears a state in place
-    main = g.op("GET_ROWS", f"rs-{il}", (d * E, n_seqs), states, g.view(s_copy, (n_seqs,)))
-    g.expand(main)
-    extra = g.op("GET_ROWS", f"rs_extra-{il}", (d * E, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
-    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (extra)", g.view(state, (d * E, 0)), extra))
+    main = _build_rs(g, rules, f"rs-{il}", state, d * E, n_seqs, s_copy)
     conv = g.reshape(main, d, E, n_seqs)
     bx = g.op("CONCAT", f"concat-{il}", (d + tps, E, n_seqs), conv, bx)
     snap = g.view(bx, (d, E, n_seqs), (bx.nb[1], bx.nb[2]), tps * 4)
@@ -234,7 +266,8 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     return g.reshape(y, E, T)
 
 
-def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor) -> Tensor:
+def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
+            rules: BuildRules = VENDORED) -> Tensor:
     """``llm_build_mamba_base::build_mamba2_layer`` (src/models/mamba-base.cpp) on the normed
     ``[n_embd, T]`` input: ssm_in, the conv state (``build_rs``) concatenated before x/B/C, its last
     columns copied back, ``ssm_conv`` + bias + SiLU, ``ssm_scan`` over the state rows (y and the
@@ -245,20 +278,13 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
     head_dim, tps = d_inner // n_head, T // n_seqs
     conv_ch = d_inner + 2 * n_group * d_state
 
-    def rs(il: int, kind: str, state_size: int, rows) -> Tensor:
-        """build_rs: clear one state in place, this ubatch's rows (``rows``), the rest copied back."""
+    def rs(il: int, kind: str, state_size: int, getter=None) -> Tensor:
+        """build_rs (:func:`_build_rs`) of the layer's ``r`` (conv) or ``s`` (scan) state."""
         state = g.leaf(f"cache_{kind}_l{il}", (state_size, n_seqs), "f32")
-        states = g.reshape(state, state_size, n_seqs)
-        g.expand(g.view_of_op("SCALE", f"rs_zero-{il}", g.view(states, (state_size,))))
-        main = rows(states, g.view(s_copy, (n_seqs,)))
-        g.expand(main)
-        extra = g.op("GET_ROWS", f"rs_extra-{il}", (state_size, 0), states, g.view(s_copy, (0,), None, n_seqs * 4))
-        g.expand(g.view_of_op("CPY", f"cache_{kind}_l{il} (extra)", g.view(state, (state_size, 0)), extra))
-        return main
+        return _build_rs(g, rules, f"rs_{kind}-{il}", state, state_size, n_seqs, s_copy, getter)
 
     conv_state = g.leaf(f"cache_r_l{il}", ((d_conv - 1) * conv_ch, n_seqs), "f32")
-    conv = rs(il, "r", (d_conv - 1) * conv_ch,
-              lambda st, ids: g.op("GET_ROWS", f"rs-{il}", ((d_conv - 1) * conv_ch, n_seqs), st, ids))
+    conv = rs(il, "r", (d_conv - 1) * conv_ch)
     conv = g.reshape(conv, d_conv - 1, conv_ch, n_seqs)
     d_in = 2 * d_inner + 2 * n_group * d_state + n_head
     zx = g.reshape(g.op("MUL_MAT", f"ssm_in-{il}", (d_in, T), None, cur), d_in, tps, n_seqs)
@@ -294,7 +320,7 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
 
 
 def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-                out_ids: Tensor) -> Graph:
+                out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
     """``llama_model_nemotron_h::graph`` (src/models/nemotron-h.cpp): per layer an RMS norm, then
     one block (``build_mamba2_layer`` of mamba-base.cpp, attention without RoPE, or a ReLU^2 MLP)
     and the residual; the normed ``h_nextn`` (an output), its output rows, the head."""
@@ -304,7 +330,7 @@ def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_
         inpSA = inpL
         cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
         if L.mamba:
-            cur = _mamba2(g, shape, il, cur, T, n_seqs, s_copy)
+            cur = _mamba2(g, shape, il, cur, T, n_seqs, s_copy, rules)
         elif L.n_head_kv > 0:
             cur = mix(il, L, cur)
         else:  # build_ffn, ReLU^2, no gate
@@ -323,7 +349,7 @@ def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_
 
 
 def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-               out_ids: Tensor) -> Graph:
+               out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
     """``llama_model_falcon_h1::graph`` (src/models/falcon-h1.cpp): per layer attention and a Mamba2
     mixer side by side on two norms of the input, their sum added to the residual, then the
     SwiGLU feed-forward and its residual; output norm and head."""
@@ -335,7 +361,7 @@ def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_s
         cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
         attn_out = mix(il, L, cur)
         cur = g.op("MUL", f"ssm_in-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), inpL), None)
-        cur = g.op("ADD", f"layer_out-{il}", (E, T), attn_out, _mamba2(g, shape, il, cur, T, n_seqs, s_copy))
+        cur = g.op("ADD", f"layer_out-{il}", (E, T), attn_out, _mamba2(g, shape, il, cur, T, n_seqs, s_copy, rules))
         inpSA = g.op("ADD", f"ffn_inp-{il}", (E, T), cur, inpSA)
         if il == len(shape.layers) - 1:
             Tc = n_out
@@ -509,15 +535,17 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
     return g
 
 
-def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
+def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
+           n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
     # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per sequence (n_seqs =
     # n_seq_max), so n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 sequences);
-    # n_outputs = n_tokens; the KV masks split them over the cache's streams
+    # n_outputs = min(n_tokens, n_outputs_max) (n_tokens in a generic context, one per slot in
+    # llama-server b11434); the KV masks split the tokens over the cache's streams
     ns = max(1, n_stream)
     n_seqs = max(1, n_seqs or ns)
-    n_out = T
+    n_out = min(T, n_outputs) if n_outputs > 0 else T
     T = -(-T // n_seqs) * n_seqs
     tps = T // ns
     s_copy: Tensor | None = None
@@ -528,6 +556,12 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
     g.expand(embd)
     g.expand(g.input("inp_embd", (E, T), "f32"))
+    if rules.mixed_embd:  # b11434: the mixed-batch branch, set_rows of token rows into a dup of its own
+        # embeddings input (set_rows' sources: rows, slots, destination); never selected, never freed
+        rows = g.op("GET_ROWS", "mixed_rows", (E, T), None, g.input("inp_mixed_tokens", (T,), "i32"))
+        slots = g.input("inp_mixed_slots", (T,), "i64")
+        dup = g.op("DUP", "mixed_dup", (E, T), g.input("inp_mixed_embd", (E, T), "f32"))
+        g.expand(g.view_of_op("SET_ROWS", "mixed_dup (view)", dup, rows, slots))
     pos = g.input("inp_pos", (T,), "i32")
     out_ids = g.input("out_ids", (n_out,), "i32")
     cache_inputs: dict[bool, dict[str, Tensor]] = {}
@@ -539,7 +573,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         return g.reshape(r, *x.ne)
     norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
     inpL = embd
-    if shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
+    if shape.embd_scale and rules.scale_rows and not shape.embd_scale_op:  # b11434: the token rows times an inp_scale_rows input
+        inpL = g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
+    elif shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
     n_layer = len(shape.layers)
     v_width = max(L.head_v * L.n_head_kv for L in shape.layers)  # llama_hparams::n_embd_v_gqa_max
@@ -572,7 +608,7 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         if L.conv:  # lfm2.cpp build_shortconv_block
             if s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
                 s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
-            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy)
+            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy, rules)
         elif shape.mla:
             cur = _mla(g, shape, L, il, cur, T, tps, ns, flash_attn, pos, cache_input)
         elif L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
@@ -678,8 +714,13 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             else:
                 vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
                 kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
+                sized = [kq]
+                if shape.attn_softcap:  # build_attn_mha: kq scaled, tanh, scaled back (in place)
+                    for op in ("SCALE", "UNARY", "SCALE"):
+                        kq = g.op(op, f"kq_softcap-{il}", kq.ne, kq)
+                        sized.append(kq)
                 sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
-                g.kv_sized += [(kq, sw, 0), (sm, sw, 0)]
+                g.kv_sized += [(t, sw, 0) for t in (*sized, sm)]
                 kq = sm
                 kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
                 perm = g.permute(kqv, 0, 2, 1, 3)
@@ -693,9 +734,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     if shape.altup:
         return _gemma3n(g, shape, inpL, ple, mix, T, n_out, out_ids)
     if shape.ssm and shape.parallel_ssm:
-        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
+        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
     if shape.ssm:
-        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids)
+        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
     for il, L in enumerate(shape.layers):
         inpSA = inpL
         w = _weight
@@ -772,10 +813,11 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
 
 @lru_cache(maxsize=256)
 def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool,
-                              n_seqs: int = 0) -> int:
+                              n_seqs: int = 0, n_outputs: int = 0, rules: BuildRules = VENDORED) -> int:
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
     prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams, the ubatch
-    holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``).
+    holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``), ``n_outputs`` of its tokens
+    outputs (0: all; :meth:`BuildRules.n_outputs`), built as the build and program of ``rules`` build it.
 
     Cached per shape and configuration. The whole graph is placed: cutting repeated layers to a
     few periods is *not* exact (the allocator's free list keeps changing for many layers: 5 of 300
@@ -787,10 +829,10 @@ def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: 
     kv: dict[bool, int] = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
-            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs))  # per-layer sizes: no template
+            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules))  # no template
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
-        g = _template(template, n_tokens, n_stream, flash_attn, n_seqs)
+        g = _template(template, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
         for t, swa, dim in g.kv_sized:
             t.resize(kv[swa], dim)
         return allocate(g)
@@ -800,10 +842,11 @@ _TEMPLATE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=8)
-def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0) -> Graph:
+def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
+              n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
-    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs)
+    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
 
 
 #: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
@@ -815,6 +858,9 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool | int]] = {
     "qwen3": {},
     "phi3": {"q_scale": True, "residual_first": True},
     "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
+    # gemma2.cpp: Gemma 3's layer without Q/K norms, attention and final logit soft-capping
+    "gemma2": {"embd_scale": True, "embd_scale_op": True, "q_scale": True, "post_norms": True, "attn_softcap": True,
+               "logit_softcap": True},
     "olmoe": {},
     "qwen3moe": {},
     "qwen2moe": {},
@@ -898,7 +944,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
            and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
            and model.architecture != "nemotron_h" for r in rows):
         return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
-    if any(r.swa for r in rows) and model.architecture not in ("gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
+    if any(r.swa for r in rows) and model.architecture not in ("gemma2", "gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
                                                                 "gpt-oss"):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)

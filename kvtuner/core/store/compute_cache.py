@@ -44,6 +44,9 @@ def compute_key(plan: "MemoryPlan") -> str:
         "swa_full": c.swa_full,
         "kv_unified": c.kv_unified,
     }
+    rules = getattr(plan, "rules", None)
+    if rules is not None:  # figures of another build or program are not these
+        fields["rules"] = [rules.build, rules.program]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 

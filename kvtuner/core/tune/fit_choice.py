@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
+from ..plan.build_rules import VENDORED, BuildRules
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, order_devices, plan_memory
 from ..plan.placement import DeviceSplit
@@ -498,16 +499,18 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
 
 
 def predict_choice(choice: FitChoice, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec],
-                   host: HostSpec | None, inputs: Any, *, vram_margin_bytes: int = FIT_TARGET_MIB * MiB) -> FitChoice:
+                   host: HostSpec | None, inputs: Any, *, vram_margin_bytes: int = FIT_TARGET_MIB * MiB,
+                   rules: BuildRules = VENDORED) -> FitChoice:
     """``choice`` with kvtuner's prediction of it: decode tokens/s at the full context (depth
     ``n_ctx_seq - 1``, as the tune ranks) and prefill tokens/s of a 512-token prompt, and whether
     its plan keeps every GPU within capacity less ``vram_margin_bytes``. A configuration kvtuner
-    cannot plan keeps None and says so in ``note``."""
+    cannot plan keeps None and says so in ``note``. ``rules``: the build and program planned for
+    (:mod:`kvtuner.core.plan.build_rules`)."""
     from ..speed.speed_model import SpeedModelError, decode_tok_s, prefill_tok_s
 
     try:
         cfg, split = choice.config(base, len(gpus))
-        p = plan_memory(model, cfg, gpus, host, split=split)
+        p = plan_memory(model, cfg, gpus, host, split=split, rules=rules)
     except ConfigError as exc:
         return replace(choice, note="; ".join(x for x in (choice.note, f"not planned: {exc}") if x))
     # --fit looks at the GPUs only: the fit verdict's GPU part with this margin

@@ -47,6 +47,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..model.ggml_types import kv_type
 from ..model.profile import ModelProfile
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.build_rules import VENDORED, BuildRules
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import FIT_TARGET_MIB, RAM_HEADROOM_FRACTION, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import SpeedInputs, SpeedModelError, decode_tok_s, prefill_tok_s
@@ -342,9 +343,10 @@ class _Searcher:
     """Plans, fit checks and predictions of one model on one machine, with a plan cache."""
 
     def __init__(self, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-                 inputs: SpeedInputs, goal: TuneGoal):
+                 inputs: SpeedInputs, goal: TuneGoal, rules: BuildRules = VENDORED):
         self.model, self.base, self.gpus, self.host, self.inputs, self.goal = model, base, tuple(gpus), host, inputs, goal
         self.margins = goal.margins
+        self.rules = rules
         self.evaluated = 0
         self._plans: dict[PlanConfig, MemoryPlan | None] = {}
         self._decode: dict[PlanConfig, float] = {}
@@ -357,7 +359,7 @@ class _Searcher:
         if cfg not in self._plans:
             self.evaluated += 1
             try:
-                self._plans[cfg] = plan_memory(self.model, cfg, self.gpus, self.host)
+                self._plans[cfg] = plan_memory(self.model, cfg, self.gpus, self.host, rules=self.rules)
             except ConfigError:
                 self._plans[cfg] = None
         return self._plans[cfg]
@@ -706,8 +708,10 @@ def offload_note(c: Candidate) -> str | None:
 def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequence[GpuSpec],
                    host: HostSpec | None, inputs: SpeedInputs, *,
                    vram_margin_bytes: int = VRAM_MARGIN_BYTES,
-                   ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> Candidate | None:
-    """What llama.cpp's ``--fit`` would run for ``base`` at ``n_ctx``, planned by kvtuner.
+                   ram_headroom_fraction: float = RAM_HEADROOM_FRACTION,
+                   rules: BuildRules = VENDORED) -> Candidate | None:
+    """What llama.cpp's ``--fit`` would run for ``base`` at ``n_ctx``, planned by kvtuner (with the
+    compute rules of ``rules``, :mod:`kvtuner.core.plan.build_rules`).
 
     The rules of src/llama.cpp ``llama_params_fit_impl`` (ggml-org/llama.cpp): nothing changes
     when every device keeps ``margin`` (``--fit-target``, 1024 MiB) free; the context is reduced
@@ -726,7 +730,7 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     """
     goal = TuneGoal(n_ctx=max(256, n_ctx), vram_margin_bytes=vram_margin_bytes,
                     ram_headroom_fraction=ram_headroom_fraction)
-    s = _Searcher(model, base, gpus, host, inputs, goal)
+    s = _Searcher(model, base, gpus, host, inputs, goal, rules)
     try:
         cfg = base.with_(n_ctx=n_ctx, kv_gpu_layers=None)
     except ConfigError:
@@ -739,7 +743,8 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
 
 
 def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False, with_fit: bool = True) -> TuneResult:
+         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False, with_fit: bool = True,
+         rules: BuildRules = VENDORED) -> TuneResult:
     """Search for the fastest configuration that fits ``goal`` (module docstring).
 
     Args:
@@ -751,6 +756,8 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
         goal: what to optimise.
         exhaustive: plan every value of every knob (the reference; slow).
         with_fit: also plan llama.cpp's ``--fit`` equivalent (:func:`fit_equivalent`).
+        rules: the llama.cpp build and program the candidates are planned for
+            (:mod:`kvtuner.core.plan.build_rules`).
 
     Returns:
         A :class:`TuneResult`; ``best`` None when nothing fits (``notes`` says why).
@@ -759,7 +766,7 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
         TuneError: a goal this model cannot have (a context past llama.cpp's limit).
     """
     t0 = time.perf_counter()
-    s = _Searcher(model, base, gpus, host, inputs, goal)
+    s = _Searcher(model, base, gpus, host, inputs, goal, rules)
     notes: list[str] = []
     ctx_train = model.n_ctx_train or 0
     if goal.min_tok_s is not None:  # goal.kind == "min_tok_s"
@@ -800,7 +807,7 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     if runner is not None:
         runner = s.with_prefill(runner)
     fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
-                         ram_headroom_fraction=goal.ram_headroom_fraction) if with_fit else None
+                         ram_headroom_fraction=goal.ram_headroom_fraction, rules=rules) if with_fit else None
     if model.n_expert and gpus:
         notes.append("MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
                      "-ngl only, so it is pessimistic")
