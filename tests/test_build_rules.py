@@ -135,8 +135,8 @@ def test_export_targets_are_planned_with_their_own_compute(default_model, tmp_pa
                     "-o", str(tmp_path / target), env=env)
         assert p.returncode == 0, p.stderr
         res[target] = p.stderr
-    assert "does not fit" not in res["llama-server"]
-    assert "configuration does not fit: CUDA0 needs" in res["llama-cpp-python"]
+    assert "DOES NOT FIT" not in res["llama-server"]
+    assert "the fit verdict of this configuration is DOES NOT FIT: CUDA0 needs" in res["llama-cpp-python"]
 
 
 def test_tune_plans_its_candidates_with_the_rules(default_model):

@@ -17,7 +17,8 @@ from kvtuner.cli.args import config_from_args, session_from_args
 from kvtuner.core.export.fit import check_export, expressed_config
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.memory_plan import plan_memory
-from kvtuner.core.plan.verdict import fit_verdict
+from kvtuner.core.plan.build_rules import VENDORED, rules_for_target
+from kvtuner.core.plan.verdict import TIGHT, fit_verdict
 from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixture)
 
 FITS_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "16", "-fa", "on"]    # 5.60 of 8 GiB with the experts in RAM
@@ -43,7 +44,8 @@ def test_a_target_that_expresses_the_placement_fits_or_warns(gpt_oss, fmt, capsy
     s = _session(gpt_oss, FITS_FLAGS)
     # what the target runs is the plan's own configuration, and its plan fits
     assert expressed_config(fmt, s.config, lambda: s.model.n_layer) == s.config
-    fit = check_export(fmt, s.model, s.config, s.gpus, s.host)
+    rules = rules_for_target(fmt)  # each target is planned as the program it runs
+    fit = check_export(fmt, s.model, s.config, s.gpus, s.host, rules=rules)
     assert fit.verdict.fits and fit.config == s.config and not fit.warnings
     out, warns = _export(gpt_oss, fmt, FITS_FLAGS, capsys)
     assert not warns
@@ -55,9 +57,17 @@ def test_a_target_that_expresses_the_placement_fits_or_warns(gpt_oss, fmt, capsy
         assert json.loads(out)["config"]["n_cpu_moe"] == 16
     else:
         assert "--n-cpu-moe 16" in out and "OVERRIDES = " in out  # the snippet's low-level loader
-    # the tight configuration warns, with the device and the level
+    # the tight configuration (7.18 of 8 GiB as the embedded build plans it) warns with the device
+    # and the level of the program the target runs, and only when that verdict is not "fits"
+    t = _session(gpt_oss, TIGHT_FLAGS)
+    tight = check_export(fmt, t.model, t.config, t.gpus, t.host, rules=rules).verdict
     _, warns = _export(gpt_oss, fmt, TIGHT_FLAGS, capsys)
-    assert len(warns) == 1 and "TIGHT" in warns[0] and "CUDA0 needs 7.18 GiB of 8.00 GiB" in warns[0]
+    if tight.fits:
+        assert not warns
+    else:
+        assert len(warns) == 1 and tight.level.upper() in warns[0] and "CUDA0 needs" in warns[0]
+    if rules == VENDORED:
+        assert tight.level == TIGHT and "CUDA0 needs 7.18 GiB of 8.00 GiB" in warns[0]
 
 
 @pytest.mark.parametrize("fmt", ["ollama", "llama-cpp-python-json"])
@@ -74,8 +84,9 @@ def test_a_whole_layer_target_writes_the_most_whole_layers_that_fit(gpt_oss, fmt
     s = _session(gpt_oss, FITS_FLAGS)
     ran = expressed_config(fmt, s.config, lambda: s.model.n_layer)
     assert ran.n_cpu_moe == 0 and not ran.tensor_overrides
-    assert fit_verdict(plan_memory(s.model, ran.with_(n_gpu_layers=n), s.gpus, s.host)).fits
-    assert not fit_verdict(plan_memory(s.model, ran.with_(n_gpu_layers=n + 1), s.gpus, s.host)).fits
+    rules = rules_for_target(fmt)
+    assert fit_verdict(plan_memory(s.model, ran.with_(n_gpu_layers=n), s.gpus, s.host, rules=rules)).fits
+    assert not fit_verdict(plan_memory(s.model, ran.with_(n_gpu_layers=n + 1), s.gpus, s.host, rules=rules)).fits
     assert 0 < n < s.model.n_layer
 
 

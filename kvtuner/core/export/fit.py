@@ -154,7 +154,7 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
         return ExportFit(target, expressed, v0, expressed, v0, _decode(p0, inputs), ())
     warns = []
     if expressed == config or not gpus:
-        warns.append(f"on the hardware given this configuration is {v0.level.upper()}: {v0.detail}")
+        warns.append(f"on the hardware given the fit verdict of this configuration is {v0.level.upper()}: {v0.detail}")
         return ExportFit(target, expressed, v0, expressed, v0, _decode(p0, inputs), tuple(warns))
     ngl_written = (("999" if target == "ollama" else "all") if expressed.n_gpu_layers == ALL_LAYERS
                    else str(expressed.n_gpu_layers))
