@@ -277,3 +277,42 @@ def test_plan_cli_apple_what_if_takes_the_macs_ram(default_model):
 def test_gpu_spec_defaults_stay_cuda():
     g = GpuSpec(name="x", total_bytes=GiB)
     assert (g.backend, g.unified, g.device) == ("CUDA", False, "CUDA0")
+
+
+# -- the window ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, monkeypatch, tmp_path):
+    pytest.importorskip("PySide6")
+    pytest.importorskip("pyqtgraph")
+    from gui_support import ini_settings
+    from kvtuner.core.hardware.nvml import use_nvml_module
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.gui.app import make_app
+    from kvtuner.gui.main_window import MainWindow
+
+    monkeypatch.setenv(V.SYSFS_ROOT_ENV, str(amd_sysfs))
+    use_nvml_module(_NoNvml())
+    try:
+        make_app()
+        w = MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path))
+        qtbot.addWidget(w)
+        text = w.hardware.detected_label.text()
+        assert "ROCm0 AMD Radeon RX 7900 XTX, 23.98 GiB (sysfs)" in text, text
+        assert "ROCm1 AMD Strix Halo iGPU" in text and "one pool with the CPU" in text
+        w.open_model(None)
+        qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+        qtbot.waitUntil(lambda: len(w.plan.gpus) == 2, timeout=10_000)
+        assert w.plan.gpus[0].capacity_bytes == 25753026560 and w.plan.gpus[0].weights_bytes > 0
+        w.sampler.sample_once()
+        _card(amd_sysfs, 0, {"mem_info_vram_used": 5 * GiB, "mem_info_gtt_used": 1 * GiB})
+        w.sampler.sample_once()
+        w.pull()
+        assert "gtt0" in w.graphs.series and "gtt1" in w.graphs.series
+        assert w.gpu_last[0].used_bytes == 5 * GiB and w.gpu_last[0].gtt_used_bytes == GiB
+        vram = w.status.fields["vram"].text()
+        assert vram.startswith("VRAM 5.0 GiB of 24.0 GiB, GTT 1.0 GiB of 31.3 GiB"), vram
+        w.close()
+    finally:
+        use_nvml_module(None)

@@ -106,7 +106,7 @@ def _vulkan(plan: MemoryPlan, gpu: GpuSpec, device: str) -> list[Advice]:
                 ub *= 2
             fix = {"n_ubatch": ub, "n_batch": max(ub, plan.config.n_batch)} if ub < plan.n_ubatch else {}
     return [_adv("vulkan-allocation-limit", "error",
-                 f"On {device} ({gpu.name}) the {what} needs one allocation of {fmt_bytes(size)}, over the Vulkan "
+                 f"On {gpu.name if gpu.name.startswith(gpu.backend) else f'{device} ({gpu.name})'} the {what} needs one allocation of {fmt_bytes(size)}, over the Vulkan "
                  f"driver's limit of {fmt_bytes(limit)}: llama.cpp stops with 'Requested buffer size exceeds device "
                  "memory allocation limit' although the device has room.",
                  "one tensor cannot span two Vulkan allocations; maxMemoryAllocationSize is 4 GiB on common drivers "
