@@ -79,7 +79,7 @@ def test_every_module_imports_on_windows_and_macos(platform):
 
 # -- stopping processes: the POSIX and the Windows branch ---------------------------------------
 
-from kvtuner.runner import procs  # noqa: E402
+from kvtuner.runner import procs
 
 _PARENT_WITH_CHILD = r"""
 import subprocess, sys, time

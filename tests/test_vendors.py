@@ -222,7 +222,10 @@ def test_vulkan_allocation_limit_on_the_15009_case(vulkan_server, qwen3_30b_a3b,
 
 
 def test_vulkan_limit_follows_the_ggml_override(monkeypatch):
-    from kvtuner.core.advice.backends import VULKAN_MAX_ALLOCATION_BYTES, vulkan_max_allocation_bytes
+    from kvtuner.core.advice.backends import (
+        VULKAN_MAX_ALLOCATION_BYTES,
+        vulkan_max_allocation_bytes,
+    )
 
     assert vulkan_max_allocation_bytes() == VULKAN_MAX_ALLOCATION_BYTES == 4 * GiB
     monkeypatch.setenv("GGML_VK_FORCE_MAX_ALLOCATION_SIZE", str(2 * GiB))
@@ -287,6 +290,7 @@ def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, m
     pytest.importorskip("PySide6")
     pytest.importorskip("pyqtgraph")
     from gui_support import ini_settings
+
     from kvtuner.core.hardware.nvml import use_nvml_module
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app

@@ -27,8 +27,8 @@ set (the variable ggml-vulkan reads to override it), which kvtuner reads too.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from ..hardware.specs import GpuSpec
 from ..plan.config import ConfigError, PlanConfig
@@ -138,7 +138,7 @@ def _unified(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
                  f"{fmt_bytes(gpu_limit)} limit + host {fmt_bytes(host_need)} = {fmt_bytes(need)}.", reason, {})]
 
 
-def _pairs(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[tuple[GpuSpec, "object"]]:
+def _pairs(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[tuple[GpuSpec, object]]:
     """(GpuSpec, its DevicePlan) matched by llama.cpp device name."""
     by_device = {g.device: g for g in gpus}
     return [(by_device[d.device], d) for d in plan.gpus if d.device in by_device]

@@ -31,9 +31,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from ..units import GiB, MiB
 from .specs import GpuSpec
@@ -311,7 +312,7 @@ def read_wired_limit_mb() -> int | None:
         return None
 
 
-def unified_gpu_spec(model: "GpuModel", index: int = 0, ram_bytes: int | None = None,
+def unified_gpu_spec(model: GpuModel, index: int = 0, ram_bytes: int | None = None,
                      wired_limit_mb: int | None = None) -> GpuSpec:
     """A what-if unified-memory chip of the catalogue (``--gpu "M2 Max"``, ``--gpu "Strix Halo"``):
     ``ram_bytes`` (default the entry's memory) is the one pool; the GPU part is Metal's working
@@ -337,7 +338,7 @@ def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
     name, description, total and free MiB). A device whose description names a sysfs card's
     catalogue entry is checked against that card's driver figure (:data:`FLAG_FREE_ABOVE_DRIVER`).
     Metal devices are unified; so is a Vulkan/ROCm device whose description names a known APU."""
-    from .gpu_catalogue import find_gpu, UnknownGpuError
+    from .gpu_catalogue import UnknownGpuError, find_gpu
 
     cards = list(sysfs)
     out = []
@@ -346,8 +347,8 @@ def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
         if backend not in GPU_BACKENDS:
             continue
         desc = str(getattr(d, "description", ""))
-        total = int(getattr(d, "total_mib")) * MiB
-        free = int(getattr(d, "free_mib")) * MiB
+        total = int(d.total_mib) * MiB
+        free = int(d.free_mib) * MiB
         entry = None
         try:
             entry = find_gpu(desc.split("(")[0].strip()) if desc else None
@@ -359,7 +360,7 @@ def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
                 driver_used = c.budget_used_bytes
         flags = check_reading(total, free, driver_used_bytes=driver_used)
         unified = backend == "Metal" or (entry is not None and entry.unified)
-        out.append(GpuSpec(name=f"{getattr(d, 'name')}: {desc}", total_bytes=total,
+        out.append(GpuSpec(name=f"{d.name}: {desc}", total_bytes=total,
                            free_bytes=trusted_free_bytes(total, free, flags, driver_used), index=first_index + len(out),
                            mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
                            pcie_bandwidth_bytes_s=entry.pcie_bandwidth_bytes_s if entry else None,
