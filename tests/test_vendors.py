@@ -320,3 +320,17 @@ def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, m
         w.close()
     finally:
         use_nvml_module(None)
+
+
+def test_plan_json_names_each_device_by_its_backend(amd_sysfs):
+    from kvtuner.core.hardware.specs import HostSpec
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.model.default_model import default_model_path
+
+    model = ModelProfile.from_gguf(default_model_path())
+    gpus = [*V.sysfs_gpu_specs(root=amd_sysfs), catalogue_gpu("M4 Max", index=2)]
+    plan = plan_memory(model, PlanConfig(n_ctx=2048), gpus, HostSpec(total_bytes=64 * GiB))
+    rows = [(d["device"], d["backend"], d["backend_device"], d["unified"]) for d in (x.to_dict() for x in plan.gpus)]
+    assert rows == [("CUDA0", "ROCm", "ROCm0", False), ("CUDA1", "ROCm", "ROCm1", True), ("CUDA2", "Metal", "MTL2", True)]
