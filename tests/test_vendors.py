@@ -334,3 +334,49 @@ def test_plan_json_names_each_device_by_its_backend(amd_sysfs):
     plan = plan_memory(model, PlanConfig(n_ctx=2048), gpus, HostSpec(total_bytes=64 * GiB))
     rows = [(d["device"], d["backend"], d["backend_device"], d["unified"]) for d in (x.to_dict() for x in plan.gpus)]
     assert rows == [("CUDA0", "ROCm", "ROCm0", False), ("CUDA1", "ROCm", "ROCm1", True), ("CUDA2", "Metal", "MTL2", True)]
+
+
+def test_apple_silicon_detected_as_one_metal_pool(monkeypatch):
+    """macOS on Apple silicon, stood in: the platform, the machine, and the two sysctl answers."""
+    import platform
+
+    import psutil
+
+    from kvtuner.core.hardware import host
+
+    answers = {"iogpu.wired_limit_mb": "0", "machdep.cpu.brand_string": "Apple M2 Max"}
+
+    class _Done:
+        def __init__(self, out):
+            self.stdout = out
+
+    def fake_run(argv, **kw):
+        assert argv[:2] == ["sysctl", "-n"]
+        return _Done(answers[argv[2]] + "\n")
+
+    monkeypatch.setattr(V.sys, "platform", "darwin")
+    monkeypatch.setattr(platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(V.subprocess, "run", fake_run)
+    monkeypatch.setattr(host, "cpu_name", lambda: answers["machdep.cpu.brand_string"])
+    ram = psutil.virtual_memory().total
+    (g,) = V.apple_gpu_specs()
+    assert (g.backend, g.unified, g.ram_bytes, g.catalogue) == ("Metal", True, ram, "M2 Max 96GB")
+    assert g.total_bytes == V.metal_working_set_bytes(ram) and g.free_bytes <= g.total_bytes
+    assert g.mem_bandwidth_bytes_s == 400e9
+    answers["iogpu.wired_limit_mb"] = str(ram // MiB - 1024)  # raised to all but 1 GiB
+    (g,) = V.apple_gpu_specs()
+    assert g.total_bytes == ram // MiB * MiB - GiB
+    monkeypatch.setattr(V.sys, "platform", "linux")
+    assert V.apple_gpu_specs() == []
+
+
+def test_host_facts_without_proc(monkeypatch):
+    """Windows and macOS have no /proc: RAM, swap and a process's RSS come from psutil."""
+    import psutil
+
+    from kvtuner.core.hardware import host
+
+    monkeypatch.setattr(host, "_LINUX_FAST", False)
+    total, avail, _swap, _sin, _sout = host.read_host_counters()
+    assert total == psutil.virtual_memory().total and 0 < avail <= total
+    assert host.process_rss_bytes(os.getpid()) == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)

@@ -370,10 +370,42 @@ def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
     return out
 
 
+def apple_gpu_specs(index: int = 0) -> list[GpuSpec]:
+    """This Mac's GPU when it is Apple silicon (``sys.platform == "darwin"``, ``arm64``), else
+    empty: one unified GPU whose total is Metal's working set (:func:`metal_working_set_bytes`
+    of psutil's RAM and the ``iogpu.wired_limit_mb`` sysctl) and whose free memory is psutil's
+    available RAM capped at that total (what Metal can still take from the pool). The chip's
+    name (``sysctl machdep.cpu.brand_string``, "Apple M2 Max") picks its catalogue entry."""
+    import platform
+
+    if sys.platform != "darwin" or platform.machine() != "arm64":
+        return []
+    import psutil
+
+    from .gpu_catalogue import UnknownGpuError, find_gpu
+    from .host import cpu_name
+
+    vm = psutil.virtual_memory()
+    ram = int(vm.total)
+    total = metal_working_set_bytes(ram, read_wired_limit_mb())
+    chip = cpu_name() or "Apple silicon"
+    try:
+        entry = find_gpu(chip)
+    except UnknownGpuError:
+        entry = None
+    return [GpuSpec(name=f"{chip} GPU", total_bytes=total, free_bytes=min(int(vm.available), total), index=index,
+                    mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+                    pcie_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+                    catalogue=entry.name if entry else None, backend="Metal", unified=True, ram_bytes=ram,
+                    source="psutil + Metal working set")]
+
+
 def detect_all_gpus() -> list[GpuSpec]:
     """Every GPU this machine shows: NVIDIA's through NVML, then AMD's and Intel's through sysfs
-    (:func:`sysfs_gpu_specs`), indexed in that order. Empty when there is none (a normal state)."""
+    (:func:`sysfs_gpu_specs`), then Apple silicon's (:func:`apple_gpu_specs`), indexed in that
+    order. Empty when there is none (a normal state)."""
     from .nvml import detect_gpus
 
-    nvidia = detect_gpus()
-    return [*nvidia, *sysfs_gpu_specs(first_index=len(nvidia))]
+    gpus = detect_gpus()
+    gpus += sysfs_gpu_specs(first_index=len(gpus))
+    return [*gpus, *apple_gpu_specs(index=len(gpus))]
