@@ -91,10 +91,12 @@ def test_every_advice_id_is_in_the_advice_reference():
     docstring names, plus the workload rules)."""
     import re
 
-    from kvtuner.core.advice import advisor, workload
+    from kvtuner.core.advice import advisor, backends, workload
 
     ids = set(re.findall(r"``([a-z0-9]+(?:-[a-z0-9]+)+)``", advisor.__doc__.split("Rule ids")[1].split(".\n")[0]))
     ids |= set(re.findall(r"``(workload-[a-z-]+)``", workload.__doc__))
+    ids |= set(re.findall(r"^- ``([a-z0-9]+(?:-[a-z0-9]+)+)``", backends.__doc__, re.M))
+    assert {"vulkan-allocation-limit", "unified-memory-pool"} <= ids
     assert len(ids) >= 17, ids
     page = (ROOT / "docs" / "reference" / "advice.md").read_text()
     assert not [i for i in sorted(ids) if f"`{i}`" not in page]

@@ -264,10 +264,28 @@ def split_from_args(args: argparse.Namespace) -> "object":
 
 
 def detect_gpus() -> "list[GpuSpec]":
-    """This machine's NVIDIA GPUs (empty without one: a normal state)."""
-    from ..core.hardware.nvml import detect_gpus as _detect
+    """This machine's GPUs: NVIDIA's through NVML, AMD's and Intel's through sysfs (empty without
+    one: a normal state; :func:`kvtuner.core.hardware.vendors.detect_all_gpus`)."""
+    from ..core.hardware.vendors import detect_all_gpus
 
-    return list(_detect())
+    return list(detect_all_gpus())
+
+
+def engine_gpus(args: argparse.Namespace) -> "list[GpuSpec]":
+    """The non-CUDA GPUs (Vulkan, ROCm, Metal, SYCL ...) of an explicit ``--engine``, as its
+    ``--list-devices`` reports them (:func:`kvtuner.core.hardware.vendors.engine_gpu_specs`);
+    empty without ``--engine`` or when it lists none. CUDA devices come from NVML instead.
+
+    Raises:
+        UserError: ``--engine`` names nothing usable.
+    """
+    if not getattr(args, "engine", None) or getattr(args, "engine", None) == "embedded":
+        return []
+    from ..core.hardware.vendors import engine_gpu_specs, read_sysfs_gpus
+
+    engine = engine_from_args(args)
+    devices = [d for d in getattr(engine, "devices", ()) if d.backend != "CUDA"]
+    return engine_gpu_specs(devices, sysfs=read_sysfs_gpus())
 
 
 def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None" = None) -> "tuple[list[GpuSpec], HostSpec | None]":
@@ -304,8 +322,16 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
         gpus += [what_if_gpu(size("--gpu-mem", s), index=len(gpus) + i) for i, s in enumerate(sizes)]
     elif not getattr(args, "no_gpu", False):
         gpus = detect_gpus() if detected is None else list(detected)
+        listed = engine_gpus(args)
+        if listed:  # the engine's own view of its Vulkan/ROCm/Metal devices replaces sysfs' view
+            nvidia = [g for g in gpus if g.backend == "CUDA"]
+            from dataclasses import replace as _replace
+            gpus = nvidia + [_replace(g, index=len(nvidia) + i) for i, g in enumerate(listed)]
     gpus += rpc_from_args(args)
     host = detect_host()
+    pool = max((g.ram_bytes or 0 for g in gpus if g.unified and g.what_if), default=0)
+    if pool and not getattr(args, "ram", None):  # a what-if Mac or APU brings its own RAM: the one pool
+        host = HostSpec(total_bytes=pool, available_bytes=pool, cpu_features=host.cpu_features)
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
         host = HostSpec(total_bytes=total, available_bytes=total, cpu_features=host.cpu_features)

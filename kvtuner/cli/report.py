@@ -55,8 +55,8 @@ def planned_for_text(plan: MemoryPlan) -> str:
     """The devices a plan is for, by name, in one line: ``planned for: CUDA0 RTX 3060 12GB
     (what-if) 12.00 GiB; RAM 32.00 GiB`` (a catalogue card named as ``--gpu`` gave it, a generic
     one as ``what-if 12 GiB GPU``, a detected one by its driver name), or ``CPU only``."""
-    gpus = [f"{d.device} {d.name} {fmt_bytes(d.capacity_bytes)}" if d.capacity_bytes else f"{d.device} {d.name}"
-            for d in plan.devices if d.kind != "host"]
+    gpus = [f"{d.backend_device} {d.name} {fmt_bytes(d.capacity_bytes)}" if d.capacity_bytes
+            else f"{d.backend_device} {d.name}" for d in plan.devices if d.kind != "host"]
     ram = f"RAM {fmt_bytes(plan.host.capacity_bytes)}" if plan.host.capacity_bytes else "RAM unknown"
     return f"planned for: {', '.join(gpus) if gpus else 'CPU only'}; {ram}"
 

@@ -19,7 +19,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from .advice.advisor import Advice, AdvisorSettings, advise
+from .advice.advisor import SEVERITIES, Advice, AdvisorSettings, advise
+from .advice.backends import advise_backends
 from .hardware.host import physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
@@ -560,7 +561,8 @@ class Session:
                 why = str(exc)
         settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,
                                    ram_headroom_fraction=self.margins.ram_headroom_fraction)
-        advice = tuple(advise(plan, speed, live=live, settings=settings))
+        advice = tuple(sorted([*advise(plan, speed, live=live, settings=settings), *advise_backends(plan, self.gpus)],
+                              key=lambda a: SEVERITIES.index(a.severity)))
         verified = self.verified
         analytic = None
         if verified is not None:

@@ -24,7 +24,8 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..core.export import MachineFingerprint, ModelIdentity, load_profile
 from ..core.hardware.host import detect_host
-from ..core.hardware.nvml import detect_gpus, nvml_status
+from ..core.hardware.nvml import nvml_status
+from ..core.hardware.vendors import detect_all_gpus
 from ..core.hardware.specs import GpuSpec, HostSpec
 from ..core.model.default_model import default_model_path
 from ..core.model.profile import ModelProfile
@@ -82,8 +83,9 @@ GRAPHS_TITLE = "Live: memory and speed (dashed: predicted; dotted: run phases)"
 
 
 def _detect_hardware() -> tuple[list[GpuSpec], HostSpec, str]:
-    """Detected GPUs, host and why no GPU was found ("" when some were)."""
-    gpus = detect_gpus()
+    """Detected GPUs (NVML, then AMD/Intel through sysfs), host and why no GPU was found ("" when
+    some were)."""
+    gpus = detect_all_gpus()
     note = "" if gpus else nvml_status().message.replace("no NVIDIA GPU found: ", "")
     return gpus, detect_host(), note
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from . import procs
 from . import protocol as P
 
 #: Events that end a command (the child is idle after them).
@@ -136,7 +137,7 @@ class RunnerClient:
             self._proc = subprocess.Popen(
                 child_command(self._python),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, close_fds=True,
+                env=env, close_fds=True, **(procs.group_popen_kwargs() if procs.WINDOWS else {}),
             )
         except OSError as exc:
             raise RunnerError("crashed", f"cannot start the runner ({self._python or sys.executable}): {exc}") from None
@@ -278,16 +279,10 @@ class RunnerClient:
         if proc is None or proc.poll() is not None:
             return "terminated"
         self._stop_requested = True
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        procs.terminate_one(proc)  # SIGTERM; Windows: TerminateProcess of the child's tree
         if self._wait_exit(term_grace_s):
             return "terminated"
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
+        procs.kill_tree(proc, group=False)
         self._wait_exit(10.0)
         return "killed"
 
@@ -306,10 +301,7 @@ class RunnerClient:
             return
         self._stop_requested = True
         if self._proc.poll() is None:
-            try:
-                self._proc.kill()
-            except ProcessLookupError:
-                pass
+            procs.kill_tree(self._proc, group=False)
         self._wait_exit(10.0)
         self._close_pipes()
 
@@ -398,7 +390,7 @@ class RunnerClient:
         last = next((line for line in reversed(tail) if line.strip()), "")
         if requested:
             return P.ErrorEvent(kind="cancelled", message="the runner was stopped", log_tail=tail)
-        if rc == -signal.SIGKILL:
+        if rc == -getattr(signal, "SIGKILL", 9):
             return P.ErrorEvent(
                 kind="out_of_memory",
                 message="the runner was killed by SIGKILL, most likely by the kernel's OOM killer (check dmesg); "

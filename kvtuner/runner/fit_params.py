@@ -11,13 +11,13 @@ it exits 1 when ``--fit`` gives up. The arguments come from
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.tune.fit_choice import METHOD_BINARY, FitChoice, FitChoiceError, FitRequest, fit_params_args, parse_fit_line
+from . import procs
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
@@ -65,23 +65,17 @@ def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "
     argv = [str(binary), *args, "-t", str(max(1, n_threads))]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, errors="replace", start_new_session=True)
+                                text=True, errors="replace", **procs.group_popen_kwargs())
     except OSError as exc:
         raise FitParamsError(f"cannot start {binary}: {exc}") from None
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        procs.kill_tree(proc)
         proc.communicate()
         raise FitParamsError(f"llama-fit-params took longer than {timeout_s:g} s") from None
     except BaseException:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        procs.kill_tree(proc)
         proc.wait()
         raise
     if proc.returncode != 0:

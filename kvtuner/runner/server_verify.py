@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import socket
 import subprocess
 import threading
@@ -43,6 +42,7 @@ from typing import Any, Sequence
 
 from ..core.plan.config import PlanConfig
 from . import llama_log as L
+from . import procs
 from .dryrun import METHOD_FIT_PRINT, METHOD_SERVER, DryRunError, DryRunResult, KvCacheReport, dry_run
 from .engines import Engine, parse_flags
 from .protocol import model_file_problem
@@ -148,32 +148,11 @@ def _free_port() -> int:
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """Stop ``proc`` and everything in its process group (started with ``start_new_session``):
-    SIGTERM, then SIGKILL after ``grace_s``; waits for ``proc``. Without process groups
-    (Windows) the process itself is terminated, then killed."""
-    if not hasattr(os, "killpg"):
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10.0)
-        return
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=wait_s)
-            # the group may outlive its leader (a child it started): kill what is left
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop ``proc`` and everything it started (:func:`kvtuner.runner.procs.stop_tree`: on POSIX
+    SIGTERM to its process group, started with :func:`~kvtuner.runner.procs.group_popen_kwargs`,
+    then SIGKILL after ``grace_s``; on Windows its process tree terminated, then killed); waits
+    for ``proc``."""
+    procs.stop_tree(proc, grace_s)
 
 
 def _reader(stream, out: "queue.Queue[str | None]") -> None:
@@ -198,7 +177,7 @@ def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], b
     """
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                **procs.group_popen_kwargs())
     except OSError as exc:
         raise DryRunError("crashed", f"cannot start {argv[0]}: {exc}") from None
     lines: list[str] = []
@@ -382,7 +361,7 @@ def _fit_print(engine: Engine, server_argv_: list[str], deadline: float) -> DryR
     argv += ["--fit", "off", "--fit-print", "on"]
     try:
         cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                            timeout=max(deadline - time.monotonic(), 1.0), start_new_session=True)
+                            timeout=max(deadline - time.monotonic(), 1.0), **procs.group_popen_kwargs())
     except subprocess.TimeoutExpired:
         raise DryRunError("timeout", "llama-fit-params printed nothing in time") from None
     except OSError as exc:

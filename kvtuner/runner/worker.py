@@ -27,7 +27,6 @@ import ctypes
 import os
 import queue
 import random
-import resource
 import signal
 import sys
 import threading
@@ -74,6 +73,16 @@ def _parse_faults(text: str | None) -> dict[str, str]:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak resident memory in bytes: ``getrusage`` ``ru_maxrss`` on POSIX (KiB on
+    Linux, bytes on macOS); on Windows, where the ``resource`` module does not exist, psutil's
+    peak working set (``GetProcessMemoryInfo`` ``PeakWorkingSetSize``)."""
+    if sys.platform == "win32":
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", 0) or info.rss)
+    import resource
+
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
 
@@ -130,7 +139,7 @@ class Worker:
         if action == "abort":
             os.abort()
         elif action == "sigkill":
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows: TerminateProcess
         elif action == "exit":
             os._exit(7)
         elif action == "hang":

@@ -70,13 +70,27 @@ class GpuModel:
 
     @property
     def pcie_bandwidth_bytes_s(self) -> float:
-        """Host link bandwidth, bytes/s, one direction."""
+        """Host link bandwidth, bytes/s, one direction; for a unified-memory chip (no link: host
+        and GPU share one memory) its memory bandwidth."""
+        if self.unified:
+            return self.mem_bandwidth_bytes_s
         return pcie_bandwidth_bytes_s(self.pcie_gen, self.pcie_lanes)
 
     @property
+    def vendor(self) -> str:
+        """``"NVIDIA"``, ``"AMD"``, ``"Intel"`` or ``"Apple"`` (from :attr:`arch`)."""
+        return _VENDOR_OF_ARCH.get(self.arch, "NVIDIA")
+
+    @property
+    def unified(self) -> bool:
+        """One memory pool shared with the CPU (Apple M-series, AMD Strix Halo): ``vram_bytes`` is
+        the machine's RAM, of which the GPU may use a part (:mod:`kvtuner.core.hardware.vendors`)."""
+        return self.arch in UNIFIED_ARCHS
+
+    @property
     def has_int8_tensor_cores(self) -> bool:
-        """Turing and newer: MMQ runs on int8 ``mma`` tensor-core instructions."""
-        return self.arch != "pascal"
+        """NVIDIA Turing and newer: MMQ runs on int8 ``mma`` tensor-core instructions."""
+        return self.vendor == "NVIDIA" and self.arch != "pascal"
 
     def describe(self) -> str:
         """One line: ``RTX 3090: 24 GiB, 936 GB/s, FP16 tensor 142 TFLOPS, INT8 285 TOPS, PCIe 4.0 x16``."""
@@ -84,6 +98,12 @@ class GpuModel:
                 f"FP16 tensor {self.fp16_tensor_flop_s / 1e12:.0f} TFLOPS, INT8 {self.int8_op_s / 1e12:.0f} TOPS, "
                 f"FP32 {self.fp32_flop_s / 1e12:.1f} TFLOPS, PCIe {self.pcie_gen}.0 x{self.pcie_lanes}")
 
+
+#: Architectures of the other vendors' entries.
+_VENDOR_OF_ARCH = {"rdna3": "AMD", "rdna3.5": "AMD", "rdna4": "AMD", "xe-hpg": "Intel", "xe2": "Intel",
+                   "apple-m1": "Apple", "apple-m2": "Apple", "apple-m3": "Apple", "apple-m4": "Apple"}
+#: Architectures whose entries are unified-memory chips (memory shared with the CPU).
+UNIFIED_ARCHS = frozenset({"rdna3.5", "apple-m1", "apple-m2", "apple-m3", "apple-m4"})
 
 _AMPERE = "NVIDIA Ampere GA102 GPU architecture whitepaper v2, appendix A (https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf)"
 _ADA = "NVIDIA Ada GPU architecture whitepaper v2.1, appendix A (https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf)"
@@ -161,6 +181,48 @@ _CATALOGUE: tuple[GpuModel, ...] = (
              "NVIDIA H200 datasheet (https://www.nvidia.com/en-us/data-center/h200/): 141 GB HBM3e, 4.8 TB/s, "
              "1979 TFLOPS FP16 / 3958 TOPS INT8 with sparsity (dense half)", ("NVIDIA H200", "NVIDIA H200 NVL")),
 )
+# AMD, Intel and Apple: no tensor-core path in llama.cpp's rates here, so the FP16 and INT8 figures
+# are the vector rates (FP16 = 2 x FP32 packed math; INT8 = the FP16 rate), the conservative figure
+# for Vulkan/ROCm/SYCL/Metal kernels that do not use the matrix units.
+_AMD = "AMD product specifications (https://www.amd.com/en/products/specifications/graphics.html)"
+_INTEL = "Intel Arc product specifications (https://www.intel.com/content/www/us/en/products/details/discrete-gpus/arc.html)"
+_APPLE = ("Apple newsroom / tech specs (memory bandwidth, memory size); FP32 = GPU cores x 128 lanes x 2 x clock "
+          "(Apple publishes no clock: public measurements)")
+
+
+def _vec(fp32_tflops: float) -> tuple[float, float, float]:
+    """(FP16, INT8, FP32) FLOP/s of a card without a tensor-core path: FP16 = INT8 = 2 x FP32."""
+    return 2 * fp32_tflops * 1e12, 2 * fp32_tflops * 1e12, fp32_tflops * 1e12
+
+
+_OTHER_VENDORS: tuple[GpuModel, ...] = (
+    GpuModel("RX 7600", 8 * GiB, 288e9, *_vec(21.75), 4, 8, "rdna3", _AMD + ": 18 Gbps x 128-bit, 21.75 TFLOPS FP32, PCIe 4.0 x8"),
+    GpuModel("RX 7600 XT", 16 * GiB, 288e9, *_vec(22.57), 4, 8, "rdna3", _AMD + ": 18 Gbps x 128-bit, 22.57 TFLOPS FP32, PCIe 4.0 x8"),
+    GpuModel("RX 7700 XT", 12 * GiB, 432e9, *_vec(35.17), 4, 16, "rdna3", _AMD + ": 18 Gbps x 192-bit, 35.17 TFLOPS FP32"),
+    GpuModel("RX 7800 XT", 16 * GiB, 624e9, *_vec(37.32), 4, 16, "rdna3", _AMD + ": 19.5 Gbps x 256-bit, 37.32 TFLOPS FP32"),
+    GpuModel("RX 7900 GRE", 16 * GiB, 576e9, *_vec(45.98), 4, 16, "rdna3", _AMD + ": 18 Gbps x 256-bit, 45.98 TFLOPS FP32"),
+    GpuModel("RX 7900 XT", 20 * GiB, 800e9, *_vec(51.48), 4, 16, "rdna3", _AMD + ": 20 Gbps x 320-bit, 51.48 TFLOPS FP32"),
+    GpuModel("RX 7900 XTX", 24 * GiB, 960e9, *_vec(61.39), 4, 16, "rdna3", _AMD + ": 20 Gbps x 384-bit, 61.39 TFLOPS FP32",
+             ("AMD Radeon RX 7900 XTX", "Radeon RX 7900 XTX")),
+    GpuModel("RX 9060 XT 16GB", 16 * GiB, 320e9, *_vec(25.64), 5, 16, "rdna4", _AMD + ": 20 Gbps x 128-bit, 25.64 TFLOPS FP32, PCIe 5.0 x16"),
+    GpuModel("RX 9070", 16 * GiB, 640e9, *_vec(36.13), 5, 16, "rdna4", _AMD + ": 20 Gbps x 256-bit, 36.13 TFLOPS FP32, PCIe 5.0 x16"),
+    GpuModel("RX 9070 XT", 16 * GiB, 640e9, *_vec(48.66), 5, 16, "rdna4", _AMD + ": 20 Gbps x 256-bit, 48.66 TFLOPS FP32, PCIe 5.0 x16"),
+    GpuModel("Strix Halo 128GB", 128 * GiB, 256e9, *_vec(29.7), 0, 0, "rdna3.5",
+             _AMD + " (Ryzen AI Max+ 395, Radeon 8060S): LPDDR5X-8000 x 256-bit shared with the CPU; 40 CUs x 2.9 GHz",
+             ("AMD Radeon 8060S Graphics", "Radeon 8060S Graphics")),
+    GpuModel("Arc A770 16GB", 16 * GiB, 560e9, *_vec(19.66), 4, 16, "xe-hpg", _INTEL + ": 17.5 Gbps x 256-bit, 32 Xe cores at 2.4 GHz",
+             ("Intel(R) Arc(TM) A770 Graphics",)),
+    GpuModel("Arc B580", 12 * GiB, 456e9, *_vec(13.67), 4, 8, "xe2", _INTEL + ": 19 Gbps x 192-bit, 20 Xe2 cores at 2.67 GHz, PCIe 4.0 x8",
+             ("Intel(R) Arc(TM) B580 Graphics",)),
+    GpuModel("M1 Max 64GB", 64 * GiB, 400e9, *_vec(10.4), 0, 0, "apple-m1", _APPLE + ": 400 GB/s, 32 GPU cores", ("Apple M1 Max",)),
+    GpuModel("M2 Max 96GB", 96 * GiB, 400e9, *_vec(13.6), 0, 0, "apple-m2", _APPLE + ": 400 GB/s, 38 GPU cores", ("Apple M2 Max",)),
+    GpuModel("M2 Ultra 192GB", 192 * GiB, 800e9, *_vec(27.2), 0, 0, "apple-m2", _APPLE + ": 800 GB/s, 76 GPU cores", ("Apple M2 Ultra",)),
+    GpuModel("M3 Max 128GB", 128 * GiB, 400e9, *_vec(14.1), 0, 0, "apple-m3", _APPLE + ": 400 GB/s (16-core CPU), 40 GPU cores", ("Apple M3 Max",)),
+    GpuModel("M4 Pro 48GB", 48 * GiB, 273e9, *_vec(9.2), 0, 0, "apple-m4", _APPLE + ": 273 GB/s, 20 GPU cores", ("Apple M4 Pro",)),
+    GpuModel("M4 Max 128GB", 128 * GiB, 546e9, *_vec(16.2), 0, 0, "apple-m4", _APPLE + ": 546 GB/s (16-core CPU), 40 GPU cores", ("Apple M4 Max",)),
+)
+
+_CATALOGUE = _CATALOGUE + _OTHER_VENDORS
 
 #: The catalogue by name.
 GPU_CATALOGUE: dict[str, GpuModel] = {g.name: g for g in _CATALOGUE}
@@ -168,7 +230,7 @@ GPU_CATALOGUE: dict[str, GpuModel] = {g.name: g for g in _CATALOGUE}
 
 def _norm(text: str) -> str:
     """Lower case, vendor words (nvidia, geforce, tesla) and every non-alphanumeric dropped."""
-    t = re.sub(r"\b(nvidia|geforce|tesla)\b", " ", text.lower())
+    t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple)\b", " ", text.lower())
     return re.sub(r"[^a-z0-9]", "", t)
 
 
@@ -194,6 +256,9 @@ def find_gpu(name: str) -> GpuModel:
     partial = exact or [g for g in _CATALOGUE if key in _norm(g.name)]
     if len(partial) == 1:
         return partial[0]
+    ending = [g for g in partial if _norm(g.name).endswith(key)]  # "7900 XT": RX 7900 XT, not XTX
+    if len(ending) == 1:
+        return ending[0]
     if partial:
         raise UnknownGpuError(f"GPU {name!r} matches several catalogue entries: {', '.join(g.name for g in partial)}; "
                               "name one of them")

@@ -128,7 +128,8 @@ def physical_cores() -> int:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` "model name", else ``platform.processor()``), or ""."""
+    """The CPU's model name, or "": Linux ``/proc/cpuinfo`` "model name"; macOS ``sysctl -n
+    machdep.cpu.brand_string`` ("Apple M2 Max"); else (Windows) ``platform.processor()``."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -136,7 +137,21 @@ def cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    if sys.platform == "darwin":
+        brand = _sysctl("machdep.cpu.brand_string")
+        if brand:
+            return brand
     return platform.processor() or ""
+
+
+def _sysctl(name: str) -> str:
+    """``sysctl -n NAME`` on macOS ("" when it cannot be read)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def ram_total_bytes() -> int:

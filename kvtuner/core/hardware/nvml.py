@@ -159,6 +159,7 @@ def detect_gpus() -> list[GpuSpec]:
             GpuSpec(
                 name=name, total_bytes=int(mem.total), free_bytes=int(mem.free), index=i,
                 mem_bandwidth_bytes_s=bw, pcie_bandwidth_bytes_s=pcie, catalogue=entry.name if entry else None,
+                source="nvml",
             )
         )
     return gpus

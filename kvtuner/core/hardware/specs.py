@@ -31,6 +31,16 @@ class GpuSpec:
         link_bytes_s: network throughput to that server, bytes/s (RPC devices; None: the speed
             model's default link).
         link_rtt_s: network round trip to that server, s (measured by kvtuner's RPC query, or None).
+        backend: the ggml backend that drives it: ``"CUDA"`` (NVML-detected cards and what-if
+            cards), ``"ROCm"``, ``"Vulkan"``, ``"Metal"``, ``"SYCL"`` (from sysfs, an engine's
+            ``--list-devices`` or a catalogue chip). Backend rules (:mod:`kvtuner.core.plan.backend_rules`)
+            key on it; the plan's device names stay ``CUDA<i>``-style indices.
+        unified: the GPU shares one memory pool with the CPU (Apple M-series, AMD APUs):
+            ``total_bytes`` is the part the GPU may use, taken from the same RAM as the host's.
+        ram_bytes: the machine's RAM behind a unified GPU (None otherwise).
+        source: where ``total_bytes`` / ``free_bytes`` were read (``"nvml"``, ``"sysfs"``,
+            ``"llama-server --list-devices"``, ``"catalogue"``; "" for what-if cards).
+        flags: contradictions found in the reading (:func:`kvtuner.core.hardware.vendors.check_reading`).
     """
 
     name: str
@@ -44,6 +54,11 @@ class GpuSpec:
     endpoint: str | None = None
     link_bytes_s: float | None = None
     link_rtt_s: float | None = None
+    backend: str = "CUDA"
+    unified: bool = False
+    ram_bytes: int | None = None
+    source: str = ""
+    flags: tuple[str, ...] = ()
 
     @property
     def device(self) -> str:
@@ -99,6 +114,10 @@ def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
     from .gpu_catalogue import find_gpu
 
     g = find_gpu(name)
+    if g.unified:
+        from .vendors import unified_gpu_spec
+
+        return unified_gpu_spec(g, index=index)
     return GpuSpec(name=f"{g.name} (what-if)", total_bytes=g.vram_bytes, index=index,
                    mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
                    what_if=True, catalogue=g.name)

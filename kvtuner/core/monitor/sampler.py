@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from ..hardware.host import read_host_counters, process_rss_bytes
 from ..hardware.nvml import GpuProcess, gpu_processes, nvml_call
+from ..hardware.vendors import read_sysfs_gpus
 
 log = logging.getLogger("kvtuner.monitor")
 
@@ -32,7 +33,13 @@ T = TypeVar("T")
 class GpuSample:
     """One GPU at ``t_s``: memory in bytes, ``util_percent`` (GPU busy, 0..100) or None,
     ``process_bytes``: VRAM of the watched process on this GPU (None: no process watched or
-    NVML cannot tell)."""
+    NVML cannot tell).
+
+    The same shape for every vendor: ``source`` says where the figures come from (``"nvml"``,
+    ``"sysfs"`` for amdgpu's ``mem_info_*`` files); ``gtt_total_bytes`` / ``gtt_used_bytes``: an
+    AMD GPU's GTT pool (system RAM the GPU maps; None elsewhere); ``flags``: contradictions in the
+    reading (:func:`kvtuner.core.hardware.vendors.check_reading`): a flagged sample is shown, not
+    trusted. On an AMD APU total/used/free are VRAM + GTT, the budget llama.cpp allocates from."""
 
     t_s: float
     index: int
@@ -41,6 +48,10 @@ class GpuSample:
     free_bytes: int
     util_percent: float | None
     process_bytes: int | None
+    source: str = "nvml"
+    gtt_total_bytes: int | None = None
+    gtt_used_bytes: int | None = None
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,16 +117,20 @@ class Peaks:
 
 
 class Sampler:
-    """Samples the host, every NVIDIA GPU and optionally one process, on its own thread.
+    """Samples the host, every GPU (NVIDIA through NVML, then AMD through sysfs) and optionally
+    one process, on its own thread.
 
     Args:
         interval_s: seconds between samples (default 0.1 = 10 Hz).
         capacity: samples kept per ring buffer (default 6000 = 10 minutes at 10 Hz).
         pid: process to watch (RSS, VRAM), e.g. the runner child; changeable with :meth:`set_pid`.
-        gpus: sample GPUs through NVML (False: host only).
+        gpus: sample GPUs (False: host only).
+        sysfs_root: the sysfs tree AMD GPUs are read from (default ``$KVTUNER_SYSFS_ROOT`` or
+            ``/sys``); their indices follow NVML's.
     """
 
-    def __init__(self, interval_s: float = 0.1, capacity: int = 6000, pid: int | None = None, gpus: bool = True) -> None:
+    def __init__(self, interval_s: float = 0.1, capacity: int = 6000, pid: int | None = None, gpus: bool = True,
+                 sysfs_root: str | None = None) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.interval_s = float(interval_s)
@@ -125,6 +140,8 @@ class Sampler:
         self._pid = pid
         self._use_gpus = gpus
         self._handles: list[tuple[int, Any]] | None = None
+        self._sysfs_root = sysfs_root
+        self._sysfs_cards: bool | None = None  # None: not looked yet; False: none there
         self._prev_swap: tuple[float, int, int] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,7 +194,7 @@ class Sampler:
         return self._host.snapshot() if since_t_s is None else self._host.since(since_t_s)
 
     def gpu_samples(self, index: int, since_t_s: float | None = None) -> list[GpuSample]:
-        """Samples of GPU ``index`` (NVML order), oldest first."""
+        """Samples of GPU ``index`` (NVML order, then sysfs cards), oldest first."""
         buf = self._gpu.get(index)
         if buf is None:
             return []
@@ -254,6 +271,7 @@ class Sampler:
                 buf = self._gpu[index] = RingBuffer[GpuSample](self._capacity)
             buf.append(s)
             gpus.append(s)
+        gpus.extend(self._sysfs_samples(now, len(self._gpu_handles())))
         handles = self._gpu_handles()
         if handles and now - self._processes_t >= self.process_interval_s:
             self._processes_t = now
@@ -261,6 +279,28 @@ class Sampler:
         self._update_peaks(host, gpus)
         self.n_samples += 1
         return host, tuple(gpus)
+
+    def _sysfs_samples(self, now: float, first_index: int) -> list[GpuSample]:
+        """AMD GPUs from sysfs (:func:`kvtuner.core.hardware.vendors.read_sysfs_gpus`), stored."""
+        if not self._use_gpus or self._sysfs_cards is False:
+            return []
+        cards = read_sysfs_gpus(self._sysfs_root)
+        if self._sysfs_cards is None:
+            self._sysfs_cards = bool(cards)  # none now: none later (no hot-plugged GPUs)
+        out = []
+        for i, g in enumerate(cards):
+            used = g.budget_used_bytes
+            if used is None:
+                continue
+            total = g.budget_bytes
+            s = GpuSample(now, first_index + i, total, used, max(total - used, 0), None, None, source="sysfs",
+                          gtt_total_bytes=g.gtt_total_bytes, gtt_used_bytes=g.gtt_used_bytes, flags=g.flags)
+            buf = self._gpu.get(s.index)
+            if buf is None:
+                buf = self._gpu[s.index] = RingBuffer[GpuSample](self._capacity)
+            buf.append(s)
+            out.append(s)
+        return out
 
     def record(self, host: HostSample | None = None, gpus: "tuple[GpuSample, ...] | list[GpuSample]" = ()) -> None:
         """Store samples taken elsewhere (a recorded session replayed, synthetic samples in a

@@ -111,6 +111,20 @@ class DevicePlan:
     endpoint: str | None = None
     expert_bytes: int = 0
     expert_layers: int = 0
+    backend: str = ""
+    unified: bool = False
+    source: str = ""
+    flags: tuple[str, ...] = ()
+
+    @property
+    def backend_device(self) -> str:
+        """The device as its own backend names it: ``device`` for CUDA, RPC and the host;
+        ``ROCm0``, ``Vulkan0``, ``MTL0`` for a GPU of another backend (ggml-metal.cpp
+        ``GGML_METAL_NAME "MTL"``; ggml-vulkan.cpp ``GGML_VK_NAME``; the plan's ``device`` keeps
+        the ``CUDA<i>`` slot name every consumer keys on)."""
+        if self.kind != "gpu" or self.backend in ("", "CUDA") or not self.device.startswith("CUDA"):
+            return self.device
+        return f"{'MTL' if self.backend == 'Metal' else self.backend}{self.device[4:]}"
 
     @property
     def total_bytes(self) -> int:
@@ -154,6 +168,11 @@ class DevicePlan:
             "endpoint": self.endpoint,
             "expert_bytes": self.expert_bytes,
             "expert_layers": self.expert_layers,
+            "backend": self.backend,
+            "backend_device": self.backend_device,
+            "unified": self.unified,
+            "source": self.source,
+            "flags": list(self.flags),
             "mapped_bytes": self.mapped_bytes,
             "committed_bytes": self.committed_bytes,
         }
@@ -574,6 +593,7 @@ def plan_memory(
             capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
             endpoint=g.endpoint,
             expert_bytes=moves.expert_bytes.get(g.device, 0), expert_layers=len(moves.expert_layers.get(g.device, ())),
+            backend=g.backend if g.kind == "gpu" else "RPC", unified=g.unified, source=g.source, flags=g.flags,
         ))
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
     host_w = model.input_bytes + sum(model.layer_bytes[il] for il in host_ids)

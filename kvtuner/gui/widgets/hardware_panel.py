@@ -51,6 +51,16 @@ class ChoiceBox(QtWidgets.QComboBox):
         painter.drawControl(QtWidgets.QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
 
+def _gpu_text(g: GpuSpec) -> str:
+    """One detected GPU: ``CUDA0 NVIDIA ..., 24.00 GiB`` or ``ROCm1 AMD Strix Halo iGPU, 120.50 GiB
+    (one pool with the CPU; sysfs)``, with a contradictory reading said so."""
+    device = g.device if g.backend == "CUDA" else f"{g.backend}{g.index}"
+    notes = [n for n in ("one pool with the CPU" if g.unified else "",
+                         g.source.split()[0] if g.source and g.source != "nvml" else "",
+                         "reading contradicts itself, not trusted" if g.flags else "") if n]
+    return f"{device} {g.name}, {fmt_bytes(g.total_bytes)}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
 class HardwarePanel(QtWidgets.QGroupBox):
     """Which devices the plan is laid out on. Emits :attr:`changed` when the choice changes.
 
@@ -73,7 +83,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.detected_label.setTextFormat(QtCore.Qt.TextFormat.PlainText)
         self.detected_label.setWordWrap(True)
         if gpus:
-            self.detected_label.setText("; ".join(f"{g.device} {g.name}, {fmt_bytes(g.total_bytes)}" for g in gpus))
+            self.detected_label.setText("; ".join(_gpu_text(g) for g in gpus))
         else:
             self.detected_label.setText("no GPU found" + (f" ({gpu_note})" if gpu_note else "") +
                                         ": this machine plans CPU only; a what-if card in \"Plan for\" "

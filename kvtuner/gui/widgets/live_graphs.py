@@ -42,6 +42,7 @@ COLORS = {
     "decode": "#0072B2",
     "phase": "#888888",
     "context": "#E69F00",
+    "gtt": "#999933",
 }
 
 
@@ -235,6 +236,11 @@ class LiveGraphs(QtWidgets.QWidget):
         self.series[f"vram_runner{index}"].extend(
             t, np.fromiter((math.nan if s.process_bytes is None else s.process_bytes / GiB for s in samples),
                            float, len(samples)))
+        gtt = [getattr(s, "gtt_used_bytes", None) for s in samples]
+        if any(v is not None for v in gtt):  # an AMD GPU (sysfs): its GTT pool, system RAM the GPU maps
+            if f"gtt{index}" not in self.series:
+                self._add_curve(f"gtt{index}", self.mem_plot, f"GTT used GPU{index}", COLORS["gtt"])
+            self.series[f"gtt{index}"].extend(t, np.fromiter((math.nan if v is None else v / GiB for v in gtt), float, len(gtt)))
 
     def add_context(self, t_s: float, kv_bytes: float) -> None:
         """The KV cache bytes holding tokens at monotonic time ``t_s`` (an attached server's

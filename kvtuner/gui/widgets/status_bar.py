@@ -38,7 +38,13 @@ class StatusBar(QtWidgets.QStatusBar):
         if sample is None:
             self.set_field("vram", "VRAM: no GPU")
             return
-        self.set_field("vram", f"VRAM {fmt_bytes(sample.used_bytes, 1)} of {fmt_bytes(sample.total_bytes, 1)}")
+        text = f"VRAM {fmt_bytes(sample.used_bytes, 1)} of {fmt_bytes(sample.total_bytes, 1)}"
+        gtt_total = getattr(sample, "gtt_total_bytes", None)
+        if gtt_total:  # AMD (sysfs): the GTT pool beside VRAM
+            text += f", GTT {fmt_bytes(getattr(sample, 'gtt_used_bytes', 0) or 0, 1)} of {fmt_bytes(gtt_total, 1)}"
+        if getattr(sample, "flags", ()):
+            text += " (reading contradicts itself: not trusted)"
+        self.set_field("vram", text)
 
     def show_speed(self, prefill_tok_s: float | None, decode_tok_s: float | None) -> None:
         """Latest measured speeds."""
