@@ -292,6 +292,7 @@ class Session:
         use_structure_cache: use model structures remembered from earlier structure probes.
         n_threads: CPU threads the speed is predicted for (None: llama.cpp's default, the
             physical cores).
+        prefill_tokens: prompt length of the predicted prefill (tokens).
         split: ``-sm`` / ``-ts`` / ``-mg`` over the devices of ``gpus`` (RPC devices included;
             :class:`~kvtuner.core.plan.placement.DeviceSplit`).
         margins: what a plan must leave free to "fit" (:class:`~kvtuner.core.plan.verdict.FitMargins`:
@@ -309,6 +310,7 @@ class Session:
     use_compute_cache: bool = True
     use_structure_cache: bool = True
     n_threads: int | None = None
+    prefill_tokens: int = 512
     split: DeviceSplit = field(default_factory=DeviceSplit)
     margins: FitMargins = field(default_factory=FitMargins)
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
@@ -565,7 +567,7 @@ class Session:
         speed = None
         if inputs is not None:
             try:
-                speed = predict_speed(plan, inputs)
+                speed = predict_speed(plan, inputs, prefill_tokens=self.prefill_tokens)
             except SpeedModelError as exc:
                 why = str(exc)
         settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,
