@@ -112,8 +112,10 @@ def test_each_host_flag_moves_the_prediction(gpt_oss, capsys):  # noqa: F811
     (["--host-bw", "0"], "--host-bw is GB/s of RAM bandwidth (0.5 to 10000), not 0"),
     (["--host-cores", "0"], "--host-cores must be 1 to 1024 physical cores, not 0"),
     (["--pcie", "4x3"], "kvtuner: --pcie: '4x3': a PCIe link has 1, 2, 4, 8 or 16 lanes, not 3"),
+    (["bench", "--host-cores", "6"], "bench measures this machine: --host-cores describes a what-if host"),
 ])
 def test_bad_host_flags_are_one_line_and_exit_2(argv, message, capsys):
-    assert main(["plan", "--no-probe", *argv]) == 2
+    cmd = ["plan", "--no-probe", *argv] if argv[0] != "bench" else argv
+    assert main(cmd) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
