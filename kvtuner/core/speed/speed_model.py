@@ -61,6 +61,11 @@ KV stays on the host (``-nkvo``, ``kv_gpu_layers``) computes its attention on th
 activations cross PCIe twice per such layer (Q/K/V down, the result up); each change of device
 along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
 
+A what-if host (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``;
+:class:`~kvtuner.core.hardware.specs.HostSpec` ``what_if``) is this machine's probed CPU kernels
+moved to its cores, every host decode rate capped at its RAM's achieved bandwidth
+(:func:`cap_cpu_rates`), and its PCIe link for every local GPU (:func:`gpu_rates`).
+
 Where each constant comes from: the CPU rates from the probe (:mod:`.cpu_probe`, run by the
 runner and stored per machine), the GPU figures from the catalogue
 (:mod:`kvtuner.core.hardware.gpu_catalogue`: vendor datasheets) or NVML, the efficiencies and
