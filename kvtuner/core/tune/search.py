@@ -570,9 +570,12 @@ class _Searcher:
                     found.append(c)
             return _rank(self, found)
         if exhaustive:
+            extra_ub = set(UBATCH_CHOICES_HOST_EXPERTS) - set(self.goal.ubatch_choices)
             for cfg in combos:
                 best = None
                 for c in self._all_int(cfg, INT_KNOBS):
+                    if cfg.n_ubatch in extra_ub and not c.plan.host.expert_bytes:
+                        continue  # as the fast search: the larger ubatches only with experts in RAM
                     if c.fits and (best is None or c.decode_tok_s > best.decode_tok_s):
                         best = c
                 if best is not None:
