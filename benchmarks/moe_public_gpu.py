@@ -11,7 +11,7 @@ The model files are sparse fixtures of those shapes (tests/gguf_families.py: gpt
 MXFP4 experts and Q8_0 matrices elsewhere, 11.27 GiB like the published file; DeepSeek-V2-Lite's shapes, which DeepSeek-Coder-V2-Lite shares,
 with Q4_K matrices and Q6_K output, an approximation of llama-quantize's Q4_K_M mix). The host is
 kvtuner's assumed CPU at 10 threads (speed_model.fallback_cpu_rates: no probe of an i9-10900X
-exists here), the GPU the catalogue's RTX 2080. The measurements are llmfit's averages of 3 warmed
+exists here), the GPU the catalogue's RTX 2080 (8 GB, 448 GB/s). The measurements are llmfit's averages of 3 warmed
 runs (their generation length is not stated; predicted at depth 256).
 
     python benchmarks/moe_public_gpu.py [--models-dir DIR]

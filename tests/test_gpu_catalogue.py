@@ -23,13 +23,18 @@ from kvtuner.core.units import GiB
     ("rtx-4060-ti-16gb", "RTX 4060 Ti 16GB"), ("5090", "RTX 5090"), ("P40", "Tesla P40"), ("tesla p40", "Tesla P40"),
     ("A100 80GB", "A100 80GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"), ("H100 SXM", "H100 SXM"), ("h200", "H200"),
     ("RTX 3060 12GB", "RTX 3060 12GB"),
+    # exact names only: the RTX 2080 is the 8 GB card, not the RTX 2080 Ti whose name starts alike
+    ("RTX 2080", "RTX 2080"), ("rtx 2080 ti", "RTX 2080 Ti"), ("RTX 4060 Laptop GPU", "RTX 4060 Laptop"),
+    ("NVIDIA GeForce RTX 5070 Ti", "RTX 5070 Ti"), ("RTX 4070 Super", "RTX 4070 Super"), ("RTX 3050 8GB", "RTX 3050 8GB"),
 ])
 def test_find_gpu(text, name):
     assert find_gpu(text).name == name
 
 
 @pytest.mark.parametrize("text, match", [
-    ("RTX 30", "matches several catalogue entries: RTX 3060 12GB, RTX 3070"),
+    ("RTX 30", r"not in the catalogue \(nearest: RTX 3070, RTX 3090, "),
+    ("RTX 3060", "matches several catalogue entries: RTX 3060 8GB, RTX 3060 12GB; name one of them"),
+    ("RTX 2090", r"not in the catalogue \(nearest: .*RTX 2080"),
     ("RTX 4060 Ti", "matches several catalogue entries: RTX 4060 Ti 8GB, RTX 4060 Ti 16GB"),
     ("Voodoo 5", "is not in the catalogue"),
     ("  ", "empty GPU name"),
@@ -43,7 +48,8 @@ def test_nvml_names_pick_the_entry_by_memory_size():
     assert match_nvml_name("NVIDIA GeForce RTX 4060 Ti", 16 * GiB).name == "RTX 4060 Ti 16GB"
     assert match_nvml_name("NVIDIA GeForce RTX 4060 Ti", 8 * GiB).name == "RTX 4060 Ti 8GB"
     assert match_nvml_name("NVIDIA H100 80GB HBM3").name == "H100 SXM"
-    assert match_nvml_name("NVIDIA GeForce RTX 3060 Ti") is None  # another card than the RTX 3060
+    assert match_nvml_name("NVIDIA GeForce RTX 3060 Ti").name == "RTX 3060 Ti"  # another card than the RTX 3060
+    assert match_nvml_name("NVIDIA GeForce RTX 3080 Laptop GPU", 16 * GiB).name == "RTX 3080 Laptop 16GB"
     assert match_nvml_name("Some GPU") is None
 
 
@@ -57,6 +63,16 @@ def test_catalogue_figures_are_the_datasheets():
     assert not g["Tesla P40"].has_int8_tensor_cores and g["RTX 2080 Ti"].has_int8_tensor_cores
     assert pcie_bandwidth_bytes_s(4, 16) == pytest.approx(31.5e9, rel=1e-3)
     assert g["RTX 4060 Ti 16GB"].pcie_bandwidth_bytes_s == pytest.approx(15.75e9, rel=1e-3)  # x8
+    # the product pages' figures: RTX 2080 8 GB at 448 GB/s, PCIe 3.0; RTX 5060 Ti on PCIe 5.0 x8
+    assert (g["RTX 2080"].vram_bytes, g["RTX 2080"].mem_bandwidth_bytes_s, g["RTX 2080"].pcie_gen) == (8 * GiB, 448e9, 3)
+    assert g["RTX 2080"].fp32_flop_s == pytest.approx(10.07e12, rel=1e-2)
+    assert g["RTX 4070 Ti Super"].mem_bandwidth_bytes_s == 672e9 and g["RTX 4070 Ti Super"].vram_bytes == 16 * GiB
+    assert g["RTX 4090 Laptop"].fp32_flop_s == pytest.approx(39.7e12, rel=1e-2)  # 9728 lanes at 2040 MHz
+    assert g["RTX 5080"].fp32_flop_s == pytest.approx(56.3e12, rel=1e-2) and g["RTX 5080"].mem_bandwidth_bytes_s == 960e9
+    assert (g["RTX 5060 Ti 16GB"].pcie_gen, g["RTX 5060 Ti 16GB"].pcie_lanes) == (5, 8)
+    for series in ("20", "30", "40", "50"):  # desktop and laptop parts of every series
+        names = [n for n in g if n.startswith(f"RTX {series[0]}0")]
+        assert sum("Laptop" in n for n in names) >= 4 and sum("Laptop" not in n for n in names) >= 6, series
     for e in g.values():
         assert e.source and e.vram_bytes > 0 and e.mem_bandwidth_bytes_s > 0 and e.int8_op_s > 0
 
@@ -107,7 +123,14 @@ def test_cli_plan_for_a_named_card_and_bad_names():
     names = [d["name"] for d in doc["devices"] if d["kind"] == "gpu"]
     assert names == ["RTX 4090 (what-if)", "RTX 3060 12GB (what-if)"]
     assert any("tensor rates of the RTX 4090" in s for s in doc["speed"]["sources"])
-    bad = kvtuner("plan", "--gpu", "RTX 30")
+    bad = kvtuner("plan", "--gpu", "RTX 3060")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "matches several catalogue entries" in bad.stderr
+    assert "matches several catalogue entries: RTX 3060 8GB, RTX 3060 12GB" in bad.stderr
+    unknown = kvtuner("plan", "--gpu", "RTX 2090")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "nearest: " in unknown.stderr
+    assert "RTX 2080" in unknown.stderr and "Traceback" not in unknown.stderr
     assert kvtuner("plan", "--gpu", "Voodoo").returncode == 2
+    # an exact name: the 8 GB RTX 2080, never the 11 GB RTX 2080 Ti
+    doc = json.loads(kvtuner("plan", "--gpu", "RTX 2080", "--json").stdout)
+    gpu = next(d for d in doc["devices"] if d["kind"] == "gpu")
+    assert gpu["name"] == "RTX 2080 (what-if)" and gpu["capacity_bytes"] == 8 * GiB

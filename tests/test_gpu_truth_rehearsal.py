@@ -83,7 +83,8 @@ def test_device_command_line_fits_the_tool():
 
     readme = (GT / "README.md").read_text()
     commands = re.findall(r'run\(command="([^"]+)"', readme)
-    assert len(commands) == 3, "README.md shows the device commands (one call, or build + measure)"
+    assert len(commands) == 4, "README.md shows the device commands (one call, build + measure, the sweep)"
+    assert any("--phases sweep" in c for c in commands)
     assert all(c.startswith("bash benchmarks/gpu_truth/run.sh ") and len(c) < 2000 for c in commands)
     assert all('carry=[".gpu_truth_carry"]' in ln for ln in readme.splitlines() if "run(command=" in ln)
 
@@ -130,6 +131,62 @@ def test_cpu_rehearsal_quick(tmp_path):
     assert sp.get("error") is None, sp
     assert sp["measured"]["decode_tok_s"] > 0 and sp["predicted"]["decode_tok_s"] > 0
     assert "| tiny-full-2k |" in md and "## Speed" in md
+
+
+def test_sweep_rows_cover_the_regimes_and_translate_for_the_probe():
+    """The offload sweep's GPU rows: -ngl steps, -nkvo, the KV split, --n-cpu-moe steps, -ub
+    512/2048/4096 with experts in RAM, op offload on and off, depths 0/8K/32K, each within its
+    context; the export line's --n-cpu-moe becomes llama.cpp's own per-layer CPU overrides."""
+    rows = gpu_truth.sweep_rows_gpu()
+    flags = [" ".join(r.flags) for r in rows]
+    assert len({r.key for r in rows}) == len(rows)
+    for want in ("--ngl 24", "--ngl 16", "--ngl 8", "--kv-gpu-layers 0", "--kv-gpu-layers 16", "--n-cpu-moe 6",
+                 "--n-cpu-moe 12", "--n-cpu-moe 24", "-ub 2048", "-ub 4096"):
+        assert any(want in f for f in flags), want
+    assert any(not r.op_offload for r in rows) and {0, 8192, 32768} <= {d for r in rows for d in r.depths}
+    for r in rows:
+        ctx = int(r.flags[r.flags.index("--ctx") + 1])
+        assert max(r.depths) + r.n_prompt + r.n_gen + 8 <= ctx, r.key
+    keys = [r.key for r in rows]  # the budget guard cuts the tail: experts in RAM and -ub first
+    assert keys.index("oss-cpumoe24-ub512") < 2 and keys.index("oss-cpumoe24-ub4096") < 2
+    spec, notes = gpu_truth.probe_spec_from_export("llama-server -m m.gguf -c 40960 -ngl all -ub 4096 -b 4096 --n-cpu-moe 2 "
+                                                   "--no-op-offload")
+    assert notes == [] and spec["ctx"]["op_offload"] is False and spec["ctx"]["n_ubatch"] == 4096
+    assert spec["overrides"] == [["blk\\.0\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"],
+                                 ["blk\\.1\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"]]
+    doc = {"mode": "gpu", "sweep": [{"key": "oss-cpumoe24-ub512", "flags": ["--n-cpu-moe", "24"], "op_offload": True,
+                                     "results": [{"depth": 0, "predicted_prefill_tok_s": 900.0, "measured_prefill_tok_s": 1000.0,
+                                                  "prefill_ratio": 0.9, "predicted_decode_tok_s": 40.0,
+                                                  "measured_decode_tok_s": 50.0, "decode_ratio": 0.8}]}]}
+    md = gpu_truth.render_md(doc)
+    assert "## Offload sweep" in md and "| oss-cpumoe24-ub512 | `--n-cpu-moe 24` | on | 0 | 900.0 / 1000.0 (0.9) |" in md
+    assert gpu_truth.summarise(doc)["sweep_pred_over_meas"] == {"oss-cpumoe24-ub512@0": {"decode": 0.8, "prefill": 0.9}}
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_sweep_rehearsal_quick(tmp_path):
+    """``run.sh measure --cpu --quick --phases sweep``: the tiny MoE with experts on the CPU at
+    depths 0 and 256, and a dense row with op offload off, timed by probe.py and predicted by
+    ``plan --prompt``."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), GPU_TRUTH_WORK=str(work), KVTUNER_CPU_PROBE="off")
+    r = subprocess.run(["bash", str(GT / "run.sh"), "measure", "--cpu", "--quick", "--phases", "sweep", "--budget-s", "150"],
+                       capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((out / "gpu_truth.json").read_text())
+    assert not doc["errors"] and not doc["skipped"] and doc["final"] is True
+    rows = {x["key"]: x for x in doc["sweep"]}
+    moe = rows["tiny-moe-cpumoe2"]
+    assert moe.get("error") is None and "--n-cpu-moe 2" in moe["llama_server"]
+    assert [x["depth"] for x in moe["results"]] == [0, 256]
+    for x in moe["results"]:
+        assert x["measured_prefill_tok_s"] > 0 and x["measured_decode_tok_s"] > 0 and x["predicted_decode_tok_s"] > 0
+    assert moe["results"][0]["prefill_ratio"] is not None  # plan --prompt 64 predicts this very prompt
+    off = rows["tiny-ngl2-noopoff"]
+    assert off["op_offload"] is False and off["llama_server"].endswith("--no-op-offload") and off["prediction_note"]
+    assert "## Offload sweep" in (out / "gpu_truth.md").read_text()
 
 
 def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):

@@ -101,6 +101,23 @@ class SpeedRow:
 
 
 @dataclass(frozen=True)
+class SweepRow:
+    """One load of the offload sweep (probe.py's ``bench``): ``flags`` (kvtuner's spelling, also
+    given to ``plan`` and ``export``), ``op_offload`` (False: llama.cpp's ``--no-op-offload``,
+    which kvtuner's configuration does not carry), a prefill of ``n_prompt`` tokens and ``n_gen``
+    decoded tokens at each of ``depths``."""
+
+    key: str
+    fixture: str
+    flags: tuple[str, ...]
+    depths: tuple[int, ...] = (0,)
+    op_offload: bool = True
+    n_prompt: int = 4096
+    n_gen: int = 32
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class OverheadRow:
     key: str
     fixture: str
@@ -115,14 +132,18 @@ FIXTURES_GPU = (
     Fixture("gemma3-12b-q4km", "factory", "GEMMA3_12B", "q4_k_m", "SWA"),
     Fixture("qwen3-30b-a3b-q4km", "factory", "QWEN3_30B_A3B", "q4_k_m", "MoE"),
     Fixture("gemma3-270m-zero", "default", shape="default", small=True),
+    Fixture("gpt-oss-20b-mxfp4", "factory", "families:gpt_oss", "mxfp4-experts", "MoE"),
 )
 # CPU rehearsal: the same files plus tiny F16 ones that compute quickly (F16 weights also keep
 # llama.cpp's AMX path out of the CPU runs; see README: AMX state is lost on this VM)
 TINY_LLAMA = "ModelSpec(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=2048, name='tiny llama GQA')"
 TINY_GEMMA = ("ModelSpec(arch='gemma3', n_layer=6, n_embd=512, n_head=2, n_head_kv=1, head_dim=256, n_ff=1024, "
               "n_vocab=2048, sliding_window=128, swa_pattern=6, tied_output=True, name='tiny gemma3 head 256')")
+TINY_MOE = ("ModelSpec(arch='qwen3moe', n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=2048, "
+            "n_expert=8, n_expert_used=2, n_ff_exp=128, name='tiny qwen3moe')")
 FIXTURES_TINY = (
     Fixture("tiny-llama-f16", "factory", TINY_LLAMA, "", "GQA", small=True),
+    Fixture("tiny-moe-f16", "factory", TINY_MOE, "", "MoE", small=True),
     Fixture("tiny-gemma3-f16", "factory", TINY_GEMMA, "", "SWA", small=True),
 )
 
@@ -220,6 +241,54 @@ def speed_rows_cpu(quick: bool) -> list[SpeedRow]:
             SpeedRow("tiny-swa-q8kv-d256", TG, c + ("-ctk", "q8_0", "-ctv", "q8_0"), n_prompt=64, n_gen=16, n_depth=256,
                      reps=1, threads=1, note="head 256, q8_0 KV"),
         ]
+    return rows
+
+
+def sweep_rows_gpu() -> list[SweepRow]:
+    """The offload sweep, in priority order (the budget guard cuts the tail): the regimes where the
+    model does not fit, forced by flags on the big GPU. Dense Llama-3.1-8B Q4_K_M (32 layers):
+    ``-ngl`` 24/16/8, ``-nkvo``, the KV split, op offload off; gpt-oss-20b MXFP4 (24 layers):
+    ``--n-cpu-moe`` 8/16/24, ``-ub`` 512/2048/4096 with every expert in RAM, op offload off, a
+    partial ``-ngl``; depths 0, 8K and 32K where the regime changes with depth (KV in RAM)."""
+    L8, OSS = "llama31-8b-q4km", "gpt-oss-20b-mxfp4"
+    c = ("--ctx", "40960") + FA_ON  # 32768 of depth + a 4096-token prompt + the decoded tokens
+    d3, d2 = (0, 8192, 32768), (0, 8192)
+    return [
+        SweepRow("oss-cpumoe24-ub512", OSS, c + ("--n-cpu-moe", "24"), d3, note="every expert in RAM, -ub 512"),
+        SweepRow("oss-cpumoe24-ub4096", OSS, c + ("--n-cpu-moe", "24", "-ub", "4096", "-b", "4096"),
+                 note="every expert in RAM, -ub 4096"),
+        SweepRow("dense-ngl16", L8, c + ("--ngl", "16"), d3, note="half the layers on the CPU"),
+        SweepRow("dense-nkvo", L8, c + ("--kv-gpu-layers", "0"), d3, note="-nkvo: all KV in RAM"),
+        SweepRow("oss-full", OSS, c, d3, note="full offload (the reference)"),
+        SweepRow("dense-full", L8, c, d3, note="full offload (the reference)"),
+        SweepRow("oss-cpumoe24-noopoff", OSS, c + ("--n-cpu-moe", "24"), op_offload=False,
+                 note="every expert in RAM, --no-op-offload: prefill on the CPU"),
+        SweepRow("oss-cpumoe24-ub2048", OSS, c + ("--n-cpu-moe", "24", "-ub", "2048", "-b", "2048"),
+                 note="every expert in RAM, -ub 2048"),
+        SweepRow("oss-cpumoe12", OSS, c + ("--n-cpu-moe", "12"), d2, note="half the layers' experts in RAM"),
+        SweepRow("dense-kvsplit16", L8, c + ("--kv-gpu-layers", "16"), d3, note="KV split: 16 of 32 layers' KV in RAM"),
+        SweepRow("dense-ngl16-noopoff", L8, c + ("--ngl", "16"), op_offload=False,
+                 note="half the layers on the CPU, --no-op-offload"),
+        SweepRow("dense-ngl24", L8, c + ("--ngl", "24"), d2, note="a quarter of the layers on the CPU"),
+        SweepRow("dense-ngl8", L8, c + ("--ngl", "8"), note="three quarters of the layers on the CPU"),
+        SweepRow("oss-cpumoe6", OSS, c + ("--n-cpu-moe", "6"), note="a quarter of the layers' experts in RAM"),
+        SweepRow("oss-ngl12", OSS, c + ("--ngl", "12"), note="half the layers (attention and experts) on the CPU"),
+        SweepRow("dense-nkvo-ub2048", L8, c + ("--kv-gpu-layers", "0", "-ub", "2048", "-b", "2048"), (0, 8192),
+                 note="-nkvo, -ub 2048"),
+    ]
+
+
+def sweep_rows_cpu(quick: bool) -> list[SweepRow]:
+    """The sweep's rehearsal on tiny F16 models (every code path; the CPU backend runs it all
+    on the host, so the figures say nothing about a GPU)."""
+    T, M = "tiny-llama-f16", "tiny-moe-f16"
+    c = ("--ctx", "1024") + FA_ON
+    small = {"n_prompt": 64, "n_gen": 4}
+    rows = [SweepRow("tiny-moe-cpumoe2", M, c + ("--n-cpu-moe", "2"), (0, 256), **small),  # type: ignore[arg-type]
+            SweepRow("tiny-ngl2-noopoff", T, c + ("--ngl", "2"), op_offload=False, **small)]  # type: ignore[arg-type]
+    if not quick:
+        rows += [SweepRow("tiny-nkvo", T, c + ("--kv-gpu-layers", "0"), (0, 256), **small),  # type: ignore[arg-type]
+                 SweepRow("tiny-moe-ub64", M, c + ("--n-cpu-moe", "4", "-ub", "64", "-b", "64"), **small)]  # type: ignore[arg-type]
     return rows
 
 
@@ -409,6 +478,10 @@ def by_device(table: dict[str, float]) -> dict[str, float]:
 # export command line -> probe spec
 
 
+#: llama.cpp's expert tensor pattern (common/common.h ``LLM_FFN_EXPS_REGEX``).
+FFN_EXPS_REGEX = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
 def probe_spec_from_export(argv_text: str) -> tuple[dict, list[str]]:
     """Translate kvtuner's ``llama-server`` command line into probe.py's spec (llama.cpp's
     model and context parameters). Returns (spec, notes about flags it does not translate)."""
@@ -445,6 +518,8 @@ def probe_spec_from_export(argv_text: str) -> tuple[dict, list[str]]:
             for item in val.split(","):
                 pattern, _, buft = item.rpartition("=")
                 spec["overrides"].append([pattern, buft])
+        elif t in ("--n-cpu-moe", "-ncmoe"):  # common/arg.cpp llm_add_n_cpu_ffn_overrides with LLM_FFN_EXPS_REGEX
+            spec["overrides"] += [[f"blk\\.{il}{FFN_EXPS_REGEX}", "CPU"] for il in range(int(val))]
         elif t == "--fit":
             pass
         elif t in ("-lm",):
@@ -455,6 +530,10 @@ def probe_spec_from_export(argv_text: str) -> tuple[dict, list[str]]:
                 c["offload_kqv"] = False
             elif t == "--swa-full":
                 c["swa_full"] = True
+            elif t in ("-cmoe", "--cpu-moe"):
+                spec["overrides"].append([FFN_EXPS_REGEX, "CPU"])
+            elif t == "--no-op-offload":
+                c["op_offload"] = False
             elif t in ("-kvu", "--kv-unified"):
                 c["kv_unified"] = True
             elif t == "--no-mmap":
@@ -467,6 +546,19 @@ def probe_spec_from_export(argv_text: str) -> tuple[dict, list[str]]:
 
 # ------------------------------------------------------------------------------------------------
 # fixtures
+
+
+def mxfp4_experts(spec: Any) -> Any:
+    """``spec`` with MXFP4 expert tensors and Q8_0 for its other F16 matrices (norms, biases, sinks,
+    router stay F32): the type mix of the published gpt-oss GGUF files (llama-bench prints
+    "gpt-oss 20B MXFP4 MoE", 11.27 GiB)."""
+    import dataclasses
+
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    rows = [(n, sh, q.MXFP4 if n.endswith("_exps.weight") else (q.Q8_0 if t == q.F16 else t)) for n, sh, t in spec.tensors]
+    return dataclasses.replace(spec, tensors=rows)
 
 
 def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
@@ -482,7 +574,15 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
         t = time.monotonic()
         rec: dict[str, Any] = {"key": key, "shape": fx.shape, "small": fx.small, "path": str(path)}
         try:
-            if fx.kind == "factory":
+            if fx.kind == "factory" and fx.spec.startswith("families:"):
+                import gguf_families as fam
+
+                spec = getattr(fam, fx.spec.split(":", 1)[1])()
+                if fx.quant == "mxfp4-experts":  # gpt-oss's published file: MXFP4 experts, Q8_0 elsewhere
+                    spec = mxfp4_experts(spec)
+                gf.write_model(path, spec)
+                rec["source"] = f"tests/gguf_families.py {fx.spec.split(':', 1)[1]}()" + (f" as {fx.quant}" if fx.quant else "")
+            elif fx.kind == "factory":
                 spec = getattr(gf, fx.spec) if fx.spec.isidentifier() else eval(fx.spec, {"ModelSpec": gf.ModelSpec})
                 if fx.quant == "q4_k_m":
                     spec = gf.q4_k_m(spec)
@@ -915,6 +1015,68 @@ def measure_speed_row(ctx: Ctx, row: SpeedRow, plan_rec: dict | None) -> dict:
     return _finish(rec, t)
 
 
+def measure_sweep_row(ctx: Ctx, row: SweepRow) -> dict:
+    """One offload-sweep load: kvtuner's prediction (``plan --json --prompt n_prompt``), its
+    ``export`` line translated for probe.py, and probe.py's timed prefill and decode at each depth
+    in one context. Predicted decode at the mean depth of the decoded tokens; predicted prefill at
+    depth 0 (all ``plan`` predicts). A row with op offload off is predicted as kvtuner's
+    configuration has it (op offload on), and says so."""
+    fx = ctx.fixtures.get(row.fixture)
+    rec: dict[str, Any] = {"key": row.key, "fixture": row.fixture, "flags": list(row.flags), "note": row.note,
+                           "op_offload": row.op_offload, "n_prompt": row.n_prompt, "n_gen": row.n_gen,
+                           "depths": list(row.depths)}
+    if not fx or fx.get("error"):
+        rec["error"] = f"fixture {row.fixture} missing"
+        return rec
+    t = time.monotonic()
+    threads = str(_threads(ctx))
+    plan = kvtuner(ctx, ["plan", fx["path"], *row.flags, "-t", threads, "--prompt", str(row.n_prompt), "--json"], 120)
+    rec["plan_cmd"] = plan["cmd"]
+    pj = plan.get("json") or {}
+    if not pj:
+        rec["plan_error"] = plan.get("error")
+    exp = kvtuner(ctx, ["export", fx["path"], *row.flags, "--format", "llama-server"], 60)
+    rec["export_cmd"] = exp["cmd"]
+    if exp.get("rc") != 0 or not exp.get("stdout", "").strip():
+        rec["error"] = f"export: {exp.get('error')}"
+        return _finish(rec, t)
+    rec["llama_server"] = exp["stdout"].strip() + ("" if row.op_offload else " --no-op-offload")
+    spec, notes = probe_spec_from_export(rec["llama_server"])
+    rec["export_notes"] = notes
+    spec["model"] = fx["path"]
+    spec["ctx"]["n_threads"] = int(threads)
+    spec["ctx"]["op_offload"] = row.op_offload
+    spec["bench"] = {"depths": list(row.depths), "n_prompt": row.n_prompt, "n_gen": row.n_gen}
+    timeout = max(30.0, min(240.0, ctx.budget.left() - 5))
+    res = run_probe(ctx, f"sweep-{row.key}", spec, timeout)
+    rec["probe"] = {k: res.get(k) for k in ("ok", "error", "stage", "timings_s", "wall_s", "timed_out", "stderr_tail",
+                                            "notes", "log_tail")}
+    parsed = res.get("parsed") or {}
+    rec["llama"] = {"graph": parsed.get("graph"), "offloaded": parsed.get("offloaded"),
+                    "model_mib": parsed.get("model_mib"), "kv_mib": parsed.get("kv_mib"),
+                    "compute_mib": parsed.get("compute_mib")}
+    sp = pj.get("speed") or {}
+    rec["predicted_sources"] = sp.get("sources")
+    if not row.op_offload:
+        rec["prediction_note"] = "kvtuner's configuration has no --no-op-offload: predicted with op offload on"
+    rows = []
+    for b in res.get("bench") or []:
+        d = int(b.get("depth", 0))
+        pred_dec = predicted_decode_at(sp, d + row.n_prompt + row.n_gen / 2) if sp else None
+        pred_pre = sp.get("prefill_tok_s") if d == 0 and sp.get("prefill_tokens") == row.n_prompt else None
+        one = {"depth": d, "measured_prefill_tok_s": b.get("prefill_tok_s"), "measured_decode_tok_s": b.get("decode_tok_s"),
+               "fill_s": b.get("fill_s"), "predicted_prefill_tok_s": pred_pre, "predicted_decode_tok_s": pred_dec,
+               "error": b.get("error")}
+        for k in ("prefill", "decode"):
+            m, pv = one[f"measured_{k}_tok_s"], one[f"predicted_{k}_tok_s"]
+            one[f"{k}_ratio"] = round(pv / m, 3) if m and pv else None  # predicted / measured
+        rows.append(one)
+    rec["results"] = rows
+    if res.get("error") and not rows:
+        rec["error"] = f"probe: {res.get('error')}"
+    return _finish(rec, t)
+
+
 # ------------------------------------------------------------------------------------------------
 # output
 
@@ -1030,6 +1192,23 @@ def render_md(doc: dict) -> str:
                  f"{f(p.get('prefill_tok_s'))} / {f(m.get('prefill_tok_s'))} | {f(p.get('decode_tok_s'))} / "
                  f"{f(m.get('decode_tok_s'))} | {r.get('decode_tok_s_ratio', '-')} | {vr} | {(r.get('error') or '')[:100]} |")
     L.append("")
+    if doc.get("sweep"):
+        L.append("## Offload sweep (tokens/s: kvtuner predicted / measured; probe.py's timed prefill and decode)")
+        L.append("")
+        L.append("| row | flags | op offload | depth | prefill pred / meas (ratio) | decode pred / meas (ratio) | error |")
+        L.append("|---|---|---|---|---|---|---|")
+
+        def g(v: Any) -> str:
+            return "-" if v is None else f"{v:.1f}"
+
+        for r in doc["sweep"]:
+            for x in r.get("results") or [{"depth": "-"}]:
+                L.append(f"| {r['key']} | `{' '.join(r.get('flags', []))}` | {'on' if r.get('op_offload', True) else 'off'} | "
+                         f"{x.get('depth')} | {g(x.get('predicted_prefill_tok_s'))} / {g(x.get('measured_prefill_tok_s'))} "
+                         f"({x.get('prefill_ratio') or '-'}) | {g(x.get('predicted_decode_tok_s'))} / "
+                         f"{g(x.get('measured_decode_tok_s'))} ({x.get('decode_ratio') or '-'}) | "
+                         f"{(x.get('error') or r.get('error') or '')[:100]} |")
+        L.append("")
     if doc.get("skipped"):
         L.append("## Skipped")
         L.append("")
@@ -1125,7 +1304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/gpu_truth")
     ap.add_argument("--carry", default=str(ROOT / ".gpu_truth_carry"))
     ap.add_argument("--jobs", type=int, default=0, help="parallel buffer rows (default: GPU 4, CPU 1)")
-    ap.add_argument("--phases", default="overhead,buffers,speed")
+    ap.add_argument("--phases", default="overhead,buffers,speed",
+                    help="comma list of overhead, buffers, speed, sweep (the offload sweep; alone it fits a call "
+                         "with the build)")
     ap.add_argument("--command", default="", help="the run.sh command line, recorded in the outputs")
     a = ap.parse_args(argv)
     if a.budget_s <= 0:
@@ -1145,7 +1326,8 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"schema": SCHEMA, "mode": a.mode, "quick": a.quick, "budget_s": a.budget_s, "jobs": jobs,
                            "command": a.command or shlex.join(sys.argv),
                            "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           "phases_s": {}, "fixtures": [], "overhead": [], "buffers": [], "speed": [], "skipped": [],
+                           "phases_s": {}, "fixtures": [], "overhead": [], "buffers": [], "speed": [], "sweep": [],
+                           "skipped": [],
                            "errors": []}
     ctx = Ctx(mode=a.mode, quick=a.quick, budget=Budget(a.budget_s), out=Path(a.out), work=work, carry=carry, jobs=jobs,
               python=sys.executable, env=env, doc=doc)
@@ -1166,7 +1348,8 @@ def main(argv: list[str] | None = None) -> int:
     b_rows = buffer_rows(a.mode, a.quick) if "buffers" in phases else []
     s_rows = (speed_rows_gpu() if a.mode == "gpu" and not a.quick else speed_rows_cpu(a.quick)) if "speed" in phases else []
     o_rows = overhead_rows(a.mode, a.quick) if "overhead" in phases else []
-    wanted = {r.fixture for r in b_rows + s_rows + o_rows}
+    w_rows = (sweep_rows_gpu() if a.mode == "gpu" else sweep_rows_cpu(a.quick)) if "sweep" in phases else []
+    wanted = {r.fixture for r in b_rows + s_rows + o_rows + w_rows}
     phase(ctx, "fixtures", lambda: write_fixtures(ctx, wanted))
     if o_rows:
         phase(ctx, "overhead", lambda: run_rows(ctx, "overhead", o_rows, lambda r: measure_overhead_row(ctx, r), 1, 20))
@@ -1192,11 +1375,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows, make in tiers:
         if rows:
             phase(ctx, name, make(rows))
-    n_err = sum(1 for k in ("overhead", "buffers", "speed") for r in doc[k] if r.get("error"))
+    if w_rows:
+        phase(ctx, "sweep", lambda: run_rows(ctx, "sweep", w_rows, lambda r: measure_sweep_row(ctx, r), 1, 25))
+    n_err = sum(1 for k in ("overhead", "buffers", "speed", "sweep") for r in doc[k] if r.get("error"))
     doc["summary"] = summarise(doc)
     write_outputs(ctx, final=True)
     ctx.say(f"done: {len(doc['buffers'])} buffer rows, {len(doc['overhead'])} overhead rows, {len(doc['speed'])} speed "
-            f"rows, {n_err} with errors, {len(doc['skipped'])} skipped; wrote {ctx.out / 'gpu_truth.json'} and .md")
+            f"rows, {len(doc['sweep'])} sweep rows, {n_err} with errors, {len(doc['skipped'])} skipped; wrote {ctx.out / 'gpu_truth.json'} and .md")
     return 0
 
 
@@ -1214,7 +1399,10 @@ def summarise(doc: dict) -> dict:
     dry_mismatch = [r["key"] for r in doc.get("buffers", [])
                     if r.get("kvtuner_dry_run") and not (r["kvtuner_dry_run"].get("same_compute")
                                                          and r["kvtuner_dry_run"].get("same_kv"))]
-    return {"worst_rel_err": worst, "decode_pred_over_meas": ratios, "kvtuner_dry_run_differs": dry_mismatch}
+    sweep = {f"{r['key']}@{x['depth']}": {"decode": x.get("decode_ratio"), "prefill": x.get("prefill_ratio")}
+             for r in doc.get("sweep", []) for x in r.get("results") or [] if x.get("decode_ratio") or x.get("prefill_ratio")}
+    return {"worst_rel_err": worst, "decode_pred_over_meas": ratios, "kvtuner_dry_run_differs": dry_mismatch,
+            "sweep_pred_over_meas": sweep}
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ must not share kvtuner's code. Run as a child process by ``gpu_truth.py``::
      "use_mmap": true, "no_alloc": false,
      "ctx": {"n_ctx": 8192, "n_batch": 2048, "n_ubatch": 512, "n_seq_max": 1, "type_k": "f16",
              "type_v": "f16", "flash_attn": "on", "offload_kqv": true, "swa_full": false,
-             "kv_unified": false, "n_threads": 4},
+             "kv_unified": false, "n_threads": 4, "op_offload": true},
      "exercise": {"n_prompt": 512, "n_gen": 1},   # decode after creating the context (or null)
+     "bench": {"depths": [0, 8192], "n_prompt": 4096, "n_gen": 32},  # timed, instead of exercise
+
      "memory": true}                               # read NVML / cudaMemGetInfo at each stage
 
 ``RESULT.json``: ``{"ok", "error", "stage", "log" (every INFO/WARN/ERROR line), "memory" (one
@@ -252,6 +254,8 @@ class Probe:
         cp.offload_kqv = bool(c.get("offload_kqv", True))
         cp.swa_full = bool(c.get("swa_full", False))
         cp.kv_unified = bool(c.get("kv_unified", False))
+        if "op_offload" in c:  # --no-op-offload (llama.h llama_context_params.op_offload)
+            cp.op_offload = bool(c["op_offload"])
         cp.no_perf = True
         ctx = lc.llama_init_from_model(model, cp)
         if not ctx:
@@ -263,7 +267,10 @@ class Probe:
         n_vocab = int(lc.llama_vocab_n_tokens(vocab))
         self.doc["n_vocab"] = n_vocab
         ex = spec.get("exercise")
-        if ex and not mp.no_alloc and n_vocab > 0:
+        bench = spec.get("bench")
+        if bench and not mp.no_alloc and n_vocab > 0:
+            self.bench(lc, ctx, cp, n_vocab, bench)
+        elif ex and not mp.no_alloc and n_vocab > 0:
             rng = random.Random(1)
             n = max(1, min(int(ex.get("n_prompt", 512)), cp.n_ctx - 8, cp.n_batch))
             toks = (lc.llama_token * n)(*[rng.randrange(n_vocab) for _ in range(n)])
@@ -293,6 +300,69 @@ class Probe:
         self.doc["ok"] = self.doc["error"] is None
         self.stage("model_freed")
         return 0 if self.doc["ok"] else 1
+
+    def bench(self, lc: Any, ctx: Any, cp: Any, n_vocab: int, bench: dict) -> None:
+        """Timed prefill and decode at several depths in one context (the offload sweep):
+        ``{"depths": [0, 8192, 32768], "n_prompt": 4096, "n_gen": 32}``. At each depth (in
+        increasing order) the cache is first filled to it with untimed random tokens (timed apart
+        as ``fill``), then ``n_prompt`` tokens are decoded in ``n_batch`` chunks (prefill, timed),
+        then ``n_gen`` single tokens (decode, timed); the cache is cleared before the next depth.
+        Results in ``doc["bench"]``: one record per depth with ``prefill_tok_s`` and
+        ``decode_tok_s`` (median of the single-token times), or ``error``."""
+        rng = random.Random(2)
+        n_prompt, n_gen = int(bench.get("n_prompt", 512)), int(bench.get("n_gen", 32))
+        out: list[dict] = []
+        self.doc["bench"] = out
+        mem = lc.llama_get_memory(ctx) if hasattr(lc, "llama_get_memory") else None
+
+        def feed(n: int) -> tuple[float, int]:
+            t, done = time.monotonic(), 0
+            while done < n:
+                k = min(cp.n_batch, n - done)
+                toks = (lc.llama_token * k)(*[rng.randrange(n_vocab) for _ in range(k)])
+                ret = lc.llama_decode(ctx, lc.llama_batch_get_one(toks, k))
+                if ret != 0:
+                    return time.monotonic() - t, ret
+                done += k
+            lc.llama_synchronize(ctx)
+            return time.monotonic() - t, 0
+
+        for depth in sorted(int(d) for d in bench.get("depths", [0])):
+            rec: dict[str, Any] = {"depth": depth, "n_prompt": n_prompt, "n_gen": n_gen}
+            out.append(rec)
+            if depth + n_prompt + n_gen + 8 > cp.n_ctx:
+                rec["error"] = f"depth {depth} + {n_prompt} + {n_gen} tokens exceed n_ctx {cp.n_ctx}"
+                continue
+            if mem is not None:
+                lc.llama_memory_clear(mem, True)
+            if depth:
+                t_fill, ret = feed(depth)
+                rec["fill_s"] = round(t_fill, 3)
+                if ret:
+                    rec["error"] = f"llama_decode while filling to depth {depth} returned {ret}"
+                    break
+            t_pre, ret = feed(n_prompt)
+            if ret:
+                rec["error"] = f"llama_decode of the prompt returned {ret}"
+                break
+            rec["prefill_s"] = round(t_pre, 4)
+            rec["prefill_tok_s"] = round(n_prompt / t_pre, 2) if t_pre > 0 else None
+            times = []
+            for _ in range(n_gen):
+                one = (lc.llama_token * 1)(rng.randrange(n_vocab))
+                t = time.monotonic()
+                ret = lc.llama_decode(ctx, lc.llama_batch_get_one(one, 1))
+                lc.llama_synchronize(ctx)
+                times.append(time.monotonic() - t)
+                if ret != 0:
+                    rec["error"] = f"llama_decode of 1 token returned {ret}"
+                    break
+            if times:
+                times.sort()
+                rec["decode_tok_s"] = round(1.0 / times[len(times) // 2], 3)
+            self.stage(f"bench_d{depth}")
+            if rec.get("error"):
+                break
 
     def fail(self, message: str) -> int:
         errors = [text for lvl, text in self.lines if lvl == "error"]

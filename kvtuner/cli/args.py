@@ -159,6 +159,19 @@ def add_what_if_args(g: "argparse._ActionsContainer") -> None:
                    help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs")
     g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
+    g.add_argument("--host-mem", default=None, metavar="TYPE-MTSxCHANNELS",
+                   help="predict the speed for a host with this memory, e.g. DDR4-3200x2, DDR5-6000x2, DDR4-3200x4, "
+                        "LPDDR5-6400x2 (64-bit channels; its typical achieved bandwidth; default: this machine's, "
+                        "measured)")
+    g.add_argument("--host-bw", type=float, default=None, metavar="GB/S",
+                   help="predict the speed for a host whose RAM reaches this bandwidth in GB/s (one you measured, "
+                        "e.g. with a multi-threaded read benchmark)")
+    g.add_argument("--host-cores", type=positive_int, default=None, metavar="N",
+                   help="predict the speed for a host with N physical cores used by llama.cpp (default: this "
+                        "machine's; -t overrides the threads)")
+    g.add_argument("--pcie", default=None, metavar="GENxLANES",
+                   help="the GPUs' PCIe link on the host predicted for, e.g. 4x16, or 3x4 for a Thunderbolt eGPU "
+                        "(default: each card's own link)")
 
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
@@ -188,7 +201,55 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
 def any_hardware_flag(args: argparse.Namespace) -> bool:
     """Whether a hardware flag was given."""
     return bool(getattr(args, "gpu_mem", None) or getattr(args, "gpu_name", None) or getattr(args, "no_gpu", False)
-                or getattr(args, "ram", None) or getattr(args, "rpc", None))
+                or getattr(args, "ram", None) or getattr(args, "rpc", None) or any_host_flag(args))
+
+
+def any_host_flag(args: argparse.Namespace) -> bool:
+    """Whether a what-if host flag (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``) was given."""
+    return any(getattr(args, k, None) is not None for k in ("host_mem", "host_bw", "host_cores", "pcie"))
+
+
+def what_if_host(host: "HostSpec", args: argparse.Namespace) -> "HostSpec":
+    """``host`` with the what-if host flags applied (unchanged without them): ``--host-mem``
+    (its typical achieved bandwidth, :mod:`kvtuner.core.hardware.memory_catalogue`) or
+    ``--host-bw`` (GB/s, decimal), ``--host-cores``, ``--pcie``.
+
+    Raises:
+        UserError: an unreadable memory configuration or link, both --host-mem and --host-bw, a
+            bandwidth or core count out of range.
+    """
+    from dataclasses import replace
+
+    from ..core.hardware.memory_catalogue import HostMemoryError, parse_host_memory, parse_pcie_link
+
+    if not any_host_flag(args):
+        return host
+    changes: dict = {"what_if": True}
+    mem, bw, cores, pcie = (getattr(args, k, None) for k in ("host_mem", "host_bw", "host_cores", "pcie"))
+    if mem is not None and bw is not None:
+        raise UserError("give --host-mem (a named memory configuration) or --host-bw (a measured bandwidth), not both")
+    if mem is not None:
+        try:
+            m = parse_host_memory(mem)
+        except HostMemoryError as exc:
+            raise UserError(f"--host-mem: {exc}") from None
+        changes.update(memory=m.name, mem_bandwidth_bytes_s=m.typical_bytes_s, mem_theoretical_bytes_s=m.theoretical_bytes_s)
+    if pcie is not None:
+        try:
+            changes["pcie_link"] = parse_pcie_link(pcie)
+        except HostMemoryError as exc:
+            raise UserError(f"--pcie: {exc}") from None
+    if bw is not None:
+        if not 0.5 <= bw <= 10000:
+            raise UserError(f"--host-bw is GB/s of RAM bandwidth (0.5 to 10000), not {bw:g}")
+        changes["mem_bandwidth_bytes_s"] = bw * 1e9
+    elif mem is None:
+        changes["mem_bandwidth_bytes_s"] = None  # this machine's, measured
+    if cores is not None:
+        if not 1 <= cores <= 1024:
+            raise UserError(f"--host-cores must be 1 to 1024 physical cores, not {cores}")
+        changes["n_cores"] = cores
+    return replace(host, **changes)
 
 
 def rpc_endpoints(args: argparse.Namespace) -> list[str]:
@@ -335,7 +396,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
         host = HostSpec(total_bytes=total, available_bytes=total, cpu_features=host.cpu_features)
-    return gpus, host
+    return gpus, what_if_host(host, args)
 
 
 def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig") -> "Session":
@@ -418,7 +479,7 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
     from ..core.speed.cpu_probe import ProbeError
     from ..runner.probe import run_cpu_probe
 
-    n = session.threads()
+    n = session.probe_threads()
     if not quiet:
         what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "

@@ -154,6 +154,11 @@ def _check_bench_devices(args: argparse.Namespace) -> None:
         UserError: ``--gpu-mem``, or a ``--gpu`` card that is not detected here.
     """
     names, sizes = getattr(args, "gpu_name", None) or [], getattr(args, "gpu_mem", None) or []
+    for flag in ("host_mem", "host_bw", "host_cores", "pcie"):
+        if getattr(args, flag, None) is not None:
+            opt = "--" + flag.replace("_", "-")
+            raise UserError(f"bench measures this machine: {opt} describes a what-if host it cannot run on; leave it "
+                            f"out, or predict that host with 'kvtuner plan {opt} ...'")
     if sizes:
         raise UserError(f"bench measures this machine: --gpu-mem {sizes[0]} is a what-if card it cannot run on; "
                         f"leave it out, or plan the card with 'kvtuner plan --gpu-mem {sizes[0]}'")

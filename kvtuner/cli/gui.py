@@ -78,7 +78,7 @@ def _hardware(args: argparse.Namespace) -> "tuple[tuple[str, int | None] | None,
         plan_for = ("card:" + gpus[0].catalogue, None)
     elif sizes:
         plan_for = ("custom", gpus[0].total_bytes)
-    return plan_for, (host if args.ram else None)
+    return plan_for, (host if args.ram or host.what_if else None)
 
 
 def _no_display() -> bool:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
-                   hardware_from_args, load_model, rpc_endpoints, session_from_args, vllm_model_from_args,
+                   hardware_from_args, load_model, positive_int, rpc_endpoints, session_from_args, vllm_model_from_args,
                    vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
                         "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/reference/plan-json.md)")
+    p.add_argument("--prompt", type=positive_int, default=512, metavar="N",
+                   help="prompt length of the predicted prefill in tokens (default 512; with experts in RAM a prompt "
+                        "longer than -ub shows what -ub changes)")
     add_workload_args(p)
     t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
     t.add_argument("--table", action="store_true",
@@ -62,6 +65,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
         session.n_threads = args.threads
+    if args.prompt < 1:
+        raise UserError(f"--prompt must be 1 or more tokens, not {args.prompt}")
+    session.prefill_tokens = args.prompt
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
         note = ensure_cpu_probe(session, args, quiet=args.json)

@@ -208,7 +208,8 @@ def _speed_text(speed: "SpeedPrediction") -> str:
     cal = (f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"
            if speed.n_calibration_runs else "uncalibrated")
     return "\n".join([
-        f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}):",
+        f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}"
+        f"{', for ' + str(speed.host['name']) if speed.host and speed.host.get('what_if') else ''}):",
         f"  decode   {speed.decode_tok_s:8.2f} tok/s empty cache [{speed_band(speed.decode_tok_s)}]"
         f"  (band {lo:.2f}-{hi:.2f}),  {speed.decode_tok_s_at_full_ctx:.2f} tok/s at full context "
         f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",

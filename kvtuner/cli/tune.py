@@ -301,7 +301,8 @@ def _where(c: "Candidate") -> str:
 
 
 def _speed(c: "Candidate") -> str:
-    pre = f", prefill {c.prefill_tok_s:.1f} tok/s" if c.prefill_tok_s is not None and math.isfinite(c.prefill_tok_s) else ""
+    pre = (f", prefill {c.prefill_tok_s:.1f} tok/s ({c.prefill_tokens}-token prompt)"
+           if c.prefill_tok_s is not None and math.isfinite(c.prefill_tok_s) else "")
     return f"{c.decode_tok_s:.2f} tok/s decode at the full {c.plan.n_ctx_seq}-token context{pre}"
 
 

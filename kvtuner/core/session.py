@@ -294,6 +294,7 @@ class Session:
         use_structure_cache: use model structures remembered from earlier structure probes.
         n_threads: CPU threads the speed is predicted for (None: llama.cpp's default, the
             physical cores).
+        prefill_tokens: prompt length of the predicted prefill (tokens).
         split: ``-sm`` / ``-ts`` / ``-mg`` over the devices of ``gpus`` (RPC devices included;
             :class:`~kvtuner.core.plan.placement.DeviceSplit`).
         margins: what a plan must leave free to "fit" (:class:`~kvtuner.core.plan.verdict.FitMargins`:
@@ -314,6 +315,7 @@ class Session:
     use_compute_cache: bool = True
     use_structure_cache: bool = True
     n_threads: int | None = None
+    prefill_tokens: int = 512
     split: DeviceSplit = field(default_factory=DeviceSplit)
     margins: FitMargins = field(default_factory=FitMargins)
     rules: BuildRules = VENDORED
@@ -442,8 +444,21 @@ class Session:
             self._inputs = None
 
     def threads(self) -> int:
-        """CPU threads the speed is predicted for (:attr:`n_threads`, else the physical cores)."""
-        return int(self.n_threads) if self.n_threads else physical_cores()
+        """CPU threads the speed is predicted for (:attr:`n_threads`, else a what-if host's cores,
+        else this machine's physical cores)."""
+        if self.n_threads:
+            return int(self.n_threads)
+        if self.host is not None and self.host.what_if and self.host.n_cores:
+            return int(self.host.n_cores)
+        return physical_cores()
+
+    def probe_threads(self) -> int:
+        """Threads this machine's CPU probe runs at: :meth:`threads`, at most this machine's
+        physical cores when a what-if host is planned for (its rates are then moved to the
+        host's cores by the speed model)."""
+        if self.host is not None and self.host.what_if:
+            return max(1, min(self.threads(), physical_cores()))
+        return self.threads()
 
     def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()
                       ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -461,7 +476,7 @@ class Session:
         pairs = sorted({("f16", "f16"), (self.config.type_k, self.config.type_v), *kv_pairs})
         types, dims = probe_needs(self.model, pairs)
         experts = probe_expert_needs(self.model)
-        have = self.calibration_store().cpu_rates(self.threads(), "f16", self.machine_id)
+        have = self.calibration_store().cpu_rates(self.probe_threads(), "f16", self.machine_id)
         if have is None:
             return types, dims, experts
         missing_t = tuple(t for t in types if t not in have.decode_bytes_s)
@@ -483,17 +498,18 @@ class Session:
         (cpu_probe.attn_key), so one set of inputs serves every KV type. Cached until the hardware
         or the model family changes (:meth:`invalidate_speed`)."""
         family = (self.model.architecture, self.model.file_type) if self.model is not None else None
-        key = (self._hardware_key(), family, self.machine_id, self.threads())
+        key = (self._hardware_key(), family, self.machine_id, self.threads(),
+               self.host.speed_key() if self.host is not None else None)
         if self._inputs is not None and self._inputs[0] == key:
             return self._inputs[1], self._inputs[2]
         try:
             store = self.calibration_store()
             host = self.host
-            if host is not None and not host.mem_bandwidth_bytes_s:
+            if host is not None and not host.mem_bandwidth_bytes_s and not host.what_if:
                 bw = store.host_bandwidth_bytes_s(self.machine_id, measure=self.measure_host_bandwidth)
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
-            cpu = store.cpu_rates(self.threads(), "f16", self.machine_id)
+            cpu = store.cpu_rates(self.probe_threads(), "f16", self.machine_id)
             if cpu is not None and self.model is not None and not probe_covers(cpu, self.model):
                 # a probe of other models' kernels (say only the default model's) would mix
                 # measured and assumed rates, and the advice would depend on which models were
@@ -501,7 +517,8 @@ class Session:
                 cpu = None
             inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
                                   cpu=cpu)
-            if self.model is not None and not any(g.what_if for g in self.gpus):
+            what_if_host = self.host is not None and self.host.what_if
+            if self.model is not None and not any(g.what_if for g in self.gpus) and not what_if_host:
                 # this machine's runs calibrate this machine only: a what-if card keeps the
                 # uncalibrated prior (a CPU run says nothing about a card's rates)
                 inputs = calibrated_inputs(inputs, self.model, store, self.machine_id)
@@ -556,7 +573,7 @@ class Session:
         speed = None
         if inputs is not None:
             try:
-                speed = predict_speed(plan, inputs)
+                speed = predict_speed(plan, inputs, prefill_tokens=self.prefill_tokens)
             except SpeedModelError as exc:
                 why = str(exc)
         settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,

@@ -194,6 +194,8 @@ class MainWindow(QtWidgets.QMainWindow):
         if plan_for is not None:
             self.hardware.set_choice(*plan_for)
             self._apply_effective()
+        if host is not None and host.what_if:
+            self.hardware.set_what_if_host(host)
         self._pull_timer = QtCore.QTimer(self)
         self._pull_timer.timeout.connect(self.pull)
         self._fast = True
@@ -705,6 +707,8 @@ class MainWindow(QtWidgets.QMainWindow):
         s = self.session
         s.model = self.model
         s.config = self._config
+        if s.host is not None:
+            s.host = self.hardware.host_for(s.host)
         self.devices.set_base(self.hardware.gpus())
         s.gpus = tuple(self.devices.devices())
         try:

@@ -116,6 +116,102 @@ def _tensor(sms_tcs: int, boost_ghz: float, flop_per_clk: int) -> float:
     return sms_tcs * boost_ghz * 1e9 * flop_per_clk
 
 
+#: Per streaming multiprocessor, by architecture: tensor cores, FP32 lanes, dense FP16 FLOP per clock
+#: per tensor core (FP16 accumulate); INT8 ops are twice the FP16 rate (the whitepapers' tables).
+_SM_FIGURES: dict[str, tuple[int, int, int]] = {"turing": (8, 64, 128), "ampere": (4, 128, 256),
+                                                "ada": (4, 128, 256), "blackwell": (4, 128, 256)}
+_ARCH_SOURCE = {"turing": _TURING, "ampere": _AMPERE, "ada": _ADA, "blackwell": _BLACKWELL}
+_SPEC_PAGES = {
+    "turing": "NVIDIA GeForce RTX 20 series specifications (https://www.nvidia.com/en-us/geforce/graphics-cards/rtx-2080/, "
+              "https://www.nvidia.com/en-us/geforce/gaming-laptops/20-series/)",
+    "ampere": "NVIDIA GeForce RTX 30 series specifications (https://www.nvidia.com/en-us/geforce/graphics-cards/30-series/, "
+              "https://www.nvidia.com/en-us/geforce/laptops/30-series/)",
+    "ada": "NVIDIA GeForce RTX 40 series specifications (https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/, "
+           "https://www.nvidia.com/en-us/geforce/laptops/40-series/)",
+    "blackwell": "NVIDIA GeForce RTX 50 series specifications (https://www.nvidia.com/en-us/geforce/graphics-cards/50-series/, "
+                 "https://www.nvidia.com/en-us/geforce/laptops/50-series/)",
+}
+
+
+def _geforce(name: str, vram_gib: int, gbps: float, bus_bits: int, sms: int, boost_mhz: int, pcie: tuple[int, int],
+             arch: str) -> GpuModel:
+    """A GeForce card from its product-page figures: memory (GiB), data rate per pin (Gbps) and bus
+    width (bits), streaming multiprocessors, boost clock (MHz; a laptop part's is the top of
+    NVIDIA's range, its highest-power configuration) and PCIe link; tensor and FP32 rates are
+    SMs x per-SM figures (:data:`_SM_FIGURES`) x boost clock. NVML reports it as
+    ``NVIDIA GeForce <name>``, a laptop part as ``NVIDIA GeForce RTX 4060 Laptop GPU``."""
+    tcs_per_sm, lanes_per_sm, fp16_per_tc = _SM_FIGURES[arch]
+    ghz = boost_mhz / 1000
+    base = re.sub(r" \d+GB$", "", name)
+    nvml = f"NVIDIA GeForce {base} GPU" if base.endswith("Laptop") else f"NVIDIA GeForce {base}"
+    return GpuModel(name, vram_gib * GiB, gbps * bus_bits / 8 * 1e9, _tensor(sms * tcs_per_sm, ghz, fp16_per_tc),
+                    _tensor(sms * tcs_per_sm, ghz, 2 * fp16_per_tc), sms * lanes_per_sm * 2 * ghz * 1e9, pcie[0], pcie[1],
+                    arch, f"{_SPEC_PAGES[arch]}; {_ARCH_SOURCE[arch].split(' (')[0]}: {sms} SMs, {boost_mhz} MHz boost, "
+                          f"{gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}", (nvml,))
+
+
+_G3X16, _G4X16, _G4X8, _G5X16, _G5X8 = (3, 16), (4, 16), (4, 8), (5, 16), (5, 8)
+#: GeForce RTX 20 series (Turing), desktop and laptop.
+_GEFORCE_20 = (
+    _geforce("RTX 2060", 6, 14, 192, 30, 1680, _G3X16, "turing"),
+    _geforce("RTX 2060 12GB", 12, 14, 192, 34, 1650, _G3X16, "turing"),
+    _geforce("RTX 2060 Super", 8, 14, 256, 34, 1650, _G3X16, "turing"),
+    _geforce("RTX 2070", 8, 14, 256, 36, 1620, _G3X16, "turing"),
+    _geforce("RTX 2070 Super", 8, 14, 256, 40, 1770, _G3X16, "turing"),
+    _geforce("RTX 2080", 8, 14, 256, 46, 1710, _G3X16, "turing"),
+    _geforce("RTX 2080 Super", 8, 15.5, 256, 48, 1815, _G3X16, "turing"),
+    _geforce("RTX 2060 Laptop", 6, 14, 192, 30, 1200, _G3X16, "turing"),
+    _geforce("RTX 2070 Laptop", 8, 14, 256, 36, 1455, _G3X16, "turing"),
+    _geforce("RTX 2070 Super Laptop", 8, 14, 256, 40, 1380, _G3X16, "turing"),
+    _geforce("RTX 2080 Laptop", 8, 14, 256, 46, 1590, _G3X16, "turing"),
+    _geforce("RTX 2080 Super Laptop", 8, 14, 256, 48, 1560, _G3X16, "turing"),
+)
+#: GeForce RTX 30 series (Ampere) not listed in the catalogue's own entries, desktop and laptop.
+_GEFORCE_30 = (
+    _geforce("RTX 3050 6GB", 6, 14, 96, 18, 1470, _G4X8, "ampere"),
+    _geforce("RTX 3050 8GB", 8, 14, 128, 20, 1777, _G4X8, "ampere"),
+    _geforce("RTX 3060 8GB", 8, 15, 128, 28, 1777, _G4X16, "ampere"),
+    _geforce("RTX 3060 Ti", 8, 14, 256, 38, 1665, _G4X16, "ampere"),
+    _geforce("RTX 3070 Ti", 8, 19, 256, 48, 1770, _G4X16, "ampere"),
+    _geforce("RTX 3080 12GB", 12, 19, 384, 70, 1710, _G4X16, "ampere"),
+    _geforce("RTX 3050 Laptop", 4, 12, 128, 16, 1740, _G4X8, "ampere"),
+    _geforce("RTX 3050 Ti Laptop", 4, 12, 128, 20, 1695, _G4X8, "ampere"),
+    _geforce("RTX 3060 Laptop", 6, 14, 192, 30, 1703, _G4X16, "ampere"),
+    _geforce("RTX 3070 Laptop", 8, 14, 256, 40, 1620, _G4X16, "ampere"),
+    _geforce("RTX 3070 Ti Laptop", 8, 14, 256, 46, 1485, _G4X16, "ampere"),
+    _geforce("RTX 3080 Laptop 8GB", 8, 14, 256, 48, 1710, _G4X16, "ampere"),
+    _geforce("RTX 3080 Laptop 16GB", 16, 14, 256, 48, 1710, _G4X16, "ampere"),
+    _geforce("RTX 3080 Ti Laptop", 16, 16, 256, 58, 1590, _G4X16, "ampere"),
+)
+#: GeForce RTX 40 series (Ada) not listed in the catalogue's own entries, desktop and laptop.
+_GEFORCE_40 = (
+    _geforce("RTX 4070", 12, 21, 192, 46, 2475, _G4X16, "ada"),
+    _geforce("RTX 4070 Super", 12, 21, 192, 56, 2475, _G4X16, "ada"),
+    _geforce("RTX 4070 Ti Super", 16, 21, 256, 66, 2610, _G4X16, "ada"),
+    _geforce("RTX 4080 Super", 16, 23, 256, 80, 2550, _G4X16, "ada"),
+    _geforce("RTX 4050 Laptop", 6, 16, 96, 20, 2370, _G4X8, "ada"),
+    _geforce("RTX 4060 Laptop", 8, 16, 128, 24, 2370, _G4X8, "ada"),
+    _geforce("RTX 4070 Laptop", 8, 16, 128, 36, 2175, _G4X8, "ada"),
+    _geforce("RTX 4080 Laptop", 12, 18, 192, 58, 2280, _G4X16, "ada"),
+    _geforce("RTX 4090 Laptop", 16, 18, 256, 76, 2040, _G4X16, "ada"),
+)
+#: GeForce RTX 50 series (Blackwell) not listed in the catalogue's own entries, desktop and laptop.
+_GEFORCE_50 = (
+    _geforce("RTX 5050", 8, 20, 128, 20, 2572, _G5X8, "blackwell"),
+    _geforce("RTX 5060", 8, 28, 128, 30, 2497, _G5X8, "blackwell"),
+    _geforce("RTX 5060 Ti 8GB", 8, 28, 128, 36, 2572, _G5X8, "blackwell"),
+    _geforce("RTX 5060 Ti 16GB", 16, 28, 128, 36, 2572, _G5X8, "blackwell"),
+    _geforce("RTX 5070", 12, 28, 192, 48, 2512, _G5X16, "blackwell"),
+    _geforce("RTX 5070 Ti", 16, 28, 256, 70, 2452, _G5X16, "blackwell"),
+    _geforce("RTX 5080", 16, 30, 256, 84, 2617, _G5X16, "blackwell"),
+    _geforce("RTX 5050 Laptop", 8, 24, 128, 20, 2500, _G5X8, "blackwell"),
+    _geforce("RTX 5060 Laptop", 8, 24, 128, 26, 2497, _G5X8, "blackwell"),
+    _geforce("RTX 5070 Laptop", 8, 24, 128, 36, 2347, _G5X8, "blackwell"),
+    _geforce("RTX 5070 Ti Laptop", 12, 28, 192, 46, 2220, _G5X16, "blackwell"),
+    _geforce("RTX 5080 Laptop", 16, 28, 256, 60, 2287, _G5X16, "blackwell"),
+    _geforce("RTX 5090 Laptop", 24, 28, 256, 82, 2160, _G5X16, "blackwell"),
+)
+
 # Dense FP16 (FP16 accumulate) FLOP per clock per tensor core: Turing 128, Ampere GA10x 256,
 # Ada 256, Blackwell GB20x 256; INT8 ops twice that (the whitepapers' tables).
 _CATALOGUE: tuple[GpuModel, ...] = (
@@ -127,6 +223,10 @@ _CATALOGUE: tuple[GpuModel, ...] = (
              ("Tesla T4",)),
     GpuModel("RTX 2080 Ti", 11 * GiB, 616e9, _tensor(544, 1.545, 128), _tensor(544, 1.545, 256), 13.45e12, 3, 16, "turing",
              _TURING + ": 544 tensor cores, 1545 MHz boost, 14 Gbps x 352-bit", ("NVIDIA GeForce RTX 2080 Ti",)),
+    *_GEFORCE_20,
+    *_GEFORCE_30,
+    *_GEFORCE_40,
+    *_GEFORCE_50,
     GpuModel("RTX 3060 12GB", 12 * GiB, 360e9, _tensor(112, 1.777, 256), _tensor(112, 1.777, 512), 12.74e12, 4, 16, "ampere",
              _AMPERE + "; RTX 3060 product page: 112 tensor cores, 1777 MHz boost, 15 Gbps x 192-bit",
              ("NVIDIA GeForce RTX 3060",)),
@@ -229,41 +329,60 @@ GPU_CATALOGUE: dict[str, GpuModel] = {g.name: g for g in _CATALOGUE}
 
 
 def _norm(text: str) -> str:
-    """Lower case, vendor words (nvidia, geforce, tesla) and every non-alphanumeric dropped."""
-    t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple)\b", " ", text.lower())
+    """Lower case, vendor words (nvidia, geforce, tesla, amd, radeon, intel, apple, gpu) and every
+    non-alphanumeric dropped."""
+    t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple|gpu)\b", " ", text.lower())
     return re.sub(r"[^a-z0-9]", "", t)
+
+
+def _keys(g: GpuModel) -> set[str]:
+    """The spellings that name ``g`` exactly: its name, its NVML names (each normalised, :func:`_norm`)
+    and the name without its leading ``rtx`` (``"5090"``, ``"2080 Ti"``)."""
+    keys = {_norm(g.name), *(_norm(n) for n in g.nvml_names)}
+    return keys | {k[3:] for k in keys if k.startswith("rtx") and len(k) > 3}
+
+
+def nearest_gpu_names(name: str, n: int = 6) -> list[str]:
+    """Up to ``n`` catalogue names nearest ``name``: those whose name contains it, then the
+    closest spellings (difflib's ratio on normalised names)."""
+    import difflib
+
+    key = _norm(name)
+    by_norm = {_norm(g.name): g.name for g in _CATALOGUE}
+    out = sorted((g.name for g in _CATALOGUE if key and key in _norm(g.name)), key=lambda n: (len(n), n))
+    out += [by_norm[k] for k in difflib.get_close_matches(key, list(by_norm), n=n, cutoff=0.5)]
+    return list(dict.fromkeys(out))[:n]
 
 
 class UnknownGpuError(ValueError):
     """A GPU name the catalogue does not know (or that names several entries); the message lists
-    the catalogue's names."""
+    the nearest catalogue names."""
 
 
 def find_gpu(name: str) -> GpuModel:
-    """The catalogue entry a user names (``"RTX 3090"``, ``"rtx3090"``, ``"NVIDIA GeForce RTX 3090"``):
-    case, spaces, dashes and the words NVIDIA/GeForce/Tesla do not matter; a unique entry whose
-    name contains the text also matches (``"5090"``).
+    """The catalogue entry a user names exactly (``"RTX 3090"``, ``"rtx3090"``, ``"NVIDIA GeForce
+    RTX 3090"``, ``"RTX 4060 Laptop GPU"``): case, spaces, dashes, the words NVIDIA, GeForce,
+    Tesla and GPU, and a leading RTX do not matter. A name that is the start of another is not
+    that other card: ``"RTX 2080"`` is the 8 GB RTX 2080, never the RTX 2080 Ti.
 
     Raises:
-        UnknownGpuError: no entry, or several (the message says which, or lists the catalogue).
+        UnknownGpuError: no entry, or several (cards sold in two memory sizes under one name, such
+            as ``"RTX 4060 Ti"``); the message lists the nearest entries.
     """
     key = _norm(name)
     if not key:
-        raise UnknownGpuError(f"empty GPU name; known GPUs: {', '.join(GPU_CATALOGUE)}")
-    exact = [g for g in _CATALOGUE if _norm(g.name) == key or key in {_norm(n) for n in g.nvml_names}]
-    if len(exact) == 1:
-        return exact[0]
-    partial = exact or [g for g in _CATALOGUE if key in _norm(g.name)]
-    if len(partial) == 1:
-        return partial[0]
-    ending = [g for g in partial if _norm(g.name).endswith(key)]  # "7900 XT": RX 7900 XT, not XTX
-    if len(ending) == 1:
-        return ending[0]
-    if partial:
-        raise UnknownGpuError(f"GPU {name!r} matches several catalogue entries: {', '.join(g.name for g in partial)}; "
+        raise UnknownGpuError("empty GPU name: give a card's name, e.g. \"RTX 3060 12GB\" ('kvtuner gpus' lists them)")
+    exact = [g for g in _CATALOGUE if _norm(g.name) == key]
+    hits = exact or [g for g in _CATALOGUE if key in _keys(g)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise UnknownGpuError(f"GPU {name!r} matches several catalogue entries: {', '.join(g.name for g in hits)}; "
                               "name one of them")
-    raise UnknownGpuError(f"GPU {name!r} is not in the catalogue (kvtuner gpus lists it): known GPUs are "
-                          f"{', '.join(GPU_CATALOGUE)}; or give its memory size with --gpu-mem")
+    near = nearest_gpu_names(name)
+    hint = f"nearest: {', '.join(near)}" if near else "'kvtuner gpus' lists the catalogue"
+    raise UnknownGpuError(f"GPU {name!r} is not in the catalogue ({hint}); name one exactly, "
+                          "or give its memory size with --gpu-mem")
 
 
 def match_nvml_name(nvml_name: str, total_bytes: int | None = None) -> GpuModel | None:

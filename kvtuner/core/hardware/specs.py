@@ -79,13 +79,59 @@ class GpuSpec:
 class HostSpec:
     """The host: RAM capacity and availability in bytes, swap in bytes, and the CPU's
     instruction sets llama.cpp's CPU backend checks (``cpu_features``: ``avx2``, ``avx512``,
-    ``neon``, ``dotprod``, ``i8mm``; None when unknown), which decide the ``CPU_REPACK`` copy."""
+    ``neon``, ``dotprod``, ``i8mm``; None when unknown), which decide the ``CPU_REPACK`` copy.
+
+    A what-if host (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``; ``what_if``
+    True) also carries what the speed model predicts for: ``mem_bandwidth_bytes_s`` its achieved
+    RAM bandwidth (bytes/s), ``memory`` the named configuration (``"DDR4-3200x2"``, None for a
+    bandwidth given directly) and ``mem_theoretical_bytes_s`` its theoretical bandwidth,
+    ``n_cores`` the physical cores llama.cpp uses (None: this machine's), ``pcie_link`` the GPUs'
+    link ``(generation, lanes)`` (None: each card's own).
+    """
 
     total_bytes: int
     available_bytes: int | None = None
     swap_total_bytes: int = 0
     mem_bandwidth_bytes_s: float | None = None
     cpu_features: frozenset[str] | None = None
+    what_if: bool = False
+    memory: str | None = None
+    mem_theoretical_bytes_s: float | None = None
+    n_cores: int | None = None
+    pcie_link: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        """One line naming the host a prediction is for: ``what-if host: DDR4-3200x2 (51.2 GB/s
+        theoretical, 45.1 GB/s achieved), 6 cores, PCIe 4.0 x16``, or ``this machine``."""
+        if not self.what_if:
+            return "this machine"
+        parts = []
+        if self.mem_bandwidth_bytes_s:
+            bw = f"{self.mem_bandwidth_bytes_s / 1e9:.1f} GB/s achieved"
+            if self.memory:
+                theo = f"{self.mem_theoretical_bytes_s / 1e9:.1f} GB/s theoretical, " if self.mem_theoretical_bytes_s else ""
+                parts.append(f"{self.memory} ({theo}{bw})")
+            else:
+                parts.append(f"RAM at {bw}")
+        else:
+            parts.append("this machine's RAM bandwidth")
+        parts.append(f"{self.n_cores} cores" if self.n_cores else "this machine's cores")
+        if self.pcie_link:
+            parts.append(f"PCIe {self.pcie_link[0]}.0 x{self.pcie_link[1]}")
+        return "what-if host: " + ", ".join(parts)
+
+    def speed_dict(self) -> dict[str, object]:
+        """The ``speed.host`` object of ``plan --json``: ``name`` (:meth:`describe`), ``what_if``,
+        ``memory``, ``mem_bandwidth_bytes_s``, ``mem_theoretical_bytes_s``, ``n_cores``, ``pcie``
+        (``"4.0 x16"`` or None)."""
+        return {"name": self.describe(), "what_if": self.what_if, "memory": self.memory,
+                "mem_bandwidth_bytes_s": self.mem_bandwidth_bytes_s, "mem_theoretical_bytes_s": self.mem_theoretical_bytes_s,
+                "n_cores": self.n_cores,
+                "pcie": f"{self.pcie_link[0]}.0 x{self.pcie_link[1]}" if self.pcie_link else None}
+
+    def speed_key(self) -> tuple:
+        """What of the host a speed prediction depends on (the cache key of the speed inputs)."""
+        return (self.what_if, self.mem_bandwidth_bytes_s if self.what_if else None, self.n_cores, self.pcie_link)
 
 
 #: What-if presets offered by the GUI and ``--gpu-mem`` (decimal "GB" cards hold binary GiB).

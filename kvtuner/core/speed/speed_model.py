@@ -61,6 +61,11 @@ KV stays on the host (``-nkvo``, ``kv_gpu_layers``) computes its attention on th
 activations cross PCIe twice per such layer (Q/K/V down, the result up); each change of device
 along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
 
+A what-if host (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``;
+:class:`~kvtuner.core.hardware.specs.HostSpec` ``what_if``) is this machine's probed CPU kernels
+moved to its cores, every host decode rate capped at its RAM's achieved bandwidth
+(:func:`cap_cpu_rates`), and its PCIe link for every local GPU (:func:`gpu_rates`).
+
 Where each constant comes from: the CPU rates from the probe (:mod:`.cpu_probe`, run by the
 runner and stored per machine), the GPU figures from the catalogue
 (:mod:`kvtuner.core.hardware.gpu_catalogue`: vendor datasheets) or NVML, the efficiencies and
@@ -76,7 +81,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name
+from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name, pcie_bandwidth_bytes_s
 from ..hardware.host import physical_cores
 from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
@@ -299,7 +304,8 @@ class SpeedInputs:
     ``rates``: per device (``CUDA0`` ..., ``CPU``); ``n_threads``: CPU threads;
     ``constants``: effective constants; ``sigma_log``: 1-sigma relative uncertainty (natural log)
     of a decode prediction, ``prefill_sigma_log`` of a prefill one (None: ``sigma_log``);
-    ``n_calibration_runs``: measured runs behind ``constants``.
+    ``n_calibration_runs``: measured runs behind ``constants``; ``host``: the host predicted for
+    (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`; None: not said).
     """
 
     rates: dict[str, DeviceRates]
@@ -308,6 +314,7 @@ class SpeedInputs:
     sigma_log: float = 0.35
     n_calibration_runs: int = 0
     prefill_sigma_log: float | None = None
+    host: dict[str, Any] | None = None
 
     def rate(self, device: str) -> DeviceRates:
         """Rates of ``device``.
@@ -386,6 +393,19 @@ def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
                    source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads")
 
 
+def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float) -> CpuRates:
+    """``rates`` on a host whose RAM reaches ``bandwidth_bytes_s``: every decode rate (bytes of
+    weights per second, dense and expert) at most that bandwidth. A decode token streams each
+    host-resident weight once (ggml-cpu's MUL_MAT / MUL_MAT_ID read every row of ``src0``), so
+    the RAM's achieved bandwidth bounds it whatever the cores could compute (the roofline's
+    memory roof; Williams et al. 2009)."""
+    def cap(table: dict[str, float]) -> dict[str, float]:
+        return {t: min(v, bandwidth_bytes_s) for t, v in table.items()}
+
+    return replace(rates, decode_bytes_s=cap(rates.decode_bytes_s), expert_decode_bytes_s=cap(rates.expert_decode_bytes_s),
+                   source=f"{rates.source}, decode capped at {bandwidth_bytes_s / 1e9:.1f} GB/s")
+
+
 def cpu_rate(table: dict[str, float], type_name: str) -> float:
     """The rate of ``type_name`` in a probe table (:func:`kvtuner.core.speed.cpu_probe.nearest`:
     its own, else the probed type nearest in bits per weight, else the fallback ``"*"``).
@@ -413,10 +433,13 @@ def catalogue_entry(gpu: GpuSpec) -> GpuModel:
     return GPU_CATALOGUE[GENERIC_CARDS[size]]
 
 
-def gpu_rates(gpu: GpuSpec) -> DeviceRates:
+def gpu_rates(gpu: GpuSpec, pcie_link: tuple[int, int] | None = None) -> DeviceRates:
     """Rates of one GPU: bandwidth and PCIe from NVML where the GpuSpec has them (measured clocks
     and bus width), else the catalogue; tensor rates from the catalogue entry
-    (:func:`catalogue_entry`)."""
+    (:func:`catalogue_entry`). ``pcie_link``: the host slot's ``(generation, lanes)``
+    (``--pcie``); a link trains to the lower generation and the fewer lanes of card and slot
+    (PCI Express Base Specification, link training), so a card of the catalogue gets
+    ``min(gen) x min(lanes)`` and any other card the slot's link."""
     entry = catalogue_entry(gpu)
     own = gpu.catalogue == entry.name or (not gpu.what_if and match_nvml_name(gpu.name, gpu.total_bytes) is entry)
     src = []
@@ -426,7 +449,14 @@ def gpu_rates(gpu: GpuSpec) -> DeviceRates:
     else:
         src.append(f"bandwidth of the {entry.name} (catalogue)")
     pcie = gpu.pcie_bandwidth_bytes_s or entry.pcie_bandwidth_bytes_s
-    src.append("PCIe from NVML" if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if) else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}")
+    if pcie_link is not None and gpu.endpoint is None:
+        gen, lanes = pcie_link
+        if own:
+            gen, lanes = min(gen, entry.pcie_gen), min(lanes, entry.pcie_lanes)
+        pcie = pcie_bandwidth_bytes_s(gen, lanes)
+        src.append(f"PCIe {gen}.0 x{lanes} (the what-if host's slot)")
+    else:
+        src.append("PCIe from NVML" if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if) else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}")
     src.append(f"tensor rates of the {entry.name}" + ("" if own else " (nearest catalogue card)"))
     if gpu.endpoint is not None:
         src.append(f"RPC link to {gpu.endpoint}: " + ("round trip measured" if gpu.link_rtt_s else "round trip assumed")
@@ -439,15 +469,25 @@ def gpu_rates(gpu: GpuSpec) -> DeviceRates:
 def host_rates(host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None,
                n_threads: int | None = None) -> DeviceRates:
     """Rates of the host: bandwidth from the HostSpec, else the numpy probe, else the default;
-    ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`."""
+    ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`.
+
+    A what-if host (``host.what_if`` with a bandwidth: ``--host-mem``/``--host-bw``) is this
+    machine's CPU kernels moved to its cores (:func:`rates_for_threads`) with every decode rate
+    capped at its RAM's achieved bandwidth (:func:`cap_cpu_rates`)."""
+    what_if = host is not None and host.what_if and bool(host.mem_bandwidth_bytes_s)
     if host is not None and host.mem_bandwidth_bytes_s:
-        bw, src = float(host.mem_bandwidth_bytes_s), "host bandwidth given"
+        bw = float(host.mem_bandwidth_bytes_s)
+        src = (f"host bandwidth of the what-if host ({host.memory or 'given'}: {bw / 1e9:.1f} GB/s)" if what_if
+               else "host bandwidth given")
     elif measure:
         bw, src = measure_host_bandwidth(), "host bandwidth measured (numpy copy)"
     else:
         bw, src = DEFAULT_HOST_BANDWIDTH_BYTES_S, "host bandwidth assumed"
-    threads = n_threads or (cpu.n_threads if cpu else physical_cores())
+    threads = n_threads or (host.n_cores if host is not None and host.n_cores else None) or (
+        cpu.n_threads if cpu else physical_cores())
     rates = rates_for_threads(cpu, threads) if cpu is not None else fallback_cpu_rates(threads, bw)
+    if what_if:
+        rates = cap_cpu_rates(rates, bw)
     return DeviceRates(HOST, bw, source=f"{src}; CPU kernels: {rates.source}", cpu=rates)
 
 
@@ -470,9 +510,11 @@ def speed_inputs(
     threads = physical_cores() if n_threads is None else int(n_threads)
     if threads < 1:
         raise SpeedModelError(f"n_threads must be 1 or more, not {n_threads}")
-    rates = {g.device: gpu_rates(g) for g in gpus}
+    link = host.pcie_link if host is not None else None
+    rates = {g.device: gpu_rates(g, link) for g in gpus}
     rates[HOST] = host_rates(host, measure=measure, cpu=cpu, n_threads=threads)
-    return SpeedInputs(rates, threads, constants or SpeedConstants(), sigma_log, n_calibration_runs)
+    return SpeedInputs(rates, threads, constants or SpeedConstants(), sigma_log, n_calibration_runs,
+                       host=host.speed_dict() if host is not None else None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -956,6 +998,7 @@ class SpeedPrediction:
         n_calibration_runs: measured runs behind the constants (0: defaults).
         sources: where the rates came from.
         inputs: the inputs used (for re-predicting variants; not serialised).
+        host: the host predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`).
     """
 
     decode_tok_s: float
@@ -969,6 +1012,7 @@ class SpeedPrediction:
     n_calibration_runs: int = 0
     sources: tuple[str, ...] = ()
     inputs: SpeedInputs | None = field(default=None, repr=False, compare=False)
+    host: dict[str, Any] | None = None
 
     @property
     def badge(self) -> str:
@@ -990,6 +1034,7 @@ class SpeedPrediction:
             "n_calibration_runs": self.n_calibration_runs,
             "curve": [[d, v] for d, v in self.curve],
             "sources": list(self.sources),
+            "host": self.host,
         }
 
 
@@ -1042,4 +1087,5 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
         decode_tok_s=dec0, decode_tok_s_at_full_ctx=dec_full, prefill_tok_s=pre,
         band=(dec0 / k, dec0 * k), curve=curve, prefill_band=(pre / kp, pre * kp), prefill_tokens=n_p,
         n_threads=inputs.n_threads, n_calibration_runs=inputs.n_calibration_runs, sources=sources, inputs=inputs,
+        host=inputs.host,
     )

@@ -14,7 +14,8 @@ best decode.
 
 Knobs searched:
 
-- categorical (:func:`kv_type_pairs`, ``flash_attn``, ``n_ubatch``): every combination, in the
+- categorical (:func:`kv_type_pairs`, ``flash_attn``, ``n_ubatch``: :data:`UBATCH_CHOICES`, and for
+  a MoE model with a GPU :data:`UBATCH_CHOICES_HOST_EXPERTS` too): every combination, in the
   order of its upper bound (the predicted decode with every layer and all KV on the GPUs,
   fitting or not); a combination whose upper bound is below the best found is skipped;
 - integer, monotone in memory (:data:`INT_KNOBS`): ``n_gpu_layers``, ``n_cpu_moe`` (MoE models),
@@ -79,6 +80,16 @@ DECODE_TIE = 0.01
 #: Physical batch sizes tried, largest first (llama.cpp's default 512; smaller ones shrink the
 #: compute buffer, llama-context.cpp ``graph_reserve`` sizes it by n_ubatch).
 UBATCH_CHOICES = (512, 256, 128)
+#: Physical batch sizes also tried for a MoE model with a GPU, whose experts may live in RAM
+#: (``--n-cpu-moe``): a ubatch of at least ``GGML_OP_OFFLOAD_MIN_BATCH`` (32) rows runs the host
+#: experts' matmuls on the GPU (ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``), and the
+#: scheduler copies those host weights over PCIe once per ubatch (ggml-backend.cpp
+#: ``ggml_backend_sched_compute_splits``), so a larger ``-ub`` divides that copy among more prompt
+#: tokens: prefill grows several-fold from ``-ub 512`` to ``-ub 4096`` in public llama-bench
+#: sweeps. ``-b`` is raised with it (llama-context.cpp: ``n_ubatch = min(n_batch, n_ubatch)``).
+UBATCH_CHOICES_HOST_EXPERTS = (4096, 2048, 1024)
+#: Prompt length of the prefill ranking where those are searched (tokens): one ubatch of the largest.
+LONG_PREFILL_TOKENS = 4096
 #: Grid points of a sampled (non-last) integer knob before refinement.
 GRID_POINTS = 9
 #: Context granularity of the ``min_tok_s`` search (tokens; llama.cpp pads n_ctx to 256).
@@ -159,8 +170,10 @@ class Candidate:
         plan: its memory plan.
         fits: within every device's limit (capacity less margin).
         decode_tok_s: predicted decode tokens/s at the full context (depth ``n_ctx_seq - 1``).
-        prefill_tok_s: predicted prefill tokens/s of a 512-token prompt at depth 0 (None: not
-            computed, only the top candidates get it).
+        prefill_tok_s: predicted prefill tokens/s of a ``prefill_tokens`` prompt at depth 0 (None:
+            not computed, only the top candidates get it).
+        prefill_tokens: that prompt's length: 512, or :data:`LONG_PREFILL_TOKENS` where larger
+            ubatches are searched (a 512-token prompt fills one ubatch of any size above 512).
         measured_decode_tok_s, measured_prefill_tok_s: a real load's figures, when confirmed.
     """
 
@@ -171,6 +184,7 @@ class Candidate:
     prefill_tok_s: float | None = None
     measured_decode_tok_s: float | None = None
     measured_prefill_tok_s: float | None = None
+    prefill_tokens: int = 512
 
     def summary(self) -> dict[str, Any]:
         """The plan in a few figures: bytes per device, KV placement."""
@@ -188,7 +202,8 @@ class Candidate:
         if self.measured_decode_tok_s is not None or self.measured_prefill_tok_s is not None:
             measured = {"decode_tok_s": self.measured_decode_tok_s, "prefill_tok_s": self.measured_prefill_tok_s}
         return {"config": self.config.to_dict(), "plan": self.summary(), "fits": self.fits,
-                "predicted": {"decode_tok_s_at_full_ctx": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s},
+                "predicted": {"decode_tok_s_at_full_ctx": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s,
+                              "prefill_tokens": self.prefill_tokens},
                 "measured": measured}
 
 
@@ -391,13 +406,24 @@ class _Searcher:
     def with_prefill(self, c: Candidate) -> Candidate:
         if c.prefill_tok_s is not None:
             return c
+        n_prompt = LONG_PREFILL_TOKENS if max(self.ubatch_choices()) > 512 else 512
+        n_prompt = max(1, min(n_prompt, c.plan.n_ctx_seq))
         try:
-            pre = prefill_tok_s(c.plan, self.inputs, max(1, min(512, c.plan.n_ctx_seq)), 0)
+            pre = prefill_tok_s(c.plan, self.inputs, n_prompt, 0)
         except SpeedModelError:
             pre = 0.0
-        return replace(c, prefill_tok_s=pre)
+        return replace(c, prefill_tok_s=pre, prefill_tokens=n_prompt)
 
     # -- categorical combinations ---------------------------------------------------------------
+
+    def ubatch_choices(self) -> list[int]:
+        """``n_ubatch`` values searched, largest first: the goal's, and for a MoE model with a GPU
+        also :data:`UBATCH_CHOICES_HOST_EXPERTS` (its experts may end in RAM, where prefill
+        depends on the ubatch)."""
+        choices = set(self.goal.ubatch_choices)
+        if self.gpus and self.model.n_expert > 0 and self.goal.ubatch_choices == UBATCH_CHOICES:
+            choices |= set(UBATCH_CHOICES_HOST_EXPERTS)
+        return sorted(choices, reverse=True)
 
     def combos(self, n_ctx: int) -> list[PlanConfig]:
         pairs = kv_type_pairs(self.model, self.goal.kv_quality, gpu=bool(self.gpus))
@@ -406,9 +432,10 @@ class _Searcher:
             for fa in ("on", "off"):
                 if fa == "off" and kv_type(v).is_quantized:
                     continue  # a quantized V cache requires flash attention (llama-context.cpp)
-                for ub in sorted(set(self.goal.ubatch_choices), reverse=True):
+                for ub in self.ubatch_choices():
                     try:
                         out.append(self.base.with_(n_ctx=n_ctx, type_k=k, type_v=v, flash_attn=fa, n_ubatch=ub,
+                                                   n_batch=max(self.base.n_batch, ub),
                                                    n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0,
                                                    cpu_moe=False, n_cpu_ffn=0))
                     except ConfigError:
@@ -545,9 +572,12 @@ class _Searcher:
                     found.append(c)
             return _rank(self, found)
         if exhaustive:
+            extra_ub = set(UBATCH_CHOICES_HOST_EXPERTS) - set(self.goal.ubatch_choices)
             for cfg in combos:
                 best = None
                 for c in self._all_int(cfg, INT_KNOBS):
+                    if cfg.n_ubatch in extra_ub and not c.plan.host.expert_bytes:
+                        continue  # as the fast search: the larger ubatches only with experts in RAM
                     if c.fits and (best is None or c.decode_tok_s > best.decode_tok_s):
                         best = c
                 if best is not None:
@@ -581,19 +611,22 @@ class _Searcher:
         """:meth:`at_ctx`'s search of the combinations, in the order of their upper bound."""
         best_decode = 0.0
         full_fit: set[tuple[str, str, str]] = set()
+        extra_ub = set(UBATCH_CHOICES_HOST_EXPERTS) - set(self.goal.ubatch_choices)
         for ub_decode, cfg, top in bounds:
             key = (cfg.type_k, cfg.type_v, cfg.flash_attn)
             if ub_decode < best_decode * (1 - DECODE_TIE) or key in full_fit:
                 continue
             if target is not None and ub_decode < target:
                 continue  # cannot reach the target even with everything on the GPUs
+            if cfg.n_ubatch in extra_ub and top.fits:
+                continue  # no expert in RAM: the larger ubatches are searched for those only
             if top.fits:
                 c = top
             else:
                 c, at_g = self.frontier(cfg, hint=hints.get(key))
                 if c is not None:
                     hints[key] = at_g
-            if c is None:
+            if c is None or (cfg.n_ubatch in extra_ub and not c.plan.host.expert_bytes):
                 continue
             reached[key] = max(reached.get(key, 0.0), c.decode_tok_s)
             if top.fits:
@@ -671,6 +704,28 @@ def _rank(s: _Searcher, found: list[Candidate]) -> list[Candidate]:
     tied = [s.with_prefill(c) for c in found if c.decode_tok_s >= lead * (1 - DECODE_TIE)]
     tied.sort(key=lambda c: (-(c.prefill_tok_s or 0.0), -c.decode_tok_s))
     return tied + found[len(tied):]
+
+
+def ubatch_note(s: _Searcher, best: Candidate | None, top: Sequence[Candidate]) -> str | None:
+    """When the best candidate keeps experts in RAM: the fastest-prefill candidate of another
+    ``-ub`` among those searched (:data:`UBATCH_CHOICES_HOST_EXPERTS`), as one line with what it
+    gains in prefill and costs in decode (its larger compute buffer takes VRAM the experts had);
+    None when no other ubatch prefills at least 20 % faster."""
+    if best is None or not best.plan.host.expert_bytes or not best.prefill_tok_s:
+        return None
+    others = [s.with_prefill(c) for c in top if c.config.n_ubatch != best.config.n_ubatch and c.plan.host.expert_bytes
+              and c.decode_tok_s >= best.decode_tok_s * 0.5]
+    if not others:
+        return None
+    alt = max(others, key=lambda c: c.prefill_tok_s or 0.0)
+    if (alt.prefill_tok_s or 0.0) < 1.2 * best.prefill_tok_s:
+        return None
+    cfg = alt.config
+    moe = f" --n-cpu-moe {cfg.n_cpu_moe}" if cfg.n_cpu_moe else ""
+    return (f"prefill: -ub {cfg.n_ubatch} -b {cfg.n_batch}{moe} prefills {alt.prefill_tok_s:.0f} tok/s instead of "
+            f"{best.prefill_tok_s:.0f} and decodes {alt.decode_tok_s:.2f} instead of {best.decode_tok_s:.2f} tok/s "
+            f"(each ubatch copies the experts in RAM to the GPU once: a larger one spreads that copy over more "
+            f"tokens, and its compute buffer takes VRAM the experts had)")
 
 
 def _runner_up(top: list[Candidate]) -> Candidate | None:
@@ -811,6 +866,9 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     if model.n_expert and gpus:
         notes.append("MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
                      "-ngl only, so it is pessimistic")
+    ub_note = ubatch_note(s, best, top)
+    if ub_note:
+        notes.append(ub_note)
     return TuneResult(goal, best, runner, fit, s.evaluated, time.perf_counter() - t0, tuple(top), tuple(notes))
 
 

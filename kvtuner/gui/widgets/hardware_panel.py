@@ -1,6 +1,7 @@
 """Hardware: the detected GPUs and RAM, or a what-if GPU: a named card of the catalogue
 (:mod:`kvtuner.core.hardware.gpu_catalogue`, its figures shown), a generic card of a memory size
-(8/12/16/24/48 GB, or a custom size).
+(8/12/16/24/48 GB, or a custom size); and the host the speed is predicted for: this machine, or a
+what-if host (its memory, cores and PCIe link).
 
 On a machine without a GPU the plan is for this machine (CPU only) by default: a what-if card is
 an explicit choice (a default what-if card predicted 464 tok/s for the default model where this
@@ -145,10 +146,110 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.figures.setWordWrap(True)
         self.figures.setToolTip("The figures the speed prediction uses for the chosen card (vendor specifications).")
         form.addRow("Card", self.figures)
+        self._build_host_row(form)
         self.set_choice(DETECTED if gpus else CPU_ONLY)
         self._show_figures()
         self.choice.currentIndexChanged.connect(self._on_choice_changed)
         self.custom.valueChanged.connect(self._on_choice_changed)
+
+    def _build_host_row(self, form: QtWidgets.QFormLayout) -> None:
+        """The host part of "Plan for": its memory (this machine's, or a named configuration of
+        :mod:`kvtuner.core.hardware.memory_catalogue`), its physical cores (0: this machine's) and
+        the GPUs' PCIe link (the card's own, or a slot such as 3.0 x4 for a Thunderbolt eGPU)."""
+        from ...core.hardware.memory_catalogue import EXAMPLE_CONFIGS, parse_host_memory
+
+        self.host_mem = QtWidgets.QComboBox()
+        self.host_mem.addItem("this machine's RAM", None)
+        for name in EXAMPLE_CONFIGS:
+            m = parse_host_memory(name)
+            self.host_mem.addItem(f"{name} ({m.typical_bytes_s / 1e9:.0f} GB/s)", name)
+            self.host_mem.setItemData(self.host_mem.count() - 1,
+                                      f"{m.theoretical_bytes_s / 1e9:.1f} GB/s theoretical, {m.typical_bytes_s / 1e9:.1f} "
+                                      f"GB/s typical achieved\nsource: {m.source}", QtCore.Qt.ItemDataRole.ToolTipRole)
+        self.host_mem.setToolTip("The host RAM the speed is predicted for (--host-mem): CPU-side weights, experts\n"
+                                 "and KV stream at its achieved bandwidth.")
+        self.host_cores = QtWidgets.QSpinBox()
+        self.host_cores.setRange(0, 1024)
+        self.host_cores.setSpecialValueText("this machine's cores")
+        self.host_cores.setSuffix(" cores")
+        self.host_cores.setToolTip("Physical cores llama.cpp uses on that host (--host-cores); 0: this machine's.")
+        self.host_pcie = QtWidgets.QComboBox()
+        self.host_pcie.addItem("card's own PCIe link", None)
+        for gen, lanes in ((5, 16), (4, 16), (4, 8), (4, 4), (3, 16), (3, 4)):
+            self.host_pcie.addItem(f"PCIe {gen}.0 x{lanes}" + (" (eGPU)" if (gen, lanes) == (3, 4) else ""), f"{gen}x{lanes}")
+        self.host_pcie.setToolTip("The GPUs' link on that host (--pcie): host weights cross it in prefill.")
+        row = QtWidgets.QWidget()
+        rl = QtWidgets.QHBoxLayout(row)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.host_mem, 2)
+        rl.addWidget(self.host_cores, 1)
+        rl.addWidget(self.host_pcie, 1)
+        label = QtWidgets.QLabel("&Host")
+        label.setBuddy(self.host_mem)
+        form.addRow(label, row)
+        self._machine_bw: float | None = self._host.mem_bandwidth_bytes_s if not self._host.what_if else None
+        for w in (self.host_mem, self.host_pcie):
+            w.currentIndexChanged.connect(self._on_host_changed)
+        self.host_cores.valueChanged.connect(self._on_host_changed)
+
+    def _on_host_changed(self, *_: object) -> None:
+        self.changed.emit()
+
+    def host_for(self, host: HostSpec) -> HostSpec:
+        """``host`` (this machine's RAM and CPU) as the host part of "Plan for" describes it:
+        unchanged for this machine, else a what-if host (:class:`HostSpec` ``what_if``) with the
+        chosen memory's typical bandwidth, cores and PCIe link."""
+        from dataclasses import replace
+
+        from ...core.hardware.memory_catalogue import parse_host_memory
+
+        if not host.what_if:
+            self._machine_bw = host.mem_bandwidth_bytes_s
+        mem, cores, link = self.host_mem.currentData(), self.host_cores.value(), self.host_pcie.currentData()
+        if mem is None and not cores and link is None:
+            return replace(host, what_if=False, memory=None, mem_theoretical_bytes_s=None, n_cores=None, pcie_link=None,
+                           mem_bandwidth_bytes_s=self._machine_bw if host.what_if else host.mem_bandwidth_bytes_s)
+        pcie = tuple(int(x) for x in link.split("x")) if link else None
+        changes: dict = {"what_if": True, "n_cores": cores or None, "pcie_link": pcie}
+        if isinstance(mem, str) and mem.startswith("bw:"):
+            changes.update(memory=None, mem_theoretical_bytes_s=None, mem_bandwidth_bytes_s=float(mem[3:]))
+        elif mem is not None:
+            m = parse_host_memory(mem)
+            changes.update(memory=m.name, mem_theoretical_bytes_s=m.theoretical_bytes_s,
+                           mem_bandwidth_bytes_s=m.typical_bytes_s)
+        else:
+            changes.update(memory=None, mem_theoretical_bytes_s=None, mem_bandwidth_bytes_s=None)
+        return replace(host, **changes)
+
+    def set_what_if_host(self, host: HostSpec) -> None:
+        """Show a what-if host (``kvtuner gui --host-mem ...``) in the host part without emitting
+        :attr:`changed`: its memory (added to the list when it is not there, or as a bandwidth),
+        cores and link."""
+        if not host.what_if:
+            return
+        widgets = (self.host_mem, self.host_cores, self.host_pcie)
+        for w in widgets:
+            w.blockSignals(True)
+        if host.memory:
+            i = self.host_mem.findData(host.memory)
+            if i < 0:
+                self.host_mem.addItem(f"{host.memory} ({(host.mem_bandwidth_bytes_s or 0) / 1e9:.0f} GB/s)", host.memory)
+                i = self.host_mem.count() - 1
+            self.host_mem.setCurrentIndex(i)
+        elif host.mem_bandwidth_bytes_s:
+            self.host_mem.addItem(f"RAM at {host.mem_bandwidth_bytes_s / 1e9:.0f} GB/s (given)",
+                                  f"bw:{host.mem_bandwidth_bytes_s}")
+            self.host_mem.setCurrentIndex(self.host_mem.count() - 1)
+        self.host_cores.setValue(host.n_cores or 0)
+        if host.pcie_link:
+            key = f"{host.pcie_link[0]}x{host.pcie_link[1]}"
+            i = self.host_pcie.findData(key)
+            if i < 0:
+                self.host_pcie.addItem(f"PCIe {host.pcie_link[0]}.0 x{host.pcie_link[1]}", key)
+                i = self.host_pcie.count() - 1
+            self.host_pcie.setCurrentIndex(i)
+        for w in widgets:
+            w.blockSignals(False)
 
     def host(self) -> HostSpec:
         """The host the plan uses."""
