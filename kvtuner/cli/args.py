@@ -4,6 +4,7 @@ catalogue :data:`kvtuner.core.plan.fields.FIELDS`), the hardware flags, and JSON
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import typing
@@ -678,3 +679,56 @@ def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable
             setattr(ns, dest, None)
     config = config_from_args(ns, model=model)
     return config, ns, not_understood
+
+
+def add_extras_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of what llama-server loads besides the model (projector, draft, LoRA), from
+    :data:`kvtuner.core.plan.fields.EXTRA_FIELDS` (llama-server spellings accepted)."""
+    from ..core.plan.fields import EXTRA_FIELDS
+
+    g = parser.add_argument_group("projector, draft model and LoRA (llama-server flags in brackets)")
+    for f in EXTRA_FIELDS:
+        names = (f.flag, *f.aliases)
+        bracket = f" [{f.llama_flag}]"
+        if f.kind == "negated-switch":
+            g.add_argument(*names, dest=f.name, action="store_false", default=True, help=f.help + bracket)
+        elif f.kind == "list":
+            g.add_argument(*names, dest=f.name, action="append", default=None, metavar="FILE[:SCALE]", help=f.help + bracket)
+        elif f.kind == "layers":
+            g.add_argument(*names, dest=f.name, type=_layers, default=None, metavar="N|all", help=f.help + bracket)
+        else:
+            g.add_argument(*names, dest=f.name, default=None, metavar="FILE" if f.kind == "path" else "T",
+                           help=f.help + bracket)
+
+
+def extras_from_args(args: argparse.Namespace) -> "object":
+    """The :class:`~kvtuner.core.plan.extras.ExtrasConfig` of :func:`add_extras_args` flags.
+
+    Raises:
+        UserError: a bad KV type or LoRA scale, or draft settings without ``-md``.
+    """
+    from ..core.model.ggml_types import kv_type
+    from ..core.plan.config import ALL_LAYERS
+    from ..core.plan.extras import ExtrasConfig
+
+    loras: list[tuple[str, float]] = []
+    for text in getattr(args, "loras", None) or ():
+        path, colon, scale = text.rpartition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
+        try:
+            loras.append((path, float(scale) if colon else 1.0))
+        except ValueError:
+            raise UserError(f"--lora {text}: the scale after ':' must be a number (FILE:0.5)") from None
+    types = {}
+    for name, flag in (("draft_type_k", "-ctkd"), ("draft_type_v", "-ctvd")):
+        value = getattr(args, name, None)
+        if value is not None:
+            try:
+                types[name] = kv_type(value).name
+            except ValueError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    draft = getattr(args, "draft", None)
+    ngld = getattr(args, "draft_gpu_layers", None)
+    if draft is None and (ngld is not None or types):
+        raise UserError("-ngld/-ctkd/-ctvd set the draft model's placement: give the draft with -md FILE")
+    return ExtrasConfig(mmproj=getattr(args, "mmproj", None), mmproj_offload=getattr(args, "mmproj_offload", True),
+                        draft=draft, draft_gpu_layers=ALL_LAYERS if ngld is None else ngld, loras=tuple(loras), **types)

@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
+                   extras_from_args,
                    hardware_from_args, load_model, rpc_endpoints, session_from_args, vllm_model_from_args,
                    vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
 
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
+    add_extras_args(p)
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
     p.add_argument("--verify", action="store_true",
@@ -79,15 +81,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
     resolved = list(getattr(args, "resolved_notes", ()))
     extra_doc, extra_text = _workload_and_vllm(args, assessment.plan, config)
+    extras_doc, extras_text = _extras(args, session, assessment.plan, model)
     if args.json:
         doc = assessment.to_dict()
         doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
         doc.update(extra_doc)
+        doc.update(extras_doc)
         emit_json(doc)
     else:
         text = report.plan_text(assessment)
-        print("\n".join([*(f"resolved: {n}" for n in resolved), text, *extra_text]))
+        print("\n".join([*(f"resolved: {n}" for n in resolved), text, *extras_text, *extra_text]))
     return 0
+
+
+def _extras(args: argparse.Namespace, session: "object", plan: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
+    """The projector / draft / LoRA section (:func:`kvtuner.core.plan.extras.plan_extras`) as the
+    ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``. With
+    ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
+    from ..core.plan.config import ConfigError
+    from ..core.plan.extras import plan_extras
+    from . import report
+
+    extras = extras_from_args(args)
+    if extras.empty:
+        return {}, []
+    draft_exact = None
+    if args.verify and extras.draft:
+        draft_exact = _verify_draft(args, model, plan.config, extras)
+    try:
+        xp = plan_extras(plan, extras, session.gpus, session.host, split=session.split, draft_exact=draft_exact)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    return {"extras": xp.to_dict()}, report.extras_text(plan, xp)
+
+
+def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig", extras: "object") -> "object":
+    """llama-server's figures for the draft (its fit step's second table), as ExactFigures."""
+    from ..core.plan.config import ConfigError
+    from ..runner.dryrun import DryRunError
+    from ..runner.extras_verify import draft_exact_figures, verify_draft
+
+    engine = engine_from_args(args)
+    if getattr(engine, "kind", "") != "server":
+        print("kvtuner: the draft's figures come from llama-server's fit step: --engine server to verify them",
+              file=sys.stderr)
+        return None
+    try:
+        return draft_exact_figures(verify_draft(engine, model.path, config, extras))
+    except DryRunError as exc:
+        raise UserError(f"llama-server could not measure the draft: {exc}") from None
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanConfig") -> "tuple[dict, list[str]]":

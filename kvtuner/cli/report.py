@@ -294,3 +294,32 @@ def table_text(model_name: str, gpu_name: str, gpu_bytes: int, weights_bytes: in
         "KV = sequences x window x 2 x n_layer x n_kv_head x head_dim x bytes/element; tok/s = aggregate decode "
         "roofline (sequences x bandwidth / (weights + KV)), an upper bound",
     ])
+
+
+def extras_text(plan: "object", xp: "object") -> list[str]:
+    """Text lines of the projector / draft / LoRA plan (:class:`kvtuner.core.plan.extras.ExtrasPlan`):
+    one line per part and device, then each device's total with them against its capacity."""
+    from ..core.units import fmt_bytes
+
+    lines = ["besides the model:"]
+    parts: dict[tuple[str, str], dict[str, int]] = {}
+    sources: dict[str, str] = {}
+    for s in xp.segments:
+        parts.setdefault((s.part, s.device), {})[s.kind] = parts.get((s.part, s.device), {}).get(s.kind, 0) + s.bytes
+        sources[s.part] = s.source
+    for (part, dev), kinds in parts.items():
+        body = "  ".join(f"{k} {fmt_bytes(b)}" for k, b in kinds.items())
+        lines.append(f"  {part:<7}{dev:<7}{body}  ({sources[part]})")
+    if xp.image_tokens:
+        lines.append(f"  one image takes {xp.image_tokens} context tokens")
+    extra = xp.bytes_by_device()
+    for d in plan.devices:
+        add = extra.get(d.device, 0)
+        if not add:
+            continue
+        total = d.total_bytes + add
+        cap = d.capacity_bytes
+        verdict = "" if cap is None else (" fits" if total <= cap else f" DOES NOT FIT (over by {fmt_bytes(total - cap)})")
+        lines.append(f"  {d.device} with them: {fmt_bytes(total)}" + ("" if cap is None else f" of {fmt_bytes(cap)}") + verdict)
+    lines += [f"  note: {n}" for n in xp.notes]
+    return lines

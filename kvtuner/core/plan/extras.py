@@ -1,0 +1,308 @@
+"""What llama-server loads besides the main model: a vision/audio projector (``--mmproj``), a
+draft model for speculative decoding (``-md``) and LoRA adapters (``--lora``), per device.
+
+:func:`plan_extras` takes the main model's :class:`~kvtuner.core.plan.memory_plan.MemoryPlan`
+and returns one :class:`ExtraSegment` per part, kind and device:
+
+- draft model (common/speculative.cpp ``common_base_params_to_speculative``): the draft gets the
+  main context's parameters (``n_ctx``, ``n_seq_max``, ``kv_unified``, ``n_ubatch``, flash
+  attention; b11434 has no ``-cd``: "the draft context is created from the same base params and
+  follows the main context", common/common.cpp ``common_init_result``), its own ``-ngld``
+  (``params.speculative.draft.n_gpu_layers``), its own KV types ``-ctkd``/``-ctvd`` (default
+  f16) and no tensor overrides unless ``-otd``. Its weights, KV, compute and output buffers are
+  therefore the planner's own rules applied to the draft file
+  (:func:`~kvtuner.core.plan.memory_plan.plan_memory` with those settings); llama-server's
+  ``--fit`` prints them as a second memory-breakdown table ("getting device memory data for the
+  extra model", common/fit.cpp ``common_params_fit_impl``).
+- projector (tools/mtmd/clip.cpp ``clip_model_loader::load_tensors``): every tensor of the
+  mmproj file in one buffer on the first GPU backend, or the CPU with ``--no-mmproj-offload``
+  (``mtmd_context_params.use_gpu``). Its compute buffer (the clip graph of one image) is not
+  planned here: it is named as not counted.
+- LoRA (src/llama-adapter.cpp ``llama_adapter_lora_init_impl``): each ``*.lora_a``/``*.lora_b``
+  tensor is allocated in the buffer type of the base tensor it adapts, so on the device of that
+  tensor's layer (``token_embd`` on the host, ``output`` where the output layer is).
+
+Errors (one line, what to change) follow llama-server's refusals: a file that is not GGUF, a
+projector whose output width is not the model's ``n_embd`` (tools/mtmd/mtmd.cpp "mismatch
+between text model ... and mmproj"), a draft whose vocabulary differs by more than 128 tokens
+(common/speculative.cpp ``SPEC_VOCAB_MAX_SIZE_DIFFERENCE``), a file that is not a LoRA adapter
+(llama-adapter.cpp "expect general.type to be 'adapter'").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..model.gguf_header import GGUFError, GGUFHeader, read_header
+from .buffers import HOST
+from .config import ALL_LAYERS, ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..hardware.specs import GpuSpec, HostSpec
+    from .memory_plan import MemoryPlan
+
+#: common/speculative.cpp ``SPEC_VOCAB_MAX_SIZE_DIFFERENCE``: the most tokens a draft's
+#: vocabulary may differ from the main model's.
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
+#: The projector output-width keys clip.cpp reads (``clip.vision.projection_dim`` /
+#: ``clip.audio.projection_dim``, tools/mtmd/clip-impl.h ``KEY_PROJ_DIM``).
+_PROJ_DIM_KEYS = ("clip.vision.projection_dim", "clip.audio.projection_dim")
+_BLK_RE = re.compile(r"^blk\.(\d+)\.")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExtrasConfig:
+    """The extra files of a llama-server command line and their settings.
+
+    Attributes:
+        mmproj: the projector GGUF (``--mmproj``/``-mm``), None for none.
+        mmproj_offload: the projector on the GPU (False: ``--no-mmproj-offload``).
+        draft: the draft model GGUF (``-md``/``--spec-draft-model``), None for none.
+        draft_gpu_layers: ``-ngld`` (``--spec-draft-ngl``): layers of the draft on the GPU, or
+            :data:`~kvtuner.core.plan.config.ALL_LAYERS`.
+        draft_type_k, draft_type_v: the draft's KV types (``-ctkd``/``-ctvd``, default f16).
+        loras: LoRA adapter GGUFs (``--lora``, repeatable), with a scale each.
+    """
+
+    mmproj: str | None = None
+    mmproj_offload: bool = True
+    draft: str | None = None
+    draft_gpu_layers: int = ALL_LAYERS
+    draft_type_k: str = "f16"
+    draft_type_v: str = "f16"
+    loras: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """No extra file at all."""
+        return self.mmproj is None and self.draft is None and not self.loras
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (docs/reference/plan-json.md, ``extras.config``)."""
+        return {"mmproj": self.mmproj, "mmproj_offload": self.mmproj_offload, "draft": self.draft,
+                "draft_gpu_layers": "all" if self.draft_gpu_layers == ALL_LAYERS else self.draft_gpu_layers,
+                "draft_type_k": self.draft_type_k, "draft_type_v": self.draft_type_v,
+                "loras": [{"path": p, "scale": s} for p, s in self.loras]}
+
+
+@dataclass(frozen=True)
+class ExtraSegment:
+    """One part's bytes of one kind on one device.
+
+    Attributes:
+        part: ``mmproj``, ``draft`` or ``lora``.
+        kind: ``weights``, ``kv``, ``compute`` or ``output``.
+        device: ``CPU`` (host) or ``CUDA0`` ...
+        bytes: the bytes.
+        source: how it was obtained (``gguf tensor table``, ``kvtuner plan of the draft``,
+            ``llama-server fit table``).
+    """
+
+    part: str
+    kind: str
+    device: str
+    bytes: int
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {"part": self.part, "kind": self.kind, "device": self.device, "bytes": self.bytes, "source": self.source}
+
+
+@dataclass(frozen=True)
+class ExtrasPlan:
+    """The extras of one plan.
+
+    Attributes:
+        config: what was planned.
+        segments: per part, kind and device.
+        draft_plan: the draft's own memory plan (None without ``-md``).
+        image_tokens: context tokens one image takes (None without a vision projector).
+        notes: what is not counted and why.
+    """
+
+    config: ExtrasConfig
+    segments: tuple[ExtraSegment, ...] = ()
+    draft_plan: "MemoryPlan | None" = None
+    image_tokens: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def bytes_by_device(self) -> dict[str, int]:
+        """Total extra bytes per device."""
+        out: dict[str, int] = {}
+        for s in self.segments:
+            out[s.device] = out.get(s.device, 0) + s.bytes
+        return out
+
+    def part_bytes(self, part: str, kind: str | None = None, device: str | None = None) -> int:
+        """Bytes of one part (optionally one kind, one device)."""
+        return sum(s.bytes for s in self.segments
+                   if s.part == part and (kind is None or s.kind == kind) and (device is None or s.device == device))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``extras`` key of ``kvtuner plan --json`` (docs/reference/plan-json.md)."""
+        return {
+            "config": self.config.to_dict(),
+            "segments": [s.to_dict() for s in self.segments],
+            "bytes_by_device": self.bytes_by_device(),
+            "image_tokens": self.image_tokens,
+            "draft": None if self.draft_plan is None else {
+                "n_gpu_layers": self.draft_plan.n_gpu_layers,
+                "n_ctx": self.draft_plan.n_ctx,
+                "devices": [d.to_dict() for d in self.draft_plan.devices],
+                "kv_caches": self.draft_plan.to_dict()["kv_caches"],
+                "compute_source": self.draft_plan.compute.source,
+            },
+            "notes": list(self.notes),
+        }
+
+
+def _header(path: str, what: str, flag: str) -> GGUFHeader:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"{flag} {path}: no such file: give the path of the {what} GGUF")
+    try:
+        return read_header(p)
+    except GGUFError as exc:
+        raise ConfigError(f"{flag} {path}: not a readable GGUF file ({exc}): give the {what} GGUF") from None
+
+
+def _tensor_bytes(h: GGUFHeader) -> int:
+    return sum(t.n_bytes for t in h.tensors)
+
+
+def projector_header(path: str, n_embd: int) -> GGUFHeader:
+    """Read and check a projector file.
+
+    Raises:
+        ConfigError: not GGUF, not a clip projector (``general.architecture`` != ``clip``), or a
+            projection width that is not the text model's ``n_embd``.
+    """
+    h = _header(path, "projector (mmproj)", "--mmproj")
+    arch = h.metadata.get("general.architecture")
+    if arch != "clip":
+        raise ConfigError(f"--mmproj {path}: general.architecture is {arch!r}, not 'clip': give the model's mmproj GGUF")
+    for key in _PROJ_DIM_KEYS:
+        dim = h.metadata.get(key)
+        if isinstance(dim, int) and dim != n_embd:
+            raise ConfigError(f"--mmproj {path}: the projector outputs {dim}-wide embeddings ({key}) and the model's "
+                              f"are {n_embd} wide: give the mmproj made for this model")
+    return h
+
+
+def image_tokens(h: GGUFHeader) -> int | None:
+    """Context tokens of one image at the projector's native size: ``(image_size / patch_size)^2``
+    patches, divided by the merge factor (``clip.vision.projector.scale_factor``, Gemma 3's 4x4
+    average pool: ``clip.cpp`` ``clip_n_output_tokens`` ``PROJECTOR_TYPE_GEMMA3``: 256 of 4096);
+    None without vision hparams."""
+    md = h.metadata
+    size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
+    if not isinstance(size, int) or not isinstance(patch, int) or patch <= 0:
+        return None
+    n = (size // patch) ** 2
+    scale = md.get("clip.vision.projector.scale_factor")
+    if isinstance(scale, int) and scale > 1:
+        n //= scale * scale
+    elif md.get("clip.projector_type") == "gemma3":
+        n //= 16  # clip.cpp: n_merge 4 (AvgPool2d 4x4) when the file states no scale factor
+    return n
+
+
+def lora_header(path: str) -> GGUFHeader:
+    """Read and check a LoRA adapter (src/llama-adapter.cpp ``llama_adapter_lora_init_impl``).
+
+    Raises:
+        ConfigError: not GGUF, ``general.type`` not ``adapter`` or ``adapter.type`` not ``lora``,
+            or no ``.lora_a``/``.lora_b`` tensor.
+    """
+    h = _header(path, "LoRA adapter", "--lora")
+    md = h.metadata
+    if md.get("general.type") != "adapter" or md.get("adapter.type") != "lora":
+        raise ConfigError(f"--lora {path}: not a LoRA adapter (general.type {md.get('general.type')!r}, adapter.type "
+                          f"{md.get('adapter.type')!r}): convert it with convert_lora_to_gguf.py")
+    if not any(t.name.endswith((".lora_a", ".lora_b")) for t in h.tensors):
+        raise ConfigError(f"--lora {path}: no .lora_a/.lora_b tensors: convert it with convert_lora_to_gguf.py")
+    return h
+
+
+def _lora_device(name: str, plan: "MemoryPlan") -> str:
+    """The device of the base tensor a LoRA tensor adapts."""
+    m = _BLK_RE.match(name)
+    devs = plan.layer_devices
+    if m and devs:
+        il = int(m.group(1))
+        return devs[il] if il < len(devs) - 1 else HOST
+    if name.startswith("output.") and devs:
+        return devs[-1]
+    return HOST
+
+
+def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpec"] = (),
+                host: "HostSpec | None" = None, *, split: Any = None,
+                draft_exact: Any = None) -> ExtrasPlan:
+    """Plan ``extras`` next to the main ``plan`` (same devices).
+
+    Args:
+        plan: the main model's plan.
+        extras: the extra files and settings.
+        gpus, host, split: the hardware the main plan was made for.
+        draft_exact: llama-server's figures for the draft
+            (:class:`~kvtuner.core.plan.memory_plan.ExactFigures`), None for kvtuner's own.
+
+    Raises:
+        ConfigError: a file llama-server would refuse (one line).
+    """
+    from ..model.profile import ModelProfile
+    from .memory_plan import plan_memory
+
+    segs: list[ExtraSegment] = []
+    notes: list[str] = []
+    draft_plan = None
+    n_img = None
+    # clip.cpp takes the first GPU backend (ggml_backend_init_by_type GGML_BACKEND_DEVICE_TYPE_GPU)
+    gpu_devices = [d.device for d in plan.gpus if d.kind == "gpu"]
+    if extras.mmproj:
+        h = projector_header(extras.mmproj, plan.model.n_embd)
+        dev = gpu_devices[0] if (extras.mmproj_offload and gpu_devices) else HOST
+        segs.append(ExtraSegment("mmproj", "weights", dev, _tensor_bytes(h), "gguf tensor table"))
+        n_img = image_tokens(h)
+        notes.append("projector compute buffer (the clip graph of one image) is not counted: llama-server's log "
+                     "line 'clip_ctx: ... compute buffer size' gives it")
+    if extras.draft:
+        _header(extras.draft, "draft model", "-md")
+        try:
+            draft = ModelProfile.from_gguf(extras.draft)
+        except GGUFError as exc:
+            raise ConfigError(f"-md {extras.draft}: {exc}: give a draft model GGUF") from None
+        diff = abs(draft.n_vocab - plan.model.n_vocab)
+        if diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+            raise ConfigError(f"-md {extras.draft}: its vocabulary has {draft.n_vocab} tokens and the model's "
+                              f"{plan.model.n_vocab} (llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart): "
+                              "give a draft of the same model family")
+        cfg = plan.config.with_(n_gpu_layers=extras.draft_gpu_layers, kv_gpu_layers=None,
+                                type_k=extras.draft_type_k, type_v=extras.draft_type_v,
+                                n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0, tensor_overrides=())
+        kw: dict[str, Any] = {"split": split}
+        if draft_exact is not None:
+            kw["exact"] = draft_exact
+        draft_plan = plan_memory(draft, cfg, gpus, host, **kw)
+        src = "llama-server fit table" if draft_exact is not None else "kvtuner plan of the draft"
+        for d in draft_plan.devices:
+            for kind, b in (("weights", d.weights_bytes + d.repack_bytes), ("kv", d.kv_bytes),
+                            ("compute", d.compute_bytes), ("output", d.output_bytes)):
+                if b:
+                    segs.append(ExtraSegment("draft", kind, d.device, b, src))
+    for path, _scale in extras.loras:
+        h = lora_header(path)
+        per: dict[str, int] = {}
+        for t in h.tensors:
+            dev = _lora_device(t.name, plan)
+            per[dev] = per.get(dev, 0) + t.n_bytes
+        for dev, b in per.items():
+            segs.append(ExtraSegment("lora", "weights", dev, b, f"gguf tensor table ({os.path.basename(path)})"))
+    return ExtrasPlan(extras, tuple(segs), draft_plan, n_img, tuple(notes))
