@@ -139,3 +139,64 @@ def test_lora_and_draft_real_load(tmp_path, default_model, default_profile):
     parts = {(s["part"], s["kind"]) for s in doc["segments"]}
     assert {("lora", "weights"), ("draft", "weights"), ("draft", "kv"), ("draft", "compute")} <= parts
     assert doc["config"]["draft_gpu_layers"] == "all" and ALL_LAYERS == -1
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_projector_real_load(tmp_path, default_model, default_profile):
+    """A sparse SigLIP/Gemma 3 projector: llama-server loads it (/health); its model size to the
+    printed byte and its compute buffer within 2% or 8 MiB of the plan."""
+    from gguf_extras import write_projector
+
+    from kvtuner.runner.extras_verify import extras_argv
+
+    proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
+    extras = ExtrasConfig(mmproj=str(proj))
+    engine = _server_engine()
+    flags = ["-c", "1024", "-np", "1", "-t", "2", "--fit", "off", "-lv", "4", *extras_argv(extras)]
+    proc, _port, _argv = start_llama_server(Path(engine.server), default_model, tmp_path, flags)
+    stop_group(proc)
+    log = next(tmp_path.glob("server-*.log")).read_text(errors="replace")
+    size = float(re.search(r"load_hparams: model size:\s+([\d.]+) MiB", log).group(1))
+    compute = float(re.search(r"reserve_compute_meta:\s+CPU compute buffer size =\s+([\d.]+) MiB", log).group(1))
+    xp = plan_extras(plan_memory(default_profile, PlanConfig(n_ctx=1024)), extras)
+    assert abs(xp.part_bytes("mmproj", "weights", "CPU") - size * MiB) <= 0.0051 * MiB
+    planned = xp.part_bytes("mmproj", "compute", "CPU")
+    assert abs(planned - compute * MiB) <= max(0.02 * compute * MiB, 8 * MiB)
+    assert xp.image_tokens == 256  # (896 / 14)^2 / 4^2: Gemma 3's 4x4 pooling
+
+
+def test_projector_for_another_model_is_refused(tmp_path, default_model):
+    from gguf_extras import write_projector
+
+    proj = write_projector(tmp_path / "mmproj.gguf", 4096)
+    cp = _cli("plan", str(default_model), "--no-gpu", "--mmproj", str(proj))
+    assert cp.returncode == 2 and len(cp.stderr.strip().splitlines()) == 1
+    assert "4096" in cp.stderr and "640" in cp.stderr
+
+
+def test_speculative_range():
+    from kvtuner.core.speed.extras_speed import speculative_speed, tokens_per_step
+
+    assert tokens_per_step(0.5, 3) == pytest.approx(1.875)
+    assert tokens_per_step(1.0, 3) == 4
+    s = speculative_speed(10.0, 200.0, 100.0, n_draft=3, acceptance=(0.5, 0.8))
+    # step: 3 draft tokens at 100 tok/s + max(0.1 s, 4 / 200 s) = 0.13 s
+    assert s.tok_s[0] == pytest.approx(1.875 / 0.13)
+    assert s.tok_s[1] == pytest.approx((1 - 0.8 ** 4) / 0.2 / 0.13)
+    assert len(s.assumptions) == 3
+
+
+def test_plan_json_names_speed_assumptions(tmp_path, default_model, default_profile):
+    from gguf_extras import write_projector
+
+    proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
+    cp = _cli("plan", str(default_model), "--no-gpu", "-c", "1024", "--mmproj", str(proj), "-md", str(default_model),
+              "--json")
+    assert cp.returncode == 0, cp.stderr
+    speed = json.loads(cp.stdout)["extras"]["speed"]
+    if speed["speculative"] is None:
+        pytest.skip(f"no speed prediction here: {speed['why']}")
+    lo, hi = speed["speculative"]["tok_s"]
+    assert 0 < lo < hi and speed["speculative"]["assumptions"]
+    assert speed["image_encode_s"] > 0 and speed["image_encode_assumption"]

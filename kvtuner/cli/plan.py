@@ -81,7 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
     resolved = list(getattr(args, "resolved_notes", ()))
     extra_doc, extra_text = _workload_and_vllm(args, assessment.plan, config)
-    extras_doc, extras_text = _extras(args, session, assessment.plan, model)
+    extras_doc, extras_text = _extras(args, session, assessment, model)
     if args.json:
         doc = assessment.to_dict()
         doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
@@ -94,7 +94,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _extras(args: argparse.Namespace, session: "object", plan: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
+def _extras(args: argparse.Namespace, session: "object", assessment: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
     """The projector / draft / LoRA section (:func:`kvtuner.core.plan.extras.plan_extras`) as the
     ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``. With
     ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
@@ -105,6 +105,7 @@ def _extras(args: argparse.Namespace, session: "object", plan: "object", model: 
     extras = extras_from_args(args)
     if extras.empty:
         return {}, []
+    plan = assessment.plan
     draft_exact = None
     if args.verify and extras.draft:
         draft_exact = _verify_draft(args, model, plan.config, extras)
@@ -112,7 +113,40 @@ def _extras(args: argparse.Namespace, session: "object", plan: "object", model: 
         xp = plan_extras(plan, extras, session.gpus, session.host, split=session.split, draft_exact=draft_exact)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    return {"extras": xp.to_dict()}, report.extras_text(plan, xp)
+    doc = xp.to_dict()
+    speed = _extras_speed(session, assessment, xp)
+    doc["speed"] = speed
+    return {"extras": doc}, report.extras_text(plan, xp) + report.extras_speed_text(speed)
+
+
+def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict:
+    """Speculative decoding's tokens/s range and one image's encode time (``extras.speed``)."""
+    from ..core.plan.extras import projector_flops, projector_header
+    from ..core.speed.extras_speed import image_encode_s, speculative_speed
+    from ..core.speed.speed_model import SpeedModelError, predict_speed
+
+    out: dict = {"speculative": None, "image_encode_s": None, "why": []}
+    main = assessment.speed
+    if main is None:
+        out["why"].append("no speed prediction for the model")
+        return out
+    if xp.draft_plan is not None:
+        inputs, why = session.speed_inputs()
+        try:
+            draft = predict_speed(xp.draft_plan, inputs) if inputs is not None else None
+        except SpeedModelError as exc:
+            draft, why = None, str(exc)
+        if draft is None:
+            out["why"].append(f"no speed prediction for the draft: {why}")
+        else:
+            out["speculative"] = speculative_speed(main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s).to_dict()
+    if xp.config.mmproj:
+        flops = projector_flops(projector_header(xp.config.mmproj, assessment.plan.model.n_embd))
+        if flops:
+            out["image_encode_s"] = image_encode_s(flops, main.prefill_tok_s, 2.0 * assessment.plan.model.n_params)
+            out["image_encode_assumption"] = ("the projector's operations (2 x patches per weight + attention) at the "
+                                              "operations per second of the model's predicted prefill")
+    return out
 
 
 def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig", extras: "object") -> "object":

@@ -303,13 +303,14 @@ def extras_text(plan: "object", xp: "object") -> list[str]:
 
     lines = ["besides the model:"]
     parts: dict[tuple[str, str], dict[str, int]] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, list[str]] = {}
     for s in xp.segments:
         parts.setdefault((s.part, s.device), {})[s.kind] = parts.get((s.part, s.device), {}).get(s.kind, 0) + s.bytes
-        sources[s.part] = s.source
+        if s.source not in sources.setdefault(s.part, []):
+            sources[s.part].append(s.source)
     for (part, dev), kinds in parts.items():
         body = "  ".join(f"{k} {fmt_bytes(b)}" for k, b in kinds.items())
-        lines.append(f"  {part:<7}{dev:<7}{body}  ({sources[part]})")
+        lines.append(f"  {part:<7}{dev:<7}{body}  ({'; '.join(sources[part])})")
     if xp.image_tokens:
         lines.append(f"  one image takes {xp.image_tokens} context tokens")
     extra = xp.bytes_by_device()
@@ -322,4 +323,20 @@ def extras_text(plan: "object", xp: "object") -> list[str]:
         verdict = "" if cap is None else (" fits" if total <= cap else f" DOES NOT FIT (over by {fmt_bytes(total - cap)})")
         lines.append(f"  {d.device} with them: {fmt_bytes(total)}" + ("" if cap is None else f" of {fmt_bytes(cap)}") + verdict)
     lines += [f"  note: {n}" for n in xp.notes]
+    return lines
+
+
+def extras_speed_text(speed: dict) -> list[str]:
+    """Text lines of ``extras.speed``: the speculative tokens/s range and one image's encode time,
+    each with its assumptions."""
+    lines: list[str] = []
+    spec = speed.get("speculative")
+    if spec:
+        lo, hi = spec["tok_s"]
+        lines.append(f"  speculative decode: {lo:.2f}-{hi:.2f} tok/s (without the draft {spec['plain_tok_s']:.2f}; "
+                     f"draft alone {spec['draft_tok_s']:.2f})")
+        lines += [f"    assuming {a}" for a in spec["assumptions"]]
+    if speed.get("image_encode_s") is not None:
+        lines.append(f"  one image encodes in {speed['image_encode_s']:.2f} s (prefill; {speed['image_encode_assumption']})")
+    lines += [f"  {w}" for w in speed.get("why", ())]
     return lines

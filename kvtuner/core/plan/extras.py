@@ -16,8 +16,8 @@ and returns one :class:`ExtraSegment` per part, kind and device:
   extra model", common/fit.cpp ``common_params_fit_impl``).
 - projector (tools/mtmd/clip.cpp ``clip_model_loader::load_tensors``): every tensor of the
   mmproj file in one buffer on the first GPU backend, or the CPU with ``--no-mmproj-offload``
-  (``mtmd_context_params.use_gpu``). Its compute buffer (the clip graph of one image) is not
-  planned here: it is named as not counted.
+  (``mtmd_context_params.use_gpu``), and its compute buffer for one image
+  (:func:`projector_compute_bytes`).
 - LoRA (src/llama-adapter.cpp ``llama_adapter_lora_init_impl``): each ``*.lora_a``/``*.lora_b``
   tensor is allocated in the buffer type of the base tensor it adapts, so on the device of that
   tensor's layer (``token_embd`` on the host, ``output`` where the output layer is).
@@ -213,6 +213,43 @@ def image_tokens(h: GGUFHeader) -> int | None:
     return n
 
 
+def projector_compute_bytes(h: GGUFHeader) -> int:
+    """The projector's compute buffer for one image at its native size, bytes (0 when the file
+    has no ``clip.vision.*`` sizes).
+
+    clip.cpp reserves the graph of a warm-up image (``reserve_compute_meta`` after
+    ``get_dummy_batch``: ``image_size`` square, ``n_pos = (image_size / patch_size)^2`` patches)
+    with flash attention when the backend supports it (``warmup: flash attention is enabled``),
+    so no ``n_pos^2`` score matrix. ggml-alloc reuses memory between blocks; the peak is a
+    block's feed-forward: the ``n_pos x n_ff`` f32 up-projection while the residual stream, the
+    attention output it was added to and the normed input (three ``n_pos x n_embd`` f32) are
+    alive: ``4 x n_pos x (n_ff + 3 n_embd)`` bytes (SigLIP-So400m at 896 px: 121.25 MiB, as
+    llama-server b11434 logs it on the CPU).
+    """
+    md = h.metadata
+    size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
+    n_embd, n_ff = md.get("clip.vision.embedding_length"), md.get("clip.vision.feed_forward_length")
+    if not all(isinstance(v, int) and v > 0 for v in (size, patch, n_embd, n_ff)):
+        return 0
+    n_pos = (size // patch) ** 2
+    return 4 * n_pos * (n_ff + 3 * n_embd)
+
+
+def projector_flops(h: GGUFHeader) -> int:
+    """Floating-point operations of encoding one image at the native size: ``2 x n_pos`` per
+    weight of the ViT's matrices (``v.blk.*`` 2-D weights and the projection) plus attention's
+    ``4 x n_pos^2 x n_embd`` per block; 0 without ``clip.vision.*`` sizes."""
+    md = h.metadata
+    size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
+    n_embd, n_block = md.get("clip.vision.embedding_length"), md.get("clip.vision.block_count")
+    if not all(isinstance(v, int) and v > 0 for v in (size, patch, n_embd, n_block)):
+        return 0
+    n_pos = (size // patch) ** 2
+    weights = sum(t.n_elements for t in h.tensors if len(t.shape) >= 2 and t.name.endswith(".weight")
+                  and "position_embd" not in t.name)
+    return 2 * n_pos * weights + 4 * n_pos * n_pos * n_embd * n_block
+
+
 def lora_header(path: str) -> GGUFHeader:
     """Read and check a LoRA adapter (src/llama-adapter.cpp ``llama_adapter_lora_init_impl``).
 
@@ -271,8 +308,12 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
         dev = gpu_devices[0] if (extras.mmproj_offload and gpu_devices) else HOST
         segs.append(ExtraSegment("mmproj", "weights", dev, _tensor_bytes(h), "gguf tensor table"))
         n_img = image_tokens(h)
-        notes.append("projector compute buffer (the clip graph of one image) is not counted: llama-server's log "
-                     "line 'clip_ctx: ... compute buffer size' gives it")
+        compute = projector_compute_bytes(h)
+        if compute:
+            segs.append(ExtraSegment("mmproj", "compute", dev, compute, "estimate: ViT feed-forward peak at the native image size"))
+        else:
+            notes.append("projector compute buffer not estimated (no clip.vision.* sizes): llama-server's log line "
+                         "'reserve_compute_meta: ... compute buffer size' gives it")
     if extras.draft:
         _header(extras.draft, "draft model", "-md")
         try:
