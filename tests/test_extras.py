@@ -200,3 +200,28 @@ def test_plan_json_names_speed_assumptions(tmp_path, default_model, default_prof
     lo, hi = speed["speculative"]["tok_s"]
     assert 0 < lo < hi and speed["speculative"]["assumptions"]
     assert speed["image_encode_s"] > 0 and speed["image_encode_assumption"]
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+def test_export_with_extras_reaches_health(tmp_path, default_model, default_profile):
+    """``kvtuner export --format llama-server`` with a projector, a draft and a scaled LoRA: the
+    flags are in the command and the real llama-server started from it answers /health."""
+    import shlex
+
+    from gguf_extras import write_projector
+
+    proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
+    lora = write_lora(tmp_path / "a.gguf", default_model)
+    engine = _server_engine()
+    cp = _cli("export", str(default_model), "--format", "llama-server", "--engine", str(engine.server), "-c", "1024",
+              "-np", "1", "--mmproj", str(proj), "-md", str(default_model), "-ngld", "all", "--lora", f"{lora}:0.5")
+    assert cp.returncode == 0, cp.stderr
+    argv = shlex.split(cp.stdout.strip().splitlines()[-1])
+    assert "every flag is in its --help" in cp.stderr
+    for flag in ("--mmproj", "-md", "-ngld", "--lora-scaled"):
+        assert flag in argv
+    assert argv[argv.index("--lora-scaled") + 1] == f"{lora}:0.5"
+    model_at = argv.index("-m")
+    proc, _port, _ = start_llama_server(Path(engine.server), default_model, tmp_path, argv[model_at + 2:] + ["-t", "2"])
+    stop_group(proc)

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..core.plan.config import ALL_LAYERS, PlanConfig
+from ..core.plan.config import PlanConfig
 from . import llama_log as L
 from .dryrun import METHOD_SERVER, DryRunError, DryRunResult
 from .engines import Engine
@@ -25,25 +25,12 @@ from .server_verify import _raise_refusal, _result, _run_until_breakdown, server
 EXTRA_MODEL_MARK = "getting device memory data for the extra model"
 
 
-def extras_argv(extras: Any) -> list[str]:
-    """The llama-server flags of an :class:`~kvtuner.core.plan.extras.ExtrasConfig` (b11434
-    spellings: ``--mmproj``, ``--no-mmproj-offload``, ``-md``, ``-ngld``, ``-ctkd``, ``-ctvd``,
-    ``--lora`` / ``--lora-scaled FILE:SCALE``)."""
-    argv: list[str] = []
-    if extras.mmproj:
-        argv += ["--mmproj", os.fspath(extras.mmproj)]
-        if not extras.mmproj_offload:
-            argv.append("--no-mmproj-offload")
-    if extras.draft:
-        ngld = "all" if extras.draft_gpu_layers == ALL_LAYERS else str(extras.draft_gpu_layers)
-        argv += ["-md", os.fspath(extras.draft), "-ngld", ngld]
-        if extras.draft_type_k != "f16":
-            argv += ["-ctkd", extras.draft_type_k]
-        if extras.draft_type_v != "f16":
-            argv += ["-ctvd", extras.draft_type_v]
-    for path, scale in extras.loras:
-        argv += ["--lora", path] if scale == 1.0 else ["--lora-scaled", f"{path}:{scale:g}"]
-    return argv
+def extras_argv(extras: Any, known_flags: Any = None) -> list[str]:
+    """The llama-server flags of an :class:`~kvtuner.core.plan.extras.ExtrasConfig`
+    (:func:`kvtuner.core.plan.extras.server_flags`)."""
+    from ..core.plan.extras import server_flags
+
+    return server_flags(extras, known_flags)
 
 
 def verify_draft(engine: Engine, model_path: str | os.PathLike, config: PlanConfig, extras: Any, *,

@@ -43,6 +43,7 @@ from .config import ALL_LAYERS, ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..hardware.specs import GpuSpec, HostSpec
+    from ..model.profile import ModelProfile
     from .memory_plan import MemoryPlan
 
 #: common/speculative.cpp ``SPEC_VOCAB_MAX_SIZE_DIFFERENCE``: the most tokens a draft's
@@ -267,6 +268,40 @@ def lora_header(path: str) -> GGUFHeader:
     return h
 
 
+def draft_profile(path: str, main: "ModelProfile") -> "ModelProfile":
+    """Read and check a draft model against the main one.
+
+    Raises:
+        ConfigError: not GGUF, not a language model, or a vocabulary more than
+            :data:`SPEC_VOCAB_MAX_SIZE_DIFFERENCE` tokens from the main model's.
+    """
+    from ..model.profile import ModelProfile
+
+    _header(path, "draft model", "-md")
+    try:
+        draft = ModelProfile.from_gguf(path)
+    except GGUFError as exc:
+        raise ConfigError(f"-md {path}: {exc}: give a draft model GGUF") from None
+    if abs(draft.n_vocab - main.n_vocab) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+        raise ConfigError(f"-md {path}: its vocabulary has {draft.n_vocab} tokens and the model's {main.n_vocab} "
+                          f"(llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart): give a draft of the same model family")
+    return draft
+
+
+def check_files(extras: ExtrasConfig, model: "ModelProfile") -> None:
+    """Check every extra file of ``extras`` against ``model`` as llama-server would.
+
+    Raises:
+        ConfigError: the first bad file (one line, what to change).
+    """
+    if extras.mmproj:
+        projector_header(extras.mmproj, model.n_embd)
+    if extras.draft:
+        draft_profile(extras.draft, model)
+    for path, _scale in extras.loras:
+        lora_header(path)
+
+
 def _lora_device(name: str, plan: "MemoryPlan") -> str:
     """The device of the base tensor a LoRA tensor adapts."""
     m = _BLK_RE.match(name)
@@ -294,7 +329,6 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
     Raises:
         ConfigError: a file llama-server would refuse (one line).
     """
-    from ..model.profile import ModelProfile
     from .memory_plan import plan_memory
 
     segs: list[ExtraSegment] = []
@@ -315,16 +349,7 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
             notes.append("projector compute buffer not estimated (no clip.vision.* sizes): llama-server's log line "
                          "'reserve_compute_meta: ... compute buffer size' gives it")
     if extras.draft:
-        _header(extras.draft, "draft model", "-md")
-        try:
-            draft = ModelProfile.from_gguf(extras.draft)
-        except GGUFError as exc:
-            raise ConfigError(f"-md {extras.draft}: {exc}: give a draft model GGUF") from None
-        diff = abs(draft.n_vocab - plan.model.n_vocab)
-        if diff > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
-            raise ConfigError(f"-md {extras.draft}: its vocabulary has {draft.n_vocab} tokens and the model's "
-                              f"{plan.model.n_vocab} (llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart): "
-                              "give a draft of the same model family")
+        draft = draft_profile(extras.draft, plan.model)
         cfg = plan.config.with_(n_gpu_layers=extras.draft_gpu_layers, kv_gpu_layers=None,
                                 type_k=extras.draft_type_k, type_v=extras.draft_type_v,
                                 n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0, tensor_overrides=())
@@ -347,3 +372,34 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
         for dev, b in per.items():
             segs.append(ExtraSegment("lora", "weights", dev, b, f"gguf tensor table ({os.path.basename(path)})"))
     return ExtrasPlan(extras, tuple(segs), draft_plan, n_img, tuple(notes))
+
+
+def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] | None" = None) -> list[str]:
+    """The llama-server flags of ``extras``, spelled as the target build knows them.
+
+    ``known_flags``: the flags the build's ``--help`` lists (None: llama.cpp b11434's). The short
+    spellings ``--mmproj``, ``-md``, ``-ngld``, ``-ctkd``, ``-ctvd``, ``--lora`` are taken by
+    b11434 and by the builds before the ``--spec-*`` renames; a build without ``-md`` but with
+    ``--spec-draft-model`` gets the long one. A scaled LoRA is ``--lora-scaled FILE:SCALE``
+    (b11434's form, common/arg.cpp).
+    """
+    def spell(short: str, long: str) -> str:
+        if known_flags and short not in known_flags and long in known_flags:
+            return long
+        return short
+
+    argv: list[str] = []
+    if extras.mmproj:
+        argv += ["--mmproj", os.fspath(extras.mmproj)]
+        if not extras.mmproj_offload:
+            argv.append("--no-mmproj-offload")
+    if extras.draft:
+        ngld = "all" if extras.draft_gpu_layers == ALL_LAYERS else str(extras.draft_gpu_layers)
+        argv += [spell("-md", "--spec-draft-model"), os.fspath(extras.draft), spell("-ngld", "--spec-draft-ngl"), ngld]
+        if extras.draft_type_k != "f16":
+            argv += [spell("-ctkd", "--spec-draft-type-k"), extras.draft_type_k]
+        if extras.draft_type_v != "f16":
+            argv += [spell("-ctvd", "--spec-draft-type-v"), extras.draft_type_v]
+    for path, scale in extras.loras:
+        argv += ["--lora", path] if scale == 1.0 else ["--lora-scaled", f"{path}:{scale:g}"]
+    return argv
