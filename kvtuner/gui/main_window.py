@@ -42,6 +42,7 @@ from .tasks import BackgroundTasks
 from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
 from .widgets.export_dialog import ExportDialog
+from .widgets.extras_panel import ExtrasPanel
 from .widgets.hardware_panel import HardwarePanel
 from .widgets.device_list import DeviceListPanel
 from .widgets.known_good import KnownGoodPanel
@@ -210,6 +211,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.devices.set_base(self.hardware.gpus())
         self.controls = ConfigControls()
         self.workload = WorkloadPanel()  # expected-case KV next to -np
+        self.extras_panel = ExtrasPanel()  # --mmproj, -md, --lora
         self.prediction = PredictionPanel()
         self.graphs = LiveGraphs()
         self.advisor = AdvisorPane()
@@ -248,6 +250,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.addWidget(self.devices)
         ll.addWidget(self.controls)
         ll.addWidget(self.workload)
+        ll.addWidget(self.extras_panel)
         ll.addWidget(self.known_good, 1)
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
@@ -308,6 +311,7 @@ class MainWindow(QtWidgets.QMainWindow):
                      *self.findChildren(QtWidgets.QComboBox)):
             edit.installEventFilter(self._shortcuts)
         self.controls.changed.connect(self._on_controls_changed)
+        self.extras_panel.changed.connect(self.replan)
         self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)
         self.devices.changed.connect(self._on_hardware_changed)
@@ -756,12 +760,34 @@ class MainWindow(QtWidgets.QMainWindow):
         verified = a.to_dict()["verified"] if a.verified is not None else None
         if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
             self.run_controls.set_progress(0.0, "not verified for this configuration")
-        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins)
+        self.extras_plan = self._plan_extras(plan)
+        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins,
+                                 extras=self.extras_plan)
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
         self._show_predicted_lines(plan, speed)
         self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    def _plan_extras(self, plan: Any) -> Any:
+        """The projector / draft / LoRA of the extras panel planned beside ``plan`` (None without
+        them, or when a file is refused: the panel says why)."""
+        from ..core.plan.extras import plan_extras
+        from ..core.units import fmt_bytes
+
+        extras = self.extras_panel.extras()
+        if extras.empty:
+            self.extras_panel.show_result("")
+            return None
+        s = self.session
+        try:
+            xp = plan_extras(plan, extras, s.gpus, s.host, split=s.split)
+        except ConfigError as exc:
+            self.extras_panel.show_result(str(exc), error=True)
+            return None
+        parts = ", ".join(f"{p} {fmt_bytes(xp.part_bytes(p))}" for p in ("mmproj", "draft", "lora") if xp.part_bytes(p))
+        self.extras_panel.show_result(f"adds {parts}" + (f"; one image takes {xp.image_tokens} tokens" if xp.image_tokens else ""))
+        return xp
 
     def _show_predicted_lines(self, plan: Any, speed: Any) -> None:
         """The graphs' dashed lines: predicted for the hardware the runs measure (this machine),
