@@ -225,3 +225,23 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
     model_at = argv.index("-m")
     proc, _port, _ = start_llama_server(Path(engine.server), default_model, tmp_path, argv[model_at + 2:] + ["-t", "2"])
     stop_group(proc)
+
+
+def test_verdict_and_advice_count_them(tmp_path, default_model, default_profile):
+    """On a 2 GiB what-if card the model alone fits; with a projector and a draft it does not, and
+    the advice names what --no-mmproj-offload and dropping the draft free."""
+    from gguf_extras import write_projector
+
+    proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
+    base = ["plan", str(default_model), "--gpu-mem", "3G", "-c", "4096", "-np", "1", "--json"]
+    alone = json.loads(_cli(*base).stdout)
+    assert alone["fit"]["level"] == "fits"
+    cp = _cli(*base, "--mmproj", str(proj), "-md", str(default_model))
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["fit"]["level"] != "fits"
+    gpu = doc["devices"][0]
+    assert gpu["extras_bytes"] == doc["extras"]["bytes_by_device"]["CUDA0"] > 0
+    advice = {a["id"]: a for a in doc["advice"]}
+    assert "extras-over" in advice
+    assert "--no-mmproj-offload" in advice["extras-over"]["message"] and "without -md" in advice["extras-over"]["message"]

@@ -40,6 +40,8 @@ def test_window_takes_the_files_and_draws_their_segments(qtbot, tmp_path: Path, 
     assert row.draft_bytes == xp.part_bytes("draft", device="CPU") > 0
     assert row.lora_bytes == xp.part_bytes("lora", device="CPU") > 0
     assert row.total_bytes == host_before + row.mmproj_bytes + row.draft_bytes + row.lora_bytes
+    # the session counts them: the plan's own host total, hence the fit verdict and the advice
+    assert w.assessment.plan.host.total_bytes == row.total_bytes
     labels = [label for label, _ in w.prediction.bars._legend_items()]
     assert {"projector", "draft model", "LoRA"} <= set(labels)
     assert "projector" in w.prediction.bars.toolTip()

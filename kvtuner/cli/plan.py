@@ -60,6 +60,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
+    extras = extras_from_args(args)
+    if not extras.empty:
+        # projector / draft / LoRA: counted in every plan, so the verdict and the advice see them
+        session.extras = extras
+        from ..core.plan.config import ConfigError as _ConfigError
+        from ..core.plan.extras import check_files
+
+        try:
+            check_files(extras, model)
+        except _ConfigError as exc:
+            raise UserError(str(exc)) from None
+        if args.verify and extras.draft:
+            session.draft_exact = _verify_draft(args, model, config, extras)
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
@@ -95,28 +108,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _extras(args: argparse.Namespace, session: "object", assessment: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
-    """The projector / draft / LoRA section (:func:`kvtuner.core.plan.extras.plan_extras`) as the
-    ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``. With
-    ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
-    from ..core.plan.config import ConfigError
-    from ..core.plan.extras import plan_extras
+    """The projector / draft / LoRA section (the plan's :class:`~kvtuner.core.plan.extras.ExtrasPlan`)
+    as the ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``.
+    With ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
     from . import report
 
-    extras = extras_from_args(args)
-    if extras.empty:
+    xp = getattr(assessment.plan, "extras", None)
+    if xp is None:
         return {}, []
-    plan = assessment.plan
-    draft_exact = None
-    if args.verify and extras.draft:
-        draft_exact = _verify_draft(args, model, plan.config, extras)
-    try:
-        xp = plan_extras(plan, extras, session.gpus, session.host, split=session.split, draft_exact=draft_exact)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from None
     doc = xp.to_dict()
     speed = _extras_speed(session, assessment, xp)
     doc["speed"] = speed
-    return {"extras": doc}, report.extras_text(plan, xp) + report.extras_speed_text(speed)
+    return {"extras": doc}, report.extras_text(assessment.plan, xp) + report.extras_speed_text(speed)
 
 
 def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict:

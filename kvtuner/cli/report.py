@@ -318,7 +318,8 @@ def extras_text(plan: "object", xp: "object") -> list[str]:
         add = extra.get(d.device, 0)
         if not add:
             continue
-        total = d.total_bytes + add
+        # the plan's totals count them already (DevicePlan.extras_bytes)
+        total = d.total_bytes + (0 if getattr(d, "extras_bytes", 0) else add)
         cap = d.capacity_bytes
         verdict = "" if cap is None else (" fits" if total <= cap else f" DOES NOT FIT (over by {fmt_bytes(total - cap)})")
         lines.append(f"  {d.device} with them: {fmt_bytes(total)}" + ("" if cap is None else f" of {fmt_bytes(cap)}") + verdict)

@@ -712,7 +712,23 @@ class MainWindow(QtWidgets.QMainWindow):
             s.split = self.devices.split()
         except ConfigError:
             pass  # the panel shows why; the last valid split stays
+        s.extras = self._checked_extras()
         return s
+
+    def _checked_extras(self) -> Any:
+        """The extras panel's files when llama-server would take them with this model (the
+        session counts them in every plan), else None with the reason in the panel."""
+        from ..core.plan.extras import check_files
+
+        extras = self.extras_panel.extras()
+        if extras.empty or self.model is None:
+            return None
+        try:
+            check_files(extras, self.model)
+        except ConfigError as exc:
+            self.extras_panel.show_result(str(exc), error=True)
+            return None
+        return extras
 
     def _live_for_advice(self) -> Any:
         ev = self.run_events
@@ -770,20 +786,15 @@ class MainWindow(QtWidgets.QMainWindow):
         self.replan_ms = (time.perf_counter() - t0) * 1000
 
     def _plan_extras(self, plan: Any) -> Any:
-        """The projector / draft / LoRA of the extras panel planned beside ``plan`` (None without
-        them, or when a file is refused: the panel says why)."""
-        from ..core.plan.extras import plan_extras
+        """The projector / draft / LoRA the session planned beside ``plan`` (None without them),
+        summed up in the extras panel."""
         from ..core.units import fmt_bytes
 
-        extras = self.extras_panel.extras()
-        if extras.empty:
-            self.extras_panel.show_result("")
-            return None
-        s = self.session
-        try:
-            xp = plan_extras(plan, extras, s.gpus, s.host, split=s.split)
-        except ConfigError as exc:
-            self.extras_panel.show_result(str(exc), error=True)
+        xp = getattr(plan, "extras", None)
+        if xp is None:
+            if self.extras_panel.extras().empty:
+                self.extras_panel.show_result("")
+            # else a refused file: _checked_extras left the reason in the panel
             return None
         parts = ", ".join(f"{p} {fmt_bytes(xp.part_bytes(p))}" for p in ("mmproj", "draft", "lora") if xp.part_bytes(p))
         self.extras_panel.show_result(f"adds {parts}" + (f"; one image takes {xp.image_tokens} tokens" if xp.image_tokens else ""))

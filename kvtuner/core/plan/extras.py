@@ -403,3 +403,30 @@ def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] |
     for path, scale in extras.loras:
         argv += ["--lora", path] if scale == 1.0 else ["--lora-scaled", f"{path}:{scale:g}"]
     return argv
+
+
+def with_extras(plan: "MemoryPlan", xp: ExtrasPlan | None) -> "MemoryPlan":
+    """``plan`` with ``xp``'s bytes in each device's ``extras_bytes`` (so its totals, the fit
+    verdict and the advisor count them) and ``xp`` as its ``extras``; ``plan`` itself when
+    ``xp`` is None or empty."""
+    from dataclasses import replace
+
+    if xp is None or xp.config.empty:
+        return plan
+    per = xp.bytes_by_device()
+    devices = tuple(replace(d, extras_bytes=per.get(d.device, 0)) for d in plan.devices)
+    return replace(plan, devices=devices, extras=xp)
+
+
+def replan_extras(plan: "MemoryPlan", like: "MemoryPlan", gpus: Sequence["GpuSpec"] = (),
+                  host: "HostSpec | None" = None) -> "MemoryPlan":
+    """``plan`` (a re-plan of another configuration) with the extras of ``like`` planned again
+    for it (the draft follows the new context; LoRA tensors their layers' new devices); ``plan``
+    itself when ``like`` has none or they no longer plan."""
+    xp = getattr(like, "extras", None)
+    if xp is None:
+        return plan
+    try:
+        return with_extras(plan, plan_extras(plan, xp.config, gpus, host, split=plan.split))
+    except ConfigError:
+        return plan

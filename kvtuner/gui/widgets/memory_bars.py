@@ -64,7 +64,8 @@ def row_from_device(device: object, verified: frozenset[str] = frozenset(), extr
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
     experts = getattr(d, "expert_bytes", 0)
     parts = {p: (extras.part_bytes(p, device=d.device) if extras is not None else 0) for p in ("mmproj", "draft", "lora")}
-    added = sum(parts.values())
+    # a plan that carries them (DevicePlan.extras_bytes) counts them in its totals already
+    added = 0 if getattr(d, "extras_bytes", 0) else sum(parts.values())
     free = d.headroom_bytes
     return BarRow(caption=name, weights_bytes=d.weights_bytes - experts, experts_bytes=experts, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
                   output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes + added,
