@@ -692,8 +692,13 @@ def add_extras_args(parser: argparse.ArgumentParser) -> None:
         bracket = f" [{f.llama_flag}]"
         if f.kind == "negated-switch":
             g.add_argument(*names, dest=f.name, action="store_false", default=True, help=f.help + bracket)
+        elif f.kind == "switch":
+            g.add_argument(*names, dest=f.name, action="store_true", default=False, help=f.help + bracket)
+        elif f.kind == "int":
+            g.add_argument(*names, dest=f.name, type=positive_int, default=None, metavar="N", help=f.help + bracket)
         elif f.kind == "list":
-            g.add_argument(*names, dest=f.name, action="append", default=None, metavar="FILE[:SCALE]", help=f.help + bracket)
+            metavar = "FILE[:SCALE]" if f.name == "loras" else "PATTERN=BUFFER"
+            g.add_argument(*names, dest=f.name, action="append", default=None, metavar=metavar, help=f.help + bracket)
         elif f.kind == "layers":
             g.add_argument(*names, dest=f.name, type=_layers, default=None, metavar="N|all", help=f.help + bracket)
         else:
@@ -728,7 +733,24 @@ def extras_from_args(args: argparse.Namespace) -> "object":
                 raise UserError(f"{flag}: {exc}") from None
     draft = getattr(args, "draft", None)
     ngld = getattr(args, "draft_gpu_layers", None)
-    if draft is None and (ngld is not None or types):
-        raise UserError("-ngld/-ctkd/-ctvd set the draft model's placement: give the draft with -md FILE")
+    otd = tuple(v for item in (getattr(args, "draft_tensor_overrides", None) or ()) for v in item.split(",") if v)
+    cmoed = bool(getattr(args, "draft_cpu_moe", False))
+    n_max, ctx = getattr(args, "draft_n_max", None), getattr(args, "draft_ctx", None)
+    if draft is None and (ngld is not None or types or otd or cmoed or n_max is not None or ctx is not None):
+        raise UserError("-ngld/-ctkd/-ctvd/-otd/-cmoed/--spec-draft-n-max/-cd set up the draft model: give the draft "
+                        "with -md FILE")
+    from ..core.plan.config import ConfigError, parse_override
+
+    for text in otd:
+        try:
+            parse_override(text)
+        except ConfigError as exc:
+            raise UserError(str(exc).replace("--override-tensor", "-otd")) from None
+    if n_max is not None and n_max < 1:
+        raise UserError(f"--spec-draft-n-max must be 1 or more tokens, not {n_max}")
+    if ctx is not None and ctx < 1:
+        raise UserError(f"-cd must be a positive number of tokens, not {ctx}")
     return ExtrasConfig(mmproj=getattr(args, "mmproj", None), mmproj_offload=getattr(args, "mmproj_offload", True),
-                        draft=draft, draft_gpu_layers=ALL_LAYERS if ngld is None else ngld, loras=tuple(loras), **types)
+                        draft=draft, draft_gpu_layers=ALL_LAYERS if ngld is None else ngld, loras=tuple(loras),
+                        draft_tensor_overrides=otd, draft_cpu_moe=cmoed,
+                        draft_n_max=3 if n_max is None else n_max, draft_ctx=ctx, **types)

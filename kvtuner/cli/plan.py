@@ -142,7 +142,8 @@ def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict
         if draft is None:
             out["why"].append(f"no speed prediction for the draft: {why}")
         else:
-            out["speculative"] = speculative_speed(main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s).to_dict()
+            out["speculative"] = speculative_speed(main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s,
+                                                   n_draft=xp.config.draft_n_max).to_dict()
     if xp.config.mmproj:
         flops = projector_flops(projector_header(xp.config.mmproj, assessment.plan.model.n_embd))
         if flops:

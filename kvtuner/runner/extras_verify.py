@@ -49,7 +49,7 @@ def verify_draft(engine: Engine, model_path: str | os.PathLike, config: PlanConf
         raise DryRunError("invalid_config", "the draft's figures come from llama-server: choose --engine server")
     argv = server_argv(engine, os.fspath(model_path), config, split=split, rpc=rpc)
     at = argv.index("-lv")
-    argv[at:at] = extras_argv(extras)
+    argv[at:at] = extras_argv(extras, engine.flags or None)
     lines, _finished = _run_until_breakdown(argv, time.monotonic() + timeout_s, tables=2)
     start = next((i for i, line in enumerate(lines) if EXTRA_MODEL_MARK in line), None)
     rows = L.parse_breakdown(lines[start:]) if start is not None else ()

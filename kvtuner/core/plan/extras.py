@@ -68,6 +68,12 @@ class ExtrasConfig:
             :data:`~kvtuner.core.plan.config.ALL_LAYERS`.
         draft_type_k, draft_type_v: the draft's KV types (``-ctkd``/``-ctvd``, default f16).
         loras: LoRA adapter GGUFs (``--lora``, repeatable), with a scale each.
+        draft_tensor_overrides: the draft's ``-otd PATTERN=BUFFER`` overrides.
+        draft_cpu_moe: the draft's MoE experts in host RAM (``-cmoed``).
+        draft_n_max: tokens drafted per step (``--spec-draft-n-max``, older ``--draft-max``;
+            default 3, common/common.h); used by the speed range only.
+        draft_ctx: the draft's own context (``-cd``, builds before the ``--spec-*`` renames);
+            None: the main context (b11434).
     """
 
     mmproj: str | None = None
@@ -77,6 +83,10 @@ class ExtrasConfig:
     draft_type_k: str = "f16"
     draft_type_v: str = "f16"
     loras: tuple[tuple[str, float], ...] = ()
+    draft_tensor_overrides: tuple[str, ...] = ()
+    draft_cpu_moe: bool = False
+    draft_n_max: int = 3
+    draft_ctx: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -88,7 +98,9 @@ class ExtrasConfig:
         return {"mmproj": self.mmproj, "mmproj_offload": self.mmproj_offload, "draft": self.draft,
                 "draft_gpu_layers": "all" if self.draft_gpu_layers == ALL_LAYERS else self.draft_gpu_layers,
                 "draft_type_k": self.draft_type_k, "draft_type_v": self.draft_type_v,
-                "loras": [{"path": p, "scale": s} for p, s in self.loras]}
+                "loras": [{"path": p, "scale": s} for p, s in self.loras],
+                "draft_tensor_overrides": list(self.draft_tensor_overrides), "draft_cpu_moe": self.draft_cpu_moe,
+                "draft_n_max": self.draft_n_max, "draft_ctx": self.draft_ctx}
 
 
 @dataclass(frozen=True)
@@ -352,7 +364,13 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
         draft = draft_profile(extras.draft, plan.model)
         cfg = plan.config.with_(n_gpu_layers=extras.draft_gpu_layers, kv_gpu_layers=None,
                                 type_k=extras.draft_type_k, type_v=extras.draft_type_v,
-                                n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0, tensor_overrides=())
+                                n_cpu_moe=0, cpu_moe=extras.draft_cpu_moe, n_cpu_ffn=0,
+                                tensor_overrides=extras.draft_tensor_overrides)
+        if extras.draft_ctx is not None:
+            # an older build's -cd; llama.cpp b11434 has no -cd and sizes the draft by -c
+            cfg = cfg.with_(n_ctx=extras.draft_ctx)
+            notes.append(f"-cd {extras.draft_ctx}: the draft's context as builds before the --spec-* renames take it; "
+                         "llama.cpp b11434 has no -cd (the draft follows -c)")
         kw: dict[str, Any] = {"split": split}
         if draft_exact is not None:
             kw["exact"] = draft_exact
@@ -377,7 +395,8 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
 def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] | None" = None) -> list[str]:
     """The llama-server flags of ``extras``, spelled as the target build knows them.
 
-    ``known_flags``: the flags the build's ``--help`` lists (None: llama.cpp b11434's). The short
+    ``known_flags``: the flags the build's ``--help`` lists (None: llama.cpp b11434's): ``-cd`` is
+    written only for a build that lists it, ``--draft-max`` for one without ``--spec-draft-n-max``. The short
     spellings ``--mmproj``, ``-md``, ``-ngld``, ``-ctkd``, ``-ctvd``, ``--lora`` are taken by
     b11434 and by the builds before the ``--spec-*`` renames; a build without ``-md`` but with
     ``--spec-draft-model`` gets the long one. A scaled LoRA is ``--lora-scaled FILE:SCALE``
@@ -400,6 +419,16 @@ def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] |
             argv += [spell("-ctkd", "--spec-draft-type-k"), extras.draft_type_k]
         if extras.draft_type_v != "f16":
             argv += [spell("-ctvd", "--spec-draft-type-v"), extras.draft_type_v]
+        for ot in extras.draft_tensor_overrides:
+            argv += [spell("-otd", "--spec-draft-override-tensor"), ot]
+        if extras.draft_cpu_moe:
+            argv.append(spell("-cmoed", "--spec-draft-cpu-moe"))
+        if extras.draft_n_max != 3:
+            # b11434 removed --draft-max (common/arg.cpp arg_removed); older builds know only it
+            old = bool(known_flags) and "--spec-draft-n-max" not in known_flags and "--draft-max" in known_flags
+            argv += ["--draft-max" if old else "--spec-draft-n-max", str(extras.draft_n_max)]
+        if extras.draft_ctx is not None and (not known_flags or "-cd" in known_flags):
+            argv += ["-cd", str(extras.draft_ctx)]
     for path, scale in extras.loras:
         argv += ["--lora", path] if scale == 1.0 else ["--lora-scaled", f"{path}:{scale:g}"]
     return argv

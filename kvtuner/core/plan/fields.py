@@ -235,6 +235,20 @@ EXTRA_FIELDS: tuple[ConfigField, ...] = (
         "draft_type_v", "--spec-draft-type-v", ("-ctvd", "--cache-type-v-draft"), "-ctvd", "type", "Draft V cache type",
         "the draft's V cache type (default f16)"),
     ConfigField(
+        "draft_tensor_overrides", "--spec-draft-override-tensor", ("-otd", "--override-tensor-draft"), "-otd", "list",
+        "Draft tensor overrides (-otd)", "PATTERN=BUFFER tensor overrides of the draft model (as -ot, for the draft)"),
+    ConfigField(
+        "draft_cpu_moe", "--spec-draft-cpu-moe", ("-cmoed", "--cpu-moe-draft"), "-cmoed", "switch",
+        "Draft MoE experts on CPU", "keep the draft model's MoE expert weights in host RAM"),
+    ConfigField(
+        "draft_n_max", "--spec-draft-n-max", ("--draft-max", "--draft", "--draft-n"), "--spec-draft-n-max", "int",
+        "Drafted tokens per step", "tokens drafted per speculative step (default 3; older builds: --draft-max)",
+        "Sizes the speculative speed range: a step drafts n tokens and checks them in one batch of n + 1."),
+    ConfigField(
+        "draft_ctx", "--ctx-size-draft", ("-cd",), "-cd", "int", "Draft context (-cd)",
+        "the draft's own context in tokens (builds before the --spec-* renames; b11434 has no -cd: "
+        "the draft follows -c)", unit="tokens"),
+    ConfigField(
         "loras", "--lora", (), "--lora", "list", "&LoRA adapters (--lora)",
         "LoRA adapter GGUF applied to the model (repeatable; FILE or FILE:SCALE, scale 1 by default)",
         "Each lora_a/lora_b tensor sits on the device of the layer it adapts (src/llama-adapter.cpp)."),
