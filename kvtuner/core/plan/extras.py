@@ -175,12 +175,28 @@ class ExtrasPlan:
         }
 
 
+#: Headers and profiles read, by (path, size, mtime): the advisor and the tuner re-plan the extras
+#: for every candidate configuration.
+_CACHE: dict[tuple, Any] = {}
+_CACHE_MAX = 32
+
+
+def _cached(p: Path, kind: str, read: Any) -> Any:
+    st = p.stat()
+    key = (kind, str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[key] = read(p)
+    return _CACHE[key]
+
+
 def _header(path: str, what: str, flag: str) -> GGUFHeader:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"{flag} {path}: no such file: give the path of the {what} GGUF")
     try:
-        return read_header(p)
+        return _cached(p, "header", read_header)
     except GGUFError as exc:
         raise ConfigError(f"{flag} {path}: not a readable GGUF file ({exc}): give the {what} GGUF") from None
 
@@ -291,7 +307,7 @@ def draft_profile(path: str, main: "ModelProfile") -> "ModelProfile":
 
     _header(path, "draft model", "-md")
     try:
-        draft = ModelProfile.from_gguf(path)
+        draft = _cached(Path(path).expanduser(), "profile", ModelProfile.from_gguf)
     except GGUFError as exc:
         raise ConfigError(f"-md {path}: {exc}: give a draft model GGUF") from None
     if abs(draft.n_vocab - main.n_vocab) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
