@@ -213,7 +213,7 @@ def cli_flags(changes: dict[str, Any]) -> str:
 #: attributes): llama.cpp b11434's spellings first (common/arg.cpp), older spellings as aliases.
 EXTRA_FIELDS: tuple[ConfigField, ...] = (
     ConfigField(
-        "mmproj", "--mmproj", ("-mm",), "--mmproj", "path", "&Projector (--mmproj)",
+        "mmproj", "--mmproj", ("-mm",), "--mmproj", "path", "Pro&jector (--mmproj)",
         "vision/audio projector GGUF loaded beside the model (multimodal)",
         "Weights on the first GPU unless --no-mmproj-offload (tools/mtmd/clip.cpp); one image takes\n"
         "(image_size / patch_size)^2 / merge^2 context tokens."),
@@ -221,7 +221,7 @@ EXTRA_FIELDS: tuple[ConfigField, ...] = (
         "mmproj_offload", "--no-mmproj-offload", (), "--no-mmproj-offload", "negated-switch", "Projector on GPU",
         "keep the projector on the CPU"),
     ConfigField(
-        "draft", "--spec-draft-model", ("-md", "--model-draft"), "-md", "path", "&Draft model (-md)",
+        "draft", "--spec-draft-model", ("-md", "--model-draft"), "-md", "path", "Draft model (-&md)",
         "draft model GGUF for speculative decoding (same vocabulary as the model)",
         "Its own weights, KV cache at the main context (same -c, -np, -ub) and compute buffer\n"
         "(common/speculative.cpp common_base_params_to_speculative)."),
@@ -249,7 +249,7 @@ EXTRA_FIELDS: tuple[ConfigField, ...] = (
         "the draft's own context in tokens (builds before the --spec-* renames; b11434 has no -cd: "
         "the draft follows -c)", unit="tokens"),
     ConfigField(
-        "loras", "--lora", (), "--lora", "list", "&LoRA adapters (--lora)",
+        "loras", "--lora", (), "--lora", "list", "LoRA adapters (--lora)",
         "LoRA adapter GGUF applied to the model (repeatable; FILE or FILE:SCALE, scale 1 by default)",
         "Each lora_a/lora_b tensor sits on the device of the layer it adapts (src/llama-adapter.cpp)."),
 )
