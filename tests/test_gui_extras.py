@@ -51,6 +51,14 @@ def test_window_takes_the_files_and_draws_their_segments(qtbot, tmp_path: Path, 
         w.show()
         qtbot.wait(200)
         w.grab().save(SHOT)
+    # the window's export carries the flags
+    dlg = w.open_export()
+    assert dlg is not None
+    dlg.target.setCurrentText("llama-server")
+    dlg.render()
+    text = dlg.preview.toPlainText()
+    assert f"--mmproj {proj}" in text and f"-md {default_model}" in text and f"--lora {lora}" in text
+    dlg.close()
     # a bad file: one line in the panel, the plan of the model stays
     w.extras_panel.set_paths(str(write_not_gguf(tmp_path / "bad.gguf")), "", "")
     assert w.extras_plan is None and "--mmproj" in w.extras_panel.status.text()

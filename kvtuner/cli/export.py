@@ -160,11 +160,9 @@ def _with_extras(args: argparse.Namespace, result: "object", flags: "object", mo
     """``result`` with the projector / draft / LoRA flags (:func:`kvtuner.core.plan.extras.server_flags`,
     spelled for the build of ``flags``) after the configuration's; the files are checked as
     llama-server would (one line on a bad file)."""
-    import shlex
-    from dataclasses import replace
-
+    from ..core.export.llama_server import with_extras
     from ..core.plan.config import ConfigError
-    from ..core.plan.extras import check_files, server_flags
+    from ..core.plan.extras import check_files
     extras = extras_from_args(args)
     if extras.empty:
         return result
@@ -172,9 +170,7 @@ def _with_extras(args: argparse.Namespace, result: "object", flags: "object", mo
         check_files(extras, load_model(str(model_path)))
     except ConfigError as exc:
         raise UserError(str(exc)) from None
-    more = server_flags(extras, getattr(flags, "flags", None))
-    return replace(result, argv=tuple(result.argv) + tuple(more),
-                   text=result.text.rstrip("\n") + " " + shlex.join(more) + "\n")
+    return with_extras(result, extras, getattr(flags, "flags", None))
 
 
 def _engine(args: argparse.Namespace) -> "object":

@@ -1136,7 +1136,7 @@ class MainWindow(QtWidgets.QMainWindow):
         engine = self.engine
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
                            machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc,
-                           flags_for=lambda target: build_flags(engine, target))
+                           flags_for=lambda target: build_flags(engine, target), extras=s.extras)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.finished.connect(lambda *_: dlg.last_saved is not None
                              and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))
