@@ -9,8 +9,8 @@ adapter``, ``general.architecture`` = the base model's, ``adapter.type = lora``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import gguf
 import numpy as np

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from gguf_extras import write_lora, write_not_gguf
 from gguf_factory import write_real_shape
 from server_support import start_llama_server, stop_group
 
 from kvtuner.core.model.profile import ModelProfile
-from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
 from kvtuner.core.plan.extras import ExtrasConfig, plan_extras
 from kvtuner.core.plan.memory_plan import plan_memory
 
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], check=False, capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,19 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from gguf_extras import write_lora, write_not_gguf, write_projector  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from gguf_extras import write_lora, write_not_gguf, write_projector
+from gui_support import HOST, IdleSampler, ini_settings
+
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
 
 SHOT = os.environ.get("KVTUNER_EXTRAS_SCREENSHOT")
 

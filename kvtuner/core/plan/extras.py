@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..model.gguf_header import GGUFError, GGUFHeader, read_header
 from .buffers import HOST
@@ -141,7 +142,7 @@ class ExtrasPlan:
 
     config: ExtrasConfig
     segments: tuple[ExtraSegment, ...] = ()
-    draft_plan: "MemoryPlan | None" = None
+    draft_plan: MemoryPlan | None = None
     image_tokens: int | None = None
     notes: tuple[str, ...] = field(default=())
 
@@ -296,7 +297,7 @@ def lora_header(path: str) -> GGUFHeader:
     return h
 
 
-def draft_profile(path: str, main: "ModelProfile") -> "ModelProfile":
+def draft_profile(path: str, main: ModelProfile) -> ModelProfile:
     """Read and check a draft model against the main one.
 
     Raises:
@@ -316,7 +317,7 @@ def draft_profile(path: str, main: "ModelProfile") -> "ModelProfile":
     return draft
 
 
-def check_files(extras: ExtrasConfig, model: "ModelProfile") -> None:
+def check_files(extras: ExtrasConfig, model: ModelProfile) -> None:
     """Check every extra file of ``extras`` against ``model`` as llama-server would.
 
     Raises:
@@ -330,7 +331,7 @@ def check_files(extras: ExtrasConfig, model: "ModelProfile") -> None:
         lora_header(path)
 
 
-def _lora_device(name: str, plan: "MemoryPlan") -> str:
+def _lora_device(name: str, plan: MemoryPlan) -> str:
     """The device of the base tensor a LoRA tensor adapts."""
     m = _BLK_RE.match(name)
     devs = plan.layer_devices
@@ -342,8 +343,8 @@ def _lora_device(name: str, plan: "MemoryPlan") -> str:
     return HOST
 
 
-def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpec"] = (),
-                host: "HostSpec | None" = None, *, split: Any = None,
+def plan_extras(plan: MemoryPlan, extras: ExtrasConfig, gpus: Sequence[GpuSpec] = (),
+                host: HostSpec | None = None, *, split: Any = None,
                 draft_exact: Any = None) -> ExtrasPlan:
     """Plan ``extras`` next to the main ``plan`` (same devices).
 
@@ -408,7 +409,7 @@ def plan_extras(plan: "MemoryPlan", extras: ExtrasConfig, gpus: Sequence["GpuSpe
     return ExtrasPlan(extras, tuple(segs), draft_plan, n_img, tuple(notes))
 
 
-def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] | None" = None) -> list[str]:
+def server_flags(extras: ExtrasConfig, known_flags: frozenset[str] | set[str] | None = None) -> list[str]:
     """The llama-server flags of ``extras``, spelled as the target build knows them.
 
     ``known_flags``: the flags the build's ``--help`` lists (None: llama.cpp b11434's): ``-cd`` is
@@ -450,7 +451,7 @@ def server_flags(extras: ExtrasConfig, known_flags: "frozenset[str] | set[str] |
     return argv
 
 
-def with_extras(plan: "MemoryPlan", xp: ExtrasPlan | None) -> "MemoryPlan":
+def with_extras(plan: MemoryPlan, xp: ExtrasPlan | None) -> MemoryPlan:
     """``plan`` with ``xp``'s bytes in each device's ``extras_bytes`` (so its totals, the fit
     verdict and the advisor count them) and ``xp`` as its ``extras``; ``plan`` itself when
     ``xp`` is None or empty."""
@@ -463,8 +464,8 @@ def with_extras(plan: "MemoryPlan", xp: ExtrasPlan | None) -> "MemoryPlan":
     return replace(plan, devices=devices, extras=xp)
 
 
-def replan_extras(plan: "MemoryPlan", like: "MemoryPlan", gpus: Sequence["GpuSpec"] = (),
-                  host: "HostSpec | None" = None) -> "MemoryPlan":
+def replan_extras(plan: MemoryPlan, like: MemoryPlan, gpus: Sequence[GpuSpec] = (),
+                  host: HostSpec | None = None) -> MemoryPlan:
     """``plan`` (a re-plan of another configuration) with the extras of ``like`` planned again
     for it (the draft follows the new context; LoRA tensors their layers' new devices); ``plan``
     itself when ``like`` has none or they no longer plan."""

@@ -77,10 +77,9 @@ def speculative_speed(main_decode_tok_s: float, main_prefill_tok_s: float, draft
     return SpeculativeSpeed(
         (lo, hi), acceptance, n_draft, main_decode_tok_s, draft_decode_tok_s,
         (f"acceptance {acceptance[0]:g}-{acceptance[1]:g} per drafted token (a setting; Leviathan et al. 2023)",
-         f"{n_draft} tokens drafted per step (--spec-draft-n-max"
-         + (" default)" if n_draft == DEFAULT_DRAFT_N_MAX else ")"),
-         "checking them costs one main-model batch of n+1 tokens: the slower of a decode step and n+1 tokens "
-         "at the prefill rate"))
+         f"{n_draft} tokens drafted per step (--spec-draft-n-max{' default' if n_draft == DEFAULT_DRAFT_N_MAX else ''})",
+         ("checking them costs one main-model batch of n+1 tokens: the slower of a decode step and n+1 tokens "
+          "at the prefill rate")))
 
 
 def image_encode_s(projector_flops: int, main_prefill_tok_s: float, main_flops_per_token: float) -> float:
