@@ -52,6 +52,10 @@ def test_window_takes_the_files_and_draws_their_segments(qtbot, tmp_path: Path, 
         w.show()
         qtbot.wait(200)
         w.grab().save(SHOT)
+    # -ngld 0: the draft's layers stay on the host (no GPU here: nothing changes but the value)
+    w.extras_panel.draft_ngl.setValue(0)
+    assert w.extras_panel.extras().draft_gpu_layers == 0 and w.extras_plan.config.draft_gpu_layers == 0
+    w.extras_panel.draft_ngl.setValue(-1)
     # the window's export carries the flags
     dlg = w.open_export()
     assert dlg is not None

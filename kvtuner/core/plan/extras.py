@@ -393,6 +393,9 @@ def plan_extras(plan: MemoryPlan, extras: ExtrasConfig, gpus: Sequence[GpuSpec] 
             kw["exact"] = draft_exact
         draft_plan = plan_memory(draft, cfg, gpus, host, **kw)
         src = "llama-server fit table" if draft_exact is not None else "kvtuner plan of the draft"
+        if draft_exact is None:
+            notes.append("the draft's compute buffer is kvtuner's estimate: plan --verify --engine server reads "
+                         "llama-server's own (its fit step's table for the draft)")
         for d in draft_plan.devices:
             for kind, b in (("weights", d.weights_bytes + d.repack_bytes), ("kv", d.kv_bytes),
                             ("compute", d.compute_bytes), ("output", d.output_bytes)):

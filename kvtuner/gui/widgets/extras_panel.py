@@ -14,7 +14,8 @@ _FIELD = {f.name: f for f in EXTRA_FIELDS}
 
 
 class ExtrasPanel(QtWidgets.QGroupBox):
-    """Three file rows (projector, draft model, LoRA adapter) and "projector on GPU".
+    """Three file rows (projector, draft model, LoRA adapter), the draft's GPU layers (``-ngld``)
+    and "projector on GPU".
 
     Signals:
         changed: a file or setting changed (the window replans).
@@ -43,6 +44,13 @@ class ExtrasPanel(QtWidgets.QGroupBox):
             label.setBuddy(edit)
             form.addRow(label, row)
             self.paths[name] = edit
+        self.draft_ngl = QtWidgets.QSpinBox()
+        self.draft_ngl.setRange(-1, 9999)
+        self.draft_ngl.setSpecialValueText("all")  # -1: every layer and the output layer (-ngld all)
+        self.draft_ngl.setValue(-1)
+        self.draft_ngl.setToolTip(_FIELD["draft_gpu_layers"].tooltip())
+        self.draft_ngl.valueChanged.connect(lambda _v: self.changed.emit())
+        form.addRow(_FIELD["draft_gpu_layers"].label, self.draft_ngl)
         self.mmproj_offload = QtWidgets.QCheckBox("Projector on the GPU")
         self.mmproj_offload.setChecked(True)
         self.mmproj_offload.setToolTip(_FIELD["mmproj_offload"].tooltip())
@@ -66,10 +74,11 @@ class ExtrasPanel(QtWidgets.QGroupBox):
         self.changed.emit()
 
     def extras(self) -> ExtrasConfig:
-        """The :class:`ExtrasConfig` of the panel (the draft with all layers on the GPU)."""
+        """The :class:`ExtrasConfig` of the panel."""
         text = {k: e.text().strip() for k, e in self.paths.items()}
         return ExtrasConfig(mmproj=text["mmproj"] or None, mmproj_offload=self.mmproj_offload.isChecked(),
-                            draft=text["draft"] or None, draft_gpu_layers=ALL_LAYERS,
+                            draft=text["draft"] or None,
+                            draft_gpu_layers=ALL_LAYERS if self.draft_ngl.value() < 0 else self.draft_ngl.value(),
                             loras=((text["loras"], 1.0),) if text["loras"] else ())
 
     def show_result(self, summary: str, error: bool = False) -> None:
