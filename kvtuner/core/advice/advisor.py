@@ -991,7 +991,8 @@ def _rule_extras(c: _Ctx) -> list[Advice]:
     if cfg.mmproj and cfg.mmproj_offload and any(d.kind != "host" for d in bad):
         t = trial(_replace(cfg, mmproj_offload=False))
         if t is not None:
-            verdict = "fits" if c.fits(t[1]) else "still does not fit"
+            verdict = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
+                c.verdict(t[1]).level, "fits")
             options.append(f"--no-mmproj-offload moves the projector's {fmt_bytes(xp.part_bytes('mmproj'))} to RAM "
                            f"({verdict}; images encode on the CPU)")
     if cfg.draft:
@@ -1007,8 +1008,9 @@ def _rule_extras(c: _Ctx) -> list[Advice]:
         t = trial(_replace(cfg, draft=None))
         if t is not None:
             plain = f", decode {c.speed.decode_tok_s:.1f} tok/s" if c.speed is not None else ""
-            options.append(f"without -md frees {fmt_bytes(xp.part_bytes('draft'))} "
-                           f"({'fits' if c.fits(t[1]) else 'still does not fit'}{plain})")
+            level = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
+                c.verdict(t[1]).level, "fits")
+            options.append(f"without -md frees {fmt_bytes(xp.part_bytes('draft'))} ({level}{plain})")
     if not options:
         options.append("drop the projector, draft or LoRA, or give them another device")
     return [_adv(
