@@ -4,6 +4,7 @@ catalogue :data:`kvtuner.core.plan.fields.FIELDS`), the hardware flags, and JSON
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import typing
@@ -786,3 +787,78 @@ def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable
             setattr(ns, dest, None)
     config = config_from_args(ns, model=model)
     return config, ns, not_understood
+
+
+def add_extras_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of what llama-server loads besides the model (projector, draft, LoRA), from
+    :data:`kvtuner.core.plan.fields.EXTRA_FIELDS` (llama-server spellings accepted)."""
+    from ..core.plan.fields import EXTRA_FIELDS
+
+    g = parser.add_argument_group("projector, draft model and LoRA (llama-server flags in brackets)")
+    for f in EXTRA_FIELDS:
+        names = (f.flag, *f.aliases)
+        bracket = f" [{f.llama_flag}]"
+        if f.kind == "negated-switch":
+            g.add_argument(*names, dest=f.name, action="store_false", default=True, help=f.help + bracket)
+        elif f.kind == "switch":
+            g.add_argument(*names, dest=f.name, action="store_true", default=False, help=f.help + bracket)
+        elif f.kind == "int":
+            g.add_argument(*names, dest=f.name, type=positive_int, default=None, metavar="N", help=f.help + bracket)
+        elif f.kind == "list":
+            metavar = "FILE[:SCALE]" if f.name == "loras" else "PATTERN=BUFFER"
+            g.add_argument(*names, dest=f.name, action="append", default=None, metavar=metavar, help=f.help + bracket)
+        elif f.kind == "layers":
+            g.add_argument(*names, dest=f.name, type=_layers, default=None, metavar="N|all", help=f.help + bracket)
+        else:
+            g.add_argument(*names, dest=f.name, default=None, metavar="FILE" if f.kind == "path" else "T",
+                           help=f.help + bracket)
+
+
+def extras_from_args(args: argparse.Namespace) -> "object":
+    """The :class:`~kvtuner.core.plan.extras.ExtrasConfig` of :func:`add_extras_args` flags.
+
+    Raises:
+        UserError: a bad KV type or LoRA scale, or draft settings without ``-md``.
+    """
+    from ..core.model.ggml_types import kv_type
+    from ..core.plan.config import ALL_LAYERS
+    from ..core.plan.extras import ExtrasConfig
+
+    loras: list[tuple[str, float]] = []
+    for text in getattr(args, "loras", None) or ():
+        path, colon, scale = text.rpartition(":") if ":" in text and not os.path.exists(text) else (text, "", "")
+        try:
+            loras.append((path, float(scale) if colon else 1.0))
+        except ValueError:
+            raise UserError(f"--lora {text}: the scale after ':' must be a number (FILE:0.5)") from None
+    types = {}
+    for name, flag in (("draft_type_k", "-ctkd"), ("draft_type_v", "-ctvd")):
+        value = getattr(args, name, None)
+        if value is not None:
+            try:
+                types[name] = kv_type(value).name
+            except ValueError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+    draft = getattr(args, "draft", None)
+    ngld = getattr(args, "draft_gpu_layers", None)
+    otd = tuple(v for item in (getattr(args, "draft_tensor_overrides", None) or ()) for v in item.split(",") if v)
+    cmoed = bool(getattr(args, "draft_cpu_moe", False))
+    n_max, ctx = getattr(args, "draft_n_max", None), getattr(args, "draft_ctx", None)
+    if draft is None and (ngld is not None or types or otd or cmoed or n_max is not None or ctx is not None):
+        raise UserError("-ngld/-ctkd/-ctvd/-otd/-cmoed/--spec-draft-n-max/-cd set up the draft model: give the draft "
+                        "with -md FILE")
+    from ..core.plan.config import ConfigError, parse_override
+
+    for text in otd:
+        try:
+            parse_override(text)
+        except ConfigError as exc:
+            raise UserError(str(exc).replace("--override-tensor", "-otd")) from None
+    if n_max is not None and n_max < 1:
+        raise UserError(f"--spec-draft-n-max must be 1 or more tokens, not {n_max}")
+    if ctx is not None and ctx < 1:
+        raise UserError(f"-cd must be a positive number of tokens, not {ctx}")
+    return ExtrasConfig(mmproj=getattr(args, "mmproj", None), mmproj_offload=getattr(args, "mmproj_offload", True),
+                        draft=draft, draft_gpu_layers=ALL_LAYERS if ngld is None else ngld, loras=tuple(loras),
+                        draft_tensor_overrides=otd, draft_cpu_moe=cmoed,
+                        draft_n_max=3 if n_max is None else n_max, draft_ctx=ctx, **types)

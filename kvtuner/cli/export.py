@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
+from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, extras_from_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
                    config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
                    rules_from_args, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
+    add_extras_args(p)
     add_hardware_args(p)
     p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,
                    help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
@@ -145,10 +146,31 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
             from ..core.export.checked import check_export
             from ..runner.export_check import build_flags
 
-            result = check_export(result, build_flags(_engine(args), args.export_format))
+            flags = build_flags(_engine(args), args.export_format)
+            result = check_export(_with_extras(args, result, flags, model_path), flags)
+        elif not extras_from_args(args).empty:
+            print(f"kvtuner: note: --mmproj, -md and --lora are written in llama-server and llama-cli exports only, "
+                  f"not in {args.export_format}", file=sys.stderr)
         return result
     except ExportError as exc:
         raise UserError(str(exc)) from None
+
+
+def _with_extras(args: argparse.Namespace, result: "object", flags: "object", model_path: "object") -> "object":
+    """``result`` with the projector / draft / LoRA flags (:func:`kvtuner.core.plan.extras.server_flags`,
+    spelled for the build of ``flags``) after the configuration's; the files are checked as
+    llama-server would (one line on a bad file)."""
+    from ..core.export.llama_server import with_extras
+    from ..core.plan.config import ConfigError
+    from ..core.plan.extras import check_files
+    extras = extras_from_args(args)
+    if extras.empty:
+        return result
+    try:
+        check_files(extras, load_model(str(model_path)))
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    return with_extras(result, extras, getattr(flags, "flags", None))
 
 
 def _engine(args: argparse.Namespace) -> "object":

@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
+                   extras_from_args,
                    hardware_from_args, load_model, positive_int, rpc_endpoints, session_from_args, vllm_model_from_args,
                    vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
 
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
+    add_extras_args(p)
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
     p.add_argument("--verify", action="store_true",
@@ -61,6 +63,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     config = config_from_args(args, model=model)
     session = session_from_args(args, model, config)
+    extras = extras_from_args(args)
+    if not extras.empty:
+        # projector / draft / LoRA: counted in every plan, so the verdict and the advice see them
+        session.extras = extras
+        from ..core.plan.config import ConfigError as _ConfigError
+        from ..core.plan.extras import check_files
+
+        try:
+            check_files(extras, model)
+        except _ConfigError as exc:
+            raise UserError(str(exc)) from None
+        if args.verify and extras.draft:
+            session.draft_exact = _verify_draft(args, model, config, extras)
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
@@ -85,15 +100,82 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"kvtuner: no speed prediction: {assessment.speed_error}", file=sys.stderr)
     resolved = list(getattr(args, "resolved_notes", ()))
     extra_doc, extra_text = _workload_and_vllm(args, assessment.plan, config)
+    extras_doc, extras_text = _extras(args, session, assessment, model)
     if args.json:
         doc = assessment.to_dict()
         doc["resolved"] = resolved  # llama-server defaults as resolved (--ctx 0, -np -1)
         doc.update(extra_doc)
+        doc.update(extras_doc)
         emit_json(doc)
     else:
         text = report.plan_text(assessment)
-        print("\n".join([*(f"resolved: {n}" for n in resolved), text, *extra_text]))
+        print("\n".join([*(f"resolved: {n}" for n in resolved), text, *extras_text, *extra_text]))
     return 0
+
+
+def _extras(args: argparse.Namespace, session: "object", assessment: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
+    """The projector / draft / LoRA section (the plan's :class:`~kvtuner.core.plan.extras.ExtrasPlan`)
+    as the ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``.
+    With ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
+    from . import report
+
+    xp = getattr(assessment.plan, "extras", None)
+    if xp is None:
+        return {}, []
+    doc = xp.to_dict()
+    speed = _extras_speed(session, assessment, xp)
+    doc["speed"] = speed
+    return {"extras": doc}, report.extras_text(assessment.plan, xp) + report.extras_speed_text(speed)
+
+
+def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict:
+    """Speculative decoding's tokens/s range and one image's encode time (``extras.speed``)."""
+    from ..core.plan.extras import projector_flops, projector_header
+    from ..core.speed.extras_speed import image_encode_s, speculative_speed
+    from ..core.speed.speed_model import SpeedModelError, predict_speed
+
+    out: dict = {"speculative": None, "image_encode_s": None, "why": []}
+    main = assessment.speed
+    if main is None:
+        out["why"].append("no speed prediction for the model")
+        return out
+    if xp.draft_plan is not None:
+        inputs, why = session.speed_inputs()
+        try:
+            draft = predict_speed(xp.draft_plan, inputs) if inputs is not None else None
+        except SpeedModelError as exc:
+            draft, why = None, str(exc)
+        if draft is None:
+            out["why"].append(f"no speed prediction for the draft: {why}")
+        else:
+            out["speculative"] = speculative_speed(main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s,
+                                                   n_draft=xp.config.draft_n_max).to_dict()
+    if xp.config.mmproj:
+        flops = projector_flops(projector_header(xp.config.mmproj, assessment.plan.model.n_embd))
+        if flops:
+            out["image_encode_s"] = image_encode_s(flops, main.prefill_tok_s, 2.0 * assessment.plan.model.n_params)
+            out["image_encode_assumption"] = ("the projector's operations (2 x patches per weight + attention) at the "
+                                              "operations per second of the model's predicted prefill")
+    return out
+
+
+def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig", extras: "object") -> "object":
+    """llama-server's figures for the draft (its fit step's second table), as ExactFigures."""
+    from ..core.plan.config import ConfigError
+    from ..runner.dryrun import DryRunError
+    from ..runner.extras_verify import draft_exact_figures, verify_draft
+
+    engine = engine_from_args(args)
+    if getattr(engine, "kind", "") != "server":
+        print("kvtuner: the draft's figures come from llama-server's fit step: --engine server to verify them",
+              file=sys.stderr)
+        return None
+    try:
+        return draft_exact_figures(verify_draft(engine, model.path, config, extras))
+    except DryRunError as exc:
+        raise UserError(f"llama-server could not measure the draft: {exc}") from None
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanConfig") -> "tuple[dict, list[str]]":

@@ -298,3 +298,50 @@ def table_text(model_name: str, gpu_name: str, gpu_bytes: int, weights_bytes: in
         "KV = sequences x window x 2 x n_layer x n_kv_head x head_dim x bytes/element; tok/s = aggregate decode "
         "roofline (sequences x bandwidth / (weights + KV)), an upper bound",
     ])
+
+
+def extras_text(plan: "object", xp: "object") -> list[str]:
+    """Text lines of the projector / draft / LoRA plan (:class:`kvtuner.core.plan.extras.ExtrasPlan`):
+    one line per part and device, then each device's total with them against its capacity."""
+    from ..core.units import fmt_bytes
+
+    lines = ["besides the model:"]
+    parts: dict[tuple[str, str], dict[str, int]] = {}
+    sources: dict[str, list[str]] = {}
+    for s in xp.segments:
+        parts.setdefault((s.part, s.device), {})[s.kind] = parts.get((s.part, s.device), {}).get(s.kind, 0) + s.bytes
+        if s.source not in sources.setdefault(s.part, []):
+            sources[s.part].append(s.source)
+    for (part, dev), kinds in parts.items():
+        body = "  ".join(f"{k} {fmt_bytes(b)}" for k, b in kinds.items())
+        lines.append(f"  {part:<7}{dev:<7}{body}  ({'; '.join(sources[part])})")
+    if xp.image_tokens:
+        lines.append(f"  one image takes {xp.image_tokens} context tokens")
+    extra = xp.bytes_by_device()
+    for d in plan.devices:
+        add = extra.get(d.device, 0)
+        if not add:
+            continue
+        # the plan's totals count them already (DevicePlan.extras_bytes)
+        total = d.total_bytes + (0 if getattr(d, "extras_bytes", 0) else add)
+        cap = d.capacity_bytes
+        verdict = "" if cap is None else (" fits" if total <= cap else f" DOES NOT FIT (over by {fmt_bytes(total - cap)})")
+        lines.append(f"  {d.device} with them: {fmt_bytes(total)}" + ("" if cap is None else f" of {fmt_bytes(cap)}") + verdict)
+    lines += [f"  note: {n}" for n in xp.notes]
+    return lines
+
+
+def extras_speed_text(speed: dict) -> list[str]:
+    """Text lines of ``extras.speed``: the speculative tokens/s range and one image's encode time,
+    each with its assumptions."""
+    lines: list[str] = []
+    spec = speed.get("speculative")
+    if spec:
+        lo, hi = spec["tok_s"]
+        lines.append(f"  speculative decode: {lo:.2f}-{hi:.2f} tok/s (without the draft {spec['plain_tok_s']:.2f}; "
+                     f"draft alone {spec['draft_tok_s']:.2f})")
+        lines += [f"    assuming {a}" for a in spec["assumptions"]]
+    if speed.get("image_encode_s") is not None:
+        lines.append(f"  one image encodes in {speed['image_encode_s']:.2f} s (prefill; {speed['image_encode_assumption']})")
+    lines += [f"  {w}" for w in speed.get("why", ())]
+    return lines

@@ -303,6 +303,9 @@ class Session:
         rules: the llama.cpp build and program the plan follows (:mod:`kvtuner.core.plan.build_rules`;
             :func:`~kvtuner.core.plan.build_rules.rules_for` of the engine in use; default: the
             embedded engine's vendored build).
+        extras: what llama-server loads besides the model (projector, draft model, LoRA:
+            :class:`~kvtuner.core.plan.extras.ExtrasConfig`), counted in every plan; None: none.
+        draft_exact: llama-server's figures for the draft (``ExactFigures``), None: kvtuner's.
     """
 
     model: ModelProfile | None = None
@@ -319,6 +322,8 @@ class Session:
     split: DeviceSplit = field(default_factory=DeviceSplit)
     margins: FitMargins = field(default_factory=FitMargins)
     rules: BuildRules = VENDORED
+    extras: Any = None
+    draft_exact: Any = None
     _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
@@ -543,6 +548,24 @@ class Session:
         """
         if self.model is None:
             raise ValueError("no model is open")
+        return self._with_extras(self._plan_model())
+
+    def _with_extras(self, plan: MemoryPlan) -> MemoryPlan:
+        """``plan`` with :attr:`extras` (projector, draft, LoRA: an
+        :class:`~kvtuner.core.plan.extras.ExtrasConfig`) counted on its devices; the draft's
+        figures are :attr:`draft_exact` (llama-server's) when set.
+
+        Raises:
+            ConfigError: an extra file llama-server would refuse (one line).
+        """
+        if self.extras is None or self.extras.empty:
+            return plan
+        from .plan.extras import plan_extras, with_extras
+
+        return with_extras(plan, plan_extras(plan, self.extras, self.gpus, self.host, split=self.split,
+                                             draft_exact=self.draft_exact))
+
+    def _plan_model(self) -> MemoryPlan:
         model = self.planned_model()
         plan = plan_memory(model, self.config, self.gpus, self.host, split=self.split, rules=self.rules)
         v = self.verified
@@ -583,8 +606,8 @@ class Session:
         verified = self.verified
         analytic = None
         if verified is not None:
-            analytic = plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split,
-                                   rules=self.rules)
+            analytic = self._with_extras(plan_memory(self.planned_model(), self.config, self.gpus, self.host,
+                                                     split=self.split, rules=self.rules))
         return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic,
                           margins=self.margins)
 

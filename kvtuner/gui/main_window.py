@@ -43,6 +43,7 @@ from .tasks import BackgroundTasks
 from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
 from .widgets.export_dialog import ExportDialog
+from .widgets.extras_panel import ExtrasPanel
 from .widgets.hardware_panel import HardwarePanel
 from .widgets.device_list import DeviceListPanel
 from .widgets.known_good import KnownGoodPanel
@@ -214,6 +215,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.devices.set_base(self.hardware.gpus())
         self.controls = ConfigControls()
         self.workload = WorkloadPanel()  # expected-case KV next to -np
+        self.extras_panel = ExtrasPanel()  # --mmproj, -md, --lora
         self.prediction = PredictionPanel()
         self.graphs = LiveGraphs()
         self.advisor = AdvisorPane()
@@ -253,6 +255,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ll.addWidget(self.devices)
         ll.addWidget(self.controls)
         ll.addWidget(self.workload)
+        ll.addWidget(self.extras_panel)
         ll.addWidget(self.known_good, 1)
         left_scroll = QtWidgets.QScrollArea()
         left_scroll.setWidgetResizable(True)
@@ -313,6 +316,7 @@ class MainWindow(QtWidgets.QMainWindow):
                      *self.findChildren(QtWidgets.QComboBox)):
             edit.installEventFilter(self._shortcuts)
         self.controls.changed.connect(self._on_controls_changed)
+        self.extras_panel.changed.connect(self.replan)
         self.controls.fix_requested.connect(self._on_fix_requested)
         self.hardware.changed.connect(self._on_hardware_changed)
         self.devices.changed.connect(self._on_hardware_changed)
@@ -715,7 +719,23 @@ class MainWindow(QtWidgets.QMainWindow):
             s.split = self.devices.split()
         except ConfigError:
             pass  # the panel shows why; the last valid split stays
+        s.extras = self._checked_extras()
         return s
+
+    def _checked_extras(self) -> Any:
+        """The extras panel's files when llama-server would take them with this model (the
+        session counts them in every plan), else None with the reason in the panel."""
+        from ..core.plan.extras import check_files
+
+        extras = self.extras_panel.extras()
+        if extras.empty or self.model is None:
+            return None
+        try:
+            check_files(extras, self.model)
+        except ConfigError as exc:
+            self.extras_panel.show_result(str(exc), error=True)
+            return None
+        return extras
 
     def _live_for_advice(self) -> Any:
         ev = self.run_events
@@ -763,12 +783,29 @@ class MainWindow(QtWidgets.QMainWindow):
         verified = a.to_dict()["verified"] if a.verified is not None else None
         if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
             self.run_controls.set_progress(0.0, "not verified for this configuration")
-        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins)
+        self.extras_plan = self._plan_extras(plan)
+        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins,
+                                 extras=self.extras_plan)
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
         self._show_predicted_lines(plan, speed)
         self.replan_ms = (time.perf_counter() - t0) * 1000
+
+    def _plan_extras(self, plan: Any) -> Any:
+        """The projector / draft / LoRA the session planned beside ``plan`` (None without them),
+        summed up in the extras panel."""
+        from ..core.units import fmt_bytes
+
+        xp = getattr(plan, "extras", None)
+        if xp is None:
+            if self.extras_panel.extras().empty:
+                self.extras_panel.show_result("")
+            # else a refused file: _checked_extras left the reason in the panel
+            return None
+        parts = ", ".join(f"{p} {fmt_bytes(xp.part_bytes(p))}" for p in ("mmproj", "draft", "lora") if xp.part_bytes(p))
+        self.extras_panel.show_result(f"adds {parts}" + (f"; one image takes {xp.image_tokens} tokens" if xp.image_tokens else ""))
+        return xp
 
     def _show_predicted_lines(self, plan: Any, speed: Any) -> None:
         """The graphs' dashed lines: predicted for the hardware the runs measure (this machine),
@@ -1114,7 +1151,7 @@ class MainWindow(QtWidgets.QMainWindow):
         engine = self.engine
         dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
                            machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc,
-                           flags_for=lambda target: build_flags(engine, target))
+                           flags_for=lambda target: build_flags(engine, target), extras=s.extras)
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
         dlg.finished.connect(lambda *_: dlg.last_saved is not None
                              and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))

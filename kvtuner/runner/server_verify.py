@@ -163,10 +163,11 @@ def _reader(stream, out: "queue.Queue[str | None]") -> None:
         out.put(None)
 
 
-def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], bool]:
+def _run_until_breakdown(argv: list[str], deadline: float, tables: int = 1) -> tuple[list[str], bool]:
     """Start ``argv`` in its own process group and read its merged output until the first
-    memory breakdown table is complete (a line after the table that is not a row), the
-    process ends, or ``deadline`` passes; then stop the group.
+    ``tables`` memory breakdown tables are complete (a line after a table that is not a row),
+    the process ends, or ``deadline`` passes; then stop the group. With a draft model (``-md``)
+    the second table is the draft's (common/fit.cpp ``common_params_fit_impl``).
 
     Returns:
         ``(lines, finished)``: the lines read (without newlines; prefixes kept) and whether a
@@ -186,6 +187,7 @@ def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], b
     reader.start()
     inside = host_seen = finished = False
     timed_out = False
+    done = 0
     try:
         while True:
             left = deadline - time.monotonic()
@@ -196,9 +198,13 @@ def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], b
                 item = out.get(timeout=min(left, ROW_IDLE_S) if host_seen else left)
             except queue.Empty:
                 if host_seen:  # the table's rows come in one burst: it is complete
-                    finished = True
-                else:
-                    timed_out = True
+                    done += 1
+                    inside = host_seen = False
+                    if done >= tables:
+                        finished = True
+                        break
+                    continue
+                timed_out = True
                 break
             if item is None:
                 break
@@ -211,8 +217,12 @@ def _run_until_breakdown(argv: list[str], deadline: float) -> tuple[list[str], b
             elif inside:
                 row = L.parse_breakdown_row(line)
                 if row is None:
-                    finished = True
-                    break
+                    done += 1
+                    inside = host_seen = False
+                    if done >= tables:
+                        finished = True
+                        break
+                    continue
                 host_seen = host_seen or row.kind == "host"
     finally:
         stop_process_group(proc)

@@ -33,6 +33,7 @@ from ..hardware.nvml import GpuProcess
 from ..hardware.specs import GpuSpec, HostSpec
 from ..monitor.live import AllocationFailure, LiveState
 from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..plan.extras import replan_extras
 from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
 from ..tune.fit_choice import fit_blockers
@@ -208,8 +209,10 @@ class _Ctx:
         if key not in self._plans:
             cfg = self.config(fix)
             try:
-                self._plans[key] = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split,
-                                               rules=self.plan.rules) if cfg else None
+                p = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split,
+                                rules=self.plan.rules) if cfg else None
+                # the projector / draft / LoRA stay: planned again for the changed configuration
+                self._plans[key] = replan_extras(p, self.plan, self.gpus, self.host) if p is not None else None
             except ConfigError:
                 self._plans[key] = None
         return self._plans[key]
@@ -947,10 +950,86 @@ def _rule_fit_off(c: _Ctx) -> list[Advice]:
                  {})]
 
 
+def _rule_extras(c: _Ctx) -> list[Advice]:
+    """``extras-over`` (warning) when a device the fit verdict does not call "fits" holds part of a
+    projector, a draft model or a LoRA adapter: what ``--no-mmproj-offload``, a lower ``-ngld`` and
+    dropping the draft free there, each with its speed (no button: these are llama-server flags
+    beside the configuration, :mod:`kvtuner.core.plan.extras`)."""
+    from dataclasses import replace as _replace
+
+    from ..plan.config import ALL_LAYERS as _ALL
+    from ..plan.extras import plan_extras, with_extras
+    from ..speed.extras_speed import speculative_speed
+    from ..speed.speed_model import predict_speed
+
+    xp = c.plan.extras
+    if xp is None:
+        return []
+    levels = {d.device: d.level for d in c.verdict(c.plan).devices}
+    bad = [d for d in c.plan.devices if d.extras_bytes and levels.get(d.device) in (DOES_NOT_FIT, TIGHT)]
+    if not bad:
+        return []
+    base = _replace(c.plan, devices=tuple(_replace(d, extras_bytes=0) for d in c.plan.devices), extras=None)
+
+    def trial(cfg: Any) -> tuple[Any, Any] | None:
+        try:
+            x = plan_extras(base, cfg, c.gpus, c.host, split=c.plan.split)
+        except ConfigError:
+            return None
+        return x, with_extras(base, x)
+
+    def spec_text(x: Any) -> str:
+        if c.speed is None or c.speed.inputs is None or x.draft_plan is None:
+            return ""
+        try:
+            d = predict_speed(x.draft_plan, c.speed.inputs)
+            r = speculative_speed(c.speed.decode_tok_s, c.speed.prefill_tok_s, d.decode_tok_s)
+        except (SpeedModelError, ValueError):
+            return ""
+        return f", speculative decode {r.tok_s[0]:.1f}-{r.tok_s[1]:.1f} tok/s"
+
+    options: list[str] = []
+    cfg = xp.config
+    devs = ", ".join(d.device for d in bad)
+    if cfg.mmproj and cfg.mmproj_offload and any(d.kind != "host" for d in bad):
+        t = trial(_replace(cfg, mmproj_offload=False))
+        if t is not None:
+            verdict = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
+                c.verdict(t[1]).level, "fits")
+            options.append(f"--no-mmproj-offload moves the projector's {fmt_bytes(xp.part_bytes('mmproj'))} to RAM "
+                           f"({verdict}; images encode on the CPU)")
+    if cfg.draft:
+        n_draft = xp.draft_plan.model.n_layer if xp.draft_plan is not None else 0
+        start = n_draft + 1 if cfg.draft_gpu_layers == _ALL else cfg.draft_gpu_layers - 1
+        for ngld in range(start, -1, -1):
+            t = trial(_replace(cfg, draft_gpu_layers=ngld))
+            if t is not None and c.fits(t[1]):
+                if ngld != (n_draft + 1 if cfg.draft_gpu_layers == _ALL else cfg.draft_gpu_layers):
+                    options.append(f"-ngld {ngld} keeps {n_draft + 1 - ngld} of the draft's layers in RAM (fits"
+                                   f"{spec_text(t[0])})")
+                break
+        t = trial(_replace(cfg, draft=None))
+        if t is not None:
+            plain = f", decode {c.speed.decode_tok_s:.1f} tok/s" if c.speed is not None else ""
+            level = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
+                c.verdict(t[1]).level, "fits")
+            options.append(f"without -md frees {fmt_bytes(xp.part_bytes('draft'))} ({level}{plain})")
+    if not options:
+        options.append("drop the projector, draft or LoRA, or give them another device")
+    return [_adv(
+        "extras-over", "warning",
+        f"The projector, draft model and LoRA adapters add {fmt_bytes(sum(d.extras_bytes for d in bad))} on {devs}, "
+        "which is then over its limit: " + "; ".join(options) + ".",
+        "llama-server loads them beside the model (projector: tools/mtmd/clip.cpp; draft: "
+        "common/speculative.cpp; LoRA: src/llama-adapter.cpp): their memory counts in each device's total",
+        {},
+    )]
+
+
 _RULES = (
     _rule_vram_oom, _rule_ram_oom, _rule_fragmentation, _rule_swap, _rule_abandon, _rule_v_needs_fa, _rule_kv_slow_path,
     _rule_ctx_train, _rule_first_layer_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
-    _rule_other_processes, _rule_offload_knee, _rule_fit_off,
+    _rule_other_processes, _rule_offload_knee, _rule_fit_off, _rule_extras,
 )
 
 

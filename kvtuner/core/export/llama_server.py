@@ -146,3 +146,19 @@ def rpc_server_lines(rpc: Sequence[str]) -> str:
     for ep in rpc:
         lines.append(f"#   {shlex.join(rpc_server_command(ep))}")
     return "\n".join(lines) + "\n"
+
+
+def with_extras(result: ExportResult, extras: Any, known_flags: Any = None) -> ExportResult:
+    """``result`` (a llama-server / llama-cli command) with the projector, draft model and LoRA
+    flags of ``extras`` (:class:`~kvtuner.core.plan.extras.ExtrasConfig`, spelled for a build
+    whose ``--help`` lists ``known_flags``: :func:`kvtuner.core.plan.extras.server_flags`) after
+    the configuration's; ``result`` itself without extras."""
+    from dataclasses import replace as _replace
+
+    from ..plan.extras import server_flags
+
+    if extras is None or extras.empty:
+        return result
+    more = server_flags(extras, known_flags)
+    return _replace(result, argv=tuple(result.argv or ()) + tuple(more),
+                    text=result.text.rstrip("\n") + " " + shlex.join(more) + "\n")

@@ -207,3 +207,49 @@ def cli_flags(changes: dict[str, Any]) -> str:
         KeyError: a key that is not a configuration field.
     """
     return " ".join(config_field(k).cli_text(v) for k, v in changes.items())
+
+
+#: The flags of what llama-server loads besides the main model (:class:`kvtuner.core.plan.extras.ExtrasConfig`
+#: attributes): llama.cpp b11434's spellings first (common/arg.cpp), older spellings as aliases.
+EXTRA_FIELDS: tuple[ConfigField, ...] = (
+    ConfigField(
+        "mmproj", "--mmproj", ("-mm",), "--mmproj", "path", "Pro&jector (--mmproj)",
+        "vision/audio projector GGUF loaded beside the model (multimodal)",
+        "Weights on the first GPU unless --no-mmproj-offload (tools/mtmd/clip.cpp); one image takes\n"
+        "(image_size / patch_size)^2 / merge^2 context tokens."),
+    ConfigField(
+        "mmproj_offload", "--no-mmproj-offload", (), "--no-mmproj-offload", "negated-switch", "Projector on GPU",
+        "keep the projector on the CPU"),
+    ConfigField(
+        "draft", "--spec-draft-model", ("-md", "--model-draft"), "-md", "path", "Draft model (-&md)",
+        "draft model GGUF for speculative decoding (same vocabulary as the model)",
+        "Its own weights, KV cache at the main context (same -c, -np, -ub) and compute buffer\n"
+        "(common/speculative.cpp common_base_params_to_speculative)."),
+    ConfigField(
+        "draft_gpu_layers", "--spec-draft-ngl", ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), "-ngld",
+        "layers", "Draft GPU layers (-ngld)", "layers of the draft model on the GPU (default all)", unit="layers"),
+    ConfigField(
+        "draft_type_k", "--spec-draft-type-k", ("-ctkd", "--cache-type-k-draft"), "-ctkd", "type", "Draft K cache type",
+        f"the draft's K cache type (default f16): {KV_CACHE_TYPES_HELP}"),
+    ConfigField(
+        "draft_type_v", "--spec-draft-type-v", ("-ctvd", "--cache-type-v-draft"), "-ctvd", "type", "Draft V cache type",
+        "the draft's V cache type (default f16)"),
+    ConfigField(
+        "draft_tensor_overrides", "--spec-draft-override-tensor", ("-otd", "--override-tensor-draft"), "-otd", "list",
+        "Draft tensor overrides (-otd)", "PATTERN=BUFFER tensor overrides of the draft model (as -ot, for the draft)"),
+    ConfigField(
+        "draft_cpu_moe", "--spec-draft-cpu-moe", ("-cmoed", "--cpu-moe-draft"), "-cmoed", "switch",
+        "Draft MoE experts on CPU", "keep the draft model's MoE expert weights in host RAM"),
+    ConfigField(
+        "draft_n_max", "--spec-draft-n-max", ("--draft-max", "--draft", "--draft-n"), "--spec-draft-n-max", "int",
+        "Drafted tokens per step", "tokens drafted per speculative step (default 3; older builds: --draft-max)",
+        "Sizes the speculative speed range: a step drafts n tokens and checks them in one batch of n + 1."),
+    ConfigField(
+        "draft_ctx", "--ctx-size-draft", ("-cd",), "-cd", "int", "Draft context (-cd)",
+        "the draft's own context in tokens (builds before the --spec-* renames; b11434 has no -cd: "
+        "the draft follows -c)", unit="tokens"),
+    ConfigField(
+        "loras", "--lora", (), "--lora", "list", "LoRA adapters (--lora)",
+        "LoRA adapter GGUF applied to the model (repeatable; FILE or FILE:SCALE, scale 1 by default)",
+        "Each lora_a/lora_b tensor sits on the device of the layer it adapts (src/llama-adapter.cpp)."),
+)

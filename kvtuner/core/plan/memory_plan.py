@@ -88,6 +88,8 @@ class DevicePlan:
     layers whose experts are here), moved by ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` or not.
     ``repack_bytes`` is the host's ``CPU_REPACK`` copy of repackable quantized weights
     (:mod:`kvtuner.core.plan.repack`): committed memory on top of the mapped file pages.
+    ``extras_bytes`` is what a projector, a draft model and LoRA adapters add here
+    (:func:`kvtuner.core.plan.extras.with_extras`; 0 without them).
 
     As the OS sees the host: :attr:`mapped_bytes` are file pages (reclaimable page cache, read
     again from disk when evicted), :attr:`committed_bytes` everything else (anonymous memory
@@ -111,6 +113,7 @@ class DevicePlan:
     endpoint: str | None = None
     expert_bytes: int = 0
     expert_layers: int = 0
+    extras_bytes: int = 0
     backend: str = ""
     unified: bool = False
     source: str = ""
@@ -128,9 +131,10 @@ class DevicePlan:
 
     @property
     def total_bytes(self) -> int:
-        """weights + repacked copy + KV + compute + output + overhead."""
+        """weights + repacked copy + KV + compute + output + overhead + extras (projector, draft
+        model, LoRA: :mod:`kvtuner.core.plan.extras`)."""
         return (self.weights_bytes + self.repack_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
-                + self.overhead_bytes)
+                + self.overhead_bytes + self.extras_bytes)
 
     @property
     def mapped_bytes(self) -> int:
@@ -175,6 +179,7 @@ class DevicePlan:
             "flags": list(self.flags),
             "mapped_bytes": self.mapped_bytes,
             "committed_bytes": self.committed_bytes,
+            "extras_bytes": self.extras_bytes,
         }
 
 
@@ -210,6 +215,9 @@ class MemoryPlan:
         split: the ``-sm`` / ``-ts`` / ``-mg`` planned with.
         moves: the tensors ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` send away from their
             layer's device, tensor by tensor from the tensor table (:mod:`.overrides`).
+        extras: the projector / draft / LoRA planned beside the model
+            (:class:`~kvtuner.core.plan.extras.ExtrasPlan`, counted in each device's
+            ``extras_bytes``), None without them.
         rules: the llama.cpp build and program the compute buffers follow (:mod:`.build_rules`).
     """
 
@@ -235,6 +243,7 @@ class MemoryPlan:
     split: DeviceSplit | None = None
     moves: TensorMoves = field(default_factory=TensorMoves)
     rules: BuildRules = VENDORED
+    extras: Any = None
 
     @property
     def kv_bytes(self) -> int:

@@ -39,6 +39,8 @@ class ExportDialog(QtWidgets.QDialog):
             llama-server / llama-cli line is for (the window's engine,
             :func:`kvtuner.runner.export_check.build_flags`); the line is checked against them
             (:func:`kvtuner.core.export.checked.check_export`), and says so. None: no build known.
+        extras: the projector / draft / LoRA (:class:`~kvtuner.core.plan.extras.ExtrasConfig`)
+            whose flags follow the configuration's in llama-server and llama-cli lines; None: none.
 
     The two questions Save asks are attributes so tests (and embedders) can answer them
     without a modal dialog: :attr:`ask_save_path` ``(suggested_path) -> path or None`` and
@@ -48,7 +50,7 @@ class ExportDialog(QtWidgets.QDialog):
     def __init__(self, model_path: Path, config: Any, *, model: Any = None, measured: dict | None = None,
                  machine: Any = None, save_dir: str = "", parent: QtWidgets.QWidget | None = None,
                  split: Any = None, rpc: tuple[str, ...] = (),
-                 flags_for: Callable[[str], Any] | None = None) -> None:
+                 flags_for: Callable[[str], Any] | None = None, extras: Any = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export configuration")
         self.resize(820, 560)
@@ -58,6 +60,7 @@ class ExportDialog(QtWidgets.QDialog):
         self._split, self._rpc = split, tuple(rpc)  # -sm/-ts/-mg and --rpc (llama-server / llama-cli lines)
         self._save_dir = save_dir
         self._flags_for = flags_for
+        self._extras = extras  # projector / draft / LoRA (ExtrasConfig): llama-server and llama-cli lines
         self.result: Any = None
         self.error = ""
         self.last_saved: Path | None = None
@@ -139,8 +142,10 @@ class ExportDialog(QtWidgets.QDialog):
             self.result = export(target, self._model_path, self._config, model=self._model,
                                  measured=measured, machine=self._machine, split=self._split, rpc=self._rpc)
             if target in ("llama-server", "llama-cli"):
+                from ...core.export.llama_server import with_extras
+
                 build = self._flags_for(target) if self._flags_for is not None else None
-                self.result = check_export(self.result, build)
+                self.result = check_export(with_extras(self.result, self._extras, getattr(build, "flags", None)), build)
         except (ExportError, GGUFError, OSError) as exc:  # one line saying what to change
             self.result = None
             self.checked.hide()

@@ -18,7 +18,12 @@ SEGMENTS = (
     ("compute", "compute", "#009E73"),
     ("output", "output", "#CC79A7"),
     ("overhead", "overhead", "#999999"),
+    ("mmproj", "projector", "#8C564B"),
+    ("draft", "draft model", "#6A3D9A"),
+    ("lora", "LoRA", "#17BECF"),
 )
+#: Segments shown (bar and legend) only when some row has them.
+OPTIONAL_SEGMENTS = frozenset({"experts", "mmproj", "draft", "lora"})
 OVER_COLOR = "#D55E00"
 
 
@@ -42,21 +47,31 @@ class BarRow:
     verified: frozenset[str] = frozenset()
     repack_bytes: int = 0  # the host's CPU_REPACK copy of repackable quantized weights
     experts_bytes: int = 0  # MoE expert tensors here (not in weights_bytes: a segment of their own)
+    mmproj_bytes: int = 0  # the projector's weights and compute here (in total_bytes)
+    draft_bytes: int = 0  # the draft model's weights, KV, compute and output here (in total_bytes)
+    lora_bytes: int = 0  # LoRA adapter tensors here (in total_bytes)
 
     def segment_bytes(self, key: str) -> int:
         """Bytes of segment ``key`` (``weights``, ``kv`` ...)."""
         return int(getattr(self, f"{key}_bytes"))
 
 
-def row_from_device(device: object, verified: frozenset[str] = frozenset()) -> BarRow:
-    """A :class:`BarRow` from a :class:`~kvtuner.core.plan.memory_plan.DevicePlan`."""
+def row_from_device(device: object, verified: frozenset[str] = frozenset(), extras: object = None) -> BarRow:
+    """A :class:`BarRow` from a :class:`~kvtuner.core.plan.memory_plan.DevicePlan`; ``extras``
+    (:class:`~kvtuner.core.plan.extras.ExtrasPlan`, or None) adds the projector, draft and LoRA
+    bytes on this device as their own segments, counted in the total and the free space."""
     d = device
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
     experts = getattr(d, "expert_bytes", 0)
+    parts = {p: (extras.part_bytes(p, device=d.device) if extras is not None else 0) for p in ("mmproj", "draft", "lora")}
+    # a plan that carries them (DevicePlan.extras_bytes) counts them in its totals already
+    added = 0 if getattr(d, "extras_bytes", 0) else sum(parts.values())
+    free = d.headroom_bytes
     return BarRow(caption=name, weights_bytes=d.weights_bytes - experts, experts_bytes=experts, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
-                  output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes,
-                  capacity_bytes=d.capacity_bytes, free_bytes=d.headroom_bytes, verified=verified,
-                  repack_bytes=d.repack_bytes)
+                  output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes + added,
+                  capacity_bytes=d.capacity_bytes, free_bytes=None if free is None else free - added, verified=verified,
+                  repack_bytes=d.repack_bytes, mmproj_bytes=parts["mmproj"], draft_bytes=parts["draft"],
+                  lora_bytes=parts["lora"])
 
 
 class MemoryBars(QtWidgets.QWidget):
@@ -96,7 +111,7 @@ class MemoryBars(QtWidgets.QWidget):
         """Multi-line text of every segment (tooltip and accessibility)."""
         lines = [MemoryBars.caption(row)]
         for key, label, _ in SEGMENTS:
-            if key == "experts" and not row.experts_bytes:
+            if key in OPTIONAL_SEGMENTS and not row.segment_bytes(key):
                 continue
             mark = " (verified by llama.cpp)" if key in row.verified else ""
             lines.append(f"  {label}: {fmt_bytes(row.segment_bytes(key))}{mark}")
@@ -105,9 +120,10 @@ class MemoryBars(QtWidgets.QWidget):
     LEGEND_LINE_H = 16
 
     def _legend_items(self) -> list[tuple[str, str | None]]:
-        has_experts = any(r.experts_bytes for r in self.rows)  # dense model: no experts entry
+        # a dense model has no experts entry; no projector/draft/LoRA entries without them
+        present = {key for key in OPTIONAL_SEGMENTS if any(r.segment_bytes(key) for r in self.rows)}
         items: list[tuple[str, str | None]] = [(label, color) for key, label, color in SEGMENTS
-                                               if key != "experts" or has_experts] + [("free", None)]
+                                               if key not in OPTIONAL_SEGMENTS or key in present] + [("free", None)]
         return items + [("✓ = verified by llama.cpp", "")]
 
     def _legend_layout(self, width: int) -> list[tuple[int, int, str, str | None]]:

@@ -98,12 +98,15 @@ class PredictionPanel(QtWidgets.QGroupBox):
         self.setToolTip(f"Not replanned: {reason}" if reason else "")
 
     def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
-                 badge: str | None = None, speed_error: str = "", margins: Any | None = None) -> None:
+                 badge: str | None = None, speed_error: str = "", margins: Any | None = None,
+                 extras: Any | None = None) -> None:
         """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
         :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
         reason ``speed_error``) and the dry-run figures
         (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None); ``margins``:
-        the fit verdict's (:class:`~kvtuner.core.plan.verdict.FitMargins`, None: the defaults)."""
+        the fit verdict's (:class:`~kvtuner.core.plan.verdict.FitMargins`, None: the defaults);
+        ``extras``: the projector / draft / LoRA (:class:`~kvtuner.core.plan.extras.ExtrasPlan`),
+        drawn as segments of their own."""
         self.verdict = verdict(plan, speed, margins) if badge is None else (badge, "")
         if plan is None:
             self.kv_label.setText("No plan: open a model.")
@@ -148,7 +151,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
             if plan.compute.source == "dry-run" and d.compute_bytes:
                 marks.add("compute")
             verified_sets.append(frozenset(marks))
-        self.bars.set_rows([row_from_device(d, v) for d, v in zip(plan.devices, verified_sets)])
+        self.bars.set_rows([row_from_device(d, v, extras) for d, v in zip(plan.devices, verified_sets)])
         from ..config_state import gui_wording
 
         self.warnings_label.setText("\n".join(gui_wording(w) for w in plan.warnings))
