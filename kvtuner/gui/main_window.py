@@ -33,6 +33,7 @@ from ..core.plan.config import ConfigError, PlanConfig
 from ..core.session import Assessment, Session
 from ..core.store.library import ConfigLibrary, autosave_enabled
 from ..runner.dryrun import dry_run, probe_structure
+from ..runner.server_verify import verify_with_engine
 from .about import install_help_menu
 from .attach import AttachDialog, AttachedServer
 from .config_state import effective_config, fix_for_error, fix_wording, gui_wording
@@ -909,16 +910,31 @@ class MainWindow(QtWidgets.QMainWindow):
     # -- verify (dry run) --------------------------------------------------------------------------
 
     def verify(self) -> None:
-        """Ask llama.cpp for the exact buffers (dry run in a child process, off the GUI thread);
-        the session keeps the result for this configuration and hardware."""
+        """Ask the engine in use for the exact buffers, off the GUI thread, without reading a
+        weight: llama-server's own start-up memory breakdown for a llama-server engine, the
+        embedded dry run otherwise (:func:`kvtuner.runner.server_verify.verify_with_engine`); the
+        session keeps the result for this configuration and hardware."""
         if self.model_path is None:
             return
         config, path, model = self._config, self.model_path, self.model
         gpus = tuple(self.hardware.gpus())
+        engine, split = self.engine, self.session.split
         self.run_controls.verify_button.setEnabled(False)
-        self.run_controls.set_progress(None, "verifying with llama.cpp ...")
-        self.tasks.submit(lambda: dry_run(path, config), lambda r: self._on_verified(model, config, gpus, r),
-                          self._on_verify_failed)
+        self.run_controls.set_progress(None, f"verifying with {self._engine_name(engine)} ...")
+
+        def work() -> Any:
+            if engine is None or engine.kind == "embedded":
+                return dry_run(path, config)
+            return verify_with_engine(engine, path, config, split=split)
+
+        self.tasks.submit(work, lambda r: self._on_verified(model, config, gpus, r), self._on_verify_failed)
+
+    @staticmethod
+    def _engine_name(engine: Any) -> str:
+        """The engine as the progress line names it (``llama-server b11434``, ``llama.cpp``)."""
+        if engine is None or engine.kind == "embedded":
+            return "llama.cpp"
+        return engine.label.split(" (")[0]
 
     def _on_verified(self, model: Any, config: PlanConfig, gpus: tuple, result: Any) -> None:
         self.run_controls.verify_button.setEnabled(True)
@@ -926,6 +942,9 @@ class MainWindow(QtWidgets.QMainWindow):
             self.run_controls.set_progress(0.0, "model or hardware changed: verify again")
             return
         self.run_controls.set_progress(1.0, VERIFIED_TEXT)
+        who = getattr(result, "engine", "") or "llama.cpp"
+        how = getattr(result, "method", "")
+        self.status.showMessage(f"verified by {who}" + (f" ({how})" if how else ""), 10000)
         self._sync_session().set_verified(result, config)
         self.replan()
 
@@ -950,6 +969,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.graphs.begin_run(time.monotonic())
         self._last_busy_t = time.monotonic()
         self._set_sampling(fast=True)
+        self.runner.engine = self.engine  # Run uses the engine in use: the embedded child or llama-server
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")
