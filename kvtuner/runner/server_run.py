@@ -97,6 +97,10 @@ _RE_PRINT_INFO = re.compile(r"^print_info: (n_vocab|n_ctx_train|n_layer)\s+= (\d
 _RE_ERROR_WORD = re.compile(r"^error\b|\berror\b|failed|couldn't|cannot|abort", re.IGNORECASE)
 _RE_WARN_WORD = re.compile(r"\bwarn(ing)?\b", re.IGNORECASE)
 _RE_DOTS = re.compile(r"^\.+$")
+# common/log.cpp common_log_entry::print with prefix (and timestamps): "[M.SS.mmm.uuu ]L <text>",
+# L one of I W E D; builds without the prefix print the text alone
+_RE_PREFIX = re.compile(r"^(?:\d+\.\d{2}\.\d{3}\.\d{3} )?([IWED]) (.*)$")
+_PREFIX_LEVELS = {"I": "info", "W": "warn", "E": "error", "D": "debug"}
 _LOG_TAIL_LINES = 120
 
 
@@ -547,9 +551,12 @@ class ServerRunClient:
     # -- bench -------------------------------------------------------------------------------
 
     def _connection(self) -> http.client.HTTPConnection:
+        """A new connection per request (the server may close one after a stream); kept so
+        :meth:`cancel` can abort it."""
         with self._lock:
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(HOST, self.port, timeout=None)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = http.client.HTTPConnection(HOST, self.port, timeout=None)
             return self._conn
 
     def _abort_connection(self) -> None:
@@ -790,8 +797,13 @@ class ServerRunClient:
         if text.startswith("."):  # the dots ran into the next line
             self._on_partial(text[:len(text) - len(text.lstrip("."))])
             line = line.lstrip(".")
+        if m := _RE_PREFIX.match(line):
+            level, line = _PREFIX_LEVELS[m.group(1)], m.group(2)
+        else:
+            level = "error" if _RE_ERROR_WORD.search(line) else ("warn" if _RE_WARN_WORD.search(line) else "info")
         self._tail.append(line)
-        level = "error" if _RE_ERROR_WORD.search(line) else ("warn" if _RE_WARN_WORD.search(line) else "info")
+        if level == "debug":
+            return
         self._put(P.LogEvent(level=level, text=line))
         if m := _RE_SYSTEM_INFO.search(line):
             self._n_threads_seen = int(m.group(1))
