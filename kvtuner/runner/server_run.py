@@ -222,6 +222,7 @@ class ServerRunClient:
         self._exited = threading.Event()
         self._conn: http.client.HTTPConnection | None = None
         self._records: list[L.Record] = []
+        self._error_lines: list[str] = []
         self._info: dict[str, int] = {}
         self._n_threads_seen: int | None = None
         self._dots = 0
@@ -372,6 +373,7 @@ class ServerRunClient:
     def _reset_run_state(self) -> None:
         self._tail.clear()
         self._records = []
+        self._error_lines = []
         self._info = {}
         self._n_threads_seen = None
         self._dots = 0
@@ -802,6 +804,8 @@ class ServerRunClient:
         else:
             level = "error" if _RE_ERROR_WORD.search(line) else ("warn" if _RE_WARN_WORD.search(line) else "info")
         self._tail.append(line)
+        if level == "error":
+            self._error_lines.append(line.strip())
         if level == "debug":
             return
         self._put(P.LogEvent(level=level, text=line))
@@ -839,7 +843,7 @@ class ServerRunClient:
                 "for b11434) or another engine"))
         if m := _RE_ARG_ERROR.search(text):
             return P.ErrorEvent(kind="invalid_config", log_tail=tail,
-                                message=f"{label} refused '{m.group(1)}': {m.group(2).strip()}")
+                                message=f"{label} refused '{m.group(1)}' ({m.group(2).strip()}): check its value")
         if _RE_BIND.search(text):
             return P.ErrorEvent(kind="invalid_config", log_tail=tail, message=(
                 f"port {self.port} on {HOST} is in use: stop what holds it or pick another port"))
@@ -848,7 +852,9 @@ class ServerRunClient:
             return P.ErrorEvent(kind="out_of_memory", log_tail=tail, message=(
                 f"out of memory in llama-server: {oom} (lower --ctx, --ngl or the KV cache type)"))
         if _RE_MODEL_LOAD.search(text) and rc != 0 and rc != -signal.SIGKILL:
-            reason = next((m.group(1) for ln in tail if (m := _RE_LOAD_REASON.search(ln))), "")
+            # the first error line says most (gguf_init_from_reader: failed to read key-value pairs)
+            reason = next((ln for ln in self._error_lines if not _RE_MODEL_LOAD.search(ln)), "") \
+                or next((m.group(1) for ln in tail if (m := _RE_LOAD_REASON.search(ln))), "")
             return P.ErrorEvent(kind="model_error", log_tail=tail, message=(
                 f"llama-server could not load {self._model_path}"
                 + (f": {reason}" if reason else "") + " (check the file, or use a llama.cpp build that knows this model)"))
