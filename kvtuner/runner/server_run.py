@@ -28,8 +28,8 @@ ids), ``n_depth`` tokens filled first (``n_predict`` 0: the prompt is evaluated 
 untimed), then the depth plus ``n_prompt`` new tokens with ``cache_prompt`` so only the new ones
 are processed (timed), and ``n_gen`` decode steps (``n_predict`` = ``n_gen`` + 1: the first token
 comes from the prompt's logits, tools/server/server-common.h ``server_slot_stats::n_gen_steps``),
-greedy (``temperature`` 0, ``ignore_eos``). Times are the server's own ``timings``
-(``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``;
+greedy (``samplers`` top-k with ``top_k`` 1, ``temperature`` 0, ``ignore_eos``). Times are the
+server's own ``timings`` (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``;
 ``server_slot_stats::to_json``), measured inside the server, so HTTP adds nothing to them:
 prefill = ``prompt_ms`` (the prompt and picking the first token), decode = ``predicted_ms``
 (``n_gen`` decode steps). With ``stream`` the tokens arrive one by one (``timings_per_token``)
@@ -398,6 +398,13 @@ class ServerRunClient:
             except Exception:  # a consumer's bug must not kill the log reader or the bench
                 pass
 
+    def _drain(self) -> None:
+        try:
+            while True:
+                self._events.get_nowait()
+        except queue.Empty:
+            pass
+
     def next_event(self, timeout_s: float) -> P.Message:
         """The next event, waiting at most ``timeout_s`` seconds.
 
@@ -458,6 +465,7 @@ class ServerRunClient:
                     or self._proc.poll() is not None:
                 if self._proc is not None:
                     self._shutdown_server(3.0)
+                    self._drain()  # the old server's exit, asked for: not this load's news
                 self._spawn(path, config, command.n_threads)
             target: Callable[[], None] = self._do_load
         elif isinstance(command, P.BenchCommand):
@@ -551,6 +559,20 @@ class ServerRunClient:
         self._put(self._loaded)
 
     # -- bench -------------------------------------------------------------------------------
+
+    def _vocab_from_models(self) -> int:
+        """``n_vocab`` of ``GET /v1/models`` (``data[0].meta``, tools/server), for builds whose
+        log does not print it; 0 when it does not say."""
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=10.0)
+        try:
+            conn.request("GET", "/v1/models")
+            resp = conn.getresponse()
+            doc = json.loads(resp.read()) if resp.status == 200 else {}
+            return int(((doc.get("data") or [{}])[0].get("meta") or {}).get("n_vocab", 0))
+        except (OSError, http.client.HTTPException, ValueError, TypeError, AttributeError):
+            return 0
+        finally:
+            conn.close()
 
     def _connection(self) -> http.client.HTTPConnection:
         """A new connection per request (the server may close one after a stream); kept so
@@ -649,7 +671,7 @@ class ServerRunClient:
                 "invalid_config",
                 f"the bench needs {need} tokens of context (depth {cmd.n_depth} + prompt {cmd.n_prompt} + gen "
                 f"{cmd.n_gen} + 1) but a llama-server slot holds {n_ctx_seq}: raise --ctx or lower -d/-p/-n")
-        vocab = self._loaded.n_vocab
+        vocab = self._loaded.n_vocab or self._vocab_from_models()
         if vocab <= 0:
             raise RunnerError("crashed", "llama-server did not print the vocabulary size (print_info: n_vocab); "
                                          "is it a llama.cpp build kvtuner knows?", self.stderr_tail())
@@ -662,9 +684,11 @@ class ServerRunClient:
         def body(prompt: list[int], n_predict: int, cache: bool, stream: bool) -> dict:
             # id_slot 0: the depth filled by one request is found by the next one (server-context.cpp
             # get_available_slot would pick another idle slot by LRU with several slots)
+            # greedy through the shortest sampler chain the server builds (common/sampling.cpp
+            # common_sampler_init: logit bias, top-k 1, dist), the nearest to llama-bench, which samples nothing
             b: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": cache, "id_slot": 0,
-                                 "temperature": 0.0, "ignore_eos": True, "seed": cmd.seed, "n_probs": 0,
-                                 "stream": stream}
+                                 "samplers": ["top_k"], "top_k": 1, "temperature": 0.0, "ignore_eos": True,
+                                 "seed": cmd.seed, "n_probs": 0, "stream": stream}
             if stream:
                 b.update(timings_per_token=True, return_progress=True)
             return b
