@@ -125,6 +125,14 @@ def test_depth_is_filled_untimed_and_the_prompt_is_timed_after_it(engine, defaul
     result = run_bench(default_model, config, n_prompt=32, n_gen=4, n_depth=128, repetitions=1, n_threads=THREADS,
                        engine=engine, timeout_s=300)
     assert result.perf["cache_n"] == 128 and result.perf["n_p_eval"] == 32
+    # without it the server restores its last checkpoint (a few tokens before the end of the
+    # depth) and processes the rest with the prompt: those tokens count as prefill
+    config = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
+    result = run_bench(default_model, config, n_prompt=32, n_gen=4, n_depth=128, repetitions=1, n_threads=THREADS,
+                       engine=engine, timeout_s=300)
+    cache_n = result.perf["cache_n"]
+    assert 128 - (64 + 4) <= cache_n <= 128 and result.perf["n_p_eval"] == 32 + 128 - cache_n
+    assert result.reps[0].n_prompt == result.perf["n_p_eval"]
 
 
 @pytest.mark.slow

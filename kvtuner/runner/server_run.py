@@ -731,7 +731,12 @@ class ServerRunClient:
             t = final.get("timings") or {}
             last_timings = t
             cache_n, prompt_n = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
-            if depth and cache_n < len(depth):
+            # with sliding-window or recurrent layers the server restores the depth from its last
+            # checkpoint, made 4 or n_ubatch + 4 tokens before the end of a prompt
+            # (tools/server/server-context.cpp "create checkpoints that many tokens before the end"),
+            # and processes the rest again: those tokens are timed with the prompt (prompt_n counts them)
+            n_ubatch = ctx.n_ubatch if ctx and ctx.n_ubatch else 512
+            if depth and cache_n < len(depth) - (n_ubatch + 4):
                 raise RunnerError(
                     "invalid_config",
                     f"llama-server processed the {len(depth)} depth tokens again (it reused {cache_n}): its cache "
