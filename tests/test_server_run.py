@@ -98,8 +98,10 @@ def test_the_command_line_is_the_export_plus_host_port_metrics_and_verbosity(eng
 def test_a_real_bench_through_the_server_gives_plausible_figures_and_the_embedded_events(engine, default_model,
                                                                                          no_leftovers):
     events: list[P.Message] = []
+    t0 = time.monotonic()
     result = run_bench(default_model, SMALL, n_prompt=64, n_gen=16, repetitions=2, n_threads=THREADS,
                        engine=engine, stream=True, on_event=events.append, timeout_s=300)
+    wall_s = time.monotonic() - t0
     kinds = {type(e) for e in events}
     # what the embedded runner emits for a bench (runner/worker.py), warm-up and prefill progress included
     for kind in (P.StartedEvent, P.LogEvent, P.LoadProgressEvent, P.BufferEvent, P.KvCacheEvent, P.ContextEvent,
@@ -108,8 +110,14 @@ def test_a_real_bench_through_the_server_gives_plausible_figures_and_the_embedde
     assert not [e for e in events if isinstance(e, P.ErrorEvent)]
     assert [len([e for e in events if isinstance(e, P.TokenEvent) and e.rep == r]) for r in (0, 1)] == [16, 16]
     assert [(r.n_prompt, r.n_gen) for r in result.reps] == [(64, 16), (64, 16)]
-    assert 20 < result.prefill_tok_s.median < 100_000, result.prefill_tok_s
-    assert 2 < result.decode_tok_s.median < 10_000, result.decode_tok_s
+    # 268 M parameters on two shared cores: tens to hundreds of tok/s when quiet, a few under load;
+    # a batched prefill is always well ahead of one-token decode steps
+    assert 1 < result.prefill_tok_s.median < 100_000, result.prefill_tok_s
+    assert 0.2 < result.decode_tok_s.median < 10_000, result.decode_tok_s
+    assert result.prefill_tok_s.median > 2 * result.decode_tok_s.median
+    # the server's own clock fits inside this one's
+    assert 0 < sum(r.prefill_s + r.decode_s for r in result.reps) < wall_s
+    assert all(0 < r.ttft_s == r.prefill_s for r in result.reps)
     assert result.n_threads == THREADS  # read from the server's own system_info line
     assert result.n_ctx == 512 and result.kv_bytes > 0 and result.buffers.model_mib
     assert result.llama_build.startswith("llama-server b11434")

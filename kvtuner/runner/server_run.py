@@ -640,6 +640,8 @@ class ServerRunClient:
                     break
                 if self._cancel.is_set():
                     raise RunnerError("cancelled", "benchmark cancelled")
+            if not final:  # the stream ended without its final chunk: the server went away
+                raise http.client.IncompleteRead(b"", None)
             return final
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self._abort_connection()
