@@ -252,7 +252,8 @@ class ServerRunClient:
     def start(self, timeout_s: float = 60.0) -> P.StartedEvent:
         """Check the binary, start the server when the model and configuration are known, and
         emit a :class:`~kvtuner.runner.protocol.StartedEvent` (``pid``: the server's, 0 when it
-        is started by the load command).
+        is started by the load command). Returns at once (``timeout_s`` is there for the embedded
+        client's signature: the load command waits for the model).
 
         Raises:
             RunnerError: ``invalid_config`` (binary missing or not executable, a configuration
