@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
-                   emit_json, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
+                   emit_json, engine_from_args, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -182,10 +182,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if getattr(args, "rpc", None) or getattr(args, "tensor_split", None) or getattr(args, "split_mode", None) \
             or getattr(args, "main_gpu", None) is not None:
-        # the runner is llama-cpp-python, built without the RPC backend, and takes no split yet
-        raise UserError("bench runs one device through llama-cpp-python (no RPC backend, no split): plan and export "
+        # the embedded runner is llama-cpp-python, built without the RPC backend, and neither engine's
+        # bench takes a split yet
+        raise UserError("bench runs one device (no RPC backend, no split): plan and export "
                         "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
     _check_bench_devices(args)
+    engine = engine_from_args(args)
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
@@ -200,7 +202,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
     try:
         result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,
-                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout)
+                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout,
+                           engine=engine if engine.kind == "server" else None)
     except BenchError as exc:
         if exc.kind in ("invalid_config", "model_error", "out_of_memory"):
             raise UserError(f"bench failed ({exc.kind}): {exc}") from None
@@ -228,8 +231,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)
+        doc["engine"] = {"kind": engine.kind, "label": engine.label, "build": engine.build, "commit": engine.commit,
+                         "server": None if engine.server is None else str(engine.server)}
         emit_json(doc)
     else:
+        print(f"engine     {engine.label}" + (f" ({engine.server})" if engine.server else ""))
         print(_bench_text(result, side))
     return 0
 
