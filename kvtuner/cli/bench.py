@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-save", action="store_true",
                    help="do not save this run in the working-configs library (by default every completed bench is "
                         "kept with its measured numbers; see 'kvtuner library'; KVTUNER_LIBRARY=off also turns it off)")
+    g.add_argument("--record-anyway", action="store_true",
+                   help="record and save the run even when other processes kept the machine busy during it (by "
+                        "default a run that met more than 0.3 cores of other load is shown but neither calibrates "
+                        "nor enters the library: it measured the other load)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=cmd_bench)
 
@@ -178,6 +182,7 @@ def _check_bench_devices(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
+    from ..core.monitor.contention import ContentionMeter
     from ..runner.bench import BenchError, run_bench
 
     if getattr(args, "rpc", None) or getattr(args, "tensor_split", None) or getattr(args, "split_mode", None) \
@@ -200,6 +205,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
     if not args.json and sys.stderr.isatty():
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
+    meter = ContentionMeter().start()
     try:
         result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,
                            repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout,
@@ -211,8 +217,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for line in exc.log_tail[-5:]:
             print(f"  | {line}", file=sys.stderr)
         return 1
+    contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
+    keep = contention.counts(args.record_anyway)
+    busy_note = contention.reason("this bench")
+    if busy_note:
+        print(f"kvtuner: {busy_note}" if keep is False else
+              f"kvtuner: the machine was busy during this bench ({contention.other_cores:.1f} cores of other load); "
+              "recorded anyway (--record-anyway)", file=sys.stderr)
     session, plan, plan_error = _bench_session(args, model_path, config, result.gpu_offload_supported)
-    if session is not None and plan is not None and not args.no_record:
+    if session is not None and plan is not None and not args.no_record and keep:
         session.n_threads = result.n_threads
         note = ensure_cpu_probe(session, args, quiet=args.json)
         if note:
@@ -220,23 +233,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     side = _bench_side_by_side(plan, result)
     if plan_error:
         side["plan_error"] = plan_error
-    if session is not None and plan is not None and not args.no_record:
+    if session is not None and plan is not None and not args.no_record and keep:
         note = _bench_record(session, plan, result)
         if note:
             print(note, file=sys.stderr)
-    if not args.no_save:
+    if not args.no_save and keep:
         note = _bench_save(model_path, config, result, session)
         if note:
             print(note, file=sys.stderr)
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)
+        doc["contention"] = {**contention.to_dict(), "recorded": bool(keep and not args.no_record),
+                             "reason": busy_note if not keep else ""}
         doc["engine"] = {"kind": engine.kind, "label": engine.label, "build": engine.build, "commit": engine.commit,
                          "server": None if engine.server is None else str(engine.server)}
         emit_json(doc)
     else:
         print(f"engine     {engine.label}" + (f" ({engine.server})" if engine.server else ""))
         print(_bench_text(result, side))
+        if not keep:
+            print(f"not kept   busy machine: {contention.other_cores:.1f} cores of other load during the bench "
+                  "(not recorded for calibration, not saved as a working configuration; --record-anyway keeps it)")
     return 0
 
 
