@@ -182,6 +182,11 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
                         "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
                         "rates; KVTUNER_CPU_PROBE=off does the same) nor, for plan, the structure probe of an "
                         "architecture kvtuner has no tested rule for (the plan then says it is approximate)")
+    g.add_argument("--probe", default=None, choices=["now", "background", "off"], dest="probe_mode",
+                   help="when to time llama.cpp's CPU kernels if this machine has no probe of the model's: 'background' "
+                        "(plan and tune: answer at once from assumed rates while a detached process measures and stores "
+                        "them for the next command), 'now' (wait, with progress on stderr; bench's default) or 'off' "
+                        "(assumed rates)")
 
 
 def any_hardware_flag(args: argparse.Namespace) -> bool:
@@ -341,21 +346,45 @@ def check_split(session: "Session") -> None:
 
 
 def probe_disabled(args: argparse.Namespace) -> bool:
-    """``--no-probe`` or ``KVTUNER_CPU_PROBE=off``."""
+    """``--no-probe``, ``--probe off`` or ``KVTUNER_CPU_PROBE=off``."""
     import os
 
-    return bool(getattr(args, "no_probe", False)) or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no")
+    return (bool(getattr(args, "no_probe", False)) or getattr(args, "probe_mode", None) == "off"
+            or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no"))
+
+
+def _wait_for_background_probe(quiet: bool) -> None:
+    """Wait for a running background probe job (:mod:`kvtuner.runner.probe_job`), its progress on stderr."""
+    import time
+
+    from ..runner import probe_job
+
+    last = ""
+    while probe_job.is_running():
+        text = probe_job.progress_text(probe_job.read_status())
+        if not quiet and text != last:
+            print(f"kvtuner: waiting for the CPU probe running in the background: {text}", file=sys.stderr)
+            last = text
+        time.sleep(1.0)
 
 
 def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False,
-                     kv_pairs: Sequence[tuple[str, str]] = ()) -> str:
-    """Run the CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`, in a child process) for the
-    weight types and attention shapes of the session's model this machine has no probe of
-    (attention also for each K/V pair of ``kv_pairs``) and MoE expert shapes
-    (:meth:`Session.missing_probe`), when the
-    plan puts any weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a
-    note for stderr ("" when nothing was done). A failed probe is a note: the prediction then
-    uses the assumed rates."""
+                     kv_pairs: Sequence[tuple[str, str]] = (), default_mode: str = "now") -> str:
+    """Make sure this machine has a CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`) of the
+    weight types, attention shapes (also for each K/V pair of ``kv_pairs``) and MoE expert shapes
+    of the session's model (:meth:`Session.missing_probe`) when the plan puts any weights or KV on
+    the CPU, unless disabled (:func:`probe_disabled`). ``--probe`` (else ``default_mode``):
+
+    - ``now``: wait for a background job that is running, then probe what is still missing in a
+      child process, progress (probe model k of n, elapsed seconds) on stderr;
+    - ``background``: start a detached job (:mod:`kvtuner.runner.probe_job`, one at a time) for the
+      model's kernels and the common ones (:data:`~kvtuner.runner.probe_job.COMMON_TYPES`,
+      :data:`~kvtuner.runner.probe_job.COMMON_ATTN`) and return at once: this answer uses the
+      assumed rates. Not restarted within :data:`~kvtuner.runner.probe_job.RETRY_AFTER_S` of one
+      that met a busy machine or failed.
+
+    A probe that met a busy machine is not stored (``--record-anyway`` stores it). Returns a note
+    for stderr ("" when nothing is to say)."""
     if probe_disabled(args) or session.model is None:
         return ""
     try:
@@ -367,17 +396,59 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
     missing, dims, experts = session.missing_probe(kv_pairs)
     if not missing and not dims and not experts:
         return ""
-    from ..core.speed.calibration import CalibrationError
-    from ..core.speed.cpu_probe import ProbeError
+    import time
+
+    from ..core.speed.calibration import BusyMeasurementError, CalibrationError
+    from ..core.speed.cpu_probe import ProbeError, probe_plan
+    from ..runner import probe_job
     from ..runner.probe import run_cpu_probe
 
+    mode = getattr(args, "probe_mode", None) or default_mode
+    record_anyway = bool(getattr(args, "record_anyway", False))
     n = session.threads()
+    if mode == "background":
+        if probe_job.is_running():
+            return ("kvtuner: the CPU probe is running in the background ("
+                    f"{probe_job.progress_text(probe_job.read_status())}); this answer uses assumed CPU rates, "
+                    "the next command the measured ones (--probe now waits for it)")
+        st = probe_job.read_status()
+        if st.get("state") in ("busy", "failed") and time.time() - float(st.get("t_unix", 0)) < probe_job.RETRY_AFTER_S:
+            return (f"kvtuner: the last CPU probe was not kept ({st.get('message', '')}); the speed uses assumed CPU "
+                    "rates (--probe now measures again now)")
+        types = sorted({*missing, *probe_job.COMMON_TYPES})
+        attn = sorted({*dims, *probe_job.COMMON_ATTN})
+        models = probe_plan(types, attn, experts)
+        est = probe_job.estimate_s(len(models), sum(1 for m in models if m.key.startswith("expert:")))
+        try:
+            pid = probe_job.start_background(types, n, attn, experts, machine=session.machine_id,
+                                             record_anyway=record_anyway)
+        except OSError as exc:
+            return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
+        return (f"kvtuner: this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
+                f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, about {est:.0f} s on a quiet "
+                "machine, once a week); the next command uses them (--probe now waits, --probe off skips)")
+    _wait_for_background_probe(quiet)
+    session.invalidate_speed()
+    missing, dims, experts = session.missing_probe(kv_pairs)
+    if not missing and not dims and not experts:
+        return ""
+    models = probe_plan(missing, dims, experts)
+    est = probe_job.estimate_s(len(models), sum(1 for m in models if m.key.startswith("expert:")))
     if not quiet:
         what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
-              "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
+              f"(once a week; {len(models)} kernels, about {est:.0f} s on a quiet machine; --probe off skips it) ...",
+              file=sys.stderr)
+
+    def progress(k: int, total: int, key: str, elapsed_s: float) -> None:
+        if not quiet:
+            print(f"kvtuner: CPU probe kernel {k} of {total} ({key}), {elapsed_s:.0f} s", file=sys.stderr)
+
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts))
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts, on_progress=progress),
+                              record_anyway=record_anyway)
+    except BusyMeasurementError as exc:
+        return f"kvtuner: {exc}"
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
     return ""

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
-                   emit_json, engine_from_args, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
+                   _wait_for_background_probe, emit_json, engine_from_args, ensure_cpu_probe, probe_disabled, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -205,6 +205,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
     if not args.json and sys.stderr.isatty():
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
+    if not probe_disabled(args):
+        from ..runner import probe_job
+
+        if probe_job.is_running():  # it would slow the bench and the bench it: one at a time
+            _wait_for_background_probe(args.json)
     meter = ContentionMeter().start()
     try:
         result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,

@@ -64,7 +64,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         session.n_threads = args.threads
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
-        note = ensure_cpu_probe(session, args, quiet=args.json)
+        note = ensure_cpu_probe(session, args, quiet=args.json, default_mode="background")
         if note:
             print(note, file=sys.stderr)
         if args.verify:

@@ -71,7 +71,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # the tune ranks every K/V pair its quality floor allows: probe the CPU attention with each
     note = ensure_cpu_probe(session, args, quiet=args.json,
-                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)))
+                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)),
+                            default_mode="background")
     if note:
         print(note, file=sys.stderr)
     loads: list = []

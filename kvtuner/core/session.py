@@ -465,9 +465,15 @@ class Session:
             return (), (), ()
         return missing_t, missing_d or dims[:1], missing_e
 
-    def set_cpu_rates(self, rates: CpuRates) -> None:
-        """Store a CPU probe for this machine and use it from now on."""
-        self.calibration_store().set_cpu_rates(rates, self.machine_id)
+    def set_cpu_rates(self, rates: CpuRates, *, record_anyway: bool = False) -> None:
+        """Store a CPU probe for this machine and use it from now on.
+
+        Raises:
+            BusyMeasurementError: a probe measured on a busy machine, without ``record_anyway``
+                (:meth:`~kvtuner.core.speed.calibration.CalibrationStore.set_cpu_rates`).
+            CalibrationError: the store cannot be written.
+        """
+        self.calibration_store().set_cpu_rates(rates, self.machine_id, record_anyway=record_anyway)
         self._inputs = None
 
     def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
