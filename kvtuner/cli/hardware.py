@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention shapes to time, query heads/KV heads/head size, with f16 K/V or, after @, "
                         "another K/V pair: 32/8/128@q8_0, 32/8/128@q8_0+f16 (K+V); an MLA attention adds its "
                         "kv_lora_rank: 16/1/576/512 (default: those of MODEL, or 32/8/128 with --types)")
+    p.add_argument("--record-anyway", action="store_true",
+                   help="store the probe even when other processes kept the machine busy during it (by default a "
+                        "probe that met more than 0.3 cores of other load is not stored: it measured the other load)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_probe)
 
@@ -100,8 +103,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         rates = run_cpu_probe(types, n, attn_shapes=dims, expert_keys=experts,
-                              on_step=None if args.json else lambda k: print(f"  {k}", file=sys.stderr))
-        session.set_cpu_rates(rates)
+                              on_progress=None if args.json else lambda k, total, key, t: print(
+                                  f"  kernel {k} of {total} ({key}), {t:.0f} s", file=sys.stderr))
+        session.set_cpu_rates(rates, record_anyway=args.record_anyway)
     except (ProbeError, CalibrationError) as exc:
         raise UserError(str(exc)) from None
     if args.json:
