@@ -418,26 +418,26 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
         types = sorted({*missing, *probe_job.COMMON_TYPES})
         attn = sorted({*dims, *probe_job.COMMON_ATTN})
         models = probe_plan(types, attn, experts)
-        est = probe_job.estimate_s(len(models), sum(1 for m in models if m.key.startswith("expert:")))
+        est = probe_job.estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
         try:
             pid = probe_job.start_background(types, n, attn, experts, machine=session.machine_id,
                                              record_anyway=record_anyway)
         except OSError as exc:
             return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
         return (f"kvtuner: this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
-                f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, about {est:.0f} s on a quiet "
-                "machine, once a week); the next command uses them (--probe now waits, --probe off skips)")
+                f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, once a week; {est}); "
+                "the next command uses them (--probe now waits, --probe off skips)")
     _wait_for_background_probe(quiet)
     session.invalidate_speed()
     missing, dims, experts = session.missing_probe(kv_pairs)
     if not missing and not dims and not experts:
         return ""
     models = probe_plan(missing, dims, experts)
-    est = probe_job.estimate_s(len(models), sum(1 for m in models if m.key.startswith("expert:")))
+    est = probe_job.estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
     if not quiet:
         what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
-              f"(once a week; {len(models)} kernels, about {est:.0f} s on a quiet machine; --probe off skips it) ...",
+              f"(once a week; {len(models)} kernels, {est}; --probe off skips it) ...",
               file=sys.stderr)
 
     def progress(k: int, total: int, key: str, elapsed_s: float) -> None:

@@ -204,6 +204,8 @@ def _speed_text(speed: "SpeedPrediction") -> str:
     lo, hi = speed.band
     cal = (f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"
            if speed.n_calibration_runs else "uncalibrated")
+    if any("CPU kernels: assumed" in s for s in speed.sources):  # speed_model.fallback_cpu_rates
+        cal += ", assumed CPU rates: no probe of this model's kernels yet"
     return "\n".join([
         f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}):",
         f"  decode   {speed.decode_tok_s:8.2f} tok/s empty cache [{speed_band(speed.decode_tok_s)}]"

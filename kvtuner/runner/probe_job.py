@@ -102,6 +102,21 @@ def estimate_s(n_models: int, n_experts: int) -> float:
     return (n_models - n_experts) * EST_MODEL_S + n_experts * EST_EXPERT_S
 
 
+def estimate_text(n_models: int, n_experts: int) -> str:
+    """``"about 90 s on a quiet machine"``, and when the 1-minute load average is over half the
+    cores, that this machine is not quiet: a probe then takes several times longer and, measuring
+    the other load, is not kept (:class:`~kvtuner.core.monitor.contention.Contention`)."""
+    text = f"about {estimate_s(n_models, n_experts):.0f} s on a quiet machine"
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:
+        return text
+    if load > 0.5 * cores:
+        text += (f"; this one is busy (load average {load:.1f} on {cores} cores): it will take longer, and a probe "
+                 "that meets other load is not kept")
+    return text
+
+
 def progress_text(st: dict[str, Any]) -> str:
     """``"kernel 3 of 12 (matrix:Q4_K), 41 s"`` from a running job's status."""
     return f"kernel {st.get('k', 0)} of {st.get('n', '?')} ({st.get('key', '')}), {st.get('elapsed_s', 0):.0f} s"
