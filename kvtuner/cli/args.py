@@ -345,6 +345,15 @@ def check_split(session: "Session") -> None:
         raise UserError(str(exc)) from None
 
 
+def add_record_anyway_arg(p: "argparse._ActionsContainer", what: str) -> None:
+    """``--record-anyway``: keep ``what`` even when it met other load
+    (:class:`kvtuner.core.monitor.contention.Contention`)."""
+    p.add_argument("--record-anyway", action="store_true",
+                   help=f"keep {what} even when other processes kept the machine busy during it (by default a "
+                        "measurement that met more than 0.3 cores of other load is shown but not kept: it measured "
+                        "the other load; KVTUNER_QUIET_MAX_OTHER_CORES changes the limit)")
+
+
 def probe_disabled(args: argparse.Namespace) -> bool:
     """``--no-probe``, ``--probe off`` or ``KVTUNER_CPU_PROBE=off``."""
     import os

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
+from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
                    _wait_for_background_probe, emit_json, engine_from_args, ensure_cpu_probe, probe_disabled, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,10 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-save", action="store_true",
                    help="do not save this run in the working-configs library (by default every completed bench is "
                         "kept with its measured numbers; see 'kvtuner library'; KVTUNER_LIBRARY=off also turns it off)")
-    g.add_argument("--record-anyway", action="store_true",
-                   help="record and save the run even when other processes kept the machine busy during it (by "
-                        "default a run that met more than 0.3 cores of other load is shown but neither calibrates "
-                        "nor enters the library: it measured the other load)")
+    add_record_anyway_arg(g, "the run for calibration and the library")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=cmd_bench)
 

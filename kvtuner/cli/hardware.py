@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import UserError, add_model_arg, add_threads_arg, emit_json, load_model
+from .args import UserError, add_record_anyway_arg, add_model_arg, add_threads_arg, emit_json, load_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention shapes to time, query heads/KV heads/head size, with f16 K/V or, after @, "
                         "another K/V pair: 32/8/128@q8_0, 32/8/128@q8_0+f16 (K+V); an MLA attention adds its "
                         "kv_lora_rank: 16/1/576/512 (default: those of MODEL, or 32/8/128 with --types)")
-    p.add_argument("--record-anyway", action="store_true",
-                   help="store the probe even when other processes kept the machine busy during it (by default a "
-                        "probe that met more than 0.3 cores of other load is not stored: it measured the other load)")
+    add_record_anyway_arg(p, "the probe")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_probe)
 

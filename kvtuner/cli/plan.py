@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
                    hardware_from_args, load_model, rpc_endpoints, session_from_args, vllm_model_from_args,
                    vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
+    add_record_anyway_arg(p, "the CPU probe this command starts")
     p.add_argument("--verify", action="store_true",
                    help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
                         "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
+from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
                    config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     add_tune_args(p)
     add_threads_arg(p, "to predict (and run) with")
+    add_record_anyway_arg(p, "the CPU probe this command starts")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1: docs/reference/tune-json.md)")
     p.set_defaults(func=cmd_tune)
 
