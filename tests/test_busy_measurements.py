@@ -123,3 +123,82 @@ def test_a_real_probe_beside_a_cpu_hog_is_not_stored(tmp_path):
         _stop(hogs)
     assert out.returncode == 2 and "busy during the CPU probe" in out.stderr, out.stderr
     assert CalibrationStore(Path(tmp_path) / "calibration.json").cpu_rates(1) is None
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    t = time.monotonic()
+    while time.monotonic() - t < timeout_s:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _kill_job(pid: int | None) -> None:
+    import signal
+
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGTERM)  # the job leads its own session
+        except OSError:
+            pass
+
+
+def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monkeypatch):
+    """``plan`` on a new data directory answers in seconds from assumed rates (said in the speed
+    header and on stderr) and leaves a detached probe job behind that reports its progress."""
+    from kvtuner.runner import probe_job
+
+    env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
+    env.pop("KVTUNER_CPU_PROBE", None)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, timeout=120, env=env)
+    answer_s = time.monotonic() - t0
+    pid = json.loads((tmp_path / "cpu-probe.json").read_text()).get("pid")
+    try:
+        assert out.returncode == 0, out.stderr
+        assert answer_s < 10, answer_s
+        assert "assumed CPU rates: no probe of this model's kernels yet" in out.stdout
+        assert "in the background (pid" in out.stderr and "kernels at" in out.stderr
+        time.sleep(3)
+        again = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", "--json"], capture_output=True, text=True,
+                               timeout=120, env=env)
+        assert "the CPU probe is running in the background (kernel" in again.stderr, again.stderr
+        assert json.loads(again.stdout)["speed"] is not None
+        monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path))
+        assert probe_job.is_running()
+    finally:
+        _kill_job(pid)
+    assert _wait_gone(pid, 30)
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_the_background_job_stores_its_probe_and_runs_alone(tmp_path, monkeypatch):
+    """A real background job of one small type: a second job finds the lock held and ends at once;
+    the first stores its probe (the rule turned off by the test environment) and says so."""
+    from kvtuner.runner import probe_job
+
+    monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path))
+    pid = probe_job.start_background(["Q4_0"], 1, ["8/2/64"], [], machine="testmachine")
+    try:
+        t = time.monotonic()
+        while not probe_job.is_running() and time.monotonic() - t < 30:
+            time.sleep(0.2)
+        assert probe_job.is_running()
+        second = subprocess.run([sys.executable, "-m", "kvtuner.runner.probe_job", "-t", "1", "--types", "Q4_0"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3  # the lock is held: never two probes at once
+        assert _wait_gone(pid, 600)
+    finally:
+        _kill_job(pid)
+    st = probe_job.read_status()
+    assert st["state"] == "stored", st
+    rates = CalibrationStore(tmp_path / "calibration.json").cpu_rates(1, machine="testmachine")
+    assert rates is not None and "Q4_0" in rates.decode_bytes_s and rates.other_cores is not None
