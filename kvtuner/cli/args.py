@@ -394,48 +394,21 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
 
     A probe that met a busy machine is not stored (``--record-anyway`` stores it). Returns a note
     for stderr ("" when nothing is to say)."""
-    if probe_disabled(args) or session.model is None:
+    if probe_disabled(args):
         return ""
-    try:
-        plan = session.plan()
-    except Exception:  # the caller reports the configuration error itself
-        return ""
-    if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
-        return ""  # everything that computes is on the GPUs: CPU kernels do not matter
-    missing, dims, experts = session.missing_probe(kv_pairs)
-    if not missing and not dims and not experts:
-        return ""
-    import time
-
     from ..core.speed.calibration import BusyMeasurementError, CalibrationError
     from ..core.speed.cpu_probe import ProbeError, probe_plan
     from ..runner import probe_job
     from ..runner.probe import run_cpu_probe
 
+    missing, dims, experts = probe_job.probe_missing(session, kv_pairs)
+    if not missing and not dims and not experts:
+        return ""
     mode = getattr(args, "probe_mode", None) or default_mode
     record_anyway = bool(getattr(args, "record_anyway", False))
     n = session.threads()
     if mode == "background":
-        if probe_job.is_running():
-            return ("kvtuner: the CPU probe is running in the background ("
-                    f"{probe_job.progress_text(probe_job.read_status())}); this answer uses assumed CPU rates, "
-                    "the next command the measured ones (--probe now waits for it)")
-        st = probe_job.read_status()
-        if st.get("state") in ("busy", "failed") and time.time() - float(st.get("t_unix", 0)) < probe_job.RETRY_AFTER_S:
-            return (f"kvtuner: the last CPU probe was not kept ({st.get('message', '')}); the speed uses assumed CPU "
-                    "rates (--probe now measures again now)")
-        types = sorted({*missing, *probe_job.COMMON_TYPES})
-        attn = sorted({*dims, *probe_job.COMMON_ATTN})
-        models = probe_plan(types, attn, experts)
-        est = probe_job.estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
-        try:
-            pid = probe_job.start_background(types, n, attn, experts, machine=session.machine_id,
-                                             record_anyway=record_anyway)
-        except OSError as exc:
-            return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
-        return (f"kvtuner: this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
-                f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, once a week; {est}); "
-                "the next command uses them (--probe now waits, --probe off skips)")
+        return "kvtuner: " + probe_job.background_for(session, missing, dims, experts, record_anyway=record_anyway)
     _wait_for_background_probe(quiet)
     session.invalidate_speed()
     missing, dims, experts = session.missing_probe(kv_pairs)

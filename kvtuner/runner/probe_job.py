@@ -142,6 +142,53 @@ def start_background(types: Sequence[str], n_threads: int, attn: Sequence[str], 
     return proc.pid
 
 
+def probe_missing(session: Any, kv_pairs: Sequence[tuple[str, str]] = ()
+                  ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """What this machine's stored probe lacks for the session's model
+    (:meth:`~kvtuner.core.session.Session.missing_probe`: weight types, attention shapes, expert
+    shapes), or ``((), (), ())`` when nothing is needed: no model, a configuration the plan
+    refuses, or a plan that computes nothing on the CPU (every weight and the KV on GPUs)."""
+    if session.model is None:
+        return (), (), ()
+    try:
+        plan = session.plan()
+    except Exception:  # the caller reports the configuration error itself
+        return (), (), ()
+    if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
+        return (), (), ()
+    return session.missing_probe(kv_pairs)
+
+
+def background_for(session: Any, missing: Sequence[str], dims: Sequence[str], experts: Sequence[str],
+                   *, record_anyway: bool = False) -> str:
+    """Start (unless one runs, or one that met a busy machine or failed ended within
+    :data:`RETRY_AFTER_S`) the background job for ``missing`` weight types, ``dims`` attention
+    shapes and ``experts`` expert shapes plus the common kernels (:data:`COMMON_TYPES`,
+    :data:`COMMON_ATTN`) at the session's threads; returns a line for the user saying what
+    happens (the answer meanwhile uses assumed CPU rates)."""
+    from ..core.speed.cpu_probe import probe_plan
+
+    if is_running():
+        return (f"the CPU probe is running in the background ({progress_text(read_status())}); this answer uses "
+                "assumed CPU rates, the next command the measured ones (--probe now waits for it)")
+    st = read_status()
+    if st.get("state") in ("busy", "failed") and time.time() - float(st.get("t_unix", 0)) < RETRY_AFTER_S:
+        return (f"the last CPU probe was not kept ({st.get('message', '')}); the speed uses assumed CPU rates "
+                "(--probe now measures again now)")
+    n = session.threads()
+    types = sorted({*missing, *COMMON_TYPES})
+    attn = sorted({*dims, *COMMON_ATTN})
+    models = probe_plan(types, attn, experts)
+    est = estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
+    try:
+        pid = start_background(types, n, attn, experts, machine=session.machine_id, record_anyway=record_anyway)
+    except OSError as exc:
+        return f"no CPU probe ({exc}); the speed uses assumed CPU rates"
+    return (f"this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
+            f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, once a week; {est}); "
+            "the next command uses them (--probe now waits, --probe off skips)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one probe job (see the module docstring); exit 0 when stored, 3 when another job holds
     the lock, 4 when the machine was busy, 1 when the probe failed."""
