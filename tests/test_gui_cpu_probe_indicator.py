@@ -37,3 +37,33 @@ def test_indicator_shows_kernel_k_of_n_then_reports_the_end(qtbot):
         pass
     assert sig.args == ["busy", "the machine was busy during the CPU probe"]
     assert not w.isVisible() and not w.following
+
+
+def test_the_window_starts_the_background_probe_and_shows_it(qtbot, tmp_path, monkeypatch):
+    """A CPU-only window on a machine without a probe: the model opens at once (assumed rates),
+    the background job starts and the status bar follows it."""
+    import signal
+
+    from gui_support import HOST, IdleSampler, ini_settings
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.gui.app import make_app
+    from kvtuner.gui.main_window import MainWindow
+
+    monkeypatch.delenv("KVTUNER_CPU_PROBE", raising=False)
+    make_app()
+    w = MainWindow(PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64), settings=ini_settings(tmp_path),
+                   hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    qtbot.addWidget(w)
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    pid = probe_job.read_status().get("pid")
+    try:
+        assert pid and w.cpu_probe.following and w.cpu_probe.isVisibleTo(w)
+        assert w.assessment.speed is not None  # the answer did not wait for the probe
+        qtbot.waitUntil(lambda: probe_job.read_status().get("state") == "running", timeout=30_000)
+        qtbot.waitUntil(lambda: w.cpu_probe.bar.format().startswith("CPU probe "), timeout=5_000)
+    finally:
+        if pid:
+            os.killpg(pid, signal.SIGTERM)
+    qtbot.waitUntil(lambda: not w.cpu_probe.following, timeout=30_000)
+    w.close()
