@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
                    _wait_for_background_probe, emit_json, engine_from_args, ensure_cpu_probe, probe_disabled, load_model, positive_int, resolve_model, session_from_args)
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.memory_plan import MemoryPlan
     from ..core.session import Session
     from ..runner.bench import BenchResult, Stat
+    from ..runner.engines import Engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -189,7 +190,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError("bench runs one device (no RPC backend, no split): plan and export "
                         "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
     _check_bench_devices(args)
-    engine = engine_from_args(args)
+    engine = cast("Engine", engine_from_args(args))
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
