@@ -111,8 +111,8 @@ def test_bench_beside_a_cpu_hog_records_nothing_and_says_why(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 def test_a_real_probe_beside_a_cpu_hog_is_not_stored(tmp_path):
-    """``kvtuner probe`` of one small type with busy loops on every core: it says the machine was
-    busy and stores nothing."""
+    """``kvtuner probe`` of one small type with busy loops on every core: it stops after its first
+    kernels, says the machine was busy and stores nothing."""
     env = {k: v for k, v in os.environ.items() if k != QUIET_LIMIT_ENV}
     env.update(KVTUNER_DATA_DIR=str(tmp_path))
     hogs = _hogs()
@@ -122,6 +122,7 @@ def test_a_real_probe_beside_a_cpu_hog_is_not_stored(tmp_path):
     finally:
         _stop(hogs)
     assert out.returncode == 2 and "busy during the CPU probe" in out.stderr, out.stderr
+    assert "stopped, nothing stored" in out.stderr  # it stops at the first check instead of measuring on
     assert CalibrationStore(Path(tmp_path) / "calibration.json").cpu_rates(1) is None
 
 

@@ -397,7 +397,7 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
     if probe_disabled(args):
         return ""
     from ..core.speed.calibration import BusyMeasurementError, CalibrationError
-    from ..core.speed.cpu_probe import ProbeError, probe_plan
+    from ..core.speed.cpu_probe import BusyProbeError, ProbeError, probe_plan
     from ..runner import probe_job
     from ..runner.probe import run_cpu_probe
 
@@ -427,9 +427,9 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
             print(f"kvtuner: CPU probe kernel {k} of {total} ({key}), {elapsed_s:.0f} s", file=sys.stderr)
 
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts, on_progress=progress),
-                              record_anyway=record_anyway)
-    except BusyMeasurementError as exc:
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts, on_progress=progress,
+                                            stop_when_busy=not record_anyway), record_anyway=record_anyway)
+    except (BusyMeasurementError, BusyProbeError) as exc:
         return f"kvtuner: {exc}"
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"

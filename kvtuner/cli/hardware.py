@@ -102,7 +102,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     try:
         rates = run_cpu_probe(types, n, attn_shapes=dims, expert_keys=experts,
                               on_progress=None if args.json else lambda k, total, key, t: print(
-                                  f"  kernel {k} of {total} ({key}), {t:.0f} s", file=sys.stderr))
+                                  f"  kernel {k} of {total} ({key}), {t:.0f} s", file=sys.stderr),
+                              stop_when_busy=not args.record_anyway)
         session.set_cpu_rates(rates, record_anyway=args.record_anyway)
     except (ProbeError, CalibrationError) as exc:
         raise UserError(str(exc)) from None

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from ..core.plan.config import PlanConfig
 from ..core.monitor.contention import ContentionMeter
-from ..core.speed.cpu_probe import (CpuRates, ProbeError, ProbeModel, ProbeRun, attn_key_kv, implausible_types, matrix_model,
+from ..core.speed.cpu_probe import (BusyProbeError, CpuRates, ProbeError, ProbeModel, ProbeRun, attn_key_kv, implausible_types, matrix_model,
                                     probe_plan, rates_from_runs, write_probe_model)
 from . import protocol as P
 from .client import RunnerClient, RunnerError
@@ -71,12 +71,16 @@ def fastest_token_s(tokens: Sequence[tuple[int, float]]) -> float:
 #: Re-measurements of the matrix probes of implausible types (cpu_probe.implausible_types) before
 #: the types are left out of the result.
 REMEASURE_ROUNDS = 1
+#: Probe models measured before a probe that may stop when busy first checks the other load (the
+#: two overhead probes and one more: about 15 s on a quiet machine).
+BUSY_CHECK_AFTER = 3
 
 
 def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: Sequence[str] = ("32/8/128",),
                   expert_keys: Sequence[str] = (), kv_type: str = "f16", repetitions: int = 3,
                   timeout_s: float = 600.0, on_step: Callable[[str], None] | None = None,
-                  on_progress: Callable[[int, int, str, float], None] | None = None) -> CpuRates:
+                  on_progress: Callable[[int, int, str, float], None] | None = None,
+                  stop_when_busy: bool = False) -> CpuRates:
     """Probe this machine's CPU for ``weight_types`` (ggml type names), ``attn_shapes``
     (``"32/8/128"``: query heads/KV heads/head size) and MoE ``expert_keys``
     (``"2048/768/128/8@Q4_K"``, :func:`kvtuner.core.speed.expert_shapes.expert_key`) at ``n_threads``
@@ -92,8 +96,11 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
 
     ``on_step`` is told each probe model's key before it runs; ``on_progress`` gets
     ``(k, n, key, elapsed_s)``: probe model k (1-based) of n starts, seconds since the start.
+    ``stop_when_busy``: after :data:`BUSY_CHECK_AFTER` probe models, stop as soon as the other load
+    so far is over the quiet limit (a busy probe would not be kept; why spend minutes on it).
 
     Raises:
+        BusyProbeError: ``stop_when_busy`` and the machine was busy.
         ProbeError: the child failed (its reason in the message), or the runs were unusable.
     """
     models = list(probe_plan(weight_types, attn_shapes, expert_keys))
@@ -106,6 +113,14 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
 
         def measure(todo: Sequence[ProbeModel], offset: int, total: int) -> None:
             for i, m in enumerate(todo):
+                if stop_when_busy and offset + i >= BUSY_CHECK_AFTER:
+                    so_far = meter.stop()  # the other load since the start (the meter goes on)
+                    if so_far.busy:
+                        raise BusyProbeError(
+                            f"the machine was busy during the CPU probe ({so_far.other_cores:.1f} cores of other load "
+                            f"over its first {offset + i} kernels, more than {so_far.limit:g}): stopped, nothing "
+                            "stored; the speed uses assumed CPU rates (run 'kvtuner probe' when the machine is quiet, "
+                            "or keep a busy probe with --record-anyway)")
                 if on_step is not None:
                     on_step(m.key)
                 if on_progress is not None:

@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import fcntl
 
     from ..core.speed.calibration import BusyMeasurementError, CalibrationError, CalibrationStore
-    from ..core.speed.cpu_probe import ProbeError
+    from ..core.speed.cpu_probe import BusyProbeError, ProbeError
     from .probe import run_cpu_probe
 
     _dir().mkdir(parents=True, exist_ok=True)
@@ -221,10 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         rates = run_cpu_probe(split(a.types), a.t, attn_shapes=split(a.attn) or ["32/8/128"],
-                              expert_keys=split(a.experts), on_progress=progress)
+                              expert_keys=split(a.experts), on_progress=progress, stop_when_busy=not a.record_anyway)
         CalibrationStore().set_cpu_rates(rates, a.machine or None, record_anyway=a.record_anyway)
         _write_status(state="stored", pid=pid, elapsed_s=time.monotonic() - t0, message="")
-    except BusyMeasurementError as exc:
+    except (BusyMeasurementError, BusyProbeError) as exc:
         _write_status(state="busy", pid=pid, elapsed_s=time.monotonic() - t0, message=str(exc))
         return 4
     except (ProbeError, CalibrationError) as exc:

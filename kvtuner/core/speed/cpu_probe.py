@@ -170,6 +170,11 @@ class ProbeError(ValueError):
     """A probe that cannot be made or read; the message says what to change."""
 
 
+class BusyProbeError(ProbeError):
+    """A probe stopped early because other processes kept the machine busy: its figures would
+    have measured that load (:class:`kvtuner.core.monitor.contention.Contention`)."""
+
+
 @dataclass(frozen=True)
 class ProbeModel:
     """One probe model to write and bench: ``key`` (``matrix:Q4_K``, ``attn``, ``overhead:24``),
