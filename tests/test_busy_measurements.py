@@ -203,3 +203,21 @@ def test_the_background_job_stores_its_probe_and_runs_alone(tmp_path, monkeypatc
     assert st["state"] == "stored", st
     rates = CalibrationStore(tmp_path / "calibration.json").cpu_rates(1, machine="testmachine")
     assert rates is not None and "Q4_0" in rates.decode_bytes_s and rates.other_cores is not None
+
+
+@pytest.mark.llama
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_an_implausible_type_is_measured_again_then_left_out(monkeypatch):
+    """A real probe whose Q4_0 reading the plausibility rule rejects (forced here: one type alone
+    has nothing to compare with): its matrix probe runs again, and a type still rejected is not in
+    the result."""
+    import kvtuner.runner.probe as probe
+
+    monkeypatch.setattr(probe, "implausible_types", lambda rates: ["Q4_0"] if "Q4_0" in rates else [])
+    seen: list[tuple[int, int, str]] = []
+    rates = probe.run_cpu_probe(["Q4_0", "Q8_0"], 1, attn_shapes=["8/2/64"],
+                                on_progress=lambda k, n, key, t: seen.append((k, n, key)))
+    assert seen[-1] == (6, 6, "matrix:Q4_0")  # 2 overhead, 1 attention, 2 matrix, then Q4_0 again
+    assert "Q4_0" not in rates.decode_bytes_s and "Q4_0" not in rates.prefill_flop_s
+    assert rates.decode_bytes_s["Q8_0"] > 1e8 and rates.other_cores is not None
