@@ -221,3 +221,26 @@ def test_an_implausible_type_is_measured_again_then_left_out(monkeypatch):
     assert seen[-1] == (6, 6, "matrix:Q4_0")  # 2 overhead, 1 attention, 2 matrix, then Q4_0 again
     assert "Q4_0" not in rates.decode_bytes_s and "Q4_0" not in rates.prefill_flop_s
     assert rates.decode_bytes_s["Q8_0"] > 1e8 and rates.other_cores is not None
+
+
+def test_a_busy_real_load_of_tune_does_not_calibrate(default_profile, tmp_path):
+    """``tune --runs``: a confirming load measured on a busy machine is shown (a real load in the
+    result) but never recorded for calibration; the same load kept is recorded."""
+    from gui_support import HOST
+
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.session import Session
+    from kvtuner.core.tune.confirm import Measured
+    from kvtuner.core.tune.search import TuneGoal
+
+    def session(name: str) -> Session:
+        return Session(model=default_profile, config=PlanConfig(), gpus=(), host=HOST, n_threads=1,
+                       calibration=CalibrationStore(tmp_path / name), measure_host_bandwidth=False)
+
+    busy = session("busy.json")
+    _, loads = busy.confirm_tune(TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 1.8, False), 2)
+    assert loads and loads[0].to_dict()["recorded"] is False and loads[0].to_dict()["other_cores"] == 1.8
+    assert busy.calibration_store().runs(busy.machine_id) == []
+    quiet = session("quiet.json")
+    quiet.confirm_tune(TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 0.1, True), 1)
+    assert len(quiet.calibration_store().runs(quiet.machine_id)) == 1

@@ -660,6 +660,8 @@ class Session:
             done[best.config] = load
             if on_load is not None:
                 on_load(load)
+            if not m.kept:  # measured on a busy machine: shown, never calibrates
+                continue
             self.record_run(plan, n_threads=m.n_threads, n_depth=m.n_depth, n_prompt=m.n_prompt, n_gen=m.n_gen,
                             prefill_tok_s=m.prefill_tok_s, decode_tok_s=m.decode_tok_s)
             result = self.tune(goal)
