@@ -229,13 +229,14 @@ def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot
     """Runs made while the machine was busy measured the other load. Two
     busy-loop processes (as many as this VM has cores) run beside a short bench: the run is
     flagged, its figures are shown but neither calibrate nor enter Known good."""
-    from kvtuner.core.monitor.contention import cpu_snapshot, other_cores
+    from kvtuner.core.monitor.contention import QUIET_MAX_OTHER_CORES, cpu_snapshot, other_cores
     from kvtuner.core.monitor.sampler import Sampler
     from kvtuner.core.store.library import ConfigLibrary
 
     bench = BenchSettings(n_prompt=32, n_gen=16, repetitions=1, warmup=False)
     w = _window(qtbot, tmp_path, SMALL, host=detect_host(), bench=bench,
                 sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w.run_events.quiet_max_other_cores = QUIET_MAX_OTHER_CORES  # the rule itself (conftest turns it off)
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         before = cpu_snapshot()

@@ -197,6 +197,11 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
                         "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
                         "rates; KVTUNER_CPU_PROBE=off does the same) nor, for plan, the structure probe of an "
                         "architecture kvtuner has no tested rule for (the plan then says it is approximate)")
+    g.add_argument("--probe", default=None, choices=["now", "background", "off"], dest="probe_mode",
+                   help="when to time llama.cpp's CPU kernels if this machine has no probe of the model's: 'background' "
+                        "(plan and tune: answer at once from assumed rates while a detached process measures and stores "
+                        "them for the next command), 'now' (wait, with progress on stderr; bench's default) or 'off' "
+                        "(assumed rates)")
 
 
 def any_hardware_flag(args: argparse.Namespace) -> bool:
@@ -449,44 +454,92 @@ def check_split(session: "Session") -> None:
         raise UserError(str(exc)) from None
 
 
+def add_record_anyway_arg(p: "argparse._ActionsContainer", what: str) -> None:
+    """``--record-anyway``: keep ``what`` even when it met other load
+    (:class:`kvtuner.core.monitor.contention.Contention`)."""
+    p.add_argument("--record-anyway", action="store_true",
+                   help=f"keep {what} even when other processes kept the machine busy during it (by default a "
+                        "measurement that met more than 0.3 cores of other load is shown but not kept: it measured "
+                        "the other load; KVTUNER_QUIET_MAX_OTHER_CORES changes the limit)")
+
+
 def probe_disabled(args: argparse.Namespace) -> bool:
-    """``--no-probe`` or ``KVTUNER_CPU_PROBE=off``."""
+    """``--no-probe``, ``--probe off`` or ``KVTUNER_CPU_PROBE=off``."""
     import os
 
-    return bool(getattr(args, "no_probe", False)) or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no")
+    return (bool(getattr(args, "no_probe", False)) or getattr(args, "probe_mode", None) == "off"
+            or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no"))
+
+
+def _wait_for_background_probe(quiet: bool) -> None:
+    """Wait for a running background probe job (:mod:`kvtuner.runner.probe_job`), its progress on stderr."""
+    import time
+
+    from ..runner import probe_job
+
+    last = ""
+    while probe_job.is_running():
+        text = probe_job.progress_text(probe_job.read_status())
+        if not quiet and text != last:
+            print(f"kvtuner: waiting for the CPU probe running in the background: {text}", file=sys.stderr)
+            last = text
+        time.sleep(1.0)
 
 
 def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False,
-                     kv_pairs: Sequence[tuple[str, str]] = ()) -> str:
-    """Run the CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`, in a child process) for the
-    weight types and attention shapes of the session's model this machine has no probe of
-    (attention also for each K/V pair of ``kv_pairs``) and MoE expert shapes
-    (:meth:`Session.missing_probe`), when the
-    plan puts any weights or KV on the CPU, unless disabled (:func:`probe_disabled`). Returns a
-    note for stderr ("" when nothing was done). A failed probe is a note: the prediction then
-    uses the assumed rates."""
-    if probe_disabled(args) or session.model is None:
+                     kv_pairs: Sequence[tuple[str, str]] = (), default_mode: str = "now") -> str:
+    """Make sure this machine has a CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`) of the
+    weight types, attention shapes (also for each K/V pair of ``kv_pairs``) and MoE expert shapes
+    of the session's model (:meth:`Session.missing_probe`) when the plan puts any weights or KV on
+    the CPU, unless disabled (:func:`probe_disabled`). ``--probe`` (else ``default_mode``):
+
+    - ``now``: wait for a background job that is running, then probe what is still missing in a
+      child process, progress (probe model k of n, elapsed seconds) on stderr;
+    - ``background``: start a detached job (:mod:`kvtuner.runner.probe_job`, one at a time) for the
+      model's kernels and the common ones (:data:`~kvtuner.runner.probe_job.COMMON_TYPES`,
+      :data:`~kvtuner.runner.probe_job.COMMON_ATTN`) and return at once: this answer uses the
+      assumed rates. Not restarted within :data:`~kvtuner.runner.probe_job.RETRY_AFTER_S` of one
+      that met a busy machine or failed.
+
+    A probe that met a busy machine is not stored (``--record-anyway`` stores it). Returns a note
+    for stderr ("" when nothing is to say)."""
+    if probe_disabled(args):
         return ""
-    try:
-        plan = session.plan()
-    except Exception:  # the caller reports the configuration error itself
+    from ..core.speed.calibration import BusyMeasurementError, CalibrationError
+    from ..core.speed.cpu_probe import BusyProbeError, ProbeError, probe_plan
+    from ..runner import probe_job
+    from ..runner.probe import run_cpu_probe
+
+    missing, dims, experts = probe_job.probe_missing(session, kv_pairs)
+    if not missing and not dims and not experts:
         return ""
-    if not (plan.host.weights_bytes > plan.model.input_bytes or plan.host.kv_bytes):
-        return ""  # everything that computes is on the GPUs: CPU kernels do not matter
+    mode = getattr(args, "probe_mode", None) or default_mode
+    record_anyway = bool(getattr(args, "record_anyway", False))
+    n = session.probe_threads()
+    if mode == "background":
+        return "kvtuner: " + probe_job.background_for(session, missing, dims, experts, record_anyway=record_anyway)
+    _wait_for_background_probe(quiet)
+    session.invalidate_speed()
     missing, dims, experts = session.missing_probe(kv_pairs)
     if not missing and not dims and not experts:
         return ""
-    from ..core.speed.calibration import CalibrationError
-    from ..core.speed.cpu_probe import ProbeError
-    from ..runner.probe import run_cpu_probe
-
-    n = session.probe_threads()
+    models = probe_plan(missing, dims, experts)
+    est = probe_job.estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
     if not quiet:
         what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
         print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
-              "(once a week; about 20-40 s; --no-probe skips it) ...", file=sys.stderr)
+              f"(once a week; {len(models)} kernels, {est}; --probe off skips it) ...",
+              file=sys.stderr)
+
+    def progress(k: int, total: int, key: str, elapsed_s: float) -> None:
+        if not quiet:
+            print(f"kvtuner: CPU probe kernel {k} of {total} ({key}), {elapsed_s:.0f} s", file=sys.stderr)
+
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts))
+        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts, on_progress=progress,
+                                            stop_when_busy=not record_anyway), record_anyway=record_anyway)
+    except (BusyMeasurementError, BusyProbeError) as exc:
+        return f"kvtuner: {exc}"
     except (ProbeError, CalibrationError) as exc:
         return f"kvtuner: no CPU probe ({exc}); the speed uses assumed CPU rates"
     return ""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
-                   emit_json, ensure_cpu_probe, load_model, positive_int, resolve_model, session_from_args)
+from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, config_from_args,
+                   _wait_for_background_probe, emit_json, engine_from_args, ensure_cpu_probe, probe_disabled, load_model, positive_int, resolve_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.memory_plan import MemoryPlan
     from ..core.session import Session
     from ..runner.bench import BenchResult, Stat
+    from ..runner.engines import Engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-save", action="store_true",
                    help="do not save this run in the working-configs library (by default every completed bench is "
                         "kept with its measured numbers; see 'kvtuner library'; KVTUNER_LIBRARY=off also turns it off)")
+    add_record_anyway_arg(g, "the run for calibration and the library")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=cmd_bench)
 
@@ -183,14 +185,17 @@ def _check_bench_devices(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
+    from ..core.monitor.contention import ContentionMeter
     from ..runner.bench import BenchError, run_bench
 
     if getattr(args, "rpc", None) or getattr(args, "tensor_split", None) or getattr(args, "split_mode", None) \
             or getattr(args, "main_gpu", None) is not None:
-        # the runner is llama-cpp-python, built without the RPC backend, and takes no split yet
-        raise UserError("bench runs one device through llama-cpp-python (no RPC backend, no split): plan and export "
+        # the embedded runner is llama-cpp-python, built without the RPC backend, and neither engine's
+        # bench takes a split yet
+        raise UserError("bench runs one device (no RPC backend, no split): plan and export "
                         "--rpc/-sm/-ts/-mg layouts, and run them with the exported llama-server")
     _check_bench_devices(args)
+    engine = cast("Engine", engine_from_args(args))
     model_path = resolve_model(args.model)
     if not model_path.is_file():
         raise UserError(f"model file not found: {model_path}")
@@ -203,9 +208,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--threads must be 1 or more (leave it out for the physical cores), not {args.threads}")
     if not args.json and sys.stderr.isatty():
         print(f"kvtuner: benchmarking {model_path.name} ...", file=sys.stderr)
+    if not probe_disabled(args):
+        from ..runner import probe_job
+
+        if probe_job.is_running():  # it would slow the bench and the bench it: one at a time
+            _wait_for_background_probe(args.json)
+    meter = ContentionMeter().start()
     try:
         result = run_bench(model_path, config, n_prompt=args.n_prompt, n_gen=args.n_gen, n_depth=args.n_depth,
-                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout)
+                           repetitions=args.repetitions, n_threads=args.threads, timeout_s=args.timeout,
+                           engine=engine if engine.kind == "server" else None)
     except BenchError as exc:
         if exc.kind in ("invalid_config", "model_error", "out_of_memory"):
             raise UserError(f"bench failed ({exc.kind}): {exc}") from None
@@ -213,8 +225,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for line in exc.log_tail[-5:]:
             print(f"  | {line}", file=sys.stderr)
         return 1
+    contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
+    keep = contention.counts(args.record_anyway)
+    busy_note = contention.reason("this bench")
+    if busy_note:
+        print(f"kvtuner: {busy_note}" if keep is False else
+              f"kvtuner: the machine was busy during this bench ({contention.other_cores:.1f} cores of other load); "
+              "recorded anyway (--record-anyway)", file=sys.stderr)
     session, plan, plan_error = _bench_session(args, model_path, config, result.gpu_offload_supported)
-    if session is not None and plan is not None and not args.no_record:
+    if session is not None and plan is not None and not args.no_record and keep:
         session.n_threads = result.n_threads
         note = ensure_cpu_probe(session, args, quiet=args.json)
         if note:
@@ -222,20 +241,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     side = _bench_side_by_side(plan, result)
     if plan_error:
         side["plan_error"] = plan_error
-    if session is not None and plan is not None and not args.no_record:
+    if session is not None and plan is not None and not args.no_record and keep:
         note = _bench_record(session, plan, result)
         if note:
             print(note, file=sys.stderr)
-    if not args.no_save:
+    if not args.no_save and keep:
         note = _bench_save(model_path, config, result, session)
         if note:
             print(note, file=sys.stderr)
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)
+        doc["contention"] = {**contention.to_dict(), "recorded": bool(keep and not args.no_record),
+                             "reason": busy_note if not keep else ""}
+        doc["engine"] = {"kind": engine.kind, "label": engine.label, "build": engine.build, "commit": engine.commit,
+                         "server": None if engine.server is None else str(engine.server)}
         emit_json(doc)
     else:
+        print(f"engine     {engine.label}" + (f" ({engine.server})" if engine.server else ""))
         print(_bench_text(result, side))
+        if not keep:
+            print(f"not kept   busy machine: {contention.other_cores:.1f} cores of other load during the bench "
+                  "(not recorded for calibration, not saved as a working configuration; --record-anyway keeps it)")
     return 0
 
 

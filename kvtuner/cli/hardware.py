@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import UserError, add_model_arg, add_threads_arg, emit_json, load_model
+from .args import UserError, add_record_anyway_arg, add_model_arg, add_threads_arg, emit_json, load_model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention shapes to time, query heads/KV heads/head size, with f16 K/V or, after @, "
                         "another K/V pair: 32/8/128@q8_0, 32/8/128@q8_0+f16 (K+V); an MLA attention adds its "
                         "kv_lora_rank: 16/1/576/512 (default: those of MODEL, or 32/8/128 with --types)")
+    add_record_anyway_arg(p, "the probe")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_probe)
 
@@ -100,8 +101,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
               file=sys.stderr)
     try:
         rates = run_cpu_probe(types, n, attn_shapes=dims, expert_keys=experts,
-                              on_step=None if args.json else lambda k: print(f"  {k}", file=sys.stderr))
-        session.set_cpu_rates(rates)
+                              on_progress=None if args.json else lambda k, total, key, t: print(
+                                  f"  kernel {k} of {total} ({key}), {t:.0f} s", file=sys.stderr),
+                              stop_when_busy=not args.record_anyway)
+        session.set_cpu_rates(rates, record_anyway=args.record_anyway)
     except (ProbeError, CalibrationError) as exc:
         raise UserError(str(exc)) from None
     if args.json:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
+from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, add_record_anyway_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
                    add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
                    extras_from_args,
                    hardware_from_args, load_model, positive_int, rpc_endpoints, session_from_args, vllm_model_from_args,
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_extras_args(p)
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
+    add_record_anyway_arg(p, "the CPU probe this command starts")
     p.add_argument("--verify", action="store_true",
                    help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
                         "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")
@@ -85,7 +86,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     session.prefill_tokens = args.prompt
     try:
         session.plan()  # a configuration llama.cpp would refuse fails here, before any dry run
-        note = ensure_cpu_probe(session, args, quiet=args.json)
+        note = ensure_cpu_probe(session, args, quiet=args.json, default_mode="background")
         if note:
             print(note, file=sys.stderr)
         if args.verify:

@@ -207,6 +207,8 @@ def _speed_text(speed: "SpeedPrediction") -> str:
     lo, hi = speed.band
     cal = (f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"
            if speed.n_calibration_runs else "uncalibrated")
+    if any("CPU kernels: assumed" in s for s in speed.sources):  # speed_model.fallback_cpu_rates
+        cal += ", assumed CPU rates: no probe of this model's kernels yet"
     return "\n".join([
         f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}"
         f"{', for ' + str(speed.host['name']) if speed.host and speed.host.get('what_if') else ''}):",

@@ -8,7 +8,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .args import (UserError, add_config_args, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
+from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
                    config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     add_tune_args(p)
     add_threads_arg(p, "to predict (and run) with")
+    add_record_anyway_arg(p, "the CPU probe this command starts and its real loads (--runs)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1: docs/reference/tune-json.md)")
     p.set_defaults(func=cmd_tune)
 
@@ -71,7 +72,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # the tune ranks every K/V pair its quality floor allows: probe the CPU attention with each
     note = ensure_cpu_probe(session, args, quiet=args.json,
-                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)))
+                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)),
+                            # real loads (--runs) must not run beside a probe: each would slow the other
+                            default_mode="now" if args.runs else "background")
     if note:
         print(note, file=sys.stderr)
     loads: list = []
@@ -83,7 +86,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 dry = _dry_run(model.path, result.best)
                 if dry.startswith("refused"):
                     raise UserError(f"llama.cpp {dry}")
-            measure = _measure(model.path, session.threads())
+            measure = _measure(model.path, session.threads(), args.record_anyway)
             result, loads = session.confirm_tune(goal, measure, args.runs,  # type: ignore[arg-type]
                                                  on_load=None if args.json else _print_load)
         else:
@@ -245,8 +248,10 @@ def _dry_run(path: "object", best: "Candidate") -> str:
     return f"llama.cpp accepts it; KV {kv:.2f} MiB (planned {planned:.2f} MiB), n_ctx {v.n_ctx}"
 
 
-def _measure(path: "object", n_threads: int):
-    """A callable that benches one configuration in the runner child at the top of its context."""
+def _measure(path: "object", n_threads: int, record_anyway: bool = False):
+    """A callable that benches one configuration in the runner child at the top of its context,
+    measuring the other load (a busy load is shown but does not calibrate unless ``record_anyway``)."""
+    from ..core.monitor.contention import ContentionMeter
     from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
     from ..core.units import pad_to
     from ..runner.bench import BenchError, run_bench
@@ -256,13 +261,19 @@ def _measure(path: "object", n_threads: int):
         depth = confirm_depth(n_ctx)
         if sys.stderr.isatty():
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
+        meter = ContentionMeter().start()
         try:
             r = run_bench(path, config, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=CONFIRM_GEN_TOKENS, n_depth=depth,  # type: ignore[arg-type]
                           repetitions=1, n_threads=n_threads, timeout_s=3600.0, idle_timeout_s=3600.0)
         except BenchError as exc:
             raise UserError(f"the confirming load failed ({exc.kind}): {exc}") from None
+        contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
+        kept = contention.counts(record_anyway)
+        if not kept:
+            print(f"kvtuner: {contention.reason('this real load')}", file=sys.stderr)
         return Measured(depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads,
-                        r.prefill_tok_s.median if r.prefill_tok_s else None, r.decode_tok_s.median if r.decode_tok_s else None)
+                        r.prefill_tok_s.median if r.prefill_tok_s else None, r.decode_tok_s.median if r.decode_tok_s else None,
+                        contention.other_cores, kept)
 
     return measure
 

@@ -491,9 +491,15 @@ class Session:
             return (), (), ()
         return missing_t, missing_d or dims[:1], missing_e
 
-    def set_cpu_rates(self, rates: CpuRates) -> None:
-        """Store a CPU probe for this machine and use it from now on."""
-        self.calibration_store().set_cpu_rates(rates, self.machine_id)
+    def set_cpu_rates(self, rates: CpuRates, *, record_anyway: bool = False) -> None:
+        """Store a CPU probe for this machine and use it from now on.
+
+        Raises:
+            BusyMeasurementError: a probe measured on a busy machine, without ``record_anyway``
+                (:meth:`~kvtuner.core.speed.calibration.CalibrationStore.set_cpu_rates`).
+            CalibrationError: the store cannot be written.
+        """
+        self.calibration_store().set_cpu_rates(rates, self.machine_id, record_anyway=record_anyway)
         self._inputs = None
 
     def speed_inputs(self) -> tuple[SpeedInputs | None, str]:
@@ -703,6 +709,8 @@ class Session:
             done[best.config] = load
             if on_load is not None:
                 on_load(load)
+            if not m.kept:  # measured on a busy machine: shown, never calibrates
+                continue
             self.record_run(plan, n_threads=m.n_threads, n_depth=m.n_depth, n_prompt=m.n_prompt, n_gen=m.n_gen,
                             prefill_tok_s=m.prefill_tok_s, decode_tok_s=m.decode_tok_s)
             result = self.tune(goal)

@@ -231,6 +231,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self.status.addPermanentWidget(self.engine_selector)
         self.engine_selector.engine_changed.connect(self._on_engine_changed)
         self.engine_selector.refresh()
+        from .widgets.cpu_probe_indicator import CpuProbeIndicator
+
+        self.cpu_probe = CpuProbeIndicator()
+        self.cpu_probe.finished.connect(self._on_cpu_probe_finished)
+        self.status.addPermanentWidget(self.cpu_probe)
 
         self.banner = QtWidgets.QLabel()
         self.banner.setTextFormat(QtCore.Qt.TextFormat.PlainText)
@@ -493,6 +498,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.replan()
         self.refresh_known_good()
         self._probe_structure_if_needed()
+        self._probe_cpu_if_needed()
         if self.attached is not None:
             self.attached.model_opened()
 
@@ -519,6 +525,40 @@ class MainWindow(QtWidgets.QMainWindow):
                                     8000)
 
         self.tasks.submit(lambda: probe_structure(path, model.structure), done, failed)
+
+    def _probe_cpu_if_needed(self) -> None:
+        """This machine has no CPU probe of the model's kernels and the plan computes on the CPU:
+        start the background probe job (:func:`kvtuner.runner.probe_job.background_for`, one at a
+        time, as ``kvtuner plan`` does) and show its progress in the status bar; the prediction
+        uses assumed rates meanwhile and is refined when the probe lands. ``KVTUNER_CPU_PROBE=off``
+        turns it off."""
+        import os
+
+        from ..runner import probe_job
+
+        if os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no") or self.cpu_probe.following:
+            return
+        missing, dims, experts = probe_job.probe_missing(self.session)
+        if not missing and not dims and not experts:
+            return
+        note = probe_job.background_for(self.session, missing, dims, experts)
+        self.status.showMessage(note.replace(" (--probe now waits, --probe off skips)", "")
+                                .replace(" (--probe now waits for it)", ""), 10000)
+        if probe_job.is_running() or probe_job.read_status().get("state") == "starting":
+            self.cpu_probe.follow()
+
+    def _on_cpu_probe_finished(self, state: str, message: str) -> None:
+        """The background probe ended: predict with its rates when it stored them, else say why not."""
+        if state == "stored":
+            self.session.invalidate_speed()
+            self.replan()
+            self.status.showMessage("CPU probe done: the speed now uses this machine's measured CPU rates", 8000)
+        elif state == "busy":
+            self.status.showMessage("CPU probe not kept: the machine was busy; the speed keeps assumed CPU rates", 15000)
+            self.advisor.set_notes([message])
+        else:
+            self.status.showMessage(f"CPU probe failed: {message or 'it ended without a result'}; "
+                                    "the speed keeps assumed CPU rates", 15000)
 
     def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
         name = path.name if path else "the default model"

@@ -1,6 +1,8 @@
-"""Runs a bench through :class:`kvtuner.runner.client.RunnerClient` without touching the GUI
-thread: a worker thread drives the child (start, load, bench) and every event lands, stamped
-with ``time.monotonic()``, in a queue that the window drains on its timer.
+"""Runs a bench without touching the GUI thread: a worker thread drives the engine (the
+embedded runner child through :class:`kvtuner.runner.client.RunnerClient`, or the user's
+llama-server through :class:`kvtuner.runner.server_run.ServerRunClient`: start, load, bench) and
+every event lands, stamped with ``time.monotonic()``, in a queue that the window drains on its
+timer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 from ..core.plan.config import PlanConfig
 from ..runner import protocol as P
 from ..runner.bench import summarise_events
-from ..runner.client import RunnerClient, RunnerError
+from ..runner.client import RunnerError
+from ..runner.engines import Engine
+from ..runner.server_run import make_client
 
 log = logging.getLogger("kvtuner.gui")
 
@@ -61,11 +65,17 @@ class RunController:
     Args:
         settings: the bench to run.
         sampler: a :class:`kvtuner.core.monitor.sampler.Sampler` to point at the child (RSS, VRAM).
+        engine: the llama.cpp build that runs it (:class:`kvtuner.runner.engines.Engine`): a
+            llama-server engine runs the exported command line of that server; None or the
+            embedded engine the runner child. Settable between runs (:attr:`engine`).
     """
 
-    def __init__(self, settings: BenchSettings | None = None, sampler: Any = None) -> None:
+    def __init__(self, settings: BenchSettings | None = None, sampler: Any = None,
+                 engine: Engine | None = None) -> None:
         self.settings = settings or BenchSettings()
         self.sampler = sampler
+        #: the engine of the next run (None: the embedded runner)
+        self.engine: Engine | None = engine
         self._events: "queue.SimpleQueue[tuple[float, Any]]" = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._client: Any = None
@@ -135,7 +145,8 @@ class RunController:
                 seen.append(ev)  # buffers, KV caches, context: for the run's summary
             self._put(ev)
 
-        client = RunnerClient(on_event=on_event)
+        client = make_client(self.engine, model_path=model_path.resolve(), config=config, n_threads=s.n_threads,
+                             on_event=on_event, stream=True)
         self._client = client
         try:
             started = client.start(timeout_s=60.0)

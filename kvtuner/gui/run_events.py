@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.advice.advisor import AdvisorSettings, should_auto_stop
-from ..core.monitor.contention import QUIET_MAX_OTHER_CORES, CpuSnapshot, cpu_snapshot, other_cores
+from ..core.monitor.contention import Contention, CpuSnapshot, cpu_snapshot, other_cores, quiet_limit
 from ..core.monitor.live import SWAP_WINDOW_S, LiveState, LiveTracker, free_bytes_on
 from ..core.monitor.rolling import RollingRate
 from ..core.plan.config import PlanConfig
@@ -114,8 +114,8 @@ class RunEvents:
         self.last_live_t = -math.inf
         self._marks: set[str] = set()
         #: cores other processes may keep busy during a run that still counts (calibration and
-        #: Known good); tests on a shared machine raise it
-        self.quiet_max_other_cores = QUIET_MAX_OTHER_CORES
+        #: Known good): the rule every measurement follows (core.monitor.contention.quiet_limit)
+        self.quiet_max_other_cores = quiet_limit()
         #: cores other processes kept busy during the last run (None: not measured)
         self.other_cores: float | None = None
         self._cpu_before: CpuSnapshot | None = None
@@ -154,7 +154,7 @@ class RunEvents:
         if after.t_s - before.t_s < 1.0:
             return True
         self.other_cores = other_cores(before, after)
-        return self.other_cores <= self.quiet_max_other_cores
+        return Contention(self.other_cores, after.t_s - before.t_s, self.quiet_max_other_cores).counts()
 
     def reset_measured(self) -> None:
         """A new model is open: the measured figures were another model's."""

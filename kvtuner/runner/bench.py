@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..core.plan.config import PlanConfig
 from ..core.model.ggml_types import kv_type
@@ -27,8 +27,11 @@ from ..core.monitor.sampler import Peaks, Sampler
 
 from . import protocol as P
 from .protocol import field_names as _field_names
-from .client import RunnerClient, RunnerError
+from .client import RunnerError
 from .dryrun import KvCacheReport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engines import Engine
 
 _MiB = 1 << 20
 _ROUNDING_BYTES = 0.005 * _MiB  # llama.cpp prints MiB with %.2f
@@ -165,6 +168,8 @@ def run_bench(
     on_event: Callable[[P.Message], None] | None = None,
     env: dict[str, str] | None = None,
     sampler: Sampler | None = None,
+    engine: "Engine | None" = None,
+    stream: bool = False,
 ) -> BenchResult:
     """Load ``model_path`` with ``config`` in a runner child and benchmark it.
 
@@ -172,6 +177,9 @@ def run_bench(
     ``timeout_s`` bounds the whole run; ``idle_timeout_s`` the silence between two events.
     ``sampler``: a :class:`Sampler` to use (it is pointed at the child, started and stopped
     here; read its buffers and ``cpu_s`` after); default: a new one at ``sample_interval_s``.
+    ``engine``: a llama-server :class:`~kvtuner.runner.engines.Engine` runs the bench through
+    that server (:class:`~kvtuner.runner.server_run.ServerRunClient`, the sampler follows the
+    server's pid; ``stream``: per-token events); None or the embedded engine: the runner child.
 
     Raises:
         BenchError: ``model_error``, ``invalid_config`` (incl. too small a context for
@@ -197,7 +205,10 @@ def run_bench(
             on_event(ev)
 
     deadline = time.monotonic() + timeout_s
-    client = RunnerClient(env=env)
+    from .server_run import make_client
+
+    client = make_client(engine, model_path=os.path.abspath(path), config=config, n_threads=n_threads, env=env,
+                         stream=stream)
     sampler = sampler or Sampler(interval_s=sample_interval_s)
     try:
         try:

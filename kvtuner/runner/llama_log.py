@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..core.plan.buffers import buffer_device
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .protocol import ContextEvent
 
 #: ``enum ggml_log_level`` (ggml/include/ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4,
 #: CONT 5. (llama-cpp-python's _logger.py maps them off by one and hides errors.)
@@ -432,6 +435,27 @@ def parse_lines(lines: Iterable[str]) -> list[Record]:
         if rec is not None:
             out.append(rec)
     return out
+
+
+def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubatch: int) -> "ContextEvent":
+    """The :class:`~kvtuner.runner.protocol.ContextEvent` of a load from its parsed log records
+    (the ``llama_context: <name> = <value>`` lines and the flash attention decision); ``n_seq``,
+    ``n_batch`` and ``n_ubatch`` stand in for lines the log lacks (the values asked for)."""
+    from .protocol import ContextEvent
+
+    records = list(records)
+    params = {r.name: r.value for r in records if isinstance(r, ContextParam)}
+    flash: bool | None = {"enabled": True, "disabled": False}.get(params.get("flash_attn", ""))
+    for r in records:
+        if isinstance(r, FlashAttnResolved):
+            flash = r.enabled
+    return ContextEvent(
+        n_ctx=int(params.get("n_ctx", 0) or 0), n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
+        n_seq_max=int(params.get("n_seq_max", n_seq) or n_seq),
+        n_batch=int(params.get("n_batch", n_batch) or n_batch),
+        n_ubatch=int(params.get("n_ubatch", n_ubatch) or n_ubatch),
+        flash_attn=flash, kv_unified=params.get("kv_unified", "false") == "true",
+    )
 
 
 class LineAssembler:

