@@ -49,22 +49,32 @@ SCHEMA_VERSION = 1
 
 
 class VerifiedKvCache(Protocol):
-    """One KV cache as a llama.cpp dry run reported it (``kvtuner.runner.dryrun.KvCacheReport``)."""
+    """One KV cache as a llama.cpp dry run reported it (``kvtuner.runner.dryrun.KvCacheReport``);
+    read-only, so frozen records satisfy it."""
 
-    size_mib: float
-    cells: int
-    layers: int
-    k_mib: float
-    v_mib: float
+    @property
+    def size_mib(self) -> float: ...
+    @property
+    def cells(self) -> int: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def k_mib(self) -> float: ...
+    @property
+    def v_mib(self) -> float: ...
 
 
 class VerifiedRecurrent(Protocol):
     """The recurrent state as a dry run reported it (``kvtuner.runner.llama_log.RecurrentStateSize``)."""
 
-    cells: int
-    r_mib: float
-    s_mib: float
-    p_mib: float
+    @property
+    def cells(self) -> int: ...
+    @property
+    def r_mib(self) -> float: ...
+    @property
+    def s_mib(self) -> float: ...
+    @property
+    def p_mib(self) -> float: ...
 
 
 class Verified(Protocol):
@@ -72,11 +82,16 @@ class Verified(Protocol):
     printed, keyed by llama.cpp's buffer names (``CUDA0``, ``CUDA_Host``, ``CPU``). A result may
     also carry ``recurrent`` (records) and ``structure(base)`` (the structure probe)."""
 
-    kv_caches: Sequence[VerifiedKvCache]
-    compute_mib: dict[str, float]
-    output_mib: dict[str, float]
-    model_mib: dict[str, float]
-    devices: Sequence[str]
+    @property
+    def kv_caches(self) -> Sequence[VerifiedKvCache]: ...
+    @property
+    def compute_mib(self) -> dict[str, float]: ...
+    @property
+    def output_mib(self) -> dict[str, float]: ...
+    @property
+    def model_mib(self) -> dict[str, float]: ...
+    @property
+    def devices(self) -> Sequence[str]: ...
 
 
 def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:

@@ -219,36 +219,14 @@ class RunnerClient:
         idle_timeout_s: float | None = None,
         on_other: Callable[[P.Message], None] | None = None,
     ) -> P.Message:
-        """Read events until one of ``types``; others go to ``on_other``.
-
-        ``timeout_s`` bounds the whole wait, ``idle_timeout_s`` the gap between two events.
+        """Read events until one of ``types``; others go to ``on_other`` (:func:`wait_for_event`).
 
         Raises:
             RunnerError: an :class:`ErrorEvent` arrived (its kind), the child exited
                 (``crashed`` / ``out_of_memory`` / ``cancelled``), or a timeout (``timeout``).
         """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s", self.stderr_tail())
-            wait = min(left, idle_timeout_s) if idle_timeout_s else left
-            try:
-                ev = self.next_event(wait)
-            except RunnerError:
-                if idle_timeout_s and wait < left:
-                    raise RunnerError("timeout", f"the runner went silent for {idle_timeout_s:.0f} s",
-                                      self.stderr_tail()) from None
-                raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s",
-                                  self.stderr_tail()) from None
-            if isinstance(ev, types):
-                return ev
-            if isinstance(ev, P.ErrorEvent):
-                raise RunnerError(ev.kind, ev.message, ev.log_tail)
-            if isinstance(ev, P.ExitedEvent):
-                raise RunnerError("crashed", f"the runner exited (status {ev.returncode})", self.stderr_tail())
-            if on_other is not None:
-                on_other(ev)
+        return wait_for_event(self.next_event, self.stderr_tail, *types, timeout_s=timeout_s,
+                              idle_timeout_s=idle_timeout_s, on_other=on_other)
 
     def request(self, command: P.Message, result: type[P.Message], *, timeout_s: float,
                 idle_timeout_s: float | None = None, on_other: Callable[[P.Message], None] | None = None) -> P.Message:
@@ -402,3 +380,44 @@ class RunnerClient:
             return P.ErrorEvent(kind="crashed", message=f"the runner crashed ({_signal_name(rc)}){detail}", log_tail=tail)
         detail = f": {last}" if last else ""
         return P.ErrorEvent(kind="crashed", message=f"the runner exited unexpectedly with status {rc}{detail}", log_tail=tail)
+
+
+def wait_for_event(
+    next_event: Callable[[float], P.Message],
+    stderr_tail: Callable[[], tuple[str, ...]],
+    *types: type[P.Message],
+    timeout_s: float,
+    idle_timeout_s: float | None = None,
+    on_other: Callable[[P.Message], None] | None = None,
+) -> P.Message:
+    """Read events with ``next_event(timeout_s)`` until one of ``types``; others go to ``on_other``.
+    The waiting rules every engine client shares (the embedded runner's and llama-server's).
+
+    ``timeout_s`` bounds the whole wait, ``idle_timeout_s`` the gap between two events.
+
+    Raises:
+        RunnerError: an :class:`ErrorEvent` arrived (its kind), the engine exited
+            (``crashed`` / ``out_of_memory`` / ``cancelled``), or a timeout (``timeout``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s", stderr_tail())
+        wait = min(left, idle_timeout_s) if idle_timeout_s else left
+        try:
+            ev = next_event(wait)
+        except RunnerError:
+            if idle_timeout_s and wait < left:
+                raise RunnerError("timeout", f"the runner went silent for {idle_timeout_s:.0f} s",
+                                  stderr_tail()) from None
+            raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s",
+                              stderr_tail()) from None
+        if isinstance(ev, types):
+            return ev
+        if isinstance(ev, P.ErrorEvent):
+            raise RunnerError(ev.kind, ev.message, ev.log_tail)
+        if isinstance(ev, P.ExitedEvent):
+            raise RunnerError("crashed", f"the runner exited (status {ev.returncode})", stderr_tail())
+        if on_other is not None:
+            on_other(ev)

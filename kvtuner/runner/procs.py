@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
 import sys
 
 import psutil
@@ -29,7 +30,7 @@ WINDOWS = sys.platform == "win32"
 CREATE_NEW_PROCESS_GROUP = 0x00000200
 
 
-def group_popen_kwargs() -> dict[str, object]:
+def group_popen_kwargs() -> dict[str, Any]:
     """``subprocess.Popen`` keyword arguments that put a child in its own process group:
     ``start_new_session=True`` on POSIX, ``creationflags=CREATE_NEW_PROCESS_GROUP`` on Windows."""
     if WINDOWS:
@@ -60,7 +61,7 @@ def _signal_tree(proc: subprocess.Popen, *, hard: bool) -> None:
 
 def _signal_group(pid: int, sig: int) -> None:
     try:
-        os.killpg(pid, sig)  # type: ignore[attr-defined]
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -71,7 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..core.plan.config import ConfigError, PlanConfig
 from . import llama_log as L
 from . import protocol as P
-from .client import TERMINAL_EVENTS, RunnerClient, RunnerError, _frozen, _signal_name
+from .client import TERMINAL_EVENTS, RunnerClient, RunnerError, _frozen, _signal_name, wait_for_event
 from .engines import Engine
 from .protocol import field_names as _field_names
 
@@ -147,7 +147,7 @@ def server_command(engine: Engine, model_path: str | os.PathLike[str], config: P
     gpu_buft = engine.devices[0].name if engine.devices else "CUDA0"
     result = export("llama-server", os.path.abspath(os.fspath(model_path)), config, model=model,
                     binary=str(engine.server), gpu_buffer_type=gpu_buft)
-    argv = list(result.argv) + ["--host", HOST, "--port", str(int(port)), *SERVER_EXTRA_FLAGS]
+    argv = list(result.argv or ()) + ["--host", HOST, "--port", str(int(port)), *SERVER_EXTRA_FLAGS]
     if n_threads is not None:
         argv += ["-t", str(int(n_threads))]
     return argv, result
@@ -417,8 +417,12 @@ class ServerRunClient:
         except queue.Empty:
             raise RunnerError("timeout", f"no event from llama-server within {timeout_s:.0f} s") from None
 
-    # the same waiting rules as the embedded runner's client
-    wait_for = RunnerClient.wait_for
+    def wait_for(self, *types: type[P.Message], timeout_s: float, idle_timeout_s: float | None = None,
+                 on_other: Callable[[P.Message], None] | None = None) -> P.Message:
+        """Read events until one of ``types``, under the embedded runner's waiting rules
+        (:func:`kvtuner.runner.client.wait_for_event`)."""
+        return wait_for_event(self.next_event, self.stderr_tail, *types, timeout_s=timeout_s,
+                              idle_timeout_s=idle_timeout_s, on_other=on_other)
 
     # -- commands ----------------------------------------------------------------------------
 

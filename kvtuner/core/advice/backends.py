@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from ..hardware.specs import GpuSpec
 from ..plan.config import ConfigError, PlanConfig
-from ..plan.memory_plan import MemoryPlan
+from ..plan.memory_plan import DevicePlan, MemoryPlan
 from ..units import GiB, fmt_bytes
 from .advisor import Advice, _adv
 
@@ -138,7 +138,7 @@ def _unified(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
                  f"{fmt_bytes(gpu_limit)} limit + host {fmt_bytes(host_need)} = {fmt_bytes(need)}.", reason, {})]
 
 
-def _pairs(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[tuple[GpuSpec, object]]:
+def _pairs(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[tuple[GpuSpec, DevicePlan]]:
     """(GpuSpec, its DevicePlan) matched by llama.cpp device name."""
     by_device = {g.device: g for g in gpus}
     return [(by_device[d.device], d) for d in plan.gpus if d.device in by_device]

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..units import GiB, MiB
 from .specs import GpuSpec
@@ -332,7 +332,7 @@ def unified_gpu_spec(model: GpuModel, index: int = 0, ram_bytes: int | None = No
 GPU_BACKENDS = ("CUDA", "ROCm", "Vulkan", "Metal", "SYCL", "MUSA", "CANN", "OpenCL")
 
 
-def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
+def engine_gpu_specs(devices: Iterable[Any], first_index: int = 0,
                      sysfs: Iterable[SysfsGpu] = ()) -> list[GpuSpec]:
     """GpuSpecs of an engine's ``--list-devices`` devices (:class:`kvtuner.runner.engines.EngineDevice`:
     name, description, total and free MiB). A device whose description names a sysfs card's
@@ -341,7 +341,7 @@ def engine_gpu_specs(devices: Iterable[object], first_index: int = 0,
     from .gpu_catalogue import UnknownGpuError, find_gpu
 
     cards = list(sysfs)
-    out = []
+    out: list[GpuSpec] = []
     for d in devices:
         backend = getattr(d, "backend", "")
         if backend not in GPU_BACKENDS:

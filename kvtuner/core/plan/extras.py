@@ -259,7 +259,8 @@ def projector_compute_bytes(h: GGUFHeader) -> int:
     md = h.metadata
     size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
     n_embd, n_ff = md.get("clip.vision.embedding_length"), md.get("clip.vision.feed_forward_length")
-    if not all(isinstance(v, int) and v > 0 for v in (size, patch, n_embd, n_ff)):
+    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(n_embd, int) and isinstance(n_ff, int)
+            and min(size, patch, n_embd, n_ff) > 0):
         return 0
     n_pos = (size // patch) ** 2
     return 4 * n_pos * (n_ff + 3 * n_embd)
@@ -272,7 +273,8 @@ def projector_flops(h: GGUFHeader) -> int:
     md = h.metadata
     size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
     n_embd, n_block = md.get("clip.vision.embedding_length"), md.get("clip.vision.block_count")
-    if not all(isinstance(v, int) and v > 0 for v in (size, patch, n_embd, n_block)):
+    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(n_embd, int)
+            and isinstance(n_block, int) and min(size, patch, n_embd, n_block) > 0):
         return 0
     n_pos = (size // patch) ** 2
     weights = sum(t.n_elements for t in h.tensors if len(t.shape) >= 2 and t.name.endswith(".weight")
@@ -447,7 +449,8 @@ def server_flags(extras: ExtrasConfig, known_flags: frozenset[str] | set[str] | 
             argv.append(spell("-cmoed", "--spec-draft-cpu-moe"))
         if extras.draft_n_max != 3:
             # b11434 removed --draft-max (common/arg.cpp arg_removed); older builds know only it
-            old = bool(known_flags) and "--spec-draft-n-max" not in known_flags and "--draft-max" in known_flags
+            old = (known_flags is not None and "--spec-draft-n-max" not in known_flags
+                   and "--draft-max" in known_flags)
             argv += ["--draft-max" if old else "--spec-draft-n-max", str(extras.draft_n_max)]
         if extras.draft_ctx is not None and (not known_flags or "-cd" in known_flags):
             argv += ["-cd", str(extras.draft_ctx)]
