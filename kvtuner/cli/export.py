@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, extras_from_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
-                   config_from_args, emit_json, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
+                   config_from_args, emit_json, engine_from_args, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
                    rules_from_args, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
 
 _EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
@@ -146,7 +146,7 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
             from ..core.export.checked import check_export
             from ..runner.export_check import build_flags
 
-            flags = build_flags(_engine(args), args.export_format)
+            flags = build_flags(engine_from_args(args, list_devices=False), args.export_format)
             result = check_export(_with_extras(args, result, flags, model_path), flags)
         elif not extras_from_args(args).empty:
             print(f"kvtuner: note: --mmproj, -md and --lora are written in llama-server and llama-cli exports only, "
@@ -171,23 +171,6 @@ def _with_extras(args: argparse.Namespace, result: "object", flags: "object", mo
     except ConfigError as exc:
         raise UserError(str(exc)) from None
     return with_extras(result, extras, getattr(flags, "flags", None))
-
-
-def _engine(args: argparse.Namespace) -> "object":
-    """The engine the export is checked against: ``--engine`` where the command has it, else the
-    default (:func:`kvtuner.runner.engines.resolve_engine`: a llama-server from
-    ``$KVTUNER_LLAMA_SERVER`` or ``PATH``, else the embedded engine, which checks nothing)."""
-    from ..runner.engines import EngineError, resolve_engine
-
-    try:
-        from . import args as _args
-
-        engine_from_args = getattr(_args, "engine_from_args", None)
-        if engine_from_args is not None and hasattr(args, "engine"):
-            return engine_from_args(args)
-        return resolve_engine(getattr(args, "engine", None), list_devices=False)
-    except EngineError as exc:
-        raise UserError(str(exc)) from None
 
 
 def _from_tune(path: str) -> "tuple[object, object]":

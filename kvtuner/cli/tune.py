@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
-                   config_from_args, emit_json, ensure_cpu_probe, load_model, session_from_args)
+                   config_from_args, emit_json, engine_from_args, ensure_cpu_probe, load_model, session_from_args)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
@@ -204,22 +204,6 @@ def trade_lines(trade: list[dict]) -> list[str]:
     return lines
 
 
-def _engine(args: argparse.Namespace) -> "object":
-    """The engine this command uses: ``--engine`` when the command has it, else the default
-    (:func:`kvtuner.runner.engines.resolve_engine`)."""
-    from ..runner.engines import EngineError, resolve_engine
-
-    try:
-        from . import args as _args
-
-        engine_from_args = getattr(_args, "engine_from_args", None)
-        if engine_from_args is not None and hasattr(args, "engine"):
-            return engine_from_args(args)
-        return resolve_engine(getattr(args, "engine", None), list_devices=False)
-    except EngineError as exc:
-        raise UserError(str(exc)) from None
-
-
 def fit_choice(args: argparse.Namespace, session: "object", goal: "object", model_path: "object"
                ) -> tuple["FitChoice | None", str | None]:
     """llama.cpp's ``--fit`` choice beside the tune (:func:`kvtuner.runner.fit_params.fit_choice_for`):
@@ -228,7 +212,7 @@ def fit_choice(args: argparse.Namespace, session: "object", goal: "object", mode
     from ..runner.fit_params import fit_choice_for
 
     s: Any = session
-    engine = None if s.fit_needs_port else _engine(args)
+    engine = None if s.fit_needs_port else engine_from_args(args, list_devices=False)
     inputs, _why = s.speed_inputs()
     return fit_choice_for(engine, model_path, s.planned_model(), s.config, s.gpus, s.host, inputs, goal,  # type: ignore[arg-type]
                           split=s.split, n_threads=min(2, s.threads()))
