@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable
 from ..core.plan.buffers import buffer_device
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .protocol import ContextEvent
+    from .protocol import ContextEvent, Message
 
 #: ``enum ggml_log_level`` (ggml/include/ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4,
 #: CONT 5. (llama-cpp-python's _logger.py maps them off by one and hides errors.)
@@ -456,6 +456,21 @@ def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubat
         n_ubatch=int(params.get("n_ubatch", n_ubatch) or n_ubatch),
         flash_attn=flash, kv_unified=params.get("kv_unified", "false") == "true",
     )
+
+
+def record_event(rec: Record) -> "Message | None":
+    """The runner event a parsed log record becomes, the same for every engine (the embedded
+    child's log and llama-server's): a :class:`~kvtuner.runner.protocol.BufferEvent` for a
+    model / KV / compute / output buffer line, a :class:`~kvtuner.runner.protocol.KvCacheEvent`
+    for a ``llama_kv_cache: size = ...`` line; None for any other record."""
+    from .protocol import BufferEvent, KvCacheEvent, field_names
+
+    if isinstance(rec, (ModelBuffer, KvBuffer, ComputeBuffer, OutputBuffer)):
+        kind = {ModelBuffer: "model", KvBuffer: "kv", ComputeBuffer: "compute", OutputBuffer: "output"}[type(rec)]
+        return BufferEvent(kind=kind, buft=rec.buft, mib=rec.mib)
+    if isinstance(rec, KvCacheSize):
+        return KvCacheEvent(**{k: getattr(rec, k) for k in field_names(rec)})
+    return None
 
 
 class LineAssembler:

@@ -853,16 +853,9 @@ class ServerRunClient:
         if rec is None:
             return
         self._records.append(rec)
-        if isinstance(rec, L.ModelBuffer):
-            self._put(P.BufferEvent(kind="model", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.KvBuffer):
-            self._put(P.BufferEvent(kind="kv", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.ComputeBuffer):
-            self._put(P.BufferEvent(kind="compute", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.OutputBuffer):
-            self._put(P.BufferEvent(kind="output", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.KvCacheSize):
-            self._put(P.KvCacheEvent(**{k: getattr(rec, k) for k in _field_names(rec)}))
+        ev = L.record_event(rec)
+        if ev is not None:
+            self._put(ev)
         elif isinstance(rec, L.ContextParam) and self._t_context is None:
             self._t_context = time.perf_counter()
 

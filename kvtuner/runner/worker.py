@@ -186,16 +186,9 @@ class Worker:
         self._records.append(rec)
         if isinstance(rec, L.LogError):
             self._errors.append(rec)
-        elif isinstance(rec, L.ModelBuffer):
-            self.emit(P.BufferEvent(kind="model", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.KvBuffer):
-            self.emit(P.BufferEvent(kind="kv", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.ComputeBuffer):
-            self.emit(P.BufferEvent(kind="compute", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.OutputBuffer):
-            self.emit(P.BufferEvent(kind="output", buft=rec.buft, mib=rec.mib))
-        elif isinstance(rec, L.KvCacheSize):
-            self.emit(P.KvCacheEvent(**{k: getattr(rec, k) for k in _field_names(rec)}))
+        ev = L.record_event(rec)
+        if ev is not None:
+            self.emit(ev)
 
     def _begin_capture(self) -> None:
         with self._log_lock:
