@@ -35,10 +35,18 @@ GOAL_RATIO = 0.99
 
 
 def completion(port: int, i: int, n_predict: int) -> dict:
-    body = json.dumps({"prompt": f"Tell a long story about the number {i}.", "n_predict": n_predict,
-                       "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "prompt": f"Tell a long story about the number {i}.",
+            "n_predict": n_predict,
+            "temperature": 0,
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=300) as r:
         return json.loads(r.read())["timings"]
 
@@ -59,9 +67,28 @@ def main() -> int:
         return 2
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="attach-overhead-", suffix=".log", delete=False)
-    proc = subprocess.Popen([str(server), "-m", str(default_model_path()), "-c", "2048", "-np", "1", "-t", "1",
-                             "--metrics", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(server),
+            "-m",
+            str(default_model_path()),
+            "-c",
+            "2048",
+            "-np",
+            "1",
+            "-t",
+            "1",
+            "--metrics",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     mon = None
     try:
         deadline = time.monotonic() + 120
@@ -76,9 +103,14 @@ def main() -> int:
                 print(f"llama-server did not start; log: {log.name}", file=sys.stderr)
                 return 1
             time.sleep(0.5)
-        mon = subprocess.Popen([sys.executable, "-m", "kvtuner.cli", "monitor", f"http://127.0.0.1:{port}", "--json"],
-                               cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+        mon = subprocess.Popen(
+            [sys.executable, "-m", "kvtuner.cli", "monitor", f"http://127.0.0.1:{port}", "--json"],
+            cwd=ROOT,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         assert mon.stdout is not None
         mon.stdout.readline()  # attached: planned and polling
         completion(port, -1, 16)  # warm-up
@@ -97,9 +129,11 @@ def main() -> int:
         cpu = psutil.Process(mon.pid).cpu_times()
         ma, mb = statistics.median(without), statistics.median(with_)
         load = os.getloadavg()
-        print(f"median without {ma:.2f} tok/s, with kvtuner monitor attached {mb:.2f} tok/s: ratio {mb / ma:.3f} "
-              f"(goal >= {GOAL_RATIO}); monitor CPU {cpu.user + cpu.system:.2f} s; "
-              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+        print(
+            f"median without {ma:.2f} tok/s, with kvtuner monitor attached {mb:.2f} tok/s: ratio {mb / ma:.3f} "
+            f"(goal >= {GOAL_RATIO}); monitor CPU {cpu.user + cpu.system:.2f} s; "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs"
+        )
         return 0
     finally:
         if mon is not None:

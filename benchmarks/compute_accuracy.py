@@ -57,12 +57,12 @@ def timing() -> int:
     import os
     import time
 
+    import test_compute_exact as E
     from gguf_factory import write_real_shape
     from kvtuner.core.model.default_model import default_model_path
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
-    import test_compute_exact as E
 
     with tempfile.TemporaryDirectory() as d:
         paths = {"gemma-3-270m (default)": default_model_path()}
@@ -76,8 +76,10 @@ def timing() -> int:
                 plan_memory(model, PlanConfig(n_ctx=4096 + 256 * i))
                 times.append(time.perf_counter() - t)
             times.sort()
-            print(f"{label:24s} plan_memory per slider step: median {times[20] * 1e3:.2f} ms, "
-                  f"worst {times[-1] * 1e3:.2f} ms (load average {os.getloadavg()[0]:.2f})")
+            print(
+                f"{label:24s} plan_memory per slider step: median {times[20] * 1e3:.2f} ms, "
+                f"worst {times[-1] * 1e3:.2f} ms (load average {os.getloadavg()[0]:.2f})"
+            )
     return 0
 
 
@@ -112,28 +114,40 @@ def main() -> int:
             err = ours / theirs - 1
             how = "graph" if transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) else "phases"
             rows.append((label, kwargs, ours, theirs, err, how))
-            print(f"{label:18s} {str(kwargs):95s} {how:6s} planned {ours / MiB:9.2f} llama.cpp {theirs / MiB:9.2f} "
-                  f"{err:+7.2%}", flush=True)
+            print(
+                f"{label:18s} {kwargs!s:95s} {how:6s} planned {ours / MiB:9.2f} llama.cpp {theirs / MiB:9.2f} "
+                f"{err:+7.2%}",
+                flush=True,
+            )
     n = len(rows)
     within = {p: sum(abs(r[4]) <= p / 100 for r in rows) for p in (2, 5, 10)}
     worst = max(abs(r[4]) for r in rows)
     under = [r for r in rows if r[2] < 0.98 * r[3] - 8 * MiB]
-    print(f"\n{n} configurations: within 2% {within[2]} ({within[2] / n:.0%}), within 5% {within[5]} "
-          f"({within[5] / n:.0%}), within 10% {within[10]} ({within[10] / n:.0%}), worst {worst:.1%}, "
-          f"under by more than 2% + 8 MiB: {len(under)}")
+    print(
+        f"\n{n} configurations: within 2% {within[2]} ({within[2] / n:.0%}), within 5% {within[5]} "
+        f"({within[5] / n:.0%}), within 10% {within[10]} ({within[10] / n:.0%}), worst {worst:.1%}, "
+        f"under by more than 2% + 8 MiB: {len(under)}"
+    )
     if args.markdown:
-        print("\n| configurations | exact (0.01 MiB) | within 2% | 5% | 10% | worst | under llama.cpp by more than 2% + 8 MiB |")
+        print(
+            "\n| configurations | exact (0.01 MiB) | within 2% | 5% | 10% | worst | under llama.cpp by more than 2% + 8 MiB |"
+        )
         print("|---|---|---|---|---|---|---|")
-        for title, sel in (("all", rows), ("rebuilt graph", [r for r in rows if r[5] == "graph"]),
-                           ("phase estimate", [r for r in rows if r[5] == "phases"])):
+        for title, sel in (
+            ("all", rows),
+            ("rebuilt graph", [r for r in rows if r[5] == "graph"]),
+            ("phase estimate", [r for r in rows if r[5] == "phases"]),
+        ):
             m = len(sel)
             if not m:
                 continue
             exact = sum(f"{r[2] / MiB:.2f}" == f"{r[3] / MiB:.2f}" for r in sel)
             w = {p: sum(abs(r[4]) <= p / 100 for r in sel) for p in (2, 5, 10)}
-            print(f"| {title} ({m}) | {exact} | {w[2]} ({w[2] / m:.0%}) | {w[5]} ({w[5] / m:.0%}) | "
-                  f"{w[10]} ({w[10] / m:.0%}) | {max(abs(r[4]) for r in sel):.1%} | "
-                  f"{sum(r[2] < 0.98 * r[3] - 8 * MiB for r in sel)} |")
+            print(
+                f"| {title} ({m}) | {exact} | {w[2]} ({w[2] / m:.0%}) | {w[5]} ({w[5] / m:.0%}) | "
+                f"{w[10]} ({w[10] / m:.0%}) | {max(abs(r[4]) for r in sel):.1%} | "
+                f"{sum(r[2] < 0.98 * r[3] - 8 * MiB for r in sel)} |"
+            )
         print("\nMisses (over 2%):\n")
         for label, kwargs, ours, theirs, err, _how in rows:
             if abs(err) > 0.02:

@@ -76,6 +76,7 @@ def run(only: str = "", limit: int = 0, programs: tuple[str, ...] = PROGRAMS, qu
     ``label``, ``kwargs``, ``program``, ``ours`` / ``theirs`` (compute bytes, llama.cpp's from its
     MiB), ``kv_exact`` (every cache to 0.01 MiB) or ``error``."""
     from compute_accuracy import configurations
+
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ConfigError, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
@@ -109,7 +110,7 @@ def run(only: str = "", limit: int = 0, programs: tuple[str, ...] = PROGRAMS, qu
                     row["error"] = f"{exc.kind}: {exc}"
                     rows.append(row)
                     if not quiet:
-                        print(f"{label:18s} {str(kwargs):80s} {program:10s} llama.cpp refused: {exc}", flush=True)
+                        print(f"{label:18s} {kwargs!s:80s} {program:10s} llama.cpp refused: {exc}", flush=True)
                     continue
                 if program == "fit-params" and "without" in got.method and config.kv_unified:
                     # llama-fit-params b11434 does not take -kvu: compare with what it measured
@@ -121,13 +122,17 @@ def run(only: str = "", limit: int = 0, programs: tuple[str, ...] = PROGRAMS, qu
                 llama = sorted(round(c.size_mib, 2) for c in got.kv_caches)
                 # llama.cpp prints each cache to 0.01 MiB (an iSWA memory inside a hybrid one prints its
                 # two caches where kvtuner sums them): equal totals to the printed rounding
-                kv_exact = (not llama) or mine == llama or abs(sum(mine) - sum(llama)) <= 0.006 * (len(mine) + len(llama))
+                kv_exact = (
+                    (not llama) or mine == llama or abs(sum(mine) - sum(llama)) <= 0.006 * (len(mine) + len(llama))
+                )
                 row.update(ours=ours, theirs=theirs, kv_exact=kv_exact, kv=(mine, llama))
                 rows.append(row)
                 if not quiet:
-                    print(f"{label:18s} {str(kwargs):80s} {program:10s} planned {ours / MiB:8.2f} llama.cpp "
-                          f"{theirs / MiB:8.2f} {ours / max(theirs, 1) - 1:+7.1%} kv {'exact' if row['kv_exact'] else mine}",
-                          flush=True)
+                    print(
+                        f"{label:18s} {kwargs!s:80s} {program:10s} planned {ours / MiB:8.2f} llama.cpp "
+                        f"{theirs / MiB:8.2f} {ours / max(theirs, 1) - 1:+7.1%} kv {'exact' if row['kv_exact'] else mine}",
+                        flush=True,
+                    )
     return rows
 
 
@@ -135,11 +140,14 @@ def distribution(rows: list[dict], program: str) -> dict:
     """Counts for one program: ``n``, ``close`` (2% or 8 MiB), ``under`` (2% + 8 MiB), ``kv_exact``,
     ``refused``, ``worst`` (largest relative error)."""
     sel = [r for r in rows if r["program"] == program and "error" not in r]
-    return {"n": len(sel), "close": sum(close(r["ours"], r["theirs"]) for r in sel),
-            "under": sum(under(r["ours"], r["theirs"]) for r in sel),
-            "kv_exact": sum(bool(r["kv_exact"]) for r in sel),
-            "refused": sum(1 for r in rows if r["program"] == program and "error" in r),
-            "worst": max((abs(r["ours"] / max(r["theirs"], 1) - 1) for r in sel), default=0.0)}
+    return {
+        "n": len(sel),
+        "close": sum(close(r["ours"], r["theirs"]) for r in sel),
+        "under": sum(under(r["ours"], r["theirs"]) for r in sel),
+        "kv_exact": sum(bool(r["kv_exact"]) for r in sel),
+        "refused": sum(1 for r in rows if r["program"] == program and "error" in r),
+        "worst": max((abs(r["ours"] / max(r["theirs"], 1) - 1) for r in sel), default=0.0),
+    }
 
 
 def main() -> int:
@@ -150,27 +158,38 @@ def main() -> int:
     args = ap.parse_args()
     rows = run(args.only, args.limit)
     print(f"\nload average {os.getloadavg()[0]:.2f}")
-    names = {"server": "llama-server b11434 start-up breakdown", "fit-params": "llama-fit-params b11434 (generic)",
-             "embedded": "embedded dry run (llama-cpp-python 0.3.36)"}
+    names = {
+        "server": "llama-server b11434 start-up breakdown",
+        "fit-params": "llama-fit-params b11434 (generic)",
+        "embedded": "embedded dry run (llama-cpp-python 0.3.36)",
+    }
     for program in PROGRAMS:
         d = distribution(rows, program)
         if d["n"]:
-            print(f"{names[program]}: {d['n']} configurations, KV exact {d['kv_exact']}, compute within 2% or 8 MiB "
-                  f"{d['close']} ({d['close'] / d['n']:.0%}), under by more than 2% + 8 MiB {d['under']}, "
-                  f"worst {d['worst']:.1%}, refused by llama.cpp {d['refused']}")
+            print(
+                f"{names[program]}: {d['n']} configurations, KV exact {d['kv_exact']}, compute within 2% or 8 MiB "
+                f"{d['close']} ({d['close'] / d['n']:.0%}), under by more than 2% + 8 MiB {d['under']}, "
+                f"worst {d['worst']:.1%}, refused by llama.cpp {d['refused']}"
+            )
     if args.markdown:
-        print("\n| llama.cpp figure | configurations | KV exact | compute within 2% or 8 MiB | under by more than 2% + 8 MiB | worst |")
+        print(
+            "\n| llama.cpp figure | configurations | KV exact | compute within 2% or 8 MiB | under by more than 2% + 8 MiB | worst |"
+        )
         print("|---|---|---|---|---|---|")
         for program in PROGRAMS:
             d = distribution(rows, program)
             if d["n"]:
-                print(f"| {names[program]} | {d['n']} | {d['kv_exact']} | {d['close']} ({d['close'] / d['n']:.0%}) | "
-                      f"{d['under']} | {d['worst']:.1%} |")
+                print(
+                    f"| {names[program]} | {d['n']} | {d['kv_exact']} | {d['close']} ({d['close'] / d['n']:.0%}) | "
+                    f"{d['under']} | {d['worst']:.1%} |"
+                )
         print("\nMisses (outside 2% and 8 MiB):\n")
         for r in rows:
             if "error" not in r and not close(r["ours"], r["theirs"]):
-                print(f"- {r['program']} {r['label']} `{r['kwargs']}`: {r['ours'] / MiB:.2f} vs {r['theirs'] / MiB:.2f} MiB "
-                      f"({r['ours'] / r['theirs'] - 1:+.1%})")
+                print(
+                    f"- {r['program']} {r['label']} `{r['kwargs']}`: {r['ours'] / MiB:.2f} vs {r['theirs'] / MiB:.2f} MiB "
+                    f"({r['ours'] / r['theirs'] - 1:+.1%})"
+                )
     return 0
 
 

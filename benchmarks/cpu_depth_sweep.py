@@ -56,8 +56,19 @@ def main() -> int:
                 toks.append(ev.dt_s)  # noqa: B023 (runs within this iteration)
 
         t0 = time.time()
-        run_bench(path, cfg, n_prompt=64, n_gen=48, n_depth=d, repetitions=1, n_threads=args.threads,
-                  timeout_s=3600, idle_timeout_s=3600, on_event=keep, env={"CUDA_VISIBLE_DEVICES": ""})
+        run_bench(
+            path,
+            cfg,
+            n_prompt=64,
+            n_gen=48,
+            n_depth=d,
+            repetitions=1,
+            n_threads=args.threads,
+            timeout_s=3600,
+            idle_timeout_s=3600,
+            on_event=keep,
+            env={"CUDA_VISIBLE_DEVICES": ""},
+        )
         measured[d] = (statistics.median(toks), min(toks))
         print(f"# depth {d}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
 
@@ -73,7 +84,9 @@ def main() -> int:
         print("no stored CPU probe for this thread count: run `kvtuner probe -t N` first")
         return 2
     inputs = speed_inputs([], host, n_threads=args.threads, measure=False, cpu=cpu)
-    print("| depth | measured ms/token, median (fastest) | predicted cold ms/token | error (predicted speed / measured - 1) |")
+    print(
+        "| depth | measured ms/token, median (fastest) | predicted cold ms/token | error (predicted speed / measured - 1) |"
+    )
     print("|---:|---:|---:|---:|")
     for d in depths:
         med, fast = measured[d]

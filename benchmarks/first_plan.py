@@ -27,8 +27,9 @@ def first_plan(wait: bool) -> dict:
         env = {**os.environ, "KVTUNER_DATA_DIR": data}
         env.pop("KVTUNER_CPU_PROBE", None)
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, env=env,
-                             timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, env=env, timeout=600
+        )
         answer_s = time.monotonic() - t0
         status_file = Path(data) / "cpu-probe.json"
         status = json.loads(status_file.read_text()) if status_file.exists() else {}
@@ -42,9 +43,15 @@ def first_plan(wait: bool) -> dict:
         elif pid and _alive(pid):
             os.killpg(pid, signal.SIGTERM)  # the job runs in its own session: its group is its pid
         stderr = [line for line in out.stderr.splitlines() if line.strip()]
-        return {"rc": out.returncode, "answer_s": round(answer_s, 2), "load_avg_1m": round(os.getloadavg()[0], 2),
-                "stderr": stderr, "probe_state": status.get("state"), "probe_s": probe_s,
-                "probe_message": status.get("message", "")}
+        return {
+            "rc": out.returncode,
+            "answer_s": round(answer_s, 2),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "stderr": stderr,
+            "probe_state": status.get("state"),
+            "probe_s": probe_s,
+            "probe_message": status.get("message", ""),
+        }
 
 
 def _alive(pid: int) -> bool:
@@ -67,7 +74,9 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.2f}")
     for i in range(a.runs):
         r = first_plan(a.wait and i == 0)
-        print(f"first plan {i + 1}: answered in {r['answer_s']:.2f} s (exit {r['rc']}), load average {r['load_avg_1m']}")
+        print(
+            f"first plan {i + 1}: answered in {r['answer_s']:.2f} s (exit {r['rc']}), load average {r['load_avg_1m']}"
+        )
         for line in r["stderr"]:
             print(f"  stderr: {line}")
         if r["probe_s"] is not None:

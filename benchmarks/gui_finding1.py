@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvtuner.gui.platform_check import platform_problem, uses_xcb  # noqa: E402
+from kvtuner.gui.platform_check import platform_problem, uses_xcb
 
 if not os.environ.get("QT_QPA_PLATFORM"):
     os.environ["QT_QPA_PLATFORM"] = "xcb" if (uses_xcb() and not platform_problem()) else "offscreen"
@@ -65,8 +65,11 @@ def main() -> int:
         os.environ.setdefault("KVTUNER_DATA_DIR", tmp)
         app = make_app()
         settings = QtCore.QSettings(str(Path(tmp) / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-        w = MainWindow(PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64), settings=settings,
-                       bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1))
+        w = MainWindow(
+            PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64),
+            settings=settings,
+            bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1),
+        )
         w.run_events.quiet_max_other_cores = float("inf")  # about what runs, not how fast
         w.resize(1280, 720)
         w.show()
@@ -97,13 +100,19 @@ def main() -> int:
         key(Key.Key_N, Mod.AltModifier)
         key(Key.Key_End)
         check("planning for CPU only", w.hardware.current_choice() == "cpu")
-        check("the KV box reads n/a", w.controls.kv.spin.text() == "n/a" and not w.controls.kv.isEnabled(),
-              w.controls.kv.spin.text())
+        check(
+            "the KV box reads n/a",
+            w.controls.kv.spin.text() == "n/a" and not w.controls.kv.isEnabled(),
+            w.controls.kv.spin.text(),
+        )
         check("nothing refused", not w.stale and w.controls.error_label.isHidden(), w.controls.error_label.text())
         check("the plan is the configuration shown", w.plan.config == w.config == w.session.config)
         check("KV 5 is not used", w.config.kv_gpu_layers is None and w.config.n_gpu_layers == 0, w.config)
-        check("the prediction replanned", w.speed.decode_tok_s != gpu_speed,
-              f"{gpu_speed:.1f} -> {w.speed.decode_tok_s:.1f} tok/s")
+        check(
+            "the prediction replanned",
+            w.speed.decode_tok_s != gpu_speed,
+            f"{gpu_speed:.1f} -> {w.speed.decode_tok_s:.1f} tok/s",
+        )
 
         # Export (Ctrl+E from the number box that had focus)
         w.controls.ctx.spin.setFocus()
@@ -115,8 +124,10 @@ def main() -> int:
             dlg = dialogs[0]
             dlg.target.setCurrentText("llama-server")
             want = export("llama-server", w.model_path, w.config, model=w.model).text
-            check("Export writes the configuration shown", dlg.result is not None and dlg.result.text == want
-                  and "-ot" not in want and "-ngl 0" in want)
+            check(
+                "Export writes the configuration shown",
+                dlg.result is not None and dlg.result.text == want and "-ot" not in want and "-ngl 0" in want,
+            )
             dlg.close()
 
         # Run (Ctrl+R), back in the main window
@@ -124,12 +135,13 @@ def main() -> int:
         wait(lambda: QtWidgets.QApplication.activeWindow() is w, 5)
         w.controls.ctx.spin.setFocus()
         wait(lambda: QtWidgets.QApplication.focusWidget() is w.controls.ctx.spin, 5)
-        print(f"focus: {type(QtWidgets.QApplication.focusWidget()).__name__}, active window: "
-              f"{type(QtWidgets.QApplication.activeWindow()).__name__}")
+        print(
+            f"focus: {type(QtWidgets.QApplication.focusWidget()).__name__}, active window: "
+            f"{type(QtWidgets.QApplication.activeWindow()).__name__}"
+        )
         key(Key.Key_R, Mod.ControlModifier)
         check("Ctrl+R starts a run", wait(lambda: w.runner.running or w.last_run is not None, 10))
-        check("the run completes", wait(lambda: not w.runner.running and w.last_run is not None, 300),
-              w.last_error)
+        check("the run completes", wait(lambda: not w.runner.running and w.last_run is not None, 300), w.last_error)
         check("Run took the configuration shown", w.last_run is not None and w.last_run[1] == w.config)
         check("no false KV-type alarm", not any("Requested a" in a.message for a in w.advice))
         w.shutdown()

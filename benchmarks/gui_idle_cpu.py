@@ -47,7 +47,9 @@ def main() -> int:
         from kvtuner.gui.main_window import MainWindow
 
         app = make_app()
-        w = MainWindow(None, settings=QtCore.QSettings(str(Path(tmp) / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat))
+        w = MainWindow(
+            None, settings=QtCore.QSettings(str(Path(tmp) / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
+        )
         w.show()
         w.open_model(None)
         deadline = time.monotonic() + 120
@@ -61,9 +63,11 @@ def main() -> int:
         w.shutdown()
     pct = 100.0 * cpu_s / wall_s
     load = os.getloadavg()
-    print(f"idle window: {cpu_s:.3f} s CPU over {wall_s:.1f} s = {pct:.2f}% of one core "
-          f"(goal under {GOAL_PERCENT:g}%: {'met' if pct < GOAL_PERCENT else 'NOT met'}); "
-          f"sampling {'10 Hz' if w.sampling_fast else '1 Hz'}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"idle window: {cpu_s:.3f} s CPU over {wall_s:.1f} s = {pct:.2f}% of one core "
+        f"(goal under {GOAL_PERCENT:g}%: {'met' if pct < GOAL_PERCENT else 'NOT met'}); "
+        f"sampling {'10 Hz' if w.sampling_fast else '1 Hz'}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     return 0
 
 

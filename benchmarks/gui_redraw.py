@@ -21,10 +21,10 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from PySide6 import QtCore, QtWidgets  
+from PySide6 import QtCore, QtWidgets
 
 from kvtuner.core.monitor.sampler import GpuSample, HostSample
-from kvtuner.gui.widgets.live_graphs import LiveGraphs  
+from kvtuner.gui.widgets.live_graphs import LiveGraphs
 
 FRAME_MS = 1000 / 60
 GiB = 1 << 30
@@ -42,8 +42,9 @@ def synthetic(n: int, t0: float) -> tuple[list[HostSample], list[GpuSample]]:
         wave = math.sin(i / 600) * 0.5 + 0.5
         avail = int((6 + 2 * wave + rnd.random() * 0.1) * GiB)
         host.append(HostSample(t, 16 * GiB, avail, int(0.3 * GiB * wave), 0.0, 0.0, int((1 + wave) * GiB)))
-        gpu.append(GpuSample(t, 0, 12 * GiB, int((2 + 8 * wave) * GiB), int((10 - 8 * wave) * GiB), 50.0,
-                             int(8 * wave * GiB)))
+        gpu.append(
+            GpuSample(t, 0, 12 * GiB, int((2 + 8 * wave) * GiB), int((10 - 8 * wave) * GiB), 50.0, int(8 * wave * GiB))
+        )
     return host, gpu
 
 
@@ -105,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"history: {args.seconds} s at 10 Hz, {len(graphs.series)} curves, {points} points in all")
     print(f"redraw (setData on every changed curve + full repaint), {args.repeats} redraws, load average {load:.1f}:")
     print(f"  wall median {med:.2f} ms (max {max(times_ms):.2f} ms); GUI-thread CPU median {cpu:.2f} ms")
-    print(f"  frame budget {FRAME_MS:.1f} ms -> {'within' if cpu < FRAME_MS else 'OVER'} budget (CPU time; "
-          f"wall time also counts waiting for a core on a busy machine)")
+    print(
+        f"  frame budget {FRAME_MS:.1f} ms -> {'within' if cpu < FRAME_MS else 'OVER'} budget (CPU time; "
+        f"wall time also counts waiting for a core on a busy machine)"
+    )
     return 0 if cpu < FRAME_MS else 1
 
 

@@ -23,12 +23,12 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from PySide6 import QtCore, QtWidgets  # noqa: E402
+from PySide6 import QtCore, QtWidgets
 
-from gui_support import IdleSampler  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.hardware.specs import HostSpec  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from gui_support import IdleSampler
+from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.main_window import MainWindow
 
 FRAME_MS = 1000 / 60
 GiB = 1 << 30
@@ -70,11 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     med_wall, med_cpu = statistics.median(wall), statistics.median(cpu)
     print(f"slider moves: {args.moves} on the default model, 12 GB what-if GPU, load average {load:.1f}")
-    print(f"  per move (replan + redraw): wall median {med_wall:.2f} ms (max {max(wall):.2f} ms); "
-          f"GUI-thread CPU median {med_cpu:.2f} ms")
+    print(
+        f"  per move (replan + redraw): wall median {med_wall:.2f} ms (max {max(wall):.2f} ms); "
+        f"GUI-thread CPU median {med_cpu:.2f} ms"
+    )
     print(f"  replan alone (plan, speed, advice, panel update): median {statistics.median(inner):.2f} ms")
-    print(f"  frame budget {FRAME_MS:.1f} ms -> {'within' if med_cpu < FRAME_MS else 'OVER'} budget (CPU time; "
-          f"wall time also counts waiting for a core on a busy machine)")
+    print(
+        f"  frame budget {FRAME_MS:.1f} ms -> {'within' if med_cpu < FRAME_MS else 'OVER'} budget (CPU time; "
+        f"wall time also counts waiting for a core on a busy machine)"
+    )
     return 0 if med_cpu < FRAME_MS else 1
 
 

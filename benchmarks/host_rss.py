@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import gguf  # noqa: E402
+import gguf
 
-import gguf_families as F  # noqa: E402
-from gguf_factory import LLAMA2_7B, LLAMA31_8B, ModelSpec, _tensors, write_model  # noqa: E402
+import gguf_families as F
+from gguf_factory import LLAMA2_7B, LLAMA31_8B, ModelSpec, _tensors, write_model
 
 GQT = gguf.GGMLQuantizationType
 
@@ -58,8 +58,28 @@ MODELS = {
 
 
 def measure(path: Path, ctx: int, threads: int) -> dict:
-    cmd = [sys.executable, "-m", "kvtuner.cli", "bench", str(path), "--ctx", str(ctx), "-p", "512", "-n", "2", "-r", "1",
-           "-t", str(threads), "--no-record", "--no-save", "--json", "--timeout", "3000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvtuner.cli",
+        "bench",
+        str(path),
+        "--ctx",
+        str(ctx),
+        "-p",
+        "512",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        str(threads),
+        "--no-record",
+        "--no-save",
+        "--json",
+        "--timeout",
+        "3000",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}")
@@ -77,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kvtuner-rss-"))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'model':<18}{'file':>10}{'planned host':>14}{'peak RSS':>11}{'error':>8}{'repack plan':>13}{'measured':>10}")
+    print(
+        f"{'model':<18}{'file':>10}{'planned host':>14}{'peak RSS':>11}{'error':>8}{'repack plan':>13}{'measured':>10}"
+    )
     for name in args.models:
         path = work / f"{name}-q4_k.gguf"
         try:
@@ -90,12 +112,22 @@ def main(argv: list[str] | None = None) -> int:
         host = doc["planned_devices"]["CPU"]
         planned, rss = doc["planned_host_total_bytes"], doc["measured_peak_rss_bytes"]
         rep_m = doc["measured_devices"].get("CPU", {}).get("repack_bytes", 0)
-        row = {"model": name, "file_bytes": host["weights_bytes"], "planned_host_bytes": planned, "peak_rss_bytes": rss,
-               "error": rss / planned - 1, "repack_planned_bytes": host["repack_bytes"], "repack_measured_bytes": rep_m}
+        row = {
+            "model": name,
+            "file_bytes": host["weights_bytes"],
+            "planned_host_bytes": planned,
+            "peak_rss_bytes": rss,
+            "error": rss / planned - 1,
+            "repack_planned_bytes": host["repack_bytes"],
+            "repack_measured_bytes": rep_m,
+        }
         rows.append(row)
         gib = 1 << 30
-        print(f"{name:<18}{host['weights_bytes'] / gib:>9.2f}G{planned / gib:>13.2f}G{rss / gib:>10.2f}G"
-              f"{row['error']:>+8.1%}{host['repack_bytes'] / gib:>12.2f}G{rep_m / gib:>9.2f}G", flush=True)
+        print(
+            f"{name:<18}{host['weights_bytes'] / gib:>9.2f}G{planned / gib:>13.2f}G{rss / gib:>10.2f}G"
+            f"{row['error']:>+8.1%}{host['repack_bytes'] / gib:>12.2f}G{rep_m / gib:>9.2f}G",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

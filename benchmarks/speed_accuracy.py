@@ -51,14 +51,26 @@ def matrix(quick: bool, gpu: bool) -> list[Row]:
         return [Row("default", 2, 0), Row("default", 1, 0), Row("default", 2, 1024), Row("default", 2, 1024, "q8_0")]
     rows = [
         Row("default", 2, 0),  # calibration row
-        Row("default", 1, 0), Row("default", 2, 1024), Row("default", 1, 1024), Row("default", 2, 1024, "q8_0"),
-        Row("llama-f16-mha", 2, 0), Row("llama-f16-mha", 1, 0), Row("llama-f16-mha", 2, 512),
-        Row("llama-f16-mha", 2, 512, "q8_0"), Row("llama-f16-mha", 1, 512),
-        Row("llama-q8-gqa", 2, 0), Row("llama-q8-gqa", 1, 0), Row("llama-q8-gqa", 2, 512),
+        Row("default", 1, 0),
+        Row("default", 2, 1024),
+        Row("default", 1, 1024),
+        Row("default", 2, 1024, "q8_0"),
+        Row("llama-f16-mha", 2, 0),
+        Row("llama-f16-mha", 1, 0),
+        Row("llama-f16-mha", 2, 512),
+        Row("llama-f16-mha", 2, 512, "q8_0"),
+        Row("llama-f16-mha", 1, 512),
+        Row("llama-q8-gqa", 2, 0),
+        Row("llama-q8-gqa", 1, 0),
+        Row("llama-q8-gqa", 2, 512),
     ]
     if gpu:
-        rows += [Row("default", 8, 1024, "f16", 10), Row("default", 8, 1024, "f16", 19, 9),
-                 Row("llama-f16-mha", 8, 512, "f16", 8), Row("llama-f16-mha", 8, 512, "f16", 17, 8)]
+        rows += [
+            Row("default", 8, 1024, "f16", 10),
+            Row("default", 8, 1024, "f16", 19, 9),
+            Row("llama-f16-mha", 8, 512, "f16", 8),
+            Row("llama-f16-mha", 8, 512, "f16", 17, 8),
+        ]
     return rows
 
 
@@ -72,11 +84,29 @@ def synthetic(name: str, directory: Path) -> Path:
     if path.exists():
         return path
     if name == "llama-f16-mha":
-        spec = ModelSpec(n_layer=16, n_embd=1024, n_head=16, n_head_kv=16, n_ff=4096, n_vocab=32000, n_ctx_train=8192,
-                         weight_type=gguf.GGMLQuantizationType.F16, name="synthetic llama F16 MHA")
+        spec = ModelSpec(
+            n_layer=16,
+            n_embd=1024,
+            n_head=16,
+            n_head_kv=16,
+            n_ff=4096,
+            n_vocab=32000,
+            n_ctx_train=8192,
+            weight_type=gguf.GGMLQuantizationType.F16,
+            name="synthetic llama F16 MHA",
+        )
     else:
-        spec = ModelSpec(n_layer=16, n_embd=1024, n_head=16, n_head_kv=4, n_ff=4096, n_vocab=32000, n_ctx_train=8192,
-                         weight_type=gguf.GGMLQuantizationType.Q8_0, name="synthetic llama Q8_0 GQA")
+        spec = ModelSpec(
+            n_layer=16,
+            n_embd=1024,
+            n_head=16,
+            n_head_kv=4,
+            n_ff=4096,
+            n_vocab=32000,
+            n_ctx_train=8192,
+            weight_type=gguf.GGMLQuantizationType.Q8_0,
+            name="synthetic llama Q8_0 GQA",
+        )
     t = time.time()
     write_model(path, spec, random_weights=True, seed=1)
     print(f"# wrote {path.name}: {path.stat().st_size / 2**20:.0f} MiB in {time.time() - t:.0f} s", flush=True)
@@ -95,8 +125,16 @@ def config_of(row: Row):
     from kvtuner.core.plan.config import PlanConfig
 
     n_ctx = max(2048, row.n_depth + row.n_prompt + row.n_gen + 256)
-    return PlanConfig(n_ctx=n_ctx, type_k=row.type_kv, type_v=row.type_kv, flash_attn="on",
-                      n_gpu_layers=row.n_gpu_layers, kv_gpu_layers=row.kv_gpu_layers, n_ubatch=512, n_batch=512)
+    return PlanConfig(
+        n_ctx=n_ctx,
+        type_k=row.type_kv,
+        type_v=row.type_kv,
+        flash_attn="on",
+        n_gpu_layers=row.n_gpu_layers,
+        kv_gpu_layers=row.kv_gpu_layers,
+        n_ubatch=512,
+        n_batch=512,
+    )
 
 
 def measure(rows: list[Row], directory: Path, save: str | None = None) -> list[dict]:
@@ -106,23 +144,40 @@ def measure(rows: list[Row], directory: Path, save: str | None = None) -> list[d
     for row in rows:
         path = model_path(row.model, directory)
         t = time.time()
-        r = run_bench(path, config_of(row), n_prompt=row.n_prompt, n_gen=row.n_gen, n_depth=row.n_depth,
-                      repetitions=2, n_threads=row.n_threads, timeout_s=600)
-        rec = {"row": row.__dict__, "path": str(path), "prefill_tok_s": r.prefill_tok_s.median,
-               "decode_tok_s": r.decode_tok_s.median, "wall_s": time.time() - t, "load_avg": os.getloadavg()[0]}
+        r = run_bench(
+            path,
+            config_of(row),
+            n_prompt=row.n_prompt,
+            n_gen=row.n_gen,
+            n_depth=row.n_depth,
+            repetitions=2,
+            n_threads=row.n_threads,
+            timeout_s=600,
+        )
+        rec = {
+            "row": row.__dict__,
+            "path": str(path),
+            "prefill_tok_s": r.prefill_tok_s.median,
+            "decode_tok_s": r.decode_tok_s.median,
+            "wall_s": time.time() - t,
+            "load_avg": os.getloadavg()[0],
+        }
         out.append(rec)
         if save:  # keep what was measured so far
             Path(save).write_text(json.dumps({"host_bw_bytes_s": None, "records": out}, indent=1))
-        print(f"# measured {row}: prefill {rec['prefill_tok_s']:.1f} decode {rec['decode_tok_s']:.2f} tok/s "
-              f"({rec['wall_s']:.0f} s, load {rec['load_avg']:.1f})", flush=True)
+        print(
+            f"# measured {row}: prefill {rec['prefill_tok_s']:.1f} decode {rec['decode_tok_s']:.2f} tok/s "
+            f"({rec['wall_s']:.0f} s, load {rec['load_avg']:.1f})",
+            flush=True,
+        )
     return out
 
 
 def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) -> tuple[float, float]:
-    from kvtuner.core.speed.calibration import CalibrationStore, calibrated_inputs, measured_run
     from kvtuner.core.hardware.specs import GpuSpec, HostSpec
-    from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.speed.calibration import CalibrationStore, calibrated_inputs, measured_run
     from kvtuner.core.speed.speed_model import decode_tok_s, measure_host_bandwidth, prefill_tok_s, speed_inputs
 
     bw = host_bw or measure_host_bandwidth()
@@ -140,13 +195,27 @@ def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) 
     # calibrate on one record only
     cal_rec = records[calibrate_on]
     row, prof, plan, inp = setup(cal_rec)
-    store.add(measured_run(plan, inp, n_threads=row.n_threads, n_depth=row.n_depth, n_prompt=row.n_prompt,
-                           n_gen=row.n_gen, prefill_tok_s=cal_rec["prefill_tok_s"],
-                           decode_tok_s=cal_rec["decode_tok_s"], machine="bench"))
-    print(f"host bandwidth {bw / 1e9:.1f} GB/s (numpy copy); calibrated on row {calibrate_on}; "
-          "errors = predicted/measured - 1; load = 1-min load average when the row ended")
-    hdr = (f"{'#':>2} {'model':14} {'thr':>3} {'depth':>5} {'kv':5} {'ngl':>3} {'load':>4} | {'prefill meas':>12} {'pred':>8} "
-           f"{'err':>7} | {'decode meas':>11} {'pred':>8} {'err':>7}")
+    store.add(
+        measured_run(
+            plan,
+            inp,
+            n_threads=row.n_threads,
+            n_depth=row.n_depth,
+            n_prompt=row.n_prompt,
+            n_gen=row.n_gen,
+            prefill_tok_s=cal_rec["prefill_tok_s"],
+            decode_tok_s=cal_rec["decode_tok_s"],
+            machine="bench",
+        )
+    )
+    print(
+        f"host bandwidth {bw / 1e9:.1f} GB/s (numpy copy); calibrated on row {calibrate_on}; "
+        "errors = predicted/measured - 1; load = 1-min load average when the row ended"
+    )
+    hdr = (
+        f"{'#':>2} {'model':14} {'thr':>3} {'depth':>5} {'kv':5} {'ngl':>3} {'load':>4} | {'prefill meas':>12} {'pred':>8} "
+        f"{'err':>7} | {'decode meas':>11} {'pred':>8} {'err':>7}"
+    )
     print(hdr)
     print("-" * len(hdr))
     pre_err, dec_err = [], []
@@ -160,10 +229,12 @@ def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) 
         if i != calibrate_on:
             pre_err.append(abs(ep))
             dec_err.append(abs(ed))
-        print(f"{i:>2} {row.model:14} {row.n_threads:>3} {row.n_depth:>5} {row.type_kv:5} {row.n_gpu_layers:>3} "
-              f"{rec.get('load_avg', 0):>4.1f} | "
-              f"{rec['prefill_tok_s']:>12.1f} {p:>8.1f} {ep:>+7.1%} | {rec['decode_tok_s']:>11.2f} {d:>8.2f} {ed:>+7.1%}"
-              + ("   (calibration run)" if i == calibrate_on else ""))
+        print(
+            f"{i:>2} {row.model:14} {row.n_threads:>3} {row.n_depth:>5} {row.type_kv:5} {row.n_gpu_layers:>3} "
+            f"{rec.get('load_avg', 0):>4.1f} | "
+            f"{rec['prefill_tok_s']:>12.1f} {p:>8.1f} {ep:>+7.1%} | {rec['decode_tok_s']:>11.2f} {d:>8.2f} {ed:>+7.1%}"
+            + ("   (calibration run)" if i == calibrate_on else "")
+        )
     mp, md = statistics.median(pre_err), statistics.median(dec_err)
     print(f"median |error| over {len(pre_err)} rows: prefill {mp:.1%}, decode {md:.1%} (goal <= 15%)")
     return mp, md
@@ -176,9 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models-dir", default=None, help="where the synthetic models are written (default: a temp dir)")
     ap.add_argument("--save", default=None, help="write the measurements to this JSON file")
     ap.add_argument("--load", default=None, help="evaluate stored measurements instead of running")
-    ap.add_argument("--threads", type=int, nargs="+", default=None, metavar="N",
-                    help="only the rows with these thread counts (e.g. 1 on a busy 2-core machine)")
-    ap.add_argument("--calibrate-on", type=int, default=0, metavar="ROW", help="the one row to calibrate on (default 0)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="only the rows with these thread counts (e.g. 1 on a busy 2-core machine)",
+    )
+    ap.add_argument(
+        "--calibrate-on", type=int, default=0, metavar="ROW", help="the one row to calibrate on (default 0)"
+    )
     args = ap.parse_args(argv)
     if args.load:
         data = json.loads(Path(args.load).read_text())
@@ -194,9 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu:
         from kvtuner.core.hardware.nvml import detect_gpus
 
-        gpus = [dict(name=g.name, total_bytes=g.total_bytes, free_bytes=g.free_bytes, index=g.index,
-                     mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s)
-                for g in detect_gpus()]
+        gpus = [
+            dict(
+                name=g.name,
+                total_bytes=g.total_bytes,
+                free_bytes=g.free_bytes,
+                index=g.index,
+                mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s,
+                pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
+            )
+            for g in detect_gpus()
+        ]
         for r in records:
             r["gpus"] = gpus
     if args.save:

@@ -42,16 +42,27 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-CPU_FIT = [("default", "Q4_K_M"), ("llama-3.2-1b", "Q8_0"), ("qwen2.5-3b", "Q4_K_M"), ("granite-3.0-1b-a400m", "Q4_K_M")]
-CPU_VALIDATE = [("llama-2-7b", "Q4_K_M"), ("llama-3.1-8b", "Q8_0"), ("gemma-2-9b", "Q4_K_M"), ("qwen2.5-14b", "Q4_K_M"),
-                ("phi-3-mini-4k", "Q8_0"), ("olmoe-1b-7b", "Q4_K_M"), ("qwen1.5-moe-a2.7b", "Q4_K_M")]
+CPU_FIT = [
+    ("default", "Q4_K_M"),
+    ("llama-3.2-1b", "Q8_0"),
+    ("qwen2.5-3b", "Q4_K_M"),
+    ("granite-3.0-1b-a400m", "Q4_K_M"),
+]
+CPU_VALIDATE = [
+    ("llama-2-7b", "Q4_K_M"),
+    ("llama-3.1-8b", "Q8_0"),
+    ("gemma-2-9b", "Q4_K_M"),
+    ("qwen2.5-14b", "Q4_K_M"),
+    ("phi-3-mini-4k", "Q8_0"),
+    ("olmoe-1b-7b", "Q4_K_M"),
+    ("qwen1.5-moe-a2.7b", "Q4_K_M"),
+]
 CPU_DEPTHS = (0, 2048)
 CPU_PROMPT, CPU_GEN = 128, 32
 PUBLIC = ROOT / "benchmarks" / "speed_public_gpu.json"
@@ -76,16 +87,22 @@ def fixture(key: str, ftype: str, directory: Path) -> Path:
 def cpu_config(depth: int):
     from kvtuner.core.plan.config import PlanConfig
 
-    return PlanConfig(n_ctx=4096 if depth + CPU_PROMPT + CPU_GEN <= 4096 - 256 else 8192, flash_attn="on",
-                      n_gpu_layers=0, n_batch=512, n_ubatch=512)
+    return PlanConfig(
+        n_ctx=4096 if depth + CPU_PROMPT + CPU_GEN <= 4096 - 256 else 8192,
+        flash_attn="on",
+        n_gpu_layers=0,
+        n_batch=512,
+        n_ubatch=512,
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # CPU group
 
 
-def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, sets: tuple[str, ...],
-                reprobe: bool = False) -> dict:
+def measure_cpu(
+    directory: Path, threads: int, save: Path | None, data: dict, sets: tuple[str, ...], reprobe: bool = False
+) -> dict:
     """Probe this machine's CPU, then bench every CPU row of ``sets`` not yet in ``data`` (resumable)."""
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.speed.cpu_probe import probe_needs
@@ -104,8 +121,11 @@ def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, se
         rates = run_cpu_probe(sorted(types), threads, attn_shapes=sorted(dims))
         data["probe"] = rates.to_dict()
         data["probe_version"] = PROBE_VERSION
-        print(f"# CPU probe ({', '.join(sorted(types))}; attention {', '.join(sorted(dims))}) at {threads} threads: "
-              f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# CPU probe ({', '.join(sorted(types))}; attention {', '.join(sorted(dims))}) at {threads} threads: "
+            f"{time.time() - t0:.0f} s, load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         _save(save, data)
     data.setdefault("runs", [])
     done = {(r["key"], r["ftype"], r["depth"]) for r in data["runs"]}
@@ -115,15 +135,35 @@ def measure_cpu(directory: Path, threads: int, save: Path | None, data: dict, se
                 continue
             path = fixture(key, ftype, directory)
             t0 = time.time()
-            r = run_bench(path, cpu_config(depth), n_prompt=CPU_PROMPT, n_gen=CPU_GEN, n_depth=depth, repetitions=1,
-                          n_threads=threads, timeout_s=3600, idle_timeout_s=3600)  # the depth fill is silent
-            rec = {"key": key, "ftype": ftype, "set": set_, "depth": depth, "threads": threads,
-                   "prefill_tok_s": r.prefill_tok_s.median, "decode_tok_s": r.decode_tok_s.median,
-                   "wall_s": time.time() - t0, "load_avg": os.getloadavg()[0], "t_unix": time.time()}
+            r = run_bench(
+                path,
+                cpu_config(depth),
+                n_prompt=CPU_PROMPT,
+                n_gen=CPU_GEN,
+                n_depth=depth,
+                repetitions=1,
+                n_threads=threads,
+                timeout_s=3600,
+                idle_timeout_s=3600,
+            )  # the depth fill is silent
+            rec = {
+                "key": key,
+                "ftype": ftype,
+                "set": set_,
+                "depth": depth,
+                "threads": threads,
+                "prefill_tok_s": r.prefill_tok_s.median,
+                "decode_tok_s": r.decode_tok_s.median,
+                "wall_s": time.time() - t0,
+                "load_avg": os.getloadavg()[0],
+                "t_unix": time.time(),
+            }
             data["runs"].append(rec)
             _save(save, data)
-            print(f"# measured {key} {ftype} depth {depth} ({set_}): {rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}",
-                  flush=True)
+            print(
+                f"# measured {key} {ftype} depth {depth} ({set_}): {rec['wall_s']:.0f} s, load {rec['load_avg']:.2f}",
+                flush=True,
+            )
     return data
 
 
@@ -154,8 +194,19 @@ def predict_cpu(data: dict, directory: Path, *, calibrate: bool) -> list[dict]:
     if calibrate:
         cal = next(r for r in runs if r["key"] == "default" and r["depth"] == 0)
         prof, plan, inp = setup(cal)
-        store.add(measured_run(plan, inp, n_threads=cal["threads"], n_depth=0, n_prompt=CPU_PROMPT, n_gen=CPU_GEN,
-                               prefill_tok_s=cal["prefill_tok_s"], decode_tok_s=cal["decode_tok_s"], machine="val"))
+        store.add(
+            measured_run(
+                plan,
+                inp,
+                n_threads=cal["threads"],
+                n_depth=0,
+                n_prompt=CPU_PROMPT,
+                n_gen=CPU_GEN,
+                prefill_tok_s=cal["prefill_tok_s"],
+                decode_tok_s=cal["decode_tok_s"],
+                machine="val",
+            )
+        )
     out = []
     for r in runs:
         prof, plan, inp = setup(r)
@@ -178,7 +229,13 @@ def gpu_rows(directory: Path, constants=None) -> list[dict]:
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
-    from kvtuner.core.speed.speed_model import SpeedConstants, decode_workload, prefill_tok_s, speed_inputs, workload_time_s
+    from kvtuner.core.speed.speed_model import (
+        SpeedConstants,
+        decode_workload,
+        prefill_tok_s,
+        speed_inputs,
+        workload_time_s,
+    )
 
     doc = json.loads(PUBLIC.read_text())
     host = HostSpec(total_bytes=128 << 30, available_bytes=96 << 30, mem_bandwidth_bytes_s=40e9)
@@ -186,8 +243,14 @@ def gpu_rows(directory: Path, constants=None) -> list[dict]:
     for r in doc["rows"]:
         prof = ModelProfile.from_gguf(fixture(r["model"], r["ftype"], directory))
         gpu = catalogue_gpu(r["gpu"])
-        cfg = PlanConfig(n_ctx=1024, n_gpu_layers=ALL_LAYERS, flash_attn="on" if r["flash_attn"] else "off",
-                         n_batch=2048, n_ubatch=512, kv_gpu_layers=0 if r["no_kv_offload"] else None)
+        cfg = PlanConfig(
+            n_ctx=1024,
+            n_gpu_layers=ALL_LAYERS,
+            flash_attn="on" if r["flash_attn"] else "off",
+            n_batch=2048,
+            n_ubatch=512,
+            kv_gpu_layers=0 if r["no_kv_offload"] else None,
+        )
         plan = plan_memory(prof, cfg, [gpu], host)
         inp = speed_inputs([gpu], host, n_threads=8, constants=constants or SpeedConstants(), measure=False)
         pp = prefill_tok_s(plan, inp, 512, 0)
@@ -201,9 +264,15 @@ def fit_gpu(directory: Path) -> None:
     """Least squares in log space over the fit rows for the GPU constants (prints them)."""
     from kvtuner.core.speed.speed_model import SpeedConstants
 
-    names = ("gpu_bw_efficiency", "gpu_token_overhead_s", "gpu_layer_overhead_s", "gpu_int8_efficiency",
-             "gpu_fp16_efficiency", "crossing_latency_s")
-    x = {n: 0.0 for n in names}
+    names = (
+        "gpu_bw_efficiency",
+        "gpu_token_overhead_s",
+        "gpu_layer_overhead_s",
+        "gpu_int8_efficiency",
+        "gpu_fp16_efficiency",
+        "crossing_latency_s",
+    )
+    x = dict.fromkeys(names, 0.0)
     base = SpeedConstants()
 
     def loss(xs):
@@ -262,12 +331,15 @@ def _md_table(title: str, rows: list[dict], meas_pre: str, meas_dec: str, sets: 
             name = f"{r['gpu']}, {r['model']} {r['ftype']} ({r['id']})"
         ep, ed = _err(r["pred_prefill"], r.get(meas_pre)), _err(r["pred_decode"], r.get(meas_dec))
         f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-        print(f"| {name} | {r['set']} | {f(r.get(meas_pre), '.1f')} | {r['pred_prefill']:.1f} | {f(ep, '+.0%')} | "
-              f"{f(r.get(meas_dec), '.2f')} | {r['pred_decode']:.2f} | {f(ed, '+.0%')} |")
+        print(
+            f"| {name} | {r['set']} | {f(r.get(meas_pre), '.1f')} | {r['pred_prefill']:.1f} | {f(ep, '+.0%')} | "
+            f"{f(r.get(meas_dec), '.2f')} | {r['pred_decode']:.2f} | {f(ed, '+.0%')} |"
+        )
 
 
-def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str,
-              sets: tuple[str, ...] = ("fit", "validate")) -> dict:
+def summarise(
+    title: str, rows: list[dict], meas_pre: str, meas_dec: str, sets: tuple[str, ...] = ("fit", "validate")
+) -> dict:
     """Print the rows and the median |error| and RMS log error per set; returns the figures."""
     if MARKDOWN:
         _md_table(title, rows, meas_pre, meas_dec, sets)
@@ -284,8 +356,10 @@ def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str,
             ep, ed = _err(r["pred_prefill"], r.get(meas_pre)), _err(r["pred_decode"], r.get(meas_dec))
             name = r.get("id") or f"{r['key']} {r['ftype']} d{r['depth']}"
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-            print(f"{name:<34} {set_:<8} | {fmt(r.get(meas_pre), '12.1f')} {r['pred_prefill']:>9.1f} {fmt(ep, '+7.1%')} | "
-                  f"{fmt(r.get(meas_dec), '11.2f')} {r['pred_decode']:>8.2f} {fmt(ed, '+7.1%')}")
+            print(
+                f"{name:<34} {set_:<8} | {fmt(r.get(meas_pre), '12.1f')} {r['pred_prefill']:>9.1f} {fmt(ep, '+7.1%')} | "
+                f"{fmt(r.get(meas_dec), '11.2f')} {r['pred_decode']:>8.2f} {fmt(ed, '+7.1%')}"
+            )
             if ep is not None:
                 pe.append(abs(ep))
                 pl.append(math.log(1 + ep))
@@ -293,12 +367,18 @@ def summarise(title: str, rows: list[dict], meas_pre: str, meas_dec: str,
                 de.append(abs(ed))
                 dl.append(math.log(1 + ed))
         if pe or de:
-            f = {"prefill_median": statistics.median(pe) if pe else None, "decode_median": statistics.median(de) if de else None,
-                 "prefill_rms_log": math.sqrt(sum(v * v for v in pl) / len(pl)) if pl else None,
-                 "decode_rms_log": math.sqrt(sum(v * v for v in dl) / len(dl)) if dl else None, "n": max(len(pe), len(de))}
+            f = {
+                "prefill_median": statistics.median(pe) if pe else None,
+                "decode_median": statistics.median(de) if de else None,
+                "prefill_rms_log": math.sqrt(sum(v * v for v in pl) / len(pl)) if pl else None,
+                "decode_rms_log": math.sqrt(sum(v * v for v in dl) / len(dl)) if dl else None,
+                "n": max(len(pe), len(de)),
+            }
             figures[set_] = f
-            print(f"  {set_:<8} median |error|: decode {f['decode_median']:.1%}, prefill {f['prefill_median']:.1%} "
-                  f"(RMS ln error: decode {f['decode_rms_log']:.3f}, prefill {f['prefill_rms_log']:.3f}; {f['n']} rows)")
+            print(
+                f"  {set_:<8} median |error|: decode {f['decode_median']:.1%}, prefill {f['prefill_median']:.1%} "
+                f"(RMS ln error: decode {f['decode_rms_log']:.3f}, prefill {f['prefill_rms_log']:.3f}; {f['n']} rows)"
+            )
     return figures
 
 
@@ -313,8 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", default=None, help="predict stored CPU measurements instead of measuring")
     ap.add_argument("--reprobe", action="store_true", help="run the CPU probe again (before measuring)")
     ap.add_argument("--markdown", action="store_true", help="also print the rows as Markdown tables")
-    ap.add_argument("--sets", default="fit,validate",
-                    help="which sets to measure and print (default fit,validate; 'fit' while choosing constants)")
+    ap.add_argument(
+        "--sets",
+        default="fit,validate",
+        help="which sets to measure and print (default fit,validate; 'fit' while choosing constants)",
+    )
     args = ap.parse_args(argv)
     sets = tuple(x for x in args.sets.split(",") if x in ("fit", "validate"))
     global MARKDOWN
@@ -324,8 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu:
         if args.fit_gpu:
             fit_gpu(directory)
-        summarise("GPU, public llama-bench rows (pp512 and tg at depth 0, full offload)", gpu_rows(directory),
-                  "pp512", "tg", sets)
+        summarise(
+            "GPU, public llama-bench rows (pp512 and tg at depth 0, full offload)",
+            gpu_rows(directory),
+            "pp512",
+            "tg",
+            sets,
+        )
     if args.cpu:
         if args.load:
             data = json.loads(Path(args.load).read_text())
@@ -336,10 +424,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nCPU probe: {json.dumps({k: v for k, v in data['probe'].items() if k != 'source'})}")
         loads = [r["load_avg"] for r in data["runs"] if r["set"] in sets]
         print(f"load average while measuring: {min(loads):.2f}-{max(loads):.2f}")
-        summarise(f"CPU, this machine, cold (probe, no calibration; -p {CPU_PROMPT} -n {CPU_GEN} -r 1)",
-                  predict_cpu(data, directory, calibrate=False), "prefill_tok_s", "decode_tok_s", sets)
-        summarise("CPU, after one calibration bench of the default model (its depth-0 run)",
-                  predict_cpu(data, directory, calibrate=True), "prefill_tok_s", "decode_tok_s", sets)
+        summarise(
+            f"CPU, this machine, cold (probe, no calibration; -p {CPU_PROMPT} -n {CPU_GEN} -r 1)",
+            predict_cpu(data, directory, calibrate=False),
+            "prefill_tok_s",
+            "decode_tok_s",
+            sets,
+        )
+        summarise(
+            "CPU, after one calibration bench of the default model (its depth-0 run)",
+            predict_cpu(data, directory, calibrate=True),
+            "prefill_tok_s",
+            "decode_tok_s",
+            sets,
+        )
     if not (args.cpu or args.gpu):
         ap.error("say --cpu, --gpu or both")
     return 0

@@ -36,21 +36,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from gguf_factory import REAL_SHAPES, RealShape, write_real_shape  # noqa: E402
-
-from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu  # noqa: E402
-from kvtuner.core.model.profile import ModelProfile  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.plan.memory_plan import plan_memory  # noqa: E402
-from kvtuner.core.speed.speed_model import speed_inputs  # noqa: E402
-from kvtuner.core.tune import TuneGoal, tune  # noqa: E402
-from kvtuner.core.tune.search import CTX_STEP, _Searcher  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
+from gguf_factory import REAL_SHAPES, RealShape, write_real_shape
+from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.speed.speed_model import speed_inputs
+from kvtuner.core.tune import TuneGoal, tune
+from kvtuner.core.tune.search import CTX_STEP, _Searcher
+from kvtuner.core.units import GiB
 
 #: Qwen2.5-32B (https://huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json): 64 layers, the
 #: issue's "64-layer model" for the < 1 s target.
-QWEN25_32B = RealShape("qwen2.5-32b", "qwen2", 64, 5120, 40, 8, 27648, 152064, 32768, False,
-                       "https://huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json", qkv_bias=True)
+QWEN25_32B = RealShape(
+    "qwen2.5-32b",
+    "qwen2",
+    64,
+    5120,
+    40,
+    8,
+    27648,
+    152064,
+    32768,
+    False,
+    "https://huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json",
+    qkv_bias=True,
+)
 SHAPES = [  # (shape, quant, what it stands for)
     ("llama-2-7b", "Q4_K_M", "dense 7B, MHA"),
     ("llama-3.1-8b", "Q4_K_M", "dense 8B, GQA"),
@@ -67,8 +78,10 @@ HOST = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_by
 
 def _fits(model, cfg, gpus) -> bool:
     p = plan_memory(model, cfg, gpus, HOST)
-    return (all(d.total_bytes <= d.capacity_bytes - GiB for d in p.gpus)
-            and p.host.total_bytes <= 0.8 * HOST.available_bytes)
+    return (
+        all(d.total_bytes <= d.capacity_bytes - GiB for d in p.gpus)
+        and p.host.total_bytes <= 0.8 * HOST.available_bytes
+    )
 
 
 def _on_cpu(b) -> int:
@@ -80,8 +93,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="no exhaustive reference")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    ap.add_argument("--only", default="", metavar="KEY[,KEY]",
-                    help="only these shapes (e.g. qwen1.5-moe-a2.7b); the verdict then covers them only")
+    ap.add_argument(
+        "--only",
+        default="",
+        metavar="KEY[,KEY]",
+        help="only these shapes (e.g. qwen1.5-moe-a2.7b); the verdict then covers them only",
+    )
     args = ap.parse_args()
     only = {k for k in args.only.split(",") if k}
     tmp = Path(tempfile.mkdtemp(prefix="tune_quality_"))
@@ -124,38 +141,49 @@ def main() -> int:
                             beyond = max((c.decode_tok_s for c in s.at_ctx(nxt, exhaustive=True)), default=0.0)
                 rows.append((key, what, card, goal.kind, b, ref, gap, beyond, cpu_s, r.candidates_evaluated, fits))
                 gtxt = f"{gap:+.1%}" if gap is not None else "-"
-                print(f"{key:<18} {card:<14} {goal.kind:<9} ctx {b.config.n_ctx if b else '-':>6} "
-                      f"K/V {b.config.type_k + '/' + b.config.type_v if b else '-':<9} "
-                      f"ngl {('all' if b and b.config.n_gpu_layers < 0 else b.config.n_gpu_layers) if b else '-':>3} "
-                      f"kv {('all' if b and b.config.kv_gpu_layers is None else b.config.kv_gpu_layers) if b else '-':>3} "
-                      f"ffn/moe on CPU {_on_cpu(b) if b else '-':>3} "
-                      f"tuned {b.decode_tok_s if b else 0:8.2f}  exhaustive {ref or 0:8.2f}  gap {gtxt:>6}  "
-                      f"next-step best {beyond if beyond is not None else float('nan'):6.2f}  "
-                      f"{cpu_s * 1000:5.0f} ms CPU ({r.elapsed_s * 1000:5.0f} wall) {r.candidates_evaluated:5d} plans  "
-                      f"fits {fits}", flush=True)
+                print(
+                    f"{key:<18} {card:<14} {goal.kind:<9} ctx {b.config.n_ctx if b else '-':>6} "
+                    f"K/V {b.config.type_k + '/' + b.config.type_v if b else '-':<9} "
+                    f"ngl {('all' if b and b.config.n_gpu_layers < 0 else b.config.n_gpu_layers) if b else '-':>3} "
+                    f"kv {('all' if b and b.config.kv_gpu_layers is None else b.config.kv_gpu_layers) if b else '-':>3} "
+                    f"ffn/moe on CPU {_on_cpu(b) if b else '-':>3} "
+                    f"tuned {b.decode_tok_s if b else 0:8.2f}  exhaustive {ref or 0:8.2f}  gap {gtxt:>6}  "
+                    f"next-step best {beyond if beyond is not None else float('nan'):6.2f}  "
+                    f"{cpu_s * 1000:5.0f} ms CPU ({r.elapsed_s * 1000:5.0f} wall) {r.candidates_evaluated:5d} plans  "
+                    f"fits {fits}",
+                    flush=True,
+                )
     print()
     print(f"worst gap to the exhaustive best: {worst_gap:.2%} (target < 5 %)")
-    print(f"slowest planning-only tune: {worst_time * 1000:.0f} ms of CPU time (target < 1000 ms); "
-          f"{worst_wall * 1000:.0f} ms wall on this machine's load ({os.getloadavg()[0]:.1f} now)")
+    print(
+        f"slowest planning-only tune: {worst_time * 1000:.0f} ms of CPU time (target < 1000 ms); "
+        f"{worst_wall * 1000:.0f} ms wall on this machine's load ({os.getloadavg()[0]:.1f} now)"
+    )
     print(f"every tuned result fits: {all_fit}")
     bad_beyond = [r for r in rows if r[3] == "min_tok_s" and r[7] is not None and r[7] >= 5.0]
     print(f"--min-tok-s results where one more context step still reaches 5 tok/s: {len(bad_beyond)}")
     if args.markdown:
-        print("\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | FFN (MoE: experts) layers on CPU | tuned tok/s "
-              "| exhaustive tok/s | gap | ms CPU | fits |")
+        print(
+            "\n| shape | card | goal | ctx | K/V | ngl | KV layers on GPU | FFN (MoE: experts) layers on CPU | tuned tok/s "
+            "| exhaustive tok/s | gap | ms CPU | fits |"
+        )
         print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for key, _what, card, kind, b, ref, gap, _beyond, el, _n, fits in rows:
             if b is None:
                 why = "nothing reaches 5 tok/s" if kind == "min_tok_s" else "nothing fits"
-                print(f"| {key} | {card} | {kind} | - | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "
-                      f"| - | {el * 1000:.0f} | - |")
+                print(
+                    f"| {key} | {card} | {kind} | - | - | - | - | - | {why} | {ref if ref is not None else float('nan'):.2f} "
+                    f"| - | {el * 1000:.0f} | - |"
+                )
                 continue
             ngl = "all" if b.config.n_gpu_layers < 0 else b.config.n_gpu_layers
             kv = "all" if b.config.kv_gpu_layers is None else b.config.kv_gpu_layers
-            print(f"| {key} | {card} | {kind} | {b.config.n_ctx} | {b.config.type_k}/{b.config.type_v} | {ngl} | {kv} | "
-                  f"{_on_cpu(b)} | "
-                  f"{b.decode_tok_s:.2f} | {ref if ref is not None else float('nan'):.2f} | "
-                  f"{gap if gap is not None else float('nan'):+.1%} | {el * 1000:.0f} | {fits} |")
+            print(
+                f"| {key} | {card} | {kind} | {b.config.n_ctx} | {b.config.type_k}/{b.config.type_v} | {ngl} | {kv} | "
+                f"{_on_cpu(b)} | "
+                f"{b.decode_tok_s:.2f} | {ref if ref is not None else float('nan'):.2f} | "
+                f"{gap if gap is not None else float('nan'):+.1%} | {el * 1000:.0f} | {fits} |"
+            )
     return 0 if worst_gap < 0.05 and worst_time < 1.0 and all_fit and not bad_beyond else 1
 
 

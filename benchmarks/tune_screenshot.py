@@ -17,14 +17,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from gguf_factory import write_real_shape  # noqa: E402
-
-from kvtuner.core.hardware.specs import HostSpec, what_if_gpu  # noqa: E402
-from kvtuner.core.model.profile import ModelProfile  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.speed.speed_model import speed_inputs  # noqa: E402
-from kvtuner.core.tune import KV_QUALITY_ORDER  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
+from gguf_factory import write_real_shape
+from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.speed.speed_model import speed_inputs
+from kvtuner.core.tune import KV_QUALITY_ORDER
+from kvtuner.core.units import GiB
 
 
 def main() -> int:
@@ -36,11 +35,15 @@ def main() -> int:
     from kvtuner.gui.tune_panel import TunePanel
 
     app = make_app()
-    model = ModelProfile.from_gguf(write_real_shape(Path(tempfile.mkdtemp()) / "llama-3.1-8b.gguf", "llama-3.1-8b", "Q4_K_M"))
+    model = ModelProfile.from_gguf(
+        write_real_shape(Path(tempfile.mkdtemp()) / "llama-3.1-8b.gguf", "llama-3.1-8b", "Q4_K_M")
+    )
     gpus = (what_if_gpu(12 * GiB),)
     host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
     inputs = speed_inputs(gpus, host, measure=False, n_threads=8)
-    panel = TunePanel(lambda: (model, PlanConfig(n_ctx=131072), gpus, host, inputs), lambda fn, done, failed: done(fn()))
+    panel = TunePanel(
+        lambda: (model, PlanConfig(n_ctx=131072), gpus, host, inputs), lambda fn, done, failed: done(fn())
+    )
     panel.ctx_spin.setValue(131072)
     panel.quality.setCurrentIndex(KV_QUALITY_ORDER.index(args.kv_quality))
     panel.resize(1000, 760)

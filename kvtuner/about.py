@@ -26,8 +26,10 @@ PLANNED_GGML_VERSION = "0.25.3"
 def planned_llama_cpp() -> str:
     """One line naming the llama.cpp build the planner follows, e.g.
     ``"llama.cpp 0c1e570 (ggml 0.25.3), as vendored by llama-cpp-python 0.3.36"``."""
-    return (f"llama.cpp {PLANNED_LLAMA_CPP_COMMIT} (ggml {PLANNED_GGML_VERSION}), "
-            f"as vendored by llama-cpp-python {PLANNED_LLAMA_CPP_PYTHON}")
+    return (
+        f"llama.cpp {PLANNED_LLAMA_CPP_COMMIT} (ggml {PLANNED_GGML_VERSION}), "
+        f"as vendored by llama-cpp-python {PLANNED_LLAMA_CPP_PYTHON}"
+    )
 
 
 def installed_llama_cpp() -> str:
@@ -48,6 +50,6 @@ def distribution() -> str:
 def version_text() -> str:
     """Three lines: ``kvtuner 0.1.0 (python|bundle)``, the llama.cpp build it plans for, and
     the llama.cpp packages installed. What ``kvtuner --version`` prints."""
-    return (f"kvtuner {__version__} ({distribution()})\n"
-            f"plans for {planned_llama_cpp()}\n"
-            f"installed: {installed_llama_cpp()}")
+    return (
+        f"kvtuner {__version__} ({distribution()})\nplans for {planned_llama_cpp()}\ninstalled: {installed_llama_cpp()}"
+    )

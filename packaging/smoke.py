@@ -17,7 +17,6 @@ Prints each check's wall time in s and the bundle's size in MiB.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -69,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             nonlocal failures
             t0 = time.monotonic()
             try:
-                out = subprocess.run([str(exe), *argv], cwd=tmp, env=env, capture_output=True, text=True,
-                                     timeout=timeout_s)
+                out = subprocess.run(
+                    [str(exe), *argv], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s
+                )
             except subprocess.TimeoutExpired:
                 print(f"FAIL {name}: no answer in {timeout_s:.0f} s")
                 failures += 1
@@ -95,14 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         def plan(stdout: str) -> str:
             doc = json.loads(stdout)
             host = doc["devices"][-1]
-            return (f"{doc['model']['name']}, n_ctx {doc['effective']['n_ctx']}, KV {doc['kv_bytes'] / MIB:.2f} MiB, "
-                    f"host total {host['total_bytes'] / MIB:.1f} MiB")
+            return (
+                f"{doc['model']['name']}, n_ctx {doc['effective']['n_ctx']}, KV {doc['kv_bytes'] / MIB:.2f} MiB, "
+                f"host total {host['total_bytes'] / MIB:.1f} MiB"
+            )
 
         def bench(stdout: str) -> str:
             doc = json.loads(stdout)
             decode = doc["decode_tok_s"]["median"]
             assert decode > 0, doc["decode_tok_s"]
-            return f"decode {decode:.1f} tok/s (n_gen {doc['n_gen']}), prefill {doc['prefill_tok_s']['median']:.1f} tok/s"
+            return (
+                f"decode {decode:.1f} tok/s (n_gen {doc['n_gen']}), prefill {doc['prefill_tok_s']['median']:.1f} tok/s"
+            )
 
         def gui(stdout: str) -> str:
             w, h = png_size_px(shot)

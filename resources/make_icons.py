@@ -20,7 +20,7 @@ RESOURCES = Path(__file__).resolve().parents[1] / "kvtuner" / "resources"
 SIZES_PX = (16, 24, 32, 48, 64, 128, 256, 512)
 
 
-def render(size_px: int) -> "QtGui.QImage":  # noqa: F821
+def render(size_px: int) -> QtGui.QImage:  # noqa: F821
     """The icon at ``size_px`` x ``size_px`` pixels, transparent outside the rounded square."""
     from PySide6 import QtCore, QtGui, QtSvg
 
@@ -36,7 +36,7 @@ def render(size_px: int) -> "QtGui.QImage":  # noqa: F821
     return image
 
 
-def same_picture(a: "QtGui.QImage", b: "QtGui.QImage") -> bool:  # noqa: F821
+def same_picture(a: QtGui.QImage, b: QtGui.QImage) -> bool:  # noqa: F821
     """True when both images have the same size and at most 1% of their pixels differ by more
     than 24/255 in a channel: another Qt release may antialias edges a little differently."""
     import numpy as np

@@ -111,5 +111,7 @@ def _llama_marker_guard(request):
         starts.append(f.read_text(encoding="utf-8", errors="replace").strip().replace("\n", ": "))
         f.unlink(missing_ok=True)
     if starts and request.node.get_closest_marker("llama") is None:
-        pytest.fail(f"{request.node.nodeid} starts llama.cpp but has no @pytest.mark.llama:\n  " + "\n  ".join(starts),
-                    pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} starts llama.cpp but has no @pytest.mark.llama:\n  " + "\n  ".join(starts),
+            pytrace=False,
+        )

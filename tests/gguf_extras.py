@@ -20,8 +20,9 @@ from kvtuner.core.model.gguf_header import read_header
 LORA_TARGETS = ("attn_q", "attn_v")
 
 
-def write_lora(path: str | Path, base: str | Path, *, rank: int = 8, alpha: float = 16.0,
-               targets: Sequence[str] = LORA_TARGETS) -> Path:
+def write_lora(
+    path: str | Path, base: str | Path, *, rank: int = 8, alpha: float = 16.0, targets: Sequence[str] = LORA_TARGETS
+) -> Path:
     """Write a zero-weight f32 LoRA adapter of rank ``rank`` for the ``targets`` of every layer of
     the GGUF model ``base``. Returns the path."""
     h = read_header(base)
@@ -65,18 +66,29 @@ def projector_tensors(text_n_embd: int, v: dict = SIGLIP_GEMMA3) -> list[tuple[s
     Matrices f16, the rest f32 (convert_hf_to_gguf.py's mmproj types)."""
     e, f, p = v["n_embd"], v["n_ff"], v["patch_size"]
     n_pos = (v["image_size"] // p) ** 2
-    out = [("v.patch_embd.weight", (p, p, 3, e), "f16"), ("v.patch_embd.bias", (e,), "f32"),
-           ("v.position_embd.weight", (e, n_pos), "f16")]
+    out = [
+        ("v.patch_embd.weight", (p, p, 3, e), "f16"),
+        ("v.patch_embd.bias", (e,), "f32"),
+        ("v.position_embd.weight", (e, n_pos), "f16"),
+    ]
     for i in range(v["n_block"]):
         b = f"v.blk.{i}."
         for n in ("attn_q", "attn_k", "attn_v", "attn_out"):
             out += [(b + n + ".weight", (e, e), "f16"), (b + n + ".bias", (e,), "f32")]
         for n in ("ln1", "ln2"):
             out += [(b + n + ".weight", (e,), "f32"), (b + n + ".bias", (e,), "f32")]
-        out += [(b + "ffn_up.weight", (e, f), "f16"), (b + "ffn_up.bias", (f,), "f32"),
-                (b + "ffn_down.weight", (f, e), "f16"), (b + "ffn_down.bias", (e,), "f32")]
-    out += [("v.post_ln.weight", (e,), "f32"), ("v.post_ln.bias", (e,), "f32"),
-            ("mm.input_projection.weight", (text_n_embd, e), "f16"), ("mm.soft_emb_norm.weight", (e,), "f32")]
+        out += [
+            (b + "ffn_up.weight", (e, f), "f16"),
+            (b + "ffn_up.bias", (f,), "f32"),
+            (b + "ffn_down.weight", (f, e), "f16"),
+            (b + "ffn_down.bias", (e,), "f32"),
+        ]
+    out += [
+        ("v.post_ln.weight", (e,), "f32"),
+        ("v.post_ln.bias", (e,), "f32"),
+        ("mm.input_projection.weight", (text_n_embd, e), "f16"),
+        ("mm.soft_emb_norm.weight", (e,), "f32"),
+    ]
     return out
 
 

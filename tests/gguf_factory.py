@@ -16,9 +16,9 @@ bytes can follow a printed file type (llama-quant.cpp's ``use_more_bits`` layers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import gguf
 import numpy as np
@@ -91,8 +91,10 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
             return spec.more_bits_types[cls]
         return spec.tensor_types.get(cls, wt)
 
-    out: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (E, V), ty("token_embd")),
-                                                   ("output_norm.weight", (E,), F32)]
+    out: list[tuple[str, tuple[int, ...], int]] = [
+        ("token_embd.weight", (E, V), ty("token_embd")),
+        ("output_norm.weight", (E,), F32),
+    ]
     if spec.arch == "gptneox":
         out.append(("output_norm.bias", (E,), F32))
     if not spec.tied_output:
@@ -101,9 +103,14 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
         h, hkv = heads[il], kv_heads[il]
         p = f"blk.{il}."
         if spec.arch == "deci" and hkv == 0:  # attention-free layer: norm + output only (src/models/deci.cpp)
-            out += [(p + "attn_norm.weight", (E,), GQT.F32), (p + "attn_output.weight", (E, E), wt),
-                    (p + "ffn_norm.weight", (E,), GQT.F32), (p + "ffn_gate.weight", (E, F), wt),
-                    (p + "ffn_up.weight", (E, F), wt), (p + "ffn_down.weight", (F, E), wt)]
+            out += [
+                (p + "attn_norm.weight", (E,), GQT.F32),
+                (p + "attn_output.weight", (E, E), wt),
+                (p + "ffn_norm.weight", (E,), GQT.F32),
+                (p + "ffn_gate.weight", (E, F), wt),
+                (p + "ffn_up.weight", (E, F), wt),
+                (p + "ffn_down.weight", (F, E), wt),
+            ]
             continue
         if spec.arch == "glm4":  # src/models/glm4.cpp: post-attn/post-FFN norms, fused gate+up (ffn_up 2*n_ff wide)
             out += [
@@ -121,12 +128,18 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
             continue
         if spec.arch == "gptneox":  # src/models/gptneox.cpp: LayerNorm with bias, fused QKV, GELU FFN
             out += [
-                (p + "attn_norm.weight", (E,), F32), (p + "attn_norm.bias", (E,), F32),
-                (p + "attn_qkv.weight", (E, 3 * E), ty("attn_qkv", il)), (p + "attn_qkv.bias", (3 * E,), F32),
-                (p + "attn_output.weight", (E, E), ty("attn_output", il)), (p + "attn_output.bias", (E,), F32),
-                (p + "ffn_norm.weight", (E,), F32), (p + "ffn_norm.bias", (E,), F32),
-                (p + "ffn_up.weight", (E, F), ty("ffn_up", il)), (p + "ffn_up.bias", (F,), F32),
-                (p + "ffn_down.weight", (F, E), ty("ffn_down", il)), (p + "ffn_down.bias", (E,), F32),
+                (p + "attn_norm.weight", (E,), F32),
+                (p + "attn_norm.bias", (E,), F32),
+                (p + "attn_qkv.weight", (E, 3 * E), ty("attn_qkv", il)),
+                (p + "attn_qkv.bias", (3 * E,), F32),
+                (p + "attn_output.weight", (E, E), ty("attn_output", il)),
+                (p + "attn_output.bias", (E,), F32),
+                (p + "ffn_norm.weight", (E,), F32),
+                (p + "ffn_norm.bias", (E,), F32),
+                (p + "ffn_up.weight", (E, F), ty("ffn_up", il)),
+                (p + "ffn_up.bias", (F,), F32),
+                (p + "ffn_down.weight", (F, E), ty("ffn_down", il)),
+                (p + "ffn_down.bias", (E,), F32),
             ]
             continue
         out += [
@@ -137,12 +150,16 @@ def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int]]:
             (p + "attn_output.weight", (h * hd, E), ty("attn_output", il)),
         ]
         if spec.qkv_bias:  # qwen2: Q/K/V biases (src/models/qwen2.cpp)
-            out += [(p + "attn_q.bias", (h * hd,), F32), (p + "attn_k.bias", (hkv * hd,), F32),
-                    (p + "attn_v.bias", (hkv * hd,), F32)]
+            out += [
+                (p + "attn_q.bias", (h * hd,), F32),
+                (p + "attn_k.bias", (hkv * hd,), F32),
+                (p + "attn_v.bias", (hkv * hd,), F32),
+            ]
         if spec.arch == "qwen3moe":  # src/models/qwen3moe.cpp
             Fe, X = spec.n_ff_exp or F, spec.n_expert
             out += [
-                (p + "attn_q_norm.weight", (hd,), F32), (p + "attn_k_norm.weight", (hd,), F32),
+                (p + "attn_q_norm.weight", (hd,), F32),
+                (p + "attn_k_norm.weight", (hd,), F32),
                 (p + "ffn_norm.weight", (E,), F32),
                 (p + "ffn_gate_inp.weight", (E, X), F32),
                 (p + "ffn_gate_exps.weight", (E, Fe, X), ty("ffn_gate_exps", il)),
@@ -219,7 +236,9 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
     if spec.file_type is not None:
         w.add_file_type(int(spec.file_type))
     else:
-        w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16 if spec.weight_type == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0))
+        w.add_file_type(
+            int(gguf.LlamaFileType.MOSTLY_F16 if spec.weight_type == GQT.F16 else gguf.LlamaFileType.MOSTLY_Q8_0)
+        )
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     if spec.swa_pattern is not None:
@@ -277,22 +296,71 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
 
 
 # Real models' shapes (from their config.json), for worked numbers people quote.
-LLAMA2_7B = ModelSpec(n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, n_ff=11008, n_vocab=32000, n_ctx_train=4096,
-                      name="LLaMA-2-7B shape")
-LLAMA31_8B = ModelSpec(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256, n_ctx_train=131072,
-                       name="Llama-3.1-8B shape")
-QWEN25_CODER_32B = ModelSpec(arch="qwen2", n_layer=64, n_embd=5120, n_head=40, n_head_kv=8, n_ff=27648, n_vocab=152064,
-                             n_ctx_train=32768, name="Qwen2.5-Coder-32B shape")
+LLAMA2_7B = ModelSpec(
+    n_layer=32,
+    n_embd=4096,
+    n_head=32,
+    n_head_kv=32,
+    n_ff=11008,
+    n_vocab=32000,
+    n_ctx_train=4096,
+    name="LLaMA-2-7B shape",
+)
+LLAMA31_8B = ModelSpec(
+    n_layer=32,
+    n_embd=4096,
+    n_head=32,
+    n_head_kv=8,
+    n_ff=14336,
+    n_vocab=128256,
+    n_ctx_train=131072,
+    name="Llama-3.1-8B shape",
+)
+QWEN25_CODER_32B = ModelSpec(
+    arch="qwen2",
+    n_layer=64,
+    n_embd=5120,
+    n_head=40,
+    n_head_kv=8,
+    n_ff=27648,
+    n_vocab=152064,
+    n_ctx_train=32768,
+    name="Qwen2.5-Coder-32B shape",
+)
 # Gemma 3 12B (config.json of google/gemma-3-12b-it: 48 layers, hidden 3840, 16 heads, 8 KV heads
 # of 256, intermediate 15360, window 1024, 5 local : 1 global layers; vocab 262208; tied output)
-GEMMA3_12B = ModelSpec(arch="gemma3", n_layer=48, n_embd=3840, n_head=16, n_head_kv=8, head_dim=256, n_ff=15360,
-                       n_vocab=262208, n_ctx_train=131072, sliding_window=1024, swa_pattern=6, tied_output=True,
-                       name="Gemma-3-12B shape")
+GEMMA3_12B = ModelSpec(
+    arch="gemma3",
+    n_layer=48,
+    n_embd=3840,
+    n_head=16,
+    n_head_kv=8,
+    head_dim=256,
+    n_ff=15360,
+    n_vocab=262208,
+    n_ctx_train=131072,
+    sliding_window=1024,
+    swa_pattern=6,
+    tied_output=True,
+    name="Gemma-3-12B shape",
+)
 # Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B: 48 layers, hidden 2048, 32 heads, 4 KV heads of
 # 128, 128 experts of width 768, 8 used; vocab 151936; untied output)
-QWEN3_30B_A3B = ModelSpec(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_ff=6144,
-                          n_vocab=151936, n_ctx_train=40960, n_expert=128, n_expert_used=8, n_ff_exp=768,
-                          name="Qwen3-30B-A3B shape")
+QWEN3_30B_A3B = ModelSpec(
+    arch="qwen3moe",
+    n_layer=48,
+    n_embd=2048,
+    n_head=32,
+    n_head_kv=4,
+    head_dim=128,
+    n_ff=6144,
+    n_vocab=151936,
+    n_ctx_train=40960,
+    n_expert=128,
+    n_expert_used=8,
+    n_ff_exp=768,
+    name="Qwen3-30B-A3B shape",
+)
 
 
 def q4_k_m(spec: ModelSpec) -> ModelSpec:
@@ -303,15 +371,20 @@ def q4_k_m(spec: ModelSpec) -> ModelSpec:
     special case is copied); the fixture is self-consistent, which a plan-versus-llama.cpp
     comparison needs. Zero-weight sparse files of real shapes run at real speed on a GPU."""
     out = "token_embd" if spec.tied_output else "output"
-    return replace(spec, weight_type=GQT.Q4_K, file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M),
-                   tensor_types={out: GQT.Q6_K},
-                   more_bits_types={"attn_v": GQT.Q6_K, "ffn_down": GQT.Q6_K, "ffn_down_exps": GQT.Q6_K})
+    return replace(
+        spec,
+        weight_type=GQT.Q4_K,
+        file_type=int(gguf.LlamaFileType.MOSTLY_Q4_K_M),
+        tensor_types={out: GQT.Q6_K},
+        more_bits_types={"attn_v": GQT.Q6_K, "ffn_down": GQT.Q6_K, "ffn_down_exps": GQT.Q6_K},
+    )
 
 
 def q8_0(spec: ModelSpec) -> ModelSpec:
     """``spec`` as a Q8_0 file (every matrix Q8_0, ``general.file_type`` 7)."""
-    return replace(spec, weight_type=GQT.Q8_0, file_type=int(gguf.LlamaFileType.MOSTLY_Q8_0), tensor_types={},
-                   more_bits_types={})
+    return replace(
+        spec, weight_type=GQT.Q8_0, file_type=int(gguf.LlamaFileType.MOSTLY_Q8_0), tensor_types={}, more_bits_types={}
+    )
 
 
 def copy_header_sparse(src: str | Path, dst: str | Path) -> Path:
@@ -386,43 +459,187 @@ class RealShape:
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
 #: Real shapes by key (config.json figures; the key names the model).
-REAL_SHAPES: dict[str, RealShape] = {s.key: s for s in (
-    RealShape("llama-3.2-1b", "llama", 16, 2048, 32, 8, 8192, 128256, 131072, True, _HF.format("meta-llama/Llama-3.2-1B"),
-              head_dim=64),
-    RealShape("qwen2.5-3b", "qwen2", 36, 2048, 16, 2, 11008, 151936, 32768, True, _HF.format("Qwen/Qwen2.5-3B"),
-              qkv_bias=True),
-    RealShape("granite-3.0-1b-a400m", "granitemoe", 24, 1024, 16, 8, 512, 49155, 4096, True,
-              _HF.format("ibm-granite/granite-3.0-1b-a400m-base"), n_expert=32, n_expert_used=8, n_ff_exp=512,
-              extra_kv=(("granitemoe.logit_scale", 6.0), ("granitemoe.residual_scale", 0.22),
-                        ("granitemoe.embedding_scale", 12.0), ("granitemoe.attention.scale", 0.015625))),
-    RealShape("llama-2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096, False, _HF.format("meta-llama/Llama-2-7b-hf")),
-    RealShape("llama-3.1-8b", "llama", 32, 4096, 32, 8, 14336, 128256, 131072, False, _HF.format("meta-llama/Llama-3.1-8B")),
-    RealShape("llama-2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096, False, _HF.format("meta-llama/Llama-2-13b-hf")),
-    RealShape("mistral-7b-v0.3", "llama", 32, 4096, 32, 8, 14336, 32768, 32768, False,
-              _HF.format("mistralai/Mistral-7B-v0.3")),
-    RealShape("gemma-2-9b", "gemma2", 42, 3584, 16, 8, 14336, 256000, 8192, True, _HF.format("google/gemma-2-9b"),
-              head_dim=256, post_norms=True, sliding_window=4096,
-              extra_kv=(("gemma2.attn_logit_softcapping", 50.0), ("gemma2.final_logit_softcapping", 30.0))),
-    RealShape("qwen2.5-14b", "qwen2", 48, 5120, 40, 8, 13824, 152064, 32768, False, _HF.format("Qwen/Qwen2.5-14B"),
-              qkv_bias=True),
-    RealShape("phi-3-mini-4k", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096, False,
-              _HF.format("microsoft/Phi-3-mini-4k-instruct"), fused=True),
-    RealShape("olmoe-1b-7b", "olmoe", 16, 2048, 16, 16, 1024, 50304, 4096, False, _HF.format("allenai/OLMoE-1B-7B-0924"),
-              qk_norm="embd", n_expert=64, n_expert_used=8, n_ff_exp=1024),
-    RealShape("qwen1.5-moe-a2.7b", "qwen2moe", 24, 2048, 16, 16, 5632, 151936, 8192, False,
-              _HF.format("Qwen/Qwen1.5-MoE-A2.7B"), qkv_bias=True, n_expert=60, n_expert_used=4, n_ff_exp=1408,
-              n_ff_shexp=5632),
-)}
+REAL_SHAPES: dict[str, RealShape] = {
+    s.key: s
+    for s in (
+        RealShape(
+            "llama-3.2-1b",
+            "llama",
+            16,
+            2048,
+            32,
+            8,
+            8192,
+            128256,
+            131072,
+            True,
+            _HF.format("meta-llama/Llama-3.2-1B"),
+            head_dim=64,
+        ),
+        RealShape(
+            "qwen2.5-3b",
+            "qwen2",
+            36,
+            2048,
+            16,
+            2,
+            11008,
+            151936,
+            32768,
+            True,
+            _HF.format("Qwen/Qwen2.5-3B"),
+            qkv_bias=True,
+        ),
+        RealShape(
+            "granite-3.0-1b-a400m",
+            "granitemoe",
+            24,
+            1024,
+            16,
+            8,
+            512,
+            49155,
+            4096,
+            True,
+            _HF.format("ibm-granite/granite-3.0-1b-a400m-base"),
+            n_expert=32,
+            n_expert_used=8,
+            n_ff_exp=512,
+            extra_kv=(
+                ("granitemoe.logit_scale", 6.0),
+                ("granitemoe.residual_scale", 0.22),
+                ("granitemoe.embedding_scale", 12.0),
+                ("granitemoe.attention.scale", 0.015625),
+            ),
+        ),
+        RealShape(
+            "llama-2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, 4096, False, _HF.format("meta-llama/Llama-2-7b-hf")
+        ),
+        RealShape(
+            "llama-3.1-8b",
+            "llama",
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            128256,
+            131072,
+            False,
+            _HF.format("meta-llama/Llama-3.1-8B"),
+        ),
+        RealShape(
+            "llama-2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, 4096, False, _HF.format("meta-llama/Llama-2-13b-hf")
+        ),
+        RealShape(
+            "mistral-7b-v0.3",
+            "llama",
+            32,
+            4096,
+            32,
+            8,
+            14336,
+            32768,
+            32768,
+            False,
+            _HF.format("mistralai/Mistral-7B-v0.3"),
+        ),
+        RealShape(
+            "gemma-2-9b",
+            "gemma2",
+            42,
+            3584,
+            16,
+            8,
+            14336,
+            256000,
+            8192,
+            True,
+            _HF.format("google/gemma-2-9b"),
+            head_dim=256,
+            post_norms=True,
+            sliding_window=4096,
+            extra_kv=(("gemma2.attn_logit_softcapping", 50.0), ("gemma2.final_logit_softcapping", 30.0)),
+        ),
+        RealShape(
+            "qwen2.5-14b",
+            "qwen2",
+            48,
+            5120,
+            40,
+            8,
+            13824,
+            152064,
+            32768,
+            False,
+            _HF.format("Qwen/Qwen2.5-14B"),
+            qkv_bias=True,
+        ),
+        RealShape(
+            "phi-3-mini-4k",
+            "phi3",
+            32,
+            3072,
+            32,
+            32,
+            8192,
+            32064,
+            4096,
+            False,
+            _HF.format("microsoft/Phi-3-mini-4k-instruct"),
+            fused=True,
+        ),
+        RealShape(
+            "olmoe-1b-7b",
+            "olmoe",
+            16,
+            2048,
+            16,
+            16,
+            1024,
+            50304,
+            4096,
+            False,
+            _HF.format("allenai/OLMoE-1B-7B-0924"),
+            qk_norm="embd",
+            n_expert=64,
+            n_expert_used=8,
+            n_ff_exp=1024,
+        ),
+        RealShape(
+            "qwen1.5-moe-a2.7b",
+            "qwen2moe",
+            24,
+            2048,
+            16,
+            16,
+            5632,
+            151936,
+            8192,
+            False,
+            _HF.format("Qwen/Qwen1.5-MoE-A2.7B"),
+            qkv_bias=True,
+            n_expert=60,
+            n_expert_used=4,
+            n_ff_exp=1408,
+            n_ff_shexp=5632,
+        ),
+    )
+}
 
 
 _K_FALLBACK = {GQT.Q4_K: GQT.Q5_0, GQT.Q5_K: GQT.Q5_1, GQT.Q6_K: GQT.Q8_0, GQT.Q3_K: GQT.Q4_0}
 
 #: File types the factory writes: (default tensor type, gguf.LlamaFileType).
 REAL_FTYPES = {
-    "F16": (GQT.F16, gguf.LlamaFileType.MOSTLY_F16), "Q8_0": (GQT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
-    "Q4_0": (GQT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0), "Q4_1": (GQT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
-    "Q5_0": (GQT.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0), "Q3_K_S": (GQT.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_S),
-    "Q4_K_S": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S), "Q4_K_M": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    "F16": (GQT.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "Q8_0": (GQT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "Q4_0": (GQT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "Q4_1": (GQT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
+    "Q5_0": (GQT.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
+    "Q3_K_S": (GQT.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_S),
+    "Q4_K_S": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
+    "Q4_K_M": (GQT.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
 }
 
 
@@ -490,17 +707,28 @@ def _real_tensors(s: RealShape) -> list[tuple[str, tuple[int, ...]]]:
         out.append((p + "ffn_norm.weight", (E,)))
         if s.n_expert:
             X, F = s.n_expert, s.n_ff_exp
-            out += [(p + "ffn_gate_inp.weight", (E, X)), (p + "ffn_gate_exps.weight", (E, F, X)),
-                    (p + "ffn_down_exps.weight", (F, E, X)), (p + "ffn_up_exps.weight", (E, F, X))]
+            out += [
+                (p + "ffn_gate_inp.weight", (E, X)),
+                (p + "ffn_gate_exps.weight", (E, F, X)),
+                (p + "ffn_down_exps.weight", (F, E, X)),
+                (p + "ffn_up_exps.weight", (E, F, X)),
+            ]
             if s.n_ff_shexp:
                 S = s.n_ff_shexp
-                out += [(p + "ffn_gate_inp_shexp.weight", (E,)), (p + "ffn_gate_shexp.weight", (E, S)),
-                        (p + "ffn_down_shexp.weight", (S, E)), (p + "ffn_up_shexp.weight", (E, S))]
+                out += [
+                    (p + "ffn_gate_inp_shexp.weight", (E,)),
+                    (p + "ffn_gate_shexp.weight", (E, S)),
+                    (p + "ffn_down_shexp.weight", (S, E)),
+                    (p + "ffn_up_shexp.weight", (E, S)),
+                ]
         elif s.fused:
             out += [(p + "ffn_down.weight", (s.n_ff, E)), (p + "ffn_up.weight", (E, 2 * s.n_ff))]
         else:
-            out += [(p + "ffn_gate.weight", (E, s.n_ff)), (p + "ffn_up.weight", (E, s.n_ff)),
-                    (p + "ffn_down.weight", (s.n_ff, E))]
+            out += [
+                (p + "ffn_gate.weight", (E, s.n_ff)),
+                (p + "ffn_up.weight", (E, s.n_ff)),
+                (p + "ffn_down.weight", (s.n_ff, E)),
+            ]
         if s.post_norms:
             out.append((p + "post_ffw_norm.weight", (E,)))
     return out
@@ -512,8 +740,9 @@ def real_shape_tensors(s: RealShape, ftype: str) -> list[tuple[str, tuple[int, .
     return [(n, sh, _real_type(n, sh, ftype, s, counters)) for n, sh in _real_tensors(s)]
 
 
-def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones: bool = False,
-                 centered: bool = False) -> bytes:
+def _random_data(
+    shape: tuple[int, ...], t: int, rng: np.random.Generator, ones: bool = False, centered: bool = False
+) -> bytes:
     """Bytes of a tensor with finite non-zero values: F32 (ones or N(0, 1)), F16 or a block
     type whose scale fields are set (Q8_0/Q4_K: f16 d first; Q6_K: f16 d last) over random quants.
     ``centered``: Q4_K/Q5_K values average zero (their ``d * sc * q - dmin * m`` with ``dmin``
@@ -533,7 +762,7 @@ def _random_data(shape: tuple[int, ...], t: int, rng: np.random.Generator, ones:
             mean_q = 7.5 if t == GQT.Q4_K else 15.5  # 4-bit / 5-bit quants, uniform
             raw[:, 2:4] = np.frombuffer(np.float16(0.01 * mean_q).tobytes(), np.uint8) if centered else 0  # dmin
     elif t == GQT.Q6_K:
-        raw[:, size - 2:size] = d
+        raw[:, size - 2 : size] = d
     else:
         raise ValueError(f"no random data for type {GQT(t).name}")
     return raw.tobytes()
@@ -601,8 +830,9 @@ def is_routing_tensor(name: str) -> bool:
     above :class:`RealShape`): the token embedding, the norms, the router ``ffn_gate_inp`` (weight
     and, as gpt-oss has one, bias; qwen2moe's shared-expert gate too) and DeepSeek-V3-style expert
     selection biases ``exp_probs_b``."""
-    return (name == "token_embd.weight" or name.endswith("_norm.weight") or "ffn_gate_inp" in name
-            or "exp_probs_b" in name)
+    return (
+        name == "token_embd.weight" or name.endswith("_norm.weight") or "ffn_gate_inp" in name or "exp_probs_b" in name
+    )
 
 
 def write_routing_data(path: str | Path, *, seed: int = 0) -> Path:
@@ -618,8 +848,11 @@ def write_routing_data(path: str | Path, *, seed: int = 0) -> Path:
     """
     path = Path(path)
     reader = gguf.GGUFReader(str(path))
-    todo = [(t.name, tuple(int(x) for x in t.shape), int(t.tensor_type), int(t.data_offset))
-            for t in reader.tensors if is_routing_tensor(t.name)]
+    todo = [
+        (t.name, tuple(int(x) for x in t.shape), int(t.tensor_type), int(t.data_offset))
+        for t in reader.tensors
+        if is_routing_tensor(t.name)
+    ]
     del reader
     rng = np.random.default_rng(seed)
     with open(path, "r+b") as f:
@@ -647,8 +880,11 @@ def write_mxfp4_scales(path: str | Path, exponent: int = MXFP4_NORMAL_EXPONENT) 
     """
     path = Path(path)
     reader = gguf.GGUFReader(str(path))
-    todo = [(int(t.n_bytes), int(t.data_offset)) for t in reader.tensors
-            if int(t.tensor_type) == int(gguf.GGMLQuantizationType.MXFP4)]
+    todo = [
+        (int(t.n_bytes), int(t.data_offset))
+        for t in reader.tensors
+        if int(t.tensor_type) == int(gguf.GGMLQuantizationType.MXFP4)
+    ]
     del reader
     with open(path, "r+b") as f:
         for n_bytes, offset in todo:

@@ -12,7 +12,7 @@ fixture costs a few KiB of disk and a no_alloc dry run about a second.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import gguf
 
@@ -59,8 +59,17 @@ class _T:
         self.add(p + "ffn_up.weight", E, F)
         self.add(p + "ffn_down.weight", F, E)
 
-    def moe(self, il: int, E: int, F_exp: int, n_exp: int, *, shexp: int = 0, probs_b: bool = False,
-            gate_inp_shexp: bool = False) -> None:
+    def moe(
+        self,
+        il: int,
+        E: int,
+        F_exp: int,
+        n_exp: int,
+        *,
+        shexp: int = 0,
+        probs_b: bool = False,
+        gate_inp_shexp: bool = False,
+    ) -> None:
         p = f"blk.{il}."
         self.add(p + "ffn_gate_inp.weight", E, n_exp, t=F32)
         if probs_b:
@@ -75,8 +84,9 @@ class _T:
             self.add(p + "ffn_up_shexp.weight", E, shexp)
             self.add(p + "ffn_down_shexp.weight", shexp, E)
 
-    def mamba2(self, il: int, E: int, d_inner: int, d_state: int, n_group: int, n_head: int, d_conv: int,
-               *, norm: bool = True) -> None:
+    def mamba2(
+        self, il: int, E: int, d_inner: int, d_state: int, n_group: int, n_head: int, d_conv: int, *, norm: bool = True
+    ) -> None:
         """Mamba2 mixer (nemotron-h.cpp / granite-hybrid.cpp / falcon-h1.cpp)."""
         p = f"blk.{il}."
         conv_dim = d_inner + 2 * n_group * d_state
@@ -91,17 +101,45 @@ class _T:
         self.add(p + "ssm_out.weight", d_inner, E)
 
 
-def _spec(arch: str, name: str, *, n_layer: int, E: int, n_head: int | Sequence[int], n_head_kv: int | Sequence[int],
-          n_ff: int | Sequence[int], V: int, ctx: int, t: _T, head_dim: int | None = None, window: int | None = None,
-          kv: dict | None = None, tied: bool = False) -> ModelSpec:
+def _spec(
+    arch: str,
+    name: str,
+    *,
+    n_layer: int,
+    E: int,
+    n_head: int | Sequence[int],
+    n_head_kv: int | Sequence[int],
+    n_ff: int | Sequence[int],
+    V: int,
+    ctx: int,
+    t: _T,
+    head_dim: int | None = None,
+    window: int | None = None,
+    kv: dict | None = None,
+    tied: bool = False,
+) -> ModelSpec:
     extra = {f"{arch}.attention.layer_norm_rms_epsilon": 1e-6, **(kv or {})}
-    return ModelSpec(arch=arch, n_layer=n_layer, n_embd=E, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-                     n_ff=n_ff, n_vocab=V, n_ctx_train=ctx, sliding_window=window, name=name, extra_kv=extra,
-                     tied_output=tied, tensors=t.rows)
+    return ModelSpec(
+        arch=arch,
+        n_layer=n_layer,
+        n_embd=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=n_ff,
+        n_vocab=V,
+        n_ctx_train=ctx,
+        sliding_window=window,
+        name=name,
+        extra_kv=extra,
+        tied_output=tied,
+        tensors=t.rows,
+    )
 
 
-def _gated_delta_net(t: _T, il: int, E: int, *, d_conv: int, d_state: int, n_group: int, dt_rank: int,
-                     legacy_ba: bool = False) -> None:
+def _gated_delta_net(
+    t: _T, il: int, E: int, *, d_conv: int, d_state: int, n_group: int, dt_rank: int, legacy_ba: bool = False
+) -> None:
     """Gated DeltaNet layer of qwen35.cpp / qwen3next.cpp (``load_block_trunk``, is_recr)."""
     p = f"blk.{il}."
     key_dim, value_dim = d_state * n_group, d_state * dt_rank
@@ -119,10 +157,25 @@ def _gated_delta_net(t: _T, il: int, E: int, *, d_conv: int, d_state: int, n_gro
     t.add(p + "ssm_out.weight", value_dim, E)
 
 
-def qwen35(*, n_layer: int = 64, E: int = 5120, n_head: int = 24, n_head_kv: int = 4, head: int = 256,
-           n_ff: int = 17408, V: int = 248320, d_inner: int = 6144, d_state: int = 128, n_group: int = 16,
-           dt_rank: int = 48, d_conv: int = 4, interval: int = 4, n_mtp: int = 0, wt: int = F16,
-           name: str = "Qwen3.6-27B shape") -> ModelSpec:
+def qwen35(
+    *,
+    n_layer: int = 64,
+    E: int = 5120,
+    n_head: int = 24,
+    n_head_kv: int = 4,
+    head: int = 256,
+    n_ff: int = 17408,
+    V: int = 248320,
+    d_inner: int = 6144,
+    d_state: int = 128,
+    n_group: int = 16,
+    dt_rank: int = 48,
+    d_conv: int = 4,
+    interval: int = 4,
+    n_mtp: int = 0,
+    wt: int = F16,
+    name: str = "Qwen3.6-27B shape",
+) -> ModelSpec:
     """qwen35.cpp: Qwen3.6-27B (64 layers, every 4th full attention, Gated DeltaNet elsewhere);
     ``n_mtp`` NextN blocks appended (``nextn_predict_layers``); ``wt`` the matrices' type
     (``GQT.Q4_K`` for a Q4_K_M-sized file)."""
@@ -142,19 +195,53 @@ def qwen35(*, n_layer: int = 64, E: int = 5120, n_head: int = 24, n_head_kv: int
             t.add(p + "nextn.eh_proj.weight", 2 * E, E)
             t.add(p + "nextn.enorm.weight", E)
             t.add(p + "nextn.hnorm.weight", E)
-    kv = {"qwen35.rope.dimension_sections": [11, 11, 10, 0], "qwen35.full_attention_interval": interval,
-          "qwen35.ssm.conv_kernel": d_conv, "qwen35.ssm.inner_size": d_inner, "qwen35.ssm.state_size": d_state,
-          "qwen35.ssm.time_step_rank": dt_rank, "qwen35.ssm.group_count": n_group}
+    kv = {
+        "qwen35.rope.dimension_sections": [11, 11, 10, 0],
+        "qwen35.full_attention_interval": interval,
+        "qwen35.ssm.conv_kernel": d_conv,
+        "qwen35.ssm.inner_size": d_inner,
+        "qwen35.ssm.state_size": d_state,
+        "qwen35.ssm.time_step_rank": dt_rank,
+        "qwen35.ssm.group_count": n_group,
+    }
     if n_mtp:
         kv["qwen35.nextn_predict_layers"] = n_mtp
-    return _spec("qwen35", name, n_layer=L, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=262144,
-                 t=t, head_dim=head, kv=kv)
+    return _spec(
+        "qwen35",
+        name,
+        n_layer=L,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=262144,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
-def qwen35moe(*, n_layer: int = 40, E: int = 2048, n_head: int = 16, n_head_kv: int = 2, head: int = 256,
-              n_expert: int = 256, n_expert_used: int = 8, n_ff_exp: int = 512, n_ff_shexp: int = 512,
-              V: int = 248320, d_inner: int = 4096, d_state: int = 128, n_group: int = 16, dt_rank: int = 32,
-              d_conv: int = 4, n_mtp: int = 1, name: str = "Qwen3.6-35B-A3B shape") -> ModelSpec:
+def qwen35moe(
+    *,
+    n_layer: int = 40,
+    E: int = 2048,
+    n_head: int = 16,
+    n_head_kv: int = 2,
+    head: int = 256,
+    n_expert: int = 256,
+    n_expert_used: int = 8,
+    n_ff_exp: int = 512,
+    n_ff_shexp: int = 512,
+    V: int = 248320,
+    d_inner: int = 4096,
+    d_state: int = 128,
+    n_group: int = 16,
+    dt_rank: int = 32,
+    d_conv: int = 4,
+    n_mtp: int = 1,
+    name: str = "Qwen3.6-35B-A3B shape",
+) -> ModelSpec:
     """qwen35moe.cpp: Qwen3.6-35B-A3B with its MTP block (block_count 41, nextn_predict_layers 1)."""
     t = _T()
     L = n_layer + n_mtp
@@ -172,21 +259,55 @@ def qwen35moe(*, n_layer: int = 40, E: int = 2048, n_head: int = 16, n_head_kv: 
             t.add(p + "nextn.eh_proj.weight", 2 * E, E)
             t.add(p + "nextn.enorm.weight", E)
             t.add(p + "nextn.hnorm.weight", E)
-    kv = {"qwen35moe.rope.dimension_sections": [11, 11, 10, 0], "qwen35moe.ssm.conv_kernel": d_conv,
-          "qwen35moe.ssm.inner_size": d_inner, "qwen35moe.ssm.state_size": d_state,
-          "qwen35moe.ssm.time_step_rank": dt_rank, "qwen35moe.ssm.group_count": n_group,
-          "qwen35moe.expert_count": n_expert, "qwen35moe.expert_used_count": n_expert_used,
-          "qwen35moe.expert_feed_forward_length": n_ff_exp, "qwen35moe.expert_shared_feed_forward_length": n_ff_shexp}
+    kv = {
+        "qwen35moe.rope.dimension_sections": [11, 11, 10, 0],
+        "qwen35moe.ssm.conv_kernel": d_conv,
+        "qwen35moe.ssm.inner_size": d_inner,
+        "qwen35moe.ssm.state_size": d_state,
+        "qwen35moe.ssm.time_step_rank": dt_rank,
+        "qwen35moe.ssm.group_count": n_group,
+        "qwen35moe.expert_count": n_expert,
+        "qwen35moe.expert_used_count": n_expert_used,
+        "qwen35moe.expert_feed_forward_length": n_ff_exp,
+        "qwen35moe.expert_shared_feed_forward_length": n_ff_shexp,
+    }
     if n_mtp:
         kv["qwen35moe.nextn_predict_layers"] = n_mtp
-    return _spec("qwen35moe", name, n_layer=L, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff_shexp, V=V,
-                 ctx=262144, t=t, head_dim=head, kv=kv)
+    return _spec(
+        "qwen35moe",
+        name,
+        n_layer=L,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff_shexp,
+        V=V,
+        ctx=262144,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
-def qwen3next(*, n_layer: int = 12, E: int = 2048, n_head: int = 16, n_head_kv: int = 2, head: int = 256,
-              n_expert: int = 16, n_expert_used: int = 4, n_ff_exp: int = 512, n_ff_shexp: int = 512,
-              V: int = 151936, d_inner: int = 4096, d_state: int = 128, n_group: int = 16, dt_rank: int = 32,
-              d_conv: int = 4, name: str = "Qwen3-Next-80B-A3B layer shapes, 12 layers, 16 experts") -> ModelSpec:
+def qwen3next(
+    *,
+    n_layer: int = 12,
+    E: int = 2048,
+    n_head: int = 16,
+    n_head_kv: int = 2,
+    head: int = 256,
+    n_expert: int = 16,
+    n_expert_used: int = 4,
+    n_ff_exp: int = 512,
+    n_ff_shexp: int = 512,
+    V: int = 151936,
+    d_inner: int = 4096,
+    d_state: int = 128,
+    n_group: int = 16,
+    dt_rank: int = 32,
+    d_conv: int = 4,
+    name: str = "Qwen3-Next-80B-A3B layer shapes, 12 layers, 16 experts",
+) -> ModelSpec:
     """qwen3next.cpp: Qwen3-Next's layer shapes (fewer layers and experts: the structure is what counts)."""
     t = _T()
     t.io(E, V)
@@ -199,17 +320,49 @@ def qwen3next(*, n_layer: int = 12, E: int = 2048, n_head: int = 16, n_head_kv: 
         else:
             _gated_delta_net(t, il, E, d_conv=d_conv, d_state=d_state, n_group=n_group, dt_rank=dt_rank, legacy_ba=True)
         t.moe(il, E, n_ff_exp, n_expert, shexp=n_ff_shexp, gate_inp_shexp=True)
-    kv = {"qwen3next.ssm.conv_kernel": d_conv, "qwen3next.ssm.inner_size": d_inner, "qwen3next.ssm.state_size": d_state,
-          "qwen3next.ssm.time_step_rank": dt_rank, "qwen3next.ssm.group_count": n_group,
-          "qwen3next.expert_count": n_expert, "qwen3next.expert_used_count": n_expert_used,
-          "qwen3next.expert_feed_forward_length": n_ff_exp, "qwen3next.expert_shared_feed_forward_length": n_ff_shexp}
-    return _spec("qwen3next", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff_shexp, V=V,
-                 ctx=262144, t=t, head_dim=head, kv=kv)
+    kv = {
+        "qwen3next.ssm.conv_kernel": d_conv,
+        "qwen3next.ssm.inner_size": d_inner,
+        "qwen3next.ssm.state_size": d_state,
+        "qwen3next.ssm.time_step_rank": dt_rank,
+        "qwen3next.ssm.group_count": n_group,
+        "qwen3next.expert_count": n_expert,
+        "qwen3next.expert_used_count": n_expert_used,
+        "qwen3next.expert_feed_forward_length": n_ff_exp,
+        "qwen3next.expert_shared_feed_forward_length": n_ff_shexp,
+    }
+    return _spec(
+        "qwen3next",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff_shexp,
+        V=V,
+        ctx=262144,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
-def falcon_h1(*, n_layer: int = 24, E: int = 2048, n_head: int = 8, n_head_kv: int = 2, head: int = 128,
-              n_ff: int = 4096, V: int = 65536, d_inner: int = 3072, d_state: int = 256, n_group: int = 1,
-              ssm_heads: int = 48, d_conv: int = 4, name: str = "Falcon-H1-1.5B shape") -> ModelSpec:
+def falcon_h1(
+    *,
+    n_layer: int = 24,
+    E: int = 2048,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head: int = 128,
+    n_ff: int = 4096,
+    V: int = 65536,
+    d_inner: int = 3072,
+    d_state: int = 256,
+    n_group: int = 1,
+    ssm_heads: int = 48,
+    d_conv: int = 4,
+    name: str = "Falcon-H1-1.5B shape",
+) -> ModelSpec:
     """falcon-h1.cpp: attention and a Mamba2 mixer in every layer."""
     t = _T()
     t.io(E, V)
@@ -228,20 +381,49 @@ def falcon_h1(*, n_layer: int = 24, E: int = 2048, n_head: int = 8, n_head_kv: i
         t.add(p + "attn_norm.weight", E)
         t.add(p + "ffn_norm", E)  # falcon-h1.cpp: tn(LLM_TENSOR_FFN_NORM, i), no suffix
         t.ffn(il, E, n_ff, norm=None)
-    kv = {"falcon-h1.ssm.conv_kernel": d_conv, "falcon-h1.ssm.inner_size": d_inner, "falcon-h1.ssm.state_size": d_state,
-          "falcon-h1.ssm.time_step_rank": ssm_heads, "falcon-h1.ssm.group_count": n_group}
-    return _spec("falcon-h1", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
-                 ctx=131072, t=t, head_dim=head, kv=kv)
+    kv = {
+        "falcon-h1.ssm.conv_kernel": d_conv,
+        "falcon-h1.ssm.inner_size": d_inner,
+        "falcon-h1.ssm.state_size": d_state,
+        "falcon-h1.ssm.time_step_rank": ssm_heads,
+        "falcon-h1.ssm.group_count": n_group,
+    }
+    return _spec(
+        "falcon-h1",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=131072,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
 #: NVIDIA-Nemotron-Nano-9B-v2's hybrid_override_pattern: M = Mamba2, - = MLP, * = attention
 NEMOTRON_NANO_9B_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
 
 
-def nemotron_h(*, pattern: str = NEMOTRON_NANO_9B_PATTERN, E: int = 4480, n_head: int = 40, n_head_kv: int = 8,
-               head: int = 128, n_ff: int = 15680, V: int = 131072, d_inner: int = 10240, d_state: int = 128,
-               n_group: int = 8, ssm_heads: int = 128, d_conv: int = 4,
-               name: str = "NVIDIA-Nemotron-Nano-9B-v2 shape") -> ModelSpec:
+def nemotron_h(
+    *,
+    pattern: str = NEMOTRON_NANO_9B_PATTERN,
+    E: int = 4480,
+    n_head: int = 40,
+    n_head_kv: int = 8,
+    head: int = 128,
+    n_ff: int = 15680,
+    V: int = 131072,
+    d_inner: int = 10240,
+    d_state: int = 128,
+    n_group: int = 8,
+    ssm_heads: int = 128,
+    d_conv: int = 4,
+    name: str = "NVIDIA-Nemotron-Nano-9B-v2 shape",
+) -> ModelSpec:
     """nemotron-h.cpp: Mamba2, MLP-only and attention layers by a pattern (per-layer
     head_count_kv and feed_forward_length arrays)."""
     t = _T()
@@ -255,18 +437,45 @@ def nemotron_h(*, pattern: str = NEMOTRON_NANO_9B_PATTERN, E: int = 4480, n_head
             t.attn(il, E, head * n_head, head * n_head_kv, head * n_head_kv, head * n_head)
         else:
             t.ffn(il, E, n_ff, gate=False, norm=None)
-    kv = {"nemotron_h.ssm.conv_kernel": d_conv, "nemotron_h.ssm.inner_size": d_inner, "nemotron_h.ssm.state_size": d_state,
-          "nemotron_h.ssm.time_step_rank": ssm_heads, "nemotron_h.ssm.group_count": n_group,
-          "nemotron_h.attention.layer_norm_epsilon": 1e-5}
-    return _spec("nemotron_h", name, n_layer=L, E=E, n_head=n_head,
-                 n_head_kv=[n_head_kv if c == "*" else 0 for c in pattern],
-                 n_ff=[n_ff if c == "-" else 0 for c in pattern], V=V, ctx=131072, t=t, head_dim=head, kv=kv)
+    kv = {
+        "nemotron_h.ssm.conv_kernel": d_conv,
+        "nemotron_h.ssm.inner_size": d_inner,
+        "nemotron_h.ssm.state_size": d_state,
+        "nemotron_h.ssm.time_step_rank": ssm_heads,
+        "nemotron_h.ssm.group_count": n_group,
+        "nemotron_h.attention.layer_norm_epsilon": 1e-5,
+    }
+    return _spec(
+        "nemotron_h",
+        name,
+        n_layer=L,
+        E=E,
+        n_head=n_head,
+        n_head_kv=[n_head_kv if c == "*" else 0 for c in pattern],
+        n_ff=[n_ff if c == "-" else 0 for c in pattern],
+        V=V,
+        ctx=131072,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
-def granite_hybrid(*, n_layer: int = 40, attn_layers: Sequence[int] = (10, 13, 17, 27), E: int = 2048,
-                   n_head: int = 32, n_head_kv: int = 8, n_ff: int = 8192, V: int = 100352, d_state: int = 128,
-                   n_group: int = 1, ssm_heads: int = 64, d_conv: int = 4,
-                   name: str = "Granite-4.0-H-Micro shape") -> ModelSpec:
+def granite_hybrid(
+    *,
+    n_layer: int = 40,
+    attn_layers: Sequence[int] = (10, 13, 17, 27),
+    E: int = 2048,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    n_ff: int = 8192,
+    V: int = 100352,
+    d_state: int = 128,
+    n_group: int = 1,
+    ssm_heads: int = 64,
+    d_conv: int = 4,
+    name: str = "Granite-4.0-H-Micro shape",
+) -> ModelSpec:
     """granite-hybrid.cpp: Mamba2 layers (head_count_kv 0) and a few attention layers, dense FFN
     in every layer; d_inner = 2 * n_embd (asserted)."""
     t = _T()
@@ -280,21 +489,45 @@ def granite_hybrid(*, n_layer: int = 40, attn_layers: Sequence[int] = (10, 13, 1
         else:
             t.mamba2(il, E, d_inner, d_state, n_group, ssm_heads, d_conv)
         t.ffn(il, E, n_ff)
-    kv = {"granitehybrid.ssm.conv_kernel": d_conv, "granitehybrid.ssm.inner_size": d_inner,
-          "granitehybrid.ssm.state_size": d_state, "granitehybrid.ssm.time_step_rank": ssm_heads,
-          "granitehybrid.ssm.group_count": n_group}
-    return _spec("granitehybrid", name, n_layer=n_layer, E=E, n_head=n_head,
-                 n_head_kv=[n_head_kv if il in attn_layers else 0 for il in range(n_layer)], n_ff=n_ff, V=V,
-                 ctx=131072, t=t, kv=kv)
+    kv = {
+        "granitehybrid.ssm.conv_kernel": d_conv,
+        "granitehybrid.ssm.inner_size": d_inner,
+        "granitehybrid.ssm.state_size": d_state,
+        "granitehybrid.ssm.time_step_rank": ssm_heads,
+        "granitehybrid.ssm.group_count": n_group,
+    }
+    return _spec(
+        "granitehybrid",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=[n_head_kv if il in attn_layers else 0 for il in range(n_layer)],
+        n_ff=n_ff,
+        V=V,
+        ctx=131072,
+        t=t,
+        kv=kv,
+    )
 
 
 #: LFM2-1.2B's layer types: 10 short-conv layers and 6 attention layers
 LFM2_1_2B_ATTN = (2, 5, 8, 10, 12, 14)
 
 
-def lfm2(*, n_layer: int = 16, attn_layers: Sequence[int] = LFM2_1_2B_ATTN, E: int = 2048, n_head: int = 32,
-         n_head_kv: int = 8, n_ff: int = 8192, V: int = 65536, l_cache: int = 3, window: int | None = None,
-         name: str = "LFM2-1.2B shape") -> ModelSpec:
+def lfm2(
+    *,
+    n_layer: int = 16,
+    attn_layers: Sequence[int] = LFM2_1_2B_ATTN,
+    E: int = 2048,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    n_ff: int = 8192,
+    V: int = 65536,
+    l_cache: int = 3,
+    window: int | None = None,
+    name: str = "LFM2-1.2B shape",
+) -> ModelSpec:
     """lfm2.cpp: short-conv layers (head_count_kv 0, state n_embd x (l_cache - 1)) and attention
     layers; with a sliding window every attention layer is SWA (hybrid iSWA memory)."""
     t = _T()
@@ -314,14 +547,38 @@ def lfm2(*, n_layer: int = 16, attn_layers: Sequence[int] = LFM2_1_2B_ATTN, E: i
             t.add(p + "shortconv.in_proj.weight", E, 3 * E)
             t.add(p + "shortconv.out_proj.weight", E, E)
     kv = {"lfm2.shortconv.l_cache": l_cache}
-    return _spec("lfm2", name, n_layer=n_layer, E=E, n_head=n_head,
-                 n_head_kv=[n_head_kv if il in attn_layers else 0 for il in range(n_layer)], n_ff=n_ff, V=V,
-                 ctx=128000, t=t, window=window, kv=kv, tied=True)
+    return _spec(
+        "lfm2",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=[n_head_kv if il in attn_layers else 0 for il in range(n_layer)],
+        n_ff=n_ff,
+        V=V,
+        ctx=128000,
+        t=t,
+        window=window,
+        kv=kv,
+        tied=True,
+    )
 
 
-def llama4(*, n_layer: int = 48, E: int = 5120, n_head: int = 40, n_head_kv: int = 8, head: int = 128,
-           n_ff: int = 16384, n_expert: int = 16, n_expert_used: int = 1, n_ff_exp: int = 8192, V: int = 202048,
-           window_key: int | None = None, name: str = "Llama-4-Scout-17B-16E shape") -> ModelSpec:
+def llama4(
+    *,
+    n_layer: int = 48,
+    E: int = 5120,
+    n_head: int = 40,
+    n_head_kv: int = 8,
+    head: int = 128,
+    n_ff: int = 16384,
+    n_expert: int = 16,
+    n_expert_used: int = 1,
+    n_ff_exp: int = 8192,
+    V: int = 202048,
+    window_key: int | None = None,
+    name: str = "Llama-4-Scout-17B-16E shape",
+) -> ModelSpec:
     """llama4.cpp: every layer MoE (interleave step 1); chunked attention (chunk 8192, 3 chunked -
     1 full) unless the file says sliding_window = 0; Scout's GGUFs carry no window key."""
     t = _T()
@@ -331,14 +588,41 @@ def llama4(*, n_layer: int = 48, E: int = 5120, n_head: int = 40, n_head_kv: int
         t.attn(il, E, head * n_head, head * n_head_kv, head * n_head_kv, head * n_head)
         t.add(f"blk.{il}.ffn_norm.weight", E)
         t.moe(il, E, n_ff_exp, n_expert, shexp=n_ff_exp)
-    kv = {"llama4.expert_count": n_expert, "llama4.expert_used_count": n_expert_used,
-          "llama4.expert_feed_forward_length": n_ff_exp, "llama4.interleave_moe_layer_step": 1}
-    return _spec("llama4", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
-                 ctx=10485760, t=t, head_dim=head, window=window_key, kv=kv)
+    kv = {
+        "llama4.expert_count": n_expert,
+        "llama4.expert_used_count": n_expert_used,
+        "llama4.expert_feed_forward_length": n_ff_exp,
+        "llama4.interleave_moe_layer_step": 1,
+    }
+    return _spec(
+        "llama4",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=10485760,
+        t=t,
+        head_dim=head,
+        window=window_key,
+        kv=kv,
+    )
 
 
-def gemma3n(*, n_layer: int = 35, E: int = 2048, n_head: int = 8, n_head_kv: int = 2, head: int = 256,
-            n_ff: int = 16384, V: int = 262144, window: int = 512, name: str = "Gemma-3n-E4B shape") -> ModelSpec:
+def gemma3n(
+    *,
+    n_layer: int = 35,
+    E: int = 2048,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head: int = 256,
+    n_ff: int = 16384,
+    V: int = 262144,
+    window: int = 512,
+    name: str = "Gemma-3n-E4B shape",
+) -> ModelSpec:
     """gemma3n.cpp: pattern 5 (every 5th layer full), only the first 20 layers hold KV; the rest
     read the KV of layer 18 (SWA) or 19 (full)."""
     t = _T()
@@ -368,13 +652,39 @@ def gemma3n(*, n_layer: int = 35, E: int = 2048, n_head: int = 8, n_head_kv: int
         t.add(p + "laurel_l.weight", E, laurel)
         t.add(p + "laurel_r.weight", laurel, E)
         t.add(p + "laurel_post_norm.weight", E)
-    return _spec("gemma3n", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
-                 ctx=32768, t=t, head_dim=head, window=window, tied=True)
+    return _spec(
+        "gemma3n",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=32768,
+        t=t,
+        head_dim=head,
+        window=window,
+        tied=True,
+    )
 
 
-def gemma4(*, n_layer: int = 42, E: int = 2560, n_head: int = 8, n_head_kv: int = 2, head_full: int = 512,
-           head_swa: int = 256, shared_kv: int = 18, n_ff: int = 10240, V: int = 262144, window: int = 512,
-           period: int = 6, per_layer: int = 256, name: str = "Gemma-4-E4B shape") -> ModelSpec:
+def gemma4(
+    *,
+    n_layer: int = 42,
+    E: int = 2560,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_full: int = 512,
+    head_swa: int = 256,
+    shared_kv: int = 18,
+    n_ff: int = 10240,
+    V: int = 262144,
+    window: int = 512,
+    period: int = 6,
+    per_layer: int = 256,
+    name: str = "Gemma-4-E4B shape",
+) -> ModelSpec:
     """gemma4.cpp: per-layer SWA pattern array (5 sliding, 1 full), full layers with larger heads,
     the last ``shared_kv`` layers reading the KV of earlier ones, per-layer embeddings."""
     t = _T()
@@ -403,16 +713,47 @@ def gemma4(*, n_layer: int = 42, E: int = 2560, n_head: int = 8, n_head_kv: int 
         t.add(p + "inp_gate.weight", E, per_layer)
         t.add(p + "proj.weight", per_layer, E)
         t.add(p + "post_norm.weight", E)
-    kv = {"gemma4.attention.sliding_window_pattern": pattern, "gemma4.attention.shared_kv_layers": shared_kv,
-          "gemma4.attention.key_length_swa": head_swa, "gemma4.attention.value_length_swa": head_swa,
-          "gemma4.embedding_length_per_layer_input": per_layer}
-    return _spec("gemma4", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
-                 ctx=131072, t=t, head_dim=head_full, window=window, kv=kv, tied=True)
+    kv = {
+        "gemma4.attention.sliding_window_pattern": pattern,
+        "gemma4.attention.shared_kv_layers": shared_kv,
+        "gemma4.attention.key_length_swa": head_swa,
+        "gemma4.attention.value_length_swa": head_swa,
+        "gemma4.embedding_length_per_layer_input": per_layer,
+    }
+    return _spec(
+        "gemma4",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=131072,
+        t=t,
+        head_dim=head_full,
+        window=window,
+        kv=kv,
+        tied=True,
+    )
 
 
-def glm4moe(*, n_layer: int = 6, n_mtp: int = 1, E: int = 1024, n_head: int = 16, n_head_kv: int = 4, head: int = 128,
-            n_ff: int = 2048, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 256, n_dense: int = 1,
-            V: int = 16384, name: str = "GLM-4.5-style, small") -> ModelSpec:
+def glm4moe(
+    *,
+    n_layer: int = 6,
+    n_mtp: int = 1,
+    E: int = 1024,
+    n_head: int = 16,
+    n_head_kv: int = 4,
+    head: int = 128,
+    n_ff: int = 2048,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 256,
+    n_dense: int = 1,
+    V: int = 16384,
+    name: str = "GLM-4.5-style, small",
+) -> ModelSpec:
     """glm4-moe.cpp: dense leading layers, MoE with a shared expert, and NextN blocks at the end of
     block_count (skipped without load_mtp, and kept out of the main context's KV)."""
     t = _T()
@@ -431,16 +772,44 @@ def glm4moe(*, n_layer: int = 6, n_mtp: int = 1, E: int = 1024, n_head: int = 16
             t.add(p + "nextn.eh_proj.weight", 2 * E, E)
             t.add(p + "nextn.enorm.weight", E)
             t.add(p + "nextn.hnorm.weight", E)
-    kv = {"glm4moe.expert_count": n_expert, "glm4moe.expert_used_count": n_expert_used,
-          "glm4moe.expert_feed_forward_length": n_ff_exp, "glm4moe.expert_shared_count": 1,
-          "glm4moe.leading_dense_block_count": n_dense, "glm4moe.nextn_predict_layers": n_mtp}
-    return _spec("glm4moe", name, n_layer=L, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=131072,
-                 t=t, head_dim=head, kv=kv)
+    kv = {
+        "glm4moe.expert_count": n_expert,
+        "glm4moe.expert_used_count": n_expert_used,
+        "glm4moe.expert_feed_forward_length": n_ff_exp,
+        "glm4moe.expert_shared_count": 1,
+        "glm4moe.leading_dense_block_count": n_dense,
+        "glm4moe.nextn_predict_layers": n_mtp,
+    }
+    return _spec(
+        "glm4moe",
+        name,
+        n_layer=L,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=131072,
+        t=t,
+        head_dim=head,
+        kv=kv,
+    )
 
 
-def gpt_oss(*, n_layer: int = 24, E: int = 2880, n_head: int = 64, n_head_kv: int = 8, head: int = 64,
-            n_expert: int = 32, n_expert_used: int = 4, n_ff_exp: int = 2880, V: int = 201088, window: int = 128,
-            name: str = "gpt-oss-20b shape") -> ModelSpec:
+def gpt_oss(
+    *,
+    n_layer: int = 24,
+    E: int = 2880,
+    n_head: int = 64,
+    n_head_kv: int = 8,
+    head: int = 64,
+    n_expert: int = 32,
+    n_expert_used: int = 4,
+    n_ff_exp: int = 2880,
+    V: int = 201088,
+    window: int = 128,
+    name: str = "gpt-oss-20b shape",
+) -> ModelSpec:
     """openai-moe.cpp: alternating sliding-window (even layers) and full layers, attention sinks."""
     t = _T()
     t.io(E, V)
@@ -456,14 +825,39 @@ def gpt_oss(*, n_layer: int = 24, E: int = 2880, n_head: int = 64, n_head_kv: in
         t.add(p + "ffn_gate_exps.bias", n_ff_exp, n_expert, t=F32)
         t.add(p + "ffn_down_exps.bias", E, n_expert, t=F32)
         t.add(p + "ffn_up_exps.bias", n_ff_exp, n_expert, t=F32)
-    kv = {"gpt-oss.expert_count": n_expert, "gpt-oss.expert_used_count": n_expert_used,
-          "gpt-oss.expert_feed_forward_length": n_ff_exp, "gpt-oss.rope.dimension_count": head}
-    return _spec("gpt-oss", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff_exp, V=V,
-                 ctx=131072, t=t, head_dim=head, window=window, kv=kv)
+    kv = {
+        "gpt-oss.expert_count": n_expert,
+        "gpt-oss.expert_used_count": n_expert_used,
+        "gpt-oss.expert_feed_forward_length": n_ff_exp,
+        "gpt-oss.rope.dimension_count": head,
+    }
+    return _spec(
+        "gpt-oss",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff_exp,
+        V=V,
+        ctx=131072,
+        t=t,
+        head_dim=head,
+        window=window,
+        kv=kv,
+    )
 
 
-def stablelm(*, n_layer: int = 32, E: int = 2560, n_head: int = 32, n_head_kv: int = 32, n_ff: int = 6912,
-             V: int = 50304, name: str = "StableLM-Zephyr-3B shape") -> ModelSpec:
+def stablelm(
+    *,
+    n_layer: int = 32,
+    E: int = 2560,
+    n_head: int = 32,
+    n_head_kv: int = 32,
+    n_ff: int = 6912,
+    V: int = 50304,
+    name: str = "StableLM-Zephyr-3B shape",
+) -> ModelSpec:
     """stablelm.cpp: LayerNorm with biases, head size 80 (n_embd 2560 / 32 heads)."""
     t = _T()
     t.add("token_embd.weight", E, V)
@@ -478,12 +872,21 @@ def stablelm(*, n_layer: int = 32, E: int = 2560, n_head: int = 32, n_head_kv: i
         t.attn(il, E, E, hd * n_head_kv, hd * n_head_kv, E)
         t.ffn(il, E, n_ff)
     kv = {"stablelm.attention.layer_norm_epsilon": 1e-5, "stablelm.rope.dimension_count": 20}
-    return _spec("stablelm", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=4096,
-                 t=t, kv=kv)
+    return _spec(
+        "stablelm", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=4096, t=t, kv=kv
+    )
 
 
-def qwen2(*, n_layer: int = 28, E: int = 3584, n_head: int = 28, n_head_kv: int = 4, n_ff: int = 18944,
-          V: int = 152064, name: str = "Qwen2.5-7B shape") -> ModelSpec:
+def qwen2(
+    *,
+    n_layer: int = 28,
+    E: int = 3584,
+    n_head: int = 28,
+    n_head_kv: int = 4,
+    n_ff: int = 18944,
+    V: int = 152064,
+    name: str = "Qwen2.5-7B shape",
+) -> ModelSpec:
     """qwen2.cpp: a plain transformer with QKV biases."""
     t = _T()
     t.io(E, V)
@@ -496,11 +899,22 @@ def qwen2(*, n_layer: int = 28, E: int = 3584, n_head: int = 28, n_head_kv: int 
         t.add(p + "attn_k.bias", hd * n_head_kv)
         t.add(p + "attn_v.bias", hd * n_head_kv)
         t.ffn(il, E, n_ff)
-    return _spec("qwen2", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=32768, t=t)
+    return _spec(
+        "qwen2", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=32768, t=t
+    )
 
 
-def qwen3(*, n_layer: int = 36, E: int = 4096, n_head: int = 32, n_head_kv: int = 8, head: int = 128,
-          n_ff: int = 12288, V: int = 151936, name: str = "Qwen3-8B shape") -> ModelSpec:
+def qwen3(
+    *,
+    n_layer: int = 36,
+    E: int = 4096,
+    n_head: int = 32,
+    n_head_kv: int = 8,
+    head: int = 128,
+    n_ff: int = 12288,
+    V: int = 151936,
+    name: str = "Qwen3-8B shape",
+) -> ModelSpec:
     """qwen3.cpp: a plain transformer with Q/K norms."""
     t = _T()
     t.io(E, V)
@@ -508,14 +922,38 @@ def qwen3(*, n_layer: int = 36, E: int = 4096, n_head: int = 32, n_head_kv: int 
         t.add(f"blk.{il}.attn_norm.weight", E)
         t.attn(il, E, head * n_head, head * n_head_kv, head * n_head_kv, head * n_head, qk_norm=head)
         t.ffn(il, E, n_ff)
-    return _spec("qwen3", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V, ctx=40960,
-                 t=t, head_dim=head)
+    return _spec(
+        "qwen3",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=40960,
+        t=t,
+        head_dim=head,
+    )
 
 
-def deepseek2(*, n_layer: int = 27, E: int = 2048, n_head: int = 16, kv_lora: int = 512, rope: int = 64,
-              k_mla: int = 192, v_mla: int = 128, n_ff: int = 10944, n_expert: int = 64, n_expert_used: int = 6,
-              n_ff_exp: int = 1408, n_shared: int = 2, V: int = 102400,
-              name: str = "DeepSeek-V2-Lite shape") -> ModelSpec:
+def deepseek2(
+    *,
+    n_layer: int = 27,
+    E: int = 2048,
+    n_head: int = 16,
+    kv_lora: int = 512,
+    rope: int = 64,
+    k_mla: int = 192,
+    v_mla: int = 128,
+    n_ff: int = 10944,
+    n_expert: int = 64,
+    n_expert_used: int = 6,
+    n_ff_exp: int = 1408,
+    n_shared: int = 2,
+    V: int = 102400,
+    name: str = "DeepSeek-V2-Lite shape",
+) -> ModelSpec:
     """deepseek2.cpp: MLA (a K-only latent cache of kv_lora_rank + rope per token, one KV head),
     a dense first layer, then MoE with shared experts."""
     t = _T()
@@ -534,17 +972,44 @@ def deepseek2(*, n_layer: int = 27, E: int = 2048, n_head: int = 16, kv_lora: in
             t.ffn(il, E, n_ff, norm=None)
         else:
             t.moe(il, E, n_ff_exp, n_expert, shexp=n_ff_exp * n_shared)
-    kv = {"deepseek2.attention.kv_lora_rank": kv_lora, "deepseek2.attention.key_length_mla": k_mla,
-          "deepseek2.attention.value_length_mla": v_mla, "deepseek2.attention.value_length": kv_lora,
-          "deepseek2.rope.dimension_count": rope, "deepseek2.leading_dense_block_count": 1,
-          "deepseek2.expert_count": n_expert, "deepseek2.expert_used_count": n_expert_used,
-          "deepseek2.expert_feed_forward_length": n_ff_exp, "deepseek2.expert_shared_count": n_shared}
-    return _spec("deepseek2", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=1, n_ff=n_ff, V=V, ctx=163840,
-                 t=t, head_dim=kv_lora + rope, kv=kv)
+    kv = {
+        "deepseek2.attention.kv_lora_rank": kv_lora,
+        "deepseek2.attention.key_length_mla": k_mla,
+        "deepseek2.attention.value_length_mla": v_mla,
+        "deepseek2.attention.value_length": kv_lora,
+        "deepseek2.rope.dimension_count": rope,
+        "deepseek2.leading_dense_block_count": 1,
+        "deepseek2.expert_count": n_expert,
+        "deepseek2.expert_used_count": n_expert_used,
+        "deepseek2.expert_feed_forward_length": n_ff_exp,
+        "deepseek2.expert_shared_count": n_shared,
+    }
+    return _spec(
+        "deepseek2",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=1,
+        n_ff=n_ff,
+        V=V,
+        ctx=163840,
+        t=t,
+        head_dim=kv_lora + rope,
+        kv=kv,
+    )
 
 
-def mamba(*, n_layer: int = 24, E: int = 768, d_state: int = 16, dt_rank: int = 48, d_conv: int = 4, V: int = 50280,
-          name: str = "Mamba-130M shape") -> ModelSpec:
+def mamba(
+    *,
+    n_layer: int = 24,
+    E: int = 768,
+    d_state: int = 16,
+    dt_rank: int = 48,
+    d_conv: int = 4,
+    V: int = 50280,
+    name: str = "Mamba-130M shape",
+) -> ModelSpec:
     """mamba.cpp: a pure recurrent model (no KV cache; conv + SSM state per layer)."""
     t = _T()
     t.io(E, V, tied=True)
@@ -561,14 +1026,29 @@ def mamba(*, n_layer: int = 24, E: int = 768, d_state: int = 16, dt_rank: int = 
         t.add(p + "ssm_a", d_state, d_inner, t=F32)
         t.add(p + "ssm_d", d_inner)
         t.add(p + "ssm_out.weight", d_inner, E)
-    kv = {"mamba.ssm.conv_kernel": d_conv, "mamba.ssm.inner_size": d_inner, "mamba.ssm.state_size": d_state,
-          "mamba.ssm.time_step_rank": dt_rank}
-    return _spec("mamba", name, n_layer=n_layer, E=E, n_head=0, n_head_kv=0, n_ff=0, V=V, ctx=1 << 20, t=t, kv=kv,
-                 tied=True)
+    kv = {
+        "mamba.ssm.conv_kernel": d_conv,
+        "mamba.ssm.inner_size": d_inner,
+        "mamba.ssm.state_size": d_state,
+        "mamba.ssm.time_step_rank": dt_rank,
+    }
+    return _spec(
+        "mamba", name, n_layer=n_layer, E=E, n_head=0, n_head_kv=0, n_ff=0, V=V, ctx=1 << 20, t=t, kv=kv, tied=True
+    )
 
 
-def granite_swa(*, n_layer: int = 8, E: int = 1024, n_head: int = 16, n_head_kv: int = 4, n_ff: int = 2048,
-                V: int = 16384, window: int = 512, period: int = 4, name: str = "granite_swa, small") -> ModelSpec:
+def granite_swa(
+    *,
+    n_layer: int = 8,
+    E: int = 1024,
+    n_head: int = 16,
+    n_head_kv: int = 4,
+    n_ff: int = 2048,
+    V: int = 16384,
+    window: int = 512,
+    period: int = 4,
+    name: str = "granite_swa, small",
+) -> ModelSpec:
     """granite-swa.cpp: a per-layer SWA pattern array and attention sinks. kvtuner has no tested
     rule for this architecture: the tests use it to show the structure probe at work."""
     t = _T()
@@ -580,7 +1060,21 @@ def granite_swa(*, n_layer: int = 8, E: int = 1024, n_head: int = 16, n_head_kv:
         t.attn(il, E, hd * n_head, hd * n_head_kv, hd * n_head_kv, hd * n_head)
         t.add(p + "attn_sinks.weight", n_head)
         t.ffn(il, E, n_ff)
-    kv = {"granite_swa.logit_scale": 8.0,
-          "granite_swa.attention.sliding_window_pattern": [(il % period) != period - 1 for il in range(n_layer)]}
-    return _spec("granite_swa", name, n_layer=n_layer, E=E, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, V=V,
-                 ctx=32768, t=t, window=window, kv=kv)
+    kv = {
+        "granite_swa.logit_scale": 8.0,
+        "granite_swa.attention.sliding_window_pattern": [(il % period) != period - 1 for il in range(n_layer)],
+    }
+    return _spec(
+        "granite_swa",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_ff=n_ff,
+        V=V,
+        ctx=32768,
+        t=t,
+        window=window,
+        kv=kv,
+    )

@@ -17,13 +17,26 @@ class IdleSampler:
     """A sampler that samples nothing, for windows whose tests or benchmarks are about the plan,
     not the live graphs (those run the real :class:`kvtuner.core.monitor.sampler.Sampler`)."""
 
-    def start(self): return self
-    def stop(self, timeout_s=2.0): pass
-    def set_pid(self, pid): pass
-    def reset_peaks(self): pass
-    def host_samples(self, since_t_s=None): return []
-    def gpu_samples(self, index, since_t_s=None): return []
-    def gpu_indices(self): return []
+    def start(self):
+        return self
+
+    def stop(self, timeout_s=2.0):
+        pass
+
+    def set_pid(self, pid):
+        pass
+
+    def reset_peaks(self):
+        pass
+
+    def host_samples(self, since_t_s=None):
+        return []
+
+    def gpu_samples(self, index, since_t_s=None):
+        return []
+
+    def gpu_indices(self):
+        return []
 
 
 def ini_settings(folder: Path) -> QtCore.QSettings:

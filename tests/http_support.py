@@ -9,14 +9,32 @@ import threading
 
 #: llama-server answers (b11434's shapes: tools/server/server-context.cpp) for a server of the test's own
 SLOTS = [
-    {"id": 0, "n_ctx": 1024, "speculative": False, "is_processing": True, "id_task": 7, "n_prompt_tokens": 300,
-     "next_token": [{"has_next_token": True, "has_new_line": False, "n_remain": 50, "n_decoded": 40}]},
+    {
+        "id": 0,
+        "n_ctx": 1024,
+        "speculative": False,
+        "is_processing": True,
+        "id_task": 7,
+        "n_prompt_tokens": 300,
+        "next_token": [{"has_next_token": True, "has_new_line": False, "n_remain": 50, "n_decoded": 40}],
+    },
     # an older build's shape: next_token an object
-    {"id": 1, "n_ctx": 1024, "is_processing": False, "id_task": 3, "n_prompt_tokens": 20,
-     "next_token": {"has_next_token": False, "n_remain": 0, "n_decoded": 12}},
+    {
+        "id": 1,
+        "n_ctx": 1024,
+        "is_processing": False,
+        "id_task": 3,
+        "n_prompt_tokens": 20,
+        "next_token": {"has_next_token": False, "n_remain": 0, "n_decoded": 12},
+    },
 ]
-PROPS = {"model_path": "/nowhere/model.gguf", "total_slots": 2, "default_generation_settings": {"n_ctx": 1024},
-         "build_info": "b11434-test", "endpoint_metrics": True}
+PROPS = {
+    "model_path": "/nowhere/model.gguf",
+    "total_slots": 2,
+    "default_generation_settings": {"n_ctx": 1024},
+    "build_info": "b11434-test",
+    "endpoint_metrics": True,
+}
 METRICS = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed
 # TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total 100
@@ -36,7 +54,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):  # quiet
         pass
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self.server.hits.append((self.path, self.headers.get("Authorization")))
         route = self.server.routes.get(self.path.split("?")[0])
         if callable(route):
@@ -89,5 +107,9 @@ def ok_json(obj):
 
 def good_routes():
     """The routes of a healthy llama-server with two slots (one generating) and --metrics."""
-    return {"/health": ok_json({"status": "ok"}), "/props": ok_json(PROPS), "/slots": ok_json(SLOTS),
-            "/metrics": (200, "text/plain; version=0.0.4", METRICS)}
+    return {
+        "/health": ok_json({"status": "ok"}),
+        "/props": ok_json(PROPS),
+        "/slots": ok_json(SLOTS),
+        "/metrics": (200, "text/plain; version=0.0.4", METRICS),
+    }

@@ -39,6 +39,7 @@ def fake_nvml(n_gpus: int = 2, *, init_error: Exception | None = None, runner_pi
         def wrapper(*a):
             calls.append(name)
             return fn(*a)
+
         return wrapper
 
     def init():
@@ -62,8 +63,9 @@ def fake_nvml(n_gpus: int = 2, *, init_error: Exception | None = None, runner_pi
         nvmlDeviceGetName=lambda h: b"NVIDIA GeForce RTX 3060" if h[1] == 0 else "NVIDIA RTX A2000 12GB",
         nvmlDeviceGetMemoryInfo=lambda h: _Mem(12 * GiB, (10 - h[1]) * GiB, (2 + h[1]) * GiB),
         nvmlDeviceGetUtilizationRates=lambda h: _Util(37 + h[1], 10),
-        nvmlDeviceGetComputeRunningProcesses=lambda h: [_Proc(runner_pid, 900 << 20), _Proc(1, 100 << 20), _Proc(runner_pid, None)]
-        if h[1] == 0 else unsupported(),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: (
+            [_Proc(runner_pid, 900 << 20), _Proc(1, 100 << 20), _Proc(runner_pid, None)] if h[1] == 0 else unsupported()
+        ),
         nvmlDeviceGetMaxClockInfo=lambda h, kind: 7501 if kind == 2 else 1900,  # MHz (memory clock for kind 2)
         nvmlDeviceGetMemoryBusWidth=lambda h: 192 if h[1] == 0 else unsupported(),
         nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 4,

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
-import json
 import subprocess
 import threading
 import time
-from pathlib import Path
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -62,15 +62,18 @@ def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float)
     return body
 
 
-def start_llama_server(binary: Path, model: Path, log_dir: Path, flags: list[str]) -> tuple[subprocess.Popen, int, list[str]]:
+def start_llama_server(
+    binary: Path, model: Path, log_dir: Path, flags: list[str]
+) -> tuple[subprocess.Popen, int, list[str]]:
     """Start ``binary -m model FLAGS --host 127.0.0.1 --port P`` in its own process group and
     wait until ``/health`` is 200; returns (process, port, argv). Stop it with :func:`stop_group`."""
     port = free_port()
     argv = [str(binary), "-m", str(model), *flags, "--host", "127.0.0.1", "--port", str(port)]
     log = log_dir / f"server-{port}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
         wait_healthy(proc, port, log, 120)
     except BaseException:
@@ -94,10 +97,18 @@ class CompletionClient(threading.Thread):
     def run(self) -> None:
         i = 0
         while not self.stop.is_set():
-            body = json.dumps({"prompt": f"Tell a long story about the number {i}.", "n_predict": self.n_predict,
-                               "temperature": 0, "ignore_eos": True, "cache_prompt": False}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
-                                         headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "prompt": f"Tell a long story about the number {i}.",
+                    "n_predict": self.n_predict,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                }
+            ).encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{self.port}/completion", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 t0 = time.time()
                 with urllib.request.urlopen(req, timeout=120) as r:

@@ -51,9 +51,11 @@ def _replay(s, steps: int = 3) -> list[list[tuple[str, str]]]:
     return seen
 
 
-@pytest.mark.parametrize("flags", [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"],
-                                   ["--no-gpu", "--ram", "16G", "--ctx", "131072"]],
-                         ids=["rtx3060-128k", "cpu-32g-128k", "cpu-16g-128k"])
+@pytest.mark.parametrize(
+    "flags",
+    [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"], ["--no-gpu", "--ram", "16G", "--ctx", "131072"]],
+    ids=["rtx3060-128k", "cpu-32g-128k", "cpu-16g-128k"],
+)
 def test_no_fix_leads_to_an_error_of_its_own(llama8b, flags):
     _replay(_session(llama8b, flags))
 
@@ -100,30 +102,35 @@ def test_the_windows_advisor_shows_the_q4_0_option(llama8b, qtbot, tmp_path):
     """The window planned for the RTX 3060 12GB at 128K: the advice pane's vram-oom row names the
     q4_0 option with its speed, the same advice as ``plan``."""
     pytest.importorskip("PySide6")
-    from kvtuner.core.plan.config import PlanConfig
+    from gui_support import HOST, IdleSampler, ini_settings
     from kvtuner.core.hardware.specs import catalogue_gpu
+    from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app
     from kvtuner.gui.main_window import MainWindow
 
-    from gui_support import HOST, IdleSampler, ini_settings
-
     make_app()
     card = catalogue_gpu("RTX 3060 12GB")
-    w = MainWindow(PlanConfig(n_ctx=131072), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler(), plan_for=("card:" + card.catalogue, None))
+    w = MainWindow(
+        PlanConfig(n_ctx=131072),
+        settings=ini_settings(tmp_path),
+        hardware=([], HOST, "test: no NVML"),
+        sampler=IdleSampler(),
+        plan_for=("card:" + card.catalogue, None),
+    )
     qtbot.addWidget(w)
     w.open_model(llama8b)
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=60_000)
     (oom,) = [a for a in w.advice if a.id == "vram-oom"]
-    q4 = [t for t in oom.trade if t["kv_quality"] == "q4_0"][0]
+    q4 = next(t for t in oom.trade if t["kv_quality"] == "q4_0")
     assert q4["fits"] and f"q4_0 {q4['decode_tok_s_at_full_ctx']:.3g} tok/s" in oom.message
     assert w.prediction.badge.text() == "DOES NOT FIT"
     shown = " ".join(lbl.text() for lbl in w.advisor.findChildren(type(w.prediction.badge)))
     assert "q4_0" in shown and "KV quality trade" in shown
 
 
-@pytest.mark.parametrize("flags", [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"]],
-                         ids=["rtx3060", "cpu-32g"])
+@pytest.mark.parametrize(
+    "flags", [RTX3060, ["--no-gpu", "--ram", "32G", "--ctx", "131072"]], ids=["rtx3060", "cpu-32g"]
+)
 def test_the_advice_does_not_depend_on_other_models_probes(llama8b, flags):
     """With only the default model probed (a stored probe of its Q4_K / Q6_K / Q8_0 kernels and its
     4/1/256 attention, not the 8B's 32/8/128), the 8B's advice is the same as with no probe: a
@@ -137,7 +144,16 @@ def test_the_advice_does_not_depend_on_other_models_probes(llama8b, flags):
 
     s = _session(llama8b, flags)
     before = advice(s)
-    s.set_cpu_rates(CpuRates(n_threads=s.threads(), decode_bytes_s={"Q4_K": 2.9e9, "Q6_K": 10.8e9, "Q8_0": 9e9},
-                             prefill_flop_s={"Q4_K": 60e9, "Q6_K": 50e9, "Q8_0": 70e9}, layer_s=2e-5, token_s=3e-4,
-                             attn_decode_s={"4/1/256": 3e-8}, attn_prefill_s={"4/1/256": 1e-9}, t_unix=time.time()))
+    s.set_cpu_rates(
+        CpuRates(
+            n_threads=s.threads(),
+            decode_bytes_s={"Q4_K": 2.9e9, "Q6_K": 10.8e9, "Q8_0": 9e9},
+            prefill_flop_s={"Q4_K": 60e9, "Q6_K": 50e9, "Q8_0": 70e9},
+            layer_s=2e-5,
+            token_s=3e-4,
+            attn_decode_s={"4/1/256": 3e-8},
+            attn_prefill_s={"4/1/256": 1e-9},
+            t_unix=time.time(),
+        )
+    )
     assert advice(_session(llama8b, flags)) == before

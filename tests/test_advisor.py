@@ -12,17 +12,18 @@ import pytest
 from gguf_factory import LLAMA2_7B, ModelSpec, write_model
 from kvtuner.core.advice.advisor import Advice, AdvisorError, AdvisorSettings, advise, fix_flags, should_auto_stop
 from kvtuner.core.hardware.nvml import GpuProcess
+from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
+from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.monitor.live import AllocationFailure, LiveState
 from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
-from kvtuner.core.hardware.specs import GpuSpec, HostSpec, what_if_gpu
 from kvtuner.core.plan.memory_plan import plan_memory
-from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.speed.speed_model import SpeedConstants, predict_speed, speed_inputs
 from kvtuner.core.units import GiB, MiB
 
 # A 2B-class MHA model (32 layers, 2048 wide, 16 heads = 16 KV heads, F16): 256 KiB of KV per token.
-MHA_2B = ModelSpec(n_layer=32, n_embd=2048, n_head=16, n_head_kv=16, n_ff=5632, n_vocab=32000, n_ctx_train=65536,
-                   name="MHA 2B shape")
+MHA_2B = ModelSpec(
+    n_layer=32, n_embd=2048, n_head=16, n_head_kv=16, n_ff=5632, n_vocab=32000, n_ctx_train=65536, name="MHA 2B shape"
+)
 # Llama-2-7B's shape with q8_0-friendly widths, F16: 12.5 GiB of weights, MHA, trained on 4096 tokens.
 BIG_HOST = HostSpec(64 * GiB, 48 * GiB, mem_bandwidth_bytes_s=20e9)
 
@@ -79,56 +80,114 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
         # Llama-2-7B F16 (12.5 GiB of weights) all on a 12 GiB card: over capacity - 1 GiB margin
         ("7b-on-12g", Case("llama7b", {"n_ctx": 4096}, 12), Case("llama7b", {"n_ctx": 4096}, 24)),
         # live: an allocation failure with less free than asked
-        ("live-alloc", Case(cfg={"n_ctx": 4096}, gpu_gib=12,
-                            live=LiveState(allocation_failure=AllocationFailure("CUDA0", 900 * MiB, 300 * MiB))),
-         Case(cfg={"n_ctx": 4096}, gpu_gib=12, live=LiveState())),
+        (
+            "live-alloc",
+            Case(
+                cfg={"n_ctx": 4096},
+                gpu_gib=12,
+                live=LiveState(allocation_failure=AllocationFailure("CUDA0", 900 * MiB, 300 * MiB)),
+            ),
+            Case(cfg={"n_ctx": 4096}, gpu_gib=12, live=LiveState()),
+        ),
     ],
     "ram-oom": [
-        ("7b-cpu-8g", Case("llama7b", {"n_ctx": 4096}, host=HostSpec(8 * GiB, 8 * GiB, mem_bandwidth_bytes_s=20e9)),
-         Case("llama7b", {"n_ctx": 4096}, host=HostSpec(32 * GiB, 32 * GiB, mem_bandwidth_bytes_s=20e9))),
+        (
+            "7b-cpu-8g",
+            Case("llama7b", {"n_ctx": 4096}, host=HostSpec(8 * GiB, 8 * GiB, mem_bandwidth_bytes_s=20e9)),
+            Case("llama7b", {"n_ctx": 4096}, host=HostSpec(32 * GiB, 32 * GiB, mem_bandwidth_bytes_s=20e9)),
+        ),
     ],
     "fragmentation-risk": [
         # headroom 256 MiB < max(5 %, 512 MiB); margin 0 so vram-oom stays quiet
-        ("thin-headroom", lambda m: Case(cfg={"n_ctx": 8192}, gpu_gib=(gemma_total_on_gpu(m, n_ctx=8192) + 256 * MiB) / GiB,
-                                         settings=AdvisorSettings(vram_margin_bytes=0)),
-         Case(cfg={"n_ctx": 8192}, gpu_gib=12)),
+        (
+            "thin-headroom",
+            lambda m: Case(
+                cfg={"n_ctx": 8192},
+                gpu_gib=(gemma_total_on_gpu(m, n_ctx=8192) + 256 * MiB) / GiB,
+                settings=AdvisorSettings(vram_margin_bytes=0),
+            ),
+            Case(cfg={"n_ctx": 8192}, gpu_gib=12),
+        ),
         # live: allocation failed although NVML reported enough free memory
-        ("live-fragmented", Case(cfg={"n_ctx": 4096}, gpu_gib=12,
-                                 live=LiveState(allocation_failure=AllocationFailure("CUDA0", 500 * MiB, 2 * GiB))),
-         Case(cfg={"n_ctx": 4096}, gpu_gib=12,
-              live=LiveState(allocation_failure=AllocationFailure("CUDA0", 900 * MiB, 300 * MiB)))),
+        (
+            "live-fragmented",
+            Case(
+                cfg={"n_ctx": 4096},
+                gpu_gib=12,
+                live=LiveState(allocation_failure=AllocationFailure("CUDA0", 500 * MiB, 2 * GiB)),
+            ),
+            Case(
+                cfg={"n_ctx": 4096},
+                gpu_gib=12,
+                live=LiveState(allocation_failure=AllocationFailure("CUDA0", 900 * MiB, 300 * MiB)),
+            ),
+        ),
     ],
     "swap-risk": [
         # need at 90 % of available RAM (> 80 %), and at 50 %
-        ("80-percent", lambda m: Case(cfg={"n_ctx": 4096}, host=HostSpec(64 * GiB, int(host_need(m, n_ctx=4096) / 0.9))),
-         lambda m: Case(cfg={"n_ctx": 4096}, host=HostSpec(64 * GiB, int(host_need(m, n_ctx=4096) / 0.5)))),
-        ("live-swap-in", Case(cfg={"n_ctx": 4096}, live=LiveState(swap_in_bytes_s=20 * MiB)),
-         Case(cfg={"n_ctx": 4096}, live=LiveState(swap_in_bytes_s=0.0))),
-        ("live-low-available", Case(cfg={"n_ctx": 4096}, live=LiveState(total_ram_bytes=16 * GiB, available_ram_bytes=1 * GiB)),
-         Case(cfg={"n_ctx": 4096}, live=LiveState(total_ram_bytes=16 * GiB, available_ram_bytes=8 * GiB))),
+        (
+            "80-percent",
+            lambda m: Case(cfg={"n_ctx": 4096}, host=HostSpec(64 * GiB, int(host_need(m, n_ctx=4096) / 0.9))),
+            lambda m: Case(cfg={"n_ctx": 4096}, host=HostSpec(64 * GiB, int(host_need(m, n_ctx=4096) / 0.5))),
+        ),
+        (
+            "live-swap-in",
+            Case(cfg={"n_ctx": 4096}, live=LiveState(swap_in_bytes_s=20 * MiB)),
+            Case(cfg={"n_ctx": 4096}, live=LiveState(swap_in_bytes_s=0.0)),
+        ),
+        (
+            "live-low-available",
+            Case(cfg={"n_ctx": 4096}, live=LiveState(total_ram_bytes=16 * GiB, available_ram_bytes=1 * GiB)),
+            Case(cfg={"n_ctx": 4096}, live=LiveState(total_ram_bytes=16 * GiB, available_ram_bytes=8 * GiB)),
+        ),
         # 12.5 GiB of mapped weights with 10 GiB free (ram-oom fires too): streamed from disk
-        ("mmap-stream", Case("llama7b", {"n_ctx": 4096}, host=HostSpec(16 * GiB, 10 * GiB, mem_bandwidth_bytes_s=20e9)),
-         Case("llama7b", {"n_ctx": 4096, "use_mmap": False}, host=HostSpec(16 * GiB, 10 * GiB, mem_bandwidth_bytes_s=20e9))),
+        (
+            "mmap-stream",
+            Case("llama7b", {"n_ctx": 4096}, host=HostSpec(16 * GiB, 10 * GiB, mem_bandwidth_bytes_s=20e9)),
+            Case(
+                "llama7b",
+                {"n_ctx": 4096, "use_mmap": False},
+                host=HostSpec(16 * GiB, 10 * GiB, mem_bandwidth_bytes_s=20e9),
+            ),
+        ),
     ],
     "below-abandon-threshold": [
         # 12.5 GiB read per token at 5 GB/s: 0.4 tok/s
-        ("7b-slow-host", Case("llama7b", {"n_ctx": 4096}, host=HostSpec(64 * GiB, 48 * GiB, mem_bandwidth_bytes_s=5e9)),
-         Case(cfg={"n_ctx": 4096})),
-        ("live-10s", Case(cfg={"n_ctx": 4096}, live=LiveState(decode_tok_s=0.6, below_abandon_s=12)),
-         Case(cfg={"n_ctx": 4096}, live=LiveState(decode_tok_s=0.6, below_abandon_s=3))),
+        (
+            "7b-slow-host",
+            Case("llama7b", {"n_ctx": 4096}, host=HostSpec(64 * GiB, 48 * GiB, mem_bandwidth_bytes_s=5e9)),
+            Case(cfg={"n_ctx": 4096}),
+        ),
+        (
+            "live-10s",
+            Case(cfg={"n_ctx": 4096}, live=LiveState(decode_tok_s=0.6, below_abandon_s=12)),
+            Case(cfg={"n_ctx": 4096}, live=LiveState(decode_tok_s=0.6, below_abandon_s=3)),
+        ),
     ],
     "v-cache-needs-flash-attn": [
-        ("q8-v-auto", Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "auto"}),
-         Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"})),
-        ("live-fa-off", Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, live=LiveState(flash_attn=False)),
-         Case(cfg={"type_k": "q8_0", "type_v": "f16", "flash_attn": "on"}, live=LiveState(flash_attn=False))),
+        (
+            "q8-v-auto",
+            Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "auto"}),
+            Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}),
+        ),
+        (
+            "live-fa-off",
+            Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, live=LiveState(flash_attn=False)),
+            Case(cfg={"type_k": "q8_0", "type_v": "f16", "flash_attn": "on"}, live=LiveState(flash_attn=False)),
+        ),
     ],
     "kv-type-slow-path": [
         # Gemma 3: head size 256 with q8_0 KV on CUDA; the same on the CPU is fine
-        ("head-256", Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, gpu_gib=12),
-         Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"})),
-        ("k-v-differ", Case("mha2b", {"type_k": "q8_0", "type_v": "f16", "flash_attn": "on"}, 24),
-         Case("mha2b", {"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, 24)),
+        (
+            "head-256",
+            Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, gpu_gib=12),
+            Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}),
+        ),
+        (
+            "k-v-differ",
+            Case("mha2b", {"type_k": "q8_0", "type_v": "f16", "flash_attn": "on"}, 24),
+            Case("mha2b", {"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}, 24),
+        ),
     ],
     "ctx-exceeds-train": [
         ("gemma-64k", Case(cfg={"n_ctx": 65536}), Case(cfg={"n_ctx": 32768})),
@@ -147,21 +206,41 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
         ("q8", Case(cfg={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": "on"}), Case(cfg={})),
     ],
     "kv-type-not-applied": [
-        ("got-f16", Case(cfg={"type_k": "q4_0", "type_v": "q4_0", "flash_attn": "on"},
-                         live=LiveState(kv_type_k="f16", kv_type_v="f16")),
-         Case(cfg={"type_k": "q4_0", "type_v": "q4_0", "flash_attn": "on"}, live=LiveState(kv_type_k="q4_0", kv_type_v="q4_0"))),
+        (
+            "got-f16",
+            Case(
+                cfg={"type_k": "q4_0", "type_v": "q4_0", "flash_attn": "on"},
+                live=LiveState(kv_type_k="f16", kv_type_v="f16"),
+            ),
+            Case(
+                cfg={"type_k": "q4_0", "type_v": "q4_0", "flash_attn": "on"},
+                live=LiveState(kv_type_k="q4_0", kv_type_v="q4_0"),
+            ),
+        ),
     ],
     "other-processes-hold-vram": [
-        ("nvml-list", Case(gpu_gib=12, live=LiveState(gpu_processes=(GpuProcess(111, "Xorg", 0, 700 * MiB),
-                                                                      GpuProcess(222, "kvtuner runner", 0, 2 * GiB)),
-                                                       own_pids=(222,))),
-         Case(gpu_gib=12, live=LiveState(gpu_processes=(GpuProcess(222, "kvtuner runner", 0, 2 * GiB),), own_pids=(222,)))),
+        (
+            "nvml-list",
+            Case(
+                gpu_gib=12,
+                live=LiveState(
+                    gpu_processes=(
+                        GpuProcess(111, "Xorg", 0, 700 * MiB),
+                        GpuProcess(222, "kvtuner runner", 0, 2 * GiB),
+                    ),
+                    own_pids=(222,),
+                ),
+            ),
+            Case(
+                gpu_gib=12,
+                live=LiveState(gpu_processes=(GpuProcess(222, "kvtuner runner", 0, 2 * GiB),), own_pids=(222,)),
+            ),
+        ),
         ("nvml-free", Case(gpu_gib=12, gpu_free_gib=9), Case(gpu_gib=12, gpu_free_gib=11.9)),
     ],
     "offload-knee": [
         # MHA 2B at 32K on 24 GiB: 8 GiB of KV; with all KV on the host every token reads it at host speed
-        ("nkvo-32k", Case("mha2b", {"n_ctx": 32768, "kv_gpu_layers": 0}, 24),
-         Case("mha2b", {"n_ctx": 32768}, 24)),
+        ("nkvo-32k", Case("mha2b", {"n_ctx": 32768, "kv_gpu_layers": 0}, 24), Case("mha2b", {"n_ctx": 32768}, 24)),
     ],
 }
 
@@ -189,9 +268,23 @@ def test_rule_fires_and_stays_quiet(models, rule, name, fire, quiet):
 
 
 def test_every_rule_has_cases():
-    ids = {"vram-oom", "ram-oom", "fragmentation-risk", "swap-risk", "below-abandon-threshold", "v-cache-needs-flash-attn",
-           "kv-type-slow-path", "ctx-exceeds-train", "first-layer-on-host", "mha-long-context", "parallel-multiplies-kv",
-           "kv-quant-quality", "kv-type-not-applied", "other-processes-hold-vram", "offload-knee"}
+    ids = {
+        "vram-oom",
+        "ram-oom",
+        "fragmentation-risk",
+        "swap-risk",
+        "below-abandon-threshold",
+        "v-cache-needs-flash-attn",
+        "kv-type-slow-path",
+        "ctx-exceeds-train",
+        "first-layer-on-host",
+        "mha-long-context",
+        "parallel-multiplies-kv",
+        "kv-quant-quality",
+        "kv-type-not-applied",
+        "other-processes-hold-vram",
+        "offload-knee",
+    }
     assert set(CASES) == ids
 
 
@@ -213,8 +306,10 @@ def test_offload_knee_fix_puts_kv_back(models):
 
 def test_fragmentation_fix_lowers_ubatch(models):
     total = gemma_total_on_gpu(models, n_ctx=8192)
-    adv, _ = run_case(models, Case(cfg={"n_ctx": 8192}, gpu_gib=(total + 256 * MiB) / GiB,
-                                   settings=AdvisorSettings(vram_margin_bytes=0)))
+    adv, _ = run_case(
+        models,
+        Case(cfg={"n_ctx": 8192}, gpu_gib=(total + 256 * MiB) / GiB, settings=AdvisorSettings(vram_margin_bytes=0)),
+    )
     (a,) = [x for x in adv if x.id == "fragmentation-risk"]
     assert a.fix == {"n_ubatch": 256} and a.fix_label == "Use n_ubatch 256"
 
@@ -226,8 +321,15 @@ def test_first_layer_fix_and_flags(models):
     assert "layer 0" in a.message
     assert a.fix == {"n_gpu_layers": ALL_LAYERS}
     assert fix_flags(a.fix) == "--ngl all"
-    assert a.to_dict() == {"id": a.id, "severity": "warning", "message": a.message, "reason": a.reason,
-                           "fix": {"n_gpu_layers": -1}, "fix_label": "Offload every layer (--ngl all)", "trade": []}
+    assert a.to_dict() == {
+        "id": a.id,
+        "severity": "warning",
+        "message": a.message,
+        "reason": a.reason,
+        "fix": {"n_gpu_layers": -1},
+        "fix_label": "Offload every layer (--ngl all)",
+        "trade": [],
+    }
 
 
 def test_fix_flags():
@@ -239,8 +341,10 @@ def test_fix_flags():
 
 
 def test_speed_rules_need_a_speed(models):
-    adv, _ = run_case(models, Case("llama7b", {"n_ctx": 4096}, host=HostSpec(64 * GiB, 48 * GiB, mem_bandwidth_bytes_s=5e9),
-                                   speed=False))
+    adv, _ = run_case(
+        models,
+        Case("llama7b", {"n_ctx": 4096}, host=HostSpec(64 * GiB, 48 * GiB, mem_bandwidth_bytes_s=5e9), speed=False),
+    )
     assert "below-abandon-threshold" not in [a.id for a in adv]
 
 
@@ -253,10 +357,13 @@ def test_auto_stop():
     assert not should_auto_stop(LiveState(decode_tok_s=3.0, below_abandon_s=60), on)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"vram_margin_bytes": -1}, "vram_margin_bytes must be a number >= 0"),
-    ({"ram_headroom_fraction": 1.5}, "ram_headroom_fraction must be a fraction"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"vram_margin_bytes": -1}, "vram_margin_bytes must be a number >= 0"),
+        ({"ram_headroom_fraction": 1.5}, "ram_headroom_fraction must be a fraction"),
+    ],
+)
 def test_bad_settings(kwargs, match):
     with pytest.raises(AdvisorError, match=match):
         AdvisorSettings(**kwargs)
@@ -309,7 +416,10 @@ def test_a_7b_that_measures_over_1_tok_s_is_not_abandoned(tmp_path):
     sp = predict_speed(plan, speed_inputs([], host, n_threads=1, cpu=rates))
     assert sp.decode_tok_s == pytest.approx(measured[0], rel=0.2)
     assert "below-abandon-threshold" not in [a.id for a in advise(plan, sp)]
-    slow = replace(rates, decode_bytes_s={t: v / 4 for t, v in rates.decode_bytes_s.items()},
-                   attn_decode_s={k: v * 4 for k, v in rates.attn_decode_s.items()})
+    slow = replace(
+        rates,
+        decode_bytes_s={t: v / 4 for t, v in rates.decode_bytes_s.items()},
+        attn_decode_s={k: v * 4 for k, v in rates.attn_decode_s.items()},
+    )
     sp4 = predict_speed(plan, speed_inputs([], host, n_threads=1, cpu=slow))
     assert "below-abandon-threshold" in [a.id for a in advise(plan, sp4)]

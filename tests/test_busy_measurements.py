@@ -34,8 +34,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _rates(**kw) -> CpuRates:
-    return CpuRates(2, {"Q4_K": 10e9}, {"Q4_K": 1e11}, 1e-5, 1e-3, {"32/8/128": 1e-9}, {"32/8/128": 1e-10},
-                    t_unix=time.time(), **kw)
+    return CpuRates(
+        2, {"Q4_K": 10e9}, {"Q4_K": 1e11}, 1e-5, 1e-3, {"32/8/128": 1e-9}, {"32/8/128": 1e-10}, t_unix=time.time(), **kw
+    )
 
 
 def test_the_meter_sees_other_processes_and_not_its_own_children(monkeypatch):
@@ -77,7 +78,9 @@ def test_an_implausible_type_is_the_suspect():
     # a wide type read slow: it streams far fewer bytes than narrower ones
     assert implausible_types({"Q4_K": 23e9, "Q6_K": 25e9, "Q8_0": 8e9}) == ["Q8_0"]
     # measured probes (benchmarks/moe_cpu_runs.json) are plausible
-    assert implausible_types({"MXFP4": 15.24e9, "Q4_K": 23.04e9, "Q5_0": 15.61e9, "Q6_K": 24.96e9, "Q8_0": 25.84e9}) == []
+    assert (
+        implausible_types({"MXFP4": 15.24e9, "Q4_K": 23.04e9, "Q5_0": 15.61e9, "Q6_K": 24.96e9, "Q8_0": 25.84e9}) == []
+    )
     assert implausible_types({"Q4_K": 6.05e9, "Q5_0": 5.32e9, "Q6_K": 6.49e9, "Q8_0": 6.8e9}) == []
 
 
@@ -117,8 +120,13 @@ def test_a_real_probe_beside_a_cpu_hog_is_not_stored(tmp_path):
     env.update(KVTUNER_DATA_DIR=str(tmp_path))
     hogs = _hogs()
     try:
-        out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64",
-                              "-t", "1"], capture_output=True, text=True, timeout=600, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64", "-t", "1"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
     finally:
         _stop(hogs)
     assert out.returncode == 2 and "busy during the CPU probe" in out.stderr, out.stderr
@@ -158,7 +166,9 @@ def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monke
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
     env.pop("KVTUNER_CPU_PROBE", None)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, timeout=120, env=env
+    )
     answer_s = time.monotonic() - t0
     pid = json.loads((tmp_path / "cpu-probe.json").read_text()).get("pid")
     try:
@@ -167,8 +177,13 @@ def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monke
         assert "assumed CPU rates: no probe of this model's kernels yet" in out.stdout
         assert "in the background (pid" in out.stderr and "kernels at" in out.stderr
         time.sleep(3)
-        again = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", "--json"], capture_output=True, text=True,
-                               timeout=120, env=env)
+        again = subprocess.run(
+            [sys.executable, "-m", "kvtuner.cli", "plan", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert "the CPU probe is running in the background (kernel" in again.stderr, again.stderr
         assert json.loads(again.stdout)["speed"] is not None
         monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path))
@@ -193,8 +208,12 @@ def test_the_background_job_stores_its_probe_and_runs_alone(tmp_path, monkeypatc
         while not probe_job.is_running() and time.monotonic() - t < 30:
             time.sleep(0.2)
         assert probe_job.is_running()
-        second = subprocess.run([sys.executable, "-m", "kvtuner.runner.probe_job", "-t", "1", "--types", "Q4_0"],
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-m", "kvtuner.runner.probe_job", "-t", "1", "--types", "Q4_0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 3  # the lock is held: never two probes at once
         assert _wait_gone(pid, 600)
     finally:
@@ -216,8 +235,9 @@ def test_an_implausible_type_is_measured_again_then_left_out(monkeypatch):
 
     monkeypatch.setattr(probe, "implausible_types", lambda rates: ["Q4_0"] if "Q4_0" in rates else [])
     seen: list[tuple[int, int, str]] = []
-    rates = probe.run_cpu_probe(["Q4_0", "Q8_0"], 1, attn_shapes=["8/2/64"],
-                                on_progress=lambda k, n, key, t: seen.append((k, n, key)))
+    rates = probe.run_cpu_probe(
+        ["Q4_0", "Q8_0"], 1, attn_shapes=["8/2/64"], on_progress=lambda k, n, key, t: seen.append((k, n, key))
+    )
     assert seen[-1] == (6, 6, "matrix:Q4_0")  # 2 overhead, 1 attention, 2 matrix, then Q4_0 again
     assert "Q4_0" not in rates.decode_bytes_s and "Q4_0" not in rates.prefill_flop_s
     assert rates.decode_bytes_s["Q8_0"] > 1e8 and rates.other_cores is not None
@@ -227,18 +247,26 @@ def test_a_busy_real_load_of_tune_does_not_calibrate(default_profile, tmp_path):
     """``tune --runs``: a confirming load measured on a busy machine is shown (a real load in the
     result) but never recorded for calibration; the same load kept is recorded."""
     from gui_support import HOST
-
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.session import Session
     from kvtuner.core.tune.confirm import Measured
     from kvtuner.core.tune.search import TuneGoal
 
     def session(name: str) -> Session:
-        return Session(model=default_profile, config=PlanConfig(), gpus=(), host=HOST, n_threads=1,
-                       calibration=CalibrationStore(tmp_path / name), measure_host_bandwidth=False)
+        return Session(
+            model=default_profile,
+            config=PlanConfig(),
+            gpus=(),
+            host=HOST,
+            n_threads=1,
+            calibration=CalibrationStore(tmp_path / name),
+            measure_host_bandwidth=False,
+        )
 
     busy = session("busy.json")
-    _, loads = busy.confirm_tune(TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 1.8, False), 2)
+    _, loads = busy.confirm_tune(
+        TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 1.8, False), 2
+    )
     assert loads and loads[0].to_dict()["recorded"] is False and loads[0].to_dict()["other_cores"] == 1.8
     assert busy.calibration_store().runs(busy.machine_id) == []
     quiet = session("quiet.json")

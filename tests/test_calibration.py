@@ -7,10 +7,23 @@ import math
 
 import pytest
 
-from kvtuner.core.speed.calibration import FAMILY_TRANSFER_SIGMA, PRIOR_SIGMA, PRIOR_SIGMA_DECODE, PRIOR_SIGMA_PREFILL, SCHEMA_VERSION, CalibrationError, CalibrationStore, calibrated_inputs, data_dir, fit_calibration, measured_run, model_family
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.core.speed.calibration import (
+    FAMILY_TRANSFER_SIGMA,
+    PRIOR_SIGMA,
+    PRIOR_SIGMA_DECODE,
+    PRIOR_SIGMA_PREFILL,
+    SCHEMA_VERSION,
+    CalibrationError,
+    CalibrationStore,
+    calibrated_inputs,
+    data_dir,
+    fit_calibration,
+    measured_run,
+    model_family,
+)
 from kvtuner.core.speed.speed_model import SpeedConstants, decode_tok_s, prefill_tok_s, speed_inputs
 
 HOST = HostSpec(16 << 30, 8 << 30, mem_bandwidth_bytes_s=10e9)
@@ -22,8 +35,17 @@ def plan(default_profile):
 
 
 def run_of(plan, n_threads, decode, prefill, depth=0):
-    return measured_run(plan, speed_inputs([], HOST, n_threads=n_threads), n_threads=n_threads, n_depth=depth,
-                        n_prompt=64, n_gen=16, prefill_tok_s=prefill, decode_tok_s=decode, machine="m1")
+    return measured_run(
+        plan,
+        speed_inputs([], HOST, n_threads=n_threads),
+        n_threads=n_threads,
+        n_depth=depth,
+        n_prompt=64,
+        n_gen=16,
+        prefill_tok_s=prefill,
+        decode_tok_s=decode,
+        machine="m1",
+    )
 
 
 def test_data_dir_follows_the_environment(tmp_path, monkeypatch):
@@ -90,11 +112,14 @@ def test_calibrated_inputs_uses_the_store(tmp_path, plan):
     assert decode_tok_s(plan, inp, 71) == pytest.approx(10.0, rel=0.01)
 
 
-@pytest.mark.parametrize("decode, prefill, match", [
-    (0.0, 10.0, "decode_tok_s must be a positive number"),
-    (float("nan"), None, "decode_tok_s must be a positive number"),
-    (None, None, "needs prefill_tok_s or decode_tok_s"),
-])
+@pytest.mark.parametrize(
+    "decode, prefill, match",
+    [
+        (0.0, 10.0, "decode_tok_s must be a positive number"),
+        (float("nan"), None, "decode_tok_s must be a positive number"),
+        (None, None, "needs prefill_tok_s or decode_tok_s"),
+    ],
+)
 def test_bad_measurements(plan, decode, prefill, match):
     with pytest.raises(CalibrationError, match=match):
         run_of(plan, 2, decode, prefill)
@@ -122,7 +147,16 @@ def test_cpu_probe_is_stored_per_thread_count_and_merged(tmp_path):
 
     store = CalibrationStore(tmp_path / "cal.json")
     assert store.cpu_rates(2, machine="m1") is None
-    a = CpuRates(2, {"Q4_K": 20e9}, {"Q4_K": 200e9}, 50e-6, 0.3e-3, {"128": 50e-9}, {"128": 5e-9}, t_unix=__import__("time").time())
+    a = CpuRates(
+        2,
+        {"Q4_K": 20e9},
+        {"Q4_K": 200e9},
+        50e-6,
+        0.3e-3,
+        {"128": 50e-9},
+        {"128": 5e-9},
+        t_unix=__import__("time").time(),
+    )
     store.set_cpu_rates(a, "m1")
     b = CpuRates(2, {"Q8_0": 18e9}, {"Q8_0": 90e9}, 60e-6, 0.4e-3, {"64": 55e-9}, {"64": 6e-9}, t_unix=a.t_unix)
     merged = store.set_cpu_rates(b, "m1")
@@ -136,7 +170,11 @@ def test_cpu_probe_is_stored_per_thread_count_and_merged(tmp_path):
 
 def test_runs_of_an_older_schema_are_dropped(tmp_path):
     p = tmp_path / "cal.json"
-    p.write_text(json.dumps({"schema": 1, "machines": {"m1": {"runs": [{"old": 1}], "host_bandwidth": {"bytes_s": 1e10, "t_unix": 0}}}}))
+    p.write_text(
+        json.dumps(
+            {"schema": 1, "machines": {"m1": {"runs": [{"old": 1}], "host_bandwidth": {"bytes_s": 1e10, "t_unix": 0}}}}
+        )
+    )
     store = CalibrationStore(p)
     assert store.runs("m1") == [] and store._data["schema"] == SCHEMA_VERSION
     assert store._data["machines"]["m1"]["host_bandwidth"]["bytes_s"] == 1e10  # the probe is kept

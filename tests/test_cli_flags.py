@@ -12,7 +12,9 @@ import pytest
 from kvtuner.cli import build_parser
 
 
-def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def _parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every parser under ``parser`` (itself first) with the words that reach it."""
     out = [(path, parser)]
     for action in parser._actions:

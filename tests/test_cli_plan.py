@@ -18,7 +18,9 @@ def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_done_when_plan_json_default_model():
     """The default model at n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers)
     and 7.97 MiB (15 sliding-window layers), the figures llama.cpp reports."""
-    out = kvtuner("plan", "--ctx", "8192", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--json")
+    out = kvtuner(
+        "plan", "--ctx", "8192", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--json"
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     caches = [(c["kind"], c["cells"], c["layers"], round(c["kv_bytes"] / MiB, 2)) for c in d["kv_caches"]]
@@ -26,11 +28,21 @@ def test_done_when_plan_json_default_model():
     for key in ("model", "config", "kv_bytes", "weights_bytes", "devices", "advice"):
         assert key in d
     host = d["devices"][-1]
-    for key in ("device", "weights_bytes", "kv_bytes", "compute_bytes", "output_bytes", "overhead_bytes",
-                "total_bytes", "capacity_bytes"):
+    for key in (
+        "device",
+        "weights_bytes",
+        "kv_bytes",
+        "compute_bytes",
+        "output_bytes",
+        "overhead_bytes",
+        "total_bytes",
+        "capacity_bytes",
+    ):
         assert key in host
-    assert host["total_bytes"] == sum(host[k] for k in ("weights_bytes", "repack_bytes", "kv_bytes", "compute_bytes",
-                                                         "output_bytes", "overhead_bytes"))
+    assert host["total_bytes"] == sum(
+        host[k]
+        for k in ("weights_bytes", "repack_bytes", "kv_bytes", "compute_bytes", "output_bytes", "overhead_bytes")
+    )
     assert host["total_bytes"] == host["mapped_bytes"] + host["committed_bytes"]
     assert d["kv_bytes"] == 12.75 * MiB + 4_177_920 * 2
 
@@ -48,20 +60,26 @@ def test_inspect_json():
     assert d["architecture"] == "gemma3" and d["n_layer"] == 18 and d["n_swa"] == 512
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"], "--kv-gpu-layers 9 exceeds the 4 repeating layers offloaded"),
-    (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
-    (["--ctx", "-4096"], "--ctx must be a positive number"),
-    (["-np", "-2"], "or -1 for llama-server's auto"),
-    (["--cache-type-k", "q2_k"], "unknown KV cache type"),
-    (["--gpu-mem", "twelve"], "--gpu-mem"),
-    (["--ngl", "-3"], "--ngl must be 0 or more"),
-    (["--gpu-mem", "0"], "--gpu-mem: '0' is 0 bytes, too small for a memory size: give a unit, e.g. 12G"),
-    (["--gpu-mem", "12"], "--gpu-mem: '12' is 12 bytes"),
-    (["--ram", "0"], "--ram: '0' is 0 bytes"),
-    (["--kv-gpu-layers", "3"], "--kv-gpu-layers 3 needs a GPU and none is planned for"),
-    (["--ctx", "99999999999999999999999"], "--ctx must be at most 4294967040 tokens"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (
+            ["--gpu-mem", "12G", "--ngl", "5", "--kv-gpu-layers", "9"],
+            "--kv-gpu-layers 9 exceeds the 4 repeating layers offloaded",
+        ),
+        (["--cache-type-v", "q8_0", "--flash-attn", "off"], "requires flash attention"),
+        (["--ctx", "-4096"], "--ctx must be a positive number"),
+        (["-np", "-2"], "or -1 for llama-server's auto"),
+        (["--cache-type-k", "q2_k"], "unknown KV cache type"),
+        (["--gpu-mem", "twelve"], "--gpu-mem"),
+        (["--ngl", "-3"], "--ngl must be 0 or more"),
+        (["--gpu-mem", "0"], "--gpu-mem: '0' is 0 bytes, too small for a memory size: give a unit, e.g. 12G"),
+        (["--gpu-mem", "12"], "--gpu-mem: '12' is 12 bytes"),
+        (["--ram", "0"], "--ram: '0' is 0 bytes"),
+        (["--kv-gpu-layers", "3"], "--kv-gpu-layers 3 needs a GPU and none is planned for"),
+        (["--ctx", "99999999999999999999999"], "--ctx must be at most 4294967040 tokens"),
+    ],
+)
 def test_impossible_configuration_one_line_exit_2(args, needle):
     out = kvtuner("plan", *args)
     assert out.returncode == 2
@@ -92,8 +110,9 @@ def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
         assert set(a) == {"id", "severity", "message", "reason", "fix", "fix_label", "trade"}
         assert a["severity"] in ("error", "warning", "info") and a["message"] and a["reason"]
         assert isinstance(a["fix"], dict) and bool(a["fix_label"]) == bool(a["fix"])
-    assert [a["severity"] for a in advice] == sorted((a["severity"] for a in advice),
-                                                     key=("error", "warning", "info").index)
+    assert [a["severity"] for a in advice] == sorted(
+        (a["severity"] for a in advice), key=("error", "warning", "info").index
+    )
     text = kvtuner("plan", *ADVICE_ARGS)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
@@ -126,26 +145,38 @@ def test_inspect_of_a_fifo_fails_at_once(tmp_path):
     assert out.stderr.strip() == f"kvtuner: {fifo}: not a regular file (a pipe or device), not a GGUF file"
 
 
-@pytest.mark.parametrize("where,needle", [
-    ("/proc/no-such-dir/shot.png", "--screenshot: cannot create the folder /proc/no-such-dir"),
-    (".", "is a directory"),
-])
+@pytest.mark.parametrize(
+    "where,needle",
+    [
+        ("/proc/no-such-dir/shot.png", "--screenshot: cannot create the folder /proc/no-such-dir"),
+        (".", "is a directory"),
+    ],
+)
 def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, needle):
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "gui", "--screenshot", where], capture_output=True,
-                         text=True, timeout=60, cwd=tmp_path, env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "gui", "--screenshot", where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["plan", "--ctx", "abc"], "kvtuner plan: error: argument --ctx/-c/--ctx-size: 'abc' is not a whole number"),
-    (["plan", "--gpu-mem"], "kvtuner plan: error: argument --gpu-mem: expected one argument"),
-    (["inspect", "--nope"], "kvtuner: error: unrecognized arguments: --nope"),
-    (["bench", "-fa", "maybe"], "kvtuner bench: error: argument --flash-attn/-fa: invalid choice: 'maybe'"),
-    (["frobnicate"], "kvtuner: error: argument COMMAND: invalid choice: 'frobnicate'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["plan", "--ctx", "abc"], "kvtuner plan: error: argument --ctx/-c/--ctx-size: 'abc' is not a whole number"),
+        (["plan", "--gpu-mem"], "kvtuner plan: error: argument --gpu-mem: expected one argument"),
+        (["inspect", "--nope"], "kvtuner: error: unrecognized arguments: --nope"),
+        (["bench", "-fa", "maybe"], "kvtuner bench: error: argument --flash-attn/-fa: invalid choice: 'maybe'"),
+        (["frobnicate"], "kvtuner: error: argument COMMAND: invalid choice: 'frobnicate'"),
+    ],
+)
 def test_usage_errors_are_one_line_exit_2(args, needle):
     """The documentation (docs/reference/cli.md): bad input ends in one line; argparse's usage block is not printed."""
     out = kvtuner(*args)
@@ -166,8 +197,9 @@ def test_gui_without_a_display_is_one_line_not_a_qt_abort():
 
 def test_a_closed_pipe_is_not_a_traceback():
     """`kvtuner plan --json | head -1`: the reader leaves early; kvtuner exits quietly."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvtuner.cli", "plan", "--json"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtuner.cli", "plan", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.readline()
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -37,7 +37,7 @@ def test_bench_refuses_a_card_this_machine_does_not_have():
     assert out.returncode == 2
     err = out.stderr.strip()
     assert len(err.splitlines()) == 1 and "bench measures this machine" in err and "has no RTX 3060 12GB" in err, err
-    assert "kvtuner plan --gpu \"RTX 3060 12GB\"" in err
+    assert 'kvtuner plan --gpu "RTX 3060 12GB"' in err
 
 
 def test_bench_refuses_a_generic_what_if_card():

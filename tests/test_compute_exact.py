@@ -19,12 +19,40 @@ from kvtuner.core.units import MiB
 
 #: MoE shapes not in gguf_factory.REAL_SHAPES (layers cut to 8: the reserve graph repeats per layer)
 EXTRA_SHAPES = {
-    "qwen3-30b-a3b": RealShape("qwen3-30b-a3b", "qwen3moe", 8, 2048, 32, 4, 6144, 151936, 40960, False,
-                               "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json", head_dim=128,
-                               qk_norm="head", n_expert=128, n_expert_used=8, n_ff_exp=768),
-    "mixtral-8x7b": RealShape("mixtral-8x7b", "llama", 8, 4096, 32, 8, 14336, 32000, 32768, False,
-                              "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
-                              n_expert=8, n_expert_used=2, n_ff_exp=14336),
+    "qwen3-30b-a3b": RealShape(
+        "qwen3-30b-a3b",
+        "qwen3moe",
+        8,
+        2048,
+        32,
+        4,
+        6144,
+        151936,
+        40960,
+        False,
+        "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
+        head_dim=128,
+        qk_norm="head",
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
+    ),
+    "mixtral-8x7b": RealShape(
+        "mixtral-8x7b",
+        "llama",
+        8,
+        4096,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        False,
+        "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=14336,
+    ),
 }
 
 REAL = [
@@ -105,7 +133,9 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     got = dryrun.dry_run(path, config)
     theirs = sum(got.compute_mib.values()) * MiB
     ours = plan.compute.bytes_on("CPU")
-    print(f"{shape} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB ({ours / theirs - 1:+.2%})")
+    print(
+        f"{shape} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB ({ours / theirs - 1:+.2%})"
+    )
     if transformer_shape(model, plan.kv_layers, config.type_k, config.type_v) is not None:
         assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"
     assert ours >= 0.98 * theirs - 8 * MiB
@@ -146,10 +176,18 @@ def test_rebuilt_families_pinned(family, kwargs, mib, tmp_path_factory):
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.plan.reserve_graph import transformer_shape
 
-    make = {"gemma4": F.gemma4, "gemma3n": F.gemma3n, "lfm2": F.lfm2, "llama4": F.llama4, "nemotron_h": F.nemotron_h,
-            "falcon-h1": F.falcon_h1, "gpt-oss": F.gpt_oss, "glm4moe": F.glm4moe,
-            "deepseek2": F.deepseek2,
-            "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window")}[family]
+    make = {
+        "gemma4": F.gemma4,
+        "gemma3n": F.gemma3n,
+        "lfm2": F.lfm2,
+        "llama4": F.llama4,
+        "nemotron_h": F.nemotron_h,
+        "falcon-h1": F.falcon_h1,
+        "gpt-oss": F.gpt_oss,
+        "glm4moe": F.glm4moe,
+        "deepseek2": F.deepseek2,
+        "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window"),
+    }[family]
     d = tmp_path_factory.getbasetemp() / "pinned_families"
     d.mkdir(exist_ok=True)
     path = d / f"{family}.gguf"

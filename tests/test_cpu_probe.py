@@ -13,9 +13,23 @@ import numpy as np
 import pytest
 
 from kvtuner.core.model.profile import ModelProfile
-from kvtuner.core.speed.cpu_probe import (ATTN_DEPTH, ATTN_LAYERS, OVERHEAD_GEN, CpuRates, ProbeError,
-                                          ProbeRun, attention_model, attn_key, attn_key_kv, layer_attn_key, matrix_model,
-                                          probe_needs, probe_plan, rates_from_runs, write_probe_model)
+from kvtuner.core.speed.cpu_probe import (
+    ATTN_DEPTH,
+    ATTN_LAYERS,
+    OVERHEAD_GEN,
+    CpuRates,
+    ProbeError,
+    ProbeRun,
+    attention_model,
+    attn_key,
+    attn_key_kv,
+    layer_attn_key,
+    matrix_model,
+    probe_needs,
+    probe_plan,
+    rates_from_runs,
+    write_probe_model,
+)
 
 
 def test_rates_from_runs_by_hand():
@@ -56,8 +70,12 @@ def test_rates_from_runs_by_hand():
 
 
 def test_noise_never_makes_a_negative_rate():
-    runs = [ProbeRun("overhead:24", 0, 8, 0.01, 64, 64e-3), ProbeRun("overhead:6", 0, 8, 0.01, 64, 65e-3),
-            ProbeRun("attn:16/2/64", 0, 64, 0.1, 32, 0.1), ProbeRun("attn:16/2/64", ATTN_DEPTH, 64, 0.09, 32, 0.09)]
+    runs = [
+        ProbeRun("overhead:24", 0, 8, 0.01, 64, 64e-3),
+        ProbeRun("overhead:6", 0, 8, 0.01, 64, 65e-3),
+        ProbeRun("attn:16/2/64", 0, 64, 0.1, 32, 0.1),
+        ProbeRun("attn:16/2/64", ATTN_DEPTH, 64, 0.09, 32, 0.09),
+    ]
     r = rates_from_runs(runs, 1)
     assert r.layer_s > 0 and r.token_s > 0 and r.attn_decode_s["16/2/64"] > 0 and r.attn_prefill_s["16/2/64"] > 0
     assert r.layer_prefill_s > 0
@@ -71,7 +89,13 @@ def test_bad_records_and_types():
     with pytest.raises(ProbeError, match="no CPU probe for weight type IQ1_S"):
         matrix_model("IQ1_S")
     assert [m.key for m in probe_plan(["Q6_K", "F32x", "q4_k"], ["16/8/256", "32/8/64", "4/4/7"])] == [
-        "overhead:24", "overhead:6", "attn:16/8/256", "attn:32/8/64", "matrix:Q4_K", "matrix:Q6_K"]
+        "overhead:24",
+        "overhead:6",
+        "attn:16/8/256",
+        "attn:32/8/64",
+        "matrix:Q4_K",
+        "matrix:Q6_K",
+    ]
     with pytest.raises(ProbeError, match="no CPU attention probe for head size 7"):
         attention_model("4/4/7")
     with pytest.raises(ProbeError, match="query heads a multiple of KV heads"):
@@ -82,10 +106,18 @@ def test_probe_models_are_sparse_llama_files(tmp_path):
     m = attention_model("32/8/128")
     path = write_probe_model(tmp_path / "attn.gguf", m)
     prof = ModelProfile.from_gguf(path)
-    assert (prof.architecture, prof.n_layer, prof.n_head[0], prof.n_head_kv[0], prof.head_dim_k) == ("llama", 4, 32, 8, 128)
+    assert (prof.architecture, prof.n_layer, prof.n_head[0], prof.n_head_kv[0], prof.head_dim_k) == (
+        "llama",
+        4,
+        32,
+        8,
+        128,
+    )
     q4 = write_probe_model(tmp_path / "q4.gguf", matrix_model("Q4_K"))
     assert os.stat(q4).st_blocks * 512 < 1 << 20 < os.path.getsize(q4)  # a hole, not data
-    assert ModelProfile.from_gguf(q4).layer_bytes[0] == matrix_model("Q4_K").matrix_bytes_params()[0] // 4 + 2 * 4096 * 4
+    assert (
+        ModelProfile.from_gguf(q4).layer_bytes[0] == matrix_model("Q4_K").matrix_bytes_params()[0] // 4 + 2 * 4096 * 4
+    )
 
 
 def test_probe_needs_the_models_types_and_head_sizes(default_profile):
@@ -98,21 +130,47 @@ def test_probe_needs_the_models_types_and_head_sizes(default_profile):
 def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     """One real probe (llama.cpp in a child, ~15-40 s), then ``kvtuner plan`` predicts with it."""
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64,8/2/64@q8_0", "-t", "1",
-                          "--json"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtuner.cli",
+            "probe",
+            "--types",
+            "Q4_0",
+            "--attn",
+            "8/2/64,8/2/64@q8_0",
+            "-t",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     assert set(rates.decode_bytes_s) == {"Q4_0"} and rates.n_threads == 1
     assert 1e8 < rates.decode_bytes_s["Q4_0"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_0"] < 1e14
     assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_0"] >= 0
     assert 0 < rates.attn_decode_s["8/2/64@q8_0"] < 1e-5 and 0 < rates.attn_prefill_s["8/2/64@q8_0"] < 1e-5
-    plan = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", "-t", "1", "--no-gpu", "--json"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    plan = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "plan", "-t", "1", "--no-gpu", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     doc = json.loads(plan.stdout)
     assert any("llama.cpp probe" in s for s in doc["speed"]["sources"])
-    bad = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q9_9"], capture_output=True, text=True,
-                         timeout=60, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q9_9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert bad.returncode == 2 and "cannot probe Q9_9" in bad.stderr
 
 
@@ -121,8 +179,8 @@ def test_a_busy_repetition_does_not_become_the_probe_figure():
     (another job on the machine) and single interrupted tokens are both left out."""
     from kvtuner.runner.probe import fastest_token_s
 
-    quiet = [(0, 0.010), (0, 0.011), (0, 0.012), (0, 0.5)]        # one interrupted token
-    busy = [(1, 0.030), (1, 0.031), (1, 0.029), (1, 0.032)]        # the whole repetition at 1/3 speed
+    quiet = [(0, 0.010), (0, 0.011), (0, 0.012), (0, 0.5)]  # one interrupted token
+    busy = [(1, 0.030), (1, 0.031), (1, 0.029), (1, 0.032)]  # the whole repetition at 1/3 speed
     assert fastest_token_s(quiet + busy) == pytest.approx(0.0115)
     assert fastest_token_s(busy) == pytest.approx(0.0305)
     with pytest.raises(ValueError):
@@ -219,9 +277,20 @@ def test_model_expert_keys_follow_the_tensor_table(tmp_path):
 
     dense = ModelProfile.from_gguf(write_model(tmp_path / "d.gguf", ModelSpec(n_layer=2)))
     assert model_expert_keys(dense) == (None, None) and probe_expert_needs(dense) == ()
-    spec = ModelSpec(arch="qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_expert=8,
-                     n_expert_used=2, n_ff_exp=256, weight_type=gguf.GGMLQuantizationType.Q8_0,
-                     tensor_types={"ffn_down_exps": gguf.GGMLQuantizationType.Q4_K})
+    spec = ModelSpec(
+        arch="qwen3moe",
+        n_layer=3,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=1024,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+        weight_type=gguf.GGMLQuantizationType.Q8_0,
+        tensor_types={"ffn_down_exps": gguf.GGMLQuantizationType.Q4_K},
+    )
     moe = ModelProfile.from_gguf(write_model(tmp_path / "m.gguf", spec))
     assert model_expert_keys(moe) == ("256/256/8/2@Q8_0,Q8_0,Q4_K",) * 3
     assert probe_expert_needs(moe) == ("256/256/8/2@Q8_0,Q8_0,Q4_K",)
@@ -234,8 +303,10 @@ def test_expert_rates_from_runs_by_hand():
     key = "256/256/8/2@Q8_0"
     m = expert_model(key)
     b, _ = m.expert_bytes_params()
-    base = [ProbeRun("overhead:24", 0, 8, 0.0118, OVERHEAD_GEN, OVERHEAD_GEN * 1.24e-3),
-            ProbeRun("overhead:6", 0, 8, 0.01, OVERHEAD_GEN, OVERHEAD_GEN * 0.70e-3)]
+    base = [
+        ProbeRun("overhead:24", 0, 8, 0.0118, OVERHEAD_GEN, OVERHEAD_GEN * 1.24e-3),
+        ProbeRun("overhead:6", 0, 8, 0.01, OVERHEAD_GEN, OVERHEAD_GEN * 0.70e-3),
+    ]
     # a token: the selected experts' bytes at 4 GB/s plus m.n_layer x 30 us and 0.52 ms of fixed costs
     td = b / 4e9 + m.n_layer * 30e-6 + 0.52e-3
     r = rates_from_runs(base + [ProbeRun(f"expert:{key}", 0, 0, 0.0, EXPERT_GEN, EXPERT_GEN * td)], 1)
@@ -260,19 +331,37 @@ def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
     import gguf_families as F
     from gguf_factory import write_model
 
-    path = write_model(tmp_path / "mla.gguf", F.deepseek2(n_layer=2, E=256, n_head=4, n_ff=256, n_expert=4, n_expert_used=2,
-                                                          n_ff_exp=128, n_shared=1, V=1024))
+    path = write_model(
+        tmp_path / "mla.gguf",
+        F.deepseek2(
+            n_layer=2, E=256, n_head=4, n_ff=256, n_expert=4, n_expert_used=2, n_ff_exp=128, n_shared=1, V=1024
+        ),
+    )
     prof = ModelProfile.from_gguf(path)
-    assert prof.is_mla and layer_attn_key(prof, 0) == "4/1/576/512" and layer_attn_key(prof, 0, "q8_0", "q8_0") == "4/1/576/512@q8_0"
+    assert (
+        prof.is_mla
+        and layer_attn_key(prof, 0) == "4/1/576/512"
+        and layer_attn_key(prof, 0, "q8_0", "q8_0") == "4/1/576/512@q8_0"
+    )
     assert probe_needs(prof)[1] == ("4/1/576/512",)
     probe = ModelProfile.from_gguf(write_probe_model(tmp_path / "probe.gguf", attention_model("4/1/576/512")))
-    assert (probe.architecture, probe.n_layer, probe.is_mla, layer_attn_key(probe, 0)) == ("deepseek2", 4, True, "4/1/576/512")
+    assert (probe.architecture, probe.n_layer, probe.is_mla, layer_attn_key(probe, 0)) == (
+        "deepseek2",
+        4,
+        True,
+        "4/1/576/512",
+    )
     for bad in ("4/2/576/512", "4/1/512/512", "4/1/575/512"):  # two KV heads, no RoPE part, an odd one
         with pytest.raises(ProbeError, match="MLA"):
             attention_model(bad)
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", "--types", "F16", "--attn", "4/1/576/512", "-t", "1",
-                          "--json"], capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "F16", "--attn", "4/1/576/512", "-t", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     assert 0 < rates.attn_decode_s["4/1/576/512"] < 1e-5 and 0 < rates.attn_prefill_s["4/1/576/512"] < 1e-5
@@ -287,18 +376,39 @@ def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):
     from gguf_factory import ModelSpec, write_model
 
     # Q4_K experts: a type that is no KV cache type (an expert key is never read as an attention K/V pair)
-    spec = ModelSpec(arch="qwen3moe", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_expert=8,
-                     n_expert_used=2, n_ff_exp=256, weight_type=gguf.GGMLQuantizationType.Q4_K)
+    spec = ModelSpec(
+        arch="qwen3moe",
+        n_layer=2,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=1024,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+        weight_type=gguf.GGMLQuantizationType.Q4_K,
+    )
     path = write_model(tmp_path / "moe.gguf", spec)
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "probe", str(path), "-t", "1", "--json"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "probe", str(path), "-t", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     key = "256/256/8/2@Q4_K"
     assert set(rates.expert_decode_bytes_s) == {key} and 1e8 < rates.expert_decode_bytes_s[key] < 1e12
-    plan = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", str(path), "-t", "1", "--no-gpu", "--json"],
-                          capture_output=True, text=True, timeout=120, env=env)
+    plan = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "plan", str(path), "-t", "1", "--no-gpu", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert plan.returncode == 0, plan.stderr
     assert "timing llama.cpp" not in plan.stderr  # nothing left to probe
     assert any("llama.cpp probe" in s for s in json.loads(plan.stdout)["speed"]["sources"])

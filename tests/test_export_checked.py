@@ -22,8 +22,17 @@ from kvtuner.core.units import GiB
 
 pytestmark = [pytest.mark.llama]
 
-RICH = PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True, swa_full=True, use_mmap=False, n_cpu_ffn=3,
-                  type_k="q8_0", type_v="q8_0", flash_attn="on")
+RICH = PlanConfig(
+    n_ctx=8192,
+    n_seq=4,
+    kv_unified=True,
+    swa_full=True,
+    use_mmap=False,
+    n_cpu_ffn=3,
+    type_k="q8_0",
+    type_v="q8_0",
+    flash_attn="on",
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,27 +64,54 @@ def test_every_flag_of_the_export_is_in_the_real_llama_server_help(engine, defau
 
 
 def kvtuner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_export_with_a_flag_the_binary_lacks_is_one_line_and_exit_2(engine, default_model):
     cli = str(_cli(engine))
     # a llama-server line (-kvu: server, batched and bench tools only) for a llama-cli build
-    out = kvtuner("export", str(default_model), "--format", "llama-server", "-np", "4", "--kv-unified",
-                  env={"KVTUNER_LLAMA_SERVER": cli})
+    out = kvtuner(
+        "export",
+        str(default_model),
+        "--format",
+        "llama-server",
+        "-np",
+        "4",
+        "--kv-unified",
+        env={"KVTUNER_LLAMA_SERVER": cli},
+    )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
-    assert out.stderr.startswith("kvtuner: llama-cli b11434 (CPU) does not accept -kvu (not in its --help): "
-                                 "use a llama.cpp build that has it")
+    assert out.stderr.startswith(
+        "kvtuner: llama-cli b11434 (CPU) does not accept -kvu (not in its --help): use a llama.cpp build that has it"
+    )
     # the same line against the real llama-server passes, and says so
-    ok = kvtuner("export", str(default_model), "--format", "llama-server", "-np", "4", "--kv-unified",
-                 env={"KVTUNER_LLAMA_SERVER": str(engine.server)})
+    ok = kvtuner(
+        "export",
+        str(default_model),
+        "--format",
+        "llama-server",
+        "-np",
+        "4",
+        "--kv-unified",
+        env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
+    )
     assert ok.returncode == 0 and " -kvu" in ok.stdout
     assert f"kvtuner: note: Checked against llama-server b11434 (CPU) ({engine.server})" in ok.stderr
     # without a build to check against, the notes say so
-    none = kvtuner("export", str(default_model), "--format", "llama-server",
-                   env={"KVTUNER_LLAMA_SERVER": "", "PATH": os.path.dirname(sys.executable)})
+    none = kvtuner(
+        "export",
+        str(default_model),
+        "--format",
+        "llama-server",
+        env={"KVTUNER_LLAMA_SERVER": "", "PATH": os.path.dirname(sys.executable)},
+    )
     assert none.returncode == 0 and "kvtuner: note: Not checked against a llama-server build" in none.stderr
 
 
@@ -100,5 +136,7 @@ def test_older_builds_get_their_spellings(engine, tmp_path):
     assert a.host.weights_bytes == b.host.weights_bytes and a.gpus[0].weights_bytes == b.gpus[0].weights_bytes
     # what cannot be respelled is an error naming the flag and the build
     with pytest.raises(ExportError, match=r"llama-server \(older\) does not accept -kvu"):
-        check_export(export("llama-server", model.path, RICH), BuildFlags("llama-server (older)",
-                                                                           old.flags - {"-kvu", "--kv-unified"}))
+        check_export(
+            export("llama-server", model.path, RICH),
+            BuildFlags("llama-server (older)", old.flags - {"-kvu", "--kv-unified"}),
+        )

@@ -10,10 +10,13 @@ from kvtuner.cli import main
 
 
 def test_stdout_and_notes(default_model, capsys):
-    assert main(["export", "--format", "llama-server", "--ctx", "8192", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]) == 0
+    assert (
+        main(["export", "--format", "llama-server", "--ctx", "8192", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"]) == 0
+    )
     out, err = capsys.readouterr()
-    assert out == (f"llama-server -m {default_model} -c 8192 -ngl all --fit off -fa on -ctk q8_0 -ctv q8_0 "
-                   "-np 1 -b 2048 -ub 512\n")
+    assert out == (
+        f"llama-server -m {default_model} -c 8192 -ngl all --fit off -fa on -ctk q8_0 -ctv q8_0 -np 1 -b 2048 -ub 512\n"
+    )
     assert all(line.startswith("kvtuner: note: ") for line in err.splitlines())
 
 

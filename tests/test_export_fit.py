@@ -16,13 +16,13 @@ from kvtuner.cli import build_parser, main
 from kvtuner.cli.args import config_from_args, session_from_args
 from kvtuner.core.export.fit import check_export, expressed_config
 from kvtuner.core.model.profile import ModelProfile
-from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.build_rules import VENDORED, rules_for_target
+from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.verdict import TIGHT, fit_verdict
 from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixture)
 
-FITS_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "16", "-fa", "on"]    # 5.60 of 8 GiB with the experts in RAM
-TIGHT_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on"]   # 7.18 of 8 GiB
+FITS_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "16", "-fa", "on"]  # 5.60 of 8 GiB with the experts in RAM
+TIGHT_FLAGS = ["--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on"]  # 7.18 of 8 GiB
 EXPRESSIVE = ["llama-server", "llama-cli", "llama-cpp-python", "koboldcpp", "profile"]
 
 
@@ -30,7 +30,7 @@ def _export(path, fmt, flags, capsys):
     argv = ["export", str(path), "--format", fmt, *flags]
     assert main(argv) == 0
     out, err = capsys.readouterr()
-    return out, [ln[len("kvtuner: warning: "):] for ln in err.splitlines() if ln.startswith("kvtuner: warning: ")]
+    return out, [ln[len("kvtuner: warning: ") :] for ln in err.splitlines() if ln.startswith("kvtuner: warning: ")]
 
 
 def _session(path, flags):
@@ -77,8 +77,11 @@ def test_a_whole_layer_target_writes_the_most_whole_layers_that_fit(gpt_oss, fmt
     setting, all_layers = ("num_gpu", "999") if fmt == "ollama" else ("n_gpu_layers", "all")
     assert f"{fmt} cannot keep tensors of offloaded layers in RAM" in w and f"{setting} {all_layers}" in w
     assert "DOES NOT FIT" in w and "predicted decode" in w
-    n = (int(re.search(r"^PARAMETER num_gpu (\d+)$", out, re.M).group(1)) if fmt == "ollama"
-         else json.loads(out)["n_gpu_layers"])
+    n = (
+        int(re.search(r"^PARAMETER num_gpu (\d+)$", out, re.M).group(1))
+        if fmt == "ollama"
+        else json.loads(out)["n_gpu_layers"]
+    )
     assert f"written with {setting} {n}, the most whole layers that fit" in w
     # checked by planning what the target runs: n whole layers fit the verdict, n + 1 do not
     s = _session(gpt_oss, FITS_FLAGS)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import export
-from server_support import free_port, health, stop_group, wait_healthy  # noqa: E402
+from kvtuner.core.plan.config import PlanConfig
+from server_support import free_port, health, stop_group, wait_healthy
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -43,8 +43,17 @@ LOADS = {
     # the documentation's first plan (docs/getting-started/first-plan.md): q8_0 K and V, flash attention on, small SWA cache
     "q8-fa": PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on", swa_full=False),
     # KV on the host, K quantized without FA, full SWA cache, weights read (no mmap)
-    "nkvo-nommap": PlanConfig(n_ctx=2048, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
-                              swa_full=True, use_mmap=False, n_ubatch=256, n_batch=512),
+    "nkvo-nommap": PlanConfig(
+        n_ctx=2048,
+        kv_gpu_layers=0,
+        type_k="q8_0",
+        type_v="f16",
+        flash_attn="off",
+        swa_full=True,
+        use_mmap=False,
+        n_ubatch=256,
+        n_batch=512,
+    ),
 }
 
 
@@ -64,14 +73,19 @@ def test_llama_cpp_python_kwargs_load_the_default_model(tmp_path, default_model,
         "    'n_ubatch': cp.n_ubatch, 'load_mode': llm.model_params.load_mode,\n"
         "    'tokens': out['usage']['completion_tokens']}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", child, str(kwargs_file)], capture_output=True, text=True,
-                         timeout=CHILD_TIMEOUT_S)
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(kwargs_file)], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {
-        "n_ctx": config.n_ctx, "type_k": 8, "type_v": 8 if config.type_v == "q8_0" else 1,
-        "swa_full": config.swa_full, "offload_kqv": config.kv_gpu_layers != 0,
-        "fa": 1 if config.flash_attn == "on" else 0, "n_ubatch": config.n_ubatch,
+        "n_ctx": config.n_ctx,
+        "type_k": 8,
+        "type_v": 8 if config.type_v == "q8_0" else 1,
+        "swa_full": config.swa_full,
+        "offload_kqv": config.kv_gpu_layers != 0,
+        "fa": 1 if config.flash_attn == "on" else 0,
+        "n_ubatch": config.n_ubatch,
         "load_mode": 1 if config.use_mmap else 0,  # LLAMA_LOAD_MODE_MMAP / LLAMA_LOAD_MODE_NONE
         "tokens": got["tokens"],
     }
@@ -99,11 +113,28 @@ def _llama_server_binary() -> Path | None:
 
 SERVER_CONFIGS = {
     "q8-fa": (PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"), {}),
-    "busy": (PlanConfig(n_ctx=4096, n_gpu_layers=10, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
-                        n_seq=2, n_ubatch=256, n_batch=512, swa_full=True, kv_unified=True, use_mmap=False), {}),
+    "busy": (
+        PlanConfig(
+            n_ctx=4096,
+            n_gpu_layers=10,
+            kv_gpu_layers=0,
+            type_k="q8_0",
+            type_v="f16",
+            flash_attn="off",
+            n_seq=2,
+            n_ubatch=256,
+            n_batch=512,
+            swa_full=True,
+            kv_unified=True,
+            use_mmap=False,
+        ),
+        {},
+    ),
     # the partial split's -ot syntax, aimed at the CPU buffer type (a CPU build has no CUDA0)
-    "split-syntax": (PlanConfig(n_ctx=2048, kv_gpu_layers=12, type_k="q8_0", type_v="q8_0", flash_attn="on"),
-                     {"gpu_buffer_type": "CPU"}),
+    "split-syntax": (
+        PlanConfig(n_ctx=2048, kv_gpu_layers=12, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+        {"gpu_buffer_type": "CPU"},
+    ),
     # an exported --n-cpu-moe line on a small MoE model (a no-op on a CPU build, but parsed and applied)
     "n-cpu-moe": (PlanConfig(n_ctx=2048, n_cpu_moe=2, flash_attn="on"), {"model": "moe"}),
 }
@@ -131,8 +162,13 @@ def test_llama_server_export_starts_healthy(tmp_path, default_model, name, reque
     command = "exec " + result.text.strip() + f" --host 127.0.0.1 --port {port} --threads 2 -lv 4"
     log = tmp_path / "server.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(["/bin/sh", "-c", command], stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"})
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"},
+        )
     try:
         body = wait_healthy(proc, port, log, HEALTH_TIMEOUT_S)
         assert json.loads(body) == {"status": "ok"}

@@ -10,7 +10,6 @@ import pytest
 
 from gguf_factory import ModelSpec, write_model
 from kvtuner.cli import main
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import (
     GpuFingerprint,
     MachineFingerprint,
@@ -21,13 +20,28 @@ from kvtuner.core.export import (
     read_profile,
     write_text_atomic,
 )
+from kvtuner.core.plan.config import PlanConfig
 
-HERE = MachineFingerprint("Linux 6.8.0", "x86_64", "AMD Ryzen 7 5800X", 32 * 2**30,
-                          (GpuFingerprint("NVIDIA GeForce RTX 3060", 12 * 2**30),))
-ELSEWHERE = MachineFingerprint("Linux 6.1.0", "x86_64", "Intel Core i5-12400", 16 * 2**30,
-                               (GpuFingerprint("NVIDIA GeForce RTX 4060", 8 * 2**30),))
-CONFIG = PlanConfig(n_ctx=8192, n_gpu_layers=3, kv_gpu_layers=2, type_k="q8_0", type_v="q4_0", flash_attn="on",
-                    n_seq=2, n_ubatch=256, n_batch=512, swa_full=True, kv_unified=True, use_mmap=False)
+HERE = MachineFingerprint(
+    "Linux 6.8.0", "x86_64", "AMD Ryzen 7 5800X", 32 * 2**30, (GpuFingerprint("NVIDIA GeForce RTX 3060", 12 * 2**30),)
+)
+ELSEWHERE = MachineFingerprint(
+    "Linux 6.1.0", "x86_64", "Intel Core i5-12400", 16 * 2**30, (GpuFingerprint("NVIDIA GeForce RTX 4060", 8 * 2**30),)
+)
+CONFIG = PlanConfig(
+    n_ctx=8192,
+    n_gpu_layers=3,
+    kv_gpu_layers=2,
+    type_k="q8_0",
+    type_v="q4_0",
+    flash_attn="on",
+    n_seq=2,
+    n_ubatch=256,
+    n_batch=512,
+    swa_full=True,
+    kv_unified=True,
+    use_mmap=False,
+)
 BUILD = "llama-cpp-python 0.3.36"
 
 
@@ -37,8 +51,14 @@ def model(tmp_path) -> Path:
 
 
 def _save_profile(tmp_path, model, machine=HERE, measured=None) -> Path:
-    r = export("profile", model, CONFIG, machine=machine, llama_cpp_build_text=BUILD,
-               measured=measured or {"decode_tok_s": 12.5, "peak_vram_bytes": 3 * 2**30})
+    r = export(
+        "profile",
+        model,
+        CONFIG,
+        machine=machine,
+        llama_cpp_build_text=BUILD,
+        measured=measured or {"decode_tok_s": 12.5, "peak_vram_bytes": 3 * 2**30},
+    )
     return write_text_atomic(tmp_path / r.filename_suggestion, r.text)
 
 
@@ -57,8 +77,10 @@ def test_other_machine_and_build_warn(tmp_path, model):
     _, config, warnings = load_profile(path, machine=HERE, llama_cpp_build="llama-cpp-python 0.4.0")
     assert config == CONFIG
     assert len(warnings) == 2
-    assert warnings[0].startswith("profile made on another machine (GPUs NVIDIA GeForce RTX 4060 (8 GiB) there, "
-                                  "NVIDIA GeForce RTX 3060 (12 GiB) here; RAM 16 GiB there, 32 GiB here")
+    assert warnings[0].startswith(
+        "profile made on another machine (GPUs NVIDIA GeForce RTX 4060 (8 GiB) there, "
+        "NVIDIA GeForce RTX 3060 (12 GiB) here; RAM 16 GiB there, 32 GiB here"
+    )
     assert warnings[1] == "profile made with llama-cpp-python 0.3.36, this machine has llama-cpp-python 0.4.0."
 
 

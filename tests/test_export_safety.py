@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import ExportError, export, write_text_atomic
+from kvtuner.core.plan.config import PlanConfig
 
 HOSTILE_NAMES = [
     "my model.gguf",
@@ -74,18 +74,27 @@ def test_python_snippet_and_json_carry_the_exact_path(tmp_path, name):
     snippet = export("llama-cpp-python", model, CONFIG).text
     stub = tmp_path / "stub"
     (stub / "llama_cpp").mkdir(parents=True)
-    (stub / "llama_cpp" / "__init__.py").write_text(textwrap.dedent("""
+    (stub / "llama_cpp" / "__init__.py").write_text(
+        textwrap.dedent("""
         import json
         class Llama:
             def __init__(self, **kw):
                 print(json.dumps(kw))
             def create_completion(self, prompt, max_tokens):
                 return {"choices": [{"text": ""}]}
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     script = tmp_path / "snippet.py"
     script.write_text(snippet, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script)], env={**os.environ, "PYTHONPATH": str(stub)},
-                         capture_output=True, text=True, encoding="utf-8", timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(stub)},
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     kwargs = json.loads(out.stdout.splitlines()[0])
     assert kwargs["model_path"] == str(model)
@@ -97,7 +106,7 @@ def _ollama_from_value(modelfile: str) -> str:
     """Ollama's rule for a FROM value: the rest of the line, trimmed, with one level of
     ``\"\"\"`` or ``"`` quotes removed (parser/parser.go ``unquote``)."""
     line = next(line for line in modelfile.splitlines() if line.startswith("FROM "))
-    s = line[len("FROM "):].strip()
+    s = line[len("FROM ") :].strip()
     if s.startswith('"""'):
         assert s.endswith('"""') and len(s) >= 6
         return s[3:-3]
@@ -107,7 +116,9 @@ def _ollama_from_value(modelfile: str) -> str:
     return s
 
 
-@pytest.mark.parametrize("name", [n for n in HOSTILE_NAMES if "\n" not in n and "\t" not in n] + ['"quoted".gguf', 'end"'])
+@pytest.mark.parametrize(
+    "name", [n for n in HOSTILE_NAMES if "\n" not in n and "\t" not in n] + ['"quoted".gguf', 'end"']
+)
 def test_ollama_from_line(tmp_path, name):
     model = tmp_path / name
     assert _ollama_from_value(export("ollama", model, CONFIG).text) == str(model)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import (
     TARGETS,
     ExportError,
@@ -31,13 +30,26 @@ from kvtuner.core.export import (
     kv_placement,
 )
 from kvtuner.core.export.koboldcpp import nearest_shared_kv_type
+from kvtuner.core.plan.config import PlanConfig
 
 MODEL = Path("/models/gemma-3-270m-q4_k_m.gguf")  # never read: plain configs need no header
 IDENT = ModelIdentity("gemma-3-270m-q4_k_m.gguf", 253_113_024, "ab" * 32, "gemma3", 18, "Gemma 3 270m")
 Q8_FA = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")
 # every option away from its default; KV on the host (-nkvo)
-BUSY = PlanConfig(n_ctx=16384, n_gpu_layers=10, kv_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn="off",
-                  n_seq=4, n_ubatch=256, n_batch=1024, swa_full=True, kv_unified=True, use_mmap=False)
+BUSY = PlanConfig(
+    n_ctx=16384,
+    n_gpu_layers=10,
+    kv_gpu_layers=0,
+    type_k="q8_0",
+    type_v="f16",
+    flash_attn="off",
+    n_seq=4,
+    n_ubatch=256,
+    n_batch=1024,
+    swa_full=True,
+    kv_unified=True,
+    use_mmap=False,
+)
 # all 18 layers on the GPU, KV of only the last 12 there: -ngl 13 + -ot for layers 0..5
 SPLIT = PlanConfig(n_ctx=32768, kv_gpu_layers=12, type_k="q4_0", type_v="q4_0", flash_attn="on")
 
@@ -141,7 +153,9 @@ def test_llama_cpp_python_json():
 
 def test_llama_cpp_python_snippet_golden():
     r = export("llama-cpp-python", MODEL, Q8_FA)
-    assert r.text == """\
+    assert (
+        r.text
+        == """\
 # kvtuner export for llama-cpp-python (tested with 0.3.36): pip install llama-cpp-python
 from llama_cpp import Llama
 
@@ -164,6 +178,7 @@ if __name__ == "__main__":
     out = llm.create_completion("The capital of France is", max_tokens=8)
     print(out["choices"][0]["text"])
 """
+    )
     compile(r.text, "snippet.py", "exec")
 
 
@@ -184,7 +199,9 @@ def test_llama_cpp_python_states_what_llama_cannot_express():
 # ---------------------------------------------------------------------------------- ollama
 def test_ollama_golden():
     r = export("ollama", MODEL, Q8_FA)
-    assert r.text == """\
+    assert (
+        r.text
+        == """\
 # kvtuner export for Ollama.
 # 1. Start the Ollama server with this environment:
 #      OLLAMA_KV_CACHE_TYPE=q8_0 OLLAMA_FLASH_ATTENTION=1 OLLAMA_NUM_PARALLEL=1 ollama serve
@@ -196,6 +213,7 @@ PARAMETER num_ctx 8192
 PARAMETER num_gpu 999
 PARAMETER num_batch 512
 """
+    )
     assert r.env == {"OLLAMA_KV_CACHE_TYPE": "q8_0", "OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_NUM_PARALLEL": "1"}
     assert r.filename_suggestion == "Modelfile"
 
@@ -238,7 +256,13 @@ def test_koboldcpp_flags_unsupported_kv_types():
     r = export("koboldcpp", MODEL, BUSY)
     d = json.loads(r.text)
     # FA off: koboldcpp quantizes only K, so quantkv 1 gives exactly K q8_0 / V f16
-    assert (d["quantkv"], d["flashattention"], d["lowvram"], d["usemmap"], d["useswa"]) == (1, False, True, False, False)
+    assert (d["quantkv"], d["flashattention"], d["lowvram"], d["usemmap"], d["useswa"]) == (
+        1,
+        False,
+        True,
+        False,
+        False,
+    )
     assert not any("quantkv offers only" in n for n in r.limitations)
     odd = export("koboldcpp", MODEL, PlanConfig(type_k="q5_1", type_v="iq4_nl", flash_attn="on"))
     assert json.loads(odd.text)["quantkv"] == 2
@@ -269,22 +293,45 @@ def test_nearest_shared_kv_type(k, v, expected):
 
 # ---------------------------------------------------------------------------------- profile
 def test_profile_golden():
-    machine = MachineFingerprint("Linux 6.8.0", "x86_64", "AMD Ryzen 7 5800X", 32 * 2**30,
-                                 (GpuFingerprint("NVIDIA GeForce RTX 3060", 12 * 2**30),))
-    r = export("profile", MODEL, Q8_FA, model=IDENT, machine=machine, llama_cpp_build_text="llama-cpp-python 0.3.36",
-               measured={"decode_tok_s": 41.5, "peak_vram_bytes": 1234, "load_s": None})
+    machine = MachineFingerprint(
+        "Linux 6.8.0",
+        "x86_64",
+        "AMD Ryzen 7 5800X",
+        32 * 2**30,
+        (GpuFingerprint("NVIDIA GeForce RTX 3060", 12 * 2**30),),
+    )
+    r = export(
+        "profile",
+        MODEL,
+        Q8_FA,
+        model=IDENT,
+        machine=machine,
+        llama_cpp_build_text="llama-cpp-python 0.3.36",
+        measured={"decode_tok_s": 41.5, "peak_vram_bytes": 1234, "load_s": None},
+    )
     d = json.loads(r.text)
     d.pop("created_utc")
     d.pop("kvtuner_version")
     assert d == {
         "kvtuner_profile": 1,
-        "model": {"path": "/models/gemma-3-270m-q4_k_m.gguf", "file_name": "gemma-3-270m-q4_k_m.gguf",
-                  "file_bytes": 253113024, "header_sha256": "ab" * 32, "architecture": "gemma3", "n_layer": 18,
-                  "name": "Gemma 3 270m"},
+        "model": {
+            "path": "/models/gemma-3-270m-q4_k_m.gguf",
+            "file_name": "gemma-3-270m-q4_k_m.gguf",
+            "file_bytes": 253113024,
+            "header_sha256": "ab" * 32,
+            "architecture": "gemma3",
+            "n_layer": 18,
+            "name": "Gemma 3 270m",
+        },
         "config": Q8_FA.to_dict(),
-        "machine": {"os": "Linux 6.8.0", "arch": "x86_64", "cpu": "AMD Ryzen 7 5800X", "ram_total_bytes": 32 * 2**30,
-                    "gpus": [{"name": "NVIDIA GeForce RTX 3060", "total_bytes": 12 * 2**30}],
-                    "fingerprint_id": machine.fingerprint_id},
+        "machine": {
+            "os": "Linux 6.8.0",
+            "arch": "x86_64",
+            "cpu": "AMD Ryzen 7 5800X",
+            "ram_total_bytes": 32 * 2**30,
+            "gpus": [{"name": "NVIDIA GeForce RTX 3060", "total_bytes": 12 * 2**30}],
+            "fingerprint_id": machine.fingerprint_id,
+        },
         "llama_cpp_build": "llama-cpp-python 0.3.36",
         "measured": {"decode_tok_s": 41.5, "peak_vram_bytes": 1234},
         "note": None,
@@ -321,8 +368,8 @@ def test_ollama_and_koboldcpp_batch_is_the_effective_ubatch():
 
 def test_ollama_nkvo_note_only_when_layers_are_offloaded(default_model):
     """With -ngl 0 or 1 no repeating layer is on the GPU, so -nkvo changes nothing for Ollama."""
-    from kvtuner.core.plan.config import PlanConfig as _PlanConfig
     from kvtuner.core.export import export as _export
+    from kvtuner.core.plan.config import PlanConfig as _PlanConfig
 
     def notes(ngl):
         return " ".join(_export("ollama", default_model, _PlanConfig(n_gpu_layers=ngl, kv_gpu_layers=0)).limitations)

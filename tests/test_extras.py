@@ -10,22 +10,29 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gguf_extras import write_lora, write_not_gguf
 from gguf_factory import write_real_shape
-from server_support import start_llama_server, stop_group
-
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
 from kvtuner.core.plan.extras import ExtrasConfig, plan_extras
 from kvtuner.core.plan.memory_plan import plan_memory
+from server_support import start_llama_server, stop_group
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], check=False, capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +67,7 @@ def test_draft_matches_llama_servers_second_table(llama_pair):
     # llama-server's table: Host model 317 (weights it does not repack) + CPU_REPACK 445 MiB,
     # context 256 MiB, compute 76 MiB (integer MiB, truncated)
     dp = xp.draft_plan.host
-    model_rows = {k: v for k, v in res.model_mib.items()}
+    model_rows = dict(res.model_mib.items())
     assert int(dp.repack_bytes / MiB) == int(model_rows["CPU_REPACK"]) == 445
     assert int((dp.weights_bytes - dp.repack_bytes) / MiB) == int(model_rows["CPU"]) == 317
     # KV to the byte: the draft context's llama_kv_cache line (two decimals) and the table
@@ -133,7 +140,9 @@ def test_lora_and_draft_real_load(tmp_path, default_model, default_profile):
     plan = plan_memory(default_profile, PlanConfig(n_ctx=1024))
     xp = plan_extras(plan, extras)
     assert sizes and abs(sum(sizes) * MiB - xp.part_bytes("lora")) <= 0.0051 * MiB * len(sizes)
-    cp = _cli("plan", str(default_model), "--no-gpu", "-c", "1024", "-md", str(default_model), "--lora", str(lora), "--json")
+    cp = _cli(
+        "plan", str(default_model), "--no-gpu", "-c", "1024", "-md", str(default_model), "--lora", str(lora), "--json"
+    )
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)["extras"]
     parts = {(s["part"], s["kind"]) for s in doc["segments"]}
@@ -147,7 +156,6 @@ def test_projector_real_load(tmp_path, default_model, default_profile):
     """A sparse SigLIP/Gemma 3 projector: llama-server loads it (/health); its model size to the
     printed byte and its compute buffer within 2% or 8 MiB of the plan."""
     from gguf_extras import write_projector
-
     from kvtuner.runner.extras_verify import extras_argv
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
@@ -183,7 +191,7 @@ def test_speculative_range():
     s = speculative_speed(10.0, 200.0, 100.0, n_draft=3, acceptance=(0.5, 0.8))
     # step: 3 draft tokens at 100 tok/s + max(0.1 s, 4 / 200 s) = 0.13 s
     assert s.tok_s[0] == pytest.approx(1.875 / 0.13)
-    assert s.tok_s[1] == pytest.approx((1 - 0.8 ** 4) / 0.2 / 0.13)
+    assert s.tok_s[1] == pytest.approx((1 - 0.8**4) / 0.2 / 0.13)
     assert len(s.assumptions) == 3
 
 
@@ -191,8 +199,9 @@ def test_plan_json_names_speed_assumptions(tmp_path, default_model, default_prof
     from gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
-    cp = _cli("plan", str(default_model), "--no-gpu", "-c", "1024", "--mmproj", str(proj), "-md", str(default_model),
-              "--json")
+    cp = _cli(
+        "plan", str(default_model), "--no-gpu", "-c", "1024", "--mmproj", str(proj), "-md", str(default_model), "--json"
+    )
     assert cp.returncode == 0, cp.stderr
     speed = json.loads(cp.stdout)["extras"]["speed"]
     if speed["speculative"] is None:
@@ -214,8 +223,26 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     lora = write_lora(tmp_path / "a.gguf", default_model)
     engine = _server_engine()
-    cp = _cli("export", str(default_model), "--format", "llama-server", "--engine", str(engine.server), "-c", "1024",
-              "-np", "1", "--mmproj", str(proj), "-md", str(default_model), "-ngld", "all", "--lora", f"{lora}:0.5")
+    cp = _cli(
+        "export",
+        str(default_model),
+        "--format",
+        "llama-server",
+        "--engine",
+        str(engine.server),
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "--mmproj",
+        str(proj),
+        "-md",
+        str(default_model),
+        "-ngld",
+        "all",
+        "--lora",
+        f"{lora}:0.5",
+    )
     assert cp.returncode == 0, cp.stderr
     argv = shlex.split(cp.stdout.strip().splitlines()[-1])
     assert "every flag is in its --help" in cp.stderr
@@ -223,7 +250,9 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
         assert flag in argv
     assert argv[argv.index("--lora-scaled") + 1] == f"{lora}:0.5"
     model_at = argv.index("-m")
-    proc, _port, _ = start_llama_server(Path(engine.server), default_model, tmp_path, argv[model_at + 2:] + ["-t", "2"])
+    proc, _port, _ = start_llama_server(
+        Path(engine.server), default_model, tmp_path, argv[model_at + 2 :] + ["-t", "2"]
+    )
     stop_group(proc)
 
 
@@ -244,4 +273,6 @@ def test_verdict_and_advice_count_them(tmp_path, default_model, default_profile)
     assert gpu["extras_bytes"] == doc["extras"]["bytes_by_device"]["CUDA0"] > 0
     advice = {a["id"]: a for a in doc["advice"]}
     assert "extras-over" in advice
-    assert "--no-mmproj-offload" in advice["extras-over"]["message"] and "without -md" in advice["extras-over"]["message"]
+    assert (
+        "--no-mmproj-offload" in advice["extras-over"]["message"] and "without -md" in advice["extras-over"]["message"]
+    )

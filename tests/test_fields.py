@@ -32,8 +32,14 @@ def test_every_headless_command_takes_the_hardware_flags(command):
 
 
 def test_fix_flags_round_trip_through_the_parser():
-    changes = {"n_ctx": 8192, "n_gpu_layers": ALL_LAYERS, "type_k": "q8_0", "flash_attn": "on", "kv_unified": True,
-               "use_mmap": False}
+    changes = {
+        "n_ctx": 8192,
+        "n_gpu_layers": ALL_LAYERS,
+        "type_k": "q8_0",
+        "flash_attn": "on",
+        "kv_unified": True,
+        "use_mmap": False,
+    }
     text = cli_flags(changes)
     assert text == "--ctx 8192 --ngl all --cache-type-k q8_0 --flash-attn on --kv-unified --no-mmap"
     args = build_parser().parse_args(["plan", *text.split()])

@@ -24,9 +24,15 @@ from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
-from kvtuner.core.tune.fit_choice import (FitChoiceError, FitRequest, fit_params_args, parse_fit_line,
-                                          port_fit_choice, predict_choice)
 from kvtuner.core.speed.speed_model import speed_inputs
+from kvtuner.core.tune.fit_choice import (
+    FitChoiceError,
+    FitRequest,
+    fit_params_args,
+    parse_fit_line,
+    port_fit_choice,
+    predict_choice,
+)
 from kvtuner.core.units import GiB, MiB
 
 HOST = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
@@ -60,9 +66,15 @@ def engine():
 
 
 def test_parse_the_printed_choice():
-    line = '-c 8192 -ngl 25 -ts 23,2 -ot "blk\\.0\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU,blk\\.1\\.ffn_down.*=CUDA1"\n'
-    assert parse_fit_line("log line\n" + line) == (8192, 25, (23, 2), (
-        "blk\\.0\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU", "blk\\.1\\.ffn_down.*=CUDA1"))
+    line = (
+        '-c 8192 -ngl 25 -ts 23,2 -ot "blk\\.0\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU,blk\\.1\\.ffn_down.*=CUDA1"\n'
+    )
+    assert parse_fit_line("log line\n" + line) == (
+        8192,
+        25,
+        (23, 2),
+        ("blk\\.0\\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU", "blk\\.1\\.ffn_down.*=CUDA1"),
+    )
     assert parse_fit_line("-c 32768 -ngl -1\n") == (32768, -1, (), ())
     with pytest.raises(FitChoiceError):
         parse_fit_line("llama_fit_params: failed to fit CLI arguments to free memory, exiting...")
@@ -115,13 +127,17 @@ def test_port_moe_keeps_experts_in_ram_first(tmp_path):
     first, rest = c.overrides[0], c.overrides[1:]
     il0 = int(first.split("\\.")[1])
     assert first.endswith("=CPU") and "_exps" not in first  # the partial layer: part of its FFN in RAM
-    assert rest == tuple(rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU"
-                         for il in range(il0 + 1, il0 + 1 + len(rest)))
+    assert rest == tuple(
+        rf"blk\.{il}\.ffn_(up|down|gate_up|gate)_(ch|)exps=CPU" for il in range(il0 + 1, il0 + 1 + len(rest))
+    )
     cfg, split = c.config(PlanConfig(), 1)
     p = plan_memory(model, cfg, gpus, HOST, split=split)
     assert p.gpus[0].total_bytes <= gpus[0].total_bytes - 1024 * MiB
-    assert 0 < p.host.expert_bytes < sum(d.expert_bytes for d in plan_memory(model, PlanConfig(n_ctx=8192, cpu_moe=True),
-                                                                              gpus, HOST).devices)
+    assert (
+        0
+        < p.host.expert_bytes
+        < sum(d.expert_bytes for d in plan_memory(model, PlanConfig(n_ctx=8192, cpu_moe=True), gpus, HOST).devices)
+    )
 
 
 def test_fit_blocked_by_user_layers_is_advised(llama8b):
@@ -198,13 +214,30 @@ def test_llama_fit_params_refuses_kvu_and_kvtuner_does_not_pass_it(engine):
 
 
 def kvtuner(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_cli_tune_json_has_the_fit_choice_for_a_what_if_card(llama8b_path):
-    out = kvtuner("tune", str(llama8b_path), "--gpu", "RTX 3060 12GB", "--ram", "64G", "--ctx", "131072",
-                  "--no-probe", "-t", "8", "--json")
+    out = kvtuner(
+        "tune",
+        str(llama8b_path),
+        "--gpu",
+        "RTX 3060 12GB",
+        "--ram",
+        "64G",
+        "--ctx",
+        "131072",
+        "--no-probe",
+        "-t",
+        "8",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     f = doc["fit_choice"]
@@ -218,8 +251,19 @@ def test_cli_tune_json_has_the_fit_choice_for_a_what_if_card(llama8b_path):
 @pytest.mark.llama
 @pytest.mark.slow
 def test_cli_tune_runs_the_engines_llama_fit_params(engine, default_model):
-    out = kvtuner("tune", str(default_model), "--no-gpu", "--ram", "16G", "--ctx", "8192", "--no-probe", "-t", "2",
-                  env={"KVTUNER_LLAMA_SERVER": str(engine.server)})
+    out = kvtuner(
+        "tune",
+        str(default_model),
+        "--no-gpu",
+        "--ram",
+        "16G",
+        "--ctx",
+        "8192",
+        "--no-probe",
+        "-t",
+        "2",
+        env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
+    )
     assert out.returncode == 0, out.stderr
     row = [l for l in out.stdout.splitlines() if l.startswith("--fit:")]
     assert row and "-c 8192 -ngl -1" in row[0] and "(llama-fit-params, llama-server b" in row[0], out.stdout

@@ -22,16 +22,20 @@ from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixt
 #: (flags, level, the device that sets it): the 8 GiB case of the issue, then one case per level
 #: on a GPU and on the host (CPU only; the host needs 21.39 GiB with ggml-cpu's repacked copy)
 CASES = [
-    (["--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on"], TIGHT, "CUDA0"),   # 7.18 of 8 GiB
-    (["--gpu-mem", "8G", "--n-cpu-moe", "16", "-fa", "on"], FITS, "CUDA0"),    # 5.60 of 8 GiB
-    (["--gpu-mem", "8G", "-fa", "on"], DOES_NOT_FIT, "CUDA0"),                 # 11.79 of 8 GiB
-    (["--no-gpu", "--ram", "32G"], FITS, "CPU"),                               # 67 % of the RAM
-    (["--no-gpu", "--ram", "24G"], TIGHT, "CPU"),                              # 89 %: over the 80 % line
+    (["--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on"], TIGHT, "CUDA0"),  # 7.18 of 8 GiB
+    (["--gpu-mem", "8G", "--n-cpu-moe", "16", "-fa", "on"], FITS, "CUDA0"),  # 5.60 of 8 GiB
+    (["--gpu-mem", "8G", "-fa", "on"], DOES_NOT_FIT, "CUDA0"),  # 11.79 of 8 GiB
+    (["--no-gpu", "--ram", "32G"], FITS, "CPU"),  # 67 % of the RAM
+    (["--no-gpu", "--ram", "24G"], TIGHT, "CPU"),  # 89 %: over the 80 % line
     (["--no-gpu", "--ram", "16G"], DOES_NOT_FIT, "CPU"),
 ]
 #: the advice each level draws for a GPU / the host (an error only for "does not fit")
-ADVICE = {("CUDA0", TIGHT): ("vram-tight", "warning"), ("CUDA0", DOES_NOT_FIT): ("vram-oom", "error"),
-          ("CPU", TIGHT): ("swap-risk", "warning"), ("CPU", DOES_NOT_FIT): ("ram-oom", "error")}
+ADVICE = {
+    ("CUDA0", TIGHT): ("vram-tight", "warning"),
+    ("CUDA0", DOES_NOT_FIT): ("vram-oom", "error"),
+    ("CPU", TIGHT): ("swap-risk", "warning"),
+    ("CPU", DOES_NOT_FIT): ("ram-oom", "error"),
+}
 OOM_IDS = {"vram-oom", "vram-tight", "ram-oom"}
 
 
@@ -84,7 +88,7 @@ def test_every_surface_gives_the_one_verdict(gpt_oss, flags, level, device, caps
     # the tuner: a candidate fits exactly when the verdict is "fits"
     inputs, _ = session.speed_inputs()
     (curve,) = knee_curves(model, [session.config], session.gpus, session.host, inputs, max_ctx=4096, n_points=2)
-    assert dict((x, ok) for x, _, ok in curve.points)[session.config.n_ctx] is (level == FITS)
+    assert {x: ok for x, _, ok in curve.points}[session.config.n_ctx] is (level == FITS)
 
     # the export warning on the same hardware, from the same verdict of the program the export runs:
     # a llama-server export is planned as llama-server (kvtuner.core.plan.build_rules), whose
@@ -117,8 +121,22 @@ def _session(model: ModelProfile, flags: list[str]) -> Session:
 def test_the_8_gib_case_is_tight_for_tune_too(gpt_oss, capsys):  # noqa: F811
     """``tune`` names the given configuration's verdict (the same as ``plan``'s) and chooses one
     that fits."""
-    main(["tune", str(gpt_oss), "--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on", "--ctx", "4096", "--json",
-          "--no-probe"])
+    main(
+        [
+            "tune",
+            str(gpt_oss),
+            "--gpu-mem",
+            "8G",
+            "--n-cpu-moe",
+            "12",
+            "-fa",
+            "on",
+            "--ctx",
+            "4096",
+            "--json",
+            "--no-probe",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["given_fit"]["level"] == TIGHT
     best = doc["best"]

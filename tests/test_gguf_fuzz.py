@@ -31,8 +31,11 @@ from kvtuner.core.model import gguf_header as H
 from kvtuner.core.model.gguf_header import GGUFError
 from kvtuner.core.model.profile import ModelProfile, _build
 
-FAST = settings(deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-                derandomize=True)
+FAST = settings(
+    deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=True,
+)
 
 SEEDS: dict[str, bytes] = {}
 FIELDS: dict[str, list[tuple[int, int]]] = {}  # seed -> [(offset, width)] of every field the reader unpacked
@@ -54,8 +57,13 @@ def _write(tmp: Path, name: str, spec: ModelSpec, *, big: bool = False) -> bytes
         w.add_string("general.name", "big-endian")
         import numpy as np
 
-        for n, shape, t in [("token_embd.weight", (spec.n_embd, spec.n_vocab), 0), ("output_norm.weight", (spec.n_embd,), 0)]:
-            w.add_tensor_info(n, shape[::-1], np.dtype(np.float32), int(np.prod(shape)) * 4, raw_dtype=gguf.GGMLQuantizationType(t))
+        for n, shape, t in [
+            ("token_embd.weight", (spec.n_embd, spec.n_vocab), 0),
+            ("output_norm.weight", (spec.n_embd,), 0),
+        ]:
+            w.add_tensor_info(
+                n, shape[::-1], np.dtype(np.float32), int(np.prod(shape)) * 4, raw_dtype=gguf.GGMLQuantizationType(t)
+            )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -73,7 +81,7 @@ class _Recorder(H._Cursor):
 
     log: ClassVar[list[tuple[int, int]]] = []
 
-    def unpack(self, fmt, what):  # noqa: D401
+    def unpack(self, fmt, what):
         _Recorder.log.append((self.pos, struct.calcsize(fmt)))
         return super().unpack(fmt, what)
 
@@ -83,10 +91,31 @@ def seeds(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     small = ModelSpec(n_layer=2, n_embd=32, n_head=4, n_head_kv=2, n_ff=64, n_vocab=64)
     SEEDS["llama"] = _write(tmp, "llama", small)
-    SEEDS["qwen35"] = _write(tmp, "qwen35", F.qwen35(n_layer=4, E=64, n_head=2, n_head_kv=1, head=32, n_ff=64, V=64,
-                                                      d_inner=64, d_state=16, n_group=2, dt_rank=4, n_mtp=1))
-    SEEDS["moe"] = _write(tmp, "moe", F.glm4moe(n_layer=2, E=64, n_head=2, n_head_kv=1, head=32, n_ff=64, n_expert=4,
-                                                 n_expert_used=2, n_ff_exp=32, V=64))
+    SEEDS["qwen35"] = _write(
+        tmp,
+        "qwen35",
+        F.qwen35(
+            n_layer=4,
+            E=64,
+            n_head=2,
+            n_head_kv=1,
+            head=32,
+            n_ff=64,
+            V=64,
+            d_inner=64,
+            d_state=16,
+            n_group=2,
+            dt_rank=4,
+            n_mtp=1,
+        ),
+    )
+    SEEDS["moe"] = _write(
+        tmp,
+        "moe",
+        F.glm4moe(
+            n_layer=2, E=64, n_head=2, n_head_kv=1, head=32, n_ff=64, n_expert=4, n_expert_used=2, n_ff_exp=32, V=64
+        ),
+    )
     SEEDS["big"] = _write(tmp, "big", small, big=True)
     orig = H._Cursor
     for name, data in SEEDS.items():
@@ -134,7 +163,7 @@ def test_big_endian_is_read_not_rejected(tmp_path):
 def test_truncated_at_every_byte_of_the_header(seed):
     data = SEEDS[seed]
     end = max(o + w for o, w in FIELDS[seed])
-    for cut in range(0, end + 1):
+    for cut in range(end + 1):
         _read(data[:cut])
 
 
@@ -152,8 +181,9 @@ def test_flipped_bytes(seed, flips):
     _read(bytes(data))
 
 
-EXTREMES = st.sampled_from([0, 1, 2, 3, 7, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 1 << 32, 1 << 40,
-                            (1 << 63) - 1, (1 << 64) - 1])
+EXTREMES = st.sampled_from(
+    [0, 1, 2, 3, 7, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 1 << 32, 1 << 40, (1 << 63) - 1, (1 << 64) - 1]
+)
 
 
 @pytest.mark.slow
@@ -172,8 +202,24 @@ def test_every_field_at_extreme_values(seed, data):
 
 
 def _kv_value(draw) -> tuple[str, object]:
-    kind = draw(st.sampled_from(["u32", "i32", "f32", "bool", "str", "arr_int", "arr_str", "arr_bool", "u64", "i8",
-                                 "arr_float", "empty_str"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "u32",
+                "i32",
+                "f32",
+                "bool",
+                "str",
+                "arr_int",
+                "arr_str",
+                "arr_bool",
+                "u64",
+                "i8",
+                "arr_float",
+                "empty_str",
+            ]
+        )
+    )
     if kind == "u32":
         return kind, draw(st.integers(0, (1 << 32) - 1))
     if kind == "i32":
@@ -197,15 +243,54 @@ def _kv_value(draw) -> tuple[str, object]:
     return kind, draw(st.lists(st.integers(-(1 << 31), (1 << 31) - 1), min_size=1, max_size=70))
 
 
-KEYS = ["{a}.block_count", "{a}.embedding_length", "{a}.attention.head_count", "{a}.attention.head_count_kv",
-        "{a}.feed_forward_length", "{a}.context_length", "{a}.attention.key_length", "{a}.attention.value_length",
-        "{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern", "{a}.nextn_predict_layers",
-        "{a}.full_attention_interval", "{a}.attention.recurrent_layers", "{a}.ssm.conv_kernel", "{a}.ssm.inner_size",
-        "{a}.ssm.state_size", "{a}.ssm.group_count", "{a}.attention.shared_kv_layers", "{a}.vocab_size",
-        "{a}.expert_count", "general.architecture", "general.name", "general.alignment", "general.type",
-        "general.file_type", "{a}.attention.key_length_mla", "{a}.shortconv.l_cache", "split.count"]
-ARCHS = ["llama", "qwen35", "gemma4", "gemma3n", "llama4", "nemotron_h", "lfm2", "falcon-h1", "granitehybrid",
-         "glm4moe", "gpt-oss", "mamba", "deepseek2", "qwen3next", "gemma3", "unknown-arch"]
+KEYS = [
+    "{a}.block_count",
+    "{a}.embedding_length",
+    "{a}.attention.head_count",
+    "{a}.attention.head_count_kv",
+    "{a}.feed_forward_length",
+    "{a}.context_length",
+    "{a}.attention.key_length",
+    "{a}.attention.value_length",
+    "{a}.attention.sliding_window",
+    "{a}.attention.sliding_window_pattern",
+    "{a}.nextn_predict_layers",
+    "{a}.full_attention_interval",
+    "{a}.attention.recurrent_layers",
+    "{a}.ssm.conv_kernel",
+    "{a}.ssm.inner_size",
+    "{a}.ssm.state_size",
+    "{a}.ssm.group_count",
+    "{a}.attention.shared_kv_layers",
+    "{a}.vocab_size",
+    "{a}.expert_count",
+    "general.architecture",
+    "general.name",
+    "general.alignment",
+    "general.type",
+    "general.file_type",
+    "{a}.attention.key_length_mla",
+    "{a}.shortconv.l_cache",
+    "split.count",
+]
+ARCHS = [
+    "llama",
+    "qwen35",
+    "gemma4",
+    "gemma3n",
+    "llama4",
+    "nemotron_h",
+    "lfm2",
+    "falcon-h1",
+    "granitehybrid",
+    "glm4moe",
+    "gpt-oss",
+    "mamba",
+    "deepseek2",
+    "qwen3next",
+    "gemma3",
+    "unknown-arch",
+]
 
 
 @st.composite
@@ -231,8 +316,16 @@ def test_wrong_value_types(tmp_path_factory, case):
     w.add_embedding_length(spec.n_embd)
     w.add_head_count(spec.n_head)
     w.add_vocab_size(spec.n_vocab)
-    adders = {"u32": w.add_uint32, "i32": w.add_int32, "f32": w.add_float32, "bool": w.add_bool, "str": w.add_string,
-              "empty_str": w.add_string, "u64": w.add_uint64, "i8": w.add_int8}
+    adders = {
+        "u32": w.add_uint32,
+        "i32": w.add_int32,
+        "f32": w.add_float32,
+        "bool": w.add_bool,
+        "str": w.add_string,
+        "empty_str": w.add_string,
+        "u64": w.add_uint64,
+        "i8": w.add_int8,
+    }
     for key, (kind, value) in extra.items():
         if kind.startswith("arr"):
             w.add_array(key, value)
@@ -240,7 +333,9 @@ def test_wrong_value_types(tmp_path_factory, case):
             adders[kind](key, value)
     import numpy as np
 
-    w.add_tensor_info("token_embd.weight", (64, 32), np.dtype(np.float32), 64 * 32 * 4, raw_dtype=gguf.GGMLQuantizationType.F32)
+    w.add_tensor_info(
+        "token_embd.weight", (64, 32), np.dtype(np.float32), 64 * 32 * 4, raw_dtype=gguf.GGMLQuantizationType.F32
+    )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -9,36 +9,59 @@ import sys
 
 import pytest
 
-from nvml_standin import fake_nvml
 from kvtuner.core.hardware import nvml
-from kvtuner.core.hardware.gpu_catalogue import (GPU_CATALOGUE, UnknownGpuError, find_gpu, match_nvml_name,
-                                                 pcie_bandwidth_bytes_s)
+from kvtuner.core.hardware.gpu_catalogue import (
+    GPU_CATALOGUE,
+    UnknownGpuError,
+    find_gpu,
+    match_nvml_name,
+    pcie_bandwidth_bytes_s,
+)
 from kvtuner.core.hardware.specs import catalogue_gpu
 from kvtuner.core.speed.speed_model import gpu_rates
 from kvtuner.core.units import GiB
+from nvml_standin import fake_nvml
 
 
-@pytest.mark.parametrize("text, name", [
-    ("RTX 3090", "RTX 3090"), ("rtx3090", "RTX 3090"), ("NVIDIA GeForce RTX 3090", "RTX 3090"),
-    ("rtx-4060-ti-16gb", "RTX 4060 Ti 16GB"), ("5090", "RTX 5090"), ("P40", "Tesla P40"), ("tesla p40", "Tesla P40"),
-    ("A100 80GB", "A100 80GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"), ("H100 SXM", "H100 SXM"), ("h200", "H200"),
-    ("RTX 3060 12GB", "RTX 3060 12GB"),
-    # exact names only: the RTX 2080 is the 8 GB card, not the RTX 2080 Ti whose name starts alike
-    ("RTX 2080", "RTX 2080"), ("rtx 2080 ti", "RTX 2080 Ti"), ("RTX 4060 Laptop GPU", "RTX 4060 Laptop"),
-    ("NVIDIA GeForce RTX 5070 Ti", "RTX 5070 Ti"), ("RTX 4070 Super", "RTX 4070 Super"), ("RTX 3050 8GB", "RTX 3050 8GB"),
-])
+@pytest.mark.parametrize(
+    "text, name",
+    [
+        ("RTX 3090", "RTX 3090"),
+        ("rtx3090", "RTX 3090"),
+        ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+        ("rtx-4060-ti-16gb", "RTX 4060 Ti 16GB"),
+        ("5090", "RTX 5090"),
+        ("P40", "Tesla P40"),
+        ("tesla p40", "Tesla P40"),
+        ("A100 80GB", "A100 80GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("H100 SXM", "H100 SXM"),
+        ("h200", "H200"),
+        ("RTX 3060 12GB", "RTX 3060 12GB"),
+        # exact names only: the RTX 2080 is the 8 GB card, not the RTX 2080 Ti whose name starts alike
+        ("RTX 2080", "RTX 2080"),
+        ("rtx 2080 ti", "RTX 2080 Ti"),
+        ("RTX 4060 Laptop GPU", "RTX 4060 Laptop"),
+        ("NVIDIA GeForce RTX 5070 Ti", "RTX 5070 Ti"),
+        ("RTX 4070 Super", "RTX 4070 Super"),
+        ("RTX 3050 8GB", "RTX 3050 8GB"),
+    ],
+)
 def test_find_gpu(text, name):
     assert find_gpu(text).name == name
 
 
-@pytest.mark.parametrize("text, match", [
-    ("RTX 30", r"not in the catalogue \(nearest: RTX 3070, RTX 3090, "),
-    ("RTX 3060", "matches several catalogue entries: RTX 3060 8GB, RTX 3060 12GB; name one of them"),
-    ("RTX 2090", r"not in the catalogue \(nearest: .*RTX 2080"),
-    ("RTX 4060 Ti", "matches several catalogue entries: RTX 4060 Ti 8GB, RTX 4060 Ti 16GB"),
-    ("Voodoo 5", "is not in the catalogue"),
-    ("  ", "empty GPU name"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("RTX 30", r"not in the catalogue \(nearest: RTX 3070, RTX 3090, "),
+        ("RTX 3060", "matches several catalogue entries: RTX 3060 8GB, RTX 3060 12GB; name one of them"),
+        ("RTX 2090", r"not in the catalogue \(nearest: .*RTX 2080"),
+        ("RTX 4060 Ti", "matches several catalogue entries: RTX 4060 Ti 8GB, RTX 4060 Ti 16GB"),
+        ("Voodoo 5", "is not in the catalogue"),
+        ("  ", "empty GPU name"),
+    ],
+)
 def test_find_gpu_says_what_to_change(text, match):
     with pytest.raises(UnknownGpuError, match=match):
         find_gpu(text)
@@ -64,11 +87,17 @@ def test_catalogue_figures_are_the_datasheets():
     assert pcie_bandwidth_bytes_s(4, 16) == pytest.approx(31.5e9, rel=1e-3)
     assert g["RTX 4060 Ti 16GB"].pcie_bandwidth_bytes_s == pytest.approx(15.75e9, rel=1e-3)  # x8
     # the product pages' figures: RTX 2080 8 GB at 448 GB/s, PCIe 3.0; RTX 5060 Ti on PCIe 5.0 x8
-    assert (g["RTX 2080"].vram_bytes, g["RTX 2080"].mem_bandwidth_bytes_s, g["RTX 2080"].pcie_gen) == (8 * GiB, 448e9, 3)
+    assert (g["RTX 2080"].vram_bytes, g["RTX 2080"].mem_bandwidth_bytes_s, g["RTX 2080"].pcie_gen) == (
+        8 * GiB,
+        448e9,
+        3,
+    )
     assert g["RTX 2080"].fp32_flop_s == pytest.approx(10.07e12, rel=1e-2)
     assert g["RTX 4070 Ti Super"].mem_bandwidth_bytes_s == 672e9 and g["RTX 4070 Ti Super"].vram_bytes == 16 * GiB
     assert g["RTX 4090 Laptop"].fp32_flop_s == pytest.approx(39.7e12, rel=1e-2)  # 9728 lanes at 2040 MHz
-    assert g["RTX 5080"].fp32_flop_s == pytest.approx(56.3e12, rel=1e-2) and g["RTX 5080"].mem_bandwidth_bytes_s == 960e9
+    assert (
+        g["RTX 5080"].fp32_flop_s == pytest.approx(56.3e12, rel=1e-2) and g["RTX 5080"].mem_bandwidth_bytes_s == 960e9
+    )
     assert (g["RTX 5060 Ti 16GB"].pcie_gen, g["RTX 5060 Ti 16GB"].pcie_lanes) == (5, 8)
     for series in ("20", "30", "40", "50"):  # desktop and laptop parts of every series
         names = [n for n in g if n.startswith(f"RTX {series[0]}0")]
@@ -79,7 +108,13 @@ def test_catalogue_figures_are_the_datasheets():
 
 def test_catalogue_gpu_is_a_what_if_card_with_its_figures():
     g = catalogue_gpu("rtx 4090", index=1)
-    assert (g.name, g.device, g.total_bytes, g.what_if, g.catalogue) == ("RTX 4090 (what-if)", "CUDA1", 24 * GiB, True, "RTX 4090")
+    assert (g.name, g.device, g.total_bytes, g.what_if, g.catalogue) == (
+        "RTX 4090 (what-if)",
+        "CUDA1",
+        24 * GiB,
+        True,
+        "RTX 4090",
+    )
     assert g.mem_bandwidth_bytes_s == 1008e9
     r = gpu_rates(g)
     assert r.int8_op_s == GPU_CATALOGUE["RTX 4090"].int8_op_s and "bandwidth of the RTX 4090" in r.source

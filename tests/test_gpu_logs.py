@@ -51,11 +51,14 @@ def test_held_out_part_is_big_enough():
 
 
 @pytest.mark.llama  # compare_row dry-runs the row's configuration in the runner child
-@pytest.mark.parametrize("row_id", [
-    "ci-b4343-pythia2.8b-q4_0-ngl99",
-    "ci-b4343-pythia2.8b-q4_0-ngl10",
-    "gh13729-b5466-qwen3-30b-a3b-ngl30",
-])
+@pytest.mark.parametrize(
+    "row_id",
+    [
+        "ci-b4343-pythia2.8b-q4_0-ngl99",
+        "ci-b4343-pythia2.8b-q4_0-ngl10",
+        "gh13729-b5466-qwen3-30b-a3b-ngl30",
+    ],
+)
 def test_compare_plans_rows(row_id, tmp_path):
     row = next(r for r in ROWS if r["id"] == row_id)
     res = compare.compare_row(row, tmp_path)
@@ -98,10 +101,13 @@ def test_ngl0_is_planned_as_ngl0():
     assert args[args.index("-ctk") + 1] == "q8_0" and args.count("--gpu-mem") == 2
 
 
-@pytest.mark.parametrize("row_id,gpu_mib,host_mib", [
-    ("ik344-b5192-glm-z1-32b-iq4xs-fa-32k", 16303.48, 471.75),  # glm4 shape, IQ4_XS with Q5_K attn_v
-    ("ik370-b5274-qwen3-30b-a3b-q4km-fa-32k", 17596.43, 166.92),  # bartowski Q4_K_M mix
-])
+@pytest.mark.parametrize(
+    "row_id,gpu_mib,host_mib",
+    [
+        ("ik344-b5192-glm-z1-32b-iq4xs-fa-32k", 16303.48, 471.75),  # glm4 shape, IQ4_XS with Q5_K attn_v
+        ("ik370-b5274-qwen3-30b-a3b-q4km-fa-32k", 17596.43, 166.92),  # bartowski Q4_K_M mix
+    ],
+)
 def test_new_fixtures_reproduce_printed_weights(row_id, gpu_mib, host_mib):
     from gguf_factory import tensor_bytes
 

@@ -30,10 +30,16 @@ def test_parse_log_reads_llama_cpp_buffer_lines():
         ["info", "load_tensors:   CPU_Mapped model buffer size =   281.81 MiB"],
         ["info", "llama_context:  CUDA_Host  output buffer size =     0.49 MiB"],
         ["info", "llama_kv_cache:      CUDA0 KV buffer size =  1024.00 MiB"],
-        ["info", "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, V (f16):  512.00 MiB"],
+        [
+            "info",
+            "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, V (f16):  512.00 MiB",
+        ],
         ["info", "sched_reserve:      CUDA0 compute buffer size =   258.50 MiB"],
         ["info", "sched_reserve:  CUDA_Host compute buffer size =    24.01 MiB"],
-        ["info", "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1030 / 998, splits = 2 / 2, input objects = 4, input tensors = 6"],
+        [
+            "info",
+            "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1030 / 998, splits = 2 / 2, input objects = 4, input tensors = 6",
+        ],
         ["error", "llama_init_from_model: something went wrong"],
     ]
     p = gpu_truth.parse_log(lines)
@@ -49,14 +55,25 @@ def test_parse_log_reads_llama_cpp_buffer_lines():
 
 
 def test_export_line_becomes_probe_parameters():
-    line = ("llama-server -m '/tmp/my model.gguf' -c 8192 -ngl 9 --fit off -fa on -ctk q8_0 -ctv q8_0 -np 1 -b 2048 "
-            "-ub 512 -ot 'blk\\.(0|1|2)\\.=CUDA0' -nkvo --swa-full")
+    line = (
+        "llama-server -m '/tmp/my model.gguf' -c 8192 -ngl 9 --fit off -fa on -ctk q8_0 -ctv q8_0 -np 1 -b 2048 "
+        "-ub 512 -ot 'blk\\.(0|1|2)\\.=CUDA0' -nkvo --swa-full"
+    )
     spec, notes = gpu_truth.probe_spec_from_export(line)
     assert spec["model"] == "/tmp/my model.gguf"
     assert spec["n_gpu_layers"] == 9
     assert spec["overrides"] == [["blk\\.(0|1|2)\\.", "CUDA0"]]
-    assert spec["ctx"] == {"n_ctx": 8192, "flash_attn": "on", "type_k": "q8_0", "type_v": "q8_0", "n_seq_max": 1,
-                           "n_batch": 2048, "n_ubatch": 512, "offload_kqv": False, "swa_full": True}
+    assert spec["ctx"] == {
+        "n_ctx": 8192,
+        "flash_attn": "on",
+        "type_k": "q8_0",
+        "type_v": "q8_0",
+        "n_seq_max": 1,
+        "n_batch": 2048,
+        "n_ubatch": 512,
+        "offload_kqv": False,
+        "swa_full": True,
+    }
     assert notes == []
     spec, notes = gpu_truth.probe_spec_from_export("llama-server -m x.gguf -ngl all --mystery")
     assert spec["n_gpu_layers"] == -1 and notes == ["export flag not translated: --mystery"]
@@ -97,8 +114,14 @@ def test_cpu_rehearsal_quick(tmp_path):
     load, a dry run, the default model's zero-weight copy) and one bench, with outputs."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), GPU_TRUTH_WORK=str(work))
-    r = subprocess.run(["bash", str(GT / "run.sh"), "measure", "--cpu", "--quick", "--budget-s", "150"],
-                       capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT))
+    r = subprocess.run(
+        ["bash", str(GT / "run.sh"), "measure", "--cpu", "--quick", "--budget-s", "150"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=str(ROOT),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "PHASE wheels" in r.stdout
     doc = json.loads((out / "gpu_truth.json").read_text())
@@ -140,8 +163,18 @@ def test_sweep_rows_cover_the_regimes_and_translate_for_the_probe():
     rows = gpu_truth.sweep_rows_gpu()
     flags = [" ".join(r.flags) for r in rows]
     assert len({r.key for r in rows}) == len(rows)
-    for want in ("--ngl 24", "--ngl 16", "--ngl 8", "--kv-gpu-layers 0", "--kv-gpu-layers 16", "--n-cpu-moe 6",
-                 "--n-cpu-moe 12", "--n-cpu-moe 24", "-ub 2048", "-ub 4096"):
+    for want in (
+        "--ngl 24",
+        "--ngl 16",
+        "--ngl 8",
+        "--kv-gpu-layers 0",
+        "--kv-gpu-layers 16",
+        "--n-cpu-moe 6",
+        "--n-cpu-moe 12",
+        "--n-cpu-moe 24",
+        "-ub 2048",
+        "-ub 4096",
+    ):
         assert any(want in f for f in flags), want
     assert any(not r.op_offload for r in rows) and {0, 8192, 32768} <= {d for r in rows for d in r.depths}
     for r in rows:
@@ -149,17 +182,39 @@ def test_sweep_rows_cover_the_regimes_and_translate_for_the_probe():
         assert max(r.depths) + r.n_prompt + r.n_gen + 8 <= ctx, r.key
     keys = [r.key for r in rows]  # the budget guard cuts the tail: experts in RAM and -ub first
     assert keys.index("oss-cpumoe24-ub512") < 2 and keys.index("oss-cpumoe24-ub4096") < 2
-    spec, notes = gpu_truth.probe_spec_from_export("llama-server -m m.gguf -c 40960 -ngl all -ub 4096 -b 4096 --n-cpu-moe 2 "
-                                                   "--no-op-offload")
+    spec, notes = gpu_truth.probe_spec_from_export(
+        "llama-server -m m.gguf -c 40960 -ngl all -ub 4096 -b 4096 --n-cpu-moe 2 --no-op-offload"
+    )
     assert notes == [] and spec["ctx"]["op_offload"] is False and spec["ctx"]["n_ubatch"] == 4096
-    assert spec["overrides"] == [["blk\\.0\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"],
-                                 ["blk\\.1\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"]]
-    doc = {"mode": "gpu", "sweep": [{"key": "oss-cpumoe24-ub512", "flags": ["--n-cpu-moe", "24"], "op_offload": True,
-                                     "results": [{"depth": 0, "predicted_prefill_tok_s": 900.0, "measured_prefill_tok_s": 1000.0,
-                                                  "prefill_ratio": 0.9, "predicted_decode_tok_s": 40.0,
-                                                  "measured_decode_tok_s": 50.0, "decode_ratio": 0.8}]}]}
+    assert spec["overrides"] == [
+        ["blk\\.0\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"],
+        ["blk\\.1\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"],
+    ]
+    doc = {
+        "mode": "gpu",
+        "sweep": [
+            {
+                "key": "oss-cpumoe24-ub512",
+                "flags": ["--n-cpu-moe", "24"],
+                "op_offload": True,
+                "results": [
+                    {
+                        "depth": 0,
+                        "predicted_prefill_tok_s": 900.0,
+                        "measured_prefill_tok_s": 1000.0,
+                        "prefill_ratio": 0.9,
+                        "predicted_decode_tok_s": 40.0,
+                        "measured_decode_tok_s": 50.0,
+                        "decode_ratio": 0.8,
+                    }
+                ],
+            }
+        ],
+    }
     md = gpu_truth.render_md(doc)
-    assert "## Offload sweep" in md and "| oss-cpumoe24-ub512 | `--n-cpu-moe 24` | on | 0 | 900.0 / 1000.0 (0.9) |" in md
+    assert (
+        "## Offload sweep" in md and "| oss-cpumoe24-ub512 | `--n-cpu-moe 24` | on | 0 | 900.0 / 1000.0 (0.9) |" in md
+    )
     assert gpu_truth.summarise(doc)["sweep_pred_over_meas"] == {"oss-cpumoe24-ub512@0": {"decode": 0.8, "prefill": 0.9}}
 
 
@@ -172,8 +227,14 @@ def test_sweep_rehearsal_quick(tmp_path):
     ``plan --prompt``."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), GPU_TRUTH_WORK=str(work), KVTUNER_CPU_PROBE="off")
-    r = subprocess.run(["bash", str(GT / "run.sh"), "measure", "--cpu", "--quick", "--phases", "sweep", "--budget-s", "150"],
-                       capture_output=True, text=True, env=env, timeout=240, cwd=str(ROOT))
+    r = subprocess.run(
+        ["bash", str(GT / "run.sh"), "measure", "--cpu", "--quick", "--phases", "sweep", "--budget-s", "150"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=str(ROOT),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "gpu_truth.json").read_text())
     assert not doc["errors"] and not doc["skipped"] and doc["final"] is True
@@ -195,9 +256,29 @@ def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):
     from gguf_factory import LLAMA31_8B, q4_k_m, write_model
 
     model = write_model(tmp_path / "l8.gguf", q4_k_m(LLAMA31_8B))
-    r = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", str(model), "--ctx", "8192", "-fa", "on",
-                        "--ngl", "16", "--gpu-mem", "141G", "--json"], capture_output=True, text=True, cwd=str(ROOT),
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtuner.cli",
+            "plan",
+            str(model),
+            "--ctx",
+            "8192",
+            "-fa",
+            "on",
+            "--ngl",
+            "16",
+            "--gpu-mem",
+            "141G",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     gpu = next(d for d in plan["devices"] if d["kind"] == "gpu")
@@ -207,7 +288,10 @@ def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):
         ["info", "load_tensors:   CPU_Mapped model buffer size =  2400.00 MiB"],
         ["info", "llama_kv_cache:      CUDA0 KV buffer size =   480.00 MiB"],
         ["info", "llama_kv_cache:        CPU KV buffer size =   544.00 MiB"],
-        ["info", "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, V (f16):  512.00 MiB"],
+        [
+            "info",
+            "llama_kv_cache: size = 1024.00 MiB (  8192 cells,  32 layers,  1/1 seqs), K (f16):  512.00 MiB, V (f16):  512.00 MiB",
+        ],
         ["info", "llama_context:  CUDA_Host  output buffer size =     0.49 MiB"],
         ["info", "sched_reserve:      CUDA0 compute buffer size =   300.00 MiB"],
         ["info", "sched_reserve:  CUDA_Host compute buffer size =    24.01 MiB"],
@@ -223,23 +307,56 @@ def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):
     assert parsed["graph"]["splits_pp"] == 3
 
     G = 1 << 30
-    mem = [{"stage": "process_start", "nvml_used_bytes": 1 * G, "nvml_free_bytes": 139 * G, "rss_bytes": 50 * mib},
-           {"stage": "cuda_context", "nvml_used_bytes": 1 * G + 500 * mib, "nvml_free_bytes": 139 * G - 500 * mib,
-            "cuda_free_bytes": 139 * G - 500 * mib, "cuda_total_bytes": 140 * G, "rss_bytes": 300 * mib},
-           {"stage": "after_decode", "nvml_used_bytes": 1 * G + 500 * mib + int((gpu["weights_bytes"] / mib + 780) * mib) + 200 * mib,
-            "cuda_free_bytes": 100 * G, "cuda_total_bytes": 140 * G, "rss_bytes": 900 * mib}]
+    mem = [
+        {"stage": "process_start", "nvml_used_bytes": 1 * G, "nvml_free_bytes": 139 * G, "rss_bytes": 50 * mib},
+        {
+            "stage": "cuda_context",
+            "nvml_used_bytes": 1 * G + 500 * mib,
+            "nvml_free_bytes": 139 * G - 500 * mib,
+            "cuda_free_bytes": 139 * G - 500 * mib,
+            "cuda_total_bytes": 140 * G,
+            "rss_bytes": 300 * mib,
+        },
+        {
+            "stage": "after_decode",
+            "nvml_used_bytes": 1 * G + 500 * mib + int((gpu["weights_bytes"] / mib + 780) * mib) + 200 * mib,
+            "cuda_free_bytes": 100 * G,
+            "cuda_total_bytes": 140 * G,
+            "rss_bytes": 900 * mib,
+        },
+    ]
     res = gpu_truth.overhead_result(mem, parsed)
     assert res["cuda_context"]["overhead_bytes_nvml"] == 500 * mib
     assert res["cuda_context"]["overhead_bytes_cuda"] == 500 * mib
     assert abs(res["after_decode"]["overhead_bytes_nvml"] - 700 * mib) < mib  # 500 context + 200 beyond the buffers
 
-    doc = {"mode": "gpu", "buffers": [{"key": "x", "fixture": "l8", "real_load": True, "compare": cmp_, "llama": parsed,
-                                       "kvtuner_dry_run": {"same_compute": True, "same_output": True, "same_kv": True}}],
-           "overhead": [{"key": "o", "result": res, "kvtuner_overhead_bytes": {"gpu": 400 * mib, "host": 160 * mib}}],
-           "speed": [{"key": "s", "fixture": "l8", "flags": ["-fa", "on"], "n_depth": 0,
-                      "predicted": {"decode_tok_s": 150.0, "prefill_tok_s": 9000.0},
-                      "measured": {"decode_tok_s": 160.0, "prefill_tok_s": 8000.0}, "decode_tok_s_ratio": 0.938,
-                      "vram_used_by_run_bytes": 6 * G, "planned_gpu_total_bytes": 6 * G}]}
+    doc = {
+        "mode": "gpu",
+        "buffers": [
+            {
+                "key": "x",
+                "fixture": "l8",
+                "real_load": True,
+                "compare": cmp_,
+                "llama": parsed,
+                "kvtuner_dry_run": {"same_compute": True, "same_output": True, "same_kv": True},
+            }
+        ],
+        "overhead": [{"key": "o", "result": res, "kvtuner_overhead_bytes": {"gpu": 400 * mib, "host": 160 * mib}}],
+        "speed": [
+            {
+                "key": "s",
+                "fixture": "l8",
+                "flags": ["-fa", "on"],
+                "n_depth": 0,
+                "predicted": {"decode_tok_s": 150.0, "prefill_tok_s": 9000.0},
+                "measured": {"decode_tok_s": 160.0, "prefill_tok_s": 8000.0},
+                "decode_tok_s_ratio": 0.938,
+                "vram_used_by_run_bytes": 6 * G,
+                "planned_gpu_total_bytes": 6 * G,
+            }
+        ],
+    }
     md = gpu_truth.render_md(doc)
     assert "| x | l8 | yes |" in md and "| 500.0 / 500.0 |" in md and "150.0 / 160.0" in md
     assert gpu_truth.summarise(doc)["decode_pred_over_meas"] == {"s": 0.938}

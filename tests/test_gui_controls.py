@@ -7,25 +7,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import dataclasses
+import json
+import time
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore  # noqa: E402
+from PySide6 import QtCore
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
-from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.units import GiB
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 
 
 @pytest.fixture
@@ -36,7 +36,9 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
 def _window(qtbot, settings, config: PlanConfig | None = None, *, what_if: bool = True) -> MainWindow:
     """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
     make_app()
-    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    w = MainWindow(
+        config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     if what_if:
         w.hardware.set_choice(DEFAULT_WHAT_IF)
@@ -49,8 +51,12 @@ def _snapshot(w: MainWindow) -> dict:
     d = w.plan.to_dict()
     d.pop("config")
     speed = w.speed.to_dict() if w.speed is not None else None
-    return {"plan": d, "speed": speed, "bars": [(r.caption, r.total_bytes, r.kv_bytes, r.compute_bytes) for r in w.prediction.bars.rows],
-            "text": w.prediction.kv_label.text()}
+    return {
+        "plan": d,
+        "speed": speed,
+        "bars": [(r.caption, r.total_bytes, r.kv_bytes, r.compute_bytes) for r in w.prediction.bars.rows],
+        "text": w.prediction.kv_label.text(),
+    }
 
 
 def test_ctx_slider_stops_are_log_spaced_multiples_of_256_with_every_power_of_two():
@@ -202,8 +208,11 @@ def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(q
     w.controls.ctx.spin.setValue(4096)
     w.controls.ctx.spin.setValue(16 << 20)
     QtWidgets.QApplication.processEvents()
-    shown = [lab.text() for lab in w.advisor._body.findChildren(QtWidgets.QLabel) if lab.isVisibleTo(w.advisor)
-             and lab.text()]
+    shown = [
+        lab.text()
+        for lab in w.advisor._body.findChildren(QtWidgets.QLabel)
+        if lab.isVisibleTo(w.advisor) and lab.text()
+    ]
     from kvtuner.gui.config_state import gui_wording
 
     expected = [gui_wording(a.message) for a in w.advisor.items] or ["No problems found for this configuration."]
@@ -234,12 +243,15 @@ def test_settings_persist(qtbot, settings):
     assert str(w.model_path) in w2.recent_models()
 
 
-@pytest.mark.parametrize("key,value", [
-    ("hardware/custom_bytes", "abc"),
-    ("model/recent", "null"),
-    ("window/geometry", "garbage"),
-    ("config", '{"n_ctx": 1e20}'),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("hardware/custom_bytes", "abc"),
+        ("model/recent", "null"),
+        ("window/geometry", "garbage"),
+        ("config", '{"n_ctx": 1e20}'),
+    ],
+)
 def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, settings, key, value):
     settings.setValue("hardware/choice", "custom")
     settings.setValue(key, value)
@@ -254,8 +266,16 @@ def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, sett
 def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):
     w = _window(qtbot, settings)
     c = w.controls
-    for widget, flag in ((c.ngl.slider, "-ngl"), (c.kv.slider, "-nkvo"), (c.ctx.slider, "-c"), (c.type_k, "-ctk"),
-                         (c.type_v, "-ctv"), (c.flash, "-fa"), (c.parallel.slider, "-np"), (c.ubatch, "-ub")):
+    for widget, flag in (
+        (c.ngl.slider, "-ngl"),
+        (c.kv.slider, "-nkvo"),
+        (c.ctx.slider, "-c"),
+        (c.type_k, "-ctk"),
+        (c.type_v, "-ctv"),
+        (c.flash, "-fa"),
+        (c.parallel.slider, "-np"),
+        (c.ubatch, "-ub"),
+    ):
         assert widget.focusPolicy() & QtCore.Qt.FocusPolicy.TabFocus
         assert flag in widget.toolTip()
     before = w.config.n_ctx

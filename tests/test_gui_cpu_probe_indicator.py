@@ -51,8 +51,12 @@ def test_the_window_starts_the_background_probe_and_shows_it(qtbot, tmp_path, mo
 
     monkeypatch.delenv("KVTUNER_CPU_PROBE", raising=False)
     make_app()
-    w = MainWindow(PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64), settings=ini_settings(tmp_path),
-                   hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64),
+        settings=ini_settings(tmp_path),
+        hardware=([], HOST, "test: no NVML"),
+        sampler=IdleSampler(),
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)

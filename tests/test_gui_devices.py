@@ -7,30 +7,33 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 
 SCREENSHOT = os.environ.get("KVTUNER_DEVICES_SCREENSHOT", "")
 
 
 def _window(qtbot, tmp_path: Path) -> MainWindow:
     make_app()
-    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    w.hardware.choice.setCurrentIndex(w.hardware.choice.findData(DEFAULT_WHAT_IF))  # no GPU here: plan for the what-if card (CPU only is the default)
+    w.hardware.choice.setCurrentIndex(
+        w.hardware.choice.findData(DEFAULT_WHAT_IF)
+    )  # no GPU here: plan for the what-if card (CPU only is the default)
     qtbot.waitUntil(lambda: len(w.plan.gpus) == 1, timeout=10_000)
     return w
 

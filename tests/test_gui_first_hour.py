@@ -16,24 +16,23 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore, QtWidgets  # noqa: E402
+from PySide6 import QtCore, QtWidgets
 
-from kvtuner.core.hardware.specs import HostSpec  # noqa: E402
-from kvtuner.core.monitor.rolling import RollingRate  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.plan.fields import FIELDS  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.widgets.device_list import ADD_CARD_PLACEHOLDER  # noqa: E402
-from kvtuner.gui.widgets.run_controls import NO_MODEL_TIP  # noqa: E402
-from kvtuner.runner import protocol as P  # noqa: E402
-
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.monitor.rolling import RollingRate
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.fields import FIELDS
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.widgets.device_list import ADD_CARD_PLACEHOLDER
+from kvtuner.gui.widgets.run_controls import NO_MODEL_TIP
+from kvtuner.runner import protocol as P
 
 GiB = 1 << 30
 RAM_32G = HostSpec(total_bytes=32 * GiB, available_bytes=32 * GiB, swap_total_bytes=0)
@@ -48,13 +47,27 @@ def llama8b(tmp_path_factory) -> Path:
     return write_real_shape(tmp_path_factory.mktemp("llama8b") / "llama-3.1-8b.gguf", "llama-3.1-8b")
 
 
-def _window(qtbot, tmp_path: Path, config: PlanConfig | None = None, model: Path | None = None, *,
-            plan_for=RTX_3060, host=RAM_32G, open_model: bool = True) -> MainWindow:
+def _window(
+    qtbot,
+    tmp_path: Path,
+    config: PlanConfig | None = None,
+    model: Path | None = None,
+    *,
+    plan_for=RTX_3060,
+    host=RAM_32G,
+    open_model: bool = True,
+) -> MainWindow:
     """A window at the default size, shown, planned for the RTX 3060 12GB with 32 GiB RAM (as
     ``kvtuner gui FILE --gpu "RTX 3060 12GB" --ram 32G``)."""
     make_app()
-    w = MainWindow(config, settings=ini_settings(tmp_path), hardware=([], host, "test: no NVML"),
-                   sampler=IdleSampler(), plan_for=plan_for, host=host)
+    w = MainWindow(
+        config,
+        settings=ini_settings(tmp_path),
+        hardware=([], host, "test: no NVML"),
+        sampler=IdleSampler(),
+        plan_for=plan_for,
+        host=host,
+    )
     qtbot.addWidget(w)
     w.resize(1440, 920)
     w.show()
@@ -68,8 +81,12 @@ def _window(qtbot, tmp_path: Path, config: PlanConfig | None = None, model: Path
 def _shown_whole(widget: QtWidgets.QWidget, viewport: QtWidgets.QWidget) -> bool:
     """The widget lies inside the viewport, at least as wide and tall as it asks to be."""
     top_left = widget.mapTo(viewport, QtCore.QPoint(0, 0))
-    inside = (top_left.x() >= 0 and top_left.y() >= 0 and top_left.x() + widget.width() <= viewport.width()
-              and top_left.y() + widget.height() <= viewport.height())
+    inside = (
+        top_left.x() >= 0
+        and top_left.y() >= 0
+        and top_left.x() + widget.width() <= viewport.width()
+        and top_left.y() + widget.height() <= viewport.height()
+    )
     if isinstance(widget, QtWidgets.QLabel) and widget.wordWrap():  # wrapped: tall enough for its width
         return inside and widget.height() >= widget.heightForWidth(widget.width())
     return inside and widget.width() >= widget.sizeHint().width() and widget.height() >= widget.sizeHint().height()
@@ -99,8 +116,12 @@ def test_three_advice_items_and_their_fixes_show_whole_at_the_default_size(qtbot
 def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llama8b):
     """Six items: the pane takes at most 60% of the column and scrolls; each fix, scrolled to,
     shows whole (never wider than the pane)."""
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=131072, n_gpu_layers=32, n_seq=4, type_k="q8_0", type_v="q4_0",
-                                            flash_attn="on"), llama8b)
+    w = _window(
+        qtbot,
+        tmp_path,
+        PlanConfig(n_ctx=131072, n_gpu_layers=32, n_seq=4, type_k="q8_0", type_v="q4_0", flash_attn="on"),
+        llama8b,
+    )
     qtbot.waitUntil(lambda: len(w.advisor.items) >= 5, timeout=10_000)
     graphs, advice = w.right_split.sizes()
     assert advice <= 0.6 * (graphs + advice) + 1
@@ -257,8 +278,10 @@ def test_the_live_graph_draws_the_rolling_rate_per_repetition(qtbot, tmp_path):
             dt = 3.0 if i == 20 else 0.02
             t_s += dt
             w.run_events.handle(now + rep * 10 + t_s, P.TokenEvent(rep=rep, index=i, token=1, dt_s=dt, t_s=t_s))
-        w.run_events.handle(now + rep * 10 + t_s, P.RepResultEvent(rep=rep, n_prompt=1, n_gen=40, n_depth=0,
-                                                                    prefill_s=0.1, decode_s=t_s, ttft_s=0.1))
+        w.run_events.handle(
+            now + rep * 10 + t_s,
+            P.RepResultEvent(rep=rep, n_prompt=1, n_gen=40, n_depth=0, prefill_s=0.1, decode_s=t_s, ttft_s=0.1),
+        )
     ys = [y for _x, y in zip(*w.graphs.series["decode"].arrays())]
     finite = [y for y in ys if not math.isnan(y)]
     assert len(finite) == 80 and sum(math.isnan(y) for y in ys) == 2

@@ -10,13 +10,13 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("pyqtgraph")
 
-from kvtuner.core.monitor.sampler import HostSample  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.widgets.live_graphs import RUN_LEAD_S, LiveGraphs  # noqa: E402
+from kvtuner.core.monitor.sampler import HostSample
+from kvtuner.gui.app import make_app
+from kvtuner.gui.widgets.live_graphs import RUN_LEAD_S, LiveGraphs
 
 GiB = 1 << 30
 
@@ -28,8 +28,12 @@ def _graphs(qtbot) -> LiveGraphs:
     g.resize(900, 420)
     g.show()
     # 100 s of a 24 GiB machine with 22 GiB available; the runner holds 0.4 GiB from t = 90 s
-    g.add_host_samples([HostSample(i * 0.1, 24 * GiB, 22 * GiB, 0, None, None, (int(0.4 * GiB) if i >= 900 else None))
-                        for i in range(1000)])
+    g.add_host_samples(
+        [
+            HostSample(i * 0.1, 24 * GiB, 22 * GiB, 0, None, None, (int(0.4 * GiB) if i >= 900 else None))
+            for i in range(1000)
+        ]
+    )
     g.set_predicted([("runner RAM", int(0.45 * GiB))], [("decode", 60.0), ("prefill", 300.0)])
     return g
 
@@ -59,8 +63,15 @@ def test_phase_labels_never_sit_under_the_legends(qtbot):
     g.begin_run(90.0)
     # a run's phases as the runner reports them: loading within milliseconds, then prefill and
     # decode; then a second run's prefill and decode a few seconds later
-    for t, name in ((90.2, "weights"), (90.21, "KV"), (90.23, "compute"), (91.0, "prefill"), (91.8, "decode"),
-                    (93.0, "prefill 1"), (93.9, "decode 1")):
+    for t, name in (
+        (90.2, "weights"),
+        (90.21, "KV"),
+        (90.23, "compute"),
+        (91.0, "prefill"),
+        (91.8, "decode"),
+        (93.0, "prefill 1"),
+        (93.9, "decode 1"),
+    ):
         g.mark_phase(t, name)
     assert g.phase_names() == ["weights", "KV", "compute", "prefill", "decode", "prefill 1", "decode 1"]
     g.refresh()
@@ -73,4 +84,4 @@ def test_phase_labels_never_sit_under_the_legends(qtbot):
     labels = [top.label.sceneBoundingRect() for top in labelled]
     assert all(not r.intersects(legend) for r in labels)
     for i, a in enumerate(labels):  # close markers: staggered, their labels do not overlap
-        assert all(not a.intersects(b) for b in labels[i + 1:])
+        assert all(not a.intersects(b) for b in labels[i + 1 :])

@@ -7,21 +7,21 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import subprocess  
-import sys  
-from pathlib import Path  
+import subprocess
+import sys
+from pathlib import Path
 
-import numpy as np  
-import pytest  
+import numpy as np
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 from kvtuner.core.monitor.sampler import HostSample
-from kvtuner.core.units import GiB  
-from kvtuner.gui.app import make_app  
-from kvtuner.gui.series import Series  
-from kvtuner.gui.widgets.live_graphs import MAX_PHASE_MARKERS, LiveGraphs, nice_ceil  
+from kvtuner.core.units import GiB
+from kvtuner.gui.app import make_app
+from kvtuner.gui.series import Series
+from kvtuner.gui.widgets.live_graphs import MAX_PHASE_MARKERS, LiveGraphs, nice_ceil
 
 
 def test_series_is_bounded_and_keeps_the_newest_points():
@@ -58,6 +58,11 @@ def test_graphs_downsample_bound_history_and_mark_phases(qtbot):
 
 def test_redraw_benchmark_runs():
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gui_redraw.py"), "--seconds", "60", "--repeats", "5"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gui_redraw.py"), "--seconds", "60", "--repeats", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
     assert "ms" in out.stdout and "frame budget" in out.stdout, out.stderr

@@ -8,24 +8,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 
 
 def test_plan_for_host_part(qtbot, tmp_path: Path):
     make_app()
-    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None and w.speed is not None, timeout=30_000)
@@ -38,10 +39,17 @@ def test_plan_for_host_part(qtbot, tmp_path: Path):
     hw.host_mem.setCurrentIndex(hw.host_mem.findData("DDR4-3200x2"))
     hw.host_cores.setValue(6)
     hw.host_pcie.setCurrentIndex(hw.host_pcie.findData("3x4"))
-    qtbot.waitUntil(lambda: w.speed is not None and (w.speed.host or {}).get("memory") == "DDR4-3200x2"
-                    and w.speed.host.get("pcie") == "3.0 x4", timeout=10_000)
-    assert w.speed.host["name"] == ("what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, "
-                                    "PCIe 3.0 x4")
+    qtbot.waitUntil(
+        lambda: (
+            w.speed is not None
+            and (w.speed.host or {}).get("memory") == "DDR4-3200x2"
+            and w.speed.host.get("pcie") == "3.0 x4"
+        ),
+        timeout=10_000,
+    )
+    assert w.speed.host["name"] == (
+        "what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, PCIe 3.0 x4"
+    )
     assert w.speed.n_threads == 6 and w.session.host.what_if
     hw.host_mem.setCurrentIndex(0)
     hw.host_cores.setValue(0)
@@ -51,8 +59,15 @@ def test_plan_for_host_part(qtbot, tmp_path: Path):
     # kvtuner gui --host-mem DDR5-5200x2 --host-cores 8 --pcie 4x8: the window shows that host
     from dataclasses import replace
 
-    given = replace(HOST, what_if=True, memory="DDR5-5200x2", mem_bandwidth_bytes_s=5200e6 * 16 * 0.72,
-                    mem_theoretical_bytes_s=5200e6 * 16, n_cores=8, pcie_link=(4, 8))
+    given = replace(
+        HOST,
+        what_if=True,
+        memory="DDR5-5200x2",
+        mem_bandwidth_bytes_s=5200e6 * 16 * 0.72,
+        mem_theoretical_bytes_s=5200e6 * 16,
+        n_cores=8,
+        pcie_link=(4, 8),
+    )
     hw.set_what_if_host(given)
     got = hw.host_for(HOST)
     assert (got.memory, got.n_cores, got.pcie_link, got.what_if) == ("DDR5-5200x2", 8, (4, 8), True)

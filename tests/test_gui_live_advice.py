@@ -10,23 +10,23 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import importlib.util  
-import time  
-from pathlib import Path  
+import importlib.util
+import time
+from pathlib import Path
 
-import pytest  
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore  
+from PySide6 import QtCore
 
-from kvtuner.core.plan.config import PlanConfig  
-from kvtuner.core.monitor.sampler import HostSample, Sampler
 from kvtuner.core.hardware.host import detect_host
-from kvtuner.gui.app import make_app  
-from kvtuner.gui.main_window import MainWindow  
-from kvtuner.gui.run_controller import BenchSettings  
+from kvtuner.core.monitor.sampler import HostSample, Sampler
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.run_controller import BenchSettings
 
 # find_spec, not importorskip: the test process must never load llama_cpp (the runner child does)
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")

@@ -7,22 +7,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from test_moe_offload import gpt_oss  # noqa: E402,F401  (the gpt-oss-20b-shaped fixture)
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixture)
 
 
 def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_oss):  # noqa: F811
     make_app()
-    w = MainWindow(PlanConfig(flash_attn="on"), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(flash_attn="on"),
+        settings=ini_settings(tmp_path),
+        hardware=([], HOST, "test: no NVML"),
+        sampler=IdleSampler(),
+    )
     qtbot.addWidget(w)
     w.show()
     w.open_model(None)  # the default model is dense: no slider

@@ -10,37 +10,41 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import subprocess
 import sys
-import os
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from kvtuner.core.export import export  # noqa: E402
-from kvtuner.core.hardware.host import detect_host  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.speed.speed_model import speed_band  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.run_controller import BenchSettings  # noqa: E402
-from kvtuner.gui.widgets.hardware_panel import CPU_ONLY, DEFAULT_WHAT_IF  # noqa: E402
-from kvtuner.gui.widgets.prediction_panel import verdict  # noqa: E402
-
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.export import export
+from kvtuner.core.hardware.host import detect_host
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.speed.speed_model import speed_band
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.run_controller import BenchSettings
+from kvtuner.gui.widgets.hardware_panel import CPU_ONLY, DEFAULT_WHAT_IF
+from kvtuner.gui.widgets.prediction_panel import verdict
 
 SMALL = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
 
 
 def _window(qtbot, tmp_path: Path, config: PlanConfig = SMALL, *, host=HOST, bench=None, sampler=None) -> MainWindow:
     make_app()
-    w = MainWindow(config, settings=ini_settings(tmp_path), hardware=([], host, "test: no NVML"), bench=bench,
-                   sampler=sampler or IdleSampler())
+    w = MainWindow(
+        config,
+        settings=ini_settings(tmp_path),
+        hardware=([], host, "test: no NVML"),
+        bench=bench,
+        sampler=sampler or IdleSampler(),
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
@@ -76,7 +80,8 @@ def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
     # the predicted lines are for this machine, labelled so
     assert "on this machine, CPU only" in w.graphs_box.title()
     assert {"predicted decode", "predicted prefill", "predicted runner RAM"} <= {
-        line.label.format for line, _ in w.graphs._predicted}
+        line.label.format for line, _ in w.graphs._predicted
+    }
     # a what-if card is an explicit choice: named, with its bandwidth; its plan draws no
     # predicted line over this machine's measurements
     _choose(qtbot, w, DEFAULT_WHAT_IF)
@@ -130,8 +135,14 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
     from kvtuner.core.monitor.sampler import Sampler
 
     bench = BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False)
-    w = _window(qtbot, tmp_path, SMALL, host=detect_host(), bench=bench,
-                sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = _window(
+        qtbot,
+        tmp_path,
+        SMALL,
+        host=detect_host(),
+        bench=bench,
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     # this test is about what runs, not how fast: count the run whatever else loads this shared
     # machine (test_a_run_on_a_busy_machine_is_kept_out tests the quiet-machine rule)
     w.run_events.quiet_max_other_cores = math.inf
@@ -186,7 +197,7 @@ def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
     ShortcutOverride is accepted) and Export never fired. Offscreen Qt has no X11 key bindings,
     so a filter on the number box accepts the override the way X11's QLineEdit
     does; the window's filter must run first and hand Ctrl+E to the Export action."""
-    from PySide6 import QtCore, QtGui, QtWidgets
+    from PySide6 import QtCore, QtWidgets
     from PySide6.QtTest import QTest
 
     class AcceptsCtrlE(QtCore.QObject):  # what QLineEdit::event does with the X11 key bindings
@@ -234,8 +245,14 @@ def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot
     from kvtuner.core.store.library import ConfigLibrary
 
     bench = BenchSettings(n_prompt=32, n_gen=16, repetitions=1, warmup=False)
-    w = _window(qtbot, tmp_path, SMALL, host=detect_host(), bench=bench,
-                sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = _window(
+        qtbot,
+        tmp_path,
+        SMALL,
+        host=detect_host(),
+        bench=bench,
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     w.run_events.quiet_max_other_cores = QUIET_MAX_OTHER_CORES  # the rule itself (conftest turns it off)
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
@@ -311,6 +328,7 @@ def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
     assert w.wanted_config == PlanConfig() and w.config == PlanConfig().with_(n_gpu_layers=0)
     assert w.controls.type_k.currentText() == "f16" and w.plan.config == w.config
     from kvtuner.gui.about import about_text
+
     assert "kvtuner" in about_text() and "Plans for" in about_text()
     assert [a.text() for a in w.menuBar().actions()] == ["&File", "&Run", "&Help"]
 
@@ -350,8 +368,13 @@ def test_at_1280x720_nothing_is_clipped(qtbot, tmp_path):
     w.show()
     qtbot.waitExposed(w)
     assert (w.width(), w.height()) == (1280, 720)
-    w.advisor.set_notes(["the machine was busy during this run (1.5 cores of other load): not used for "
-                         "calibration or Known good; run again when it is quiet", "a second note"])
+    w.advisor.set_notes(
+        [
+            "the machine was busy during this run (1.5 cores of other load): not used for "
+            "calibration or Known good; run again when it is quiet",
+            "a second note",
+        ]
+    )
     qtbot.wait(50)
     notes = w.advisor.notes
     assert notes.height() >= notes.heightForWidth(notes.width())
@@ -364,18 +387,20 @@ def test_at_1280x720_nothing_is_clipped(qtbot, tmp_path):
 def test_refusals_and_warnings_name_controls_not_flags():
     from kvtuner.gui.config_state import gui_wording
 
-    for cli in ("no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a "
-                "what-if GPU)",
-                "--kv-gpu-layers 5 needs a GPU and none is planned for: leave it out for a CPU-only plan, or plan a "
-                "what-if card with --gpu-mem 12G",
-                "approximate: a guess (plan --verify reads the real structure from llama.cpp)",
-                "a quantized V cache (q8_0) requires flash attention: use --flash-attn on (or auto), or "
-                "--cache-type-v f16"):
+    for cli in (
+        "no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)",
+        "--kv-gpu-layers 5 needs a GPU and none is planned for: leave it out for a CPU-only plan, or plan a "
+        "what-if card with --gpu-mem 12G",
+        "approximate: a guess (plan --verify reads the real structure from llama.cpp)",
+        "a quantized V cache (q8_0) requires flash attention: use --flash-attn on (or auto), or --cache-type-v f16",
+    ):
         text = gui_wording(cli)
         assert "--" not in text, text
     assert 'choose a what-if card in "Plan for"' in gui_wording("x (give --gpu-mem to plan a what-if GPU)")
-    assert gui_wording("predicts 30.4 tok/s (kvtuner tune --kv-quality q4_0).") == \
-        'predicts 30.4 tok/s (Tune..., "KV quality floor" q4_0).'
+    assert (
+        gui_wording("predicts 30.4 tok/s (kvtuner tune --kv-quality q4_0).")
+        == 'predicts 30.4 tok/s (Tune..., "KV quality floor" q4_0).'
+    )
 
 
 def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):

@@ -14,8 +14,15 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from kvtuner.gui.platform_check import (  # noqa: E402
-    DEBIAN_PACKAGES, FEDORA_PACKAGES, PACKAGES, install_line, missing_libraries, parse_ldd, uses_xcb, xcb_plugin_files,
+from kvtuner.gui.platform_check import (
+    DEBIAN_PACKAGES,
+    FEDORA_PACKAGES,
+    PACKAGES,
+    install_line,
+    missing_libraries,
+    parse_ldd,
+    uses_xcb,
+    xcb_plugin_files,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +44,10 @@ def test_missing_libraries_are_what_the_loader_reports():
     assert set(parse_ldd(out)) <= set(missing)
     for name in missing:  # every library this machine lacks has its Debian and Fedora package
         assert name in PACKAGES
-    assert parse_ldd("\tlibxcb-icccm.so.4 => not found\n\tlibxcb.so.1 => /lib/libxcb.so.1 (0x1)\n"
-                     "\tlibxcb-keysyms.so.1 => not found\n\tlibxcb-icccm.so.4 => not found\n") == [
-        "libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
+    assert parse_ldd(
+        "\tlibxcb-icccm.so.4 => not found\n\tlibxcb.so.1 => /lib/libxcb.so.1 (0x1)\n"
+        "\tlibxcb-keysyms.so.1 => not found\n\tlibxcb-icccm.so.4 => not found\n"
+    ) == ["libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
     line = install_line(["libxcb-icccm.so.4", "libxcb-keysyms.so.1"])
     assert "sudo apt-get install libxcb-icccm4 libxcb-keysyms1" in line
     assert "sudo dnf install xcb-util-wm xcb-util-keysyms" in line
@@ -54,8 +62,9 @@ def test_kvtuner_prints_the_install_line_and_exits_2():
         pytest.skip("this machine has every library Qt's X11 plugin links")
     env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY")}
     env.update(DISPLAY=":97", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "kvtuner.cli", "gui"], capture_output=True, text=True, env=env,
-                         timeout=120, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "gui"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr

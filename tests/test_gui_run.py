@@ -7,28 +7,28 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  
+from pathlib import Path
 
-import psutil  
-import pytest  
+import psutil
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 # find_spec, not importorskip: the test process itself must never load llama_cpp (the runner
 # child does; test_runner_dryrun.py checks the parent stays clean)
-import importlib.util  
+import importlib.util
 
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("needs llama-cpp-python", allow_module_level=True)
 
-from PySide6 import QtCore  
+from PySide6 import QtCore
 
-from kvtuner.core.plan.config import PlanConfig  
-from kvtuner.core.monitor.sampler import Sampler
 from kvtuner.core.hardware.host import detect_host
-from kvtuner.gui.app import make_app  
-from kvtuner.gui.main_window import MainWindow  
-from kvtuner.gui.run_controller import BenchSettings  
+from kvtuner.core.monitor.sampler import Sampler
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.run_controller import BenchSettings
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -38,8 +38,13 @@ SMALL_CONFIG = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
 def _window(qtbot, tmp_path: Path, bench: BenchSettings) -> MainWindow:
     make_app()
     settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(SMALL_CONFIG, settings=settings, hardware=([], detect_host(), "test"), bench=bench,
-                   sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = MainWindow(
+        SMALL_CONFIG,
+        settings=settings,
+        hardware=([], detect_host(), "test"),
+        bench=bench,
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)

@@ -14,25 +14,26 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-import gguf_families as F  # noqa: E402
-from gguf_factory import write_model  # noqa: E402
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
+import gguf_families as F
+from gguf_factory import write_model
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
 
 
 def _window(qtbot, tmp_path: Path, model: Path | None = None) -> MainWindow:
     make_app()
-    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     w.open_model(model)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)

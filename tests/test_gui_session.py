@@ -15,30 +15,30 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore  # noqa: E402
+from PySide6 import QtCore
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from nvml_standin import fake_nvml  # noqa: E402
-from kvtuner.core.advice.advisor import Advice, AdviceAction  # noqa: E402
-from kvtuner.core.hardware import nvml  # noqa: E402
-from kvtuner.core.hardware.identity import machine_id  # noqa: E402
-from kvtuner.core.hardware.specs import HostSpec  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.plan.fields import config_field  # noqa: E402
-from kvtuner.core.units import GiB, MiB  # noqa: E402
-from kvtuner.gui import main_window as main_window_module  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.run_controller import RunFinished  # noqa: E402
-from kvtuner.gui.settings import settings_path  # noqa: E402
-from kvtuner.gui.widgets.advisor_pane import AdvisorPane  # noqa: E402
-from kvtuner.runner import protocol as P  # noqa: E402
-from kvtuner.runner.dryrun import DryRunResult  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.advice.advisor import Advice, AdviceAction
+from kvtuner.core.hardware import nvml
+from kvtuner.core.hardware.identity import machine_id
+from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.fields import config_field
+from kvtuner.core.units import GiB, MiB
+from kvtuner.gui import main_window as main_window_module
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.run_controller import RunFinished
+from kvtuner.gui.settings import settings_path
+from kvtuner.gui.widgets.advisor_pane import AdvisorPane
+from kvtuner.runner import protocol as P
+from kvtuner.runner.dryrun import DryRunResult
+from nvml_standin import fake_nvml
 
 
 @pytest.fixture
@@ -78,11 +78,26 @@ def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(
         # a finished bench, as the runner child reports it, through the window's event handling
         w.run_events.begin(w.model_path, w.config)
         t = time.monotonic()
-        w.run_events.handle(t, P.StartedEvent(pid=1, protocol_version=1, llama_build="test",
-                                              devices=("CPU", "CUDA0"), device_descriptions=("CPU", "RTX 3060"),
-                                              gpu_offload_supported=True))
-        rep = P.Repetition(rep=0, n_depth=0, n_prompt=512, prefill_s=512 / (before.prefill_tok_s * 2), n_gen=128,
-                           decode_s=128 / (before.decode_tok_s * 2), ttft_s=512 / (before.prefill_tok_s * 2))
+        w.run_events.handle(
+            t,
+            P.StartedEvent(
+                pid=1,
+                protocol_version=1,
+                llama_build="test",
+                devices=("CPU", "CUDA0"),
+                device_descriptions=("CPU", "RTX 3060"),
+                gpu_offload_supported=True,
+            ),
+        )
+        rep = P.Repetition(
+            rep=0,
+            n_depth=0,
+            n_prompt=512,
+            prefill_s=512 / (before.prefill_tok_s * 2),
+            n_gen=128,
+            decode_s=128 / (before.decode_tok_s * 2),
+            ttft_s=512 / (before.prefill_tok_s * 2),
+        )
         w.run_events.handle(t, P.BenchResultEvent(reps=(rep,), peak_rss_bytes=300 * MiB, n_threads=2))
         w.run_events.handle(t, RunFinished(ok=True, stopped=False))
         qtbot.waitUntil(lambda: bool(w.calibration_note), timeout=30_000)
@@ -100,9 +115,20 @@ def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(
 
 
 def _dry_run_result(compute_mib: dict[str, float]) -> DryRunResult:
-    return DryRunResult(kv_caches=(), compute_mib=dict(compute_mib), output_mib={"CUDA_Host": 1.0}, model_mib={},
-                        kv_buffer_mib={}, n_ctx=4096, n_ctx_seq=4096, flash_attn=True, gpu_offload_supported=True,
-                        devices=("CPU", "CUDA0"), llama_build="test", log_tail=())
+    return DryRunResult(
+        kv_caches=(),
+        compute_mib=dict(compute_mib),
+        output_mib={"CUDA_Host": 1.0},
+        model_mib={},
+        kv_buffer_mib={},
+        n_ctx=4096,
+        n_ctx_seq=4096,
+        flash_attn=True,
+        gpu_offload_supported=True,
+        devices=("CPU", "CUDA0"),
+        llama_build="test",
+        log_tail=(),
+    )
 
 
 def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu, monkeypatch):
@@ -158,6 +184,7 @@ def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_p
         gui = json.loads(json.dumps(w.assessment.to_dict()))
         assert w.session.machine_id == machine_id(one_gpu)  # the same machine: a what-if card is not one
         assert gui["config"] == cli["config"] and gui["effective"] == cli["effective"]
+
         def totals(doc):
             return [(d["device"], d["total_bytes"], d["kv_bytes"], d["compute_bytes"]) for d in doc["devices"]]
 
@@ -203,8 +230,9 @@ def test_a_configuration_from_the_command_line_is_used_but_not_remembered(qtbot,
     w.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
     # `kvtuner gui -c 8192`: this session plans with 8192, the next one still starts from 16384
-    w2 = _open(qtbot, MainWindow(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""),
-                                 sampler=IdleSampler()))
+    w2 = _open(
+        qtbot, MainWindow(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
+    )
     assert w2.config.n_ctx == 8192 and w2.plan.config.n_ctx == 8192
     w2.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
@@ -230,9 +258,16 @@ def test_control_labels_and_tooltips_come_from_the_catalogue(qtbot):
 
     c = ConfigControls()
     qtbot.addWidget(c)
-    for name, widget in (("n_gpu_layers", c.ngl), ("kv_gpu_layers", c.kv), ("n_ctx", c.ctx), ("type_k", c.type_k),
-                         ("type_v", c.type_v), ("flash_attn", c.flash), ("n_seq", c.parallel),
-                         ("n_ubatch", c.ubatch)):
+    for name, widget in (
+        ("n_gpu_layers", c.ngl),
+        ("kv_gpu_layers", c.kv),
+        ("n_ctx", c.ctx),
+        ("type_k", c.type_k),
+        ("type_v", c.type_v),
+        ("flash_attn", c.flash),
+        ("n_seq", c.parallel),
+        ("n_ubatch", c.ubatch),
+    ):
         f = config_field(name)
         assert c._labels[name].text() == f.label
         assert widget.toolTip().startswith(f.tooltip())

@@ -7,26 +7,28 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from gguf_factory import write_real_shape  # noqa: E402
-from kvtuner.core.hardware.specs import HostSpec, what_if_gpu  # noqa: E402
-from kvtuner.core.model.profile import ModelProfile  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.speed.speed_model import speed_inputs  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
-from kvtuner.gui.tune_panel import TunePanel  # noqa: E402
+from gguf_factory import write_real_shape
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
+from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.speed.speed_model import speed_inputs
+from kvtuner.core.units import GiB
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
+from kvtuner.gui.tune_panel import TunePanel
 
 
 def test_window_tune_dialog_applies_to_the_controls(qtbot, tmp_path):
     make_app()
-    w = MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     try:
         w.open_model(None)
@@ -55,8 +57,9 @@ def test_knee_chart_of_the_issue_case(qtbot, tmp_path):
     host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
     inputs = speed_inputs(gpus, host, measure=False, n_threads=8)
     got = []
-    panel = TunePanel(lambda: (model, PlanConfig(n_ctx=131072), gpus, host, inputs),
-                      lambda fn, done, failed: done(fn()), got.append)
+    panel = TunePanel(
+        lambda: (model, PlanConfig(n_ctx=131072), gpus, host, inputs), lambda fn, done, failed: done(fn()), got.append
+    )
     qtbot.addWidget(panel)
     panel.ctx_spin.setValue(131072)
     panel.quality.setCurrentIndex(2)  # q4_0
@@ -77,8 +80,12 @@ def test_apply_puts_the_ffn_split_on_the_controls(qtbot, tmp_path):
     make_app()
     path = write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M")
     host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
-    w = MainWindow(PlanConfig(n_ctx=131072), settings=ini_settings(tmp_path), hardware=([what_if_gpu(12 * GiB)], host, "test"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=131072),
+        settings=ini_settings(tmp_path),
+        hardware=([what_if_gpu(12 * GiB)], host, "test"),
+        sampler=IdleSampler(),
+    )
     qtbot.addWidget(w)
     try:
         w.open_model(path)

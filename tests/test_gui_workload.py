@@ -6,24 +6,28 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.units import fmt_bytes  # noqa: E402
-from kvtuner.gui.app import make_app  # noqa: E402
-from kvtuner.gui.main_window import MainWindow  # noqa: E402
+from gui_support import HOST, IdleSampler, ini_settings
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.units import fmt_bytes
+from kvtuner.gui.app import make_app
+from kvtuner.gui.main_window import MainWindow
 
 
 def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path):
     make_app()
-    w = MainWindow(PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True), settings=ini_settings(tmp_path),
-                   hardware=([], HOST, "test: no NVML"), sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True),
+        settings=ini_settings(tmp_path),
+        hardware=([], HOST, "test: no NVML"),
+        sampler=IdleSampler(),
+    )
     qtbot.addWidget(w)
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)

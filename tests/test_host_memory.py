@@ -26,20 +26,35 @@ AVX2 = frozenset({"avx2"})
 ARM = frozenset({"neon", "dotprod", "i8mm"})
 
 
-@pytest.mark.parametrize("t,features,rows", [
-    (GQT.Q4_0, AVX2, 8), (GQT.Q4_K, AVX2, 8), (GQT.IQ4_NL, AVX2, 8), (GQT.MXFP4, AVX2, 8),
-    (GQT.Q6_K, AVX2, 0), (GQT.Q8_0, AVX2, 0), (GQT.Q5_K, AVX2, 0), (GQT.Q2_K, AVX2, 0),
-    (GQT.Q2_K, frozenset({"avx2", "avx512"}), 8), (GQT.F16, AVX2, 0),
-    (GQT.Q4_0, ARM, 4), (GQT.Q6_K, ARM, 8), (GQT.Q8_0, ARM, 4), (GQT.Q4_K, frozenset(), 0),
-])
+@pytest.mark.parametrize(
+    "t,features,rows",
+    [
+        (GQT.Q4_0, AVX2, 8),
+        (GQT.Q4_K, AVX2, 8),
+        (GQT.IQ4_NL, AVX2, 8),
+        (GQT.MXFP4, AVX2, 8),
+        (GQT.Q6_K, AVX2, 0),
+        (GQT.Q8_0, AVX2, 0),
+        (GQT.Q5_K, AVX2, 0),
+        (GQT.Q2_K, AVX2, 0),
+        (GQT.Q2_K, frozenset({"avx2", "avx512"}), 8),
+        (GQT.F16, AVX2, 0),
+        (GQT.Q4_0, ARM, 4),
+        (GQT.Q6_K, ARM, 8),
+        (GQT.Q8_0, ARM, 4),
+        (GQT.Q4_K, frozenset(), 0),
+    ],
+)
 def test_repack_rules(t, features, rows):
     """ggml/src/ggml-cpu/repack.cpp ggml_repack_get_optimal_repack_type, type by type."""
     assert repack_rows(t, features) == rows
 
 
 def _q4k(spec: ModelSpec) -> ModelSpec:
-    rows = [(n, s, (GQT.Q4_K if s[0] % 256 == 0 else GQT.Q8_0) if (t != GQT.F32 and len(s) >= 2) else t)
-            for n, s, t in _tensors(spec)]
+    rows = [
+        (n, s, (GQT.Q4_K if s[0] % 256 == 0 else GQT.Q8_0) if (t != GQT.F32 and len(s) >= 2) else t)
+        for n, s, t in _tensors(spec)
+    ]
     return dataclasses.replace(spec, tensors=rows, weight_type=GQT.Q4_K)
 
 
@@ -57,12 +72,16 @@ def test_repack_planned_for_cpu_only_runs(llama7b_q4k):
     h = plan.host
     assert h.repack_bytes == expected
     assert h.mapped_bytes == h.weights_bytes and h.committed_bytes == h.total_bytes - h.weights_bytes
-    assert h.total_bytes == h.weights_bytes + expected + h.kv_bytes + h.compute_bytes + h.output_bytes + h.overhead_bytes
+    assert (
+        h.total_bytes == h.weights_bytes + expected + h.kv_bytes + h.compute_bytes + h.output_bytes + h.overhead_bytes
+    )
     # without mmap the repacked tensors live only in the repack buffer
     nommap = plan_memory(m, PlanConfig(n_ctx=4096, use_mmap=False), host=host).host
     assert nommap.weights_bytes == h.weights_bytes - expected and nommap.mapped_bytes == 0
     # no repack without the instructions, nor with a GPU (its host buffer type comes first)
-    assert plan_memory(m, PlanConfig(n_ctx=4096), host=HostSpec(64 * GiB, cpu_features=frozenset())).host.repack_bytes == 0
+    assert (
+        plan_memory(m, PlanConfig(n_ctx=4096), host=HostSpec(64 * GiB, cpu_features=frozenset())).host.repack_bytes == 0
+    )
     gpu = plan_memory(m, PlanConfig(n_ctx=4096, n_gpu_layers=10), [what_if_gpu(8 * GiB)], host)
     assert gpu.host.repack_bytes == 0
 
@@ -80,14 +99,38 @@ def test_swap_advice_names_committed_and_mapped(llama7b_q4k):
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
-@pytest.mark.skipif(psutil.virtual_memory().available < 16 * GiB,
-                    reason="needs 16 GiB of free RAM: an 8 GiB 7B load whose mapped pages other processes must not evict")
+@pytest.mark.skipif(
+    psutil.virtual_memory().available < 16 * GiB,
+    reason="needs 16 GiB of free RAM: an 8 GiB 7B load whose mapped pages other processes must not evict",
+)
 def test_bench_peak_rss_within_5_percent_of_the_plan(llama7b_q4k):
     """A real load of LLaMA-2-7B shapes in Q4_K (zero weights): the runner's peak RSS against the
     planned host total (mapped file + CPU_REPACK copy + KV + compute + output + process); one
     full ubatch of prompt touches the whole compute buffer."""
-    cmd = [sys.executable, "-m", "kvtuner.cli", "bench", str(llama7b_q4k), "--ctx", "2048", "-ub", "128", "-p", "128",
-           "-n", "1", "-r", "1", "-t", "2", "--no-record", "--no-save", "--json", "--timeout", "1200"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvtuner.cli",
+        "bench",
+        str(llama7b_q4k),
+        "--ctx",
+        "2048",
+        "-ub",
+        "128",
+        "-p",
+        "128",
+        "-n",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--no-record",
+        "--no-save",
+        "--json",
+        "--timeout",
+        "1200",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

@@ -23,8 +23,9 @@ BENCH = ("bench", "-p", "64", "-n", "16", "-r", "1", "-t", "1")
 
 def kvtuner(data_dir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "KVTUNER_DATA_DIR": str(data_dir)}
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def plan_speed(data_dir: Path) -> dict:
@@ -85,9 +86,9 @@ def test_a_gui_run_records_a_run_and_the_prediction_uses_it(qtbot, tmp_path, mon
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6 import QtCore
 
-    from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.core.monitor.sampler import Sampler
     from kvtuner.core.hardware.host import detect_host
+    from kvtuner.core.monitor.sampler import Sampler
+    from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app
     from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings
@@ -95,9 +96,13 @@ def test_a_gui_run_records_a_run_and_the_prediction_uses_it(qtbot, tmp_path, mon
     monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path / "data"))
     make_app()
     settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64), settings=settings,
-                   hardware=([], detect_host(), "test"), bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1),
-                   sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = MainWindow(
+        PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64),
+        settings=settings,
+        hardware=([], detect_host(), "test"),
+        bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1),
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     qtbot.addWidget(w)
     # count the run whatever else loads this shared machine (the quiet-machine rule has its own
     # test: tests/test_gui_one_truth.py)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import LLAMA2_7B, LLAMA31_8B, QWEN25_CODER_32B, ModelSpec, write_model
-from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from kvtuner.core.hardware.specs import what_if_gpu
-from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.model.profile import ModelProfile
+from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.units import GiB, KiB, MiB
 
 
@@ -25,9 +25,15 @@ def models(tmp_path_factory):
         "llama2-7b": LLAMA2_7B,
         "llama2-13b": ModelSpec(n_layer=40, n_embd=5120, n_head=40, n_head_kv=40, n_ff=13824, n_vocab=32000),
         "llama3.1-8b": LLAMA31_8B,
-        "qwen2.5-7b": ModelSpec(arch="qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_vocab=152064),
-        "qwen2.5-14b": ModelSpec(arch="qwen2", n_layer=48, n_embd=5120, n_head=40, n_head_kv=8, n_ff=13824, n_vocab=152064),
-        "qwen2.5-32b": ModelSpec(arch="qwen2", n_layer=64, n_embd=5120, n_head=40, n_head_kv=8, n_ff=27648, n_vocab=152064),
+        "qwen2.5-7b": ModelSpec(
+            arch="qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, n_ff=18944, n_vocab=152064
+        ),
+        "qwen2.5-14b": ModelSpec(
+            arch="qwen2", n_layer=48, n_embd=5120, n_head=40, n_head_kv=8, n_ff=13824, n_vocab=152064
+        ),
+        "qwen2.5-32b": ModelSpec(
+            arch="qwen2", n_layer=64, n_embd=5120, n_head=40, n_head_kv=8, n_ff=27648, n_vocab=152064
+        ),
         "qwen2.5-coder-32b": QWEN25_CODER_32B,
     }
     return {k: ModelProfile.from_gguf(write_model(d / f"{k}.gguf", s)) for k, s in specs.items()}
@@ -85,7 +91,9 @@ def test_quoted_q8_0_halves_kv(models):
 
 
 def test_qwen25_coder_32b_q8_0_32768_is_4352_mib(models):
-    plan = plan_memory(models["qwen2.5-coder-32b"], PlanConfig(n_ctx=32768, type_k="q8_0", type_v="q8_0", flash_attn="on"))
+    plan = plan_memory(
+        models["qwen2.5-coder-32b"], PlanConfig(n_ctx=32768, type_k="q8_0", type_v="q8_0", flash_attn="on")
+    )
     assert plan.kv_bytes == 4352 * MiB
 
 
@@ -132,29 +140,35 @@ def test_two_gpus_split_by_memory(models):
     assert (a.n_layers, b.n_layers, b.has_output) == (17, 15, True)
 
 
-@pytest.mark.parametrize("config,match", [
-    (dict(kv_gpu_layers=20, n_gpu_layers=10), "lower --kv-gpu-layers to 9 or less"),
-])
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (dict(kv_gpu_layers=20, n_gpu_layers=10), "lower --kv-gpu-layers to 9 or less"),
+    ],
+)
 def test_impossible_configs_say_what_to_change(models, config, match):
     with pytest.raises(ConfigError, match=match):
         plan_memory(models["llama3.1-8b"], PlanConfig(**config), [what_if_gpu(24 * GiB)])
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(type_v="q8_0", flash_attn="off"), "requires flash attention"),
-    (dict(n_ctx=0), "positive"),
-    (dict(n_ctx=-5), "positive"),
-    (dict(type_k="q3_k"), "unknown KV cache type"),
-    (dict(n_seq=0), "between 1 and 256"),
-    (dict(flash_attn="maybe"), "on, off or auto"),
-    # llama.cpp's counts are 32-bit: a bigger value would wrap in llama_context_params
-    (dict(n_ctx=1 << 32), "--ctx must be at most 4294967040"),
-    (dict(n_ctx=10**23), "--ctx must be at most"),
-    (dict(n_ubatch=1 << 32), "--ubatch must be a positive number of tokens up to"),
-    (dict(n_batch=1 << 40), "--batch must be a positive number of tokens up to"),
-    (dict(n_gpu_layers=1 << 31), "--ngl must be at most"),
-    (dict(kv_gpu_layers=1 << 31), "--kv-gpu-layers must be at most"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(type_v="q8_0", flash_attn="off"), "requires flash attention"),
+        (dict(n_ctx=0), "positive"),
+        (dict(n_ctx=-5), "positive"),
+        (dict(type_k="q3_k"), "unknown KV cache type"),
+        (dict(n_seq=0), "between 1 and 256"),
+        (dict(flash_attn="maybe"), "on, off or auto"),
+        # llama.cpp's counts are 32-bit: a bigger value would wrap in llama_context_params
+        (dict(n_ctx=1 << 32), "--ctx must be at most 4294967040"),
+        (dict(n_ctx=10**23), "--ctx must be at most"),
+        (dict(n_ubatch=1 << 32), "--ubatch must be a positive number of tokens up to"),
+        (dict(n_batch=1 << 40), "--batch must be a positive number of tokens up to"),
+        (dict(n_gpu_layers=1 << 31), "--ngl must be at most"),
+        (dict(kv_gpu_layers=1 << 31), "--kv-gpu-layers must be at most"),
+    ],
+)
 def test_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         PlanConfig(**kwargs)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvtuner.cli import main
-from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.export import GpuFingerprint, MachineFingerprint, ModelIdentity
+from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.store.library import ConfigLibrary, LibraryError, default_library_path, record_completed_run
 
 MODEL_A = ModelIdentity("a.gguf", 1000, "aa" * 32, "llama", 32)
@@ -35,8 +35,13 @@ def test_data_dir_override_and_default_path(tmp_path, monkeypatch):
 def test_best_first_per_model_and_machine(tmp_path):
     with ConfigLibrary(tmp_path / "lib.sqlite3") as lib:
         slow = lib.save(MODEL_A, _cfg(4096), {"decode_tok_s": 10.0}, model_path="/m/a.gguf", machine=BOX_12G)
-        fast = lib.save(MODEL_A, _cfg(8192), {"decode_tok_s": 30.5, "peak_vram_bytes": 5 * 2**30},
-                        model_path="/m/a.gguf", machine=BOX_12G)
+        fast = lib.save(
+            MODEL_A,
+            _cfg(8192),
+            {"decode_tok_s": 30.5, "peak_vram_bytes": 5 * 2**30},
+            model_path="/m/a.gguf",
+            machine=BOX_12G,
+        )
         unmeasured = lib.save(MODEL_A, _cfg(2048), {}, model_path="/m/a.gguf", machine=BOX_12G)
         lib.save(MODEL_A, _cfg(16384), {"decode_tok_s": 99.0}, model_path="/m/a.gguf", machine=BOX_8G)
         lib.save(MODEL_B, _cfg(4096), {"decode_tok_s": 50.0}, model_path="/m/b.gguf", machine=BOX_12G)
@@ -86,7 +91,9 @@ def test_measured_must_be_numbers(tmp_path):
 
 def test_record_completed_run_opt_out(tmp_path, monkeypatch, default_profile):
     db = tmp_path / "lib.sqlite3"
-    assert record_completed_run(default_profile, _cfg(4096), {"decode_tok_s": 5.0}, enabled=False, library_path=db) is None
+    assert (
+        record_completed_run(default_profile, _cfg(4096), {"decode_tok_s": 5.0}, enabled=False, library_path=db) is None
+    )
     monkeypatch.setenv("KVTUNER_LIBRARY", "off")
     assert record_completed_run(default_profile, _cfg(4096), {"decode_tok_s": 5.0}, library_path=db) is None
     monkeypatch.delenv("KVTUNER_LIBRARY")
@@ -127,7 +134,9 @@ def test_broken_row_is_skipped_not_fatal(tmp_path):
 
 def test_cli_library_and_export_from_library(default_profile, capsys):
     here = MachineFingerprint.current()
-    rid = record_completed_run(default_profile, _cfg(8192), {"decode_tok_s": 42.0, "peak_vram_bytes": 2**30}, machine=here)
+    rid = record_completed_run(
+        default_profile, _cfg(8192), {"decode_tok_s": 42.0, "peak_vram_bytes": 2**30}, machine=here
+    )
     assert main(["library"]) == 0
     out = capsys.readouterr().out
     assert f"{rid:>5}" in out and "42.0" in out and "q8_0/q8_0" in out and "1.00 GiB" in out

@@ -25,12 +25,15 @@ SMALL_CONFIG = {"n_ctx": 512, "n_ubatch": 64, "n_batch": 64}
 MEASURED_KEYS = ("decode_tok_s", "prefill_tok_s", "load_s", "peak_rss_bytes", "kv_bytes")
 
 
-def _kvtuner(*args: str, data_dir: Path, extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def _kvtuner(
+    *args: str, data_dir: Path, extra_env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("KVTUNER_LIBRARY", None)
     env.update(KVTUNER_DATA_DIR=str(data_dir), **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "kvtuner", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_bench_saves_one_row_that_kvtuner_library_lists(tmp_path):
@@ -77,18 +80,22 @@ def _window(qtbot, tmp_path: Path):
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6 import QtCore
 
-    from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.core.monitor.sampler import Sampler
     from kvtuner.core.hardware.host import detect_host
+    from kvtuner.core.monitor.sampler import Sampler
+    from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app
     from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings
 
     make_app()
     settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(PlanConfig(**SMALL_CONFIG), settings=settings, hardware=([], detect_host(), "test"),
-                   bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1, n_threads=1),
-                   sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = MainWindow(
+        PlanConfig(**SMALL_CONFIG),
+        settings=settings,
+        hardware=([], detect_host(), "test"),
+        bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1, n_threads=1),
+        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+    )
     qtbot.addWidget(w)
     # the tests run beside other work: every run counts as quiet (tests/test_gui_one_truth.py
     # checks the busy-machine rule itself)

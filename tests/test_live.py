@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvtuner.core.advice.advisor import AdvisorSettings, should_auto_stop
-from kvtuner.core.monitor.live import AllocationFailure
-from kvtuner.core.monitor.live import LiveTracker, free_bytes_on
 from kvtuner.core.hardware.nvml import GpuProcess
+from kvtuner.core.monitor.live import AllocationFailure, LiveTracker, free_bytes_on
 from kvtuner.core.monitor.sampler import GpuSample, HostSample
 from kvtuner.runner.llama_log import allocation_request
 
@@ -65,16 +64,23 @@ def test_host_samples_kv_types_and_processes():
     assert after.kv_type_k == "f16"
 
 
-@pytest.mark.parametrize("lines,expected", [
-    (["ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 943718400"], ("CUDA0", 943718400)),
-    (["alloc_tensor_range: failed to allocate CUDA_Host buffer of size 1024"], ("CPU", 1024)),
-    (["ggml_backend_cuda_buffer_type_alloc_buffer: allocating 900.00 MiB on device 1: cudaMalloc failed: out of memory"],
-     ("CUDA1", 900 * MiB)),
-    (["ggml_aligned_malloc: insufficient memory (attempted to allocate 2048.00 MB)"], ("CPU", 2048 * MiB)),
-    (["ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4096"], ("CPU", 4096)),
-    (["llama_kv_cache: failed to allocate buffer for kv cache"], ("CPU", None)),
-    (["load_tensors: CPU_Mapped model buffer size = 241.05 MiB"], None),
-])
+@pytest.mark.parametrize(
+    "lines,expected",
+    [
+        (["ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 943718400"], ("CUDA0", 943718400)),
+        (["alloc_tensor_range: failed to allocate CUDA_Host buffer of size 1024"], ("CPU", 1024)),
+        (
+            [
+                "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 900.00 MiB on device 1: cudaMalloc failed: out of memory"
+            ],
+            ("CUDA1", 900 * MiB),
+        ),
+        (["ggml_aligned_malloc: insufficient memory (attempted to allocate 2048.00 MB)"], ("CPU", 2048 * MiB)),
+        (["ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 4096"], ("CPU", 4096)),
+        (["llama_kv_cache: failed to allocate buffer for kv cache"], ("CPU", None)),
+        (["load_tensors: CPU_Mapped model buffer size = 241.05 MiB"], None),
+    ],
+)
 def test_allocation_request_from_llama_log(lines, expected):
     assert allocation_request(lines) == expected
 

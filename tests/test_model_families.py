@@ -35,8 +35,19 @@ from kvtuner.runner.structure_probe import differences  # noqa: E402
 
 FAMILIES = {
     "qwen35": lambda: F.qwen35(),
-    "qwen35-mtp": lambda: F.qwen35(n_layer=8, E=1024, n_head=8, n_head_kv=2, n_ff=2048, V=8192, d_inner=1024,
-                                   n_group=4, dt_rank=8, n_mtp=1, name="qwen35 small with an MTP block"),
+    "qwen35-mtp": lambda: F.qwen35(
+        n_layer=8,
+        E=1024,
+        n_head=8,
+        n_head_kv=2,
+        n_ff=2048,
+        V=8192,
+        d_inner=1024,
+        n_group=4,
+        dt_rank=8,
+        n_mtp=1,
+        name="qwen35 small with an MTP block",
+    ),
     "qwen35moe": lambda: F.qwen35moe(),
     "qwen3next": lambda: F.qwen3next(),
     "falcon-h1": lambda: F.falcon_h1(),
@@ -69,11 +80,15 @@ def _compare(plan, got):
     assert (plan.n_ctx, plan.n_ctx_seq) == (got.n_ctx, got.n_ctx_seq)
     theirs = [c for c in got.kv_caches if c.layers > 0]  # an iSWA half without layers prints 0 layers
     ours = [c for c in plan.kv_caches if c.kind != "recurrent"]
-    assert [(c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in ours] == \
-           [(c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in theirs]
+    assert [(c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in ours] == [
+        (c.cells, c.layers, c.n_stream, c.type_k, c.type_v) for c in theirs
+    ]
     for o, t in zip(ours, theirs):
-        assert (f"{o.k_bytes / MiB:.2f}", f"{o.v_bytes / MiB:.2f}", f"{o.kv_bytes / MiB:.2f}") == \
-               (f"{t.k_mib:.2f}", f"{t.v_mib:.2f}", f"{t.size_mib:.2f}")
+        assert (f"{o.k_bytes / MiB:.2f}", f"{o.v_bytes / MiB:.2f}", f"{o.kv_bytes / MiB:.2f}") == (
+            f"{t.k_mib:.2f}",
+            f"{t.v_mib:.2f}",
+            f"{t.size_mib:.2f}",
+        )
     rec = [c for c in plan.kv_caches if c.kind == "recurrent"]
     if got.recurrent:
         (r,) = got.recurrent
@@ -115,15 +130,20 @@ def _compute_never_under(plan, got, family, kwargs):
     """The analytic compute buffer may over-estimate, never under-estimate by more than 2% + 8 MiB."""
     theirs = sum(got.compute_mib.values()) * MiB
     ours = plan.compute.bytes_on("CPU")
-    print(f"compute {family} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB "
-          f"({ours / theirs - 1:+.1%})")
+    print(
+        f"compute {family} {kwargs}: planned {ours / MiB:.2f} MiB, llama.cpp {theirs / MiB:.2f} MiB "
+        f"({ours / theirs - 1:+.1%})"
+    )
     assert ours >= 0.98 * theirs - 8 * MiB
     if transformer_shape(plan.model, plan.kv_layers, plan.config.type_k, plan.config.type_v) is not None:
         assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"  # rebuilt reserve graph: exact
 
 
-LONG = [dict(n_ctx=131072, flash_attn="on"), dict(n_ctx=32768, flash_attn="on", swa_full=True),
-        dict(n_ctx=8192, flash_attn="off", n_ubatch=1024)]
+LONG = [
+    dict(n_ctx=131072, flash_attn="on"),
+    dict(n_ctx=32768, flash_attn="on", swa_full=True),
+    dict(n_ctx=8192, flash_attn="off", n_ubatch=1024),
+]
 
 
 @pytest.mark.parametrize("family", ["llama4", "gemma4", "gpt-oss", "qwen35", "deepseek2", "qwen3", "falcon-h1"])
@@ -143,8 +163,9 @@ def test_family_kv_bytes_per_cell_exact(family, family_files):
     """At 65536 cells the printed MiB pins every cache's bytes per cell exactly."""
     path = family_files[family]
     model = ModelProfile.from_gguf(path)
-    config = PlanConfig(n_ctx=65536, flash_attn="on", type_k="q8_0", type_v="q8_0" if model.is_mla else "q4_0",
-                        swa_full=True)
+    config = PlanConfig(
+        n_ctx=65536, flash_attn="on", type_k="q8_0", type_v="q8_0" if model.is_mla else "q4_0", swa_full=True
+    )
     plan = plan_memory(model, config)
     got = dryrun.dry_run(path, config)
     theirs = [c for c in got.kv_caches if c.layers > 0]

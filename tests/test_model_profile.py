@@ -72,15 +72,25 @@ def test_split_model_reads_as_one(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama", split_max_tensors=8)
     # write the same model through gguf's split writer (random weights so data exists)
     import numpy as np
+
     from gguf_factory import _tensors
 
-    w.add_block_count(2); w.add_context_length(4096); w.add_embedding_length(64); w.add_feed_forward_length(128)
-    w.add_head_count(2); w.add_head_count_kv(2); w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("none"); w.add_vocab_size(256)
+    w.add_block_count(2)
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("none")
+    w.add_vocab_size(256)
     for name, shape, t in _tensors(spec):
         dtype = np.float32 if t == gguf.GGMLQuantizationType.F32 else np.float16
         w.add_tensor(name, np.zeros(shape[::-1], dtype=dtype))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     parts = sorted(tmp_path.glob("m-*-of-*.gguf"))
     assert len(parts) >= 2
     split = ModelProfile.from_gguf(parts[0])
@@ -107,7 +117,9 @@ def _kv_string(key: str, value: str) -> bytes:
 
 @pytest.fixture
 def good(tmp_path) -> Path:
-    return write_model(tmp_path / "good.gguf", ModelSpec(n_layer=2, n_embd=64, n_head=2, n_head_kv=2, n_ff=128, n_vocab=256))
+    return write_model(
+        tmp_path / "good.gguf", ModelSpec(n_layer=2, n_embd=64, n_head=2, n_head_kv=2, n_ff=128, n_vocab=256)
+    )
 
 
 def _bad_cases(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
@@ -134,16 +146,40 @@ def _bad_cases(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
     put("data_past_end.gguf", data_cut, "past the end of the file")
     put("no_arch.gguf", _bytes_header(n_kv=1) + _kv_string("general.name", "x") + b"\0" * 32, "general.architecture")
     # a metadata value of the wrong type: block_count as a string
-    wrong = _bytes_header(n_kv=3) + _kv_string("general.architecture", "llama") + _kv_string(
-        "llama.block_count", "thirty-two") + _kv_string("llama.embedding_length", "4096")
+    wrong = (
+        _bytes_header(n_kv=3)
+        + _kv_string("general.architecture", "llama")
+        + _kv_string("llama.block_count", "thirty-two")
+        + _kv_string("llama.embedding_length", "4096")
+    )
     put("wrong_type.gguf", wrong + b"\0" * 32, "should be an integer")
-    put("projector.gguf", _bytes_header(n_kv=2) + _kv_string("general.architecture", "clip")
-        + _kv_string("general.type", "mmproj") + b"\0" * 32, "not a language model")
+    put(
+        "projector.gguf",
+        _bytes_header(n_kv=2)
+        + _kv_string("general.architecture", "clip")
+        + _kv_string("general.type", "mmproj")
+        + b"\0" * 32,
+        "not a language model",
+    )
     return cases
 
 
-BAD = ["missing", "directory", "fifo.gguf", "not_gguf.gguf", "tiny.gguf", "v1.gguf", "v9.gguf", "truncated_header.gguf",
-       "huge_counts.gguf", "huge_string.gguf", "data_past_end.gguf", "no_arch.gguf", "wrong_type.gguf", "projector.gguf"]
+BAD = [
+    "missing",
+    "directory",
+    "fifo.gguf",
+    "not_gguf.gguf",
+    "tiny.gguf",
+    "v1.gguf",
+    "v9.gguf",
+    "truncated_header.gguf",
+    "huge_counts.gguf",
+    "huge_string.gguf",
+    "data_past_end.gguf",
+    "no_arch.gguf",
+    "wrong_type.gguf",
+    "projector.gguf",
+]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -174,7 +210,9 @@ def test_cli_bad_file_exit_2_no_traceback(tmp_path, good, case):
     import sys
 
     path, match = _bad_cases(tmp_path, good)[case]
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "plan", str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "plan", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()

@@ -37,8 +37,10 @@ def gpt_oss_20b_mxfp4() -> ModelSpec:
     and the router F32): 11.27 GiB of tensors, the size llama-bench prints for the published
     "gpt-oss 20B MXFP4 MoE" file (20.91 B parameters)."""
     s = F.gpt_oss()
-    rows = [(n, sh, MXFP4 if n.endswith("_exps.weight") else (Q8_0 if t == gguf.GGMLQuantizationType.F16 else t))
-            for n, sh, t in s.tensors]
+    rows = [
+        (n, sh, MXFP4 if n.endswith("_exps.weight") else (Q8_0 if t == gguf.GGMLQuantizationType.F16 else t))
+        for n, sh, t in s.tensors
+    ]
     return dataclasses.replace(s, tensors=rows)
 
 
@@ -49,8 +51,19 @@ def gpt_oss(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_moe(tmp_path_factory):
-    spec = ModelSpec(arch="qwen3moe", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024,
-                     n_expert=8, n_expert_used=2, n_ff_exp=128, name="tiny qwen3moe")
+    spec = ModelSpec(
+        arch="qwen3moe",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_vocab=1024,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=128,
+        name="tiny qwen3moe",
+    )
     return write_model(tmp_path_factory.mktemp("moe-small") / "tiny-qwen3moe.gguf", spec)
 
 
@@ -59,7 +72,9 @@ def _table(path) -> dict[str, int]:
 
 
 def test_n_cpu_moe_moves_exactly_the_expert_tensors_of_the_first_layers(gpt_oss, capsys):
-    assert main(["plan", str(gpt_oss), "--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on", "--json", "--no-probe"]) in (0, 1)
+    assert main(
+        ["plan", str(gpt_oss), "--gpu-mem", "8G", "--n-cpu-moe", "12", "-fa", "on", "--json", "--no-probe"]
+    ) in (0, 1)
     d = json.loads(capsys.readouterr().out)
     table = _table(gpt_oss)
     want = {n: b for n, b in table.items() if EXPS.search(n) and int(n.split(".")[1]) < 12}
@@ -110,12 +125,15 @@ def test_cpu_moe_moves_every_expert_and_ot_takes_the_first_match(gpt_oss):
     assert any("no GPU: tensor overrides" in w for w in cpu.warnings)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["-ot", "(blk=CPU"], "invalid regular expression"),
-    (["-ot", "exps=GPU0"], "unknown buffer type 'GPU0'"),
-    (["-ot", "exps"], "write PATTERN=BUFFER"),
-    (["--n-cpu-moe", "-1"], "--n-cpu-moe must be"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-ot", "(blk=CPU"], "invalid regular expression"),
+        (["-ot", "exps=GPU0"], "unknown buffer type 'GPU0'"),
+        (["-ot", "exps"], "write PATTERN=BUFFER"),
+        (["--n-cpu-moe", "-1"], "--n-cpu-moe must be"),
+    ],
+)
 def test_bad_overrides_are_one_line_and_exit_2(small_moe, capsys, argv, message):
     assert main(["plan", str(small_moe), "--no-probe", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -130,14 +148,21 @@ def test_override_to_a_gpu_that_is_not_planned(small_moe, capsys):
 def test_overrides_are_in_llama_cpp_order_and_comma_lists_split():
     cfg = PlanConfig(tensor_overrides=("a=CPU", "b=CUDA0"), cpu_moe=True, n_cpu_moe=2, kv_gpu_layers=3)
     ot = tensor_overrides(cfg)
-    assert ot == (("a", "CPU"), ("b", "CUDA0"), (FFN_EXPS_REGEX, "CPU"), (r"blk\.0" + FFN_EXPS_REGEX, "CPU"),
-                  (r"blk\.1" + FFN_EXPS_REGEX, "CPU"))
+    assert ot == (
+        ("a", "CPU"),
+        ("b", "CUDA0"),
+        (FFN_EXPS_REGEX, "CPU"),
+        (r"blk\.0" + FFN_EXPS_REGEX, "CPU"),
+        (r"blk\.1" + FFN_EXPS_REGEX, "CPU"),
+    )
     p = placement_for(cfg, 10)
     assert p.weight_overrides[:5] == ot and p.weight_overrides[5][1] == "CUDA0"  # the KV split's comes last
     from kvtuner.cli import build_parser
     from kvtuner.cli.args import config_from_args
 
-    args = build_parser().parse_args(["plan", "-ot", "x=CPU,y=CPU", "--override-tensor", "z=CPU", "-cmoe", "-ncmoe", "3"])
+    args = build_parser().parse_args(
+        ["plan", "-ot", "x=CPU,y=CPU", "--override-tensor", "z=CPU", "-cmoe", "-ncmoe", "3"]
+    )
     cfg = config_from_args(args)
     assert cfg.tensor_overrides == ("x=CPU", "y=CPU", "z=CPU") and cfg.cpu_moe and cfg.n_cpu_moe == 3
     assert PlanConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
@@ -189,14 +214,18 @@ def test_llama_cpp_python_snippet_with_overrides_runs(tmp_path, granite_moe):
     import sys
 
     script = tmp_path / "moe.py"
-    script.write_text(export("llama-cpp-python", granite_moe, PlanConfig(n_ctx=512, n_cpu_moe=2, flash_attn="on")).text,
-                      encoding="utf-8")
+    script.write_text(
+        export("llama-cpp-python", granite_moe, PlanConfig(n_ctx=512, n_cpu_moe=2, flash_attn="on")).text,
+        encoding="utf-8",
+    )
     # the fixture has no tokenizer: load through the snippet's own loader and decode token ids
-    child = ("import runpy, sys\n"
-             "ns = runpy.run_path(sys.argv[1])\n"  # not __main__: defines the loader and kwargs only
-             "llm = ns['llama_with_overrides'](ns['KWARGS'], ns['OVERRIDES'])\n"
-             "llm.eval([1, 2, 3, 4])\n"
-             "print('decoded', llm.n_tokens)\n")
+    child = (
+        "import runpy, sys\n"
+        "ns = runpy.run_path(sys.argv[1])\n"  # not __main__: defines the loader and kwargs only
+        "llm = ns['llama_with_overrides'](ns['KWARGS'], ns['OVERRIDES'])\n"
+        "llm.eval([1, 2, 3, 4])\n"
+        "print('decoded', llm.n_tokens)\n"
+    )
     out = subprocess.run([sys.executable, "-c", child, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("decoded 4")
@@ -251,8 +280,11 @@ def test_advisor_offers_the_fastest_of_kv_split_ngl_cut_and_n_cpu_ffn(llama8b):
         kv = [k for k in range(model.n_layer) if fits(base.with_(kv_gpu_layers=k))]
         ngl = [n for n in range(model.n_layer + 1) if fits(base.with_(n_gpu_layers=n))]
         ffn = [n for n in range(model.n_layer + 1) if fits(base.with_(n_cpu_ffn=n))]
-        cands = ([{"kv_gpu_layers": max(kv)}] if kv else []) + ([{"n_gpu_layers": max(ngl)}] if ngl else []) \
+        cands = (
+            ([{"kv_gpu_layers": max(kv)}] if kv else [])
+            + ([{"n_gpu_layers": max(ngl)}] if ngl else [])
             + ([{"n_cpu_ffn": min(ffn)}] if ffn else [])
+        )
         assert fits(base.with_(**oom.fix))
         assert full(base.with_(**oom.fix)) >= max(full(base.with_(**fx)) for fx in cands) * (1 - 1e-9)
         chosen.add(next(iter(oom.fix)) if len(oom.fix) == 1 else "tuned")

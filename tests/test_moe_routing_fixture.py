@@ -45,7 +45,7 @@ def test_q4_k_embeddings_are_centered_and_tokens_pick_their_own_experts(tmp_path
     emb = tensors["token_embd.weight"]
     x = gguf.dequantize(np.asarray(emb.data).reshape(512, -1), Q.Q4_K).reshape(512, 256).astype(np.float64)
     assert abs(x.mean()) < 0.05 * x.std()
-    x /= np.sqrt((x ** 2).mean(1, keepdims=True))
+    x /= np.sqrt((x**2).mean(1, keepdims=True))
     for il in range(2):
         w = np.asarray(tensors[f"blk.{il}.ffn_gate_inp.weight"].data).reshape(8, 256)
         logits = x[:128] @ w.T + np.asarray(tensors[f"blk.{il}.ffn_gate_inp.bias"].data)

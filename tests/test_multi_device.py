@@ -39,11 +39,20 @@ def _llama_cpp_split(n_layer: int, ngl: int, shares: list[float]) -> list[int | 
     return out
 
 
-@pytest.mark.parametrize("n_layer, ngl, shares", [
-    (18, 19, [3, 1]), (18, 19, [1, 1]), (18, 10, [3, 1]), (32, 33, [1, 1, 1]), (61, 62, [0.3, 0.3, 0.4]),
-    (80, 81, [24, 24, 12, 8]), (40, 20, [1, 0, 1]), (7, 8, [5, 3]),
-    (36, 37, [23.5 * GiB, 11.2 * GiB]),  # the default: free bytes per device
-])
+@pytest.mark.parametrize(
+    "n_layer, ngl, shares",
+    [
+        (18, 19, [3, 1]),
+        (18, 19, [1, 1]),
+        (18, 10, [3, 1]),
+        (32, 33, [1, 1, 1]),
+        (61, 62, [0.3, 0.3, 0.4]),
+        (80, 81, [24, 24, 12, 8]),
+        (40, 20, [1, 0, 1]),
+        (7, 8, [5, 3]),
+        (36, 37, [23.5 * GiB, 11.2 * GiB]),  # the default: free bytes per device
+    ],
+)
 def test_layer_split_is_llama_cpps(n_layer, ngl, shares):
     assert device_layer_split(n_layer, ngl, shares) == _llama_cpp_split(n_layer, ngl, shares)
 
@@ -107,20 +116,28 @@ def test_rpc_devices_come_first(default_profile):
     assert d["split"] == {"split_mode": "layer", "tensor_split": [1.0, 1.0], "main_gpu": 0}
 
 
-@pytest.mark.parametrize("split, n, message", [
-    (DeviceSplit(tensor_split=(1, 2, 3)), 2, "3 shares for 2 devices"),
-    (DeviceSplit(split_mode="none", main_gpu=2), 2, "--main-gpu 2 is past the last of the 2 devices"),
-])
+@pytest.mark.parametrize(
+    "split, n, message",
+    [
+        (DeviceSplit(tensor_split=(1, 2, 3)), 2, "3 shares for 2 devices"),
+        (DeviceSplit(split_mode="none", main_gpu=2), 2, "--main-gpu 2 is past the last of the 2 devices"),
+    ],
+)
 def test_split_device_mismatch(split, n, message):
     with pytest.raises(ConfigError, match=message):
         split_devices(n, split)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"tensor_split": (-1, 2)}, "finite and 0 or more"), ({"tensor_split": (0, 0)}, "all zeros"),
-    ({"split_mode": "tensor"}, "not planned"), ({"main_gpu": -1}, "0 or more"),
-    ({"tensor_split": tuple([1] * 16)}, "fewer than 16"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tensor_split": (-1, 2)}, "finite and 0 or more"),
+        ({"tensor_split": (0, 0)}, "all zeros"),
+        ({"split_mode": "tensor"}, "not planned"),
+        ({"main_gpu": -1}, "0 or more"),
+        ({"tensor_split": tuple([1] * 16)}, "fewer than 16"),
+    ],
+)
 def test_bad_split_values(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         DeviceSplit(**kwargs)
@@ -153,8 +170,10 @@ def test_cli_plan_sm_none_mg_1(capsys):
 
 
 def test_cli_plan_rpc_what_if(capsys):
-    assert main(["plan", "--no-probe", "--rpc", "127.0.0.1:50052=4G,127.0.0.1:50053=RTX 3090", "-ts", "3,1",
-                 "--json"]) == 0
+    assert (
+        main(["plan", "--no-probe", "--rpc", "127.0.0.1:50052=4G,127.0.0.1:50053=RTX 3090", "-ts", "3,1", "--json"])
+        == 0
+    )
     import json
 
     d = json.loads(capsys.readouterr().out)
@@ -163,16 +182,19 @@ def test_cli_plan_rpc_what_if(capsys):
     assert d["devices"][1]["capacity_bytes"] == 24 * GiB
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpu-mem", "12G", "--gpu-mem", "12G", "-ts", "1,2,3"], "3 shares for 2 devices"),
-    (["--gpu-mem", "12G", "-ts=-1,2"], "finite and 0 or more"),
-    (["--gpu-mem", "12G", "-ts", "a,b"], "give numbers separated by commas"),
-    (["--gpu-mem", "12G", "--gpu-mem", "8G", "-sm", "none", "-mg", "2"], "past the last"),
-    (["--rpc", "127.0.0.1:1"], "cannot reach rpc-server"),
-    (["--rpc", "nohost"], "give host:port"),
-    (["--rpc", "127.0.0.1:50052=12"], "give a unit"),
-    (["--rpc", "127.0.0.1:50052=4G,127.0.0.1:50052=4G"], "given twice"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu-mem", "12G", "--gpu-mem", "12G", "-ts", "1,2,3"], "3 shares for 2 devices"),
+        (["--gpu-mem", "12G", "-ts=-1,2"], "finite and 0 or more"),
+        (["--gpu-mem", "12G", "-ts", "a,b"], "give numbers separated by commas"),
+        (["--gpu-mem", "12G", "--gpu-mem", "8G", "-sm", "none", "-mg", "2"], "past the last"),
+        (["--rpc", "127.0.0.1:1"], "cannot reach rpc-server"),
+        (["--rpc", "nohost"], "give host:port"),
+        (["--rpc", "127.0.0.1:50052=12"], "give a unit"),
+        (["--rpc", "127.0.0.1:50052=4G,127.0.0.1:50052=4G"], "given twice"),
+    ],
+)
 def test_cli_bad_values_one_line_exit_2(capsys, argv, message):
     assert main(["plan", "--no-probe", *argv]) == 2
     err = capsys.readouterr().err
@@ -180,8 +202,24 @@ def test_cli_bad_values_one_line_exit_2(capsys, argv, message):
 
 
 def test_export_llama_server_carries_split_and_rpc(capsys, default_model):
-    assert main(["export", "--format", "llama-server", "--rpc", "192.168.1.10:50052=24G", "--gpu-mem", "12G",
-                 "-ts", "3,1", "-sm", "layer"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--format",
+                "llama-server",
+                "--rpc",
+                "192.168.1.10:50052=24G",
+                "--gpu-mem",
+                "12G",
+                "-ts",
+                "3,1",
+                "-sm",
+                "layer",
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     lines = cap.out.splitlines()
     assert lines[0].startswith("# WARNING: llama.cpp's RPC backend is a proof of concept and insecure")
@@ -207,8 +245,10 @@ def test_rpc_layers_pay_the_network(default_profile):
 
     host = HostSpec(total_bytes=32 * GiB, available_bytes=32 * GiB, mem_bandwidth_bytes_s=40e9)
     local = [what_if_gpu(12 * GiB, 0), what_if_gpu(12 * GiB, 1)]
-    remote = [replace(g, index=0, endpoint=f"10.0.0.{i + 2}:50052", link_rtt_s=5e-4, link_bytes_s=1e9)
-              for i, g in enumerate(local)]
+    remote = [
+        replace(g, index=0, endpoint=f"10.0.0.{i + 2}:50052", link_rtt_s=5e-4, link_bytes_s=1e9)
+        for i, g in enumerate(local)
+    ]
     split = DeviceSplit(tensor_split=(3, 1))
     pl, pr = (plan_memory(default_profile, PlanConfig(), g, host, split=split) for g in (local, remote))
     wl, wr = decode_workload(pl, 0), decode_workload(pr, 0)

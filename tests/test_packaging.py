@@ -17,8 +17,15 @@ import pytest
 
 import kvtuner
 from kvtuner import about
-from kvtuner.resources import (APP_ID, DESKTOP_FILE, ICON_SIZES_PX, METAINFO_FILE, desktop_entry, icon_png,
-                               install_desktop_entry, read_bytes)
+from kvtuner.resources import (
+    APP_ID,
+    DESKTOP_FILE,
+    ICON_SIZES_PX,
+    METAINFO_FILE,
+    desktop_entry,
+    icon_png,
+    read_bytes,
+)
 from kvtuner.runner import client as runner_client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _kvtuner(*argv: str, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "kvtuner", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=kw.pop("cwd", ROOT), env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=kw.pop("cwd", ROOT),
+        env=env,
+        **kw,
+    )
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -65,8 +79,13 @@ def test_icons_are_read_through_importlib_resources_at_their_sizes():
 
 def test_committed_icons_match_their_svg_source():
     env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
-    out = subprocess.run([sys.executable, str(ROOT / "resources" / "make_icons.py"), "--check"],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "resources" / "make_icons.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -85,8 +104,9 @@ def test_desktop_entry_and_metainfo_are_valid(tmp_path):
     if shutil.which("appstreamcli"):  # the AppStream project's own validator, where installed
         copy = tmp_path / METAINFO_FILE
         copy.write_bytes(read_bytes(METAINFO_FILE))
-        out = subprocess.run(["appstreamcli", "validate", "--no-net", "--pedantic", str(copy)], capture_output=True,
-                             timeout=60)
+        out = subprocess.run(
+            ["appstreamcli", "validate", "--no-net", "--pedantic", str(copy)], capture_output=True, timeout=60
+        )
         assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
 
 
@@ -129,8 +149,13 @@ def test_package_data_carries_the_resources_and_the_version(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     setup = [sys.executable, "-c", "from setuptools import setup; setup()"]
-    out = subprocess.run([*setup, "-q", "build_py", "--build-lib", str(tmp_path / "lib")], cwd=src,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [*setup, "-q", "build_py", "--build-lib", str(tmp_path / "lib")],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     built = tmp_path / "lib" / "kvtuner" / "resources"
     for name in ("kvtuner.svg", DESKTOP_FILE, METAINFO_FILE, *(f"icons/kvtuner-{s}.png" for s in ICON_SIZES_PX)):
@@ -155,8 +180,13 @@ def test_bundle_entry_script_runs_the_runner_child_with_the_re_entry_argument():
     speaks the runner protocol: its first event is ``started`` with llama.cpp's system info;
     closing its stdin ends it with status 0."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "packaging" / "kvtuner_main.py"), runner_client.RUNNER_ARGUMENT],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "packaging" / "kvtuner_main.py"), runner_client.RUNNER_ARGUMENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         first = json.loads(proc.stdout.readline())
         proc.stdin.close()
@@ -172,8 +202,13 @@ def test_bundle_entry_script_runs_the_runner_child_with_the_re_entry_argument():
 
 def test_bundle_entry_script_is_the_command_line_otherwise():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, str(ROOT / "packaging" / "kvtuner_main.py"), "--version"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "packaging" / "kvtuner_main.py"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0 and out.stdout.startswith(f"kvtuner {kvtuner.__version__}")
 
 
@@ -188,8 +223,9 @@ def test_help_about_shows_the_version_and_the_planned_llama_cpp_build(qtbot, tmp
     from kvtuner.gui.main_window import MainWindow
 
     app = make_app()
-    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"),
-                   sampler=IdleSampler())
+    w = MainWindow(
+        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
+    )
     qtbot.addWidget(w)
     help_menu = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Help")
     assert [a.text() for a in help_menu.actions()] == ["&About kvtuner"]

@@ -13,7 +13,13 @@ from kvtuner.core.plan.placement import LayerPlacement, layer_regex, offloaded_r
 @pytest.mark.parametrize(
     "ngl, n_layer, expected",
     [  # llama-model.cpp load_tensors: i_gpu_start = max(n_layer + 1 - ngl, 0), output layer first
-        (ALL_LAYERS, 18, 18), (19, 18, 18), (99, 18, 18), (18, 18, 17), (1, 18, 0), (0, 18, 0), (5, 32, 4),
+        (ALL_LAYERS, 18, 18),
+        (19, 18, 18),
+        (99, 18, 18),
+        (18, 18, 17),
+        (1, 18, 0),
+        (0, 18, 0),
+        (5, 32, 4),
     ],
 )
 def test_offloaded_repeating_layers(ngl, n_layer, expected):
@@ -42,7 +48,7 @@ def test_kv_split_uses_tensor_overrides():
     assert p.experimental
     assert p.n_gpu_layers == 9 and p.offload_kqv
     assert p.offloaded_repeating_layers == 20 and p.kv_gpu_layers == 8
-    (pattern, device), = p.weight_overrides
+    ((pattern, device),) = p.weight_overrides
     assert device == "CUDA0"
     assert pattern == r"^blk\.(12|13|14|15|16|17|18|19|20|21|22|23)\."
     rx = re.compile(pattern)
@@ -80,15 +86,44 @@ def test_tensor_device_index_agrees_with_trying_every_pattern():
     each pattern in order with re.search, as llama-model-loader.cpp create_tensor does."""
     from kvtuner.core.plan.placement import _required_literal, tensor_device, tensor_overrides
 
-    names = [f"blk.{i}.{t}.weight" for i in range(0, 40) for t in
-             ("attn_q", "attn_k", "attn_norm", "ffn_up", "ffn_down", "ffn_gate", "ffn_up_exps", "ffn_gate_up_exps",
-              "ffn_down_chexps", "ffn_up_shexp")]
-    names += ["token_embd.weight", "output.weight", "output_norm.weight", "xblk.3.ffn_up.weight", "blk.3.blk.13.ffn_up.weight"]
+    names = [
+        f"blk.{i}.{t}.weight"
+        for i in range(40)
+        for t in (
+            "attn_q",
+            "attn_k",
+            "attn_norm",
+            "ffn_up",
+            "ffn_down",
+            "ffn_gate",
+            "ffn_up_exps",
+            "ffn_gate_up_exps",
+            "ffn_down_chexps",
+            "ffn_up_shexp",
+        )
+    ]
+    names += [
+        "token_embd.weight",
+        "output.weight",
+        "output_norm.weight",
+        "xblk.3.ffn_up.weight",
+        "blk.3.blk.13.ffn_up.weight",
+    ]
     lists = [
         tensor_overrides(PlanConfig(n_cpu_ffn=33)),
         tensor_overrides(PlanConfig(n_cpu_moe=7, n_cpu_ffn=3, cpu_moe=True, tensor_overrides=("^output=CPU",))),
-        tuple(p.split("=") for p in (r"blk\.1[0-9]\.ffn_up=CUDA0", r"attn_q|ffn_down=CPU", r"blk\.(2|3)\.=CUDA1",
-                                     r"blk\.3+\.ffn=CPU", r"ffn_(up|gate)_?\w*=CPU", r"[.]13\.=CUDA0", r"blk\.13\.=CPU")),
+        tuple(
+            p.split("=")
+            for p in (
+                r"blk\.1[0-9]\.ffn_up=CUDA0",
+                r"attn_q|ffn_down=CPU",
+                r"blk\.(2|3)\.=CUDA1",
+                r"blk\.3+\.ffn=CPU",
+                r"ffn_(up|gate)_?\w*=CPU",
+                r"[.]13\.=CUDA0",
+                r"blk\.13\.=CPU",
+            )
+        ),
     ]
     for ot in lists:
         ot = tuple((p, b) for p, b in ot)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from gguf_factory import ModelSpec, write_model
+from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
-from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.reserve_graph import transformer_shape
 from kvtuner.core.units import MiB
 
@@ -33,11 +33,23 @@ SYNTHETIC = {
     "llama-gqa": ModelSpec(n_layer=6, n_embd=512, n_head=8, n_head_kv=2, n_ff=1024, n_vocab=8192),
     # per-layer KV head counts, one attention-free layer (DeciLM; llama itself needs equal counts).
     # V is sized by the largest row when transposed (flash attention off).
-    "llama-per-layer-kv": ModelSpec(arch="deci", n_layer=4, n_embd=256, n_head=8, n_head_kv=[8, 2, 0, 4], n_ff=512,
-                                    n_vocab=4096),
+    "llama-per-layer-kv": ModelSpec(
+        arch="deci", n_layer=4, n_embd=256, n_head=8, n_head_kv=[8, 2, 0, 4], n_ff=512, n_vocab=4096
+    ),
     # a sliding-window architecture: gemma3 pattern 6 (layers 5, 11 global), window 256, head size 128
-    "gemma3-swa": ModelSpec(arch="gemma3", n_layer=12, n_embd=256, n_head=4, n_head_kv=2, head_dim=128, n_ff=512,
-                            n_vocab=4096, n_ctx_train=32768, sliding_window=256, tied_output=True),
+    "gemma3-swa": ModelSpec(
+        arch="gemma3",
+        n_layer=12,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=128,
+        n_ff=512,
+        n_vocab=4096,
+        n_ctx_train=32768,
+        sliding_window=256,
+        tied_output=True,
+    ),
 }
 
 
@@ -90,14 +102,18 @@ def test_kv_and_compute_match_llama_cpp(name, kwargs, synthetic, default_model):
     theirs_compute = sum(got.compute_mib.values()) * MiB
     ours_compute = plan.compute.bytes_on("CPU")
     err = abs(ours_compute - theirs_compute) / theirs_compute
-    print(f"{name} {kwargs}: compute planned {ours_compute / MiB:.2f} MiB, llama.cpp {theirs_compute / MiB:.2f} MiB, error {err:.1%}")
+    print(
+        f"{name} {kwargs}: compute planned {ours_compute / MiB:.2f} MiB, llama.cpp {theirs_compute / MiB:.2f} MiB, error {err:.1%}"
+    )
     if transformer_shape(plan.model, plan.kv_layers, config.type_k, config.type_v) is not None:
         # rebuilt node by node and placed like ggml-alloc (core/plan/reserve_graph.py): exact
         assert f"{ours_compute / MiB:.2f}" == f"{theirs_compute / MiB:.2f}"
     if name == "default":
         assert err <= COMPUTE_TOLERANCE
     else:
-        assert abs(ours_compute - theirs_compute) <= max(COMPUTE_TOLERANCE * theirs_compute, SYNTHETIC_COMPUTE_SLACK_BYTES)
+        assert abs(ours_compute - theirs_compute) <= max(
+            COMPUTE_TOLERANCE * theirs_compute, SYNTHETIC_COMPUTE_SLACK_BYTES
+        )
     # never under llama.cpp by more than 2% + 8 MiB (an under-estimate is an unseen out-of-memory)
     assert ours_compute >= (1 - COMPUTE_TOLERANCE) * theirs_compute - SYNTHETIC_COMPUTE_SLACK_BYTES
 
@@ -131,7 +147,10 @@ def test_done_when_figures(default_model):
     got = dryrun.dry_run(default_model, config)
     assert [(c.cells, c.layers, c.size_mib) for c in got.kv_caches] == [(8192, 3, 12.75), (1024, 15, 7.97)]
     plan = plan_memory(ModelProfile.from_gguf(default_model), config)
-    assert [(c.cells, c.layers, round(c.kv_bytes / MiB, 2)) for c in plan.kv_caches] == [(8192, 3, 12.75), (1024, 15, 7.97)]
+    assert [(c.cells, c.layers, round(c.kv_bytes / MiB, 2)) for c in plan.kv_caches] == [
+        (8192, 3, 12.75),
+        (1024, 15, 7.97),
+    ]
 
 
 def test_verify_makes_compute_exact_and_remembers_it(default_model, tmp_path):
@@ -146,12 +165,15 @@ def test_verify_makes_compute_exact_and_remembers_it(default_model, tmp_path):
     args = [sys.executable, "-m", "kvtuner.cli", "plan", "--ctx", "2048", "--ubatch", "128", "--json"]
     first = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=True).stdout)
     assert first["compute_source"] == "estimate" and first["verified"] is None
-    verified = json.loads(subprocess.run(args + ["--verify"], capture_output=True, text=True, timeout=120, env=env,
-                                         check=True).stdout)
+    verified = json.loads(
+        subprocess.run(args + ["--verify"], capture_output=True, text=True, timeout=120, env=env, check=True).stdout
+    )
     assert verified["compute_source"] == "dry-run"
     host = next(d for d in verified["devices"] if d["device"] == "CPU")
     assert host["compute_bytes"] == verified["verified"]["compute_bytes"]["CPU"]
     assert verified["kv_bytes"] == sum(c["kv_bytes"] for c in verified["kv_caches"])
-    assert [round(c["kv_bytes"] / MiB, 2) for c in verified["kv_caches"]] == [c["kv_mib"] for c in verified["verified"]["kv_caches"]]
+    assert [round(c["kv_bytes"] / MiB, 2) for c in verified["kv_caches"]] == [
+        c["kv_mib"] for c in verified["verified"]["kv_caches"]
+    ]
     again = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=True).stdout)
     assert again["compute_source"] == "dry-run"

@@ -67,8 +67,14 @@ print(json.dumps({"platform": sys.platform, "names": names, "failed": failed}))
 @pytest.mark.parametrize("platform", ["win32", "darwin"])
 def test_every_module_imports_on_windows_and_macos(platform):
     env = dict(os.environ, PYTHONPATH=str(ROOT), QT_QPA_PLATFORM="offscreen")
-    cp = subprocess.run([sys.executable, "-c", _IMPORT_ALL.replace("PLATFORM", repr(platform))],
-                        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    cp = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL.replace("PLATFORM", repr(platform))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     result = json.loads(cp.stdout.strip().splitlines()[-1])
     assert result["platform"] == platform
@@ -79,7 +85,7 @@ def test_every_module_imports_on_windows_and_macos(platform):
 
 # -- stopping processes: the POSIX and the Windows branch ---------------------------------------
 
-from kvtuner.runner import procs
+from kvtuner.runner import procs  # noqa: E402 (this part's subject, imported where it starts)
 
 _PARENT_WITH_CHILD = r"""
 import subprocess, sys, time
@@ -120,8 +126,9 @@ def platform_branch(request, monkeypatch):
 
 
 def test_stop_tree_ends_the_child_and_what_it_started(platform_branch):
-    proc = subprocess.Popen([sys.executable, "-c", _PARENT_WITH_CHILD], stdout=subprocess.PIPE, text=True,
-                            **procs.group_popen_kwargs())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PARENT_WITH_CHILD], stdout=subprocess.PIPE, text=True, **procs.group_popen_kwargs()
+    )
     try:
         grandchild = int(proc.stdout.readline())
         assert procs.stop_tree(proc, grace_s=5.0) == "terminated"
@@ -135,9 +142,12 @@ def test_stop_tree_ends_the_child_and_what_it_started(platform_branch):
 
 
 def test_kill_tree_escalates_past_a_child_that_ignores_sigterm(platform_branch):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            **procs.group_popen_kwargs())
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, **procs.group_popen_kwargs()
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert procs.stop_tree(proc, grace_s=0.5) == "killed"

@@ -27,7 +27,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import PRINT_TOLERANCE_BYTES, plan_memory
 from kvtuner.core.plan.placement import DeviceSplit
 from kvtuner.core.units import MiB
-from server_support import free_port, stop_group, wait_healthy  # noqa: E402
+from server_support import free_port, stop_group, wait_healthy
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -38,8 +38,10 @@ _F = r"([0-9]+\.[0-9]+)"
 def _rpc_bin() -> Path:
     d = os.environ.get("KVTUNER_RPC_BIN", "")
     if not d:
-        pytest.skip("rpc-server absent: KVTUNER_RPC_BIN is not set (make test builds llama.cpp with -DGGML_RPC=ON "
-                    "by .ci/build_llama_rpc.sh and sets it)")
+        pytest.skip(
+            "rpc-server absent: KVTUNER_RPC_BIN is not set (make test builds llama.cpp with -DGGML_RPC=ON "
+            "by .ci/build_llama_rpc.sh and sets it)"
+        )
     p = Path(d)
     for name in ("ggml-rpc-server", "llama-server"):
         if not (p / name).is_file():
@@ -56,7 +58,7 @@ def _buffers(text: str, what: str) -> dict[str, int]:
 
 
 SPLITS = {
-    "ts-3-1": DeviceSplit(tensor_split=(3, 1)),        # the case: layers 0-14 | 15-17 + output
+    "ts-3-1": DeviceSplit(tensor_split=(3, 1)),  # the case: layers 0-14 | 15-17 + output
     "none-mg-1": DeviceSplit(split_mode="none", main_gpu=1),  # only the second server holds anything
 }
 
@@ -71,8 +73,14 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
             port = free_port()
             ep = f"127.0.0.1:{port}"
             fh = open(tmp_path / f"rpc{i}.log", "wb")
-            procs.append(subprocess.Popen(rpc_server_command(ep, binary=str(bindir / "ggml-rpc-server"), cache=False),
-                                          stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    rpc_server_command(ep, binary=str(bindir / "ggml-rpc-server"), cache=False),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
             endpoints.append(ep)
         # kvtuner asks each server for its device memory over the RPC protocol
         infos = []
@@ -93,26 +101,44 @@ def test_rpc_loopback_matches_the_plan(tmp_path, default_model, default_profile,
         config = PlanConfig()
         split = SPLITS[name]
         plan = plan_memory(default_profile, config, devices, split=split)
-        result = export("llama-server", default_model, config, binary=str(bindir / "llama-server"),
-                        split=split, rpc=endpoints)
+        result = export(
+            "llama-server", default_model, config, binary=str(bindir / "llama-server"), split=split, rpc=endpoints
+        )
         assert " ".join([*split.flags(), "--rpc", ",".join(endpoints)]) in result.text
         port = free_port()
         log = tmp_path / "server.log"
         with open(log, "wb") as fh:
-            procs.append(subprocess.Popen([*result.argv, "--host", "127.0.0.1", "--port", str(port), "--threads", "2",
-                                           "-lv", "4"], stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [*result.argv, "--host", "127.0.0.1", "--port", str(port), "--threads", "2", "-lv", "4"],
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         body = wait_healthy(procs[-1], port, log, HEALTH_TIMEOUT_S)
         assert json.loads(body) == {"status": "ok"}
         text = log.read_text(errors="replace")
         weights, kv, compute = _buffers(text, "model"), _buffers(text, "KV"), _buffers(text, "compute")
         rows = []
         for d in plan.gpus:
-            rows.append((d.device, d.weights_bytes, weights.get(d.device), d.kv_bytes, kv.get(d.device),
-                         d.compute_bytes, compute.get(d.device)))
+            rows.append(
+                (
+                    d.device,
+                    d.weights_bytes,
+                    weights.get(d.device),
+                    d.kv_bytes,
+                    kv.get(d.device),
+                    d.compute_bytes,
+                    compute.get(d.device),
+                )
+            )
         print("\ndevice | weights plan / llama.cpp | KV plan / llama.cpp | compute plan / llama.cpp (MiB)")
         for dev, wp, wl, kp, kl, cp, cl in rows:
-            print(f"{dev} | {wp / MiB:.2f} / {(wl or 0) / MiB:.2f} | {kp / MiB:.2f} / {(kl or 0) / MiB:.2f} | "
-                  f"{cp / MiB:.2f} / {(cl or 0) / MiB:.2f}")
+            print(
+                f"{dev} | {wp / MiB:.2f} / {(wl or 0) / MiB:.2f} | {kp / MiB:.2f} / {(kl or 0) / MiB:.2f} | "
+                f"{cp / MiB:.2f} / {(cl or 0) / MiB:.2f}"
+            )
         for dev, wp, wl, kp, kl, _, cl in rows:
             # exact to the print: llama.cpp logs MiB with two decimals (no line: the device holds nothing)
             assert abs(wp - (wl or 0)) <= PRINT_TOLERANCE_BYTES, (dev, wp, wl)

@@ -91,8 +91,29 @@ def test_run_bench_context_too_small(default_model):
 def test_cli_bench_json(default_model, capsys):
     from kvtuner.cli import main
 
-    rc = main(["bench", str(default_model), "--ctx", "8192", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on",
-               "-p", "16", "-n", "4", "-r", "1", "-t", "1", "--json"])
+    rc = main(
+        [
+            "bench",
+            str(default_model),
+            "--ctx",
+            "8192",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+            "-fa",
+            "on",
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-t",
+            "1",
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "kvtuner.bench/1"
@@ -119,8 +140,11 @@ def test_cli_bench_text(default_model, capsys):
     "argv, message",
     [
         (["bench", "/no/such/model.gguf"], "kvtuner: model file not found: /no/such/model.gguf"),
-        pytest.param(["bench", "--ctx", "256", "-p", "512", "-n", "8", "-r", "1"],
-                     "kvtuner: bench failed (invalid_config): the bench needs 520 tokens", marks=pytest.mark.llama),
+        pytest.param(
+            ["bench", "--ctx", "256", "-p", "512", "-n", "8", "-r", "1"],
+            "kvtuner: bench failed (invalid_config): the bench needs 520 tokens",
+            marks=pytest.mark.llama,
+        ),
         (["bench", "--cache-type-k", "q3_k"], "kvtuner: --cache-type-k: unknown KV cache type 'q3_k'"),
         # llama.cpp takes n_threads <= 0 as its own default of 4, which the report then misstated
         (["bench", "-t", "0"], "kvtuner: --threads must be 1 or more"),

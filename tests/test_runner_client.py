@@ -74,8 +74,12 @@ def runner():
 
 def load(c: RunnerClient, model, config: PlanConfig = SMALL, **kw) -> tuple[P.LoadedEvent, list[P.Message]]:
     seen: list[P.Message] = []
-    ev = c.request(P.LoadCommand(model_path=str(model), config=config.to_dict(), n_threads=kw.pop("n_threads", None)),
-                   P.LoadedEvent, timeout_s=kw.pop("timeout_s", 60), on_other=seen.append)
+    ev = c.request(
+        P.LoadCommand(model_path=str(model), config=config.to_dict(), n_threads=kw.pop("n_threads", None)),
+        P.LoadedEvent,
+        timeout_s=kw.pop("timeout_s", 60),
+        on_other=seen.append,
+    )
     assert isinstance(ev, P.LoadedEvent)
     return ev, seen
 
@@ -113,8 +117,12 @@ def test_load_bench_unload_events(runner, default_model):
     assert 0 < loaded.load_s < 60 and loaded.load_s == pytest.approx(loaded.load_model_s + loaded.create_context_s)
 
     events: list[P.Message] = []
-    res = c.request(P.BenchCommand(n_prompt=16, n_gen=4, repetitions=1, warmup=False), P.BenchResultEvent,
-                    timeout_s=120, on_other=events.append)
+    res = c.request(
+        P.BenchCommand(n_prompt=16, n_gen=4, repetitions=1, warmup=False),
+        P.BenchResultEvent,
+        timeout_s=120,
+        on_other=events.append,
+    )
     assert isinstance(res, P.BenchResultEvent)
     tokens = [e for e in events if isinstance(e, P.TokenEvent)]
     assert [t.index for t in tokens] == [0, 1, 2, 3]
@@ -231,7 +239,9 @@ def test_ggml_abort_in_llama_cpp(runner, default_model):
     assert "SIGABRT" in str(ei.value) and "fatal error" in text
 
 
-@pytest.mark.parametrize("sig, kind", [(signal.SIGKILL, "out_of_memory"), (signal.SIGSEGV, "crashed"), (signal.SIGTERM, "crashed")])
+@pytest.mark.parametrize(
+    "sig, kind", [(signal.SIGKILL, "out_of_memory"), (signal.SIGSEGV, "crashed"), (signal.SIGTERM, "crashed")]
+)
 def test_killed_mid_load(runner, default_model, sig, kind):
     c = runner("hang@load_progress")
     c.send(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict()))
@@ -299,8 +309,12 @@ def test_timeout_never_hangs(runner, default_model):
 def test_idle_timeout(runner, default_model):
     c = runner("hang@load_progress")
     with pytest.raises(RunnerError, match="went silent for 1 s"):
-        c.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict()), P.LoadedEvent,
-                  timeout_s=60, idle_timeout_s=1)
+        c.request(
+            P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict()),
+            P.LoadedEvent,
+            timeout_s=60,
+            idle_timeout_s=1,
+        )
 
 
 def test_polite_cancel_mid_bench(runner, default_model):
@@ -390,8 +404,13 @@ PARENT = textwrap.dedent(
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_child_goes_away_when_the_parent_dies(default_model, how):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(default_model), how], stdout=subprocess.PIPE,
-                              stdin=subprocess.PIPE, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(default_model), how],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     try:
         line = parent.stdout.readline()
         child_pid = int(line)

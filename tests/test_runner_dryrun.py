@@ -61,7 +61,10 @@ def test_parent_never_loads_llama_cpp(q8_result):
         (PlanConfig(n_ctx=4096, swa_full=False, flash_attn="on"), [(4096, 3, "f16"), (1024, 15, "f16")]),
         # n_ctx padded up to 256; 2 sequences, non-unified: 2 streams of pad(1000/2, 256) = 512 cells,
         # and the SWA cache is capped by the stream size: min(512, pad(512 + 512, 256)) = 512
-        (PlanConfig(n_ctx=1000, n_seq=2, flash_attn="on", type_k="q4_0", type_v="q4_0"), [(512, 3, "q4_0"), (512, 15, "q4_0")]),
+        (
+            PlanConfig(n_ctx=1000, n_seq=2, flash_attn="on", type_k="q4_0", type_v="q4_0"),
+            [(512, 3, "q4_0"), (512, 15, "q4_0")],
+        ),
         # n_ubatch shapes the SWA cache: pad(512 + 128, 256) = 768
         (PlanConfig(n_ctx=8192, n_ubatch=128, flash_attn="on"), [(8192, 3, "f16"), (768, 15, "f16")]),
     ],
@@ -105,7 +108,9 @@ def test_llama_cpp_refuses_the_context(tmp_path):
     from gguf_factory import ModelSpec, write_model
 
     # head dim 48: q8_0's block of 32 does not divide it, and llama.cpp refuses with FA on
-    path = write_model(tmp_path / "hd48.gguf", ModelSpec(n_layer=2, n_embd=96, n_head=2, n_head_kv=2, n_ff=128, n_vocab=256))
+    path = write_model(
+        tmp_path / "hd48.gguf", ModelSpec(n_layer=2, n_embd=96, n_head=2, n_head_kv=2, n_ff=128, n_vocab=256)
+    )
     with pytest.raises(DryRunError) as ei:
         dry_run(path, PlanConfig(n_ctx=512, type_k="q8_0", type_v="f16", flash_attn="on"))
     assert ei.value.kind == "invalid_config"

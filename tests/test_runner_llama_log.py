@@ -20,12 +20,18 @@ CASES = [
     # llama-kv-cache.cpp: "%s: %10s KV buffer size = %8.2f MiB\n"
     ("llama_kv_cache:        CPU KV buffer size =    12.75 MiB", L.KvBuffer("CPU", 12.75)),
     # llama-kv-cache.cpp: "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n"
-    ("llama_kv_cache: size =   12.75 MiB (  8192 cells,   3 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q8_0):    6.38 MiB",
-     L.KvCacheSize(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38)),
-    ("llama_kv_cache: size =    7.97 MiB (  1024 cells,  15 layers,  1/1 seqs), K (q8_0):    3.98 MiB, V (q8_0):    3.98 MiB",
-     L.KvCacheSize(7.97, 1024, 15, 1, 1, "q8_0", 3.98, "q8_0", 3.98)),
-    ("llama_kv_cache: size = 4352.00 MiB ( 32768 cells,  64 layers,  4/4 seqs), K (f16): 2176.00 MiB, V (f16): 2176.00 MiB",
-     L.KvCacheSize(4352.0, 32768, 64, 4, 4, "f16", 2176.0, "f16", 2176.0)),
+    (
+        "llama_kv_cache: size =   12.75 MiB (  8192 cells,   3 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q8_0):    6.38 MiB",
+        L.KvCacheSize(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),
+    ),
+    (
+        "llama_kv_cache: size =    7.97 MiB (  1024 cells,  15 layers,  1/1 seqs), K (q8_0):    3.98 MiB, V (q8_0):    3.98 MiB",
+        L.KvCacheSize(7.97, 1024, 15, 1, 1, "q8_0", 3.98, "q8_0", 3.98),
+    ),
+    (
+        "llama_kv_cache: size = 4352.00 MiB ( 32768 cells,  64 layers,  4/4 seqs), K (f16): 2176.00 MiB, V (f16): 2176.00 MiB",
+        L.KvCacheSize(4352.0, 32768, 64, 4, 4, "f16", 2176.0, "f16", 2176.0),
+    ),
     # llama-context.cpp sched_reserve: "%s: %10s compute buffer size = %8.2f MiB\n"
     ("sched_reserve:        CPU compute buffer size =   514.50 MiB", L.ComputeBuffer("CPU", 514.5)),
     ("sched_reserve:      CUDA0 compute buffer size =  1030.00 MiB", L.ComputeBuffer("CUDA0", 1030.0)),
@@ -37,12 +43,18 @@ CASES = [
     # llama-context.cpp resolve_fused_ops: "%s: %s enabled\n" / "%s: %s not supported, set to disabled\n"
     ("resolve_fused_ops: Flash Attention enabled", L.FlashAttnResolved(True)),
     ("resolve_fused_ops: Flash Attention not supported, set to disabled", L.FlashAttnResolved(False)),
-    ("llama_init_from_model: enabling flash_attn since it is required for quantized V cache", L.FlashAttnResolved(True)),
+    (
+        "llama_init_from_model: enabling flash_attn since it is required for quantized V cache",
+        L.FlashAttnResolved(True),
+    ),
     ("llama_context: n_batch               = 2048", L.ContextParam("n_batch", "2048")),
     # llama-memory-recurrent.cpp: "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s): %7.2f MiB,
     # S (%s): %7.2f MiB, P (%s): %7.2f MiB\n" (Qwen3.6-27B shapes, 4 sequences)
-    ("llama_memory_recurrent: size =  598.50 MiB (     4 cells,  64 layers,  4 seqs  0 rs_seq), R (f32):   30.00 MiB, "
-     "S (f32):  568.50 MiB, P (f32):    0.00 MiB", L.RecurrentStateSize(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5, 0.0)),
+    (
+        "llama_memory_recurrent: size =  598.50 MiB (     4 cells,  64 layers,  4 seqs  0 rs_seq), R (f32):   30.00 MiB, "
+        "S (f32):  568.50 MiB, P (f32):    0.00 MiB",
+        L.RecurrentStateSize(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5, 0.0),
+    ),
     # the structure probe's lines: llama-kv-cache.cpp (DEBUG) "%s: layer %3d: dev = %s\n",
     # "%s: - layer %3d: reuse layer %d, is_swa = %d\n"; llama-kv-cache-iswa.cpp "%s: creating non-SWA KV cache,
     # size = %u cells\n"; llama-memory-recurrent.cpp (DEBUG) "%s, layer %3d: dev = %s\n"; print_info
@@ -69,12 +81,24 @@ def test_parse_line(line, expected):
 @pytest.mark.parametrize(
     "line, kind",
     [
-        ("llama_model_load: error loading model: tensor 'blk.0.ffn_down.weight' data is not within the file bounds", "model_error"),
+        (
+            "llama_model_load: error loading model: tensor 'blk.0.ffn_down.weight' data is not within the file bounds",
+            "model_error",
+        ),
         ("llama_model_load_from_file_impl: failed to load model", "model_error"),
-        ("llama_init_from_model: K cache type q8_0 with block size 32 does not divide n_embd_head_k=48", "invalid_config"),
-        ("llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache", "out_of_memory"),
+        (
+            "llama_init_from_model: K cache type q8_0 with block size 32 does not divide n_embd_head_k=48",
+            "invalid_config",
+        ),
+        (
+            "llama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache",
+            "out_of_memory",
+        ),
         ("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size 412316860448", "out_of_memory"),
-        ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of memory", "out_of_memory"),
+        (
+            "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of memory",
+            "out_of_memory",
+        ),
         ("llama_decode: failed to decode, ret = -3", "other"),
     ],
 )
@@ -95,9 +119,14 @@ def test_parse_lines_of_a_saved_log():
 def test_line_assembler_joins_fragments_and_continuations():
     a = L.LineAssembler()
     assert a.feed(L.LEVEL_INFO, "llama_model_loader: Using metadata override ( bool) 'x' = ") == []
-    assert a.feed(L.LEVEL_INFO, "true\n") == [(L.LEVEL_INFO, "llama_model_loader: Using metadata override ( bool) 'x' = true")]
+    assert a.feed(L.LEVEL_INFO, "true\n") == [
+        (L.LEVEL_INFO, "llama_model_loader: Using metadata override ( bool) 'x' = true")
+    ]
     assert a.feed(L.LEVEL_ERROR, "f: first") == []
-    assert a.feed(L.LEVEL_CONT, " part\nnext: line\n") == [(L.LEVEL_ERROR, "f: first part"), (L.LEVEL_ERROR, "next: line")]
+    assert a.feed(L.LEVEL_CONT, " part\nnext: line\n") == [
+        (L.LEVEL_ERROR, "f: first part"),
+        (L.LEVEL_ERROR, "next: line"),
+    ]
     assert a.feed(L.LEVEL_WARN, "tail") == []
     assert a.flush() == [(L.LEVEL_WARN, "tail")]
     assert a.flush() == []
@@ -128,8 +157,10 @@ BREAKDOWN_CUDA = """\
 def test_breakdown_table_cpu():
     lines = BREAKDOWN_CPU.splitlines()
     rows = L.parse_breakdown(lines)  # the first table only: the second is the real load's, at exit
-    assert rows == (L.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),
-                    L.MemoryBreakdownRow("buffer_type", "CPU_REPACK", "", 12, 0, 0, 12))
+    assert rows == (
+        L.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),
+        L.MemoryBreakdownRow("buffer_type", "CPU_REPACK", "", 12, 0, 0, 12),
+    )
     assert L.is_breakdown_header(lines[1]) and not L.is_breakdown_header(lines[2])
     assert L.parse_breakdown_row(lines[1]) is None and L.parse_breakdown_row(lines[4]) is None
 
@@ -148,6 +179,8 @@ def test_fit_print_output():
 
 
 def test_strip_tool_prefix():
-    assert L.strip_tool_prefix("0.00.421.841 I llama_kv_cache: size =   12.00 MiB") == "llama_kv_cache: size =   12.00 MiB"
+    assert (
+        L.strip_tool_prefix("0.00.421.841 I llama_kv_cache: size =   12.00 MiB") == "llama_kv_cache: size =   12.00 MiB"
+    )
     assert L.strip_tool_prefix("\x1b[32mI \x1b[0mload_tensors: x") == "load_tensors: x"
     assert L.strip_tool_prefix("llama_kv_cache: plain") == "llama_kv_cache: plain"

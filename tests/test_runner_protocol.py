@@ -16,13 +16,22 @@ EXAMPLES = [
     P.ShutdownCommand(),
 ]
 EVENTS = [
-    P.StartedEvent(pid=1, protocol_version=1, llama_build="x", devices=("CPU",), device_descriptions=("cpu",),
-                   gpu_offload_supported=False),
-    P.KvCacheEvent(size_mib=12.75, cells=8192, layers=3, n_seq=1, n_stream=1, type_k="q8_0", k_mib=6.38,
-                   type_v="q8_0", v_mib=6.38),
+    P.StartedEvent(
+        pid=1,
+        protocol_version=1,
+        llama_build="x",
+        devices=("CPU",),
+        device_descriptions=("cpu",),
+        gpu_offload_supported=False,
+    ),
+    P.KvCacheEvent(
+        size_mib=12.75, cells=8192, layers=3, n_seq=1, n_stream=1, type_k="q8_0", k_mib=6.38, type_v="q8_0", v_mib=6.38
+    ),
     P.TokenEvent(rep=0, index=3, token=17, dt_s=0.01, t_s=0.04),
     P.ErrorEvent(kind="crashed", message="boom", log_tail=("a", "b")),
-    P.ContextEvent(n_ctx=8192, n_ctx_seq=8192, n_seq_max=1, n_batch=2048, n_ubatch=512, flash_attn=None, kv_unified=False),
+    P.ContextEvent(
+        n_ctx=8192, n_ctx_seq=8192, n_seq_max=1, n_batch=2048, n_ubatch=512, flash_attn=None, kv_unified=False
+    ),
 ]
 
 

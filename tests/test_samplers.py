@@ -6,17 +6,13 @@ import os
 import subprocess
 import sys
 import time
-import types
-from dataclasses import dataclass
 
 import pytest
 
 from kvtuner.core.hardware import host as H
 from kvtuner.core.hardware import nvml as N
 from kvtuner.core.monitor import sampler as S
-
-
-from nvml_standin import FakeNVMLError, fake_nvml  # noqa: F401 (the stand-in for the NVIDIA driver)
+from nvml_standin import FakeNVMLError, fake_nvml
 
 
 @pytest.fixture
@@ -44,7 +40,11 @@ def test_detect_gpus_through_the_choke_point(nvml):
 
 @pytest.mark.parametrize(
     "error",
-    [FakeNVMLError("NVML Shared Library Not Found"), FakeNVMLError("Driver Not Loaded"), OSError("libnvidia-ml.so.1: cannot open")],
+    [
+        FakeNVMLError("NVML Shared Library Not Found"),
+        FakeNVMLError("Driver Not Loaded"),
+        OSError("libnvidia-ml.so.1: cannot open"),
+    ],
 )
 def test_no_driver_is_a_normal_state_reported_once(nvml, error, caplog):
     fake = fake_nvml(init_error=error)
@@ -162,8 +162,7 @@ def test_gpu_process_list_through_the_choke_point(nvml):
     nvml(fake)
     procs = N.gpu_processes()
     # GPU 0 lists the runner twice (900 MiB and unknown): one entry with the known figure; GPU 1 is unsupported
-    assert procs == (N.GpuProcess(1, "llama-server", 0, 100 << 20),
-                     N.GpuProcess(4242, procs[1].name, 0, 900 << 20))
+    assert procs == (N.GpuProcess(1, "llama-server", 0, 100 << 20), N.GpuProcess(4242, procs[1].name, 0, 900 << 20))
     s = S.Sampler(interval_s=0.1, gpus=True)
     s.sample_once()
     assert s.gpu_processes() == procs  # taken on the sampling thread, read without NVML calls

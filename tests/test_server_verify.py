@@ -67,7 +67,9 @@ CASES = [
 
 # -- the test's own reading of a llama-server log ---------------------------------------------------
 
-_ROW = re.compile(r"common_memory_breakdown_print: \|\s+- (\S+)(?: \(.*\))?\s*\|[^|]*?(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)")
+_ROW = re.compile(
+    r"common_memory_breakdown_print: \|\s+- (\S+)(?: \(.*\))?\s*\|[^|]*?(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)"
+)
 _KV = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
 _RS = re.compile(r"llama_memory_recurrent: size =\s*([\d.]+) MiB \(\s*(\d+) cells")
 _COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]+) MiB")
@@ -76,8 +78,15 @@ _COMPUTE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]+) 
 def own_log(argv: list[str], timeout_s: float = 60.0) -> str:
     """Run ``argv`` in its own process group until the first breakdown table and the line after
     it are printed, then kill the group; the log up to there."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, text=True, errors="replace")
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
     out: list[str] = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -129,8 +138,13 @@ def test_result_is_what_llama_server_printed(name, kwargs, models, engine):
     assert result.n_ctx >= config.n_ctx
 
     # kvtuner's own analytic figures beside llama-server's, per device
-    session = Session(model=ModelProfile.from_gguf(path), config=config, use_compute_cache=False,
-                      use_structure_cache=False, measure_host_bandwidth=False)
+    session = Session(
+        model=ModelProfile.from_gguf(path),
+        config=config,
+        use_compute_cache=False,
+        use_structure_cache=False,
+        measure_host_bandwidth=False,
+    )
     session.set_verified(result)
     doc = session.assess().to_dict()["verified"]
     assert doc["method"] == METHOD_SERVER and doc["engine_build"] == 11434
@@ -154,11 +168,18 @@ def test_default_model_figures(models, engine):
     config = PlanConfig(n_ctx=4096)
     result = S.verify_with_engine(engine, models["default"], config)
     assert [(r.name, r.model_mib, r.context_mib, r.compute_mib) for r in result.breakdown] == [
-        ("Host", 222, 27, 23), ("CPU_REPACK", 12, 0, 0)]
+        ("Host", 222, 27, 23),
+        ("CPU_REPACK", 12, 0, 0),
+    ]
     assert result.compute_mib == {"CPU": 23.28}
     assert result.kv_mib == 27.0
-    session = Session(model=ModelProfile.from_gguf(models["default"]), config=config, use_compute_cache=False,
-                      use_structure_cache=False, measure_host_bandwidth=False)
+    session = Session(
+        model=ModelProfile.from_gguf(models["default"]),
+        config=config,
+        use_compute_cache=False,
+        use_structure_cache=False,
+        measure_host_bandwidth=False,
+    )
     session.set_verified(result)
     (cpu,) = session.assess().to_dict()["verified"]["devices"]
     assert cpu["llama_cpp"] == {"model_mib": 234, "context_mib": 27, "compute_mib": 23, "rows": ["Host", "CPU_REPACK"]}
@@ -194,8 +215,31 @@ def test_fallback_to_llama_fit_params(models, engine):
     config = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")
     result = S.verify_with_engine(old, models["default"], config)
     assert result.method == METHOD_FIT_PRINT
-    argv = [str(engine.fit_params), "-m", str(models["default"]), "-c", "8192", "-ngl", "all", "-fa", "on",
-            "-ctk", "q8_0", "-ctv", "q8_0", "-np", "1", "-b", "2048", "-ub", "512", "--fit", "off", "--fit-print", "on"]
+    argv = [
+        str(engine.fit_params),
+        "-m",
+        str(models["default"]),
+        "-c",
+        "8192",
+        "-ngl",
+        "all",
+        "-fa",
+        "on",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q8_0",
+        "-np",
+        "1",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "--fit",
+        "off",
+        "--fit-print",
+        "on",
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
     printed = [line.split() for line in out.splitlines() if re.fullmatch(r"\S+ \d+ \d+ \d+ ?", line)]
     assert [[r.name, str(r.model_mib), str(r.context_mib), str(r.compute_mib)] for r in result.breakdown] == printed
@@ -227,31 +271,58 @@ def test_cuda_rows_are_compared_per_device(default_profile):
     from kvtuner.runner import llama_log as L
     from kvtuner.runner.dryrun import DryRunResult, KvCacheReport
 
-    log = ("0.13.594.200 I common_memory_breakdown_print: |   - CUDA0 (RTX 3090)   | 24123 = 23832 + "
-           "(   266 =   235 +      27 +       3) +         -266 |\n"
-           "0.13.594.202 I common_memory_breakdown_print: |   - Host               |                  "
-           "   6 =     0 +       0 +       6                |\n")
+    log = (
+        "0.13.594.200 I common_memory_breakdown_print: |   - CUDA0 (RTX 3090)   | 24123 = 23832 + "
+        "(   266 =   235 +      27 +       3) +         -266 |\n"
+        "0.13.594.202 I common_memory_breakdown_print: |   - Host               |                  "
+        "   6 =     0 +       0 +       6                |\n"
+    )
     rows = tuple(L.parse_breakdown_row(x) for x in log.splitlines())
     assert [r.kind for r in rows] == ["device", "host"]  # type: ignore[union-attr]
     config = PlanConfig(n_ctx=4096)
     result = DryRunResult(
-        kv_caches=(KvCacheReport(12.0, 4096, 3, 1, 1, "f16", 6.0, "f16", 6.0),
-                   KvCacheReport(15.0, 1024, 15, 1, 1, "f16", 7.5, "f16", 7.5)),
-        compute_mib={"CUDA0": 3.28, "CUDA_Host": 6.02}, output_mib={"CUDA_Host": 1.0},
-        model_mib={"CUDA0": 235.0, "CPU": 0.0}, kv_buffer_mib={"CUDA0": 27.0}, n_ctx=4096, n_ctx_seq=4096,
-        flash_attn=True, gpu_offload_supported=True, devices=("CUDA0", "CPU"), llama_build="llama.cpp b11434",
-        log_tail=(), method=METHOD_SERVER, engine="llama-server b11434 (CUDA, CPU)", engine_build=11434,
-        breakdown=rows)  # type: ignore[arg-type]
-    session = Session(model=default_profile, config=config, gpus=(what_if_gpu(24 << 30),), use_compute_cache=False,
-                      use_structure_cache=False, measure_host_bandwidth=False)
+        kv_caches=(
+            KvCacheReport(12.0, 4096, 3, 1, 1, "f16", 6.0, "f16", 6.0),
+            KvCacheReport(15.0, 1024, 15, 1, 1, "f16", 7.5, "f16", 7.5),
+        ),
+        compute_mib={"CUDA0": 3.28, "CUDA_Host": 6.02},
+        output_mib={"CUDA_Host": 1.0},
+        model_mib={"CUDA0": 235.0, "CPU": 0.0},
+        kv_buffer_mib={"CUDA0": 27.0},
+        n_ctx=4096,
+        n_ctx_seq=4096,
+        flash_attn=True,
+        gpu_offload_supported=True,
+        devices=("CUDA0", "CPU"),
+        llama_build="llama.cpp b11434",
+        log_tail=(),
+        method=METHOD_SERVER,
+        engine="llama-server b11434 (CUDA, CPU)",
+        engine_build=11434,
+        breakdown=rows,
+    )  # type: ignore[arg-type]
+    session = Session(
+        model=default_profile,
+        config=config,
+        gpus=(what_if_gpu(24 << 30),),
+        use_compute_cache=False,
+        use_structure_cache=False,
+        measure_host_bandwidth=False,
+    )
     session.set_verified(result)
     doc = session.assess().to_dict()
     gpu, host = doc["verified"]["devices"]
-    assert gpu["device"] == "CUDA0" and gpu["llama_cpp"] == {"model_mib": 235, "context_mib": 27, "compute_mib": 3,
-                                                              "rows": ["CUDA0"]}
+    assert gpu["device"] == "CUDA0" and gpu["llama_cpp"] == {
+        "model_mib": 235,
+        "context_mib": 27,
+        "compute_mib": 3,
+        "rows": ["CUDA0"],
+    }
     assert gpu["kvtuner"]["kv_mib"] == 27.0 and gpu["differs"]["context"] is False
     assert host["device"] == "CPU" and host["llama_cpp"]["rows"] == ["Host"] and host["llama_cpp"]["compute_mib"] == 6
     # the plan's compute buffers are llama-server's: 3.28 MiB on the card, CUDA_Host on the host
     planned = {d["device"]: d["compute_bytes"] for d in doc["devices"]}
     assert planned["CUDA0"] == round(3.28 * 2**20)
-    assert doc["verified"]["breakdown"][0]["total_mib"] == 24123 and doc["verified"]["breakdown"][0]["free_mib"] == 23832
+    assert (
+        doc["verified"]["breakdown"][0]["total_mib"] == 24123 and doc["verified"]["breakdown"][0]["free_mib"] == 23832
+    )

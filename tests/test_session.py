@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvtuner.core.hardware import nvml
-from kvtuner.core.hardware.identity import MachineFingerprint, machine_id
 from kvtuner.core.hardware.host import detect_host
+from kvtuner.core.hardware.identity import MachineFingerprint, machine_id
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
 from kvtuner.core.units import MiB
-
 from nvml_standin import fake_nvml
 
 
@@ -28,8 +27,15 @@ def one_gpu():
 
 
 def _session(default_profile, gpus, tmp_path, **kw) -> Session:
-    return Session(model=default_profile, config=PlanConfig(n_ctx=4096), gpus=tuple(gpus), host=detect_host(),
-                   calibration=CalibrationStore(tmp_path / "calibration.json"), measure_host_bandwidth=False, **kw)
+    return Session(
+        model=default_profile,
+        config=PlanConfig(n_ctx=4096),
+        gpus=tuple(gpus),
+        host=detect_host(),
+        calibration=CalibrationStore(tmp_path / "calibration.json"),
+        measure_host_bandwidth=False,
+        **kw,
+    )
 
 
 def test_a_run_recorded_on_a_gpu_machine_calibrates_the_next_prediction(default_profile, one_gpu, tmp_path):
@@ -40,8 +46,15 @@ def test_a_run_recorded_on_a_gpu_machine_calibrates_the_next_prediction(default_
     assert s.machine_id != machine_id(())  # the GPU is part of the identity
     before = s.assess()
     assert before.speed is not None and before.speed.n_calibration_runs == 0
-    note = s.record_run(before.plan, n_threads=2, n_depth=0, n_prompt=512, n_gen=128,
-                        prefill_tok_s=before.speed.prefill_tok_s * 2, decode_tok_s=before.speed.decode_tok_s * 2)
+    note = s.record_run(
+        before.plan,
+        n_threads=2,
+        n_depth=0,
+        n_prompt=512,
+        n_gen=128,
+        prefill_tok_s=before.speed.prefill_tok_s * 2,
+        decode_tok_s=before.speed.decode_tok_s * 2,
+    )
     assert "1 run" in note
     after = s.assess()
     assert after.speed.n_calibration_runs == 1

@@ -27,11 +27,26 @@ from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.speed.cpu_probe import CpuRates
-from kvtuner.core.speed.speed_model import (SpeedConstants, SpeedInputs, SpeedModelError, DeviceRates, cpu_rate,
-                                            decode_tok_s, decode_workload, effective_threads, fallback_cpu_rates,
-                                            gpu_rates, measure_host_bandwidth, predict_speed, prefill_tok_s,
-                                            prefill_workload, rates_for_threads, speed_band, speed_inputs,
-                                            workload_time_s)
+from kvtuner.core.speed.speed_model import (
+    DeviceRates,
+    SpeedConstants,
+    SpeedInputs,
+    SpeedModelError,
+    cpu_rate,
+    decode_tok_s,
+    decode_workload,
+    effective_threads,
+    fallback_cpu_rates,
+    gpu_rates,
+    measure_host_bandwidth,
+    predict_speed,
+    prefill_tok_s,
+    prefill_workload,
+    rates_for_threads,
+    speed_band,
+    speed_inputs,
+    workload_time_s,
+)
 from kvtuner.core.speed.weights import summary_from_profile, weight_summary
 
 TINY = ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=1024, n_ctx_train=4096, name="tiny")
@@ -43,8 +58,16 @@ KV_CELL_LAYER = 1024
 # round numbers for the hand computations: 1 GB/s of F16 (F32 norms stream at the same rate),
 # 1 GFLOP/s at any batch (half_batch 0), 10 us per layer (5 us per layer per prompt batch), 1 ms per
 # token, 1 ns per head and cell of 32-wide heads in decode, 0.1 ns in prefill
-RATES = CpuRates(2, {"F16": 1e9, "F32": 1e9}, {"F16": 1e9, "F32": 1e9}, 10e-6, 1e-3, {"8/8/32": 1e-9},
-                 {"8/8/32": 0.1e-9}, layer_prefill_s=5e-6)
+RATES = CpuRates(
+    2,
+    {"F16": 1e9, "F32": 1e9},
+    {"F16": 1e9, "F32": 1e9},
+    10e-6,
+    1e-3,
+    {"8/8/32": 1e-9},
+    {"8/8/32": 0.1e-9},
+    layer_prefill_s=5e-6,
+)
 C = SpeedConstants()
 
 
@@ -135,7 +158,7 @@ def test_each_weight_type_runs_at_its_own_rate(tmp_path):
     by = {t: b for t, b, _, _ in host.weights}
     t_weights = by["Q4_K"] / 2e9 + by["Q6_K"] / 1e9 + by["F32"] / 4e9
     kv = host.kv_bytes / 4e9  # the KV streams at the fastest probed rate
-    (hd, cells), = host.head_cells
+    ((hd, cells),) = host.head_cells
     # no probe of 4/4/64: the 8/8/32 cost scaled by the head size
     assert hd == "4/4/64"
     t = t_weights + max(cells * 1e-9 * 64 / 32, kv) + 8 * 10e-6 + 1e-3
@@ -165,8 +188,23 @@ def test_an_unprobed_type_takes_the_nearest_in_bits_per_weight():
 
 
 def test_moe_decode_reads_only_the_active_experts(tmp_path):
-    shape = RealShape("mini-moe", "olmoe", 2, 256, 4, 4, 256, 512, 2048, False, "test", qk_norm="embd",
-                      n_expert=8, n_expert_used=2, n_ff_exp=256)
+    shape = RealShape(
+        "mini-moe",
+        "olmoe",
+        2,
+        256,
+        4,
+        4,
+        256,
+        512,
+        2048,
+        False,
+        "test",
+        qk_norm="embd",
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+    )
     m = ModelProfile.from_gguf(write_real_shape(tmp_path / "moe.gguf", shape, "Q8_0"))
     s = weight_summary(m)
     experts = sum(w.bytes_ for w in s.layers[0] if w.expert)
@@ -214,16 +252,22 @@ def test_moe_decode_reads_only_the_active_experts(tmp_path):
 
 def test_gpu_decode_and_prefill_on_a_catalogue_card(tiny):
     gpu = catalogue_gpu("RTX 3060 12GB")
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_ubatch=512, n_batch=512), [gpu],
-                       HostSpec(16 << 30, 8 << 30))
+    plan = plan_memory(
+        tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_ubatch=512, n_batch=512), [gpu], HostSpec(16 << 30, 8 << 30)
+    )
     inp = SpeedInputs({"CUDA0": gpu_rates(gpu), "CPU": DeviceRates("CPU", 20e9, cpu=RATES)}, 2, C)
     w = decode_workload(plan, 0)
     (g,) = w.devices  # the host only does get_rows: no bytes, no FLOPs
     assert (g.device, g.kind, g.bytes_read) == ("CUDA0", "gpu", 4 * LAYER_BYTES + OUTPUT_BYTES + 4 * KV_CELL_LAYER)
     assert w.n_crossings == 1 and w.pcie_bytes == 4 * 256  # the embedding row goes up once
     e = GPU_CATALOGUE["RTX 3060 12GB"]
-    t = (g.bytes_read / (360e9 * C.gpu_bw_efficiency) + 4 * C.gpu_layer_overhead_s
-         + 1024 / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency) + C.crossing_latency_s + C.gpu_token_overhead_s)
+    t = (
+        g.bytes_read / (360e9 * C.gpu_bw_efficiency)
+        + 4 * C.gpu_layer_overhead_s
+        + 1024 / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency)
+        + C.crossing_latency_s
+        + C.gpu_token_overhead_s
+    )
     assert workload_time_s(w, inp) == pytest.approx(t, rel=1e-9)
     # prefill: F16 weights on the FP16 tensor rate, attention too
     p = prefill_workload(plan, 256, 0)
@@ -231,8 +275,13 @@ def test_gpu_decode_and_prefill_on_a_catalogue_card(tiny):
     fp16 = e.fp16_tensor_flop_s * C.gpu_fp16_efficiency
     t_cmp = gp.flops / fp16
     t_mem = gp.bytes_read / (360e9 * C.gpu_bw_efficiency)
-    t = max(t_cmp, t_mem) + 4 * C.gpu_layer_overhead_s + p.pcie_bytes / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency) \
-        + p.n_crossings * C.crossing_latency_s + C.gpu_token_overhead_s
+    t = (
+        max(t_cmp, t_mem)
+        + 4 * C.gpu_layer_overhead_s
+        + p.pcie_bytes / (e.pcie_bandwidth_bytes_s * C.pcie_efficiency)
+        + p.n_crossings * C.crossing_latency_s
+        + C.gpu_token_overhead_s
+    )
     assert workload_time_s(p, inp) == pytest.approx(t, rel=1e-9)
 
 
@@ -245,17 +294,23 @@ def test_quantized_prefill_runs_on_the_int8_rate(tmp_path):
     e = GPU_CATALOGUE["RTX 4090"]
     q8 = sum(w[2] for w in g.weights if w[0] == "Q8_0")
     f32 = sum(w[2] for w in g.weights if w[0] == "F32")
-    t_cmp = q8 / (e.int8_op_s * C.gpu_int8_efficiency) + (f32 + g.attn_flops) / (e.fp16_tensor_flop_s * C.gpu_fp16_efficiency)
+    t_cmp = q8 / (e.int8_op_s * C.gpu_int8_efficiency) + (f32 + g.attn_flops) / (
+        e.fp16_tensor_flop_s * C.gpu_fp16_efficiency
+    )
     inp = speed_inputs([gpu], HostSpec(16 << 30, mem_bandwidth_bytes_s=20e9), n_threads=2, cpu=RATES)
     from kvtuner.core.speed.speed_model import _gpu_time_s
 
     assert _gpu_time_s(g, inp.rate("CUDA0"), "prefill", C) == pytest.approx(
-        max(t_cmp, g.bytes_read / (e.mem_bandwidth_bytes_s * C.gpu_bw_efficiency)) + 4 * C.gpu_layer_overhead_s, rel=1e-9)
+        max(t_cmp, g.bytes_read / (e.mem_bandwidth_bytes_s * C.gpu_bw_efficiency)) + 4 * C.gpu_layer_overhead_s,
+        rel=1e-9,
+    )
 
 
 def test_kv_on_host_sends_attention_to_the_cpu(tiny):
     gpu = what_if_gpu(8 << 30)
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", kv_gpu_layers=0), [gpu], HostSpec(16 << 30, 8 << 30))
+    plan = plan_memory(
+        tiny, PlanConfig(n_ctx=1024, flash_attn="on", kv_gpu_layers=0), [gpu], HostSpec(16 << 30, 8 << 30)
+    )
     w = decode_workload(plan, 500)
     by = {d.device: d for d in w.devices}
     assert by["CPU"].bytes_read == 4 * 501 * KV_CELL_LAYER  # the KV, read on the host
@@ -269,8 +324,12 @@ def test_kv_on_host_sends_attention_to_the_cpu(tiny):
 def test_large_batches_run_host_weights_on_the_gpu(tiny):
     """ggml-cuda's offload_op: a ubatch of 32+ tokens runs every op on the GPU; host weights cross PCIe."""
     gpu = what_if_gpu(8 << 30)
-    plan = plan_memory(tiny, PlanConfig(n_ctx=1024, flash_attn="on", n_gpu_layers=2, kv_gpu_layers=0), [gpu],
-                       HostSpec(16 << 30, 8 << 30))
+    plan = plan_memory(
+        tiny,
+        PlanConfig(n_ctx=1024, flash_attn="on", n_gpu_layers=2, kv_gpu_layers=0),
+        [gpu],
+        HostSpec(16 << 30, 8 << 30),
+    )
     p = prefill_workload(plan, 256, 0)
     assert [d.device for d in p.devices] == ["CUDA0"]
     host_layers = [d for d in plan.layer_devices[:4] if d == "CPU"]
@@ -297,8 +356,14 @@ def test_offloading_kv_is_slower_and_the_curve_falls(tiny):
 
 
 def test_nvml_bandwidth_wins_over_the_catalogue():
-    g = GpuSpec("NVIDIA GeForce RTX 3060", 12 << 30, 11 << 30, mem_bandwidth_bytes_s=300e9, pcie_bandwidth_bytes_s=8e9,
-                catalogue="RTX 3060 12GB")
+    g = GpuSpec(
+        "NVIDIA GeForce RTX 3060",
+        12 << 30,
+        11 << 30,
+        mem_bandwidth_bytes_s=300e9,
+        pcie_bandwidth_bytes_s=8e9,
+        catalogue="RTX 3060 12GB",
+    )
     r = gpu_rates(g)
     assert (r.bandwidth_bytes_s, r.pcie_bandwidth_bytes_s) == (300e9, 8e9)
     assert r.int8_op_s == GPU_CATALOGUE["RTX 3060 12GB"].int8_op_s
@@ -331,10 +396,19 @@ def test_threads_move_probe_rates():
     assert fb.decode_bytes_s == {"*": pytest.approx(1.55 * 5e9)} and "no CPU probe" in fb.source
 
 
-@pytest.mark.parametrize("tok_s, badge", [
-    (0.0, "abandon"), (0.99, "abandon"), (1.0, "offline"), (4.99, "offline"), (5.0, "interactive"),
-    (9.99, "interactive"), (10.0, "fluent"), (250.0, "fluent"),
-])
+@pytest.mark.parametrize(
+    "tok_s, badge",
+    [
+        (0.0, "abandon"),
+        (0.99, "abandon"),
+        (1.0, "offline"),
+        (4.99, "offline"),
+        (5.0, "interactive"),
+        (9.99, "interactive"),
+        (10.0, "fluent"),
+        (250.0, "fluent"),
+    ],
+)
 def test_speed_band(tok_s, badge):
     assert speed_band(tok_s) == badge
 
@@ -369,8 +443,12 @@ def test_cpu_attention_is_keyed_by_the_kv_pair_flash_attention_runs(default_prof
     host = HostSpec(16 << 30, 8 << 30)
     keys = {}
     for fa in ("on", "off"):
-        plan = plan_memory(default_profile, PlanConfig(n_ctx=4096, n_gpu_layers=0, type_k="q8_0", type_v="f16",
-                                                       flash_attn=fa), [], host)
+        plan = plan_memory(
+            default_profile,
+            PlanConfig(n_ctx=4096, n_gpu_layers=0, type_k="q8_0", type_v="f16", flash_attn=fa),
+            [],
+            host,
+        )
         keys[fa] = {h for d in prefill_workload(plan, 64, 1024).devices for h, _ in d.head_cells}
         assert keys[fa] == {h for d in decode_workload(plan, 1024).devices for h, _ in d.head_cells}
     assert keys == {"on": {"4/1/256@q8_0+f16"}, "off": {"4/1/256"}}

@@ -46,7 +46,8 @@ def test_untested_architecture_is_approximate_in_one_line(gswa):
     plan = s.plan()
     assert [w for w in plan.warnings if w.startswith("approximate")] == [
         "approximate: granite_swa: kvtuner's per-layer rules for this architecture are not checked against llama.cpp; "
-        "figures are approximate (plan --verify reads the real structure from llama.cpp)"]
+        "figures are approximate (plan --verify reads the real structure from llama.cpp)"
+    ]
     assert [(c.kind, c.cells, c.layers) for c in plan.kv_caches] == [("full", 8192, 8)]  # the generic guess
 
 
@@ -61,8 +62,11 @@ def test_probe_gives_llama_cpp_structure_and_is_remembered(gswa):
     s.set_structure(probed)
     plan = s.plan()
     got = dry_run(gswa, PlanConfig(n_ctx=8192))
-    assert [(c.cells, c.layers, round(c.kv_bytes / MiB, 2)) for c in plan.kv_caches] == \
-           [(c.cells, c.layers, c.size_mib) for c in got.kv_caches] == [(8192, 2, 16.0), (1024, 6, 6.0)]
+    assert (
+        [(c.cells, c.layers, round(c.kv_bytes / MiB, 2)) for c in plan.kv_caches]
+        == [(c.cells, c.layers, c.size_mib) for c in got.kv_caches]
+        == [(8192, 2, 16.0), (1024, 6, 6.0)]
+    )
     assert not any(w.startswith("approximate") for w in plan.warnings)
     assert not s.needs_structure_probe
 
@@ -117,6 +121,7 @@ def test_cli_verify_flows_through(gswa):
 
 # -- verified figures win, without llama.cpp: a stand-in dry-run report -------------------------
 
+
 @dataclass
 class _Kv:
     size_mib: float
@@ -147,8 +152,9 @@ class _Verified:
 def test_verified_figures_reach_totals_and_advice(tmp_path):
     """A dry run that reports more than the plan (a structure kvtuner got wrong): the plan's
     KV, recurrent state, compute and output become llama.cpp's, and the RAM advice follows."""
-    path = write_model(tmp_path / "lfm2.gguf", F.lfm2(n_layer=8, attn_layers=(2, 5), E=512, n_head=8, n_head_kv=2,
-                                                     n_ff=1024, V=4096))
+    path = write_model(
+        tmp_path / "lfm2.gguf", F.lfm2(n_layer=8, attn_layers=(2, 5), E=512, n_head=8, n_head_kv=2, n_ff=1024, V=4096)
+    )
     host = HostSpec(total_bytes=2 * GiB, available_bytes=2 * GiB)
     s = _session(path, config=PlanConfig(n_ctx=8192, flash_attn="on"), host=host, use_compute_cache=False)
     before = s.assess()
@@ -156,8 +162,14 @@ def test_verified_figures_reach_totals_and_advice(tmp_path):
     kv = before.plan.kv_caches[0]
     assert kv.layers == 2
     # llama.cpp (the stand-in) says: 4 GiB of KV in the same 2 layers, more state, compute and output
-    s.set_verified(_Verified(kv_caches=[_Kv(4096.0, kv.cells, 2, 2048.0, 2048.0)], compute_mib={"CPU": 100.0},
-                             output_mib={"CPU": 0.5}, recurrent=[_Rs(1, 1.0, 2.0)]))
+    s.set_verified(
+        _Verified(
+            kv_caches=[_Kv(4096.0, kv.cells, 2, 2048.0, 2048.0)],
+            compute_mib={"CPU": 100.0},
+            output_mib={"CPU": 0.5},
+            recurrent=[_Rs(1, 1.0, 2.0)],
+        )
+    )
     after = s.assess()
     p = after.plan
     assert p.verified and p.kv_caches[0].kv_bytes == 4096 * MiB

@@ -49,10 +49,16 @@ def _kv(plan):
 
 ROWS = [
     # (file, config, kvtuner's caches (kind, cells, layers, MiB); llama.cpp prints the same)
-    ("qwen36", dict(n_ctx=262144, n_seq=4, kv_unified=True, flash_attn="on"),
-     [("full", 262144, 16, 16384.0), ("recurrent", 4, 48, 598.5)]),
-    ("qwen36", dict(n_ctx=65536, type_k="q8_0", type_v="q8_0", flash_attn="on"),
-     [("full", 65536, 16, 2176.0), ("recurrent", 1, 48, 149.62)]),
+    (
+        "qwen36",
+        dict(n_ctx=262144, n_seq=4, kv_unified=True, flash_attn="on"),
+        [("full", 262144, 16, 16384.0), ("recurrent", 4, 48, 598.5)],
+    ),
+    (
+        "qwen36",
+        dict(n_ctx=65536, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+        [("full", 65536, 16, 2176.0), ("recurrent", 1, 48, 149.62)],
+    ),
     ("scout", dict(n_ctx=131072, flash_attn="on"), [("full", 131072, 12, 6144.0), ("chunked", 8704, 36, 1224.0)]),
     ("gemma4", dict(n_ctx=131072, flash_attn="on"), [("full", 131072, 4, 2048.0), ("swa", 1024, 20, 40.0)]),
     ("falcon", dict(n_ctx=32768, flash_attn="on"), [("full", 32768, 24, 768.0), ("recurrent", 1, 24, 72.98)]),
@@ -81,9 +87,13 @@ def test_llama_cpp_reports_the_table(name, kwargs, expected, files):
 def test_qwen36_q8_fits_a_24g_card(files):
     """Row 2: 2176 MiB of KV and 149.62 MiB of state next to Q4_K weights fit a 24 GB card;
     kvtuner used to plan 8.5 GiB of KV and advise vram-oom."""
-    s = Session(model=ModelProfile.from_gguf(files["qwen36-q4"]),
-                config=PlanConfig(n_ctx=65536, type_k="q8_0", type_v="q8_0", flash_attn="on"),
-                gpus=(what_if_gpu(24 * GiB),), measure_host_bandwidth=False, use_compute_cache=False)
+    s = Session(
+        model=ModelProfile.from_gguf(files["qwen36-q4"]),
+        config=PlanConfig(n_ctx=65536, type_k="q8_0", type_v="q8_0", flash_attn="on"),
+        gpus=(what_if_gpu(24 * GiB),),
+        measure_host_bandwidth=False,
+        use_compute_cache=False,
+    )
     a = s.assess()
     assert a.fits and not any(x.id == "vram-oom" for x in a.advice)
     # 16 layers x 65536 cells x 1088 B x 2 (q8_0 K, V) + 48 layers x (30720 + 786432) f32 of state
@@ -119,8 +129,10 @@ def test_server_defaults_resolved(files):
     r = _cli("plan", str(files["gemma4"]), "--ctx", "0", "-np", "-1", "-fa", "on", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["resolved"] == ["-np -1 -> 4 sequences, unified KV cache (llama-server's auto)",
-                               "ctx 0 -> 131072 (training context)"]
+    assert doc["resolved"] == [
+        "-np -1 -> 4 sequences, unified KV cache (llama-server's auto)",
+        "ctx 0 -> 131072 (training context)",
+    ]
     assert doc["config"]["n_ctx"] == 131072 and doc["config"]["n_seq"] == 4 and doc["config"]["kv_unified"]
     text = _cli("plan", str(files["gemma4"]), "--ctx", "0").stdout
     assert text.splitlines()[0] == "resolved: ctx 0 -> 131072 (training context)"

@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from gguf_factory import write_real_shape
-
 from kvtuner.core.advice.advisor import advise
 from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
@@ -39,8 +38,10 @@ def _inputs(gpus):
 
 
 def _fits(plan, margin=GiB):
-    return (all(d.total_bytes <= d.capacity_bytes - margin for d in plan.gpus)
-            and plan.host.total_bytes <= 0.8 * HOST.available_bytes)
+    return (
+        all(d.total_bytes <= d.capacity_bytes - margin for d in plan.gpus)
+        and plan.host.total_bytes <= 0.8 * HOST.available_bytes
+    )
 
 
 @pytest.mark.parametrize("gpu_gib, n_ctx", [(2, 32768), (3, 65536)])
@@ -101,7 +102,9 @@ def test_advisor_chain_never_leads_somewhere_worse(llama8b):
         plan = plan_memory(llama8b, cfg, gpus, HOST)
         sp = predict_speed(plan, inputs)
         adv = advise(plan, sp)
-        assert not [a for a in adv if a.id in ("vram-oom", "ram-oom", "swap-risk", "kv-type-slow-path")] or cfg.n_ctx == 131072 and cfg.type_k == "f16"
+        assert not [a for a in adv if a.id in ("vram-oom", "ram-oom", "swap-risk", "kv-type-slow-path")] or (
+            cfg.n_ctx == 131072 and cfg.type_k == "f16"
+        )
         fixes = [a for a in adv if a.fix and a.severity in ("error", "warning")]
         if not fixes:
             break
@@ -135,10 +138,16 @@ def test_goals(llama8b):
     assert m.best.config.n_ctx <= llama8b.n_ctx_train
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({}, "exactly one goal"), ({"n_ctx": 4096, "min_tok_s": 3.0}, "exactly one goal"),
-    ({"n_ctx": 100}, "at least 256"), ({"min_tok_s": -1.0}, "positive"), ({"n_ctx": 4096, "kv_quality": "q2_k"}, "kv-quality"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({}, "exactly one goal"),
+        ({"n_ctx": 4096, "min_tok_s": 3.0}, "exactly one goal"),
+        ({"n_ctx": 100}, "at least 256"),
+        ({"min_tok_s": -1.0}, "positive"),
+        ({"n_ctx": 4096, "kv_quality": "q2_k"}, "kv-quality"),
+    ],
+)
 def test_bad_goals(kwargs, match):
     with pytest.raises(TuneError, match=match):
         TuneGoal(**kwargs)
@@ -162,8 +171,20 @@ def kvtuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_cli_tune_json_and_errors(tmp_path):
     path = write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M")
-    out = kvtuner("tune", str(path), "--gpu-mem", "12G", "--ram", "64G", "--ctx", "131072", "--kv-quality", "q4_0",
-                  "--no-probe", "--json")
+    out = kvtuner(
+        "tune",
+        str(path),
+        "--gpu-mem",
+        "12G",
+        "--ram",
+        "64G",
+        "--ctx",
+        "131072",
+        "--kv-quality",
+        "q4_0",
+        "--no-probe",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert {"best", "runner_up", "fit_equivalent", "candidates_evaluated", "real_loads"} <= set(doc)
@@ -175,7 +196,9 @@ def test_cli_tune_json_and_errors(tmp_path):
     assert "-ctk q4_0" in exp.stdout or "--cache-type-k q4_0" in exp.stdout
     # the default q8_0 floor: the tuned result keeps the FFN of some layers in RAM, and the export
     # of the tune result carries it (--n-cpu-ffn N, llama.cpp's flag); the text says what it trades
-    out = kvtuner("tune", str(path), "--gpu-mem", "12G", "--ram", "64G", "--ctx", "131072", "--no-probe", "-t", "8", "--json")
+    out = kvtuner(
+        "tune", str(path), "--gpu-mem", "12G", "--ram", "64G", "--ctx", "131072", "--no-probe", "-t", "8", "--json"
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     n = doc["best"]["config"]["n_cpu_ffn"]
@@ -185,8 +208,11 @@ def test_cli_tune_json_and_errors(tmp_path):
     exp = kvtuner("export", "--from-tune", str(tmp_path / "t8.json"), "--format", "llama-server")
     assert exp.returncode == 0, exp.stderr
     assert f"--n-cpu-ffn {n}" in exp.stdout and "-ctk q8_0" in exp.stdout
-    for bad, words in ((["--ctx", "4096", "--min-tok-s", "3"], "exactly one goal"), (["--ctx", "4096", "--runs", "4"], "--runs"),
-                       (["--ctx", "4096", "--gpu-mem", "12G", "--runs", "1"], "what-if")):
+    for bad, words in (
+        (["--ctx", "4096", "--min-tok-s", "3"], "exactly one goal"),
+        (["--ctx", "4096", "--runs", "4"], "--runs"),
+        (["--ctx", "4096", "--gpu-mem", "12G", "--runs", "1"], "what-if"),
+    ):
         r = kvtuner("tune", str(path), "--no-probe", *bad)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
@@ -202,15 +228,31 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     from kvtuner.core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
     from kvtuner.runner.bench import run_bench
 
-    s = Session(model=default_profile, config=PlanConfig(), gpus=(), host=HOST, calibration=CalibrationStore(tmp_path / "c.json"),
-                measure_host_bandwidth=False, n_threads=1)
+    s = Session(
+        model=default_profile,
+        config=PlanConfig(),
+        gpus=(),
+        host=HOST,
+        calibration=CalibrationStore(tmp_path / "c.json"),
+        measure_host_bandwidth=False,
+        n_threads=1,
+    )
 
     def measure(cfg):
         depth = confirm_depth(cfg.n_ctx)
-        r = run_bench(default_profile.path, cfg, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=CONFIRM_GEN_TOKENS, n_depth=depth,
-                      repetitions=1, n_threads=1, timeout_s=600)
-        return Measured(depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads, r.prefill_tok_s.median,
-                        r.decode_tok_s.median)
+        r = run_bench(
+            default_profile.path,
+            cfg,
+            n_prompt=CONFIRM_PROMPT_TOKENS,
+            n_gen=CONFIRM_GEN_TOKENS,
+            n_depth=depth,
+            repetitions=1,
+            n_threads=1,
+            timeout_s=600,
+        )
+        return Measured(
+            depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads, r.prefill_tok_s.median, r.decode_tok_s.median
+        )
 
     result, loads = s.confirm_tune(TuneGoal(n_ctx=2048), measure, 1)
     assert len(loads) == 1 and loads[0].measured.decode_tok_s > 0 and loads[0].predicted_decode_tok_s > 0
@@ -226,11 +268,20 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     last = [l for l in loads2 if l.config == result.best.config]
     assert not last or result.best.measured_decode_tok_s == last[-1].measured.decode_tok_s
     assert sum(1 for _ in s.calibration_store().runs(s.machine_id)) == 3
+
     # A load without a decode figure (a real bench that decodes nothing) cannot miss: one load.
     def measure_prefill_only(cfg):
         depth = confirm_depth(cfg.n_ctx)
-        r = run_bench(default_profile.path, cfg, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=0, n_depth=depth,
-                      repetitions=1, n_threads=1, timeout_s=600)
+        r = run_bench(
+            default_profile.path,
+            cfg,
+            n_prompt=CONFIRM_PROMPT_TOKENS,
+            n_gen=0,
+            n_depth=depth,
+            repetitions=1,
+            n_threads=1,
+            timeout_s=600,
+        )
         return Measured(depth, CONFIRM_PROMPT_TOKENS, 0, r.n_threads, r.prefill_tok_s.median, None)
 
     _, loads_p = s.confirm_tune(TuneGoal(n_ctx=2048), measure_prefill_only, 3, tolerance=0.0)

@@ -20,8 +20,14 @@ from kvtuner.core.units import GiB
 from test_moe_offload import gpt_oss, small_moe  # noqa: F401  (fixtures)
 
 #: A 6-core desktop with dual-channel DDR4-3200 (45 GB/s achieved).
-HOST = HostSpec(total_bytes=64 * GiB, available_bytes=60 * GiB, what_if=True, mem_bandwidth_bytes_s=45e9, n_cores=6,
-                memory="DDR4-3200x2")
+HOST = HostSpec(
+    total_bytes=64 * GiB,
+    available_bytes=60 * GiB,
+    what_if=True,
+    mem_bandwidth_bytes_s=45e9,
+    n_cores=6,
+    memory="DDR4-3200x2",
+)
 
 
 def _tune(path, card: str = "RTX 4060", n_ctx: int = 32768):
@@ -66,8 +72,20 @@ def test_no_large_ubatch_when_every_expert_fits_the_gpu(small_moe):  # noqa: F81
 
 @pytest.mark.slow
 def test_cli_tune_names_the_ubatch_trade(gpt_oss, capsys):  # noqa: F811
-    argv = ["tune", str(gpt_oss), "--gpu", "RTX 4060", "--host-mem", "DDR4-3200x2", "--host-cores", "6", "--ctx", "32768",
-            "--no-probe", "--json"]
+    argv = [
+        "tune",
+        str(gpt_oss),
+        "--gpu",
+        "RTX 4060",
+        "--host-mem",
+        "DDR4-3200x2",
+        "--host-cores",
+        "6",
+        "--ctx",
+        "32768",
+        "--no-probe",
+        "--json",
+    ]
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["best"]["predicted"]["prefill_tokens"] == LONG_PREFILL_TOKENS

@@ -28,12 +28,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # RX 7900 XTX: amdgpu's mem_info_vram_total of a 24 GB Navi 31 card (25753026560 bytes = 24560
 # MiB, the figure rocm-smi prints as "VRAM Total Memory"); GTT is TTM's default page limit,
 # half of a 64 GiB host's visible RAM.
-XTX = {"vendor": "0x1002", "device": "0x744c", "mem_info_vram_total": 25753026560,
-       "mem_info_vram_used": 1234567168, "mem_info_gtt_total": 33636327424, "mem_info_gtt_used": 52428800}
+XTX = {
+    "vendor": "0x1002",
+    "device": "0x744c",
+    "mem_info_vram_total": 25753026560,
+    "mem_info_vram_used": 1234567168,
+    "mem_info_gtt_total": 33636327424,
+    "mem_info_gtt_used": 52428800,
+}
 # Strix Halo (Ryzen AI Max+ 395, 128 GB): the 512 MiB VRAM carve-out Linux guides recommend,
 # and a GTT pool raised to 120 GiB through ttm.pages_limit, as those guides do.
-STRIX = {"vendor": "0x1002", "device": "0x1586", "mem_info_vram_total": 536870912,
-         "mem_info_vram_used": 301989888, "mem_info_gtt_total": 120 * GiB, "mem_info_gtt_used": 2 * GiB}
+STRIX = {
+    "vendor": "0x1002",
+    "device": "0x1586",
+    "mem_info_vram_total": 536870912,
+    "mem_info_vram_used": 301989888,
+    "mem_info_gtt_total": 120 * GiB,
+    "mem_info_gtt_used": 2 * GiB,
+}
 
 
 def _card(root: Path, n: int, files: dict[str, object]) -> Path:
@@ -68,7 +80,9 @@ def test_sysfs_reads_vram_and_gtt_of_a_dgpu_and_an_apu(amd_sysfs):
     assert xtx.flags == strix.flags == ()
     specs = V.sysfs_gpu_specs(first_index=1, root=amd_sysfs)
     assert [(g.index, g.backend, g.unified, g.source.split()[0]) for g in specs] == [
-        (1, "ROCm", False, "sysfs"), (2, "ROCm", True, "sysfs")]
+        (1, "ROCm", False, "sysfs"),
+        (2, "ROCm", True, "sysfs"),
+    ]
     assert specs[0].mem_bandwidth_bytes_s == 960e9 and specs[0].free_bytes == 25753026560 - 1234567168
 
 
@@ -134,14 +148,15 @@ class _NoNvml:
     class NVMLError(Exception):
         pass
 
-    def nvmlInit(self):
+    def nvmlInit(self):  # noqa: N802 (NVML's own name)
         raise self.NVMLError("NVML Shared Library Not Found")
 
 
 def _kvtuner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     e = dict(os.environ, PYTHONPATH=str(ROOT), KVTUNER_CPU_PROBE="off", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180,
-                          env=e, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180, env=e, cwd=ROOT
+    )
 
 
 @pytest.mark.slow
@@ -260,8 +275,12 @@ def test_apple_what_if_plans_one_pool(default_profile):
 
     small = V.unified_gpu_spec(find_gpu("M2 Max"), ram_bytes=1 * GiB)
     assert small.total_bytes == GiB * 2 // 3
-    s2 = Session(model=default_profile, config=PlanConfig(n_ctx=32768), gpus=(small,),
-                 host=HostSpec(total_bytes=1 * GiB, available_bytes=1 * GiB))
+    s2 = Session(
+        model=default_profile,
+        config=PlanConfig(n_ctx=32768),
+        gpus=(small,),
+        host=HostSpec(total_bytes=1 * GiB, available_bytes=1 * GiB),
+    )
     (pool2,) = [x for x in s2.assess().advice if x.id == "unified-memory-pool"]
     assert pool2.severity == "error", pool2.message
 
@@ -272,7 +291,7 @@ def test_plan_cli_apple_what_if_takes_the_macs_ram(default_model):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     (gpu,) = [d for d in doc["devices"] if d["kind"] == "gpu"]
-    host = [d for d in doc["devices"] if d["kind"] == "host"][0]
+    host = next(d for d in doc["devices"] if d["kind"] == "host")
     assert gpu["capacity_bytes"] == 96 * GiB and host["capacity_bytes"] == 128 * GiB
     assert [a["severity"] for a in doc["advice"] if a["id"] == "unified-memory-pool"] == ["info"]
 
@@ -290,7 +309,6 @@ def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, m
     pytest.importorskip("PySide6")
     pytest.importorskip("pyqtgraph")
     from gui_support import ini_settings
-
     from kvtuner.core.hardware.nvml import use_nvml_module
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app
@@ -324,16 +342,20 @@ def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, m
 
 def test_plan_json_names_each_device_by_its_backend(amd_sysfs):
     from kvtuner.core.hardware.specs import HostSpec
+    from kvtuner.core.model.default_model import default_model_path
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
-    from kvtuner.core.model.default_model import default_model_path
 
     model = ModelProfile.from_gguf(default_model_path())
     gpus = [*V.sysfs_gpu_specs(root=amd_sysfs), catalogue_gpu("M4 Max", index=2)]
     plan = plan_memory(model, PlanConfig(n_ctx=2048), gpus, HostSpec(total_bytes=64 * GiB))
     rows = [(d["device"], d["backend"], d["backend_device"], d["unified"]) for d in (x.to_dict() for x in plan.gpus)]
-    assert rows == [("CUDA0", "ROCm", "ROCm0", False), ("CUDA1", "ROCm", "ROCm1", True), ("CUDA2", "Metal", "MTL2", True)]
+    assert rows == [
+        ("CUDA0", "ROCm", "ROCm0", False),
+        ("CUDA1", "ROCm", "ROCm1", True),
+        ("CUDA2", "Metal", "MTL2", True),
+    ]
 
 
 def test_apple_silicon_detected_as_one_metal_pool(monkeypatch):

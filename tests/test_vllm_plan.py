@@ -17,8 +17,16 @@ from kvtuner.core.export.vllm import render, settings_from_config
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.decision_table import decision_table, kv_bytes_per_token
 from kvtuner.core.plan.torch_allocator import CachingAllocatorModel
-from kvtuner.core.plan.vllm import (VllmError, VllmModel, VllmSettings, estimate_activation_bytes, plan_vllm,
-                                    cuda_reported_total, pool_from_available, reserved_profile_bytes)
+from kvtuner.core.plan.vllm import (
+    VllmError,
+    VllmModel,
+    VllmSettings,
+    cuda_reported_total,
+    estimate_activation_bytes,
+    plan_vllm,
+    pool_from_available,
+    reserved_profile_bytes,
+)
 from kvtuner.core.plan.workload import Workload, WorkloadError, workload_advice, workload_kv
 from kvtuner.core.units import GiB, MiB
 
@@ -26,20 +34,56 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Published config.json fields (huggingface.co/<id>/blob/main/config.json).
 CONFIGS = {
-    "Llama-3.1-8B": {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                     "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-                     "tie_word_embeddings": False},
-    "Qwen2.5-7B": {"model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28,
-                   "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False},
-    "Qwen2.5-14B": {"model_type": "qwen2", "num_hidden_layers": 48, "hidden_size": 5120, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "intermediate_size": 13824, "vocab_size": 152064,
-                    "tie_word_embeddings": False},
-    "Qwen2.5-32B": {"model_type": "qwen2", "num_hidden_layers": 64, "hidden_size": 5120, "num_attention_heads": 40,
-                    "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
-                    "tie_word_embeddings": False},
-    "Llama-2-13B": {"model_type": "llama", "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40,
-                    "num_key_value_heads": 40, "intermediate_size": 13824, "vocab_size": 32000,
-                    "tie_word_embeddings": False},
+    "Llama-3.1-8B": {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    },
+    "Qwen2.5-7B": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 28,
+        "hidden_size": 3584,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "Qwen2.5-14B": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 48,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 13824,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "Qwen2.5-32B": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 64,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 27648,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "Llama-2-13B": {
+        "model_type": "llama",
+        "num_hidden_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 40,
+        "intermediate_size": 13824,
+        "vocab_size": 32000,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -52,6 +96,7 @@ def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 # --- vLLM budget -------------------------------------------------------------------------------------
+
 
 def test_parameter_counts_from_config_match_published_sizes():
     # Llama-3.1-8B: 32 x (4096 x 48 x 128 + 4096 x 4096 + 3 x 4096 x 14336 + 2 x 4096) + 2 x 128256 x 4096 + 4096
@@ -83,8 +128,14 @@ def test_full_plan_components_by_hand():
     assert VllmSettings(max_model_len=4096).batched_tokens(80 * GiB, "H100 80GB") == 8192
     assert VllmSettings(max_model_len=4096).batched_tokens(80 * GiB, "A100 80GB") == 2048
     assert estimate_activation_bytes(m, 20000) == 20000 * (3 * 14336 + 3 * 4096) * 2
-    p = plan_vllm(m, s, int(23.58 * GiB), weights_bytes=int(14.9888 * GiB), activation_bytes=int(2.07 * GiB),
-                  non_torch_bytes=int(0.35 * GiB))
+    p = plan_vllm(
+        m,
+        s,
+        int(23.58 * GiB),
+        weights_bytes=int(14.9888 * GiB),
+        activation_bytes=int(2.07 * GiB),
+        non_torch_bytes=int(0.35 * GiB),
+    )
     usable = int(int(23.58 * GiB) * 0.9)
     assert p.available_kv_bytes == usable - int(14.9888 * GiB) - int(2.07 * GiB) - int(0.35 * GiB)
     assert p.num_blocks == p.available_kv_bytes // (2 * MiB) and p.kv_tokens == 16 * p.num_blocks
@@ -117,9 +168,17 @@ def test_public_logs_within_5_percent():
 
 
 #: Qwen1.5-7B-Chat-GPTQ-Int4 (benchmarks/vllm_logs/rows.json): Qwen2 shapes, 4-bit GPTQ, group size 128.
-QWEN15_GPTQ = {"model_type": "qwen2", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-               "num_key_value_heads": 32, "intermediate_size": 11008, "vocab_size": 151936, "tie_word_embeddings": False,
-               "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}}
+QWEN15_GPTQ = {
+    "model_type": "qwen2",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "intermediate_size": 11008,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
+}
 
 
 def gptq_linear_bytes(n_in: int, n_out: int) -> int:
@@ -130,9 +189,14 @@ def gptq_linear_bytes(n_in: int, n_out: int) -> int:
 def test_gptq_weights_exact_by_hand():
     m = VllmModel.from_hf_config(QWEN15_GPTQ, name="qwen")
     assert m.gptq is not None and (m.gptq.bits, m.gptq.group_size) == (4, 128) and m.qkv_bias and m.n_head == 32
-    per_layer = (gptq_linear_bytes(4096, 3 * 4096) + 3 * 4096 * 2  # qkv_proj + its fp16 bias
-                 + gptq_linear_bytes(4096, 4096) + gptq_linear_bytes(4096, 2 * 11008) + gptq_linear_bytes(11008, 4096)
-                 + 2 * 4096 * 2)  # two RMSNorm weights
+    per_layer = (
+        gptq_linear_bytes(4096, 3 * 4096)
+        + 3 * 4096 * 2  # qkv_proj + its fp16 bias
+        + gptq_linear_bytes(4096, 4096)
+        + gptq_linear_bytes(4096, 2 * 11008)
+        + gptq_linear_bytes(11008, 4096)
+        + 2 * 4096 * 2
+    )  # two RMSNorm weights
     # qkv 26,189,824 + o 8,732,672 + gate_up 46,866,432 + down 23,469,056 + norms 16,384
     assert per_layer == 105_274_368
     total = 151936 * 4096 * 2 * 2 + 32 * per_layer + 4096 * 2  # embed_tokens + lm_head (fp16), layers, final norm
@@ -185,8 +249,21 @@ def test_reserved_profile_qwen_gptq_by_hand():
 def test_export_cli_gptq_mem_get_info(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(QWEN15_GPTQ))
-    out = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--gpu-mem", "24G", "--max-model-len", "32768",
-                  "--vllm-engine", "v0", "--vllm-memory-profiling", "mem_get_info")
+    out = kvtuner(
+        "export",
+        "--format",
+        "vllm",
+        "--hf-config",
+        str(cfg),
+        "--gpu-mem",
+        "24G",
+        "--max-model-len",
+        "32768",
+        "--vllm-engine",
+        "v0",
+        "--vllm-memory-profiling",
+        "mem_get_info",
+    )
     assert out.returncode == 0, out.stderr
     m = VllmModel.from_hf_config(QWEN15_GPTQ)
     s = VllmSettings(max_model_len=32768, max_num_seqs=1, engine="v0", memory_profiling="mem_get_info")
@@ -197,10 +274,19 @@ def test_export_cli_gptq_mem_get_info(tmp_path):
 
 
 #: Llama-3.2-11B-Vision's config.json shape: a text_config inside an mllama model.
-MLLAMA = {"model_type": "mllama", "vision_config": {"image_size": 560, "max_num_tiles": 4},
-          "text_config": {"model_type": "mllama_text_model", "num_hidden_layers": 40, "hidden_size": 4096,
-                          "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
-                          "vocab_size": 128256}}
+MLLAMA = {
+    "model_type": "mllama",
+    "vision_config": {"image_size": 560, "max_num_tiles": 4},
+    "text_config": {
+        "model_type": "mllama_text_model",
+        "num_hidden_layers": 40,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+    },
+}
 
 
 def test_multimodal_plan_says_blocks_unknown(tmp_path):
@@ -215,7 +301,9 @@ def test_multimodal_plan_says_blocks_unknown(tmp_path):
     assert "Maximum concurrency for 65,536 tokens per request: unknown" in r.text
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(MLLAMA))
-    out = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--gpu", "H100 SXM", "--max-model-len", "65536")
+    out = kvtuner(
+        "export", "--format", "vllm", "--hf-config", str(cfg), "--gpu", "H100 SXM", "--max-model-len", "65536"
+    )
     assert out.returncode == 0, out.stderr
     assert "# GPU blocks: unknown" in out.stdout and "vision encoder not modelled" in out.stderr
 
@@ -230,6 +318,7 @@ def test_bad_vllm_settings_say_what_to_change():
 
 
 # --- workload ----------------------------------------------------------------------------------------
+
 
 def test_workload_worst_and_expected_by_hand():
     per = 131072  # Llama-3.1-8B f16
@@ -266,9 +355,26 @@ def llama8b(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_plan_cli_workload_section(llama8b):
-    out = kvtuner("plan", str(llama8b), "--ctx", "65536", "-np", "4", "--kv-unified", "--window", "32768",
-                  "--avg-tokens", "8000", "--p95-tokens", "20000", "--shared-prefix", "2000", "--no-gpu", "--no-probe",
-                  "--json")
+    out = kvtuner(
+        "plan",
+        str(llama8b),
+        "--ctx",
+        "65536",
+        "-np",
+        "4",
+        "--kv-unified",
+        "--window",
+        "32768",
+        "--avg-tokens",
+        "8000",
+        "--p95-tokens",
+        "20000",
+        "--shared-prefix",
+        "2000",
+        "--no-gpu",
+        "--no-probe",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     w = json.loads(out.stdout)["workload"]
     assert w["llama_cpp"]["worst_bytes"] == 16 * GiB and w["llama_cpp"]["expected_bytes"] == 32000 * 131072
@@ -277,17 +383,50 @@ def test_plan_cli_workload_section(llama8b):
     items = {a["id"]: a for a in w["advice_items"]}
     assert items["workload-not-worst-safe"]["fix"] == {"n_ctx": 131072}
     # split streams: one unified pool sized for the P95 total (4 x 20000, padded to 256) would do
-    split = kvtuner("plan", str(llama8b), "--ctx", "131072", "-np", "4", "--avg-tokens", "8000", "--p95-tokens", "20000",
-                    "--no-gpu", "--no-probe", "--json")
+    split = kvtuner(
+        "plan",
+        str(llama8b),
+        "--ctx",
+        "131072",
+        "-np",
+        "4",
+        "--avg-tokens",
+        "8000",
+        "--p95-tokens",
+        "20000",
+        "--no-gpu",
+        "--no-probe",
+        "--json",
+    )
     assert split.returncode == 0, split.stderr
     ws = json.loads(split.stdout)["workload"]
     assert ws["llama_cpp"]["expected_tokens"] == ws["llama_cpp"]["worst_tokens"] == 131072
     adv = {a["id"]: a for a in ws["advice_items"]}["workload-unified-saves"]
-    assert adv["fix"] == {"kv_unified": True, "n_ctx": 80128} and f"{(131072 - 80000) * 131072 // (1 << 20)} MiB" in adv["message"]
-    text = kvtuner("plan", str(llama8b), "--ctx", "65536", "-np", "4", "--kv-unified", "--window", "32768",
-                   "--avg-tokens", "8000", "--no-gpu", "--no-probe")
+    assert (
+        adv["fix"] == {"kv_unified": True, "n_ctx": 80128}
+        and f"{(131072 - 80000) * 131072 // (1 << 20)} MiB" in adv["message"]
+    )
+    text = kvtuner(
+        "plan",
+        str(llama8b),
+        "--ctx",
+        "65536",
+        "-np",
+        "4",
+        "--kv-unified",
+        "--window",
+        "32768",
+        "--avg-tokens",
+        "8000",
+        "--no-gpu",
+        "--no-probe",
+    )
     assert text.returncode == 0, text.stderr
-    assert "worst case" in text.stdout and "16.00 GiB (131072)" in text.stdout and "llama-server shares no prefix" in text.stdout
+    assert (
+        "worst case" in text.stdout
+        and "16.00 GiB (131072)" in text.stdout
+        and "llama-server shares no prefix" in text.stdout
+    )
     assert "[warning] workload-not-worst-safe" in text.stdout and "fix: --ctx 131072" in text.stdout
     bad = kvtuner("plan", str(llama8b), "--window", "1000", "--avg-tokens", "5000", "--no-gpu", "--no-probe")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--avg-tokens" in bad.stderr
@@ -298,10 +437,10 @@ def test_plan_cli_workload_section(llama8b):
 #: 4 x 32K on a 24 GiB card: KV = 131072 tokens x 2 x n_layer x n_kv_head x 128 x bytes.
 FOUR_BY_32K_KV_GIB = {
     # elements per token: 2 x n_layer x n_kv_head x 128; bytes: f16 2, q8_0 34/32, fp8 1
-    "Llama-3.1-8B": {"f16": 16.0, "q8_0": 8.5, "fp8": 8.0},      # 2 x 32 x 8 x 128 = 65536
-    "Qwen2.5-7B": {"f16": 7.0, "q8_0": 3.71875, "fp8": 3.5},     # 2 x 28 x 4 x 128 = 28672
-    "Qwen2.5-14B": {"f16": 24.0, "q8_0": 12.75, "fp8": 12.0},    # 2 x 48 x 8 x 128 = 98304
-    "Qwen2.5-32B": {"f16": 32.0, "q8_0": 17.0, "fp8": 16.0},     # 2 x 64 x 8 x 128 = 131072
+    "Llama-3.1-8B": {"f16": 16.0, "q8_0": 8.5, "fp8": 8.0},  # 2 x 32 x 8 x 128 = 65536
+    "Qwen2.5-7B": {"f16": 7.0, "q8_0": 3.71875, "fp8": 3.5},  # 2 x 28 x 4 x 128 = 28672
+    "Qwen2.5-14B": {"f16": 24.0, "q8_0": 12.75, "fp8": 12.0},  # 2 x 48 x 8 x 128 = 98304
+    "Qwen2.5-32B": {"f16": 32.0, "q8_0": 17.0, "fp8": 16.0},  # 2 x 64 x 8 x 128 = 131072
     "Llama-2-13B": {"f16": 100.0, "q8_0": 53.125, "fp8": 50.0},  # 2 x 40 x 40 x 128 = 409600
 }
 
@@ -310,8 +449,15 @@ FOUR_BY_32K_KV_GIB = {
 def test_decision_table_24gib_four_by_32k(name):
     m = model(name)
     weights = m.n_params * 2  # bf16, as vLLM loads it
-    cells = decision_table(m, 24 * GiB, weights_bytes=weights, seqs=[4], windows=[32768], kv_types=["f16", "q8_0", "fp8"],
-                           bandwidth_bytes_s=936.2e9)
+    cells = decision_table(
+        m,
+        24 * GiB,
+        weights_bytes=weights,
+        seqs=[4],
+        windows=[32768],
+        kv_types=["f16", "q8_0", "fp8"],
+        bandwidth_bytes_s=936.2e9,
+    )
     for c in cells:
         assert c.kv_bytes == FOUR_BY_32K_KV_GIB[name][c.kv_type] * GiB
         assert c.total_bytes == weights + c.kv_bytes + GiB
@@ -319,8 +465,10 @@ def test_decision_table_24gib_four_by_32k(name):
         assert c.decode_tok_s == pytest.approx(4 * 936.2e9 / (weights + c.kv_bytes))
     fits = {c.kv_type: c.fits for c in cells}
     # Only Llama-3.1-8B (14.96 GiB bf16 + 8 GiB fp8 KV + 1 GiB = 23.96 GiB) and Qwen2.5-7B fp8/f16 fit at bf16
-    expected = {"Llama-3.1-8B": {"f16": False, "q8_0": False, "fp8": True},
-                "Qwen2.5-7B": {"f16": True, "q8_0": True, "fp8": True}}.get(name, {"f16": False, "q8_0": False, "fp8": False})
+    expected = {
+        "Llama-3.1-8B": {"f16": False, "q8_0": False, "fp8": True},
+        "Qwen2.5-7B": {"f16": True, "q8_0": True, "fp8": True},
+    }.get(name, {"f16": False, "q8_0": False, "fp8": False})
     assert fits == expected
     assert kv_bytes_per_token(m, "fp8") * 4 * 32768 == FOUR_BY_32K_KV_GIB[name]["fp8"] * GiB
 
@@ -328,8 +476,21 @@ def test_decision_table_24gib_four_by_32k(name):
 def test_table_cli_hf_config_and_gguf(tmp_path, llama8b):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CONFIGS["Qwen2.5-14B"]))
-    out = kvtuner("plan", "--table", "--hf-config", str(cfg), "--gpu-mem", "24G", "--table-seqs", "4",
-                  "--table-windows", "32768", "--weight-bits", "4.85", "--json")
+    out = kvtuner(
+        "plan",
+        "--table",
+        "--hf-config",
+        str(cfg),
+        "--gpu-mem",
+        "24G",
+        "--table-seqs",
+        "4",
+        "--table-windows",
+        "32768",
+        "--weight-bits",
+        "4.85",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     kv = {c["kv_type"]: c["kv_bytes"] for c in d["cells"]}
@@ -345,6 +506,7 @@ def test_table_cli_hf_config_and_gguf(tmp_path, llama8b):
 
 # --- export ------------------------------------------------------------------------------------------
 
+
 def test_vllm_export_render_and_cli(llama8b):
     cfg = PlanConfig(n_ctx=131072, n_seq=4, type_k="q8_0", type_v="q8_0", flash_attn="on")
     s = settings_from_config(cfg)
@@ -353,15 +515,29 @@ def test_vllm_export_render_and_cli(llama8b):
     m = model("Llama-3.1-8B")
     r = render("meta-llama/Llama-3.1-8B-Instruct", m, cfg, s, int(23.58 * GiB))
     first = r.text.splitlines()[0]
-    assert first == ("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768 --gpu-memory-utilization 0.9 "
-                     "--max-num-seqs 4 --kv-cache-dtype fp8 --enable-prefix-caching")
+    assert first == (
+        "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768 --gpu-memory-utilization 0.9 "
+        "--max-num-seqs 4 --kv-cache-dtype fp8 --enable-prefix-caching"
+    )
     p = plan_vllm(m, s, int(23.58 * GiB))
     assert f"# GPU blocks: {p.num_blocks}" in r.text and f"GPU KV cache size: {p.kv_tokens:,} tokens" in r.text
     assert f"Maximum concurrency for 32,768 tokens per request: {p.max_concurrency:.2f}x" in r.text
     assert "LLM(model='meta-llama/Llama-3.1-8B-Instruct', max_model_len=32768" in r.text
     assert any("GGUF" in x for x in r.limitations) and any("prefix caching" in x for x in r.limitations)
-    out = kvtuner("export", str(llama8b), "--format", "vllm", "--hf-model", "meta-llama/Llama-3.1-8B", "-c", "131072",
-                  "-np", "4", "--gpu", "RTX 3090")
+    out = kvtuner(
+        "export",
+        str(llama8b),
+        "--format",
+        "vllm",
+        "--hf-model",
+        "meta-llama/Llama-3.1-8B",
+        "-c",
+        "131072",
+        "-np",
+        "4",
+        "--gpu",
+        "RTX 3090",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768")
     assert "GPU KV cache size" in out.stdout and "kvtuner: note:" in out.stderr

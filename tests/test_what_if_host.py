@@ -9,18 +9,26 @@ import json
 import pytest
 
 from kvtuner.cli import main
-from kvtuner.core.hardware.memory_catalogue import (EXAMPLE_CONFIGS, MEMORY_TYPES, HostMemoryError, parse_host_memory,
-                                                    parse_pcie_link)
+from kvtuner.core.hardware.memory_catalogue import (
+    EXAMPLE_CONFIGS,
+    MEMORY_TYPES,
+    HostMemoryError,
+    parse_host_memory,
+    parse_pcie_link,
+)
 from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped MXFP4 fixture)
 
 
-@pytest.mark.parametrize("text, name, theoretical_gb_s, typical_gb_s", [
-    ("DDR4-3200x2", "DDR4-3200x2", 51.2, 51.2 * 0.88),
-    ("ddr5 6000 x2", "DDR5-6000x2", 96.0, 96.0 * 0.72),
-    ("DDR4-3200x4", "DDR4-3200x4", 102.4, 102.4 * 0.88),
-    ("LPDDR5-6400x2", "LPDDR5-6400x2", 102.4, 102.4 * 0.75),
-    ("DDR5-4800x8", "DDR5-4800x8", 307.2, 307.2 * 0.72),
-])
+@pytest.mark.parametrize(
+    "text, name, theoretical_gb_s, typical_gb_s",
+    [
+        ("DDR4-3200x2", "DDR4-3200x2", 51.2, 51.2 * 0.88),
+        ("ddr5 6000 x2", "DDR5-6000x2", 96.0, 96.0 * 0.72),
+        ("DDR4-3200x4", "DDR4-3200x4", 102.4, 102.4 * 0.88),
+        ("LPDDR5-6400x2", "LPDDR5-6400x2", 102.4, 102.4 * 0.75),
+        ("DDR5-4800x8", "DDR5-4800x8", 307.2, 307.2 * 0.72),
+    ],
+)
 def test_memory_catalogue_theoretical_and_typical(text, name, theoretical_gb_s, typical_gb_s):
     """Theoretical = MT/s x 8 bytes x 64-bit channels; typical = theoretical x the type's
     measured read efficiency, each type with its source."""
@@ -38,13 +46,16 @@ def test_every_memory_type_and_example_has_a_source():
         assert parse_host_memory(name).name == name
 
 
-@pytest.mark.parametrize("text, match", [
-    ("DDR4", "is not a memory configuration: give TYPE-MTSxCHANNELS"),
-    ("SDR-133x1", "memory type SDR is not known; give one of DDR3, DDR4, DDR5"),
-    ("GDDR6-14000x2", "memory type GDDR6 is not known"),
-    ("DDR4-9000x2", "DDR4 runs at 1600-4800 MT/s, not 9000"),
-    ("DDR5-6000x0", "give 1 to 16 64-bit channels, not 0"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("DDR4", "is not a memory configuration: give TYPE-MTSxCHANNELS"),
+        ("SDR-133x1", "memory type SDR is not known; give one of DDR3, DDR4, DDR5"),
+        ("GDDR6-14000x2", "memory type GDDR6 is not known"),
+        ("DDR4-9000x2", "DDR4 runs at 1600-4800 MT/s, not 9000"),
+        ("DDR5-6000x0", "give 1 to 16 64-bit channels, not 0"),
+    ],
+)
 def test_memory_configuration_errors_say_what_to_give(text, match):
     with pytest.raises(HostMemoryError, match=match):
         parse_host_memory(text)
@@ -67,14 +78,26 @@ def _plan(capsys, model, *argv: str) -> dict:
 def test_plan_for_a_what_if_host_names_it(gpt_oss, capsys):  # noqa: F811
     """The issue's command: RTX 3060 12GB on a 6-core DDR4-3200 dual-channel host, PCIe 4.0 x16,
     20 layers of experts on the CPU; the JSON and the text both name that host."""
-    argv = ["--gpu", "RTX 3060 12GB", "--host-mem", "DDR4-3200x2", "--host-cores", "6", "--pcie", "4x16",
-            "--n-cpu-moe", "20"]
+    argv = [
+        "--gpu",
+        "RTX 3060 12GB",
+        "--host-mem",
+        "DDR4-3200x2",
+        "--host-cores",
+        "6",
+        "--pcie",
+        "4x16",
+        "--n-cpu-moe",
+        "20",
+    ]
     d = _plan(capsys, gpt_oss, *argv)
     host = d["speed"]["host"]
     assert host["what_if"] and host["memory"] == "DDR4-3200x2" and host["n_cores"] == 6 and host["pcie"] == "4.0 x16"
     assert host["mem_theoretical_bytes_s"] == pytest.approx(51.2e9)
     assert host["mem_bandwidth_bytes_s"] == pytest.approx(51.2e9 * 0.88)
-    assert host["name"] == "what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, PCIe 4.0 x16"
+    assert (
+        host["name"] == "what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, PCIe 4.0 x16"
+    )
     assert d["speed"]["n_threads"] == 6
     assert any("decode capped at 45.1 GB/s" in s for s in d["speed"]["sources"])
     assert any("PCIe 4.0 x16 (the what-if host's slot)" in s for s in d["speed"]["sources"])
@@ -99,21 +122,28 @@ def test_each_host_flag_moves_the_prediction(gpt_oss, capsys):  # noqa: F811
     egpu = _plan(capsys, gpt_oss, *base, "--host-bw", "60", "--pcie", "3x4")["speed"]
     assert egpu["host"]["pcie"] == "3.0 x4"
     assert egpu["prefill_tok_s"] < 0.5 * fast_ram["prefill_tok_s"]
-    few = _plan(capsys, gpt_oss, "--gpu", "RTX 3060 12GB", "--n-cpu-moe", "20", "--host-bw", "60",
-                "--host-cores", "2")["speed"]
+    few = _plan(capsys, gpt_oss, "--gpu", "RTX 3060 12GB", "--n-cpu-moe", "20", "--host-bw", "60", "--host-cores", "2")[
+        "speed"
+    ]
     assert few["n_threads"] == 2 and few["decode_tok_s"] < fast_ram["decode_tok_s"]
     threads = _plan(capsys, gpt_oss, *base, "--host-bw", "60", "-t", "3")["speed"]
     assert threads["n_threads"] == 3  # -t picks the threads on the host's cores
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--host-mem", "DDR4"], "kvtuner: --host-mem: 'DDR4' is not a memory configuration: give TYPE-MTSxCHANNELS"),
-    (["--host-mem", "DDR4-3200x2", "--host-bw", "40"], "give --host-mem (a named memory configuration) or --host-bw"),
-    (["--host-bw", "0"], "--host-bw is GB/s of RAM bandwidth (0.5 to 10000), not 0"),
-    (["--host-cores", "0"], "--host-cores must be 1 to 1024 physical cores, not 0"),
-    (["--pcie", "4x3"], "kvtuner: --pcie: '4x3': a PCIe link has 1, 2, 4, 8 or 16 lanes, not 3"),
-    (["bench", "--host-cores", "6"], "bench measures this machine: --host-cores describes a what-if host"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--host-mem", "DDR4"], "kvtuner: --host-mem: 'DDR4' is not a memory configuration: give TYPE-MTSxCHANNELS"),
+        (
+            ["--host-mem", "DDR4-3200x2", "--host-bw", "40"],
+            "give --host-mem (a named memory configuration) or --host-bw",
+        ),
+        (["--host-bw", "0"], "--host-bw is GB/s of RAM bandwidth (0.5 to 10000), not 0"),
+        (["--host-cores", "0"], "--host-cores must be 1 to 1024 physical cores, not 0"),
+        (["--pcie", "4x3"], "kvtuner: --pcie: '4x3': a PCIe link has 1, 2, 4, 8 or 16 lanes, not 3"),
+        (["bench", "--host-cores", "6"], "bench measures this machine: --host-cores describes a what-if host"),
+    ],
+)
 def test_bad_host_flags_are_one_line_and_exit_2(argv, message, capsys):
     cmd = ["plan", "--no-probe", *argv] if argv[0] != "bench" else argv
     assert main(cmd) == 2

@@ -55,6 +55,7 @@ def load_rows(path: Path = HERE / "rows.json") -> dict:
 def spec_from_fixture(fx: dict):
     """A gguf_factory.ModelSpec from a row's ``fixture`` (type names as strings)."""
     import gguf
+
     from gguf_factory import ModelSpec
 
     q = gguf.GGMLQuantizationType
@@ -177,8 +178,13 @@ def kind_of(kind: str, dev: str) -> str:
 
 def compare_row(row: dict, workdir: Path) -> dict:
     """Plan one row; returns its per-buffer comparison (or why it was not planned)."""
-    res = {"id": row["id"], "split": row["split"], "build_group": row["build_group"], "ngl_rule": row["ngl_rule"],
-           "build": row["build"].get("number")}
+    res = {
+        "id": row["id"],
+        "split": row["split"],
+        "build_group": row["build_group"],
+        "ngl_rule": row["ngl_rule"],
+        "build": row["build"].get("number"),
+    }
     partial = row.get("partial_check")
     if not row.get("plannable") and not partial:
         res["status"] = "not plannable yet"
@@ -209,11 +215,25 @@ def compare_row(row: dict, workdir: Path) -> dict:
             excluded = "host weights of a partial offload: mmap span (+ CPU_AARCH64 repack), not a byte count"
         # the log prints 2 decimals: a difference inside that rounding is no error
         err = 0.0 if abs(p - mib) <= 0.005 else ((p - mib) / mib if mib else None)
-        buffers.append({"kind": kind, "device": dev, "bucket": kind_of(kind, dev), "logged_mib": round(mib, 2),
-                        "planned_mib": round(p, 2), "rel_err": None if err is None else round(err, 4),
-                        "excluded": excluded})
-    res.update(status="partial" if partial else "planned", kvtuner_args=args, adapt=adapt, buffers=buffers,
-               fixture_weights_mib=round(sum(tensor_bytes(spec).values()) / MiB, 2), warnings=plan.get("warnings", []))
+        buffers.append(
+            {
+                "kind": kind,
+                "device": dev,
+                "bucket": kind_of(kind, dev),
+                "logged_mib": round(mib, 2),
+                "planned_mib": round(p, 2),
+                "rel_err": None if err is None else round(err, 4),
+                "excluded": excluded,
+            }
+        )
+    res.update(
+        status="partial" if partial else "planned",
+        kvtuner_args=args,
+        adapt=adapt,
+        buffers=buffers,
+        fixture_weights_mib=round(sum(tensor_bytes(spec).values()) / MiB, 2),
+        warnings=plan.get("warnings", []),
+    )
     return res
 
 
@@ -230,7 +250,9 @@ def medians(results: list[dict]) -> dict:
     for (split, group, bucket), errs in sorted(cells.items()):
         out.setdefault(split, {}).setdefault(group, {})[bucket] = {
             "median_abs_rel_err": round(statistics.median(abs(e) for e in errs), 4),
-            "median_signed_rel_err": round(statistics.median(errs), 4), "n": len(errs)}
+            "median_signed_rel_err": round(statistics.median(errs), 4),
+            "n": len(errs),
+        }
     return out
 
 
@@ -242,20 +264,26 @@ def render(results: list[dict], med: dict) -> str:
     lines.append("-" * len(hdr))
     for r in results:
         if r["status"] == "not plannable yet":
-            lines.append(f"{r['id']:44} {r['split']:9} {str(r['build'] or '?'):>5} NOT PLANNABLE YET: {r['reason']}")
+            lines.append(f"{r['id']:44} {r['split']:9} {r['build'] or '?'!s:>5} NOT PLANNABLE YET: {r['reason']}")
             continue
         for b in r["buffers"]:
             err = "" if b["rel_err"] is None else f"{b['rel_err'] * 100:+.1f}%"
             note = f"n/c: {b['excluded']}" if b["excluded"] else ""
-            lines.append(f"{r['id']:44} {r['split']:9} {str(r['build'] or '?'):>5} {b['kind'] + ' ' + b['device']:15} "
-                         f"{b['logged_mib']:9.2f} {b['planned_mib']:9.2f} {err:>8}  {note}")
+            lines.append(
+                f"{r['id']:44} {r['split']:9} {r['build'] or '?'!s:>5} {b['kind'] + ' ' + b['device']:15} "
+                f"{b['logged_mib']:9.2f} {b['planned_mib']:9.2f} {err:>8}  {note}"
+            )
     lines.append("")
-    lines.append("median |relative error| (signed median, n) per buffer kind; n/c buffers left out"
-                 " (not_plannable: the parts partial checks compare)")
+    lines.append(
+        "median |relative error| (signed median, n) per buffer kind; n/c buffers left out"
+        " (not_plannable: the parts partial checks compare)"
+    )
     for split in ("fit", "held_out", "not_plannable"):
         for group, buckets in med.get(split, {}).items():
-            cells = ", ".join(f"{k} {v['median_abs_rel_err'] * 100:.1f}% ({v['median_signed_rel_err'] * 100:+.1f}%, n={v['n']})"
-                              for k, v in sorted(buckets.items(), key=lambda kv: KINDS.index(kv[0])))
+            cells = ", ".join(
+                f"{k} {v['median_abs_rel_err'] * 100:.1f}% ({v['median_signed_rel_err'] * 100:+.1f}%, n={v['n']})"
+                for k, v in sorted(buckets.items(), key=lambda kv: KINDS.index(kv[0]))
+            )
             lines.append(f"  {split:9} {group}: {cells}")
     return "\n".join(lines)
 

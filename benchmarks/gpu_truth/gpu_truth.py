@@ -46,9 +46,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -67,10 +68,10 @@ class Fixture:
 
     key: str
     kind: str
-    spec: str = ""          # gguf_factory attribute (LLAMA31_8B ...) or a ModelSpec expression
-    quant: str = ""         # q4_k_m | q8_0 | "" (the spec's own weight type)
-    shape: str = ""         # GQA / MHA / SWA / MoE / default, for the tables
-    small: bool = False     # cheap enough for real loads and compute in CPU mode
+    spec: str = ""  # gguf_factory attribute (LLAMA31_8B ...) or a ModelSpec expression
+    quant: str = ""  # q4_k_m | q8_0 | "" (the spec's own weight type)
+    shape: str = ""  # GQA / MHA / SWA / MoE / default, for the tables
+    small: bool = False  # cheap enough for real loads and compute in CPU mode
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,14 @@ FIXTURES_GPU = (
 # CPU rehearsal: the same files plus tiny F16 ones that compute quickly (F16 weights also keep
 # llama.cpp's AMX path out of the CPU runs; see README: AMX state is lost on this VM)
 TINY_LLAMA = "ModelSpec(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=2048, name='tiny llama GQA')"
-TINY_GEMMA = ("ModelSpec(arch='gemma3', n_layer=6, n_embd=512, n_head=2, n_head_kv=1, head_dim=256, n_ff=1024, "
-              "n_vocab=2048, sliding_window=128, swa_pattern=6, tied_output=True, name='tiny gemma3 head 256')")
-TINY_MOE = ("ModelSpec(arch='qwen3moe', n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=2048, "
-            "n_expert=8, n_expert_used=2, n_ff_exp=128, name='tiny qwen3moe')")
+TINY_GEMMA = (
+    "ModelSpec(arch='gemma3', n_layer=6, n_embd=512, n_head=2, n_head_kv=1, head_dim=256, n_ff=1024, "
+    "n_vocab=2048, sliding_window=128, swa_pattern=6, tied_output=True, name='tiny gemma3 head 256')"
+)
+TINY_MOE = (
+    "ModelSpec(arch='qwen3moe', n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=2048, "
+    "n_expert=8, n_expert_used=2, n_ff_exp=128, name='tiny qwen3moe')"
+)
 FIXTURES_TINY = (
     Fixture("tiny-llama-f16", "factory", TINY_LLAMA, "", "GQA", small=True),
     Fixture("tiny-moe-f16", "factory", TINY_MOE, "", "MoE", small=True),
@@ -155,7 +160,13 @@ C32K = ("--ctx", "32768")
 def buffer_rows_full() -> list[BufferRow]:
     """The GPU matrix (also run in CPU mode, where real loads are limited to small models).
     Order = priority (the budget may stop the tail)."""
-    L8, L7, G12, MOE, D = "llama31-8b-q4km", "llama2-7b-q4km", "gemma3-12b-q4km", "qwen3-30b-a3b-q4km", "gemma3-270m-zero"
+    L8, L7, G12, MOE, D = (
+        "llama31-8b-q4km",
+        "llama2-7b-q4km",
+        "gemma3-12b-q4km",
+        "qwen3-30b-a3b-q4km",
+        "gemma3-270m-zero",
+    )
     q8 = ("-ctk", "q8_0", "-ctv", "q8_0")
     q4 = ("-ctk", "q4_0", "-ctv", "q4_0")
     return [
@@ -165,8 +176,16 @@ def buffer_rows_full() -> list[BufferRow]:
         BufferRow("gqa-ngl16-8k", L8, C8K + FA_ON + ("--ngl", "16"), True, "-ngl 16"),
         BufferRow("gqa-ngl32-8k", L8, C8K + FA_ON + ("--ngl", "32"), True, "-ngl n_layer: layer 0 stays on the host"),
         BufferRow("gqa-nkvo-8k", L8, C8K + FA_ON + ("--kv-gpu-layers", "0"), True, "-nkvo"),
-        BufferRow("gqa-kvsplit8-8k", L8, C8K + FA_ON + ("--kv-gpu-layers", "8"), True, "KV split: 8 layers' KV in VRAM (-ot)"),
-        BufferRow("gqa-kvsplit24-8k", L8, C8K + FA_ON + ("--kv-gpu-layers", "24"), True, "KV split: 24 layers' KV in VRAM (-ot)"),
+        BufferRow(
+            "gqa-kvsplit8-8k", L8, C8K + FA_ON + ("--kv-gpu-layers", "8"), True, "KV split: 8 layers' KV in VRAM (-ot)"
+        ),
+        BufferRow(
+            "gqa-kvsplit24-8k",
+            L8,
+            C8K + FA_ON + ("--kv-gpu-layers", "24"),
+            True,
+            "KV split: 24 layers' KV in VRAM (-ot)",
+        ),
         BufferRow("gqa-full-32k", L8, C32K + FA_ON),
         BufferRow("gqa-faoff-8k", L8, C8K + ("-fa", "off")),
         BufferRow("gqa-q8kv-8k", L8, C8K + FA_ON + q8),
@@ -183,7 +202,9 @@ def buffer_rows_full() -> list[BufferRow]:
         BufferRow("default-faoff-8k", D, C8K + ("-fa", "off")),
         BufferRow("swa-ngl24-8k", G12, C8K + FA_ON + ("--ngl", "24"), True),
         BufferRow("swa-nkvo-8k", G12, C8K + FA_ON + ("--kv-gpu-layers", "0"), True),
-        BufferRow("swa-kvsplit24-8k", G12, C8K + FA_ON + ("--kv-gpu-layers", "24"), True, "KV split (-ot) on an iSWA model"),
+        BufferRow(
+            "swa-kvsplit24-8k", G12, C8K + FA_ON + ("--kv-gpu-layers", "24"), True, "KV split (-ot) on an iSWA model"
+        ),
         BufferRow("swa-full-32k", G12, C32K + FA_ON),
         BufferRow("swa-faoff-8k", G12, C8K + ("-fa", "off")),
         BufferRow("swa-q8kv-8k", G12, C8K + FA_ON + q8, note="head 256, quantized KV"),
@@ -209,8 +230,14 @@ TIER1_SPEED = 6
 
 
 def speed_rows_gpu() -> list[SpeedRow]:
-    L8, L8Q8, L7, G12, MOE, D = ("llama31-8b-q4km", "llama31-8b-q8", "llama2-7b-q4km", "gemma3-12b-q4km",
-                                 "qwen3-30b-a3b-q4km", "gemma3-270m-zero")
+    L8, L8Q8, L7, G12, MOE, D = (
+        "llama31-8b-q4km",
+        "llama31-8b-q8",
+        "llama2-7b-q4km",
+        "gemma3-12b-q4km",
+        "qwen3-30b-a3b-q4km",
+        "gemma3-270m-zero",
+    )
     c16 = ("--ctx", "16384") + FA_ON
     q8 = ("-ctk", "q8_0", "-ctv", "q8_0")
     return [
@@ -237,9 +264,20 @@ def speed_rows_cpu(quick: bool) -> list[SpeedRow]:
     if not quick:
         rows += [
             SpeedRow("tiny-d256", T, c, n_prompt=64, n_gen=16, n_depth=256, reps=1, threads=1),
-            SpeedRow("tiny-swa-f16kv-d256", TG, c, n_prompt=64, n_gen=16, n_depth=256, reps=1, threads=1, note="head 256"),
-            SpeedRow("tiny-swa-q8kv-d256", TG, c + ("-ctk", "q8_0", "-ctv", "q8_0"), n_prompt=64, n_gen=16, n_depth=256,
-                     reps=1, threads=1, note="head 256, q8_0 KV"),
+            SpeedRow(
+                "tiny-swa-f16kv-d256", TG, c, n_prompt=64, n_gen=16, n_depth=256, reps=1, threads=1, note="head 256"
+            ),
+            SpeedRow(
+                "tiny-swa-q8kv-d256",
+                TG,
+                c + ("-ctk", "q8_0", "-ctv", "q8_0"),
+                n_prompt=64,
+                n_gen=16,
+                n_depth=256,
+                reps=1,
+                threads=1,
+                note="head 256, q8_0 KV",
+            ),
         ]
     return rows
 
@@ -255,26 +293,49 @@ def sweep_rows_gpu() -> list[SweepRow]:
     d3, d2 = (0, 8192, 32768), (0, 8192)
     return [
         SweepRow("oss-cpumoe24-ub512", OSS, c + ("--n-cpu-moe", "24"), d3, note="every expert in RAM, -ub 512"),
-        SweepRow("oss-cpumoe24-ub4096", OSS, c + ("--n-cpu-moe", "24", "-ub", "4096", "-b", "4096"),
-                 note="every expert in RAM, -ub 4096"),
+        SweepRow(
+            "oss-cpumoe24-ub4096",
+            OSS,
+            c + ("--n-cpu-moe", "24", "-ub", "4096", "-b", "4096"),
+            note="every expert in RAM, -ub 4096",
+        ),
         SweepRow("dense-ngl16", L8, c + ("--ngl", "16"), d3, note="half the layers on the CPU"),
         SweepRow("dense-nkvo", L8, c + ("--kv-gpu-layers", "0"), d3, note="-nkvo: all KV in RAM"),
         SweepRow("oss-full", OSS, c, d3, note="full offload (the reference)"),
         SweepRow("dense-full", L8, c, d3, note="full offload (the reference)"),
-        SweepRow("oss-cpumoe24-noopoff", OSS, c + ("--n-cpu-moe", "24"), op_offload=False,
-                 note="every expert in RAM, --no-op-offload: prefill on the CPU"),
-        SweepRow("oss-cpumoe24-ub2048", OSS, c + ("--n-cpu-moe", "24", "-ub", "2048", "-b", "2048"),
-                 note="every expert in RAM, -ub 2048"),
+        SweepRow(
+            "oss-cpumoe24-noopoff",
+            OSS,
+            c + ("--n-cpu-moe", "24"),
+            op_offload=False,
+            note="every expert in RAM, --no-op-offload: prefill on the CPU",
+        ),
+        SweepRow(
+            "oss-cpumoe24-ub2048",
+            OSS,
+            c + ("--n-cpu-moe", "24", "-ub", "2048", "-b", "2048"),
+            note="every expert in RAM, -ub 2048",
+        ),
         SweepRow("oss-cpumoe12", OSS, c + ("--n-cpu-moe", "12"), d2, note="half the layers' experts in RAM"),
         SweepRow("dense-kvsplit16", L8, c + ("--kv-gpu-layers", "16"), d3, note="KV split: 16 of 32 layers' KV in RAM"),
-        SweepRow("dense-ngl16-noopoff", L8, c + ("--ngl", "16"), op_offload=False,
-                 note="half the layers on the CPU, --no-op-offload"),
+        SweepRow(
+            "dense-ngl16-noopoff",
+            L8,
+            c + ("--ngl", "16"),
+            op_offload=False,
+            note="half the layers on the CPU, --no-op-offload",
+        ),
         SweepRow("dense-ngl24", L8, c + ("--ngl", "24"), d2, note="a quarter of the layers on the CPU"),
         SweepRow("dense-ngl8", L8, c + ("--ngl", "8"), note="three quarters of the layers on the CPU"),
         SweepRow("oss-cpumoe6", OSS, c + ("--n-cpu-moe", "6"), note="a quarter of the layers' experts in RAM"),
         SweepRow("oss-ngl12", OSS, c + ("--ngl", "12"), note="half the layers (attention and experts) on the CPU"),
-        SweepRow("dense-nkvo-ub2048", L8, c + ("--kv-gpu-layers", "0", "-ub", "2048", "-b", "2048"), (0, 8192),
-                 note="-nkvo, -ub 2048"),
+        SweepRow(
+            "dense-nkvo-ub2048",
+            L8,
+            c + ("--kv-gpu-layers", "0", "-ub", "2048", "-b", "2048"),
+            (0, 8192),
+            note="-nkvo, -ub 2048",
+        ),
     ]
 
 
@@ -284,11 +345,15 @@ def sweep_rows_cpu(quick: bool) -> list[SweepRow]:
     T, M = "tiny-llama-f16", "tiny-moe-f16"
     c = ("--ctx", "1024") + FA_ON
     small = {"n_prompt": 64, "n_gen": 4}
-    rows = [SweepRow("tiny-moe-cpumoe2", M, c + ("--n-cpu-moe", "2"), (0, 256), **small),  # type: ignore[arg-type]
-            SweepRow("tiny-ngl2-noopoff", T, c + ("--ngl", "2"), op_offload=False, **small)]  # type: ignore[arg-type]
+    rows = [
+        SweepRow("tiny-moe-cpumoe2", M, c + ("--n-cpu-moe", "2"), (0, 256), **small),  # type: ignore[arg-type]
+        SweepRow("tiny-ngl2-noopoff", T, c + ("--ngl", "2"), op_offload=False, **small),
+    ]  # type: ignore[arg-type]
     if not quick:
-        rows += [SweepRow("tiny-nkvo", T, c + ("--kv-gpu-layers", "0"), (0, 256), **small),  # type: ignore[arg-type]
-                 SweepRow("tiny-moe-ub64", M, c + ("--n-cpu-moe", "4", "-ub", "64", "-b", "64"), **small)]  # type: ignore[arg-type]
+        rows += [
+            SweepRow("tiny-nkvo", T, c + ("--kv-gpu-layers", "0"), (0, 256), **small),  # type: ignore[arg-type]
+            SweepRow("tiny-moe-ub64", M, c + ("--n-cpu-moe", "4", "-ub", "64", "-b", "64"), **small),
+        ]  # type: ignore[arg-type]
     return rows
 
 
@@ -365,8 +430,9 @@ def run_cmd(ctx: Ctx, argv: list[str], timeout_s: float, *, cwd: Path | None = N
     timeout_s = max(1.0, min(timeout_s, ctx.budget.left() + 10.0))
     rec: dict[str, Any] = {"cmd": shlex.join(argv), "timeout_s": round(timeout_s, 1)}
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=ctx.env,
-                           cwd=str(cwd or ctx.work))
+        p = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=ctx.env, cwd=str(cwd or ctx.work)
+        )
         rec.update(rc=p.returncode, stdout=p.stdout, stderr=_tail(p.stderr, 30), timed_out=False)
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
@@ -409,13 +475,17 @@ def _first_error(rec: dict) -> str:
 # llama.cpp log parsing (printf formats of the llama.cpp vendored by llama-cpp-python 0.3.36)
 
 _F = r"([0-9]+(?:\.[0-9]+)?)"
-RE_MODEL = re.compile(rf"^load_tensors:\s+(\S+) model buffer size =\s*{_F} MiB")         # llama-model.cpp
-RE_KVBUF = re.compile(rf"^llama_kv_cache:\s+(\S+) KV buffer size =\s*{_F} MiB")         # llama-kv-cache.cpp
-RE_OUT = re.compile(rf"^llama_context:\s+(\S+)\s+output buffer size =\s*{_F} MiB")       # llama-context.cpp
+RE_MODEL = re.compile(rf"^load_tensors:\s+(\S+) model buffer size =\s*{_F} MiB")  # llama-model.cpp
+RE_KVBUF = re.compile(rf"^llama_kv_cache:\s+(\S+) KV buffer size =\s*{_F} MiB")  # llama-kv-cache.cpp
+RE_OUT = re.compile(rf"^llama_context:\s+(\S+)\s+output buffer size =\s*{_F} MiB")  # llama-context.cpp
 RE_COMPUTE = re.compile(rf"^sched_reserve:\s+(\S+) compute buffer size =\s*{_F} MiB")  # llama-context.cpp
-RE_KVSIZE = re.compile(rf"^llama_kv_cache: size =\s*{_F} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\), "
-                       rf"K \((\w+)\):\s*{_F} MiB, V \((\w+)\):\s*{_F} MiB")
-RE_GRAPH = re.compile(r"graph(?: \(pp bs=(\d+), tg bs=(\d+)\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?")
+RE_KVSIZE = re.compile(
+    rf"^llama_kv_cache: size =\s*{_F} MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*(\d+)/(\d+) seqs\), "
+    rf"K \((\w+)\):\s*{_F} MiB, V \((\w+)\):\s*{_F} MiB"
+)
+RE_GRAPH = re.compile(
+    r"graph(?: \(pp bs=(\d+), tg bs=(\d+)\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?"
+)
 RE_OFFLOADED = re.compile(r"^load_tensors: offloaded (\d+)/(\d+) layers to GPU")
 RE_FA = re.compile(r"^llama_context: flash_attn\s+= (\S+)")
 RE_GPU_BUFT = re.compile(r"^(CUDA|ROCm|Vulkan|Metal|SYCL|MUSA)\d+$")
@@ -432,8 +502,18 @@ def is_gpu_buft(buft: str) -> bool:
 
 def parse_log(lines: list[list[str]]) -> dict:
     """Buffers per buffer type (MiB as printed), KV caches, graph, offload and FA lines."""
-    out: dict[str, Any] = {"model_mib": {}, "kv_mib": {}, "compute_mib": {}, "output_mib": {}, "kv_caches": [],
-                           "graph": None, "offloaded": None, "flash_attn": None, "errors": [], "notable": []}
+    out: dict[str, Any] = {
+        "model_mib": {},
+        "kv_mib": {},
+        "compute_mib": {},
+        "output_mib": {},
+        "kv_caches": [],
+        "graph": None,
+        "offloaded": None,
+        "flash_attn": None,
+        "errors": [],
+        "notable": [],
+    }
 
     def add(table: str, buft: str, mib: str) -> None:
         out[table][buft] = round(out[table].get(buft, 0.0) + float(mib), 2)
@@ -442,9 +522,19 @@ def parse_log(lines: list[list[str]]) -> dict:
         if level == "error":
             out["errors"].append(line)
         if m := RE_KVSIZE.match(line):
-            out["kv_caches"].append({"size_mib": float(m.group(1)), "cells": int(m.group(2)), "layers": int(m.group(3)),
-                                     "n_seq": int(m.group(4)), "n_stream": int(m.group(5)), "type_k": m.group(6),
-                                     "k_mib": float(m.group(7)), "type_v": m.group(8), "v_mib": float(m.group(9))})
+            out["kv_caches"].append(
+                {
+                    "size_mib": float(m.group(1)),
+                    "cells": int(m.group(2)),
+                    "layers": int(m.group(3)),
+                    "n_seq": int(m.group(4)),
+                    "n_stream": int(m.group(5)),
+                    "type_k": m.group(6),
+                    "k_mib": float(m.group(7)),
+                    "type_v": m.group(8),
+                    "v_mib": float(m.group(9)),
+                }
+            )
         elif m := RE_MODEL.match(line):
             add("model_mib", m.group(1), m.group(2))
         elif m := RE_KVBUF.match(line):
@@ -557,7 +647,9 @@ def mxfp4_experts(spec: Any) -> Any:
     import gguf
 
     q = gguf.GGMLQuantizationType
-    rows = [(n, sh, q.MXFP4 if n.endswith("_exps.weight") else (q.Q8_0 if t == q.F16 else t)) for n, sh, t in spec.tensors]
+    rows = [
+        (n, sh, q.MXFP4 if n.endswith("_exps.weight") else (q.Q8_0 if t == q.F16 else t)) for n, sh, t in spec.tensors
+    ]
     return dataclasses.replace(spec, tensors=rows)
 
 
@@ -581,7 +673,9 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
                 if fx.quant == "mxfp4-experts":  # gpt-oss's published file: MXFP4 experts, Q8_0 elsewhere
                     spec = mxfp4_experts(spec)
                 gf.write_model(path, spec)
-                rec["source"] = f"tests/gguf_families.py {fx.spec.split(':', 1)[1]}()" + (f" as {fx.quant}" if fx.quant else "")
+                rec["source"] = f"tests/gguf_families.py {fx.spec.split(':', 1)[1]}()" + (
+                    f" as {fx.quant}" if fx.quant else ""
+                )
             elif fx.kind == "factory":
                 spec = getattr(gf, fx.spec) if fx.spec.isidentifier() else eval(fx.spec, {"ModelSpec": gf.ModelSpec})
                 if fx.quant == "q4_k_m":
@@ -590,7 +684,8 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
                     spec = gf.q8_0(spec)
                 gf.write_model(path, spec)
                 rec["source"] = f"tests/gguf_factory.py {fx.spec if fx.spec.isidentifier() else spec.name}" + (
-                    f" as {fx.quant}" if fx.quant else "")
+                    f" as {fx.quant}" if fx.quant else ""
+                )
             else:
                 rec.update(_default_fixture(ctx, gf, path))
             rec["file_bytes"] = path.stat().st_size
@@ -606,8 +701,21 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
     def inspect(rec: dict) -> None:  # what kvtuner reads from each file
         r = kvtuner(ctx, ["inspect", rec["path"], "--json"], 60)
         j = r.get("json") or {}
-        rec["kvtuner_inspect"] = {k: j.get(k) for k in ("name", "architecture", "file_type", "n_params", "n_layer",
-                                                         "n_embd", "n_expert", "n_expert_used", "n_vocab", "file_bytes")}
+        rec["kvtuner_inspect"] = {
+            k: j.get(k)
+            for k in (
+                "name",
+                "architecture",
+                "file_type",
+                "n_params",
+                "n_layer",
+                "n_embd",
+                "n_expert",
+                "n_expert_used",
+                "n_vocab",
+                "file_bytes",
+            )
+        }
         if r.get("error"):
             rec["kvtuner_inspect"]["error"] = r["error"]
 
@@ -619,8 +727,13 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
     if small:
         r = kvtuner(ctx, ["plan", small["path"], "--ctx", "2048", "--json"], 120)
         sp = (r.get("json") or {}).get("speed") or {}
-        ctx.doc["kvtuner_first_plan"] = {"cmd": r["cmd"], "wall_s": r["wall_s"], "error": r.get("error"),
-                                         "speed_sources": sp.get("sources"), "n_threads": sp.get("n_threads")}
+        ctx.doc["kvtuner_first_plan"] = {
+            "cmd": r["cmd"],
+            "wall_s": r["wall_s"],
+            "error": r.get("error"),
+            "speed_sources": sp.get("sources"),
+            "n_threads": sp.get("n_threads"),
+        }
 
 
 def _default_fixture(ctx: Ctx, gf: Any, path: Path) -> dict:
@@ -666,8 +779,11 @@ def run_probe(ctx: Ctx, key: str, spec: dict, timeout_s: float) -> dict:
     if rec.get("rc") != 0:
         doc["stderr_tail"] = rec.get("stderr")
         if not doc.get("error"):
-            doc["error"] = f"probe exited {rec.get('rc')}" + (" (timeout)" if rec.get("timed_out") else "") + (
-                f" at stage {doc.get('stage')}" if doc.get("stage") else "")
+            doc["error"] = (
+                f"probe exited {rec.get('rc')}"
+                + (" (timeout)" if rec.get("timed_out") else "")
+                + (f" at stage {doc.get('stage')}" if doc.get("stage") else "")
+            )
     log = doc.pop("log", [])
     doc["parsed"] = parse_log(log)
     doc["log_tail"] = [f"{lvl}: {text}" for lvl, text in log[-25:]] if not doc.get("ok") else []
@@ -722,13 +838,21 @@ def compare(plan_bytes: float | None, measured_mib: float | None) -> dict:
     """One buffer: kvtuner's bytes vs llama.cpp's MiB; rel error (None when llama.cpp says 0
     and kvtuner not, ``abs_mib`` then tells the miss)."""
     if plan_bytes is None or measured_mib is None:
-        return {"plan_mib": None if plan_bytes is None else round(plan_bytes / MiB, 2), "llama_mib": measured_mib,
-                "rel_err": None, "abs_mib": None}
+        return {
+            "plan_mib": None if plan_bytes is None else round(plan_bytes / MiB, 2),
+            "llama_mib": measured_mib,
+            "rel_err": None,
+            "abs_mib": None,
+        }
     p = plan_bytes / MiB
     d = p - measured_mib
     rel = 0.0 if abs(d) < 0.011 else (d / measured_mib if measured_mib > 0 else None)
-    return {"plan_mib": round(p, 2), "llama_mib": round(measured_mib, 2), "rel_err": None if rel is None else round(rel, 4),
-            "abs_mib": round(d, 2)}
+    return {
+        "plan_mib": round(p, 2),
+        "llama_mib": round(measured_mib, 2),
+        "rel_err": None if rel is None else round(rel, 4),
+        "abs_mib": round(d, 2),
+    }
 
 
 def buffer_comparison(plan: dict, parsed: dict, real: bool) -> dict:
@@ -772,14 +896,25 @@ def verified_vs_real(plan: dict, parsed: dict) -> dict | None:
     same_output = outp == parsed["output_mib"]
     kv = round(v.get("kv_bytes", 0) / MiB, 2)
     kv_llama = round(sum(c["size_mib"] for c in parsed["kv_caches"]), 2)
-    return {"compute_mib": comp, "output_mib": outp, "kv_mib": kv, "same_compute": same_compute,
-            "same_output": same_output, "same_kv": abs(kv - kv_llama) <= 0.02}
+    return {
+        "compute_mib": comp,
+        "output_mib": outp,
+        "kv_mib": kv,
+        "same_compute": same_compute,
+        "same_output": same_output,
+        "same_kv": abs(kv - kv_llama) <= 0.02,
+    }
 
 
 def measure_buffer_row(ctx: Ctx, row: BufferRow) -> dict:
     fx = ctx.fixtures.get(row.fixture)
-    rec: dict[str, Any] = {"key": row.key, "fixture": row.fixture, "flags": list(row.flags), "note": row.note,
-                           "requested_real": row.real}
+    rec: dict[str, Any] = {
+        "key": row.key,
+        "fixture": row.fixture,
+        "flags": list(row.flags),
+        "note": row.note,
+        "requested_real": row.real,
+    }
     if not fx or fx.get("error"):
         rec["error"] = f"fixture {row.fixture} missing"
         return rec
@@ -823,14 +958,30 @@ def measure_buffer_row(ctx: Ctx, row: BufferRow) -> dict:
         spec["exercise"] = {"n_prompt": 512, "n_gen": 1}
     spec.setdefault("ctx", {})["n_threads"] = _threads(ctx)
     probe = run_probe(ctx, row.key, spec, 300 if real else 120)
-    rec["probe"] = {k: probe.get(k) for k in ("ok", "error", "stage", "rc", "wall_s", "timings_s", "memory", "n_vocab",
-                                               "prefill_tokens", "log_tail", "stderr_tail")}
+    rec["probe"] = {
+        k: probe.get(k)
+        for k in (
+            "ok",
+            "error",
+            "stage",
+            "rc",
+            "wall_s",
+            "timings_s",
+            "memory",
+            "n_vocab",
+            "prefill_tokens",
+            "log_tail",
+            "stderr_tail",
+        )
+    }
     rec["llama"] = probe.get("parsed")
     if probe.get("llama") and not ctx.doc.get("llama_cpp"):
         ctx.doc["llama_cpp"] = probe["llama"]
     if pj is not None:
         rec["plan"] = _plan_summary(pj)
-        rec["compare"] = buffer_comparison(pj, probe["parsed"], real and probe.get("stage") not in ("start", "backend_init"))
+        rec["compare"] = buffer_comparison(
+            pj, probe["parsed"], real and probe.get("stage") not in ("start", "backend_init")
+        )
         rec["kvtuner_dry_run"] = verified_vs_real(pj, probe["parsed"])
     if probe.get("error"):
         rec["error"] = f"probe: {probe['error']}"
@@ -850,12 +1001,40 @@ def _threads(ctx: Ctx) -> int:
 
 
 def _plan_summary(pj: dict) -> dict:
-    keep = ("config", "effective", "kv_bytes", "weights_bytes", "kv_caches", "compute_source", "compute_estimate_bytes",
-            "warnings", "verified")
+    keep = (
+        "config",
+        "effective",
+        "kv_bytes",
+        "weights_bytes",
+        "kv_caches",
+        "compute_source",
+        "compute_estimate_bytes",
+        "warnings",
+        "verified",
+    )
     s = {k: pj.get(k) for k in keep}
-    s["devices"] = [{k: d.get(k) for k in ("device", "kind", "name", "weights_bytes", "kv_bytes", "compute_bytes",
-                                            "output_bytes", "overhead_bytes", "total_bytes", "capacity_bytes", "free_bytes",
-                                            "n_layers", "has_output", "weights_mapped")} for d in pj.get("devices", [])]
+    s["devices"] = [
+        {
+            k: d.get(k)
+            for k in (
+                "device",
+                "kind",
+                "name",
+                "weights_bytes",
+                "kv_bytes",
+                "compute_bytes",
+                "output_bytes",
+                "overhead_bytes",
+                "total_bytes",
+                "capacity_bytes",
+                "free_bytes",
+                "n_layers",
+                "has_output",
+                "weights_mapped",
+            )
+        }
+        for d in pj.get("devices", [])
+    ]
     return s
 
 
@@ -869,10 +1048,19 @@ def overhead_result(mem: list[dict], parsed: dict) -> dict:
     buffers (0 buffers at ``cuda_context``: the bare context)."""
     stages = {m["stage"]: m for m in mem}
     base = stages.get("process_start", {})
-    gpu_bufs = sum(v for t_ in ("model_mib", "kv_mib", "compute_mib", "output_mib")
-                   for k, v in parsed[t_].items() if is_gpu_buft(k)) * MiB
-    host_bufs = sum(v for t_ in ("kv_mib", "compute_mib", "output_mib") for k, v in parsed[t_].items()
-                    if not is_gpu_buft(k)) * MiB
+    gpu_bufs = (
+        sum(
+            v
+            for t_ in ("model_mib", "kv_mib", "compute_mib", "output_mib")
+            for k, v in parsed[t_].items()
+            if is_gpu_buft(k)
+        )
+        * MiB
+    )
+    host_bufs = (
+        sum(v for t_ in ("kv_mib", "compute_mib", "output_mib") for k, v in parsed[t_].items() if not is_gpu_buft(k))
+        * MiB
+    )
     res: dict[str, Any] = {"gpu_buffers_bytes": int(gpu_bufs), "host_buffers_bytes_excl_weights": int(host_bufs)}
     for name, m in stages.items():
         r: dict[str, Any] = {"rss_bytes": m.get("rss_bytes")}
@@ -954,8 +1142,16 @@ def _stat(d: dict | None) -> float | None:
 
 def measure_speed_row(ctx: Ctx, row: SpeedRow, plan_rec: dict | None) -> dict:
     fx = ctx.fixtures.get(row.fixture)
-    rec: dict[str, Any] = {"key": row.key, "fixture": row.fixture, "flags": list(row.flags), "note": row.note,
-                           "n_prompt": row.n_prompt, "n_gen": row.n_gen, "n_depth": row.n_depth, "reps": row.reps}
+    rec: dict[str, Any] = {
+        "key": row.key,
+        "fixture": row.fixture,
+        "flags": list(row.flags),
+        "note": row.note,
+        "n_prompt": row.n_prompt,
+        "n_gen": row.n_gen,
+        "n_depth": row.n_depth,
+        "reps": row.reps,
+    }
     if not fx or fx.get("error"):
         rec["error"] = f"fixture {row.fixture} missing"
         return rec
@@ -964,8 +1160,22 @@ def measure_speed_row(ctx: Ctx, row: SpeedRow, plan_rec: dict | None) -> dict:
         plan_rec = kvtuner(ctx, ["plan", fx["path"], *row.flags, "--json"], 120)
     rec["plan_cmd"] = plan_rec["cmd"]
     pj = plan_rec.get("json")
-    args = ["bench", fx["path"], *row.flags, "-p", str(row.n_prompt), "-n", str(row.n_gen), "-d", str(row.n_depth),
-            "-r", str(row.reps), "--json", "--no-record", "--no-save"]
+    args = [
+        "bench",
+        fx["path"],
+        *row.flags,
+        "-p",
+        str(row.n_prompt),
+        "-n",
+        str(row.n_gen),
+        "-d",
+        str(row.n_depth),
+        "-r",
+        str(row.reps),
+        "--json",
+        "--no-record",
+        "--no-save",
+    ]
     if row.threads:
         args += ["-t", str(row.threads)]
     timeout = max(60.0, min(300.0, ctx.budget.left()))
@@ -979,23 +1189,36 @@ def measure_speed_row(ctx: Ctx, row: SpeedRow, plan_rec: dict | None) -> dict:
         rec["stderr_tail"] = bench.get("stderr")
     else:
         rec["measured"] = {
-            "prefill_tok_s": _stat(bj.get("prefill_tok_s")), "decode_tok_s": _stat(bj.get("decode_tok_s")),
-            "prefill": bj.get("prefill_tok_s"), "decode": bj.get("decode_tok_s"), "ttft_s": _stat(bj.get("ttft_s")),
-            "load_s": bj.get("load_s"), "n_threads": bj.get("n_threads"), "n_ctx": bj.get("n_ctx"),
-            "flash_attn": bj.get("flash_attn"), "devices": bj.get("devices"), "llama_build": bj.get("llama_build"),
+            "prefill_tok_s": _stat(bj.get("prefill_tok_s")),
+            "decode_tok_s": _stat(bj.get("decode_tok_s")),
+            "prefill": bj.get("prefill_tok_s"),
+            "decode": bj.get("decode_tok_s"),
+            "ttft_s": _stat(bj.get("ttft_s")),
+            "load_s": bj.get("load_s"),
+            "n_threads": bj.get("n_threads"),
+            "n_ctx": bj.get("n_ctx"),
+            "flash_attn": bj.get("flash_attn"),
+            "devices": bj.get("devices"),
+            "llama_build": bj.get("llama_build"),
             "peak_vram_used_bytes": bj.get("peak_vram_used_bytes"),
-            "peak_vram_process_bytes": bj.get("peak_vram_process_bytes"), "peak_rss_bytes": bj.get("peak_rss_bytes"),
-            "measured_devices": bj.get("measured_devices"), "planned_devices": bj.get("planned_devices"),
-            "kv_bytes_match": bj.get("kv_bytes_match"), "warnings": bj.get("warnings"),
+            "peak_vram_process_bytes": bj.get("peak_vram_process_bytes"),
+            "peak_rss_bytes": bj.get("peak_rss_bytes"),
+            "measured_devices": bj.get("measured_devices"),
+            "planned_devices": bj.get("planned_devices"),
+            "kv_bytes_match": bj.get("kv_bytes_match"),
+            "warnings": bj.get("warnings"),
         }
     if pj:
         sp = pj.get("speed") or {}
         depth_decode = row.n_depth + row.n_prompt + row.n_gen / 2
         rec["predicted"] = {
-            "decode_tok_s": predicted_decode_at(sp, depth_decode), "decode_depth": depth_decode,
+            "decode_tok_s": predicted_decode_at(sp, depth_decode),
+            "decode_depth": depth_decode,
             "prefill_tok_s": sp.get("prefill_tok_s") if row.n_depth == 0 else None,
             "prefill_note": None if row.n_depth == 0 else "plan --json predicts prefill at depth 0 only",
-            "band": sp.get("band"), "sources": sp.get("sources"), "n_threads": sp.get("n_threads"),
+            "band": sp.get("band"),
+            "sources": sp.get("sources"),
+            "n_threads": sp.get("n_threads"),
             "n_calibration_runs": sp.get("n_calibration_runs"),
         }
         devs = plan_devices(pj)
@@ -1022,9 +1245,16 @@ def measure_sweep_row(ctx: Ctx, row: SweepRow) -> dict:
     depth 0 (all ``plan`` predicts). A row with op offload off is predicted as kvtuner's
     configuration has it (op offload on), and says so."""
     fx = ctx.fixtures.get(row.fixture)
-    rec: dict[str, Any] = {"key": row.key, "fixture": row.fixture, "flags": list(row.flags), "note": row.note,
-                           "op_offload": row.op_offload, "n_prompt": row.n_prompt, "n_gen": row.n_gen,
-                           "depths": list(row.depths)}
+    rec: dict[str, Any] = {
+        "key": row.key,
+        "fixture": row.fixture,
+        "flags": list(row.flags),
+        "note": row.note,
+        "op_offload": row.op_offload,
+        "n_prompt": row.n_prompt,
+        "n_gen": row.n_gen,
+        "depths": list(row.depths),
+    }
     if not fx or fx.get("error"):
         rec["error"] = f"fixture {row.fixture} missing"
         return rec
@@ -1049,12 +1279,18 @@ def measure_sweep_row(ctx: Ctx, row: SweepRow) -> dict:
     spec["bench"] = {"depths": list(row.depths), "n_prompt": row.n_prompt, "n_gen": row.n_gen}
     timeout = max(30.0, min(240.0, ctx.budget.left() - 5))
     res = run_probe(ctx, f"sweep-{row.key}", spec, timeout)
-    rec["probe"] = {k: res.get(k) for k in ("ok", "error", "stage", "timings_s", "wall_s", "timed_out", "stderr_tail",
-                                            "notes", "log_tail")}
+    rec["probe"] = {
+        k: res.get(k)
+        for k in ("ok", "error", "stage", "timings_s", "wall_s", "timed_out", "stderr_tail", "notes", "log_tail")
+    }
     parsed = res.get("parsed") or {}
-    rec["llama"] = {"graph": parsed.get("graph"), "offloaded": parsed.get("offloaded"),
-                    "model_mib": parsed.get("model_mib"), "kv_mib": parsed.get("kv_mib"),
-                    "compute_mib": parsed.get("compute_mib")}
+    rec["llama"] = {
+        "graph": parsed.get("graph"),
+        "offloaded": parsed.get("offloaded"),
+        "model_mib": parsed.get("model_mib"),
+        "kv_mib": parsed.get("kv_mib"),
+        "compute_mib": parsed.get("compute_mib"),
+    }
     sp = pj.get("speed") or {}
     rec["predicted_sources"] = sp.get("sources")
     if not row.op_offload:
@@ -1064,9 +1300,15 @@ def measure_sweep_row(ctx: Ctx, row: SweepRow) -> dict:
         d = int(b.get("depth", 0))
         pred_dec = predicted_decode_at(sp, d + row.n_prompt + row.n_gen / 2) if sp else None
         pred_pre = sp.get("prefill_tok_s") if d == 0 and sp.get("prefill_tokens") == row.n_prompt else None
-        one = {"depth": d, "measured_prefill_tok_s": b.get("prefill_tok_s"), "measured_decode_tok_s": b.get("decode_tok_s"),
-               "fill_s": b.get("fill_s"), "predicted_prefill_tok_s": pred_pre, "predicted_decode_tok_s": pred_dec,
-               "error": b.get("error")}
+        one = {
+            "depth": d,
+            "measured_prefill_tok_s": b.get("prefill_tok_s"),
+            "measured_decode_tok_s": b.get("decode_tok_s"),
+            "fill_s": b.get("fill_s"),
+            "predicted_prefill_tok_s": pred_pre,
+            "predicted_decode_tok_s": pred_dec,
+            "error": b.get("error"),
+        }
         for k in ("prefill", "decode"):
             m, pv = one[f"measured_{k}_tok_s"], one[f"predicted_{k}_tok_s"]
             one[f"{k}_ratio"] = round(pv / m, 3) if m and pv else None  # predicted / measured
@@ -1113,26 +1355,42 @@ def render_md(doc: dict) -> str:
     lc = doc.get("llama_cpp") or {}
     L.append(f"# GPU truth ({doc.get('mode')} mode{', quick' if doc.get('quick') else ''})")
     L.append("")
-    L.append(f"- created {doc.get('created_utc')}, {doc.get('elapsed_s')} s, {'complete' if doc.get('final') else 'IN PROGRESS / interrupted'}")
+    L.append(
+        f"- created {doc.get('created_utc')}, {doc.get('elapsed_s')} s, {'complete' if doc.get('final') else 'IN PROGRESS / interrupted'}"
+    )
     L.append(f"- command: `{doc.get('command')}`")
-    L.append(f"- GPU: {g.get('name', 'none')} {g.get('memory_total', '')} (driver {g.get('driver', '-')}, "
-             f"compute capability {g.get('compute_cap', '-')}); host: {doc.get('host', {}).get('cpu')}, "
-             f"{doc.get('host', {}).get('cpus')} CPUs, {doc.get('host', {}).get('ram_gib')} GiB RAM")
-    L.append(f"- llama-cpp-python {lc.get('version', '?')}, GPU offload {lc.get('gpu_offload')}, devices "
-             f"{', '.join(d[0] for d in lc.get('devices', [])) or '?'}")
-    L.append("- phases (s): " + ", ".join(f"{k} {v}" for k, v in {**(doc.get("run_sh_phases_s") or {}),
-                                                                   **(doc.get("phases_s") or {})}.items()))
+    L.append(
+        f"- GPU: {g.get('name', 'none')} {g.get('memory_total', '')} (driver {g.get('driver', '-')}, "
+        f"compute capability {g.get('compute_cap', '-')}); host: {doc.get('host', {}).get('cpu')}, "
+        f"{doc.get('host', {}).get('cpus')} CPUs, {doc.get('host', {}).get('ram_gib')} GiB RAM"
+    )
+    L.append(
+        f"- llama-cpp-python {lc.get('version', '?')}, GPU offload {lc.get('gpu_offload')}, devices "
+        f"{', '.join(d[0] for d in lc.get('devices', [])) or '?'}"
+    )
+    L.append(
+        "- phases (s): "
+        + ", ".join(
+            f"{k} {v}" for k, v in {**(doc.get("run_sh_phases_s") or {}), **(doc.get("phases_s") or {})}.items()
+        )
+    )
     if doc.get("build"):
         b = doc["build"]
-        L.append(f"- build: {b.get('kind')} for architecture {b.get('arch')} in {b.get('seconds')} s ({b.get('cpu_seconds')} CPU s) with {b.get('jobs')} jobs "
-                 f"({b.get('nvcc') or 'no nvcc'}); CMAKE_ARGS `{b.get('cmake_args')}`; CFLAGS `{b.get('cflags', '').strip()}`")
+        L.append(
+            f"- build: {b.get('kind')} for architecture {b.get('arch')} in {b.get('seconds')} s ({b.get('cpu_seconds')} CPU s) with {b.get('jobs')} jobs "
+            f"({b.get('nvcc') or 'no nvcc'}); CMAKE_ARGS `{b.get('cmake_args')}`; CFLAGS `{b.get('cflags', '').strip()}`"
+        )
     L.append("")
-    L.append("Buffers in MiB as `kvtuner / llama.cpp (relative error)`. kvtuner: `plan --json` (compute: its "
-             "analytic estimate, `compute_estimate_bytes`); llama.cpp: its log for the same configuration "
-             "(kvtuner's llama-server export line, loaded by probe.py): real load where `real` is yes, else a "
-             "no_alloc dry run (no model/KV buffer sizes). gpu = CUDA0; host compute = CUDA_Host (pinned) + CPU.")
+    L.append(
+        "Buffers in MiB as `kvtuner / llama.cpp (relative error)`. kvtuner: `plan --json` (compute: its "
+        "analytic estimate, `compute_estimate_bytes`); llama.cpp: its log for the same configuration "
+        "(kvtuner's llama-server export line, loaded by probe.py): real load where `real` is yes, else a "
+        "no_alloc dry run (no model/KV buffer sizes). gpu = CUDA0; host compute = CUDA_Host (pinned) + CPU."
+    )
     L.append("")
-    L.append("| row | fixture | real | gpu weights | gpu KV | gpu compute | host compute (CUDA_Host + CPU) | host KV | host weights | host repacked copy | KV total | output | splits pp/tg | kvtuner dry run = llama.cpp | error |")
+    L.append(
+        "| row | fixture | real | gpu weights | gpu KV | gpu compute | host compute (CUDA_Host + CPU) | host KV | host weights | host repacked copy | KV total | output | splits pp/tg | kvtuner dry run = llama.cpp | error |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in doc.get("buffers", []):
         c = (r.get("compare") or {}).get("cells", {})
@@ -1143,20 +1401,33 @@ def render_md(doc: dict) -> str:
         if c.get("host_compute") and cmp_.get("llama_cuda_host_compute_mib"):
             hc += f" [{cmp_['llama_cuda_host_compute_mib']:.1f} + {cmp_['llama_cpu_compute_mib']:.1f}]"
         v = r.get("kvtuner_dry_run") or {}
-        same = "-" if not v else ("yes" if v.get("same_compute") and v.get("same_output") and v.get("same_kv") else
-                                  f"NO (compute {v.get('compute_mib')})")
+        same = (
+            "-"
+            if not v
+            else (
+                "yes"
+                if v.get("same_compute") and v.get("same_output") and v.get("same_kv")
+                else f"NO (compute {v.get('compute_mib')})"
+            )
+        )
         err = (r.get("error") or r.get("plan_error") or r.get("export_error") or "").replace("|", "/")[:120]
-        L.append(f"| {r['key']} | {r['fixture']} | {'yes' if r.get('real_load') else 'no'} | {fmt_cell(c.get('gpu_weights'))} | "
-                 f"{fmt_cell(c.get('gpu_kv'))} | {fmt_cell(c.get('gpu_compute'))} | {hc} | {fmt_cell(c.get('host_kv'))} | "
-                 f"{fmt_cell(c.get('host_weights'))} | {fmt_cell(c.get('host_repack'))} | {fmt_cell(c.get('kv_total'))} | {fmt_cell(c.get('output'))} | "
-                 f"{splits} | {same} | {err} |")
+        L.append(
+            f"| {r['key']} | {r['fixture']} | {'yes' if r.get('real_load') else 'no'} | {fmt_cell(c.get('gpu_weights'))} | "
+            f"{fmt_cell(c.get('gpu_kv'))} | {fmt_cell(c.get('gpu_compute'))} | {hc} | {fmt_cell(c.get('host_kv'))} | "
+            f"{fmt_cell(c.get('host_weights'))} | {fmt_cell(c.get('host_repack'))} | {fmt_cell(c.get('kv_total'))} | {fmt_cell(c.get('output'))} | "
+            f"{splits} | {same} | {err} |"
+        )
     L.append("")
     L.append("## Per-process overhead (bytes beyond llama.cpp's own buffers)")
     L.append("")
-    L.append("NVML device memory used, relative to the probe's start (nothing else on the GPU); cudaMemGetInfo "
-             "the same from CUDA's side. kvtuner assumes 400 MiB per GPU and 160 MiB of host process baseline.")
+    L.append(
+        "NVML device memory used, relative to the probe's start (nothing else on the GPU); cudaMemGetInfo "
+        "the same from CUDA's side. kvtuner assumes 400 MiB per GPU and 160 MiB of host process baseline."
+    )
     L.append("")
-    L.append("| row | CUDA context (NVML / CUDA) | after context: used - buffers | after a 512-token batch + 1 token: used - buffers | freed: left | host RSS at backend init / after decode | kvtuner overhead (gpu / host) | error |")
+    L.append(
+        "| row | CUDA context (NVML / CUDA) | after context: used - buffers | after a 512-token batch + 1 token: used - buffers | freed: left | host RSS at backend init / after decode | kvtuner overhead (gpu / host) | error |"
+    )
     L.append("|---|---|---|---|---|---|---|---|")
     for r in doc.get("overhead", []):
         res = r.get("result") or {}
@@ -1167,17 +1438,23 @@ def render_md(doc: dict) -> str:
         cc, cx, ad, fr = (res.get(k, {}) for k in ("cuda_context", "context_created", "after_decode", "model_freed"))
         bi = res.get("backend_init", {})
         ko = r.get("kvtuner_overhead_bytes") or {}
-        L.append(f"| {r['key']} | {mib(cc.get('overhead_bytes_nvml'))} / {mib(cc.get('overhead_bytes_cuda'))} | "
-                 f"{mib(cx.get('overhead_bytes_nvml'))} | {mib(ad.get('overhead_bytes_nvml'))} | "
-                 f"{mib(fr.get('nvml_used_delta_bytes'))} | {mib(bi.get('rss_bytes'))} / {mib(ad.get('rss_bytes'))} | "
-                 f"{mib(ko.get('gpu'))} / {mib(ko.get('host'))} | {(r.get('error') or '')[:100]} |")
+        L.append(
+            f"| {r['key']} | {mib(cc.get('overhead_bytes_nvml'))} / {mib(cc.get('overhead_bytes_cuda'))} | "
+            f"{mib(cx.get('overhead_bytes_nvml'))} | {mib(ad.get('overhead_bytes_nvml'))} | "
+            f"{mib(fr.get('nvml_used_delta_bytes'))} | {mib(bi.get('rss_bytes'))} / {mib(ad.get('rss_bytes'))} | "
+            f"{mib(ko.get('gpu'))} / {mib(ko.get('host'))} | {(r.get('error') or '')[:100]} |"
+        )
     L.append("")
     L.append("## Speed (tokens/s: kvtuner predicted / measured median)")
     L.append("")
-    L.append("Decode is predicted at the mean depth of the measured tokens (depth + prompt + gen/2) from "
-             "`plan --json`'s curve; `plan --json` predicts prefill at depth 0 only.")
+    L.append(
+        "Decode is predicted at the mean depth of the measured tokens (depth + prompt + gen/2) from "
+        "`plan --json`'s curve; `plan --json` predicts prefill at depth 0 only."
+    )
     L.append("")
-    L.append("| row | fixture | flags | depth | prefill pred / meas | decode pred / meas | pred/meas (decode) | VRAM used by the run vs plan | error |")
+    L.append(
+        "| row | fixture | flags | depth | prefill pred / meas | decode pred / meas | pred/meas (decode) | VRAM used by the run vs plan | error |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|")
     for r in doc.get("speed", []):
         p, m = r.get("predicted") or {}, r.get("measured") or {}
@@ -1188,14 +1465,18 @@ def render_md(doc: dict) -> str:
         vr = "-"
         if r.get("vram_used_by_run_bytes") is not None:
             vr = f"{r['vram_used_by_run_bytes'] / MiB:.0f} MiB vs {r['planned_gpu_total_bytes'] / MiB:.0f} MiB"
-        L.append(f"| {r['key']} | {r['fixture']} | `{' '.join(r.get('flags', []))}` | {r.get('n_depth')} | "
-                 f"{f(p.get('prefill_tok_s'))} / {f(m.get('prefill_tok_s'))} | {f(p.get('decode_tok_s'))} / "
-                 f"{f(m.get('decode_tok_s'))} | {r.get('decode_tok_s_ratio', '-')} | {vr} | {(r.get('error') or '')[:100]} |")
+        L.append(
+            f"| {r['key']} | {r['fixture']} | `{' '.join(r.get('flags', []))}` | {r.get('n_depth')} | "
+            f"{f(p.get('prefill_tok_s'))} / {f(m.get('prefill_tok_s'))} | {f(p.get('decode_tok_s'))} / "
+            f"{f(m.get('decode_tok_s'))} | {r.get('decode_tok_s_ratio', '-')} | {vr} | {(r.get('error') or '')[:100]} |"
+        )
     L.append("")
     if doc.get("sweep"):
         L.append("## Offload sweep (tokens/s: kvtuner predicted / measured; probe.py's timed prefill and decode)")
         L.append("")
-        L.append("| row | flags | op offload | depth | prefill pred / meas (ratio) | decode pred / meas (ratio) | error |")
+        L.append(
+            "| row | flags | op offload | depth | prefill pred / meas (ratio) | decode pred / meas (ratio) | error |"
+        )
         L.append("|---|---|---|---|---|---|---|")
 
         def g(v: Any) -> str:
@@ -1203,11 +1484,13 @@ def render_md(doc: dict) -> str:
 
         for r in doc["sweep"]:
             for x in r.get("results") or [{"depth": "-"}]:
-                L.append(f"| {r['key']} | `{' '.join(r.get('flags', []))}` | {'on' if r.get('op_offload', True) else 'off'} | "
-                         f"{x.get('depth')} | {g(x.get('predicted_prefill_tok_s'))} / {g(x.get('measured_prefill_tok_s'))} "
-                         f"({x.get('prefill_ratio') or '-'}) | {g(x.get('predicted_decode_tok_s'))} / "
-                         f"{g(x.get('measured_decode_tok_s'))} ({x.get('decode_ratio') or '-'}) | "
-                         f"{(x.get('error') or r.get('error') or '')[:100]} |")
+                L.append(
+                    f"| {r['key']} | `{' '.join(r.get('flags', []))}` | {'on' if r.get('op_offload', True) else 'off'} | "
+                    f"{x.get('depth')} | {g(x.get('predicted_prefill_tok_s'))} / {g(x.get('measured_prefill_tok_s'))} "
+                    f"({x.get('prefill_ratio') or '-'}) | {g(x.get('predicted_decode_tok_s'))} / "
+                    f"{g(x.get('measured_decode_tok_s'))} ({x.get('decode_ratio') or '-'}) | "
+                    f"{(x.get('error') or r.get('error') or '')[:100]} |"
+                )
         L.append("")
     if doc.get("skipped"):
         L.append("## Skipped")
@@ -1244,8 +1527,15 @@ def environment(ctx: Ctx) -> None:
         host["ram_gib"] = None
     ctx.doc["host"] = host
     gpu: dict[str, Any] = {}
-    r = run_cmd(ctx, ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap,pcie.link.gen.max,pcie.link.width.max",
-                      "--format=csv,noheader"], 30)
+    r = run_cmd(
+        ctx,
+        [
+            "nvidia-smi",
+            "--query-gpu=name,memory.total,driver_version,compute_cap,pcie.link.gen.max,pcie.link.width.max",
+            "--format=csv,noheader",
+        ],
+        30,
+    )
     if r.get("rc") == 0 and r.get("stdout"):
         parts = [p.strip() for p in r["stdout"].splitlines()[0].split(",")]
         gpu = dict(zip(("name", "memory_total", "driver", "compute_cap", "pcie_gen", "pcie_width"), parts))
@@ -1278,8 +1568,12 @@ def run_rows(ctx: Ctx, name: str, rows: list, fn: Callable[[Any], dict], jobs: i
         try:
             rec = fn(row)
         except Exception as exc:  # one row must never stop the others
-            rec = {"key": row.key, "fixture": getattr(row, "fixture", None), "error": f"{type(exc).__name__}: {exc}",
-                   "traceback": traceback.format_exc()[-2000:]}
+            rec = {
+                "key": row.key,
+                "fixture": getattr(row, "fixture", None),
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-2000:],
+            }
         results[i] = rec
         with ctx.lock:
             ctx.doc[name] = earlier + [r for r in results if r is not None]
@@ -1304,9 +1598,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/gpu_truth")
     ap.add_argument("--carry", default=str(ROOT / ".gpu_truth_carry"))
     ap.add_argument("--jobs", type=int, default=0, help="parallel buffer rows (default: GPU 4, CPU 1)")
-    ap.add_argument("--phases", default="overhead,buffers,speed",
-                    help="comma list of overhead, buffers, speed, sweep (the offload sweep; alone it fits a call "
-                         "with the build)")
+    ap.add_argument(
+        "--phases",
+        default="overhead,buffers,speed",
+        help="comma list of overhead, buffers, speed, sweep (the offload sweep; alone it fits a call with the build)",
+    )
     ap.add_argument("--command", default="", help="the run.sh command line, recorded in the outputs")
     a = ap.parse_args(argv)
     if a.budget_s <= 0:
@@ -1323,17 +1619,40 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     jobs = a.jobs or (min(4, max(1, (os.cpu_count() or 2) // 4)) if a.mode == "gpu" else 1)
     carry = Path(a.carry) if a.carry and Path(a.carry).is_dir() else None
-    doc: dict[str, Any] = {"schema": SCHEMA, "mode": a.mode, "quick": a.quick, "budget_s": a.budget_s, "jobs": jobs,
-                           "command": a.command or shlex.join(sys.argv),
-                           "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                           "phases_s": {}, "fixtures": [], "overhead": [], "buffers": [], "speed": [], "sweep": [],
-                           "skipped": [],
-                           "errors": []}
-    ctx = Ctx(mode=a.mode, quick=a.quick, budget=Budget(a.budget_s), out=Path(a.out), work=work, carry=carry, jobs=jobs,
-              python=sys.executable, env=env, doc=doc)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": a.mode,
+        "quick": a.quick,
+        "budget_s": a.budget_s,
+        "jobs": jobs,
+        "command": a.command or shlex.join(sys.argv),
+        "created_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "phases_s": {},
+        "fixtures": [],
+        "overhead": [],
+        "buffers": [],
+        "speed": [],
+        "sweep": [],
+        "skipped": [],
+        "errors": [],
+    }
+    ctx = Ctx(
+        mode=a.mode,
+        quick=a.quick,
+        budget=Budget(a.budget_s),
+        out=Path(a.out),
+        work=work,
+        carry=carry,
+        jobs=jobs,
+        python=sys.executable,
+        env=env,
+        doc=doc,
+    )
     phases = {p.strip() for p in a.phases.split(",") if p.strip()}
-    ctx.say(f"gpu_truth {a.mode}{' quick' if a.quick else ''}: budget {a.budget_s:.0f} s, {jobs} parallel rows, "
-            f"out {ctx.out}, work {work}")
+    ctx.say(
+        f"gpu_truth {a.mode}{' quick' if a.quick else ''}: budget {a.budget_s:.0f} s, {jobs} parallel rows, "
+        f"out {ctx.out}, work {work}"
+    )
     environment(ctx)
     try:
         doc["run_sh_phases_s"] = json.loads(os.environ.get("GPU_TRUTH_SHELL_PHASES") or "{}")
@@ -1346,7 +1665,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             doc["build"] = {"error": f"unreadable {info}"}
     b_rows = buffer_rows(a.mode, a.quick) if "buffers" in phases else []
-    s_rows = (speed_rows_gpu() if a.mode == "gpu" and not a.quick else speed_rows_cpu(a.quick)) if "speed" in phases else []
+    s_rows = (
+        (speed_rows_gpu() if a.mode == "gpu" and not a.quick else speed_rows_cpu(a.quick)) if "speed" in phases else []
+    )
     o_rows = overhead_rows(a.mode, a.quick) if "overhead" in phases else []
     w_rows = (sweep_rows_gpu() if a.mode == "gpu" else sweep_rows_cpu(a.quick)) if "sweep" in phases else []
     wanted = {r.fixture for r in b_rows + s_rows + o_rows + w_rows}
@@ -1368,10 +1689,15 @@ def main(argv: list[str] | None = None) -> int:
             with cf.ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
                 list(pool.map(plan_one, rows))
             run_rows(ctx, "speed", rows, lambda r: measure_speed_row(ctx, r, plans.get(r.key)), 1, 25)
+
         return go
 
-    tiers = [("buffers_1", b_rows[:TIER1_BUFFERS], buffers), ("speed_1", s_rows[:TIER1_SPEED], speed),
-             ("buffers_2", b_rows[TIER1_BUFFERS:], buffers), ("speed_2", s_rows[TIER1_SPEED:], speed)]
+    tiers = [
+        ("buffers_1", b_rows[:TIER1_BUFFERS], buffers),
+        ("speed_1", s_rows[:TIER1_SPEED], speed),
+        ("buffers_2", b_rows[TIER1_BUFFERS:], buffers),
+        ("speed_2", s_rows[TIER1_SPEED:], speed),
+    ]
     for name, rows, make in tiers:
         if rows:
             phase(ctx, name, make(rows))
@@ -1380,8 +1706,10 @@ def main(argv: list[str] | None = None) -> int:
     n_err = sum(1 for k in ("overhead", "buffers", "speed", "sweep") for r in doc[k] if r.get("error"))
     doc["summary"] = summarise(doc)
     write_outputs(ctx, final=True)
-    ctx.say(f"done: {len(doc['buffers'])} buffer rows, {len(doc['overhead'])} overhead rows, {len(doc['speed'])} speed "
-            f"rows, {len(doc['sweep'])} sweep rows, {n_err} with errors, {len(doc['skipped'])} skipped; wrote {ctx.out / 'gpu_truth.json'} and .md")
+    ctx.say(
+        f"done: {len(doc['buffers'])} buffer rows, {len(doc['overhead'])} overhead rows, {len(doc['speed'])} speed "
+        f"rows, {len(doc['sweep'])} sweep rows, {n_err} with errors, {len(doc['skipped'])} skipped; wrote {ctx.out / 'gpu_truth.json'} and .md"
+    )
     return 0
 
 
@@ -1394,15 +1722,31 @@ def summarise(doc: dict) -> dict:
             if e is None:
                 continue
             if name not in worst or abs(e) > abs(worst[name]["rel_err"]):
-                worst[name] = {"rel_err": e, "row": r["key"], "plan_mib": c.get("plan_mib"), "llama_mib": c.get("llama_mib")}
+                worst[name] = {
+                    "rel_err": e,
+                    "row": r["key"],
+                    "plan_mib": c.get("plan_mib"),
+                    "llama_mib": c.get("llama_mib"),
+                }
     ratios = {r["key"]: r.get("decode_tok_s_ratio") for r in doc.get("speed", []) if r.get("decode_tok_s_ratio")}
-    dry_mismatch = [r["key"] for r in doc.get("buffers", [])
-                    if r.get("kvtuner_dry_run") and not (r["kvtuner_dry_run"].get("same_compute")
-                                                         and r["kvtuner_dry_run"].get("same_kv"))]
-    sweep = {f"{r['key']}@{x['depth']}": {"decode": x.get("decode_ratio"), "prefill": x.get("prefill_ratio")}
-             for r in doc.get("sweep", []) for x in r.get("results") or [] if x.get("decode_ratio") or x.get("prefill_ratio")}
-    return {"worst_rel_err": worst, "decode_pred_over_meas": ratios, "kvtuner_dry_run_differs": dry_mismatch,
-            "sweep_pred_over_meas": sweep}
+    dry_mismatch = [
+        r["key"]
+        for r in doc.get("buffers", [])
+        if r.get("kvtuner_dry_run")
+        and not (r["kvtuner_dry_run"].get("same_compute") and r["kvtuner_dry_run"].get("same_kv"))
+    ]
+    sweep = {
+        f"{r['key']}@{x['depth']}": {"decode": x.get("decode_ratio"), "prefill": x.get("prefill_ratio")}
+        for r in doc.get("sweep", [])
+        for x in r.get("results") or []
+        if x.get("decode_ratio") or x.get("prefill_ratio")
+    }
+    return {
+        "worst_rel_err": worst,
+        "decode_pred_over_meas": ratios,
+        "kvtuner_dry_run_differs": dry_mismatch,
+        "sweep_pred_over_meas": sweep,
+    }
 
 
 if __name__ == "__main__":

@@ -64,8 +64,17 @@ class Probe:
         self.lines: list[list[str]] = []  # [level, text]
         self._buf = ""
         self._level = "info"
-        self.doc: dict[str, Any] = {"ok": False, "error": None, "stage": "start", "log": [], "memory": [],
-                                    "timings_s": {}, "llama": {}, "n_vocab": None, "pid": os.getpid()}
+        self.doc: dict[str, Any] = {
+            "ok": False,
+            "error": None,
+            "stage": "start",
+            "log": [],
+            "memory": [],
+            "timings_s": {},
+            "llama": {},
+            "n_vocab": None,
+            "pid": os.getpid(),
+        }
         self._nvml: Any = None
         self._nvml_handle: Any = None
         self._cudart: Any = None
@@ -115,8 +124,10 @@ class Probe:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self.doc["nvml"] = {"name": _text(pynvml.nvmlDeviceGetName(self._nvml_handle)),
-                                "driver": _text(pynvml.nvmlSystemGetDriverVersion())}
+            self.doc["nvml"] = {
+                "name": _text(pynvml.nvmlDeviceGetName(self._nvml_handle)),
+                "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            }
         except Exception as exc:
             self._nvml = None
             self.doc["nvml"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -146,19 +157,29 @@ class Probe:
             self.doc["cudart"] = f"unusable: {exc}"
 
     def read_memory(self, name: str) -> dict:
-        rec: dict[str, Any] = {"stage": name, "t_s": round(time.monotonic() - self.t0, 4),
-                               "rss_bytes": _rss_bytes(), "peak_rss_bytes": _peak_rss_bytes()}
+        rec: dict[str, Any] = {
+            "stage": name,
+            "t_s": round(time.monotonic() - self.t0, 4),
+            "rss_bytes": _rss_bytes(),
+            "peak_rss_bytes": _peak_rss_bytes(),
+        }
         if self._nvml is not None:
             try:
                 mi = self._nvml.nvmlDeviceGetMemoryInfo(self._nvml_handle)
-                rec["nvml_used_bytes"], rec["nvml_free_bytes"], rec["nvml_total_bytes"] = int(mi.used), int(mi.free), int(mi.total)
+                rec["nvml_used_bytes"], rec["nvml_free_bytes"], rec["nvml_total_bytes"] = (
+                    int(mi.used),
+                    int(mi.free),
+                    int(mi.total),
+                )
             except Exception as exc:
                 rec["nvml_error"] = str(exc)
             try:
                 procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._nvml_handle)
                 mine = [p for p in procs if int(p.pid) == os.getpid()]
                 rec["nvml_processes"] = len(procs)
-                rec["nvml_process_bytes"] = int(mine[0].usedGpuMemory) if mine and mine[0].usedGpuMemory is not None else None
+                rec["nvml_process_bytes"] = (
+                    int(mine[0].usedGpuMemory) if mine and mine[0].usedGpuMemory is not None else None
+                )
             except Exception as exc:
                 rec["nvml_process_error"] = str(exc)
         if self._cudart is not None:
@@ -188,11 +209,17 @@ class Probe:
         if ggml is not None:
             for i in range(ggml.ggml_backend_dev_count()):
                 dev = ggml.ggml_backend_dev_get(i)
-                devices.append([(ggml.ggml_backend_dev_name(dev) or b"?").decode(),
-                                (ggml.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace")])
+                devices.append(
+                    [
+                        (ggml.ggml_backend_dev_name(dev) or b"?").decode(),
+                        (ggml.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
+                    ]
+                )
         self.doc["llama"] = {
-            "version": getattr(lc, "__version__", "?"), "gpu_offload": bool(lc.llama_supports_gpu_offload()),
-            "devices": devices, "system_info": lc.llama_print_system_info().decode("utf-8", "replace").strip(),
+            "version": getattr(lc, "__version__", "?"),
+            "gpu_offload": bool(lc.llama_supports_gpu_offload()),
+            "devices": devices,
+            "system_info": lc.llama_print_system_info().decode("utf-8", "replace").strip(),
         }
         self.stage("backend_init")  # NVML only: no CUDA context of ours yet
         if memory:
@@ -381,12 +408,14 @@ def _ggml(lc: Any) -> Any:
 
             lib = ctypes.CDLL(str(Path(lc.__file__).parent / "lib" / "libggml.so"))
         vp = ctypes.c_void_p
-        for name, res, args in (("ggml_backend_dev_count", ctypes.c_size_t, []),
-                                ("ggml_backend_dev_get", vp, [ctypes.c_size_t]),
-                                ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
-                                ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
-                                ("ggml_backend_dev_by_name", vp, [ctypes.c_char_p]),
-                                ("ggml_backend_dev_buffer_type", vp, [vp])):
+        for name, res, args in (
+            ("ggml_backend_dev_count", ctypes.c_size_t, []),
+            ("ggml_backend_dev_get", vp, [ctypes.c_size_t]),
+            ("ggml_backend_dev_name", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_description", ctypes.c_char_p, [vp]),
+            ("ggml_backend_dev_by_name", vp, [ctypes.c_char_p]),
+            ("ggml_backend_dev_buffer_type", vp, [vp]),
+        ):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         return lib

@@ -29,18 +29,33 @@ MiB = 1 << 20
 DEFAULT_RESULTS = HERE / "results" / "2026-11-30-h200.json"
 #: rows the planner's host-input and GPU-output formulas were read from (tier 1 of the run);
 #: the rest (tier 2) were only predicted afterwards
-FIT_ROWS = {"gqa-full-8k", "gqa-full-32k", "gqa-faoff-8k", "default-q8kv-8k", "swa-full-8k", "mha-full-8k",
-            "moe-full-8k", "gqa-ngl8-8k", "gqa-ngl16-8k", "gqa-ngl32-8k", "gqa-nkvo-8k", "gqa-kvsplit8-8k",
-            "gqa-kvsplit24-8k", "gqa-q8kv-8k",
-            # the f16 K/V copy term of flash attention was read off these two (tier 2) rows afterwards
-            "mha-nkvo-8k", "mha-q8kv-8k"}
+FIT_ROWS = {
+    "gqa-full-8k",
+    "gqa-full-32k",
+    "gqa-faoff-8k",
+    "default-q8kv-8k",
+    "swa-full-8k",
+    "mha-full-8k",
+    "moe-full-8k",
+    "gqa-ngl8-8k",
+    "gqa-ngl16-8k",
+    "gqa-ngl32-8k",
+    "gqa-nkvo-8k",
+    "gqa-kvsplit8-8k",
+    "gqa-kvsplit24-8k",
+    "gqa-q8kv-8k",
+    # the f16 K/V copy term of flash attention was read off these two (tier 2) rows afterwards
+    "mha-nkvo-8k",
+    "mha-q8kv-8k",
+}
 
 
 def _fixture_path(key: str, work: Path, cache: dict[str, Path]) -> Path:
     if key in cache:
         return cache[key]
-    import gguf_factory as gf
     from gpu_truth import FIXTURES_GPU
+
+    import gguf_factory as gf
 
     fx = {f.key: f for f in FIXTURES_GPU}[key]
     path = work / f"{key}.gguf"
@@ -64,8 +79,8 @@ def _err(planned: float, measured: float) -> float | None:
 
 def replan(results: dict) -> list[dict]:
     """One record per buffer row: planned and measured MiB per buffer, relative errors."""
-    from kvtuner.cli.args import config_from_args
     from kvtuner.cli import build_parser
+    from kvtuner.cli.args import config_from_args
     from kvtuner.core.hardware.specs import GpuSpec, HostSpec
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.session import Session
@@ -81,14 +96,23 @@ def replan(results: dict) -> list[dict]:
             args = build_parser().parse_args(["plan", str(path), *row["flags"]])
             config = config_from_args(args)
             gpu = GpuSpec(name=results["gpu"].get("name", "GPU"), total_bytes=int(gpu_mib * MiB))
-            s = Session(model=ModelProfile.from_gguf(path), config=config, gpus=(gpu,),
-                        host=HostSpec(total_bytes=128 << 30), use_compute_cache=False, measure_host_bandwidth=False)
+            s = Session(
+                model=ModelProfile.from_gguf(path),
+                config=config,
+                gpus=(gpu,),
+                host=HostSpec(total_bytes=128 << 30),
+                use_compute_cache=False,
+                measure_host_bandwidth=False,
+            )
             plan = s.plan()
             llama = row["llama"]
             meas_host_compute = sum(v for k, v in llama["compute_mib"].items() if k != "CUDA0")
-            rec = {"key": row["key"], "split": "fit" if row["key"] in FIT_ROWS else "held_out",
-                   "compute_gpu": (plan.compute.estimate_on("CUDA0") / MiB, llama["compute_mib"].get("CUDA0", 0.0)),
-                   "compute_host": (plan.compute.estimate_on("CPU") / MiB, meas_host_compute)}
+            rec = {
+                "key": row["key"],
+                "split": "fit" if row["key"] in FIT_ROWS else "held_out",
+                "compute_gpu": (plan.compute.estimate_on("CUDA0") / MiB, llama["compute_mib"].get("CUDA0", 0.0)),
+                "compute_host": (plan.compute.estimate_on("CPU") / MiB, meas_host_compute),
+            }
             if row.get("real_load"):  # a dry run (no_alloc) prints no model or KV buffer sizes
                 rec["weights_gpu"] = (plan.gpus[0].weights_bytes / MiB, llama.get("model_mib", {}).get("CUDA0", 0.0))
                 rec["kv_gpu"] = (plan.gpus[0].kv_bytes / MiB, llama.get("kv_mib", {}).get("CUDA0", 0.0))
@@ -115,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for k in kinds:
             c = r.get(k)
-            cells.append("-".rjust(26) if c is None else
-                         f"{c['planned_mib']:8.2f}/{c['measured_mib']:8.2f} {100 * (c['error'] or 0):+6.1f}%".rjust(26))
+            cells.append(
+                "-".rjust(26)
+                if c is None
+                else f"{c['planned_mib']:8.2f}/{c['measured_mib']:8.2f} {100 * (c['error'] or 0):+6.1f}%".rjust(26)
+            )
         print(f"{r['key']:20s} {r['split']:8s} " + " ".join(cells))
     print("\nmedian |error| (n; share within 2% or 8 MiB; worst under-estimate)")
     for split in ("fit", "held_out"):
@@ -127,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             errs = [abs(c["error"]) for c in cs]
             ok = sum(1 for c in cs if abs(c["planned_mib"] - c["measured_mib"]) <= max(0.02 * c["measured_mib"], 8))
             worst = min(c["error"] for c in cs)
-            print(f"  {split:8s} {k:13s} {100 * statistics.median(errs):5.1f}%  (n={len(cs)}; {ok}/{len(cs)} within; "
-                  f"worst {100 * worst:+.1f}%)")
+            print(
+                f"  {split:8s} {k:13s} {100 * statistics.median(errs):5.1f}%  (n={len(cs)}; {ok}/{len(cs)} within; "
+                f"worst {100 * worst:+.1f}%)"
+            )
     return 0
 
 

@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from kvtuner.core.export.vllm import render  # noqa: E402
-from kvtuner.core.plan.config import PlanConfig  # noqa: E402
-from kvtuner.core.plan.vllm import VllmModel, VllmSettings, plan_vllm, pool_from_available  # noqa: E402
-from kvtuner.core.units import GiB  # noqa: E402
+from kvtuner.core.export.vllm import render
+from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.vllm import VllmModel, VllmSettings, plan_vllm, pool_from_available
+from kvtuner.core.units import GiB
 
 ROWS = Path(__file__).with_name("rows.json")
 
@@ -51,8 +51,14 @@ def evaluate(doc: dict) -> list[dict]:
         s = row["settings"]
         settings = VllmSettings(engine=row["engine"], enable_prefix_caching=False, **s)
         lg = row["logged"]
-        res: dict = {"id": row["id"], "card": row["card"], "model": row["model"], "vllm": row["vllm"],
-                     "source": row["source"], "multimodal": bool(row.get("multimodal"))}
+        res: dict = {
+            "id": row["id"],
+            "card": row["card"],
+            "model": row["model"],
+            "vllm": row["vllm"],
+            "source": row["source"],
+            "multimodal": bool(row.get("multimodal")),
+        }
         # 1. pool arithmetic from the logged budget
         if "kv_cache_gib" in lg:
             _, blocks, tokens, conc = pool_from_available(model, settings, _gib(lg["kv_cache_gib"]))
@@ -76,13 +82,17 @@ def evaluate(doc: dict) -> list[dict]:
             if logged_act is None and "peak_torch_gib" in lg:
                 logged_act = round(lg["peak_torch_gib"] - lg["weights_gib"], 3)
             res["full"] = {
-                "total_gib": total, "weights_gib": round(plan.weights_bytes / GiB, 3),
+                "total_gib": total,
+                "weights_gib": round(plan.weights_bytes / GiB, 3),
                 "weights_logged_gib": lg.get("weights_gib"),
-                "activation_gib": round(plan.activation_bytes / GiB, 3), "activation_logged_gib": logged_act,
-                "non_torch_gib": round(plan.non_torch_bytes / GiB, 3), "non_torch_logged_gib": lg.get("non_torch_gib"),
+                "activation_gib": round(plan.activation_bytes / GiB, 3),
+                "activation_logged_gib": logged_act,
+                "non_torch_gib": round(plan.non_torch_bytes / GiB, 3),
+                "non_torch_logged_gib": lg.get("non_torch_gib"),
                 "kv_gib": None if plan.available_kv_bytes is None else round(plan.available_kv_bytes / GiB, 3),
                 "kv_logged_gib": lg.get("kv_cache_gib"),
-                "blocks": plan.num_blocks, "kv_tokens": plan.kv_tokens,
+                "blocks": plan.num_blocks,
+                "kv_tokens": plan.kv_tokens,
                 "max_concurrency": None if plan.max_concurrency is None else round(plan.max_concurrency, 3),
                 "batched_tokens": plan.batched_tokens,
             }
@@ -136,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['id']:<26} {card:<12} {_fmt(r.get('arith_ratios')):<48} {full}")
         f = r.get("full")
         if f:
-            print(f"{'':<26} components GiB ours (logged): weights {f['weights_gib']} ({f['weights_logged_gib']}), "
-                  f"activation {'unknown' if f.get('unknown') else f['activation_gib']} ({f['activation_logged_gib']}) at {f['batched_tokens']} tokens, "
-                  f"non-torch {f['non_torch_gib']} ({f['non_torch_logged_gib']}), KV {'unknown' if f['kv_gib'] is None else f['kv_gib']} ({f['kv_logged_gib']})")
+            print(
+                f"{'':<26} components GiB ours (logged): weights {f['weights_gib']} ({f['weights_logged_gib']}), "
+                f"activation {'unknown' if f.get('unknown') else f['activation_gib']} ({f['activation_logged_gib']}) at {f['batched_tokens']} tokens, "
+                f"non-torch {f['non_torch_gib']} ({f['non_torch_logged_gib']}), KV {'unknown' if f['kv_gib'] is None else f['kv_gib']} ({f['kv_logged_gib']})"
+            )
     arith = [abs(v - 1) for r in results for v in r.get("arith_ratios", {}).values()]
     full = [abs(v - 1) for r in results if not r["multimodal"] for v in r.get("full_ratios", {}).values()]
     pairs = {(r["model"], r["card"]) for r in results if r.get("arith_ratios") or r.get("full_ratios")}
@@ -147,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kvtuner export --format vllm prints the same blocks as the full prediction on every row: {same}")
     print(f"model/card pairs checked: {len(pairs)}; rows: {len(results)}")
     if arith:
-        print(f"pool arithmetic: {len(arith)} figures, max |error| {max(arith):.2%}, median {statistics.median(arith):.2%}")
+        print(
+            f"pool arithmetic: {len(arith)} figures, max |error| {max(arith):.2%}, median {statistics.median(arith):.2%}"
+        )
     if full:
-        print(f"full prediction (text models): {len(full)} figures, max |error| {max(full):.2%}, median {statistics.median(full):.2%}")
+        print(
+            f"full prediction (text models): {len(full)} figures, max |error| {max(full):.2%}, median {statistics.median(full):.2%}"
+        )
     return 0
 
 

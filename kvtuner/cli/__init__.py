@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 from .args import EXIT_USAGE, UserError
 
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
             return []  # an unknown multi-letter single-dash flag: "unrecognized arguments"
         return super()._get_option_tuples(option_string)
 
-    def error(self, message: str) -> "typing.NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -49,8 +49,13 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: typing.Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: typing.Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: typing.Any,
+        option_string: str | None = None,
+    ) -> None:
         from ..about import version_text
 
         print(version_text())
@@ -65,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvtuner",
         description="Plan, monitor and tune llama.cpp memory for long contexts on small GPUs.",
     )
-    parser.add_argument("--version", action=_VersionAction,
-                        help="print the version and the llama.cpp build kvtuner plans for, and exit")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the version and the llama.cpp build kvtuner plans for, and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (plan, bench, export, gui, hardware, tune, engines, monitor, desktop):
         module.register(sub)

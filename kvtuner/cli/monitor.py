@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -15,27 +14,46 @@ from .args import UserError
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``monitor``."""
     p = sub.add_parser(
-        "monitor", help="watch a running llama-server or Ollama: live speed, context fill, memory, kvtuner's prediction",
+        "monitor",
+        help="watch a running llama-server or Ollama: live speed, context fill, memory, kvtuner's prediction",
         description="Attach to a llama-server (or Ollama) that is already running and print, about once a second, its "
-                    "live prefill and decode tokens/s, the tokens in each slot against its context, the requests "
-                    "processing and deferred, the process's RAM, swap and VRAM, and kvtuner's plan and speed "
-                    "prediction for the configuration its command line gives, with the live advice. Without URL or "
-                    "PID it attaches to the one server found on this machine (llama-server processes, "
-                    "127.0.0.1:8080 and :9931, Ollama on 127.0.0.1:11434). Watching asks each endpoint at most "
-                    "once a second.")
-    p.add_argument("target", nargs="?", metavar="URL|PID",
-                   help="the server's URL (http://127.0.0.1:8080) or the PID of its llama-server process; "
-                        "default: the one found on this machine")
-    p.add_argument("--json", action="store_true",
-                   help="JSON Lines: an 'attached' object (configuration, plan), then one 'sample' object per poll")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="stop after S seconds (default: until interrupted)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
-                   help="seconds between polls, 1 or more (default 1)")
-    p.add_argument("--api-key", default=None, metavar="KEY",
-                   help="the server's --api-key (default: read from its command line when it is a local process)")
-    p.add_argument("--router-model", default="", metavar="NAME",
-                   help="the model to watch on a llama-server router (sent as ?model=NAME)")
+        "live prefill and decode tokens/s, the tokens in each slot against its context, the requests "
+        "processing and deferred, the process's RAM, swap and VRAM, and kvtuner's plan and speed "
+        "prediction for the configuration its command line gives, with the live advice. Without URL or "
+        "PID it attaches to the one server found on this machine (llama-server processes, "
+        "127.0.0.1:8080 and :9931, Ollama on 127.0.0.1:11434). Watching asks each endpoint at most "
+        "once a second.",
+    )
+    p.add_argument(
+        "target",
+        nargs="?",
+        metavar="URL|PID",
+        help="the server's URL (http://127.0.0.1:8080) or the PID of its llama-server process; "
+        "default: the one found on this machine",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON Lines: an 'attached' object (configuration, plan), then one 'sample' object per poll",
+    )
+    p.add_argument(
+        "--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: until interrupted)"
+    )
+    p.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between polls, 1 or more (default 1)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the server's --api-key (default: read from its command line when it is a local process)",
+    )
+    p.add_argument(
+        "--router-model",
+        default="",
+        metavar="NAME",
+        help="the model to watch on a llama-server router (sent as ?model=NAME)",
+    )
     p.add_argument("--list", action="store_true", help="list the servers found on this machine and exit")
     p.set_defaults(func=cmd_monitor)
 
@@ -56,8 +74,10 @@ def sample_line(s: dict[str, Any]) -> str:
             return f"{clock} {s['state']}: {'; '.join(s['problems'])}"
         parts = []
         for m in s["models"]:
-            part = (f"{m['name']} ctx {m['context_length'] or '-'} size {_mib(m['size_bytes'])} "
-                    f"(VRAM {_mib(m['vram_bytes'])}, RAM {_mib(m['ram_bytes'])}) until {m['expires_at'] or '-'}")
+            part = (
+                f"{m['name']} ctx {m['context_length'] or '-'} size {_mib(m['size_bytes'])} "
+                f"(VRAM {_mib(m['vram_bytes'])}, RAM {_mib(m['ram_bytes'])}) until {m['expires_at'] or '-'}"
+            )
             planned = m.get("planned")
             if planned and "total_bytes" in planned:
                 part += f"; kvtuner plans {_mib(planned['total_bytes'])} (KV {_mib(planned['kv_bytes'])})"
@@ -68,17 +88,21 @@ def sample_line(s: dict[str, Any]) -> str:
     slots = s.get("slots") or []
     ctx = ", ".join(f"{sl['tokens']}/{sl['n_ctx']}" for sl in slots) or "-"
     busy = s.get("requests_processing")
-    line = (f"{clock} {s['state']}  decode {_rate(s['decode_tok_s'])} tok/s  prefill {_rate(s['prefill_tok_s'])} tok/s"
-            f"  slots {ctx}  busy {busy if busy is not None else '-'}"
-            + (f" deferred {s['requests_deferred']}" if s.get("requests_deferred") is not None else ""))
+    line = (
+        f"{clock} {s['state']}  decode {_rate(s['decode_tok_s'])} tok/s  prefill {_rate(s['prefill_tok_s'])} tok/s"
+        f"  slots {ctx}  busy {busy if busy is not None else '-'}"
+        + (f" deferred {s['requests_deferred']}" if s.get("requests_deferred") is not None else "")
+    )
     proc = s.get("process")
     if proc and proc.get("alive"):
         vram = ", ".join(f"GPU{k} {_mib(v)}" for k, v in proc["vram_bytes"].items()) or "-"
         line += f"  RSS {_mib(proc['rss_bytes'])} swap {_mib(proc['swap_bytes'])} VRAM {vram}"
     pred = s.get("predicted")
     if pred and pred.get("decode_tok_s_now") is not None:
-        line += (f"  | predicted decode {pred['decode_tok_s_now']:.1f} tok/s now, "
-                 f"{pred['decode_tok_s_at_full_ctx']:.1f} at full context")
+        line += (
+            f"  | predicted decode {pred['decode_tok_s_now']:.1f} tok/s now, "
+            f"{pred['decode_tok_s_at_full_ctx']:.1f} at full context"
+        )
     extra = [*s.get("problems", ()), *s.get("notes", ())]
     if extra:
         line += "\n  " + "\n  ".join(extra)
@@ -92,27 +116,34 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from .args import config_from_server_argv
 
     if args.interval < 1:
-        raise UserError(f"--interval must be 1 second or more (watching must not load the server), not {args.interval:g}")
+        raise UserError(
+            f"--interval must be 1 second or more (watching must not load the server), not {args.interval:g}"
+        )
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be a positive number of seconds, not {args.duration:g}")
     if args.list:
         found = find_servers()
         if args.json:
-            print(json.dumps({"servers": [{"kind": s.kind, "url": s.url, "pid": s.pid, "argv": list(s.argv)}
-                                          for s in found]}))
+            print(
+                json.dumps(
+                    {"servers": [{"kind": s.kind, "url": s.url, "pid": s.pid, "argv": list(s.argv)} for s in found]}
+                )
+            )
         else:
             print("\n".join(s.label for s in found) if found else "no running llama-server or Ollama found")
         return 0
     try:
-        mon = Monitor.attach(args.target, api_key=args.api_key, router_model=args.router_model,
-                             parse_argv=config_from_server_argv)
+        mon = Monitor.attach(
+            args.target, api_key=args.api_key, router_model=args.router_model, parse_argv=config_from_server_argv
+        )
     except AttachError as exc:
         raise UserError(str(exc)) from None
     state = {"header": False}
 
     def emit(sample: dict[str, Any]) -> None:
-        if not state["header"] and (mon.kind == "ollama" or mon.config is not None or sample.get("state") == "ok"
-                                    or mon.notes):
+        if not state["header"] and (
+            mon.kind == "ollama" or mon.config is not None or sample.get("state") == "ok" or mon.notes
+        ):
             state["header"] = True
             h = mon.header()
             if args.json:
@@ -141,8 +172,9 @@ def _header_text(h: dict[str, Any]) -> str:
         from ..core.plan.fields import config_field
 
         config, default = PlanConfig.from_dict(cfg), PlanConfig()
-        changed = [config_field(k).cli_text(getattr(config, k)) for k in cfg
-                   if getattr(config, k) != getattr(default, k)]
+        changed = [
+            config_field(k).cli_text(getattr(config, k)) for k in cfg if getattr(config, k) != getattr(default, k)
+        ]
         lines.append("  configuration  " + (" ".join(changed) or "kvtuner's defaults"))
     for r in h.get("resolved") or ():
         lines.append(f"  resolved       {r}")
@@ -154,8 +186,10 @@ def _header_text(h: dict[str, Any]) -> str:
         lines.append(f"  kvtuner's plan {devs} (KV {plan['kv_bytes'] / (1 << 20):.0f} MiB)")
         sp = plan.get("speed")
         if sp:
-            lines.append(f"  predicted      decode {sp['decode_tok_s']:.1f} tok/s empty, "
-                         f"{sp['decode_tok_s_at_full_ctx']:.1f} at full context; prefill {sp['prefill_tok_s']:.0f} tok/s")
+            lines.append(
+                f"  predicted      decode {sp['decode_tok_s']:.1f} tok/s empty, "
+                f"{sp['decode_tok_s_at_full_ctx']:.1f} at full context; prefill {sp['prefill_tok_s']:.0f} tok/s"
+            )
     for n in h.get("notes") or ():
         lines.append(f"  note           {n}")
     return "\n".join(lines)

@@ -6,11 +6,33 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .args import (UserError, add_config_args, add_engine_arg, add_extras_args, add_record_anyway_arg, add_hardware_args, add_model_arg, add_threads_arg, add_vllm_args,
-                   add_workload_args, any_workload_flag, config_from_args, emit_json, engine_from_args, ensure_cpu_probe,
-                   extras_from_args,
-                   hardware_from_args, load_model, positive_int, rpc_endpoints, session_from_args, vllm_model_from_args,
-                   vllm_settings_from_args, vllm_weights_from_args, workload_from_args)
+from .args import (
+    UserError,
+    add_config_args,
+    add_engine_arg,
+    add_extras_args,
+    add_hardware_args,
+    add_model_arg,
+    add_record_anyway_arg,
+    add_threads_arg,
+    add_vllm_args,
+    add_workload_args,
+    any_workload_flag,
+    config_from_args,
+    emit_json,
+    engine_from_args,
+    ensure_cpu_probe,
+    extras_from_args,
+    hardware_from_args,
+    load_model,
+    positive_int,
+    rpc_endpoints,
+    session_from_args,
+    vllm_model_from_args,
+    vllm_settings_from_args,
+    vllm_weights_from_args,
+    workload_from_args,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.profile import ModelProfile
@@ -19,8 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``plan`` and ``inspect``."""
-    p = sub.add_parser("plan", help="plan where every byte goes for a configuration (headless)",
-                       description="Plan weights, KV cache, compute and output buffers per device, as llama.cpp will allocate them.")
+    p = sub.add_parser(
+        "plan",
+        help="plan where every byte goes for a configuration (headless)",
+        description="Plan weights, KV cache, compute and output buffers per device, as llama.cpp will allocate them.",
+    )
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
@@ -28,23 +53,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(p)
     add_threads_arg(p, "to predict the speed for")
     add_record_anyway_arg(p, "the CPU probe this command starts")
-    p.add_argument("--verify", action="store_true",
-                   help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
-                        "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="ask the engine's llama.cpp for the exact buffers without loading weights: the embedded one "
+        "(dry run in a child process) or llama-server's own start-up memory breakdown (--engine)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (schema: docs/reference/plan-json.md)")
-    p.add_argument("--prompt", type=positive_int, default=512, metavar="N",
-                   help="prompt length of the predicted prefill in tokens (default 512; with experts in RAM a prompt "
-                        "longer than -ub shows what -ub changes)")
+    p.add_argument(
+        "--prompt",
+        type=positive_int,
+        default=512,
+        metavar="N",
+        help="prompt length of the predicted prefill in tokens (default 512; with experts in RAM a prompt "
+        "longer than -ub shows what -ub changes)",
+    )
     add_workload_args(p)
     t = p.add_argument_group("decision table (--table) and vLLM budget (--vllm)")
-    t.add_argument("--table", action="store_true",
-                   help="print the grid sequences x window x KV type -> fits / does not fit, roofline tok/s, for the card")
-    t.add_argument("--table-seqs", default="1,2,4,8", metavar="LIST", help="sequence counts of the table (default 1,2,4,8)")
-    t.add_argument("--table-windows", default="8192,16384,32768", metavar="LIST",
-                   help="per-sequence windows of the table in tokens (default 8192,16384,32768)")
-    t.add_argument("--table-kv", default="f16,q8_0,fp8", metavar="LIST",
-                   help="KV types of the table: llama.cpp types and fp8 (vLLM; default f16,q8_0,fp8)")
-    t.add_argument("--vllm", action="store_true", help="also plan vLLM's KV pool, blocks and maximum concurrency on the card")
+    t.add_argument(
+        "--table",
+        action="store_true",
+        help="print the grid sequences x window x KV type -> fits / does not fit, roofline tok/s, for the card",
+    )
+    t.add_argument(
+        "--table-seqs", default="1,2,4,8", metavar="LIST", help="sequence counts of the table (default 1,2,4,8)"
+    )
+    t.add_argument(
+        "--table-windows",
+        default="8192,16384,32768",
+        metavar="LIST",
+        help="per-sequence windows of the table in tokens (default 8192,16384,32768)",
+    )
+    t.add_argument(
+        "--table-kv",
+        default="f16,q8_0,fp8",
+        metavar="LIST",
+        help="KV types of the table: llama.cpp types and fp8 (vLLM; default f16,q8_0,fp8)",
+    )
+    t.add_argument(
+        "--vllm", action="store_true", help="also plan vLLM's KV pool, blocks and maximum concurrency on the card"
+    )
     add_vllm_args(p)
     p.set_defaults(func=cmd_plan)
 
@@ -90,8 +138,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if note:
             print(note, file=sys.stderr)
         if args.verify:
-            session.set_verified(verify(model, config, engine_from_args(args), split=session.split,
-                                        rpc=[e for e in rpc_endpoints(args) if "=" not in e]))
+            session.set_verified(
+                verify(
+                    model,
+                    config,
+                    engine_from_args(args),
+                    split=session.split,
+                    rpc=[e for e in rpc_endpoints(args) if "=" not in e],
+                )
+            )
         elif session.needs_structure_probe and not args.no_probe:
             session.set_structure(probe(model))
         assessment = session.assess()
@@ -114,7 +169,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _extras(args: argparse.Namespace, session: "object", assessment: "object", model: "ModelProfile") -> "tuple[dict, list[str]]":
+def _extras(
+    args: argparse.Namespace, session: object, assessment: object, model: ModelProfile
+) -> tuple[dict, list[str]]:
     """The projector / draft / LoRA section (the plan's :class:`~kvtuner.core.plan.extras.ExtrasPlan`)
     as the ``extras`` JSON key and text lines; empty without ``--mmproj``, ``-md`` and ``--lora``.
     With ``--verify`` and a server engine the draft's figures are llama-server's second breakdown table."""
@@ -129,7 +186,7 @@ def _extras(args: argparse.Namespace, session: "object", assessment: "object", m
     return {"extras": doc}, report.extras_text(assessment.plan, xp) + report.extras_speed_text(speed)
 
 
-def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict:
+def _extras_speed(session: object, assessment: object, xp: object) -> dict:
     """Speculative decoding's tokens/s range and one image's encode time (``extras.speed``)."""
     from ..core.plan.extras import projector_flops, projector_header
     from ..core.speed.extras_speed import image_encode_s, speculative_speed
@@ -149,18 +206,21 @@ def _extras_speed(session: "object", assessment: "object", xp: "object") -> dict
         if draft is None:
             out["why"].append(f"no speed prediction for the draft: {why}")
         else:
-            out["speculative"] = speculative_speed(main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s,
-                                                   n_draft=xp.config.draft_n_max).to_dict()
+            out["speculative"] = speculative_speed(
+                main.decode_tok_s, main.prefill_tok_s, draft.decode_tok_s, n_draft=xp.config.draft_n_max
+            ).to_dict()
     if xp.config.mmproj:
         flops = projector_flops(projector_header(xp.config.mmproj, assessment.plan.model.n_embd))
         if flops:
             out["image_encode_s"] = image_encode_s(flops, main.prefill_tok_s, 2.0 * assessment.plan.model.n_params)
-            out["image_encode_assumption"] = ("the projector's operations (2 x patches per weight + attention) at the "
-                                              "operations per second of the model's predicted prefill")
+            out["image_encode_assumption"] = (
+                "the projector's operations (2 x patches per weight + attention) at the "
+                "operations per second of the model's predicted prefill"
+            )
     return out
 
 
-def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "PlanConfig", extras: "object") -> "object":
+def _verify_draft(args: argparse.Namespace, model: ModelProfile, config: PlanConfig, extras: object) -> object:
     """llama-server's figures for the draft (its fit step's second table), as ExactFigures."""
     from ..core.plan.config import ConfigError
     from ..runner.dryrun import DryRunError
@@ -168,8 +228,10 @@ def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "Plan
 
     engine = engine_from_args(args)
     if getattr(engine, "kind", "") != "server":
-        print("kvtuner: the draft's figures come from llama-server's fit step: --engine server to verify them",
-              file=sys.stderr)
+        print(
+            "kvtuner: the draft's figures come from llama-server's fit step: --engine server to verify them",
+            file=sys.stderr,
+        )
         return None
     try:
         return draft_exact_figures(verify_draft(engine, model.path, config, extras))
@@ -179,7 +241,7 @@ def _verify_draft(args: argparse.Namespace, model: "ModelProfile", config: "Plan
         raise UserError(str(exc)) from None
 
 
-def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanConfig") -> "tuple[dict, list[str]]":
+def _workload_and_vllm(args: argparse.Namespace, plan: object, config: PlanConfig) -> tuple[dict, list[str]]:
     """The workload section (worst / P95 / expected KV for llama.cpp and vLLM) and the vLLM budget,
     as JSON keys and text lines; empty without ``--avg-tokens``/``--p95-tokens``/``--shared-prefix``
     and ``--vllm``."""
@@ -202,16 +264,26 @@ def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanCo
         items = advise_workload(ll, plan.n_ctx)  # type: ignore[attr-defined]
         if not config.kv_unified:
             uni = workload_kv(per, w, engine="llama.cpp", unified=True)
-            items += advise_unified(ll.worst_tokens, uni.p95_tokens if uni.p95_tokens is not None else uni.expected_tokens,
-                                    per)
-        doc["workload"] = {"n_seq": w.n_seq, "window_tokens": w.window_tokens, "avg_tokens": w.avg_tokens,
-                           "p95_tokens": w.p95_tokens, "shared_prefix_tokens": w.shared_prefix_tokens,
-                           "llama_cpp": ll.to_dict(), "advice": workload_advice(ll, plan.n_ctx),  # type: ignore[attr-defined]
-                           "advice_items": [a.to_dict() for a in items]}
+            items += advise_unified(
+                ll.worst_tokens, uni.p95_tokens if uni.p95_tokens is not None else uni.expected_tokens, per
+            )
+        doc["workload"] = {
+            "n_seq": w.n_seq,
+            "window_tokens": w.window_tokens,
+            "avg_tokens": w.avg_tokens,
+            "p95_tokens": w.p95_tokens,
+            "shared_prefix_tokens": w.shared_prefix_tokens,
+            "llama_cpp": ll.to_dict(),
+            "advice": workload_advice(ll, plan.n_ctx),  # type: ignore[attr-defined]
+            "advice_items": [a.to_dict() for a in items],
+        }
         try:
             vm = VllmModel.from_profile(plan.model)  # type: ignore[attr-defined]
-            vl = workload_kv(vm.kv_bytes_per_token("fp8" if config.type_k != "f16" and config.type_v != "f16" else "auto"),
-                             w, engine="vllm")
+            vl = workload_kv(
+                vm.kv_bytes_per_token("fp8" if config.type_k != "f16" and config.type_v != "f16" else "auto"),
+                w,
+                engine="vllm",
+            )
             doc["workload"]["vllm"] = vl.to_dict()
         except VllmError:
             vl = None
@@ -226,7 +298,7 @@ def _workload_and_vllm(args: argparse.Namespace, plan: "object", config: "PlanCo
     return doc, lines
 
 
-def _vllm_plan(args: argparse.Namespace, config: "PlanConfig") -> "tuple[dict, str]":
+def _vllm_plan(args: argparse.Namespace, config: PlanConfig) -> tuple[dict, str]:
     """vLLM's budget on the first GPU of the hardware flags."""
     from ..core.plan.vllm import VllmError, cuda_reported_total, plan_vllm
     from . import report
@@ -237,8 +309,13 @@ def _vllm_plan(args: argparse.Namespace, config: "PlanConfig") -> "tuple[dict, s
     if not gpus:
         raise UserError("--vllm needs a GPU: give --gpu NAME or --gpu-mem SIZE")
     try:
-        vp = plan_vllm(model, settings, cuda_reported_total(gpus[0].total_bytes),  # type: ignore[arg-type]
-                       weights_bytes=vllm_weights_from_args(args, model), gpu_name=gpus[0].name)
+        vp = plan_vllm(
+            model,
+            settings,
+            cuda_reported_total(gpus[0].total_bytes),  # type: ignore[arg-type]
+            weights_bytes=vllm_weights_from_args(args, model),
+            gpu_name=gpus[0].name,
+        )
     except VllmError as exc:
         raise UserError(str(exc)) from None
     return vp.to_dict(), report.vllm_text(vp, gpus[0].name)
@@ -274,20 +351,40 @@ def cmd_table(args: argparse.Namespace) -> int:
         raise UserError("--table needs a card: give --gpu NAME or --gpu-mem SIZE")
     gpu = gpus[0]
     try:
-        cells = decision_table(model, gpu.total_bytes, weights_bytes=weights, seqs=seqs, windows=windows,
-                               kv_types=kv_types, bandwidth_bytes_s=gpu.mem_bandwidth_bytes_s)
+        cells = decision_table(
+            model,
+            gpu.total_bytes,
+            weights_bytes=weights,
+            seqs=seqs,
+            windows=windows,
+            kv_types=kv_types,
+            bandwidth_bytes_s=gpu.mem_bandwidth_bytes_s,
+        )
     except TableError as exc:
         raise UserError(str(exc)) from None
     if args.json:
-        emit_json({"model": model.name, "gpu": gpu.name, "gpu_bytes": gpu.total_bytes, "weights_bytes": weights,
-                   "cells": [c.to_dict() for c in cells]})
+        emit_json(
+            {
+                "model": model.name,
+                "gpu": gpu.name,
+                "gpu_bytes": gpu.total_bytes,
+                "weights_bytes": weights,
+                "cells": [c.to_dict() for c in cells],
+            }
+        )
     else:
         print(report.table_text(model.name, gpu.name, gpu.total_bytes, weights, cells))
     return 0
 
 
-def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" = None, *, split: "object" = None,
-           rpc: "list[str] | None" = None) -> "object":
+def verify(
+    model: ModelProfile,
+    config: PlanConfig,
+    engine: object | None = None,
+    *,
+    split: object = None,
+    rpc: list[str] | None = None,
+) -> object:
     """What ``engine`` (None: the embedded one) reports for ``config``
     (:func:`kvtuner.runner.server_verify.verify_with_engine`; nothing is loaded); a llama-server
     gets the ``-sm``/``-ts``/``-mg`` of ``split`` and the real (not what-if) ``--rpc`` servers.
@@ -303,8 +400,14 @@ def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" 
         raise UserError(f"--verify needs the runner: {exc}") from None
     eng = engine if engine is not None else embedded_engine()
     try:
-        return verify_with_engine(eng, model.path, config, timeout_s=VERIFY_TIMEOUT_S,  # type: ignore[arg-type]
-                                  split=split, rpc=rpc or ())
+        return verify_with_engine(
+            eng,
+            model.path,
+            config,
+            timeout_s=VERIFY_TIMEOUT_S,  # type: ignore[arg-type]
+            split=split,
+            rpc=rpc or (),
+        )
     except DryRunError as exc:
         who = getattr(eng, "label", "llama.cpp")
         raise UserError(f"{who} refused this configuration ({exc.kind}): {exc}") from None
@@ -314,7 +417,7 @@ def verify(model: "ModelProfile", config: "PlanConfig", engine: "object | None" 
 VERIFY_TIMEOUT_S = 120.0
 
 
-def probe(model: "ModelProfile") -> "object":
+def probe(model: ModelProfile) -> object:
     """The model's layer structure read from the installed llama.cpp (a dry run in a child
     process, once per model and llama.cpp build: the session remembers it); None when
     llama.cpp is not installed or cannot load the model (the plan then stays approximate)."""
@@ -325,8 +428,10 @@ def probe(model: "ModelProfile") -> "object":
     from ..runner.dryrun import DryRunError, probe_structure
 
     if sys.stderr.isatty():
-        print(f"kvtuner: reading {model.architecture}'s layer structure from llama.cpp (once per model) ...",
-              file=sys.stderr)
+        print(
+            f"kvtuner: reading {model.architecture}'s layer structure from llama.cpp (once per model) ...",
+            file=sys.stderr,
+        )
     try:
         return probe_structure(model.path, model.structure)
     except DryRunError as exc:

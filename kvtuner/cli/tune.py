@@ -8,25 +8,41 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .args import (UserError, add_config_args, add_record_anyway_arg, add_engine_arg, add_hardware_args, add_model_arg, add_threads_arg, add_tune_args,
-                   config_from_args, emit_json, engine_from_args, ensure_cpu_probe, load_model, session_from_args)
+from .args import (
+    UserError,
+    add_config_args,
+    add_engine_arg,
+    add_hardware_args,
+    add_model_arg,
+    add_record_anyway_arg,
+    add_threads_arg,
+    add_tune_args,
+    config_from_args,
+    emit_json,
+    engine_from_args,
+    ensure_cpu_probe,
+    load_model,
+    session_from_args,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
     from ..core.plan.verdict import FitVerdict
     from ..core.tune import Candidate, TuneResult
-    from ..core.tune.fit_choice import FitChoice
     from ..core.tune.confirm import Measured, RealLoad
+    from ..core.tune.fit_choice import FitChoice
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``tune``."""
     p = sub.add_parser(
-        "tune", help="find the fastest configuration that fits a goal (headless)",
+        "tune",
+        help="find the fastest configuration that fits a goal (headless)",
         description="Search n_gpu_layers, KV layers on the GPU, MoE experts (--n-cpu-moe) or dense FFN (--n-cpu-ffn) "
-                    "in RAM, K/V types within the quality floor, flash attention and n_ubatch for the fastest predicted decode at the full context that fits every device "
-                    "(1 GiB VRAM margin, 20 %% of RAM free); explain the choice, the runner-up and what llama.cpp's "
-                    "--fit would run.")
+        "in RAM, K/V types within the quality floor, flash attention and n_ubatch for the fastest predicted decode at the full context that fits every device "
+        "(1 GiB VRAM margin, 20 %% of RAM free); explain the choice, the runner-up and what llama.cpp's "
+        "--fit would run.",
+    )
     add_model_arg(p)
     add_engine_arg(p)
     add_config_args(p)
@@ -34,11 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_tune_args(p)
     add_threads_arg(p, "to predict (and run) with")
     add_record_anyway_arg(p, "the CPU probe this command starts and its real loads (--runs)")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema kvtuner.tune/1: docs/reference/tune-json.md)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output (schema kvtuner.tune/1: docs/reference/tune-json.md)",
+    )
     p.set_defaults(func=cmd_tune)
 
 
-def _goal(args: argparse.Namespace) -> "object":
+def _goal(args: argparse.Namespace) -> object:
     from ..core.tune import TuneError, TuneGoal
 
     try:
@@ -66,15 +86,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.threads is not None:
         session.n_threads = args.threads
     if args.runs and any(g.what_if for g in session.gpus):
-        raise UserError("--runs loads the model on this machine: it cannot confirm a what-if card (--gpu/--gpu-mem); "
-                        "use --runs 0")
+        raise UserError(
+            "--runs loads the model on this machine: it cannot confirm a what-if card (--gpu/--gpu-mem); use --runs 0"
+        )
     from ..core.tune import kv_type_pairs
 
     # the tune ranks every K/V pair its quality floor allows: probe the CPU attention with each
-    note = ensure_cpu_probe(session, args, quiet=args.json,
-                            kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)),
-                            # real loads (--runs) must not run beside a probe: each would slow the other
-                            default_mode="now" if args.runs else "background")
+    note = ensure_cpu_probe(
+        session,
+        args,
+        quiet=args.json,
+        kv_pairs=kv_type_pairs(model, goal.kv_quality, gpu=bool(session.gpus)),
+        # real loads (--runs) must not run beside a probe: each would slow the other
+        default_mode="now" if args.runs else "background",
+    )
     if note:
         print(note, file=sys.stderr)
     loads: list = []
@@ -87,8 +112,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 if dry.startswith("refused"):
                     raise UserError(f"llama.cpp {dry}")
             measure = _measure(model.path, session.threads(), args.record_anyway)
-            result, loads = session.confirm_tune(goal, measure, args.runs,  # type: ignore[arg-type]
-                                                 on_load=None if args.json else _print_load)
+            result, loads = session.confirm_tune(
+                goal,
+                measure,
+                args.runs,  # type: ignore[arg-type]
+                on_load=None if args.json else _print_load,
+            )
         else:
             result = session.tune(goal)  # type: ignore[arg-type]
     except (ConfigError, TuneError) as exc:
@@ -118,8 +147,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             lines.append(f"[warning] ctx-exceeds-train: {trained}")
         lines += trade_lines(trade)
         if given is not None:
-            lines.append(f"given:     the configuration as given, at {goal.n_ctx} tokens, is {given.level.upper()} -- "
-                         f"{given.detail}")
+            lines.append(
+                f"given:     the configuration as given, at {goal.n_ctx} tokens, is {given.level.upper()} -- "
+                f"{given.detail}"
+            )
         if dry:
             lines.append(f"dry run: {dry}")
         for l in loads:
@@ -128,7 +159,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if result.best is not None else 1
 
 
-def trained_context_warning(best: "Candidate | None") -> str:
+def trained_context_warning(best: Candidate | None) -> str:
     """The advisor's ``ctx-exceeds-train`` warning for the chosen configuration, as ``plan``
     gives it (:func:`kvtuner.core.advice.advisor` rule ``_rule_ctx_train``: each sequence's
     context past the model's training context degrades output unless RoPE scaling is set), with
@@ -139,12 +170,14 @@ def trained_context_warning(best: "Candidate | None") -> str:
     if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
         return ""
     per_seq = m.n_ctx_train * (1 if p.config.kv_unified else p.config.n_seq)
-    return (f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was "
-            f"trained on: positions past the trained length degrade output unless RoPE scaling is set "
-            f"(--ctx {per_seq} stays within it)")
+    return (
+        f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was "
+        f"trained on: positions past the trained length degrade output unless RoPE scaling is set "
+        f"(--ctx {per_seq} stays within it)"
+    )
 
 
-def _given_verdict(session: "object", base: "PlanConfig", goal: "object") -> "FitVerdict | None":
+def _given_verdict(session: object, base: PlanConfig, goal: object) -> FitVerdict | None:
     """The fit verdict of the configuration as the user gave it, at the goal's context (None for
     a goal without one, or a configuration that cannot be planned): the same verdict ``plan``
     prints, so ``tune`` and ``plan`` agree on it."""
@@ -164,7 +197,7 @@ def _given_verdict(session: "object", base: "PlanConfig", goal: "object") -> "Fi
         s.config = base
 
 
-def quality_trade(session: "object", goal: "object", result: "TuneResult") -> list[dict]:
+def quality_trade(session: object, goal: object, result: TuneResult) -> list[dict]:
     """The trade across KV quality levels: for each of f16, q8_0 and q4_0 as the worst KV type
     allowed, the tuner's best for the same goal (``result`` for the goal's own level):
     ``{kv_quality, config, decode_tok_s_at_full_ctx, fits, note}`` (config None when nothing fits;
@@ -184,10 +217,17 @@ def quality_trade(session: "object", goal: "object", result: "TuneResult") -> li
             except (TuneError, ValueError):
                 r = None
         b = r.best if r is not None else None
-        out.append({"kv_quality": q, "config": b.config.to_dict() if b is not None else None,
-                    "decode_tok_s_at_full_ctx": b.decode_tok_s if b is not None else None,
-                    "fits": b is not None, "chosen": q == g.kv_quality, "note": KV_QUALITY_NOTES[q],
-                    "short": _short(b.config) if b is not None else ""})
+        out.append(
+            {
+                "kv_quality": q,
+                "config": b.config.to_dict() if b is not None else None,
+                "decode_tok_s_at_full_ctx": b.decode_tok_s if b is not None else None,
+                "fits": b is not None,
+                "chosen": q == g.kv_quality,
+                "note": KV_QUALITY_NOTES[q],
+                "short": _short(b.config) if b is not None else "",
+            }
+        )
     return out
 
 
@@ -196,16 +236,21 @@ def trade_lines(trade: list[dict]) -> list[str]:
     per level with its configuration and what it costs."""
     if not trade:
         return []
-    parts = [f"{t['kv_quality']} " + (f"{t['decode_tok_s_at_full_ctx']:.3g} tok/s" if t["fits"] else "nothing fits")
-             + (" (chosen)" if t["chosen"] else "") for t in trade]
+    parts = [
+        f"{t['kv_quality']} "
+        + (f"{t['decode_tok_s_at_full_ctx']:.3g} tok/s" if t["fits"] else "nothing fits")
+        + (" (chosen)" if t["chosen"] else "")
+        for t in trade
+    ]
     lines = ["quality:   best decode at the full context per KV quality floor: " + " | ".join(parts)]
     for t in trade:
         lines.append(f"           {t['kv_quality']}: {t['short'] or 'nothing fits'}; {t['note']}")
     return lines
 
 
-def fit_choice(args: argparse.Namespace, session: "object", goal: "object", model_path: "object"
-               ) -> tuple["FitChoice | None", str | None]:
+def fit_choice(
+    args: argparse.Namespace, session: object, goal: object, model_path: object
+) -> tuple[FitChoice | None, str | None]:
     """llama.cpp's ``--fit`` choice beside the tune (:func:`kvtuner.runner.fit_params.fit_choice_for`):
     the engine's llama-fit-params on this machine's devices, or the port of common/fit.cpp for a
     what-if card or an engine without llama-fit-params; ``(choice, None)`` or ``(None, why)``."""
@@ -214,14 +259,24 @@ def fit_choice(args: argparse.Namespace, session: "object", goal: "object", mode
     s: Any = session
     engine = None if s.fit_needs_port else engine_from_args(args, list_devices=False)
     inputs, _why = s.speed_inputs()
-    return fit_choice_for(engine, model_path, s.planned_model(), s.config, s.gpus, s.host, inputs, goal,  # type: ignore[arg-type]
-                          split=s.split, n_threads=min(2, s.threads()))
+    return fit_choice_for(
+        engine,
+        model_path,
+        s.planned_model(),
+        s.config,
+        s.gpus,
+        s.host,
+        inputs,
+        goal,  # type: ignore[arg-type]
+        split=s.split,
+        n_threads=min(2, s.threads()),
+    )
 
 
-def _dry_run(path: "object", best: "Candidate") -> str:
+def _dry_run(path: object, best: Candidate) -> str:
     """llama.cpp's dry run of the chosen configuration, in one line."""
-    from ..runner.dryrun import DryRunError, dry_run
     from ..core.units import MiB
+    from ..runner.dryrun import DryRunError, dry_run
 
     try:
         v = dry_run(path, best.config)  # type: ignore[arg-type]
@@ -232,7 +287,7 @@ def _dry_run(path: "object", best: "Candidate") -> str:
     return f"llama.cpp accepts it; KV {kv:.2f} MiB (planned {planned:.2f} MiB), n_ctx {v.n_ctx}"
 
 
-def _measure(path: "object", n_threads: int, record_anyway: bool = False):
+def _measure(path: object, n_threads: int, record_anyway: bool = False):
     """A callable that benches one configuration in the runner child at the top of its context,
     measuring the other load (a busy load is shown but does not calibrate unless ``record_anyway``)."""
     from ..core.monitor.contention import ContentionMeter
@@ -240,51 +295,72 @@ def _measure(path: "object", n_threads: int, record_anyway: bool = False):
     from ..core.units import pad_to
     from ..runner.bench import BenchError, run_bench
 
-    def measure(config: "PlanConfig") -> "Measured":
+    def measure(config: PlanConfig) -> Measured:
         n_ctx = pad_to(config.n_ctx, 256)
         depth = confirm_depth(n_ctx)
         if sys.stderr.isatty():
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
         meter = ContentionMeter().start()
         try:
-            r = run_bench(path, config, n_prompt=CONFIRM_PROMPT_TOKENS, n_gen=CONFIRM_GEN_TOKENS, n_depth=depth,  # type: ignore[arg-type]
-                          repetitions=1, n_threads=n_threads, timeout_s=3600.0, idle_timeout_s=3600.0)
+            r = run_bench(
+                path,
+                config,
+                n_prompt=CONFIRM_PROMPT_TOKENS,
+                n_gen=CONFIRM_GEN_TOKENS,
+                n_depth=depth,  # type: ignore[arg-type]
+                repetitions=1,
+                n_threads=n_threads,
+                timeout_s=3600.0,
+                idle_timeout_s=3600.0,
+            )
         except BenchError as exc:
             raise UserError(f"the confirming load failed ({exc.kind}): {exc}") from None
         contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
         kept = contention.counts(record_anyway)
         if not kept:
             print(f"kvtuner: {contention.reason('this real load')}", file=sys.stderr)
-        return Measured(depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads,
-                        r.prefill_tok_s.median if r.prefill_tok_s else None, r.decode_tok_s.median if r.decode_tok_s else None,
-                        contention.other_cores, kept)
+        return Measured(
+            depth,
+            CONFIRM_PROMPT_TOKENS,
+            CONFIRM_GEN_TOKENS,
+            r.n_threads,
+            r.prefill_tok_s.median if r.prefill_tok_s else None,
+            r.decode_tok_s.median if r.decode_tok_s else None,
+            contention.other_cores,
+            kept,
+        )
 
     return measure
 
 
-def _load_line(l: "RealLoad") -> str:
+def _load_line(l: RealLoad) -> str:
     m = l.measured
     de = f"{l.decode_error:+.1%}" if l.decode_error is not None else "-"
     pe = f"{l.prefill_error:+.1%}" if l.prefill_error is not None else "-"
-    return (f"real load ({_short(l.config)}) at depth {m.n_depth}: decode predicted {l.predicted_decode_tok_s:.2f}, "
-            f"measured {m.decode_tok_s or 0:.2f} tok/s ({de}); prefill predicted {l.predicted_prefill_tok_s:.1f}, "
-            f"measured {m.prefill_tok_s or 0:.1f} tok/s ({pe})")
+    return (
+        f"real load ({_short(l.config)}) at depth {m.n_depth}: decode predicted {l.predicted_decode_tok_s:.2f}, "
+        f"measured {m.decode_tok_s or 0:.2f} tok/s ({de}); prefill predicted {l.predicted_prefill_tok_s:.1f}, "
+        f"measured {m.prefill_tok_s or 0:.1f} tok/s ({pe})"
+    )
 
 
-def _print_load(l: "RealLoad") -> None:
+def _print_load(l: RealLoad) -> None:
     print("kvtuner: " + _load_line(l), file=sys.stderr)
 
 
-def _short(cfg: "PlanConfig") -> str:
+def _short(cfg: PlanConfig) -> str:
     ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
     kv = "all" if cfg.kv_gpu_layers is None else str(cfg.kv_gpu_layers)
     off = (f", FFN of {cfg.n_cpu_ffn} layers on CPU (--n-cpu-ffn)" if cfg.n_cpu_ffn else "") + (
-        f", experts of {cfg.n_cpu_moe} layers on CPU (--n-cpu-moe)" if cfg.n_cpu_moe else "")
-    return (f"ctx {cfg.n_ctx}, K {cfg.type_k} / V {cfg.type_v}, flash attn {cfg.flash_attn}, ngl {ngl}, "
-            f"KV layers on GPU {kv}, ubatch {cfg.n_ubatch}{off}")
+        f", experts of {cfg.n_cpu_moe} layers on CPU (--n-cpu-moe)" if cfg.n_cpu_moe else ""
+    )
+    return (
+        f"ctx {cfg.n_ctx}, K {cfg.type_k} / V {cfg.type_v}, flash attn {cfg.flash_attn}, ngl {ngl}, "
+        f"KV layers on GPU {kv}, ubatch {cfg.n_ubatch}{off}"
+    )
 
 
-def _where(c: "Candidate") -> str:
+def _where(c: Candidate) -> str:
     from ..core.units import fmt_bytes
 
     p = c.plan
@@ -295,13 +371,16 @@ def _where(c: "Candidate") -> str:
     return ", ".join(parts)
 
 
-def _speed(c: "Candidate") -> str:
-    pre = (f", prefill {c.prefill_tok_s:.1f} tok/s ({c.prefill_tokens}-token prompt)"
-           if c.prefill_tok_s is not None and math.isfinite(c.prefill_tok_s) else "")
+def _speed(c: Candidate) -> str:
+    pre = (
+        f", prefill {c.prefill_tok_s:.1f} tok/s ({c.prefill_tokens}-token prompt)"
+        if c.prefill_tok_s is not None and math.isfinite(c.prefill_tok_s)
+        else ""
+    )
     return f"{c.decode_tok_s:.2f} tok/s decode at the full {c.plan.n_ctx_seq}-token context{pre}"
 
 
-def fit_line(fit: "FitChoice", best: "Candidate | None") -> str:
+def fit_line(fit: FitChoice, best: Candidate | None) -> str:
     """llama.cpp's --fit choice in one row beside the tune's best."""
     how = "llama-fit-params" if fit.method == "llama-fit-params" else "kvtuner's port of common/fit.cpp"
     if fit.decode_tok_s is not None:
@@ -316,7 +395,7 @@ def fit_line(fit: "FitChoice", best: "Candidate | None") -> str:
     return f"--fit:     llama.cpp's --fit chooses {fit.flags} ({how}, {fit.source}): {speed}{tail}"
 
 
-def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str | None = None) -> list[str]:
+def explain(result: TuneResult, fit: FitChoice | None = None, fit_error: str | None = None) -> list[str]:
     """The result in sentences: chosen and why, runner-up and what it trades, llama.cpp's --fit
     (its own choice when ``fit`` is given, else kvtuner's equivalent)."""
     from ..core.tune import offload_note
@@ -325,20 +404,32 @@ def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str
     lines = []
     b = result.best
     g = result.goal
-    goal = (f"context {g.n_ctx} at the best speed" if g.kind == "ctx" else
-            f"at least {g.n_ctx_min} tokens at the best speed" if g.kind == "ctx_min" else
-            f"the longest context at >= {g.min_tok_s:g} tok/s")
-    lines.append(f"goal: {goal}; KV no worse than {g.kv_quality}; {result.candidates_evaluated} configurations planned "
-                 f"in {result.elapsed_s * 1000:.0f} ms")
+    goal = (
+        f"context {g.n_ctx} at the best speed"
+        if g.kind == "ctx"
+        else f"at least {g.n_ctx_min} tokens at the best speed"
+        if g.kind == "ctx_min"
+        else f"the longest context at >= {g.min_tok_s:g} tok/s"
+    )
+    lines.append(
+        f"goal: {goal}; KV no worse than {g.kv_quality}; {result.candidates_evaluated} configurations planned "
+        f"in {result.elapsed_s * 1000:.0f} ms"
+    )
     if b is None:
         lines += [f"nothing fits: {n}" for n in result.notes] or ["nothing fits"]
         return lines
     p = b.plan
-    kv_where = ("all KV in VRAM" if p.gpus and p.kv_gpu_layers == p.n_gpu_repeating and p.n_gpu_repeating
-                else f"KV of {p.kv_gpu_layers} of {p.model.n_layer} layers in VRAM" if p.gpus else "CPU only")
+    kv_where = (
+        "all KV in VRAM"
+        if p.gpus and p.kv_gpu_layers == p.n_gpu_repeating and p.n_gpu_repeating
+        else f"KV of {p.kv_gpu_layers} of {p.model.n_layer} layers in VRAM"
+        if p.gpus
+        else "CPU only"
+    )
     lines.append(f"chosen:    {_short(b.config)}")
-    lines.append(f"           {_speed(b)}; {p.n_gpu_repeating}/{p.model.n_layer} layers on the GPU, {kv_where}; "
-                 f"{_where(b)}")
+    lines.append(
+        f"           {_speed(b)}; {p.n_gpu_repeating}/{p.model.n_layer} layers on the GPU, {kv_where}; {_where(b)}"
+    )
     why = "the fastest predicted decode at the full context among the configurations that fit"
     if b.measured_decode_tok_s is not None:
         why += f"; measured {b.measured_decode_tok_s:.2f} tok/s decode near the top of the context"
@@ -375,14 +466,18 @@ def explain(result: "TuneResult", fit: "FitChoice | None" = None, fit_error: str
         lines.append(f"--fit:     {fit_error}")
     elif f is not None:
         dv = b.decode_tok_s / f.decode_tok_s if f.decode_tok_s else float("inf")
-        lines.append(f"--fit:     llama.cpp's --fit keeps K {f.config.type_k} / V {f.config.type_v}, flash attention "
-                     f"{f.config.flash_attn}, and sets -ngl {'all' if f.config.n_gpu_layers < 0 else f.config.n_gpu_layers}: "
-                     f"{_speed(f)}; the tuned one is {dv:.1f}x that")
+        lines.append(
+            f"--fit:     llama.cpp's --fit keeps K {f.config.type_k} / V {f.config.type_v}, flash attention "
+            f"{f.config.flash_attn}, and sets -ngl {'all' if f.config.n_gpu_layers < 0 else f.config.n_gpu_layers}: "
+            f"{_speed(f)}; the tuned one is {dv:.1f}x that"
+        )
     else:
         lines.append("--fit:     llama.cpp's --fit finds nothing that fits with the configured KV types")
     for n in result.notes:
         lines.append(f"note:      {n}")
     if p.gpus:
-        lines.append(f"memory:    every GPU within capacity less {fmt_bytes(g.vram_margin_bytes)}, host within "
-                     f"{1 - g.ram_headroom_fraction:.0%} of available RAM")
+        lines.append(
+            f"memory:    every GPU within capacity less {fmt_bytes(g.vram_margin_bytes)}, host within "
+            f"{1 - g.ram_headroom_fraction:.0%} of available RAM"
+        )
     return lines

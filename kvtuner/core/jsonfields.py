@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def typed_field(data: Mapping[str, Any], key: str, typ: type, *default: Any) -> Any:
@@ -30,4 +31,3 @@ def require_object(data: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ValueError(f"'{what}' must be an object")
     return data
-

@@ -16,8 +16,9 @@ Nothing here touches Qt or llama.cpp; the dry run itself is the runner's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from .advice.advisor import SEVERITIES, Advice, AdvisorSettings, advise
 from .advice.backends import advise_backends
@@ -25,6 +26,7 @@ from .hardware.host import physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
 from .model.profile import ModelProfile
+from .model.structure import ModelStructure, differences
 from .monitor.live import LiveState
 from .plan.buffers import bytes_by_device
 from .plan.build_rules import VENDORED, BuildRules
@@ -32,12 +34,10 @@ from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .plan.placement import DeviceSplit
 from .plan.verdict import FitMargins, FitVerdict, badge, fit_verdict
-from .model.structure import ModelStructure, differences
-from .store import structure_cache
 from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
 from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
-from .store import compute_cache
+from .store import compute_cache, structure_cache
 from .tune import TuneGoal, TuneResult, tune
 from .tune.confirm import CONFIRM_TOLERANCE, MAX_REAL_LOADS, Measure, RealLoad
 from .units import MiB
@@ -102,10 +102,14 @@ def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:
     rec = tuple(getattr(v, "recurrent", ()) or ())
     recurrent = None
     if rec:
-        recurrent = (rec[0].cells, sum(_mib_to_bytes(r.r_mib) for r in rec),
-                     sum(_mib_to_bytes(r.s_mib + r.p_mib) for r in rec))
+        recurrent = (
+            rec[0].cells,
+            sum(_mib_to_bytes(r.r_mib) for r in rec),
+            sum(_mib_to_bytes(r.s_mib + r.p_mib) for r in rec),
+        )
     return ExactFigures(
-        kv=kv, recurrent=recurrent,
+        kv=kv,
+        recurrent=recurrent,
         compute=bytes_by_device(v.compute_mib) if device_figures and v.compute_mib else None,
         output=bytes_by_device(v.output_mib) if device_figures and v.output_mib else None,
     )
@@ -116,8 +120,11 @@ def probe_covers(rates: CpuRates, model: ModelProfile) -> bool:
     shapes with f16 K/V and its MoE expert shapes (:func:`~kvtuner.core.speed.cpu_probe.probe_needs`,
     :func:`~kvtuner.core.speed.cpu_probe.probe_expert_needs`)."""
     types, dims = probe_needs(model, [("f16", "f16")])
-    return (all(t in rates.decode_bytes_s for t in types) and all(d in rates.attn_decode_s for d in dims)
-            and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model)))
+    return (
+        all(t in rates.decode_bytes_s for t in types)
+        and all(d in rates.attn_decode_s for d in dims)
+        and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model))
+    )
 
 
 def _mib_to_bytes(v: float) -> int:
@@ -166,27 +173,37 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
             t["rows"].append(r.name)
     else:
         for dev, nbytes in bytes_by_device(v.compute_mib).items():
-            theirs[dev] = {"model_mib": None, "context_mib": None, "compute_mib": round(nbytes / MiB, 2),
-                           "rows": [k for k in v.compute_mib if buffer_device(k) == dev]}
+            theirs[dev] = {
+                "model_mib": None,
+                "context_mib": None,
+                "compute_mib": round(nbytes / MiB, 2),
+                "rows": [k for k in v.compute_mib if buffer_device(k) == dev],
+            }
     ours: dict[str, dict[str, float]] = {}
     if analytic is not None:
         for d in analytic.devices:
-            ours[d.device] = {"weights_mib": round(d.weights_bytes / MiB, 2),
-                              "kv_mib": round(d.kv_bytes / MiB, 2),
-                              "compute_mib": round(analytic.compute.estimate_on(d.device) / MiB, 2)}
+            ours[d.device] = {
+                "weights_mib": round(d.weights_bytes / MiB, 2),
+                "kv_mib": round(d.kv_bytes / MiB, 2),
+                "compute_mib": round(analytic.compute.estimate_on(d.device) / MiB, 2),
+            }
     out = []
     for dev in [*ours, *(k for k in theirs if k not in ours)]:
         theirs_dev, o = theirs.get(dev), ours.get(dev)
-        out.append({
-            "device": dev,
-            "llama_cpp": theirs_dev,
-            "kvtuner": o,
-            "differs": {
-                "model": differs(o["weights_mib"] if o else None, theirs_dev["model_mib"] if theirs_dev else None),
-                "context": differs(o["kv_mib"] if o else None, theirs_dev["context_mib"] if theirs_dev else None),
-                "compute": differs(o["compute_mib"] if o else None, theirs_dev["compute_mib"] if theirs_dev else None),
-            },
-        })
+        out.append(
+            {
+                "device": dev,
+                "llama_cpp": theirs_dev,
+                "kvtuner": o,
+                "differs": {
+                    "model": differs(o["weights_mib"] if o else None, theirs_dev["model_mib"] if theirs_dev else None),
+                    "context": differs(o["kv_mib"] if o else None, theirs_dev["context_mib"] if theirs_dev else None),
+                    "compute": differs(
+                        o["compute_mib"] if o else None, theirs_dev["compute_mib"] if theirs_dev else None
+                    ),
+                },
+            }
+        )
     return out
 
 
@@ -262,14 +279,26 @@ class Assessment:
             d["verified"] = {
                 "source": "llama.cpp dry-run (no_alloc)",
                 "kv_caches": [
-                    {"cells": c.cells, "layers": c.layers, "kv_mib": c.size_mib, "k_mib": c.k_mib, "v_mib": c.v_mib,
-                     "kv_bytes": _mib_to_bytes(c.size_mib)}
+                    {
+                        "cells": c.cells,
+                        "layers": c.layers,
+                        "kv_mib": c.size_mib,
+                        "k_mib": c.k_mib,
+                        "v_mib": c.v_mib,
+                        "kv_bytes": _mib_to_bytes(c.size_mib),
+                    }
                     for c in v.kv_caches
                 ],
                 "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in v.kv_caches),
-                "recurrent": [{"cells": r.cells, "r_mib": r.r_mib, "s_mib": r.s_mib,
-                               "bytes": _mib_to_bytes(r.r_mib + r.s_mib + r.p_mib)}
-                              for r in (getattr(v, "recurrent", ()) or ())],
+                "recurrent": [
+                    {
+                        "cells": r.cells,
+                        "r_mib": r.r_mib,
+                        "s_mib": r.s_mib,
+                        "bytes": _mib_to_bytes(r.r_mib + r.s_mib + r.p_mib),
+                    }
+                    for r in (getattr(v, "recurrent", ()) or ())
+                ],
                 "compute_bytes": {k: _mib_to_bytes(x) for k, x in v.compute_mib.items()},
                 "compute_bytes_by_device": bytes_by_device(v.compute_mib),
                 "output_bytes": {k: _mib_to_bytes(x) for k, x in v.output_mib.items()},
@@ -277,9 +306,18 @@ class Assessment:
                 "engine": getattr(v, "engine", "") or "",
                 "engine_build": getattr(v, "engine_build", None),
                 "breakdown": [
-                    {"kind": r.kind, "name": r.name, "description": r.description, "model_mib": r.model_mib,
-                     "context_mib": r.context_mib, "compute_mib": r.compute_mib, "self_mib": r.self_mib,
-                     "total_mib": r.total_mib, "free_mib": r.free_mib, "unaccounted_mib": r.unaccounted_mib}
+                    {
+                        "kind": r.kind,
+                        "name": r.name,
+                        "description": r.description,
+                        "model_mib": r.model_mib,
+                        "context_mib": r.context_mib,
+                        "compute_mib": r.compute_mib,
+                        "self_mib": r.self_mib,
+                        "total_mib": r.total_mib,
+                        "free_mib": r.free_mib,
+                        "unaccounted_mib": r.unaccounted_mib,
+                    }
                     for r in (getattr(v, "breakdown", ()) or ())
                 ],
                 "devices": device_comparison(v, self.analytic),
@@ -409,8 +447,11 @@ class Session:
             self._structures[m.header_sha256] = None  # the tested rule is llama.cpp's: nothing to remember
             return
         if m.structure.source == "analytic":
-            log.warning("%s: llama.cpp's structure differs from kvtuner's rule (%s); using llama.cpp's",
-                        m.architecture, "; ".join(differences(m.structure, probed)[:3]))
+            log.warning(
+                "%s: llama.cpp's structure differs from kvtuner's rule (%s); using llama.cpp's",
+                m.architecture,
+                "; ".join(differences(m.structure, probed)[:3]),
+            )
         self._structures[m.header_sha256] = probed
         if self.use_structure_cache:
             structure_cache.store(m.header_sha256, probed)
@@ -480,8 +521,9 @@ class Session:
             return max(1, min(self.threads(), physical_cores()))
         return self.threads()
 
-    def missing_probe(self, kv_pairs: Sequence[tuple[str, str]] = ()
-                      ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    def missing_probe(
+        self, kv_pairs: Sequence[tuple[str, str]] = ()
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """Weight types (over 1 % of the model's bytes), attention shapes and MoE expert shapes
         of the model that this machine's stored CPU probe lacks at :meth:`threads` threads (all
         of them when there is no probe): what :func:`kvtuner.runner.probe.run_cpu_probe` should
@@ -524,8 +566,13 @@ class Session:
         (cpu_probe.attn_key), so one set of inputs serves every KV type. Cached until the hardware
         or the model family changes (:meth:`invalidate_speed`)."""
         family = (self.model.architecture, self.model.file_type) if self.model is not None else None
-        key = (self._hardware_key(), family, self.machine_id, self.threads(),
-               self.host.speed_key() if self.host is not None else None)
+        key = (
+            self._hardware_key(),
+            family,
+            self.machine_id,
+            self.threads(),
+            self.host.speed_key() if self.host is not None else None,
+        )
         if self._inputs is not None and self._inputs[0] == key:
             return self._inputs[1], self._inputs[2]
         try:
@@ -541,8 +588,9 @@ class Session:
                 # measured and assumed rates, and the advice would depend on which models were
                 # probed before: the assumed rates, all of them, until this model's are measured
                 cpu = None
-            inputs = speed_inputs(list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(),
-                                  cpu=cpu)
+            inputs = speed_inputs(
+                list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(), cpu=cpu
+            )
             what_if_host = self.host is not None and self.host.what_if
             if self.model is not None and not any(g.what_if for g in self.gpus) and not what_if_host:
                 # this machine's runs calibrate this machine only: a what-if card keeps the
@@ -583,8 +631,9 @@ class Session:
             return plan
         from .plan.extras import plan_extras, with_extras
 
-        return with_extras(plan, plan_extras(plan, self.extras, self.gpus, self.host, split=self.split,
-                                             draft_exact=self.draft_exact))
+        return with_extras(
+            plan, plan_extras(plan, self.extras, self.gpus, self.host, split=self.split, draft_exact=self.draft_exact)
+        )
 
     def _plan_model(self) -> MemoryPlan:
         model = self.planned_model()
@@ -599,7 +648,15 @@ class Session:
             return plan_memory(model, self.config, self.gpus, self.host, exact=ef, split=self.split, rules=self.rules)
         exact: Mapping[str, int] | None = compute_cache.exact_for(plan) if self.use_compute_cache else None
         if exact:
-            plan = plan_memory(model, self.config, self.gpus, self.host, compute_override=dict(exact), split=self.split, rules=self.rules)
+            plan = plan_memory(
+                model,
+                self.config,
+                self.gpus,
+                self.host,
+                compute_override=dict(exact),
+                split=self.split,
+                rules=self.rules,
+            )
         return plan
 
     def assess(self, *, live: LiveState | None = None) -> Assessment:
@@ -620,23 +677,45 @@ class Session:
                 speed = predict_speed(plan, inputs, prefill_tokens=self.prefill_tokens)
             except SpeedModelError as exc:
                 why = str(exc)
-        settings = AdvisorSettings(vram_margin_bytes=self.margins.vram_margin_bytes,
-                                   ram_headroom_fraction=self.margins.ram_headroom_fraction)
-        advice = tuple(sorted([*advise(plan, speed, live=live, settings=settings), *advise_backends(plan, self.gpus)],
-                              key=lambda a: SEVERITIES.index(a.severity)))
+        settings = AdvisorSettings(
+            vram_margin_bytes=self.margins.vram_margin_bytes, ram_headroom_fraction=self.margins.ram_headroom_fraction
+        )
+        advice = tuple(
+            sorted(
+                [*advise(plan, speed, live=live, settings=settings), *advise_backends(plan, self.gpus)],
+                key=lambda a: SEVERITIES.index(a.severity),
+            )
+        )
         verified = self.verified
         analytic = None
         if verified is not None:
-            analytic = self._with_extras(plan_memory(self.planned_model(), self.config, self.gpus, self.host,
-                                                     split=self.split, rules=self.rules))
-        return Assessment(plan=plan, verified=verified, speed=speed, advice=advice, speed_error=why, analytic=analytic,
-                          margins=self.margins)
+            analytic = self._with_extras(
+                plan_memory(self.planned_model(), self.config, self.gpus, self.host, split=self.split, rules=self.rules)
+            )
+        return Assessment(
+            plan=plan,
+            verified=verified,
+            speed=speed,
+            advice=advice,
+            speed_error=why,
+            analytic=analytic,
+            margins=self.margins,
+        )
 
     # -- measured runs -------------------------------------------------------------------------
 
-    def record_run(self, plan: MemoryPlan, *, n_threads: int, n_depth: int, n_prompt: int, n_gen: int,
-                   prefill_tok_s: float | None, decode_tok_s: float | None,
-                   gpus: Sequence[GpuSpec] | None = None) -> str:
+    def record_run(
+        self,
+        plan: MemoryPlan,
+        *,
+        n_threads: int,
+        n_depth: int,
+        n_prompt: int,
+        n_gen: int,
+        prefill_tok_s: float | None,
+        decode_tok_s: float | None,
+        gpus: Sequence[GpuSpec] | None = None,
+    ) -> str:
         """Record a measured bench of ``plan`` for speed calibration on this machine (file I/O:
         call it off the GUI thread); returns a one-line note for the user.
 
@@ -648,9 +727,19 @@ class Session:
         """
         store = self.calibration_store()
         used = tuple(self.machine_gpus if gpus is None else gpus)
-        run = record_bench(plan, gpus=used, host=self.host, n_threads=n_threads, n_depth=n_depth,
-                           n_prompt=n_prompt, n_gen=n_gen, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s,
-                           store=store, machine=self.machine_id)
+        run = record_bench(
+            plan,
+            gpus=used,
+            host=self.host,
+            n_threads=n_threads,
+            n_depth=n_depth,
+            n_prompt=n_prompt,
+            n_gen=n_gen,
+            prefill_tok_s=prefill_tok_s,
+            decode_tok_s=decode_tok_s,
+            store=store,
+            machine=self.machine_id,
+        )
         self.invalidate_speed()
         n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
         return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"
@@ -671,10 +760,21 @@ class Session:
         inputs, why = self.speed_inputs()
         if inputs is None:
             raise ValueError(f"no speed prediction, so nothing to rank by: {why}")
-        goal = replace(goal, vram_margin_bytes=self.margins.vram_margin_bytes,
-                       ram_headroom_fraction=self.margins.ram_headroom_fraction)
-        return tune(self.planned_model(), self.config, self.gpus, self.host, inputs, goal, exhaustive=exhaustive,
-                    rules=self.rules)
+        goal = replace(
+            goal,
+            vram_margin_bytes=self.margins.vram_margin_bytes,
+            ram_headroom_fraction=self.margins.ram_headroom_fraction,
+        )
+        return tune(
+            self.planned_model(),
+            self.config,
+            self.gpus,
+            self.host,
+            inputs,
+            goal,
+            exhaustive=exhaustive,
+            rules=self.rules,
+        )
 
     @property
     def fit_needs_port(self) -> bool:
@@ -682,9 +782,15 @@ class Session:
         what-if card: llama.cpp sees only the devices this machine has)."""
         return any(g.what_if for g in self.gpus)
 
-    def confirm_tune(self, goal: TuneGoal, measure: Measure, runs: int,
-                     on_load: Callable[[RealLoad], None] | None = None, *,
-                     tolerance: float = CONFIRM_TOLERANCE) -> tuple[TuneResult, list[RealLoad]]:
+    def confirm_tune(
+        self,
+        goal: TuneGoal,
+        measure: Measure,
+        runs: int,
+        on_load: Callable[[RealLoad], None] | None = None,
+        *,
+        tolerance: float = CONFIRM_TOLERANCE,
+    ) -> tuple[TuneResult, list[RealLoad]]:
         """Tune, then confirm with up to ``runs`` (<= 3) real loads: each measures the current
         best (``measure``, a bench in the runner child), is recorded for calibration
         (:meth:`record_run`) and the search runs again with the calibrated speed model. It stops
@@ -699,7 +805,8 @@ class Session:
         Raises:
             ValueError: ``runs`` outside 0..3, or what :meth:`tune` raises.
         """
-        from .speed.speed_model import decode_tok_s as _decode, prefill_tok_s as _prefill
+        from .speed.speed_model import decode_tok_s as _decode
+        from .speed.speed_model import prefill_tok_s as _prefill
 
         if not 0 <= runs <= MAX_REAL_LOADS:
             raise ValueError(f"--runs must be between 0 and {MAX_REAL_LOADS}, not {runs}")
@@ -726,11 +833,20 @@ class Session:
                 on_load(load)
             if not m.kept:  # measured on a busy machine: shown, never calibrates
                 continue
-            self.record_run(plan, n_threads=m.n_threads, n_depth=m.n_depth, n_prompt=m.n_prompt, n_gen=m.n_gen,
-                            prefill_tok_s=m.prefill_tok_s, decode_tok_s=m.decode_tok_s)
+            self.record_run(
+                plan,
+                n_threads=m.n_threads,
+                n_depth=m.n_depth,
+                n_prompt=m.n_prompt,
+                n_gen=m.n_gen,
+                prefill_tok_s=m.prefill_tok_s,
+                decode_tok_s=m.decode_tok_s,
+            )
             result = self.tune(goal)
         if result.best is not None and result.best.config in done:
             m = done[result.best.config].measured
-            result = replace(result, best=replace(result.best, measured_decode_tok_s=m.decode_tok_s,
-                                                  measured_prefill_tok_s=m.prefill_tok_s))
+            result = replace(
+                result,
+                best=replace(result.best, measured_decode_tok_s=m.decode_tok_s, measured_prefill_tok_s=m.prefill_tok_s),
+            )
         return result, loads

@@ -29,13 +29,15 @@ def app_icon() -> QtGui.QIcon:
 
 def about_text() -> str:
     """The About box's rich text: version, distribution, planned and installed llama.cpp."""
-    return (f"<h3>kvtuner {html.escape(__version__)}</h3>"
-            "<p>Plan, monitor and tune llama.cpp memory (weights, KV cache, compute buffers) for long "
-            "contexts on small GPUs.</p>"
-            f"<p><b>Plans for:</b> {html.escape(planned_llama_cpp())}<br>"
-            f"<b>Installed:</b> {html.escape(installed_llama_cpp())}<br>"
-            f"<b>Running as:</b> {'the desktop bundle' if distribution() == 'bundle' else 'a Python package'}</p>"
-            "<p>MIT licence. The embedded default model is Gemma 3 270M (Gemma Terms of Use).</p>")
+    return (
+        f"<h3>kvtuner {html.escape(__version__)}</h3>"
+        "<p>Plan, monitor and tune llama.cpp memory (weights, KV cache, compute buffers) for long "
+        "contexts on small GPUs.</p>"
+        f"<p><b>Plans for:</b> {html.escape(planned_llama_cpp())}<br>"
+        f"<b>Installed:</b> {html.escape(installed_llama_cpp())}<br>"
+        f"<b>Running as:</b> {'the desktop bundle' if distribution() == 'bundle' else 'a Python package'}</p>"
+        "<p>MIT licence. The embedded default model is Gemma 3 270M (Gemma Terms of Use).</p>"
+    )
 
 
 def about_dialog(parent: QtWidgets.QWidget | None) -> QtWidgets.QMessageBox:
@@ -70,7 +72,8 @@ FIRST_STEPS_HTML = (
     "koboldcpp or as a kvtuner profile.</li></ol>"
     "<p>Every control's tooltip gives its llama.cpp flag and the formula behind it. The documentation's "
     "Getting started pages (docs/getting-started/ in kvtuner's source) walk through a first plan and a "
-    "12 GB card at 128K tokens; <code>kvtuner --help</code> lists the same on the command line.</p>")
+    "12 GB card at 128K tokens; <code>kvtuner --help</code> lists the same on the command line.</p>"
+)
 
 
 def first_steps_dialog(parent: QtWidgets.QWidget | None) -> QtWidgets.QMessageBox:
@@ -107,8 +110,9 @@ def install_help_menu(window: Any) -> QtGui.QAction:
         window.first_steps_box.open()
 
     help_menu = window.menuBar().addMenu("&Help")
-    steps = QtGui.QAction("&First steps", window, shortcut=QtGui.QKeySequence.StandardKey.HelpContents,
-                          triggered=show_first_steps)
+    steps = QtGui.QAction(
+        "&First steps", window, shortcut=QtGui.QKeySequence.StandardKey.HelpContents, triggered=show_first_steps
+    )
     help_menu.addAction(steps)
     help_menu.addSeparator()
     action = QtGui.QAction("&About kvtuner", window, triggered=show_about)

@@ -19,10 +19,9 @@ from ..core.plan.config import PlanConfig
 def make_app(argv: list[str] | None = None, *, dark: bool = False) -> Any:
     """The QApplication (created once), with pyqtgraph following the system palette so light
     and dark themes both read well; ``dark``: force a dark palette (:func:`.theme.apply_dark`)."""
-    from PySide6 import QtGui, QtWidgets
     import pyqtgraph as pg
-
     from pyqtgraph.util.garbage_collector import GarbageCollector
+    from PySide6 import QtGui, QtWidgets
 
     app = QtWidgets.QApplication.instance()
     if app is None:
@@ -40,8 +39,11 @@ def make_app(argv: list[str] | None = None, *, dark: bool = False) -> Any:
 
         apply_dark(app)
     pal = app.palette()
-    pg.setConfigOptions(background=pal.color(QtGui.QPalette.ColorRole.Base),
-                        foreground=pal.color(QtGui.QPalette.ColorRole.WindowText), antialias=False)
+    pg.setConfigOptions(
+        background=pal.color(QtGui.QPalette.ColorRole.Base),
+        foreground=pal.color(QtGui.QPalette.ColorRole.WindowText),
+        antialias=False,
+    )
     return app
 
 
@@ -55,9 +57,19 @@ def _wait(app: Any, condition: Any, timeout_s: float) -> bool:
     return condition()
 
 
-def run(model_path: Path | None, config: PlanConfig | None, screenshot: str | None = None, run: bool = False,
-        *, settings: Any = None, run_timeout_s: float = 300.0, size: tuple[int, int] | None = None,
-        dark: bool = False, plan_for: tuple[str, int | None] | None = None, host: Any = None) -> int:
+def run(
+    model_path: Path | None,
+    config: PlanConfig | None,
+    screenshot: str | None = None,
+    run: bool = False,
+    *,
+    settings: Any = None,
+    run_timeout_s: float = 300.0,
+    size: tuple[int, int] | None = None,
+    dark: bool = False,
+    plan_for: tuple[str, int | None] | None = None,
+    host: Any = None,
+) -> int:
     """Open the main window on ``model_path`` (None: the last model, else the embedded default;
     a ``.json`` path is a kvtuner profile: its model and configuration).
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from PySide6 import QtWidgets
 
+from ..cli.args import config_from_server_argv
 from ..core.monitor.live import LiveState
 from ..runner.attach import AttachError, FoundServer, find_servers
-from ..cli.args import config_from_server_argv
 from ..runner.attach_monitor import Monitor
 
 log = logging.getLogger("kvtuner.gui")
@@ -47,7 +47,7 @@ class AttachedServer:
         self.window = window
         self.target = target
         self.monitor: Monitor | None = None
-        self.samples: "queue.Queue[dict]" = queue.Queue()
+        self.samples: queue.Queue[dict] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, name="kvtuner-attach", daemon=True)
         self.error = ""
@@ -152,9 +152,11 @@ class AttachedServer:
             fill = fullest["tokens"] / fullest["n_ctx"] if fullest["n_ctx"] else 0.0
             rate = sample.get("decode_tok_s")
             pred = (sample.get("predicted") or {}).get("decode_tok_s_now")
-            text = (f"attached: context {fullest['tokens']}/{fullest['n_ctx']} ({fill:.0%})"
-                    f", decode {rate:.1f} tok/s" if rate is not None else
-                    f"attached: context {fullest['tokens']}/{fullest['n_ctx']} ({fill:.0%})")
+            text = (
+                f"attached: context {fullest['tokens']}/{fullest['n_ctx']} ({fill:.0%}), decode {rate:.1f} tok/s"
+                if rate is not None
+                else f"attached: context {fullest['tokens']}/{fullest['n_ctx']} ({fill:.0%})"
+            )
             if pred is not None:
                 text += f" (predicted {pred:.1f})"
             w.run_controls.set_progress(fill, text)
@@ -204,10 +206,14 @@ class AttachedServer:
         ev = w.run_events
         ev.run_config, ev.run_model_path = w.config, w.model_path
         ev.live_state = LiveState(
-            total_ram_bytes=host.get("total_bytes"), available_ram_bytes=host.get("available_bytes"),
-            swap_in_bytes_s=host.get("swap_in_bytes_s"), decode_tok_s=rate,
+            total_ram_bytes=host.get("total_bytes"),
+            available_ram_bytes=host.get("available_bytes"),
+            swap_in_bytes_s=host.get("swap_in_bytes_s"),
+            decode_tok_s=rate,
             below_abandon_s=(t - self._below_since) if self._below_since is not None else 0.0,
-            gpu_processes=tuple(procs), own_pids=tuple(p for p in (pid,) if p))
+            gpu_processes=tuple(procs),
+            own_pids=tuple(p for p in (pid,) if p),
+        )
         w.refresh_advice(running=True)
 
     def _show_ollama(self, sample: dict) -> None:
@@ -222,8 +228,11 @@ class AttachedServer:
             return
         mm = models[0]
         share = mm["vram_bytes"] / mm["size_bytes"] if mm["size_bytes"] else 0.0
-        w.run_controls.set_progress(share, f"attached: Ollama {mm['name']}, ctx {mm['context_length']}, "
-                                           f"{mm['size_bytes'] / (1 << 30):.1f} GiB ({share:.0%} in VRAM)")
+        w.run_controls.set_progress(
+            share,
+            f"attached: Ollama {mm['name']}, ctx {mm['context_length']}, "
+            f"{mm['size_bytes'] / (1 << 30):.1f} GiB ({share:.0%} in VRAM)",
+        )
         if not self._applied and mm.get("blob") and mm.get("context_length"):
             self._applied = True
             from ..core.plan.config import PlanConfig
@@ -240,8 +249,11 @@ class AttachDialog(QtWidgets.QDialog):
         self.setWindowTitle("Attach to a running server")
         self.window_ = window
         layout = QtWidgets.QVBoxLayout(self)
-        layout.addWidget(QtWidgets.QLabel("llama-server processes and servers answering on 127.0.0.1:8080, :9931 "
-                                          "and Ollama's :11434:"))
+        layout.addWidget(
+            QtWidgets.QLabel(
+                "llama-server processes and servers answering on 127.0.0.1:8080, :9931 and Ollama's :11434:"
+            )
+        )
         self.list = QtWidgets.QListWidget()
         self.list.itemDoubleClicked.connect(lambda *_: self.accept())
         self.list.currentRowChanged.connect(self._on_row)

@@ -24,8 +24,9 @@ treats ``kv == n_off`` as ``None``).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..core.plan.config import ALL_LAYERS, PlanConfig
 from ..core.plan.fields import FIELDS, config_field
@@ -101,8 +102,9 @@ def value_wording(name: str, value: Any) -> str:
 def fix_wording(changes: dict[str, Any]) -> str:
     """PlanConfig changes in control names: ``{"n_cpu_ffn": 30, "type_k": "q8_0"}`` ->
     ``Dense FFN on CPU: 30 layers, K cache type: q8_0``."""
-    return ", ".join(f"{_label(k)}: {value_wording(k, v)}" if k in _FIELD_NAMES else f"{k}: {v}"
-                     for k, v in changes.items())
+    return ", ".join(
+        f"{_label(k)}: {value_wording(k, v)}" if k in _FIELD_NAMES else f"{k}: {v}" for k, v in changes.items()
+    )
 
 
 _FIELD_NAMES = frozenset(f.name for f in FIELDS)

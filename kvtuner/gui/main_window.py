@@ -25,8 +25,8 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ..core.export import MachineFingerprint, ModelIdentity, load_profile
 from ..core.hardware.host import detect_host
 from ..core.hardware.nvml import nvml_status
-from ..core.hardware.vendors import detect_all_gpus
 from ..core.hardware.specs import GpuSpec, HostSpec
+from ..core.hardware.vendors import detect_all_gpus
 from ..core.model.default_model import default_model_path
 from ..core.model.profile import ModelProfile
 from ..core.plan.config import ConfigError, PlanConfig
@@ -43,17 +43,17 @@ from .settings import AppSettings, open_settings
 from .tasks import BackgroundTasks
 from .widgets.advisor_pane import AdvisorPane
 from .widgets.controls import ConfigControls
+from .widgets.device_list import DeviceListPanel
 from .widgets.export_dialog import ExportDialog
 from .widgets.extras_panel import ExtrasPanel
 from .widgets.hardware_panel import HardwarePanel
-from .widgets.device_list import DeviceListPanel
 from .widgets.known_good import KnownGoodPanel
 from .widgets.live_graphs import LiveGraphs
 from .widgets.model_card import ModelCard
 from .widgets.prediction_panel import PredictionPanel
-from .widgets.workload_panel import WorkloadPanel
 from .widgets.run_controls import RunControls
 from .widgets.status_bar import StatusBar
+from .widgets.workload_panel import WorkloadPanel
 
 log = logging.getLogger("kvtuner.gui")
 
@@ -94,8 +94,9 @@ def _detect_hardware() -> tuple[list[GpuSpec], HostSpec, str]:
 
 def _run_state(name: str, doc: str) -> property:
     """A window attribute that is the run-event handler's (:class:`RunEvents`) state."""
-    return property(lambda self: getattr(self.run_events, name),
-                    lambda self, value: setattr(self.run_events, name, value), doc=doc)
+    return property(
+        lambda self: getattr(self.run_events, name), lambda self, value: setattr(self.run_events, name, value), doc=doc
+    )
 
 
 class _WindowShortcuts(QtCore.QObject):
@@ -110,8 +111,11 @@ class _WindowShortcuts(QtCore.QObject):
     def eventFilter(self, obj: QtCore.QObject, event: QtCore.QEvent) -> bool:  # noqa: N802 (Qt API)
         if event.type() == QtCore.QEvent.Type.ShortcutOverride:
             pressed = QtGui.QKeySequence(event.keyCombination())
-            if any(pressed.matches(k) == QtGui.QKeySequence.SequenceMatch.ExactMatch for k in self._keys
-                   if k.toString() != "Esc"):
+            if any(
+                pressed.matches(k) == QtGui.QKeySequence.SequenceMatch.ExactMatch
+                for k in self._keys
+                if k.toString() != "Esc"
+            ):
                 event.ignore()  # not overridden: the window's shortcut gets it
                 return True
         return False
@@ -142,9 +146,17 @@ class MainWindow(QtWidgets.QMainWindow):
     library_note = _run_state("library_note", "What saving the last run in the library said.")
     saved_run_id = _run_state("saved_run_id", "The library id of the last saved run, or None.")
 
-    def __init__(self, config: PlanConfig | None = None, *, settings: QtCore.QSettings | None = None,
-                 hardware: tuple[list, Any, str] | None = None, bench: BenchSettings | None = None,
-                 sampler: Any = None, plan_for: tuple[str, int | None] | None = None, host: Any = None) -> None:
+    def __init__(
+        self,
+        config: PlanConfig | None = None,
+        *,
+        settings: QtCore.QSettings | None = None,
+        hardware: tuple[list, Any, str] | None = None,
+        bench: BenchSettings | None = None,
+        sampler: Any = None,
+        plan_for: tuple[str, int | None] | None = None,
+        host: Any = None,
+    ) -> None:
         super().__init__()
         self.setWindowTitle("kvtuner")
         self.setAcceptDrops(True)
@@ -275,9 +287,11 @@ class MainWindow(QtWidgets.QMainWindow):
         gl.setContentsMargins(4, 4, 4, 4)
         gl.addWidget(self.graphs)
         self.whole_session = QtWidgets.QCheckBox("&Whole session")
-        self.whole_session.setToolTip("Show everything since the window opened; off: the time axis follows the "
-                                      "current run.\nDrag or scroll on a graph to zoom the time axis; double-click "
-                                      "to follow the newest data again.")
+        self.whole_session.setToolTip(
+            "Show everything since the window opened; off: the time axis follows the "
+            "current run.\nDrag or scroll on a graph to zoom the time axis; double-click "
+            "to follow the newest data again."
+        )
         self.whole_session.toggled.connect(self.graphs.set_whole_session)
         hint = QtWidgets.QLabel("drag or scroll: zoom time; double-click: follow")
         hint.setEnabled(False)
@@ -314,12 +328,16 @@ class MainWindow(QtWidgets.QMainWindow):
         self.setCentralWidget(self.main_split)
 
         self._build_actions()
-        self._shortcuts = _WindowShortcuts([self.export_action, self.run_action, self.verify_action, self.open_action],
-                                           self)
+        self._shortcuts = _WindowShortcuts(
+            [self.export_action, self.run_action, self.verify_action, self.open_action], self
+        )
         # on the spin boxes themselves too: QAbstractSpinBox hands ShortcutOverride straight to
         # its line edit's event(), past any filter on the line edit
-        for edit in (*self.findChildren(QtWidgets.QAbstractSpinBox), *self.findChildren(QtWidgets.QLineEdit),
-                     *self.findChildren(QtWidgets.QComboBox)):
+        for edit in (
+            *self.findChildren(QtWidgets.QAbstractSpinBox),
+            *self.findChildren(QtWidgets.QLineEdit),
+            *self.findChildren(QtWidgets.QComboBox),
+        ):
             edit.installEventFilter(self._shortcuts)
         self.controls.changed.connect(self._on_controls_changed)
         self.extras_panel.changed.connect(self.replan)
@@ -343,17 +361,23 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _build_actions(self) -> None:
         menu = self.menuBar().addMenu("&File")
-        self.open_action = QtGui.QAction("&Open model or profile...", self,
-                                         shortcut=QtGui.QKeySequence.StandardKey.Open,
-                                         triggered=self._on_open_triggered)
+        self.open_action = QtGui.QAction(
+            "&Open model or profile...",
+            self,
+            shortcut=QtGui.QKeySequence.StandardKey.Open,
+            triggered=self._on_open_triggered,
+        )
         self.open_action.setToolTip("Open a GGUF model, or a kvtuner profile (.json) with its model and configuration")
-        self.default_action = QtGui.QAction("Open the &default model (Gemma 3 270M)", self,
-                                            triggered=lambda: self.open_model(None))
+        self.default_action = QtGui.QAction(
+            "Open the &default model (Gemma 3 270M)", self, triggered=lambda: self.open_model(None)
+        )
         self.recent_menu = QtWidgets.QMenu("&Recent models", self)
-        self.export_action = QtGui.QAction("&Export configuration...", self, shortcut="Ctrl+E",
-                                           triggered=self.open_export)
-        self.export_action.setToolTip("Export this configuration for llama-server, llama-cpp-python, Ollama, "
-                                      "koboldcpp or as a kvtuner profile")
+        self.export_action = QtGui.QAction(
+            "&Export configuration...", self, shortcut="Ctrl+E", triggered=self.open_export
+        )
+        self.export_action.setToolTip(
+            "Export this configuration for llama-server, llama-cpp-python, Ollama, koboldcpp or as a kvtuner profile"
+        )
         quit_action = QtGui.QAction("&Quit", self, shortcut=QtGui.QKeySequence.StandardKey.Quit, triggered=self.close)
         self.reset_action = QtGui.QAction("Rese&t configuration to defaults", self, triggered=self.reset_to_defaults)
         self.reset_action.setToolTip("Put llama.cpp's defaults into the controls")
@@ -368,14 +392,19 @@ class MainWindow(QtWidgets.QMainWindow):
         run_menu = self.menuBar().addMenu("&Run")
         self.run_action = QtGui.QAction("&Run bench", self, shortcut="Ctrl+R", triggered=self.start_run)
         self.stop_action = QtGui.QAction("&Stop", self, shortcut="Esc", triggered=self.stop_run)
-        self.verify_action = QtGui.QAction("&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify)
+        self.verify_action = QtGui.QAction(
+            "&Verify with llama.cpp", self, shortcut="Ctrl+Shift+V", triggered=self.verify
+        )
         for a in (self.run_action, self.stop_action, self.verify_action):
             run_menu.addAction(a)
         run_menu.addSeparator()
-        self.attach_action = QtGui.QAction("&Attach to a running server...", self, shortcut="Ctrl+Shift+A",
-                                           triggered=self.open_attach)
-        self.attach_action.setToolTip("Watch a llama-server or Ollama someone else started: its speed, context fill "
-                                      "and memory live, beside kvtuner's plan for its configuration")
+        self.attach_action = QtGui.QAction(
+            "&Attach to a running server...", self, shortcut="Ctrl+Shift+A", triggered=self.open_attach
+        )
+        self.attach_action.setToolTip(
+            "Watch a llama-server or Ollama someone else started: its speed, context fill "
+            "and memory live, beside kvtuner's plan for its configuration"
+        )
         self.detach_action = QtGui.QAction("&Detach", self, triggered=lambda: self.detach())
         self.detach_action.setEnabled(False)
         run_menu.addAction(self.attach_action)
@@ -521,8 +550,9 @@ class MainWindow(QtWidgets.QMainWindow):
 
         def failed(exc: BaseException) -> None:
             log.warning("structure probe of %s failed: %s", path, exc)
-            self.status.showMessage("llama.cpp could not be asked for the layer structure: the plan stays approximate",
-                                    8000)
+            self.status.showMessage(
+                "llama.cpp could not be asked for the layer structure: the plan stays approximate", 8000
+            )
 
         self.tasks.submit(lambda: probe_structure(path, model.structure), done, failed)
 
@@ -542,8 +572,10 @@ class MainWindow(QtWidgets.QMainWindow):
         if not missing and not dims and not experts:
             return
         note = probe_job.background_for(self.session, missing, dims, experts)
-        self.status.showMessage(note.replace(" (--probe now waits, --probe off skips)", "")
-                                .replace(" (--probe now waits for it)", ""), 10000)
+        self.status.showMessage(
+            note.replace(" (--probe now waits, --probe off skips)", "").replace(" (--probe now waits for it)", ""),
+            10000,
+        )
         if probe_job.is_running() or probe_job.read_status().get("state") == "starting":
             self.cpu_probe.follow()
 
@@ -554,11 +586,14 @@ class MainWindow(QtWidgets.QMainWindow):
             self.replan()
             self.status.showMessage("CPU probe done: the speed now uses this machine's measured CPU rates", 8000)
         elif state == "busy":
-            self.status.showMessage("CPU probe not kept: the machine was busy; the speed keeps assumed CPU rates", 15000)
+            self.status.showMessage(
+                "CPU probe not kept: the machine was busy; the speed keeps assumed CPU rates", 15000
+            )
             self.advisor.set_notes([message])
         else:
-            self.status.showMessage(f"CPU probe failed: {message or 'it ended without a result'}; "
-                                    "the speed keeps assumed CPU rates", 15000)
+            self.status.showMessage(
+                f"CPU probe failed: {message or 'it ended without a result'}; the speed keeps assumed CPU rates", 15000
+            )
 
     def _on_model_failed(self, path: Path | None, exc: BaseException) -> None:
         name = path.name if path else "the default model"
@@ -587,9 +622,12 @@ class MainWindow(QtWidgets.QMainWindow):
     def _on_open_triggered(self) -> None:
         start = str(self.app_settings.open_dir())  # the last folder opened from, else home
         path, _ = QtWidgets.QFileDialog.getOpenFileName(
-            self, "Open a GGUF model or a kvtuner profile", start,
+            self,
+            "Open a GGUF model or a kvtuner profile",
+            start,
             "GGUF models and kvtuner profiles (*.gguf *.json);;GGUF models (*.gguf);;kvtuner profiles (*.json);;"
-            "All files (*)")
+            "All files (*)",
+        )
         if path:
             self.open_path(Path(path))
 
@@ -608,8 +646,11 @@ class MainWindow(QtWidgets.QMainWindow):
         status bar and the advice pane. A malformed profile shows one line and changes nothing."""
         path = Path(path)
         self.status.showMessage(f"reading profile {path.name} ...")
-        self.tasks.submit(lambda: load_profile(path), lambda r, p=path: self._on_profile_loaded(p, r),
-                          lambda exc, p=path: self._on_profile_failed(p, exc))
+        self.tasks.submit(
+            lambda: load_profile(path),
+            lambda r, p=path: self._on_profile_loaded(p, r),
+            lambda exc, p=path: self._on_profile_failed(p, exc),
+        )
 
     def _on_profile_loaded(self, path: Path, result: tuple[Path, PlanConfig, tuple[str, ...]]) -> None:
         model_path, config, warnings = result
@@ -620,8 +661,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self.profile_warnings = tuple(warnings)
         self.advisor.set_notes([f"Profile {path.name}: {w}" for w in warnings])
         if warnings:
-            self.status.showMessage(f"profile {path.name}: {warnings[0]}" + (
-                f" (+{len(warnings) - 1} more in the advice pane)" if len(warnings) > 1 else ""), 15000)
+            self.status.showMessage(
+                f"profile {path.name}: {warnings[0]}"
+                + (f" (+{len(warnings) - 1} more in the advice pane)" if len(warnings) > 1 else ""),
+                15000,
+            )
         else:
             self.status.showMessage(f"opened profile {path.name}", 5000)
 
@@ -793,8 +837,9 @@ class MainWindow(QtWidgets.QMainWindow):
         def failed(exc: BaseException) -> None:
             log.warning("host bandwidth probe failed: %s", exc)
 
-        self.tasks.submit(lambda: store.host_bandwidth_bytes_s(machine, measure=True),
-                          self._on_host_bandwidth_measured, failed)
+        self.tasks.submit(
+            lambda: store.host_bandwidth_bytes_s(machine, measure=True), self._on_host_bandwidth_measured, failed
+        )
 
     def _on_host_bandwidth_measured(self, bw: float | None) -> None:
         if not bw:
@@ -825,8 +870,9 @@ class MainWindow(QtWidgets.QMainWindow):
         if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
             self.run_controls.set_progress(0.0, "not verified for this configuration")
         self.extras_plan = self._plan_extras(plan)
-        self.prediction.set_plan(plan, speed, verified, speed_error=a.speed_error, margins=a.margins,
-                                 extras=self.extras_plan)
+        self.prediction.set_plan(
+            plan, speed, verified, speed_error=a.speed_error, margins=a.margins, extras=self.extras_plan
+        )
         gpu_specs = self.hardware.gpus()
         self.workload.set_plan(plan, gpu_specs[0].mem_bandwidth_bytes_s if gpu_specs else None)
         self._show_advice()
@@ -845,7 +891,9 @@ class MainWindow(QtWidgets.QMainWindow):
             # else a refused file: _checked_extras left the reason in the panel
             return None
         parts = ", ".join(f"{p} {fmt_bytes(xp.part_bytes(p))}" for p in ("mmproj", "draft", "lora") if xp.part_bytes(p))
-        self.extras_panel.show_result(f"adds {parts}" + (f"; one image takes {xp.image_tokens} tokens" if xp.image_tokens else ""))
+        self.extras_panel.show_result(
+            f"adds {parts}" + (f"; one image takes {xp.image_tokens} tokens" if xp.image_tokens else "")
+        )
         return xp
 
     def _show_predicted_lines(self, plan: Any, speed: Any) -> None:
@@ -856,9 +904,11 @@ class MainWindow(QtWidgets.QMainWindow):
         what_if = [g for g in gpus if g.what_if]
         if what_if:
             self.graphs.set_predicted([], [])
-            self.graphs_box.setTitle(f"Live: memory and speed of this machine (no predicted lines: the plan is for "
-                                     f"{what_if[0].name if 'what-if' in what_if[0].name else 'a what-if ' + what_if[0].name}; "
-                                     "dotted: run phases)")
+            self.graphs_box.setTitle(
+                f"Live: memory and speed of this machine (no predicted lines: the plan is for "
+                f"{what_if[0].name if 'what-if' in what_if[0].name else 'a what-if ' + what_if[0].name}; "
+                "dotted: run phases)"
+            )
             return
         where = "this machine, " + (", ".join(g.name for g in gpus) if gpus else "CPU only")
         memory = [(f"GPU{g.device[4:]} total", g.total_bytes) for g in plan.gpus if g.kind == "gpu"]
@@ -867,8 +917,9 @@ class MainWindow(QtWidgets.QMainWindow):
         if speed is not None:
             speeds = [("decode", speed.decode_tok_s), ("prefill", speed.prefill_tok_s)]
         self.graphs.set_predicted(memory, speeds)
-        self.graphs_box.setTitle(f"Live: memory and speed on {where} (dashed: predicted; solid: measured; "
-                                 "dotted: run phases)")
+        self.graphs_box.setTitle(
+            f"Live: memory and speed on {where} (dashed: predicted; solid: measured; dotted: run phases)"
+        )
 
     def _show_advice(self, running: bool | None = None) -> None:
         if self.assessment is None:
@@ -944,8 +995,12 @@ class MainWindow(QtWidgets.QMainWindow):
         self.set_config(config)
         what = f"id {saved.id}, " if hasattr(saved, "id") else ""
         tok = saved.measured.get("decode_tok_s") if hasattr(saved, "measured") else None
-        self.status.showMessage(f"restored a working configuration ({what}"
-                                + (f"{tok:.1f} tok/s decode" if tok is not None else "no decode figure") + ")", 8000)
+        self.status.showMessage(
+            f"restored a working configuration ({what}"
+            + (f"{tok:.1f} tok/s decode" if tok is not None else "no decode figure")
+            + ")",
+            8000,
+        )
 
     # -- verify (dry run) --------------------------------------------------------------------------
 
@@ -1033,8 +1088,12 @@ class MainWindow(QtWidgets.QMainWindow):
         """The plan's RAM headroom uses the RAM available now, not at start: when it moved by
         more than :data:`RAM_REPLAN_BYTES` (and no run holds memory), replan with it."""
         h = self.session.host
-        if (h is None or self.fixed_host or self.runner.running
-                or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES):
+        if (
+            h is None
+            or self.fixed_host
+            or self.runner.running
+            or abs(available_bytes - h.available_bytes) < RAM_REPLAN_BYTES
+        ):
             return
         from dataclasses import replace
 
@@ -1209,12 +1268,23 @@ class MainWindow(QtWidgets.QMainWindow):
         from ..runner.export_check import build_flags
 
         engine = self.engine
-        dlg = ExportDialog(self.model_path, self._config, model=self.model, measured=self.export_measured(),
-                           machine=self.machine, save_dir=save_dir, parent=self, split=s.split, rpc=rpc,
-                           flags_for=lambda target: build_flags(engine, target), extras=s.extras)
+        dlg = ExportDialog(
+            self.model_path,
+            self._config,
+            model=self.model,
+            measured=self.export_measured(),
+            machine=self.machine,
+            save_dir=save_dir,
+            parent=self,
+            split=s.split,
+            rpc=rpc,
+            flags_for=lambda target: build_flags(engine, target),
+            extras=s.extras,
+        )
         dlg.setAttribute(QtCore.Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.finished.connect(lambda *_: dlg.last_saved is not None
-                             and self.settings.setValue("export/dir", str(dlg.last_saved.parent)))
+        dlg.finished.connect(
+            lambda *_: dlg.last_saved is not None and self.settings.setValue("export/dir", str(dlg.last_saved.parent))
+        )
         dlg.show()
         return dlg
 

@@ -53,11 +53,30 @@ PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 #: What the install page (docs/getting-started/install.md) lists for Debian/Ubuntu: the libraries above that a minimal desktop may lack.
-DEBIAN_PACKAGES = ("libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1", "libxcb-image0", "libxcb-render-util0",
-                   "libxcb-xkb1", "libxkbcommon-x11-0", "libegl1", "libfontconfig1", "libdbus-1-3")
+DEBIAN_PACKAGES = (
+    "libxcb-cursor0",
+    "libxcb-icccm4",
+    "libxcb-keysyms1",
+    "libxcb-image0",
+    "libxcb-render-util0",
+    "libxcb-xkb1",
+    "libxkbcommon-x11-0",
+    "libegl1",
+    "libfontconfig1",
+    "libdbus-1-3",
+)
 #: The same for Fedora.
-FEDORA_PACKAGES = ("xcb-util-cursor", "xcb-util-wm", "xcb-util-keysyms", "xcb-util-image", "xcb-util-renderutil",
-                   "libxkbcommon-x11", "libglvnd-egl", "fontconfig", "dbus-libs")
+FEDORA_PACKAGES = (
+    "xcb-util-cursor",
+    "xcb-util-wm",
+    "xcb-util-keysyms",
+    "xcb-util-image",
+    "xcb-util-renderutil",
+    "libxkbcommon-x11",
+    "libglvnd-egl",
+    "fontconfig",
+    "dbus-libs",
+)
 
 _NOT_FOUND = re.compile(r"^\s*(\S+)\s*=>\s*not found", re.MULTILINE)
 
@@ -101,8 +120,10 @@ def install_line(missing: list[str]) -> str:
     (Debian/Ubuntu) and ``dnf install`` (Fedora) commands."""
     deb = list(dict.fromkeys(PACKAGES.get(n, (n, n))[0] for n in missing))
     fed = list(dict.fromkeys(PACKAGES.get(n, (n, n))[1] for n in missing))
-    return (f"kvtuner: Qt's X11 platform plugin cannot load, missing {', '.join(missing)}. Install them with: "
-            f"sudo apt-get install {' '.join(deb)}   (Fedora: sudo dnf install {' '.join(fed)})")
+    return (
+        f"kvtuner: Qt's X11 platform plugin cannot load, missing {', '.join(missing)}. Install them with: "
+        f"sudo apt-get install {' '.join(deb)}   (Fedora: sudo dnf install {' '.join(fed)})"
+    )
 
 
 def uses_xcb(env: dict[str, str] | None = None) -> bool:

@@ -70,13 +70,14 @@ class RunController:
             embedded engine the runner child. Settable between runs (:attr:`engine`).
     """
 
-    def __init__(self, settings: BenchSettings | None = None, sampler: Any = None,
-                 engine: Engine | None = None) -> None:
+    def __init__(
+        self, settings: BenchSettings | None = None, sampler: Any = None, engine: Engine | None = None
+    ) -> None:
         self.settings = settings or BenchSettings()
         self.sampler = sampler
         #: the engine of the next run (None: the embedded runner)
         self.engine: Engine | None = engine
-        self._events: "queue.SimpleQueue[tuple[float, Any]]" = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[tuple[float, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._client: Any = None
         self._stop = threading.Event()
@@ -93,8 +94,9 @@ class RunController:
             return False
         self._stop.clear()
         self.pid = None
-        self._thread = threading.Thread(target=self._work, args=(Path(model_path), config),
-                                        name="kvtuner-gui-run", daemon=True)
+        self._thread = threading.Thread(
+            target=self._work, args=(Path(model_path), config), name="kvtuner-gui-run", daemon=True
+        )
         self._thread.start()
         return True
 
@@ -145,8 +147,14 @@ class RunController:
                 seen.append(ev)  # buffers, KV caches, context: for the run's summary
             self._put(ev)
 
-        client = make_client(self.engine, model_path=model_path.resolve(), config=config, n_threads=s.n_threads,
-                             on_event=on_event, stream=True)
+        client = make_client(
+            self.engine,
+            model_path=model_path.resolve(),
+            config=config,
+            n_threads=s.n_threads,
+            on_event=on_event,
+            stream=True,
+        )
         self._client = client
         try:
             started = client.start(timeout_s=60.0)
@@ -157,19 +165,35 @@ class RunController:
             self._put(RunStarted(pid=int(client.pid or 0), llama_build=started.llama_build))
             if self._stop.is_set():
                 raise RunnerError("cancelled", "stopped")
-            loaded = client.request(P.LoadCommand(model_path=str(model_path.resolve()), config=config.to_dict(),
-                                                  n_threads=s.n_threads),
-                                    P.LoadedEvent, timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
+            loaded = client.request(
+                P.LoadCommand(model_path=str(model_path.resolve()), config=config.to_dict(), n_threads=s.n_threads),
+                P.LoadedEvent,
+                timeout_s=s.timeout_s,
+                idle_timeout_s=s.idle_timeout_s,
+            )
             if self._stop.is_set():
                 raise RunnerError("cancelled", "stopped")
-            result = client.request(P.BenchCommand(n_prompt=s.n_prompt, n_gen=s.n_gen, repetitions=s.repetitions,
-                                                   warmup=s.warmup), P.BenchResultEvent,
-                                    timeout_s=s.timeout_s, idle_timeout_s=s.idle_timeout_s)
+            result = client.request(
+                P.BenchCommand(n_prompt=s.n_prompt, n_gen=s.n_gen, repetitions=s.repetitions, warmup=s.warmup),
+                P.BenchResultEvent,
+                timeout_s=s.timeout_s,
+                idle_timeout_s=s.idle_timeout_s,
+            )
             ok = True
             try:
-                summary = summarise_events(model_path, config, n_prompt=s.n_prompt, n_gen=s.n_gen, n_depth=0,
-                                           repetitions=s.repetitions, started=started, loaded=loaded,
-                                           result=result, events=seen, sampler=self.sampler)
+                summary = summarise_events(
+                    model_path,
+                    config,
+                    n_prompt=s.n_prompt,
+                    n_gen=s.n_gen,
+                    n_depth=0,
+                    repetitions=s.repetitions,
+                    started=started,
+                    loaded=loaded,
+                    result=result,
+                    events=seen,
+                    sampler=self.sampler,
+                )
             except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
                 # the run itself succeeded; only its summary (for the library) is missing
                 log.warning("no summary of the completed run: %s", exc)

@@ -48,17 +48,17 @@ class RunWindow(Protocol):
     """What :class:`RunEvents` needs from the window it serves
     (:class:`kvtuner.gui.main_window.MainWindow`)."""
 
-    model: "ModelProfile | None"
+    model: ModelProfile | None
     model_path: Path | None
     session: Session
-    machine: "MachineFingerprint"
-    tasks: "BackgroundTasks"
-    runner: "RunController"
+    machine: MachineFingerprint
+    tasks: BackgroundTasks
+    runner: RunController
     sampler: Any
-    graphs: "LiveGraphs"
-    status: "StatusBar"
-    run_controls: "RunControls"
-    advisor: "AdvisorPane"
+    graphs: LiveGraphs
+    status: StatusBar
+    run_controls: RunControls
+    advisor: AdvisorPane
     #: the latest GPU sample per GPU index
     gpu_last: dict[int, Any]
 
@@ -163,8 +163,7 @@ class RunEvents:
     def live_applies(self) -> bool:
         """Whether the live state describes the configuration shown (the run's own)."""
         w = self.window
-        return (self.live_state is not None and self.run_config == w.config
-                and self.run_model_path == w.model_path)
+        return self.live_state is not None and self.run_config == w.config and self.run_model_path == w.model_path
 
     # -- events --------------------------------------------------------------------------------------
 
@@ -249,9 +248,11 @@ class RunEvents:
                     self.remember_working_config(ev.result, save=False)
                     self.calibration_note = self.library_note = (
                         f"the machine was busy during this run ({self.other_cores:.1f} cores of other load): "
-                        "not used for calibration or Known good; run again when it is quiet")
-                    w.status.showMessage(f"busy machine ({self.other_cores:.1f} cores of other load): run not kept",
-                                         15000)
+                        "not used for calibration or Known good; run again when it is quiet"
+                    )
+                    w.status.showMessage(
+                        f"busy machine ({self.other_cores:.1f} cores of other load): run not kept", 15000
+                    )
                     w.advisor.set_notes([self.calibration_note])
 
     def _on_allocation_error(self, ev: P.ErrorEvent) -> None:
@@ -280,13 +281,21 @@ class RunEvents:
         own = (w.runner.pid,) if w.runner.pid else ()
         self.live_state = self.live.state(now, host, running=running, gpu_processes=procs, own_pids=own)
         w.refresh_advice(running)
-        if (running and not self.auto_stopped and self.live_applies() and w.advisor.auto_stop.isChecked()
-                and should_auto_stop(self.live_state, AdvisorSettings(auto_stop_below_abandon=True))):
+        if (
+            running
+            and not self.auto_stopped
+            and self.live_applies()
+            and w.advisor.auto_stop.isChecked()
+            and should_auto_stop(self.live_state, AdvisorSettings(auto_stop_below_abandon=True))
+        ):
             self.auto_stopped = True
             rate = self.live_state.decode_tok_s or 0.0
             w.stop_run()
-            w.status.showMessage(f"stopped by itself: decode stayed at {rate:.2f} tok/s, under 1 tok/s, "
-                                 f"for {self.live_state.below_abandon_s:.0f} s", 15000)
+            w.status.showMessage(
+                f"stopped by itself: decode stayed at {rate:.2f} tok/s, under 1 tok/s, "
+                f"for {self.live_state.below_abandon_s:.0f} s",
+                15000,
+            )
         return self.live_state
 
     # -- calibration -----------------------------------------------------------------------------------
@@ -306,16 +315,27 @@ class RunEvents:
         session = w.session
         # the run's own devices: this machine's GPUs when llama.cpp offloaded, else the CPU alone
         # (never a what-if card the window happens to plan for); same machine, same store
-        run_session = Session(model=model, config=config, gpus=session.machine_gpus if self.run_gpu_offload else (),
-                              host=session.host, detected_gpus=session.machine_gpus,
-                              calibration=session.calibration_store(), measure_host_bandwidth=False)
+        run_session = Session(
+            model=model,
+            config=config,
+            gpus=session.machine_gpus if self.run_gpu_offload else (),
+            host=session.host,
+            detected_gpus=session.machine_gpus,
+            calibration=session.calibration_store(),
+            measure_host_bandwidth=False,
+        )
         n_depth = ev.reps[0].n_depth if ev.reps else 0
 
         def work() -> str:
             return run_session.record_run(
-                run_session.plan(), n_threads=ev.n_threads, n_depth=n_depth, n_prompt=s.n_prompt, n_gen=s.n_gen,
+                run_session.plan(),
+                n_threads=ev.n_threads,
+                n_depth=n_depth,
+                n_prompt=s.n_prompt,
+                n_gen=s.n_gen,
                 prefill_tok_s=statistics.median(pre) if pre else None,
-                decode_tok_s=statistics.median(dec) if dec else None)
+                decode_tok_s=statistics.median(dec) if dec else None,
+            )
 
         def done(note: str) -> None:
             self.calibration_note = note
@@ -364,5 +384,8 @@ class RunEvents:
             self.library_note = f"run not saved in the library: {exc}"
             w.status.showMessage(self.library_note, 8000)
 
-        w.tasks.submit(lambda: record_completed_run(model, config, figures, model_path=path, machine=machine,
-                                                    enabled=enabled), done, failed)
+        w.tasks.submit(
+            lambda: record_completed_run(model, config, figures, model_path=path, machine=machine, enabled=enabled),
+            done,
+            failed,
+        )

@@ -47,17 +47,17 @@ class Series:
             return
         values = np.asarray(values, dtype=np.float64)
         if n >= self.capacity:
-            t_s, values, n = t_s[-self.capacity:], values[-self.capacity:], self.capacity
+            t_s, values, n = t_s[-self.capacity :], values[-self.capacity :], self.capacity
             self._start = self._end = 0
             self._peak_valid = False
         if self._end + n > len(self._t):
             keep = min(len(self), self.capacity - n)
             self._drop(len(self) - keep)
-            self._t[:keep] = self._t[self._end - keep:self._end]
-            self._v[:keep] = self._v[self._end - keep:self._end]
+            self._t[:keep] = self._t[self._end - keep : self._end]
+            self._v[:keep] = self._v[self._end - keep : self._end]
             self._start, self._end = 0, keep
-        self._t[self._end:self._end + n] = t_s
-        self._v[self._end:self._end + n] = values
+        self._t[self._end : self._end + n] = t_s
+        self._v[self._end : self._end + n] = values
         self._end += n
         if len(self) > self.capacity:
             self._drop(len(self) - self.capacity)
@@ -70,13 +70,13 @@ class Series:
         """Forget the ``n`` oldest points (the caller moves ``_start``); the peak is recomputed
         only if one of them held it."""
         if n > 0 and self._peak_valid:
-            dropped = self._v[self._start:self._start + n]
+            dropped = self._v[self._start : self._start + n]
             if len(dropped) and not np.all(np.isnan(dropped)) and np.nanmax(dropped) >= self._peak:
                 self._peak_valid = False
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(t_s, values) views of the kept points, oldest first."""
-        return self._t[self._start:self._end], self._v[self._start:self._end]
+        return self._t[self._start : self._end], self._v[self._start : self._end]
 
     def peak(self) -> float:
         """The largest value kept (NaN ignored); 0.0 when empty. Kept up to date on append."""

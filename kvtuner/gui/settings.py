@@ -110,7 +110,7 @@ class AppSettings:
     # -- switches ----------------------------------------------------------------------------------
 
     def auto_stop(self) -> bool:
-        """"Stop a run by itself when decode stays under 1 tok/s" (default off)."""
+        """ "Stop a run by itself when decode stays under 1 tok/s" (default off)."""
         return _flag(self.qsettings.value("advisor/auto_stop"), False)
 
     def set_auto_stop(self, enabled: bool) -> None:
@@ -118,7 +118,7 @@ class AppSettings:
         self.qsettings.sync()
 
     def remember_working_configs(self) -> bool:
-        """"Remember working configurations" (default on)."""
+        """ "Remember working configurations" (default on)."""
         return _flag(self.qsettings.value("library/remember"), True)
 
     def set_remember_working_configs(self, enabled: bool) -> None:

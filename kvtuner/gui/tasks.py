@@ -3,8 +3,9 @@ are collected by a QTimer on the GUI thread (pull, never a cross-thread call int
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from PySide6 import QtCore
 
@@ -26,8 +27,12 @@ class BackgroundTasks(QtCore.QObject):
         """Tasks submitted and not yet delivered."""
         return len(self._jobs)
 
-    def submit(self, fn: Callable[[], Any], on_done: Callable[[Any], None] | None = None,
-               on_error: Callable[[BaseException], None] | None = None) -> Future:
+    def submit(
+        self,
+        fn: Callable[[], Any],
+        on_done: Callable[[Any], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> Future:
         """Run ``fn()`` on a worker thread."""
         fut = self._pool.submit(fn)
         self._jobs.append((fut, on_done, on_error))

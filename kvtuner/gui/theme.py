@@ -19,12 +19,27 @@ def apply_dark(app: Any) -> None:
     app.setStyle("Fusion")
     C = QtGui.QPalette.ColorRole
     pal = QtGui.QPalette()
-    for role, color in ((C.Window, "#353535"), (C.WindowText, "#e6e6e6"), (C.Base, "#2a2a2a"),
-                        (C.AlternateBase, "#353535"), (C.ToolTipBase, "#424242"), (C.ToolTipText, "#e6e6e6"),
-                        (C.Text, "#e6e6e6"), (C.Button, "#3c3c3c"), (C.ButtonText, "#e6e6e6"),
-                        (C.BrightText, "#ff6060"), (C.Link, "#6cb4ff"), (C.Highlight, "#2f6fb3"),
-                        (C.HighlightedText, "#ffffff"), (C.PlaceholderText, "#9a9a9a"), (C.Mid, "#505050"),
-                        (C.Dark, "#232323"), (C.Light, "#5a5a5a"), (C.Midlight, "#4a4a4a"), (C.Shadow, "#141414")):
+    for role, color in (
+        (C.Window, "#353535"),
+        (C.WindowText, "#e6e6e6"),
+        (C.Base, "#2a2a2a"),
+        (C.AlternateBase, "#353535"),
+        (C.ToolTipBase, "#424242"),
+        (C.ToolTipText, "#e6e6e6"),
+        (C.Text, "#e6e6e6"),
+        (C.Button, "#3c3c3c"),
+        (C.ButtonText, "#e6e6e6"),
+        (C.BrightText, "#ff6060"),
+        (C.Link, "#6cb4ff"),
+        (C.Highlight, "#2f6fb3"),
+        (C.HighlightedText, "#ffffff"),
+        (C.PlaceholderText, "#9a9a9a"),
+        (C.Mid, "#505050"),
+        (C.Dark, "#232323"),
+        (C.Light, "#5a5a5a"),
+        (C.Midlight, "#4a4a4a"),
+        (C.Shadow, "#141414"),
+    ):
         pal.setColor(role, QtGui.QColor(color))
     for role in (C.WindowText, C.Text, C.ButtonText):
         pal.setColor(QtGui.QPalette.ColorGroup.Disabled, role, QtGui.QColor("#808080"))

@@ -10,29 +10,43 @@ the GUI thread; all figures come from :mod:`kvtuner.core.tune`.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyqtgraph as pg
 from PySide6 import QtCore, QtWidgets
 
 from ..core.plan.config import PlanConfig
 from ..core.speed.speed_model import ABANDON_TOK_S
-from ..core.tune import (KV_QUALITY_ORDER, DEFAULT_KV_QUALITY, KneeCurve, TuneError, TuneGoal, TuneResult, knee_curves,
-                         offload_note, tune)
+from ..core.tune import (
+    DEFAULT_KV_QUALITY,
+    KV_QUALITY_ORDER,
+    KneeCurve,
+    TuneError,
+    TuneGoal,
+    TuneResult,
+    knee_curves,
+    offload_note,
+    tune,
+)
 
 #: Line colours of the top configurations (chosen first).
 CURVE_COLORS = ("#1e8449", "#2471a3", "#9a6700", "#7d3c98")
 #: Configurations drawn in the knee chart.
 TOP_CURVES = 3
-GOALS = (("ctx", "This context at the best speed (--ctx)"), ("ctx_min", "At least this context (--ctx-min)"),
-         ("min_tok_s", "The longest context at >= tok/s (--min-tok-s)"))
+GOALS = (
+    ("ctx", "This context at the best speed (--ctx)"),
+    ("ctx_min", "At least this context (--ctx-min)"),
+    ("min_tok_s", "The longest context at >= tok/s (--min-tok-s)"),
+)
 
 
 def _label(cfg: PlanConfig) -> str:
     ngl = "all" if cfg.n_gpu_layers < 0 else str(cfg.n_gpu_layers)
     kv = "all" if cfg.kv_gpu_layers is None else str(cfg.kv_gpu_layers)
     off = (f", FFN on CPU {cfg.n_cpu_ffn}" if cfg.n_cpu_ffn else "") + (
-        f", experts on CPU {cfg.n_cpu_moe}" if cfg.n_cpu_moe else "")
+        f", experts on CPU {cfg.n_cpu_moe}" if cfg.n_cpu_moe else ""
+    )
     return f"K {cfg.type_k}/V {cfg.type_v}, fa {cfg.flash_attn}, ngl {ngl}, KV on GPU {kv}, ub {cfg.n_ubatch}{off}"
 
 
@@ -55,9 +69,14 @@ class TunePanel(QtWidgets.QDialog):
 
     applied = QtCore.Signal(object)
 
-    def __init__(self, context: Callable[[], tuple[Any, PlanConfig, tuple, Any, Any]],
-                 submit: Callable[..., Any], apply: Callable[[PlanConfig], None] | None = None,
-                 parent: QtWidgets.QWidget | None = None, fit: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        context: Callable[[], tuple[Any, PlanConfig, tuple, Any, Any]],
+        submit: Callable[..., Any],
+        apply: Callable[[PlanConfig], None] | None = None,
+        parent: QtWidgets.QWidget | None = None,
+        fit: Callable[..., Any] | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Tune: the fastest configuration that fits")
         self._context, self._submit, self._apply, self._fit = context, submit, apply, fit
@@ -85,8 +104,10 @@ class TunePanel(QtWidgets.QDialog):
         for q in KV_QUALITY_ORDER:
             self.quality.addItem(q, q)
         self.quality.setCurrentIndex(KV_QUALITY_ORDER.index(DEFAULT_KV_QUALITY))
-        self.quality.setToolTip("Worst KV cache type allowed. q8_0 is near-lossless in llama.cpp's measurements "
-                                "(PR #7412: KL divergence 0.001); q4_0 trades quality for memory.")
+        self.quality.setToolTip(
+            "Worst KV cache type allowed. q8_0 is near-lossless in llama.cpp's measurements "
+            "(PR #7412: KL divergence 0.001); q4_0 trades quality for memory."
+        )
         form.addRow("Goal", self.goal_kind)
         form.addRow("Context (tokens)", self.ctx_spin)
         form.addRow("Decode at least", self.tok_spin)
@@ -189,8 +210,9 @@ class TunePanel(QtWidgets.QDialog):
         return True
 
     @staticmethod
-    def compute(model: Any, config: PlanConfig, gpus: tuple, host: Any, inputs: Any,
-                goal: TuneGoal) -> tuple[TuneResult, list[KneeCurve]]:
+    def compute(
+        model: Any, config: PlanConfig, gpus: tuple, host: Any, inputs: Any, goal: TuneGoal
+    ) -> tuple[TuneResult, list[KneeCurve]]:
         """The search and the chart's curves (pure core work; runs on a worker thread)."""
         result = tune(model, config, gpus, host, inputs, goal)
         configs: list[PlanConfig] = []
@@ -203,8 +225,16 @@ class TunePanel(QtWidgets.QDialog):
         if result.fit_equivalent is not None and result.fit_equivalent.config not in configs:
             configs.append(result.fit_equivalent.config)
         top = max([2 * c.n_ctx for c in configs] + [8192])
-        curves = knee_curves(model, configs, gpus, host, inputs, max_ctx=top,
-                             vram_margin_bytes=goal.vram_margin_bytes, ram_headroom_fraction=goal.ram_headroom_fraction)
+        curves = knee_curves(
+            model,
+            configs,
+            gpus,
+            host,
+            inputs,
+            max_ctx=top,
+            vram_margin_bytes=goal.vram_margin_bytes,
+            ram_headroom_fraction=goal.ram_headroom_fraction,
+        )
         return result, curves
 
     def _failed(self, exc: BaseException) -> None:
@@ -231,7 +261,9 @@ class TunePanel(QtWidgets.QDialog):
         if b is None:
             lines += list(result.notes) or ["Nothing fits."]
         else:
-            lines.append(f"Chosen: ctx {b.config.n_ctx}, {_label(b.config)}: {b.decode_tok_s:.2f} tok/s at full context.")
+            lines.append(
+                f"Chosen: ctx {b.config.n_ctx}, {_label(b.config)}: {b.decode_tok_s:.2f} tok/s at full context."
+            )
             note = offload_note(b)
             if note:
                 lines.append(f"Trade: {note}.")
@@ -244,8 +276,10 @@ class TunePanel(QtWidgets.QDialog):
             elif self.fit_error:
                 lines.append(f"llama.cpp --fit: {self.fit_error}.")
             elif f is not None and fit is None:
-                lines.append(f"llama.cpp --fit (keeps K {f.config.type_k}/V {f.config.type_v}, lowers -ngl): "
-                             f"{_label(f.config)}: {f.decode_tok_s:.2f} tok/s.")
+                lines.append(
+                    f"llama.cpp --fit (keeps K {f.config.type_k}/V {f.config.type_v}, lowers -ngl): "
+                    f"{_label(f.config)}: {f.decode_tok_s:.2f} tok/s."
+                )
             lines += [f"Note: {n}" for n in result.notes]
         self.text.setText("\n".join(lines))
         self._show_compare(b)
@@ -254,15 +288,27 @@ class TunePanel(QtWidgets.QDialog):
 
     def compare_rows(self) -> list[list[str]]:
         """The comparison table's cells, row by row (kvtuner's choice, then llama.cpp's --fit)."""
-        return [[self.compare.item(r, c).text() if self.compare.item(r, c) else "" for c in range(self.compare.columnCount())]
-                for r in range(self.compare.rowCount())]
+        return [
+            [
+                self.compare.item(r, c).text() if self.compare.item(r, c) else ""
+                for c in range(self.compare.columnCount())
+            ]
+            for r in range(self.compare.rowCount())
+        ]
 
     def _show_compare(self, b: Any) -> None:
         rows: list[list[str]] = []
         if b is not None:
             pre = f"{b.prefill_tok_s:.1f} tok/s" if b.prefill_tok_s is not None else "-"
-            rows.append(["kvtuner", f"ctx {b.config.n_ctx}, {_label(b.config)}", f"{b.decode_tok_s:.2f} tok/s", pre,
-                         "kvtuner's tune"])
+            rows.append(
+                [
+                    "kvtuner",
+                    f"ctx {b.config.n_ctx}, {_label(b.config)}",
+                    f"{b.decode_tok_s:.2f} tok/s",
+                    pre,
+                    "kvtuner's tune",
+                ]
+            )
         f = self.fit_choice
         if f is not None:
             dec = f"{f.decode_tok_s:.2f} tok/s" if f.decode_tok_s is not None else "-"
@@ -309,27 +355,69 @@ class TunePanel(QtWidgets.QDialog):
                 p.plot(xs, ys, pen=pg.mkPen(color, width=2.5 if i == 0 else 1.5, style=style), name=name)
             over = [(x, v) for x, v, ok in curve.points if not ok and v > 0]
             if over:
-                p.plot([x for x, _ in over], [v for _, v in over], pen=None, symbol="x", symbolSize=6,
-                       symbolPen=pg.mkPen(color), symbolBrush=None)
+                p.plot(
+                    [x for x, _ in over],
+                    [v for _, v in over],
+                    pen=None,
+                    symbol="x",
+                    symbolSize=6,
+                    symbolPen=pg.mkPen(color),
+                    symbolBrush=None,
+                )
             if curve.max_fit_ctx:
-                p.addItem(pg.InfiniteLine(pos=_log(curve.max_fit_ctx), angle=90,
-                                          pen=pg.mkPen(color, width=1, style=QtCore.Qt.PenStyle.DotLine),
-                                          label=f"fits to {curve.max_fit_ctx}" if i == 0 else None,
-                                          labelOpts={"position": 0.5, "color": color}))
-        p.addItem(pg.InfiniteLine(pos=_log(ABANDON_TOK_S), angle=0,
-                                  pen=pg.mkPen("#c0392b", width=1.5, style=QtCore.Qt.PenStyle.DashLine),
-                                  label="1 tok/s: abandon", labelOpts={"position": 0.1, "color": "#c0392b"}))
+                p.addItem(
+                    pg.InfiniteLine(
+                        pos=_log(curve.max_fit_ctx),
+                        angle=90,
+                        pen=pg.mkPen(color, width=1, style=QtCore.Qt.PenStyle.DotLine),
+                        label=f"fits to {curve.max_fit_ctx}" if i == 0 else None,
+                        labelOpts={"position": 0.5, "color": color},
+                    )
+                )
+        p.addItem(
+            pg.InfiniteLine(
+                pos=_log(ABANDON_TOK_S),
+                angle=0,
+                pen=pg.mkPen("#c0392b", width=1.5, style=QtCore.Qt.PenStyle.DashLine),
+                label="1 tok/s: abandon",
+                labelOpts={"position": 0.1, "color": "#c0392b"},
+            )
+        )
         b = self.result.best if self.result else None
         if b is not None and b.decode_tok_s > 0:
-            p.plot([b.config.n_ctx], [b.decode_tok_s], pen=None, symbol="star", symbolSize=18,
-                   symbolBrush="#1e8449", symbolPen=pg.mkPen("k"), name="chosen point")
+            p.plot(
+                [b.config.n_ctx],
+                [b.decode_tok_s],
+                pen=None,
+                symbol="star",
+                symbolSize=18,
+                symbolBrush="#1e8449",
+                symbolPen=pg.mkPen("k"),
+                name="chosen point",
+            )
         f = self.fit_choice
         if f is not None and f.decode_tok_s:
-            p.plot([f.n_ctx], [f.decode_tok_s], pen=None, symbol="d", symbolSize=14, symbolBrush="#7d3c98",
-                   symbolPen=pg.mkPen("k"), name="llama.cpp --fit: " + f.flags[:60])
+            p.plot(
+                [f.n_ctx],
+                [f.decode_tok_s],
+                pen=None,
+                symbol="d",
+                symbolSize=14,
+                symbolBrush="#7d3c98",
+                symbolPen=pg.mkPen("k"),
+                name="llama.cpp --fit: " + f.flags[:60],
+            )
         if self.measured:
-            p.plot([x for x, _ in self.measured], [v for _, v in self.measured], pen=None, symbol="o", symbolSize=10,
-                   symbolBrush="#e67e22", symbolPen=pg.mkPen("k"), name="measured")
+            p.plot(
+                [x for x, _ in self.measured],
+                [v for _, v in self.measured],
+                pen=None,
+                symbol="o",
+                symbolSize=10,
+                symbolBrush="#e67e22",
+                symbolPen=pg.mkPen("k"),
+                name="measured",
+            )
 
     def apply(self) -> None:
         """Put the chosen configuration on the window's controls."""
@@ -342,7 +430,7 @@ class TunePanel(QtWidgets.QDialog):
 
 
 #: Context lengths labelled on the knee chart's x axis, tokens (1K to 1M).
-CTX_TICKS = tuple(1024 * 2 ** i for i in range(11))
+CTX_TICKS = tuple(1024 * 2**i for i in range(11))
 
 
 def _ctx_label(n_tokens: int) -> str:

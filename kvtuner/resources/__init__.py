@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 #: Reverse-DNS application id (AppStream component id, desktop file and icon name).
 APP_ID = "io.github.kvtuner.kvtuner"
@@ -84,8 +84,9 @@ def desktop_entry(command: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def install_desktop_entry(data_home: Path | None = None, command: Sequence[str] | None = None,
-                          remove: bool = False) -> list[Path]:
+def install_desktop_entry(
+    data_home: Path | None = None, command: Sequence[str] | None = None, remove: bool = False
+) -> list[Path]:
     """Install (or with ``remove`` delete) the desktop entry, icons and metainfo for this user.
 
     Writes ``applications/<APP_ID>.desktop``, ``icons/hicolor/<N>x<N>/apps/<APP_ID>.png`` for

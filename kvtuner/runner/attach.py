@@ -47,9 +47,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 #: Fewest seconds between two polls of one server (one request per endpoint per poll).
 MIN_INTERVAL_S = 1.0
@@ -111,8 +112,9 @@ def http_get(url: str, *, timeout_s: float = TIMEOUT_S, api_key: str | None = No
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             body = resp.read(MAX_BODY_BYTES)
-            return Answer(resp.status, body, resp.headers.get("Content-Type", ""),
-                          {k.lower(): v for k, v in resp.headers.items()})
+            return Answer(
+                resp.status, body, resp.headers.get("Content-Type", ""), {k.lower(): v for k, v in resp.headers.items()}
+            )
     except urllib.error.HTTPError as exc:
         try:
             body = exc.read(MAX_BODY_BYTES)
@@ -129,7 +131,7 @@ def http_get(url: str, *, timeout_s: float = TIMEOUT_S, api_key: str | None = No
         if isinstance(reason, ConnectionRefusedError):
             return Answer(0, problem="connection refused", refused=True)
         return Answer(0, problem=f"cannot connect ({reason})", refused=True)
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return Answer(0, problem=f"no answer within {timeout_s:g} s", timed_out=True)
     except (ConnectionError, OSError) as exc:
         return Answer(0, problem=f"connection failed ({exc.__class__.__name__})", refused=True)
@@ -179,7 +181,7 @@ def parse_metrics(text: str) -> dict[str, float]:
         if len(parts) < 2 or not parts[0].startswith("llamacpp:"):
             continue
         try:
-            out[parts[0][len("llamacpp:"):]] = float(parts[1])
+            out[parts[0][len("llamacpp:") :]] = float(parts[1])
         except ValueError:
             continue
     return out
@@ -229,10 +231,16 @@ def parse_slots(data: Any) -> list[SlotState]:
         if not isinstance(nt, dict):
             nt = {}
         tokens = s.get("n_past", s.get("n_prompt_tokens", 0))
-        slots.append(SlotState(
-            id=_int(s.get("id"), i), n_ctx=_int(s.get("n_ctx")), processing=bool(s.get("is_processing", False)),
-            id_task=_int(s["id_task"]) if s.get("id_task") is not None else None,
-            tokens=_int(tokens), n_decoded=_int(nt.get("n_decoded", s.get("n_decoded", 0)))))
+        slots.append(
+            SlotState(
+                id=_int(s.get("id"), i),
+                n_ctx=_int(s.get("n_ctx")),
+                processing=bool(s.get("is_processing", False)),
+                id_task=_int(s["id_task"]) if s.get("id_task") is not None else None,
+                tokens=_int(tokens),
+                n_decoded=_int(nt.get("n_decoded", s.get("n_decoded", 0))),
+            )
+        )
     return slots
 
 
@@ -362,8 +370,9 @@ class ServerWatcher:
                 notes.append(f"the server at {self.url} is gone (connection refused); still watching")
             self._last_state = state
             self._prev_slots, self._prev_slots_t, self._prev_metrics = {}, None, None
-            return ServerSample(now, time.time(), self.url, state, problems=(f"/health: {ans.problem}",),
-                                notes=tuple(notes))
+            return ServerSample(
+                now, time.time(), self.url, state, problems=(f"/health: {ans.problem}",), notes=tuple(notes)
+            )
         if ans.status == 503:
             state = "loading"
         elif ans.status == 200:
@@ -376,8 +385,15 @@ class ServerWatcher:
             self._props_t = -float("inf")
         self._last_state = state
         if state == "loading":
-            return ServerSample(now, time.time(), self.url, state, model_path=str(self._props.get("model_path", "")),
-                                problems=tuple(problems), notes=tuple(notes))
+            return ServerSample(
+                now,
+                time.time(),
+                self.url,
+                state,
+                model_path=str(self._props.get("model_path", "")),
+                problems=tuple(problems),
+                notes=tuple(notes),
+            )
 
         # /props: at the start, after a restart, and every 10 s (a server that swapped its model)
         props_ep = self._ep["/props"]
@@ -460,18 +476,32 @@ class ServerWatcher:
         in_ctx = sum(s.tokens for s in slots) if slots else None
         fills = [s.fill for s in slots or () if s.fill is not None]
         return ServerSample(
-            now, time.time(), self.url, state, model_path=str(self._props.get("model_path", "")),
+            now,
+            time.time(),
+            self.url,
+            state,
+            model_path=str(self._props.get("model_path", "")),
             build_info=str(self._props.get("build_info", "")),
             total_slots=int(total_slots) if isinstance(total_slots, int) else (len(slots) if slots else None),
-            n_ctx_slot=n_ctx_slot or (slots[0].n_ctx if slots else None), slots=tuple(slots or ()),
-            decode_tok_s=decode, prefill_tok_s=prefill, decode_tokens=dec_n, decode_span_s=dec_span,
-            decode_tok_s_finished=dec_fin, prefill_tok_s_finished=pre_fin,
-            tokens_predicted_total=int(metrics["tokens_predicted_total"]) if metrics and "tokens_predicted_total" in metrics else None,
+            n_ctx_slot=n_ctx_slot or (slots[0].n_ctx if slots else None),
+            slots=tuple(slots or ()),
+            decode_tok_s=decode,
+            prefill_tok_s=prefill,
+            decode_tokens=dec_n,
+            decode_span_s=dec_span,
+            decode_tok_s_finished=dec_fin,
+            prefill_tok_s_finished=pre_fin,
+            tokens_predicted_total=int(metrics["tokens_predicted_total"])
+            if metrics and "tokens_predicted_total" in metrics
+            else None,
             requests_processing=processing,
             requests_deferred=int(metrics["requests_deferred"]) if metrics and "requests_deferred" in metrics else None,
-            tokens_in_context=in_ctx, context_fill=max(fills) if fills else None,
+            tokens_in_context=in_ctx,
+            context_fill=max(fills) if fills else None,
             metrics_enabled=(not m_ep.disabled) if (m_ep.disabled or metrics is not None) else None,
-            problems=tuple(problems), notes=tuple(notes))
+            problems=tuple(problems),
+            notes=tuple(notes),
+        )
 
     def _slot_rates(self, slots: list[SlotState], t_s: float) -> tuple[float | None, float | None, int, float]:
         """(decode tok/s, prefill tok/s, decoded tokens, slot-seconds of decoding) since the
@@ -582,7 +612,7 @@ def server_argv_value(argv: Sequence[str], names: Sequence[str]) -> str:
         else:
             for n in names:
                 if n.startswith("--") and a.startswith(n + "="):
-                    value = a[len(n) + 1:]
+                    value = a[len(n) + 1 :]
     return value
 
 
@@ -628,8 +658,9 @@ def scan_processes() -> list[FoundServer]:
     return out
 
 
-def find_servers(*, ports: Iterable[int] = DEFAULT_PORTS, ollama_url: str = OLLAMA_URL,
-                 timeout_s: float = 0.5) -> list[FoundServer]:
+def find_servers(
+    *, ports: Iterable[int] = DEFAULT_PORTS, ollama_url: str = OLLAMA_URL, timeout_s: float = 0.5
+) -> list[FoundServer]:
     """llama-server processes of this machine, servers answering ``/health`` on 127.0.0.1 at
     ``ports``, and Ollama when ``/api/ps`` answers at ``ollama_url``; one entry per URL."""
     found = {s.url: s for s in scan_processes()}
@@ -706,18 +737,25 @@ def parse_ollama_ps(data: Any, models_dir: Path | None = None) -> list[OllamaMod
         ValueError: not ``{"models": [...]}``.
     """
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-        raise ValueError("/api/ps did not answer {\"models\": [...]}")
+        raise ValueError('/api/ps did not answer {"models": [...]}')
     out = []
     for m in data["models"]:
         if not isinstance(m, dict):
             continue
         digest = str(m.get("digest", ""))
         ctx = m.get("context_length")
-        out.append(OllamaModel(
-            name=str(m.get("name", "")), model=str(m.get("model", m.get("name", ""))),
-            size_bytes=_int(m.get("size")), vram_bytes=_int(m.get("size_vram")),
-            context_length=int(ctx) if isinstance(ctx, int) else None, expires_at=str(m.get("expires_at", "")),
-            digest=digest, blob=ollama_blob(digest, models_dir) if digest else None))
+        out.append(
+            OllamaModel(
+                name=str(m.get("name", "")),
+                model=str(m.get("model", m.get("name", ""))),
+                size_bytes=_int(m.get("size")),
+                vram_bytes=_int(m.get("size_vram")),
+                context_length=int(ctx) if isinstance(ctx, int) else None,
+                expires_at=str(m.get("expires_at", "")),
+                digest=digest,
+                blob=ollama_blob(digest, models_dir) if digest else None,
+            )
+        )
     return out
 
 
@@ -758,8 +796,9 @@ class OllamaWatcher:
         self.n_requests += 1
         a = http_get(self.url + "/api/ps", timeout_s=self.timeout_s)
         if a.status == 0:
-            return OllamaSample(now, time.time(), self.url, "gone" if a.refused else "error",
-                                problems=(f"/api/ps: {a.problem}",))
+            return OllamaSample(
+                now, time.time(), self.url, "gone" if a.refused else "error", problems=(f"/api/ps: {a.problem}",)
+            )
         if a.problem:
             return OllamaSample(now, time.time(), self.url, "error", problems=(f"/api/ps: {a.problem}",))
         try:
@@ -779,8 +818,26 @@ def is_ollama(url: str, timeout_s: float = TIMEOUT_S) -> bool:
 
 
 __all__ = [
-    "AttachError", "Answer", "FoundServer", "OllamaModel", "OllamaSample", "OllamaWatcher", "ProcessStats",
-    "ServerSample", "ServerWatcher", "SlotState", "find_servers", "http_get", "is_ollama", "normalize_url",
-    "parse_metrics", "parse_ollama_ps", "parse_slots", "pid_listening_on", "process_argv", "process_stats",
-    "scan_processes", "url_of_argv",
+    "Answer",
+    "AttachError",
+    "FoundServer",
+    "OllamaModel",
+    "OllamaSample",
+    "OllamaWatcher",
+    "ProcessStats",
+    "ServerSample",
+    "ServerWatcher",
+    "SlotState",
+    "find_servers",
+    "http_get",
+    "is_ollama",
+    "normalize_url",
+    "parse_metrics",
+    "parse_ollama_ps",
+    "parse_slots",
+    "pid_listening_on",
+    "process_argv",
+    "process_stats",
+    "scan_processes",
+    "url_of_argv",
 ]

@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .attach import (
-    AttachError, FoundServer, OllamaWatcher, ServerSample, ServerWatcher, find_servers, is_ollama, normalize_url,
-    pid_listening_on, process_argv, process_stats, server_argv_value, url_of_argv,
+    AttachError,
+    FoundServer,
+    OllamaWatcher,
+    ServerSample,
+    ServerWatcher,
+    find_servers,
+    is_ollama,
+    normalize_url,
+    pid_listening_on,
+    process_argv,
+    process_stats,
+    server_argv_value,
+    url_of_argv,
 )
 
 #: Seconds between two assessments with live advice (plan + speed + advice: milliseconds, but
@@ -57,11 +69,14 @@ def resolve_target(target: str | None) -> FoundServer:
         found = find_servers()
         servers = [s for s in found if s.kind == "llama-server"] or found
         if not servers:
-            raise AttachError("no running llama-server or Ollama found on this machine: give its URL "
-                              "(http://127.0.0.1:PORT) or PID")
+            raise AttachError(
+                "no running llama-server or Ollama found on this machine: give its URL (http://127.0.0.1:PORT) or PID"
+            )
         if len(servers) > 1:
-            raise AttachError("several servers found: give one of " + "; ".join(
-                f"{s.url}" + (f" or {s.pid}" if s.pid else "") for s in servers))
+            raise AttachError(
+                "several servers found: give one of "
+                + "; ".join(f"{s.url}" + (f" or {s.pid}" if s.pid else "") for s in servers)
+            )
         return servers[0]
     t = target.strip()
     if t.isdigit():
@@ -71,8 +86,10 @@ def resolve_target(target: str | None) -> FoundServer:
         if "ollama" in exe:
             return FoundServer("ollama", normalize_url(os.environ.get("OLLAMA_HOST", "127.0.0.1:11434")), pid, argv)
         if not any("llama-server" in a for a in argv[:2]):
-            raise AttachError(f"process {pid} is not a llama-server ({exe or 'no command line'}): "
-                              "give the PID of a llama-server, or its URL")
+            raise AttachError(
+                f"process {pid} is not a llama-server ({exe or 'no command line'}): "
+                "give the PID of a llama-server, or its URL"
+            )
         return FoundServer("llama-server", url_of_argv(argv), pid, argv)
     url = normalize_url(t)
     if url.endswith(":11434") or is_ollama(url):
@@ -98,8 +115,15 @@ class Monitor:
         notes: lines worth telling once (why there is no plan ...).
     """
 
-    def __init__(self, server: FoundServer, *, api_key: str | None = None, plan: bool = True,
-                 router_model: str = "", parse_argv: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        server: FoundServer,
+        *,
+        api_key: str | None = None,
+        plan: bool = True,
+        router_model: str = "",
+        parse_argv: Callable[..., Any] | None = None,
+    ) -> None:
         #: ``parse_argv(argv, model=profile) -> (config, namespace, not_understood)``, raising
         #: ValueError or the caller's own error for a configuration llama.cpp would refuse; None:
         #: the command line is not read (the configuration comes from ``/props``)
@@ -126,7 +150,7 @@ class Monitor:
         self._planned = False
 
     @classmethod
-    def attach(cls, target: str | None, **kwargs: Any) -> "Monitor":
+    def attach(cls, target: str | None, **kwargs: Any) -> Monitor:
         """Resolve ``target`` (:func:`resolve_target`) and attach.
 
         Raises:
@@ -151,7 +175,7 @@ class Monitor:
         """Parse the command line (or ``/props``) and plan it, once the server has answered."""
         self._planned = True
         from ..core.model.profile import GGUFError, ModelProfile
-        from ..core.plan.config import ConfigError, PlanConfig
+        from ..core.plan.config import PlanConfig
 
         self.model_path = self._model_file(sample.model_path)
         profile = None
@@ -172,8 +196,10 @@ class Monitor:
                 self.threads = int(t) if t and str(t).lstrip("-").isdigit() and int(t) > 0 else None
             elif sample.total_slots and sample.n_ctx_slot:
                 cfg = PlanConfig(n_ctx=sample.n_ctx_slot * sample.total_slots, n_seq=sample.total_slots)
-                self.notes.append("not a local process: the configuration is read from /props "
-                                  "(context and slots; the rest at llama-server's defaults)")
+                self.notes.append(
+                    "not a local process: the configuration is read from /props "
+                    "(context and slots; the rest at llama-server's defaults)"
+                )
             else:
                 cfg = None
         except Exception as exc:  # the parser's refusal (ConfigError, the CLI's UserError): a note, not a crash
@@ -187,8 +213,9 @@ class Monitor:
         from ..core.session import Session
 
         gpus = tuple(detect_gpus())
-        self.session = Session(model=profile, config=cfg, gpus=gpus, host=detect_host(), detected_gpus=gpus,
-                               n_threads=self.threads)
+        self.session = Session(
+            model=profile, config=cfg, gpus=gpus, host=detect_host(), detected_gpus=gpus, n_threads=self.threads
+        )
         self._assess(None)
 
     def _assess(self, live: Any) -> None:
@@ -221,11 +248,15 @@ class Monitor:
                 cfg = PlanConfig(n_ctx=int(m["context_length"] or 4096))
                 gpus = tuple(detect_gpus())
                 a = Session(model=profile, config=cfg, gpus=gpus, host=detect_host(), detected_gpus=gpus).assess()
-                plan = {"config": cfg.to_dict(), "total_bytes": sum(d.total_bytes for d in a.plan.devices),
-                        "gpu_bytes": sum(d.total_bytes for d in a.plan.gpus), "host_bytes": a.plan.host.total_bytes,
-                        "kv_bytes": a.plan.kv_bytes,
-                        "decode_tok_s": a.speed.decode_tok_s if a.speed is not None else None,
-                        "decode_tok_s_at_full_ctx": a.speed.decode_tok_s_at_full_ctx if a.speed is not None else None}
+                plan = {
+                    "config": cfg.to_dict(),
+                    "total_bytes": sum(d.total_bytes for d in a.plan.devices),
+                    "gpu_bytes": sum(d.total_bytes for d in a.plan.gpus),
+                    "host_bytes": a.plan.host.total_bytes,
+                    "kv_bytes": a.plan.kv_bytes,
+                    "decode_tok_s": a.speed.decode_tok_s if a.speed is not None else None,
+                    "decode_tok_s_at_full_ctx": a.speed.decode_tok_s_at_full_ctx if a.speed is not None else None,
+                }
             except (GGUFError, ConfigError, OSError, ValueError) as exc:
                 plan = {"error": str(exc)}
         cache[key] = plan
@@ -234,10 +265,15 @@ class Monitor:
     def header(self) -> dict[str, Any]:
         """What was attached and kvtuner's plan for it (the first ``--json`` line)."""
         return {
-            "type": "attached", "kind": self.kind, "url": self.server.url, "pid": self.server.pid,
-            "argv": list(self.server.argv), "model_path": self.model_path,
+            "type": "attached",
+            "kind": self.kind,
+            "url": self.server.url,
+            "pid": self.server.pid,
+            "argv": list(self.server.argv),
+            "model_path": self.model_path,
             "config": self.config.to_dict() if self.config is not None else None,
-            "not_understood": list(self.not_understood), "resolved": list(self.resolved),
+            "not_understood": list(self.not_understood),
+            "resolved": list(self.resolved),
             "plan": self.assessment.to_dict() if self.assessment is not None else None,
             "notes": list(self.notes),
         }
@@ -280,8 +316,13 @@ class Monitor:
         out["host"] = {"total_bytes": total, "available_bytes": avail, "swap_in_bytes_s": swap_in}
         if self.server.pid:
             ps = process_stats(self.server.pid)
-            out["process"] = {"pid": ps.pid, "alive": ps.alive, "rss_bytes": ps.rss_bytes, "swap_bytes": ps.swap_bytes,
-                              "vram_bytes": {str(k): v for k, v in ps.vram_bytes.items()}}
+            out["process"] = {
+                "pid": ps.pid,
+                "alive": ps.alive,
+                "rss_bytes": ps.rss_bytes,
+                "swap_bytes": ps.swap_bytes,
+                "vram_bytes": {str(k): v for k, v in ps.vram_bytes.items()},
+            }
             if not ps.alive and s.state == "gone":
                 out["notes"] = [*out["notes"], f"process {ps.pid} has exited"]
         tok_s = s.decode_tok_s if s.decode_tok_s is not None else s.decode_tok_s_finished
@@ -297,11 +338,15 @@ class Monitor:
             from ..core.hardware.nvml import gpu_processes
             from ..core.monitor.live import LiveState
 
-            live = LiveState(total_ram_bytes=total, available_ram_bytes=avail, swap_in_bytes_s=swap_in,
-                             decode_tok_s=tok_s,
-                             below_abandon_s=(now - self._below_since) if self._below_since is not None else 0.0,
-                             gpu_processes=tuple(gpu_processes()),
-                             own_pids=tuple(p for p in (os.getpid(), self.server.pid) if p))
+            live = LiveState(
+                total_ram_bytes=total,
+                available_ram_bytes=avail,
+                swap_in_bytes_s=swap_in,
+                decode_tok_s=tok_s,
+                below_abandon_s=(now - self._below_since) if self._below_since is not None else 0.0,
+                gpu_processes=tuple(gpu_processes()),
+                own_pids=tuple(p for p in (os.getpid(), self.server.pid) if p),
+            )
             self._assess(live)
         a = self.assessment
         if a is not None:
@@ -320,8 +365,7 @@ class Monitor:
         return out
 
 
-def watch(monitor: Monitor, duration_s: float | None, interval_s: float, emit: Any,
-          stop: Any = None) -> int:
+def watch(monitor: Monitor, duration_s: float | None, interval_s: float, emit: Any, stop: Any = None) -> int:
     """Call :meth:`Monitor.step` every ``interval_s`` (at least one second) until ``duration_s``
     passes (None: until ``stop()`` is true or interrupted) and hand each sample to ``emit``;
     returns the number of samples."""

@@ -18,17 +18,17 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.plan.config import PlanConfig
 from ..core.model.ggml_types import kv_type
 from ..core.monitor.sampler import Peaks, Sampler
-
+from ..core.plan.config import PlanConfig
 from . import protocol as P
-from .protocol import field_names as _field_names
 from .client import RunnerError
 from .dryrun import KvCacheReport
+from .protocol import field_names as _field_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
@@ -53,13 +53,17 @@ class Stat:
     n: int
 
     @classmethod
-    def of(cls, values: list[float]) -> "Stat | None":
+    def of(cls, values: list[float]) -> Stat | None:
         """Stat of ``values``; None for an empty list."""
         if not values:
             return None
         return cls(
-            median=statistics.median(values), mean=statistics.fmean(values), min=min(values), max=max(values),
-            stdev=statistics.stdev(values) if len(values) > 1 else 0.0, n=len(values),
+            median=statistics.median(values),
+            mean=statistics.fmean(values),
+            min=min(values),
+            max=max(values),
+            stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+            n=len(values),
         )
 
 
@@ -168,7 +172,7 @@ def run_bench(
     on_event: Callable[[P.Message], None] | None = None,
     env: dict[str, str] | None = None,
     sampler: Sampler | None = None,
-    engine: "Engine | None" = None,
+    engine: Engine | None = None,
     stream: bool = False,
 ) -> BenchResult:
     """Load ``model_path`` with ``config`` in a runner child and benchmark it.
@@ -207,8 +211,9 @@ def run_bench(
     deadline = time.monotonic() + timeout_s
     from .server_run import make_client
 
-    client = make_client(engine, model_path=os.path.abspath(path), config=config, n_threads=n_threads, env=env,
-                         stream=stream)
+    client = make_client(
+        engine, model_path=os.path.abspath(path), config=config, n_threads=n_threads, env=env, stream=stream
+    )
     sampler = sampler or Sampler(interval_s=sample_interval_s)
     try:
         try:
@@ -219,13 +224,17 @@ def run_bench(
             sampler.start()
             loaded = client.request(
                 P.LoadCommand(model_path=os.path.abspath(path), config=config.to_dict(), n_threads=n_threads),
-                P.LoadedEvent, timeout_s=max(deadline - time.monotonic(), 0.1), idle_timeout_s=idle_timeout_s,
+                P.LoadedEvent,
+                timeout_s=max(deadline - time.monotonic(), 0.1),
+                idle_timeout_s=idle_timeout_s,
                 on_other=other,
             )
             other(loaded)
             result = client.request(
                 P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth, repetitions=repetitions),
-                P.BenchResultEvent, timeout_s=max(deadline - time.monotonic(), 0.1), idle_timeout_s=idle_timeout_s,
+                P.BenchResultEvent,
+                timeout_s=max(deadline - time.monotonic(), 0.1),
+                idle_timeout_s=idle_timeout_s,
                 on_other=other,
             )
             other(result)
@@ -238,9 +247,19 @@ def run_bench(
     return _summarise(path, config, n_prompt, n_gen, n_depth, repetitions, started, loaded, result, seen, sampler)
 
 
-def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth: int, repetitions: int,
-               started: P.StartedEvent, loaded: P.LoadedEvent, result: P.BenchResultEvent,
-               seen: list[P.Message], sampler: _PeakSource) -> BenchResult:
+def _summarise(
+    path: str,
+    config: PlanConfig,
+    n_prompt: int,
+    n_gen: int,
+    n_depth: int,
+    repetitions: int,
+    started: P.StartedEvent,
+    loaded: P.LoadedEvent,
+    result: P.BenchResultEvent,
+    seen: list[P.Message],
+    sampler: _PeakSource,
+) -> BenchResult:
     def by_kind(kind: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for ev in seen:
@@ -250,7 +269,8 @@ def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth
 
     caches = tuple(
         KvCacheReport(**{k: getattr(ev, k) for k in _field_names(KvCacheReport)})
-        for ev in seen if isinstance(ev, P.KvCacheEvent)
+        for ev in seen
+        if isinstance(ev, P.KvCacheEvent)
     )
     kv_total, exact = 0, True
     for c in caches:
@@ -264,18 +284,33 @@ def _summarise(path: str, config: PlanConfig, n_prompt: int, n_gen: int, n_depth
     ttft = [r.ttft_s for r in reps if r.n_prompt]
     peaks = sampler.peaks()
     return BenchResult(
-        model_path=path, config=config, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth, repetitions=repetitions,
-        n_threads=result.n_threads, load_s=loaded.load_s,
-        prefill_tok_s=Stat.of(prefill), decode_tok_s=Stat.of(decode), ttft_s=Stat.of(ttft),
+        model_path=path,
+        config=config,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        n_depth=n_depth,
+        repetitions=repetitions,
+        n_threads=result.n_threads,
+        load_s=loaded.load_s,
+        prefill_tok_s=Stat.of(prefill),
+        decode_tok_s=Stat.of(decode),
+        ttft_s=Stat.of(ttft),
         buffers=MeasuredBuffers(by_kind("model"), by_kind("kv"), by_kind("compute"), by_kind("output"), caches),
-        kv_bytes=kv_total, kv_bytes_exact=exact,
+        kv_bytes=kv_total,
+        kv_bytes_exact=exact,
         peak_rss_bytes=max(result.peak_rss_bytes, peaks.process_rss_bytes or 0),
         peak_host_used_bytes=peaks.host_used_bytes,
-        peak_vram_used_bytes=dict(peaks.gpu_used_bytes), peak_vram_process_bytes=dict(peaks.gpu_process_bytes),
-        flash_attn=ctx.flash_attn if ctx else None, n_ctx=ctx.n_ctx if ctx else 0,
-        gpu_offload_supported=started.gpu_offload_supported, devices=tuple(started.devices),
-        llama_build=started.llama_build, kv_split_experimental=loaded.kv_split_experimental,
-        warnings=tuple(loaded.warnings), reps=tuple(reps), perf=dict(result.perf),
+        peak_vram_used_bytes=dict(peaks.gpu_used_bytes),
+        peak_vram_process_bytes=dict(peaks.gpu_process_bytes),
+        flash_attn=ctx.flash_attn if ctx else None,
+        n_ctx=ctx.n_ctx if ctx else 0,
+        gpu_offload_supported=started.gpu_offload_supported,
+        devices=tuple(started.devices),
+        llama_build=started.llama_build,
+        kv_split_experimental=loaded.kv_split_experimental,
+        warnings=tuple(loaded.warnings),
+        reps=tuple(reps),
+        perf=dict(result.perf),
     )
 
 
@@ -293,15 +328,37 @@ class _NoPeaks:
         return Peaks(None, None, {}, {})
 
 
-def summarise_events(model_path: str | os.PathLike, config: PlanConfig, *, n_prompt: int, n_gen: int,
-                     n_depth: int, repetitions: int, started: P.StartedEvent, loaded: P.LoadedEvent,
-                     result: P.BenchResultEvent, events: list[P.Message], sampler: Any = None) -> BenchResult:
+def summarise_events(
+    model_path: str | os.PathLike,
+    config: PlanConfig,
+    *,
+    n_prompt: int,
+    n_gen: int,
+    n_depth: int,
+    repetitions: int,
+    started: P.StartedEvent,
+    loaded: P.LoadedEvent,
+    result: P.BenchResultEvent,
+    events: list[P.Message],
+    sampler: Any = None,
+) -> BenchResult:
     """The :class:`BenchResult` of a bench driven by someone else (the desktop app's run
     controller): the child's started, loaded and bench-result events plus the other events
     it sent (buffers, KV caches, context). ``sampler``: the sampler that watched the child
     since the start (its peaks are used), or None."""
-    return _summarise(os.fspath(model_path), config, n_prompt, n_gen, n_depth, repetitions, started, loaded, result,
-                      list(events), sampler if sampler is not None and hasattr(sampler, "peaks") else _NoPeaks())
+    return _summarise(
+        os.fspath(model_path),
+        config,
+        n_prompt,
+        n_gen,
+        n_depth,
+        repetitions,
+        started,
+        loaded,
+        result,
+        list(events),
+        sampler if sampler is not None and hasattr(sampler, "peaks") else _NoPeaks(),
+    )
 
 
 def measured_figures(result: BenchResult) -> dict[str, float | int]:
@@ -309,8 +366,11 @@ def measured_figures(result: BenchResult) -> dict[str, float | int]:
     (:data:`kvtuner.core.export.MEASURED_KEYS`): median decode and prefill tok/s, load
     seconds, the runner's peak RSS and VRAM bytes (summed over GPUs; the device's use when
     NVML cannot tell per process; absent without a GPU) and the KV cache bytes."""
-    out: dict[str, float | int] = {"load_s": float(result.load_s), "peak_rss_bytes": int(result.peak_rss_bytes),
-                                   "kv_bytes": int(result.kv_bytes)}
+    out: dict[str, float | int] = {
+        "load_s": float(result.load_s),
+        "peak_rss_bytes": int(result.peak_rss_bytes),
+        "kv_bytes": int(result.kv_bytes),
+    }
     if result.decode_tok_s is not None:
         out["decode_tok_s"] = float(result.decode_tok_s.median)
     if result.prefill_tok_s is not None:

@@ -23,8 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from . import procs
 from . import protocol as P
@@ -101,7 +101,7 @@ class RunnerClient:
         self._python = python
         self._extra_env = dict(env or {})
         self._on_event = on_event
-        self._events: "queue.Queue[P.Message]" = queue.Queue()
+        self._events: queue.Queue[P.Message] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=stderr_lines)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -136,13 +136,19 @@ class RunnerClient:
         try:
             self._proc = subprocess.Popen(
                 child_command(self._python),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, close_fds=True, **(procs.group_popen_kwargs() if procs.WINDOWS else {}),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                close_fds=True,
+                **(procs.group_popen_kwargs() if procs.WINDOWS else {}),
             )
         except OSError as exc:
             raise RunnerError("crashed", f"cannot start the runner ({self._python or sys.executable}): {exc}") from None
         self._reader = threading.Thread(target=self._read_events, name=f"runner-{self._proc.pid}-events", daemon=True)
-        self._err_reader = threading.Thread(target=self._read_stderr, name=f"runner-{self._proc.pid}-stderr", daemon=True)
+        self._err_reader = threading.Thread(
+            target=self._read_stderr, name=f"runner-{self._proc.pid}-stderr", daemon=True
+        )
         self._err_reader.start()
         self._reader.start()
         try:
@@ -168,7 +174,7 @@ class RunnerClient:
         """The child's last stderr lines."""
         return tuple(self._stderr)
 
-    def __enter__(self) -> "RunnerClient":
+    def __enter__(self) -> RunnerClient:
         if self._proc is None:
             self.start()
         return self
@@ -225,11 +231,24 @@ class RunnerClient:
             RunnerError: an :class:`ErrorEvent` arrived (its kind), the child exited
                 (``crashed`` / ``out_of_memory`` / ``cancelled``), or a timeout (``timeout``).
         """
-        return wait_for_event(self.next_event, self.stderr_tail, *types, timeout_s=timeout_s,
-                              idle_timeout_s=idle_timeout_s, on_other=on_other)
+        return wait_for_event(
+            self.next_event,
+            self.stderr_tail,
+            *types,
+            timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            on_other=on_other,
+        )
 
-    def request(self, command: P.Message, result: type[P.Message], *, timeout_s: float,
-                idle_timeout_s: float | None = None, on_other: Callable[[P.Message], None] | None = None) -> P.Message:
+    def request(
+        self,
+        command: P.Message,
+        result: type[P.Message],
+        *,
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        on_other: Callable[[P.Message], None] | None = None,
+    ) -> P.Message:
         """:meth:`send` then :meth:`wait_for` ``result``."""
         self.send(command)
         return self.wait_for(result, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, on_other=on_other)
@@ -377,9 +396,13 @@ class RunnerClient:
             )
         if rc < 0:
             detail = f": {last}" if last else ""
-            return P.ErrorEvent(kind="crashed", message=f"the runner crashed ({_signal_name(rc)}){detail}", log_tail=tail)
+            return P.ErrorEvent(
+                kind="crashed", message=f"the runner crashed ({_signal_name(rc)}){detail}", log_tail=tail
+            )
         detail = f": {last}" if last else ""
-        return P.ErrorEvent(kind="crashed", message=f"the runner exited unexpectedly with status {rc}{detail}", log_tail=tail)
+        return P.ErrorEvent(
+            kind="crashed", message=f"the runner exited unexpectedly with status {rc}{detail}", log_tail=tail
+        )
 
 
 def wait_for_event(
@@ -409,10 +432,10 @@ def wait_for_event(
             ev = next_event(wait)
         except RunnerError:
             if idle_timeout_s and wait < left:
-                raise RunnerError("timeout", f"the runner went silent for {idle_timeout_s:.0f} s",
-                                  stderr_tail()) from None
-            raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s",
-                              stderr_tail()) from None
+                raise RunnerError(
+                    "timeout", f"the runner went silent for {idle_timeout_s:.0f} s", stderr_tail()
+                ) from None
+            raise RunnerError("timeout", f"the runner did not finish within {timeout_s:.0f} s", stderr_tail()) from None
         if isinstance(ev, types):
             return ev
         if isinstance(ev, P.ErrorEvent):

@@ -25,7 +25,6 @@ from .client import RunnerClient, RunnerError
 from .llama_log import KvCacheSize, MemoryBreakdownRow, RecurrentStateSize
 from .structure_probe import structure_from_facts
 
-
 #: One ``llama_kv_cache: size = ...`` line (llama-kv-cache.cpp constructor), in log order:
 #: ``size_mib``, ``k_mib``, ``v_mib`` as printed (2 decimals); ``cells`` per stream; ``layers``;
 #: ``n_seq`` (n_seq_max); ``n_stream``; ``type_k``, ``type_v``. The log parser's record, as is.
@@ -100,15 +99,16 @@ class DryRunResult:
         """Recurrent/conv state in MiB (R + S + P as printed), 0 without one."""
         return round(sum(r.r_mib + r.s_mib + r.p_mib for r in self.recurrent), 2)
 
-    def structure(self, base: "ModelStructure") -> "ModelStructure | None":
+    def structure(self, base: ModelStructure) -> ModelStructure | None:
         """The model's structure as this llama.cpp built it (``source="probe"``), from the
         facts of this dry run and ``base`` (the header's analytic structure); None when the
         log had no facts or they do not fit the model."""
         if not self.structure_facts:
             return None
         try:
-            return structure_from_facts(self.structure_facts, base, recurrent=self.recurrent,
-                                        llama_build=self.llama_build)
+            return structure_from_facts(
+                self.structure_facts, base, recurrent=self.recurrent, llama_build=self.llama_build
+            )
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -136,8 +136,11 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
         try:
             deadline = time.monotonic() + timeout_s
             client.start(timeout_s=timeout_s)
-            ev = client.request(P.DryRunCommand(model_path=os.path.abspath(path), config=config.to_dict()),
-                                P.DryRunResultEvent, timeout_s=max(deadline - time.monotonic(), 0.1))
+            ev = client.request(
+                P.DryRunCommand(model_path=os.path.abspath(path), config=config.to_dict()),
+                P.DryRunResultEvent,
+                timeout_s=max(deadline - time.monotonic(), 0.1),
+            )
         except RunnerError as exc:
             raise DryRunError(exc.kind, exc.message, exc.log_tail) from None
     finally:
@@ -145,10 +148,18 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
     assert isinstance(ev, P.DryRunResultEvent)
     return DryRunResult(
         kv_caches=tuple(KvCacheReport(**c) for c in ev.kv_caches),
-        compute_mib=dict(ev.compute_mib), output_mib=dict(ev.output_mib), model_mib=dict(ev.model_mib),
-        kv_buffer_mib=dict(ev.kv_buffer_mib), n_ctx=ev.n_ctx, n_ctx_seq=ev.n_ctx_seq, flash_attn=ev.flash_attn,
-        gpu_offload_supported=ev.gpu_offload_supported, devices=tuple(ev.devices), llama_build=ev.llama_build,
-        log_tail=tuple(ev.log_tail), recurrent=tuple(RecurrentStateSize(**r) for r in ev.recurrent),
+        compute_mib=dict(ev.compute_mib),
+        output_mib=dict(ev.output_mib),
+        model_mib=dict(ev.model_mib),
+        kv_buffer_mib=dict(ev.kv_buffer_mib),
+        n_ctx=ev.n_ctx,
+        n_ctx_seq=ev.n_ctx_seq,
+        flash_attn=ev.flash_attn,
+        gpu_offload_supported=ev.gpu_offload_supported,
+        devices=tuple(ev.devices),
+        llama_build=ev.llama_build,
+        log_tail=tuple(ev.log_tail),
+        recurrent=tuple(RecurrentStateSize(**r) for r in ev.recurrent),
         structure_facts=dict(ev.structure_facts) if ev.structure_facts else None,
     )
 
@@ -158,8 +169,7 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
 PROBE_CONFIG = PlanConfig(n_ctx=256, n_ubatch=256, n_batch=256, flash_attn="auto")
 
 
-def probe_structure(model_path: str | os.PathLike, base: "ModelStructure", *,
-                    timeout_s: float = 120.0) -> "ModelStructure":
+def probe_structure(model_path: str | os.PathLike, base: ModelStructure, *, timeout_s: float = 120.0) -> ModelStructure:
     """The model's per-layer memory structure as the installed llama.cpp builds it: a dry run
     of :data:`PROBE_CONFIG` whose per-layer log lines the structure probe reads
     (:mod:`kvtuner.runner.structure_probe`); ``base`` is the header's analytic structure.

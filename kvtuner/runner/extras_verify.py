@@ -34,8 +34,16 @@ def extras_argv(extras: Any, known_flags: Any = None) -> list[str]:
     return server_flags(extras, known_flags)
 
 
-def verify_draft(engine: Engine, model_path: str | os.PathLike, config: PlanConfig, extras: Any, *,
-                 timeout_s: float = 60.0, split: Any = None, rpc: Sequence[str] = ()) -> DryRunResult:
+def verify_draft(
+    engine: Engine,
+    model_path: str | os.PathLike,
+    config: PlanConfig,
+    extras: Any,
+    *,
+    timeout_s: float = 60.0,
+    split: Any = None,
+    rpc: Sequence[str] = (),
+) -> DryRunResult:
     """llama-server's figures for the draft model of ``extras`` next to ``model_path``.
 
     Returns:
@@ -56,8 +64,11 @@ def verify_draft(engine: Engine, model_path: str | os.PathLike, config: PlanConf
     rows = L.parse_breakdown(lines[start:]) if start is not None else ()
     if not rows:
         _raise_refusal(lines)
-        raise DryRunError("crashed", f"{engine.server} printed no memory breakdown for the draft model "
-                          "(a build before the draft's fit step?)", tuple(lines[-60:]))
+        raise DryRunError(
+            "crashed",
+            f"{engine.server} printed no memory breakdown for the draft model (a build before the draft's fit step?)",
+            tuple(lines[-60:]),
+        )
     return _result(engine, lines[start:], rows, METHOD_SERVER + " (draft model's table)")
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..core.tune.fit_choice import METHOD_BINARY, FitChoice, FitChoiceError, FitRequest, fit_params_args, parse_fit_line
 from . import procs
@@ -41,16 +42,22 @@ def _last_error(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "PlanConfig",
-                   request: FitRequest = FitRequest(), *, n_threads: int = 1,
-                   timeout_s: float = FIT_TIMEOUT_S) -> FitChoice:
+def run_fit_params(
+    engine: Engine,
+    model_path: str | os.PathLike[str],
+    base: PlanConfig,
+    request: FitRequest | None = None,
+    *,
+    n_threads: int = 1,
+    timeout_s: float = FIT_TIMEOUT_S,
+) -> FitChoice:
     """``--fit``'s choice for ``base`` and ``request`` from ``engine``'s llama-fit-params.
 
     Args:
         engine: a server engine with ``fit_params`` (:class:`~kvtuner.runner.engines.Engine`).
         model_path: the GGUF file.
         base: the configuration whose KV types, flash attention, sequences and batches are kept.
-        request: context and margin.
+        request: context and margin (None: llama.cpp's defaults, :class:`FitRequest`).
         n_threads: ``-t`` (the fit loads no weights; threads only matter to start-up).
         timeout_s: wall-clock limit; the process group is killed past it.
 
@@ -61,11 +68,18 @@ def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "
     binary = getattr(engine, "fit_params", None)
     if binary is None:
         raise FitParamsError(f"{engine.label} has no llama-fit-params beside it")
-    args, notes = fit_params_args(str(Path(model_path).expanduser().absolute()), base, request)
+    args, notes = fit_params_args(str(Path(model_path).expanduser().absolute()), base, request or FitRequest())
     argv = [str(binary), *args, "-t", str(max(1, n_threads))]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, errors="replace", **procs.group_popen_kwargs())
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            **procs.group_popen_kwargs(),
+        )
     except OSError as exc:
         raise FitParamsError(f"cannot start {binary}: {exc}") from None
     try:
@@ -87,9 +101,19 @@ def run_fit_params(engine: "Engine", model_path: str | os.PathLike[str], base: "
     return FitChoice(METHOD_BINARY, n_ctx, ngl, ts, ot, source=engine.label, note="; ".join(notes))
 
 
-def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], model: Any, base: "PlanConfig",
-                   gpus: Sequence[Any], host: Any, inputs: Any, goal: Any, *, split: Any = None,
-                   n_threads: int = 2) -> tuple[FitChoice | None, str | None]:
+def fit_choice_for(
+    engine: Engine | None,
+    model_path: str | os.PathLike[str],
+    model: Any,
+    base: PlanConfig,
+    gpus: Sequence[Any],
+    host: Any,
+    inputs: Any,
+    goal: Any,
+    *,
+    split: Any = None,
+    n_threads: int = 2,
+) -> tuple[FitChoice | None, str | None]:
     """llama.cpp's ``--fit`` choice beside a tune, with kvtuner's prediction of it.
 
     The engine's llama-fit-params answers for this machine's own devices; a what-if card (which
@@ -122,8 +146,10 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
     # before it looks at the user's -ngl / -ts / -ot
     blockers = fit_blockers(base, split) if gpus else []
     if blockers:
-        return None, (f"--fit is off: {', '.join(blockers)} set (common/fit.cpp gives up when the user sets the "
-                      "layers, split or tensor overrides)")
+        return None, (
+            f"--fit is off: {', '.join(blockers)} set (common/fit.cpp gives up when the user sets the "
+            "layers, split or tensor overrides)"
+        )
     request = FitRequest.for_goal(goal, max(0, goal.vram_margin_bytes // MiB))
     measured = None
     note = ""
@@ -143,10 +169,16 @@ def fit_choice_for(engine: "Engine | None", model_path: str | os.PathLike[str], 
             note = f"{name} has no llama-fit-params: computed by kvtuner's port of common/fit.cpp"
     try:
         choice = measured or port_fit_choice(
-            model, base, gpus, host, request,
-            plan=lambda c, s: plan_memory(model, c, gpus, host, split=s or split, rules=rules))
-        choice = predict_choice(choice, model, base, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
-                                rules=rules)
+            model,
+            base,
+            gpus,
+            host,
+            request,
+            plan=lambda c, s: plan_memory(model, c, gpus, host, split=s or split, rules=rules),
+        )
+        choice = predict_choice(
+            choice, model, base, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes, rules=rules
+        )
     except (FitChoiceError, ConfigError) as exc:
         return None, str(exc)
     if note:

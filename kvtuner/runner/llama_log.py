@@ -12,8 +12,9 @@ rounding error of up to 0.005 MiB; sizes that must be exact come from the planne
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from ..core.plan.buffers import buffer_device
 
@@ -241,9 +242,9 @@ class MemoryBreakdownRow:
 BREAKDOWN_FUNC = "common_memory_breakdown_print"
 _RE_BREAKDOWN_HEADER = re.compile(rf"{BREAKDOWN_FUNC}: \| memory breakdown \[MiB\]")
 _RE_BREAKDOWN_DEVICE = re.compile(
-    rf"{BREAKDOWN_FUNC}: \|\s+- (\S+) \((.*)\)\s*\|\s*(\d+) =\s*(\d+) \+ \(\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\) \+\s*(-?\d+)\s*\|")
-_RE_BREAKDOWN_OTHER = re.compile(
-    rf"{BREAKDOWN_FUNC}: \|\s+- (\S+)\s*\|\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\s*\|")
+    rf"{BREAKDOWN_FUNC}: \|\s+- (\S+) \((.*)\)\s*\|\s*(\d+) =\s*(\d+) \+ \(\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\) \+\s*(-?\d+)\s*\|"
+)
+_RE_BREAKDOWN_OTHER = re.compile(rf"{BREAKDOWN_FUNC}: \|\s+- (\S+)\s*\|\s*(\d+) =\s*(\d+) \+\s*(\d+) \+\s*(\d+)\s*\|")
 _RE_FIT_PRINT = re.compile(r"^(\S+) (\d+) (\d+) (\d+) ?$")
 #: the prefix llama.cpp tools put before a log line (common/log.cpp ``common_log_entry::print``:
 #: ``M.ss.mmm.uuu`` timestamp, level letter), and terminal colour codes
@@ -307,17 +308,32 @@ def parse_fit_print(text: str) -> tuple[MemoryBreakdownRow, ...]:
             continue
         name = m.group(1)
         model, context, compute = int(m.group(2)), int(m.group(3)), int(m.group(4))
-        rows.append(MemoryBreakdownRow("host" if name == "Host" else "device", name, "", model, context, compute,
-                                       model + context + compute))
+        rows.append(
+            MemoryBreakdownRow(
+                "host" if name == "Host" else "device", name, "", model, context, compute, model + context + compute
+            )
+        )
     if not rows or rows[-1].kind != "host":
         return ()
     return tuple(rows)
 
 
 Record = (
-    ModelBuffer | OffloadedLayers | OutputBuffer | KvBuffer | KvCacheSize | ComputeBuffer
-    | ContextParam | FlashAttnResolved | LogError | RecurrentStateSize | KvLayer | KvReuse | IswaSection
-    | RecurrentLayer | ModelInfo
+    ModelBuffer
+    | OffloadedLayers
+    | OutputBuffer
+    | KvBuffer
+    | KvCacheSize
+    | ComputeBuffer
+    | ContextParam
+    | FlashAttnResolved
+    | LogError
+    | RecurrentStateSize
+    | KvLayer
+    | KvReuse
+    | IswaSection
+    | RecurrentLayer
+    | ModelInfo
 )
 
 _F = r"([0-9]+(?:\.[0-9]+)?)"  # a %f number
@@ -342,7 +358,9 @@ _RE_INFO = re.compile(
     r"n_embd_head_v_swa|n_head_kv|n_embd_k_gqa|n_embd_v_gqa)\s+= (.+)$"
 )
 _RE_COMPUTE_BUF = re.compile(rf"^sched_reserve:\s+(\S+) compute buffer size =\s*{_F} MiB")
-_RE_CTX_PARAM = re.compile(r"^llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn)\s+= (\S+)")
+_RE_CTX_PARAM = re.compile(
+    r"^llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn)\s+= (\S+)"
+)
 _RE_FA_RESOLVED = re.compile(r"^resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
 _RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required")
 _RE_FUNC = re.compile(r"^(\w+):\s*(.*)$")
@@ -365,8 +383,18 @@ def classify_error(func: str, message: str) -> str:
     text = f"{func}: {message}"
     if OOM_PATTERN.search(text):
         return "out_of_memory"
-    if func in ("llama_model_load", "llama_model_load_from_file_impl", "llama_model_loader", "gguf_init_from_file_impl",
-                "gguf_init_from_file", "llama_load_model_from_file") or "error loading model" in message:
+    if (
+        func
+        in (
+            "llama_model_load",
+            "llama_model_load_from_file_impl",
+            "llama_model_loader",
+            "gguf_init_from_file_impl",
+            "gguf_init_from_file",
+            "llama_load_model_from_file",
+        )
+        or "error loading model" in message
+    ):
         return "model_error"
     if func in ("llama_init_from_model", "llama_new_context_with_model", "llama_context", "sched_reserve"):
         return "invalid_config"
@@ -385,15 +413,28 @@ def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
         return LogError(func=func, message=message, kind=classify_error(func, message))
     if m := _RE_KV_SIZE.match(line):
         return KvCacheSize(
-            size_mib=float(m.group(1)), cells=int(m.group(2)), layers=int(m.group(3)),
-            n_seq=int(m.group(4)), n_stream=int(m.group(5)),
-            type_k=m.group(6), k_mib=float(m.group(7)), type_v=m.group(8), v_mib=float(m.group(9)),
+            size_mib=float(m.group(1)),
+            cells=int(m.group(2)),
+            layers=int(m.group(3)),
+            n_seq=int(m.group(4)),
+            n_stream=int(m.group(5)),
+            type_k=m.group(6),
+            k_mib=float(m.group(7)),
+            type_v=m.group(8),
+            v_mib=float(m.group(9)),
         )
     if m := _RE_RS_SIZE.match(line):
         return RecurrentStateSize(
-            size_mib=float(m.group(1)), cells=int(m.group(2)), layers=int(m.group(3)), n_seq=int(m.group(4)),
-            n_rs_seq=int(m.group(5)), type_r=m.group(6), r_mib=float(m.group(7)), type_s=m.group(8),
-            s_mib=float(m.group(9)), p_mib=float(m.group(10) or 0.0),
+            size_mib=float(m.group(1)),
+            cells=int(m.group(2)),
+            layers=int(m.group(3)),
+            n_seq=int(m.group(4)),
+            n_rs_seq=int(m.group(5)),
+            type_r=m.group(6),
+            r_mib=float(m.group(7)),
+            type_s=m.group(8),
+            s_mib=float(m.group(9)),
+            p_mib=float(m.group(10) or 0.0),
         )
     if m := _RE_KV_LAYER.match(line):
         return KvLayer(int(m.group(1)), m.group(2))
@@ -437,7 +478,7 @@ def parse_lines(lines: Iterable[str]) -> list[Record]:
     return out
 
 
-def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubatch: int) -> "ContextEvent":
+def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubatch: int) -> ContextEvent:
     """The :class:`~kvtuner.runner.protocol.ContextEvent` of a load from its parsed log records
     (the ``llama_context: <name> = <value>`` lines and the flash attention decision); ``n_seq``,
     ``n_batch`` and ``n_ubatch`` stand in for lines the log lacks (the values asked for)."""
@@ -450,15 +491,17 @@ def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubat
         if isinstance(r, FlashAttnResolved):
             flash = r.enabled
     return ContextEvent(
-        n_ctx=int(params.get("n_ctx", 0) or 0), n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
+        n_ctx=int(params.get("n_ctx", 0) or 0),
+        n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
         n_seq_max=int(params.get("n_seq_max", n_seq) or n_seq),
         n_batch=int(params.get("n_batch", n_batch) or n_batch),
         n_ubatch=int(params.get("n_ubatch", n_ubatch) or n_ubatch),
-        flash_attn=flash, kv_unified=params.get("kv_unified", "false") == "true",
+        flash_attn=flash,
+        kv_unified=params.get("kv_unified", "false") == "true",
     )
 
 
-def record_event(rec: Record) -> "Message | None":
+def record_event(rec: Record) -> Message | None:
     """The runner event a parsed log record becomes, the same for every engine (the embedded
     child's log and llama-server's): a :class:`~kvtuner.runner.protocol.BufferEvent` for a
     model / KV / compute / output buffer line, a :class:`~kvtuner.runner.protocol.KvCacheEvent`

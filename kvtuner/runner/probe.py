@@ -23,14 +23,25 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ..core.plan.config import PlanConfig
 from ..core.monitor.contention import ContentionMeter
-from ..core.speed.cpu_probe import (BusyProbeError, CpuRates, ProbeError, ProbeModel, ProbeRun, attn_key_kv, implausible_types, matrix_model,
-                                    probe_plan, rates_from_runs, write_probe_model)
+from ..core.plan.config import PlanConfig
+from ..core.speed.cpu_probe import (
+    BusyProbeError,
+    CpuRates,
+    ProbeError,
+    ProbeModel,
+    ProbeRun,
+    attn_key_kv,
+    implausible_types,
+    matrix_model,
+    probe_plan,
+    rates_from_runs,
+    write_probe_model,
+)
 from . import protocol as P
 from .client import RunnerClient, RunnerError
 
@@ -76,11 +87,19 @@ REMEASURE_ROUNDS = 1
 BUSY_CHECK_AFTER = 3
 
 
-def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: Sequence[str] = ("32/8/128",),
-                  expert_keys: Sequence[str] = (), kv_type: str = "f16", repetitions: int = 3,
-                  timeout_s: float = 600.0, on_step: Callable[[str], None] | None = None,
-                  on_progress: Callable[[int, int, str, float], None] | None = None,
-                  stop_when_busy: bool = False) -> CpuRates:
+def run_cpu_probe(
+    weight_types: Sequence[str],
+    n_threads: int,
+    *,
+    attn_shapes: Sequence[str] = ("32/8/128",),
+    expert_keys: Sequence[str] = (),
+    kv_type: str = "f16",
+    repetitions: int = 3,
+    timeout_s: float = 600.0,
+    on_step: Callable[[str], None] | None = None,
+    on_progress: Callable[[int, int, str, float], None] | None = None,
+    stop_when_busy: bool = False,
+) -> CpuRates:
     """Probe this machine's CPU for ``weight_types`` (ggml type names), ``attn_shapes``
     (``"32/8/128"``: query heads/KV heads/head size) and MoE ``expert_keys``
     (``"2048/768/128/8@Q4_K"``, :func:`kvtuner.core.speed.expert_shapes.expert_key`) at ``n_threads``
@@ -120,7 +139,8 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                             f"the machine was busy during the CPU probe ({so_far.other_cores:.1f} cores of other load "
                             f"over its first {offset + i} kernels, more than {so_far.limit:g}): stopped, nothing "
                             "stored; the speed uses assumed CPU rates (run 'kvtuner probe' when the machine is quiet, "
-                            "or keep a busy probe with --record-anyway)")
+                            "or keep a busy probe with --record-anyway)"
+                        )
                 if on_step is not None:
                     on_step(m.key)
                 if on_progress is not None:
@@ -129,9 +149,20 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
                     k = (run.key, run.n_depth, run.n_prompt)
                     old = runs.get(k)
                     # other load only slows a reading: keep the fastest of a re-measured bench
-                    runs[k] = run if old is None else ProbeRun(
-                        run.key, run.n_depth, run.n_prompt, min(old.prefill_s, run.prefill_s), run.n_gen,
-                        min(old.decode_s, run.decode_s) if old.decode_s and run.decode_s else run.decode_s or old.decode_s)
+                    runs[k] = (
+                        run
+                        if old is None
+                        else ProbeRun(
+                            run.key,
+                            run.n_depth,
+                            run.n_prompt,
+                            min(old.prefill_s, run.prefill_s),
+                            run.n_gen,
+                            min(old.decode_s, run.decode_s)
+                            if old.decode_s and run.decode_s
+                            else run.decode_s or old.decode_s,
+                        )
+                    )
 
         try:
             meter.start()
@@ -157,30 +188,40 @@ def run_cpu_probe(weight_types: Sequence[str], n_threads: int, *, attn_shapes: S
     return replace(rates, load_avg=os.getloadavg()[0], other_cores=contention.other_cores, busy=contention.busy)
 
 
-def _bench_probe_model(client: RunnerClient, tmp: Path, m: ProbeModel, n_threads: int, kv_type: str,
-                       repetitions: int, timeout_s: float) -> list[ProbeRun]:
+def _bench_probe_model(
+    client: RunnerClient, tmp: Path, m: ProbeModel, n_threads: int, kv_type: str, repetitions: int, timeout_s: float
+) -> list[ProbeRun]:
     """Write probe model ``m`` in ``tmp``, load it in the runner, bench each of its runs, unload it."""
     name = "".join(c if c.isalnum() or c in "._" else "-" for c in m.key)
     path = write_probe_model(tmp / f"{name}.gguf", m)
     # an attention probe keyed with a K/V pair (cpu_probe.attn_key) runs with that pair
     kind, _, key = m.key.partition(":")
     _, type_k, type_v = attn_key_kv(key) if kind == "attn" else ("", kv_type, kv_type)
-    cfg = PlanConfig(n_ctx=m.n_ctx, n_gpu_layers=0, type_k=type_k, type_v=type_v, flash_attn="on",
-                     n_batch=512, n_ubatch=512)
-    client.request(P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
-                   P.LoadedEvent, timeout_s=timeout_s, idle_timeout_s=timeout_s)
+    cfg = PlanConfig(
+        n_ctx=m.n_ctx, n_gpu_layers=0, type_k=type_k, type_v=type_v, flash_attn="on", n_batch=512, n_ubatch=512
+    )
+    client.request(
+        P.LoadCommand(model_path=os.fspath(path), config=cfg.to_dict(), n_threads=n_threads),
+        P.LoadedEvent,
+        timeout_s=timeout_s,
+        idle_timeout_s=timeout_s,
+    )
     out = []
     for depth, n_prompt, n_gen in m.runs:
         tokens: list[tuple[int, float]] = []
 
-        def keep(ev: P.Message) -> None:
+        def keep(ev: P.Message, tokens: list[tuple[int, float]] = tokens) -> None:
             if isinstance(ev, P.TokenEvent):
                 tokens.append((ev.rep, ev.dt_s))
 
         n_rep = max(repetitions, ATTN_MIN_REPETITIONS) if kind == "attn" else repetitions
-        res = client.request(P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth,
-                                            repetitions=n_rep), P.BenchResultEvent,
-                             timeout_s=timeout_s, idle_timeout_s=timeout_s, on_other=keep)
+        res = client.request(
+            P.BenchCommand(n_prompt=n_prompt, n_gen=n_gen, n_depth=depth, repetitions=n_rep),
+            P.BenchResultEvent,
+            timeout_s=timeout_s,
+            idle_timeout_s=timeout_s,
+            on_other=keep,
+        )
         assert isinstance(res, P.BenchResultEvent)
         reps = [P.Repetition.of(r) for r in res.reps]
         decode_s = n_gen * fastest_token_s(tokens) if n_gen and tokens else 0.0

@@ -25,8 +25,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 #: Seconds one probe model takes on a quiet 2-core machine at 2 threads (overhead, attention and
 #: matrix probes: 15-35 s for the overhead probes, one attention shape and two weight types), and
@@ -112,8 +113,10 @@ def estimate_text(n_models: int, n_experts: int) -> str:
     except OSError:
         return text
     if load > 0.5 * cores:
-        text += (f"; this one is busy (load average {load:.1f} on {cores} cores): it will take longer, and a probe "
-                 "that meets other load is not kept")
+        text += (
+            f"; this one is busy (load average {load:.1f} on {cores} cores): it will take longer, and a probe "
+            "that meets other load is not kept"
+        )
     return text
 
 
@@ -122,8 +125,15 @@ def progress_text(st: dict[str, Any]) -> str:
     return f"kernel {st.get('k', 0)} of {st.get('n', '?')} ({st.get('key', '')}), {st.get('elapsed_s', 0):.0f} s"
 
 
-def start_background(types: Sequence[str], n_threads: int, attn: Sequence[str], experts: Sequence[str],
-                     *, machine: str = "", record_anyway: bool = False) -> int:
+def start_background(
+    types: Sequence[str],
+    n_threads: int,
+    attn: Sequence[str],
+    experts: Sequence[str],
+    *,
+    machine: str = "",
+    record_anyway: bool = False,
+) -> int:
     """Start the detached job (its own session, no terminal, stderr to ``cpu-probe.log``) storing
     under ``machine`` (the session's :func:`~kvtuner.core.hardware.identity.machine_id`); returns its pid.
 
@@ -131,19 +141,34 @@ def start_background(types: Sequence[str], n_threads: int, attn: Sequence[str], 
         OSError: it cannot be started.
     """
     _dir().mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "kvtuner.runner.probe_job", "-t", str(n_threads), "--types", ",".join(types),
-           "--attn", ",".join(attn), "--experts", ",".join(experts), "--machine", machine]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvtuner.runner.probe_job",
+        "-t",
+        str(n_threads),
+        "--types",
+        ",".join(types),
+        "--attn",
+        ",".join(attn),
+        "--experts",
+        ",".join(experts),
+        "--machine",
+        machine,
+    ]
     if record_anyway:
         cmd.append("--record-anyway")
     with open(_dir() / "cpu-probe.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, close_fds=True
+        )
     _write_status(state="starting", pid=proc.pid, k=0, n=0, key="", elapsed_s=0.0, message="")
     return proc.pid
 
 
-def probe_missing(session: Any, kv_pairs: Sequence[tuple[str, str]] = ()
-                  ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def probe_missing(
+    session: Any, kv_pairs: Sequence[tuple[str, str]] = ()
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """What this machine's stored probe lacks for the session's model
     (:meth:`~kvtuner.core.session.Session.missing_probe`: weight types, attention shapes, expert
     shapes), or ``((), (), ())`` when nothing is needed: no model, a configuration the plan
@@ -159,8 +184,9 @@ def probe_missing(session: Any, kv_pairs: Sequence[tuple[str, str]] = ()
     return session.missing_probe(kv_pairs)
 
 
-def background_for(session: Any, missing: Sequence[str], dims: Sequence[str], experts: Sequence[str],
-                   *, record_anyway: bool = False) -> str:
+def background_for(
+    session: Any, missing: Sequence[str], dims: Sequence[str], experts: Sequence[str], *, record_anyway: bool = False
+) -> str:
     """Start (unless one runs, or one that met a busy machine or failed ended within
     :data:`RETRY_AFTER_S`) the background job for ``missing`` weight types, ``dims`` attention
     shapes and ``experts`` expert shapes plus the common kernels (:data:`COMMON_TYPES`,
@@ -169,12 +195,16 @@ def background_for(session: Any, missing: Sequence[str], dims: Sequence[str], ex
     from ..core.speed.cpu_probe import probe_plan
 
     if is_running():
-        return (f"the CPU probe is running in the background ({progress_text(read_status())}); this answer uses "
-                "assumed CPU rates, the next command the measured ones (--probe now waits for it)")
+        return (
+            f"the CPU probe is running in the background ({progress_text(read_status())}); this answer uses "
+            "assumed CPU rates, the next command the measured ones (--probe now waits for it)"
+        )
     st = read_status()
     if st.get("state") in ("busy", "failed") and time.time() - float(st.get("t_unix", 0)) < RETRY_AFTER_S:
-        return (f"the last CPU probe was not kept ({st.get('message', '')}); the speed uses assumed CPU rates "
-                "(--probe now measures again now)")
+        return (
+            f"the last CPU probe was not kept ({st.get('message', '')}); the speed uses assumed CPU rates "
+            "(--probe now measures again now)"
+        )
     n = session.probe_threads()
     types = sorted({*missing, *COMMON_TYPES})
     attn = sorted({*dims, *COMMON_ATTN})
@@ -184,9 +214,11 @@ def background_for(session: Any, missing: Sequence[str], dims: Sequence[str], ex
         pid = start_background(types, n, attn, experts, machine=session.machine_id, record_anyway=record_anyway)
     except OSError as exc:
         return f"no CPU probe ({exc}); the speed uses assumed CPU rates"
-    return (f"this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
-            f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, once a week; {est}); "
-            "the next command uses them (--probe now waits, --probe off skips)")
+    return (
+        f"this answer uses assumed CPU rates; timing llama.cpp's CPU kernels in the background "
+        f"(pid {pid}: {len(models)} kernels at {n} thread{'s' if n != 1 else ''}, once a week; {est}); "
+        "the next command uses them (--probe now waits, --probe off skips)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,8 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.monotonic()
     try:
-        rates = run_cpu_probe(split(a.types), a.t, attn_shapes=split(a.attn) or ["32/8/128"],
-                              expert_keys=split(a.experts), on_progress=progress, stop_when_busy=not a.record_anyway)
+        rates = run_cpu_probe(
+            split(a.types),
+            a.t,
+            attn_shapes=split(a.attn) or ["32/8/128"],
+            expert_keys=split(a.experts),
+            on_progress=progress,
+            stop_when_busy=not a.record_anyway,
+        )
         CalibrationStore().set_cpu_rates(rates, a.machine or None, record_anyway=a.record_anyway)
         _write_status(state="stored", pid=pid, elapsed_s=time.monotonic() - t0, message="")
     except (BusyMeasurementError, BusyProbeError) as exc:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Any
 import sys
+from typing import Any
 
 import psutil
 

@@ -326,7 +326,7 @@ class Repetition:
         return self.n_gen / self.decode_s if self.n_gen and self.decode_s > 0 else None
 
     @classmethod
-    def of(cls, value: "Repetition | dict[str, Any]") -> "Repetition":
+    def of(cls, value: Repetition | dict[str, Any]) -> Repetition:
         """From a decoded JSON object (unknown keys are ignored; a missing one raises
         :class:`ProtocolError`)."""
         if isinstance(value, Repetition):
@@ -391,9 +391,22 @@ COMMANDS: dict[str, type[Message]] = {
 EVENTS: dict[str, type[Message]] = {
     e.type: e
     for e in (
-        StartedEvent, LogEvent, LoadProgressEvent, BufferEvent, KvCacheEvent, ContextEvent, LoadedEvent,
-        DryRunResultEvent, PrefillProgressEvent, PrefillResultEvent, TokenEvent, RepResultEvent, BenchResultEvent,
-        UnloadedEvent, ErrorEvent, ExitedEvent,
+        StartedEvent,
+        LogEvent,
+        LoadProgressEvent,
+        BufferEvent,
+        KvCacheEvent,
+        ContextEvent,
+        LoadedEvent,
+        DryRunResultEvent,
+        PrefillProgressEvent,
+        PrefillResultEvent,
+        TokenEvent,
+        RepResultEvent,
+        BenchResultEvent,
+        UnloadedEvent,
+        ErrorEvent,
+        ExitedEvent,
     )
 }
 

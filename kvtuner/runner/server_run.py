@@ -65,8 +65,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..core.plan.config import ConfigError, PlanConfig
 from . import llama_log as L
@@ -126,8 +127,15 @@ def free_port(host: str = HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(engine: Engine, model_path: str | os.PathLike[str], config: PlanConfig, *, port: int,
-                   n_threads: int | None = None, model: Any = None) -> tuple[list[str], Any]:
+def server_command(
+    engine: Engine,
+    model_path: str | os.PathLike[str],
+    config: PlanConfig,
+    *,
+    port: int,
+    n_threads: int | None = None,
+    model: Any = None,
+) -> tuple[list[str], Any]:
     """The llama-server command line kvtuner runs and the export it comes from: the exported
     line (:func:`kvtuner.core.export.export` target ``llama-server`` with ``engine.server`` as the
     binary, the GPU buffer type of the engine's first device for a partial KV split) plus
@@ -145,16 +153,29 @@ def server_command(engine: Engine, model_path: str | os.PathLike[str], config: P
     if engine.kind != "server" or engine.server is None:
         raise ValueError(f"not a llama-server engine: {engine.label}")
     gpu_buft = engine.devices[0].name if engine.devices else "CUDA0"
-    result = export("llama-server", os.path.abspath(os.fspath(model_path)), config, model=model,
-                    binary=str(engine.server), gpu_buffer_type=gpu_buft)
+    result = export(
+        "llama-server",
+        os.path.abspath(os.fspath(model_path)),
+        config,
+        model=model,
+        binary=str(engine.server),
+        gpu_buffer_type=gpu_buft,
+    )
     argv = list(result.argv or ()) + ["--host", HOST, "--port", str(int(port)), *SERVER_EXTRA_FLAGS]
     if n_threads is not None:
         argv += ["-t", str(int(n_threads))]
     return argv, result
 
 
-def server_argv(engine: Engine, model_path: str | os.PathLike[str], config: PlanConfig, *, port: int,
-                n_threads: int | None = None, model: Any = None) -> list[str]:
+def server_argv(
+    engine: Engine,
+    model_path: str | os.PathLike[str],
+    config: PlanConfig,
+    *,
+    port: int,
+    n_threads: int | None = None,
+    model: Any = None,
+) -> list[str]:
     """The argv of :func:`server_command`."""
     return server_command(engine, model_path, config, port=port, n_threads=n_threads, model=model)[0]
 
@@ -192,11 +213,20 @@ class ServerRunClient:
         log_lines: how many of the server's last log lines to keep.
     """
 
-    def __init__(self, engine: Engine, model_path: str | os.PathLike[str] | None = None,
-                 config: PlanConfig | None = None, *, n_threads: int | None = None,
-                 on_event: Callable[[P.Message], None] | None = None, stream: bool = True,
-                 port: int | None = None, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 log_lines: int = _LOG_TAIL_LINES) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_path: str | os.PathLike[str] | None = None,
+        config: PlanConfig | None = None,
+        *,
+        n_threads: int | None = None,
+        on_event: Callable[[P.Message], None] | None = None,
+        stream: bool = True,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_lines: int = _LOG_TAIL_LINES,
+    ) -> None:
         self.engine = engine
         self._model_path = None if model_path is None else os.path.abspath(os.fspath(model_path))
         self._config = config
@@ -207,7 +237,7 @@ class ServerRunClient:
         self._extra_args = tuple(str(a) for a in extra_args)
         self.port: int | None = None
         self._extra_env = dict(env or {})
-        self._events: "queue.Queue[P.Message]" = queue.Queue()
+        self._events: queue.Queue[P.Message] = queue.Queue()
         self._tail: collections.deque[str] = collections.deque(maxlen=log_lines)
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -244,10 +274,14 @@ class ServerRunClient:
         if self.engine.kind != "server" or server is None:
             raise RunnerError("invalid_config", f"{self.engine.label} is not a llama-server: choose a server engine")
         if not Path(server).exists():
-            raise RunnerError("invalid_config", f"llama-server not found: {server} (give the path of a llama-server binary)")
+            raise RunnerError(
+                "invalid_config", f"llama-server not found: {server} (give the path of a llama-server binary)"
+            )
         if not Path(server).is_file() or not os.access(server, os.X_OK):
-            raise RunnerError("invalid_config", f"llama-server is not an executable file: {server} "
-                                                "(make it executable or give another binary)")
+            raise RunnerError(
+                "invalid_config",
+                f"llama-server is not an executable file: {server} (make it executable or give another binary)",
+            )
 
     def start(self, timeout_s: float = 60.0) -> P.StartedEvent:
         """Check the binary, start the server when the model and configuration are known, and
@@ -270,11 +304,13 @@ class ServerRunClient:
             raise
         e = self.engine
         ev = P.StartedEvent(
-            pid=int(self.pid or 0), protocol_version=P.PROTOCOL_VERSION,
+            pid=int(self.pid or 0),
+            protocol_version=P.PROTOCOL_VERSION,
             llama_build=e.label + (f", commit {e.commit}" if e.commit else ""),
             devices=tuple(d.name for d in e.devices) + ("CPU",),
             device_descriptions=tuple(d.description for d in e.devices) + ("CPU",),
-            gpu_offload_supported=bool(e.devices), system_info="",
+            gpu_offload_supported=bool(e.devices),
+            system_info="",
         )
         self.started = ev
         if self._on_event is not None:  # as the embedded runner's reader does; start() consumed it
@@ -303,7 +339,7 @@ class ServerRunClient:
         """The server's last log lines."""
         return tuple(self._tail)
 
-    def __enter__(self) -> "ServerRunClient":
+    def __enter__(self) -> ServerRunClient:
         if self.started is None:
             self.start()
         return self
@@ -329,18 +365,28 @@ class ServerRunClient:
         env.update(self._extra_env)
         env.setdefault("GGML_NO_BACKTRACE", "1")  # no gdb attach on abort
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env=env, close_fds=True, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+            )
         except OSError as exc:
-            raise RunnerError("invalid_config", f"cannot start {argv[0]}: {exc.strerror or exc} "
-                                                "(give the path of a working llama-server binary)") from None
+            raise RunnerError(
+                "invalid_config",
+                f"cannot start {argv[0]}: {exc.strerror or exc} (give the path of a working llama-server binary)",
+            ) from None
         self._proc, self._argv, self.port = proc, argv, port
         self._experimental = bool(exported.experimental)
         self._model_path, self._config, self._n_threads = model_path, config, n_threads
         self._t_spawn = time.perf_counter()
         self._start_watchdog(proc.pid)
-        self._reader = threading.Thread(target=self._read_log, args=(proc,), name=f"llama-server-{proc.pid}-log",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read_log, args=(proc,), name=f"llama-server-{proc.pid}-log", daemon=True
+        )
         self._reader.start()
 
     def _start_watchdog(self, pgid: int) -> None:
@@ -349,9 +395,15 @@ class ServerRunClient:
             root = str(Path(__file__).resolve().parents[2])  # the directory holding kvtuner/
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            self._watchdog = subprocess.Popen(watchdog_command(pgid), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL, env=env, close_fds=True,
-                                              start_new_session=True)
+            self._watchdog = subprocess.Popen(
+                watchdog_command(pgid),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+            )
         except OSError:
             self._watchdog = None  # the server is still stopped by close(); only a killed kvtuner leaks it
 
@@ -417,12 +469,23 @@ class ServerRunClient:
         except queue.Empty:
             raise RunnerError("timeout", f"no event from llama-server within {timeout_s:.0f} s") from None
 
-    def wait_for(self, *types: type[P.Message], timeout_s: float, idle_timeout_s: float | None = None,
-                 on_other: Callable[[P.Message], None] | None = None) -> P.Message:
+    def wait_for(
+        self,
+        *types: type[P.Message],
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        on_other: Callable[[P.Message], None] | None = None,
+    ) -> P.Message:
         """Read events until one of ``types``, under the embedded runner's waiting rules
         (:func:`kvtuner.runner.client.wait_for_event`)."""
-        return wait_for_event(self.next_event, self.stderr_tail, *types, timeout_s=timeout_s,
-                              idle_timeout_s=idle_timeout_s, on_other=on_other)
+        return wait_for_event(
+            self.next_event,
+            self.stderr_tail,
+            *types,
+            timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            on_other=on_other,
+        )
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -466,8 +529,11 @@ class ServerRunClient:
             except (ConfigError, TypeError) as exc:
                 raise RunnerError("invalid_config", f"bad configuration: {exc}") from None
             path = os.path.abspath(command.model_path)
-            if self._proc is None or (path, config, command.n_threads) != (self._model_path, self._config, self._n_threads) \
-                    or self._proc.poll() is not None:
+            if (
+                self._proc is None
+                or (path, config, command.n_threads) != (self._model_path, self._config, self._n_threads)
+                or self._proc.poll() is not None
+            ):
                 if self._proc is not None:
                     self._shutdown_server(3.0)
                     self._drain()  # the old server's exit, asked for: not this load's news
@@ -485,8 +551,15 @@ class ServerRunClient:
         self._worker = threading.Thread(target=self._guard, args=(target,), name="llama-server-request", daemon=True)
         self._worker.start()
 
-    def request(self, command: P.Message, result: type[P.Message], *, timeout_s: float,
-                idle_timeout_s: float | None = None, on_other: Callable[[P.Message], None] | None = None) -> P.Message:
+    def request(
+        self,
+        command: P.Message,
+        result: type[P.Message],
+        *,
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        on_other: Callable[[P.Message], None] | None = None,
+    ) -> P.Message:
         """:meth:`send` then :meth:`wait_for` ``result`` (as :meth:`RunnerClient.request`)."""
         self.send(command)
         return self.wait_for(result, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, on_other=on_other)
@@ -504,8 +577,13 @@ class ServerRunClient:
             if self._cancel.is_set():
                 self._put(P.ErrorEvent(kind="cancelled", message="llama-server request cancelled"))
                 return
-            self._put(P.ErrorEvent(kind="crashed", message=f"llama-server request failed: {type(exc).__name__}: {exc}",
-                                   log_tail=self.stderr_tail()))
+            self._put(
+                P.ErrorEvent(
+                    kind="crashed",
+                    message=f"llama-server request failed: {type(exc).__name__}: {exc}",
+                    log_tail=self.stderr_tail(),
+                )
+            )
 
     # -- load --------------------------------------------------------------------------------
 
@@ -556,9 +634,13 @@ class ServerRunClient:
 
             n_threads = physical_cores()  # llama-server's default (common/common.cpp cpu_get_num_math)
         self._loaded = P.LoadedEvent(
-            load_s=t_ready - self._t_spawn, load_model_s=t_ctx - self._t_spawn, create_context_s=t_ready - t_ctx,
-            n_layer=self._info.get("n_layer", 0), n_vocab=self._info.get("n_vocab", 0),
-            n_ctx_train=self._info.get("n_ctx_train", 0), n_threads=n_threads,
+            load_s=t_ready - self._t_spawn,
+            load_model_s=t_ctx - self._t_spawn,
+            create_context_s=t_ready - t_ctx,
+            n_layer=self._info.get("n_layer", 0),
+            n_vocab=self._info.get("n_vocab", 0),
+            n_ctx_train=self._info.get("n_ctx_train", 0),
+            n_threads=n_threads,
             kv_split_experimental=self._experimental and bool(self.engine.devices),
         )
         self._put(self._loaded)
@@ -618,8 +700,11 @@ class ServerRunClient:
                     msg = json.loads(text).get("error", {}).get("message", text)
                 except (ValueError, AttributeError):
                     msg = text
-                raise RunnerError("invalid_config", f"llama-server refused the bench request ({resp.status}): {msg}",
-                                  self.stderr_tail())
+                raise RunnerError(
+                    "invalid_config",
+                    f"llama-server refused the bench request ({resp.status}): {msg}",
+                    self.stderr_tail(),
+                )
             if not body.get("stream"):
                 return json.loads(resp.read())
             final: dict = {}
@@ -636,8 +721,11 @@ class ServerRunClient:
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     err = chunk["error"]
-                    raise RunnerError("invalid_config", f"llama-server stopped the bench: "
-                                      f"{err.get('message', err) if isinstance(err, dict) else err}", self.stderr_tail())
+                    raise RunnerError(
+                        "invalid_config",
+                        f"llama-server stopped the bench: {err.get('message', err) if isinstance(err, dict) else err}",
+                        self.stderr_tail(),
+                    )
                 if on_token is not None:
                     on_token(rep, chunk)
                 if chunk.get("stop"):
@@ -657,8 +745,9 @@ class ServerRunClient:
                 time.sleep(0.5)
             if not self.alive:
                 raise _ServerGone() from None
-            raise RunnerError("crashed", f"the connection to llama-server broke: {type(exc).__name__}: {exc}",
-                              self.stderr_tail()) from None
+            raise RunnerError(
+                "crashed", f"the connection to llama-server broke: {type(exc).__name__}: {exc}", self.stderr_tail()
+            ) from None
 
     def _do_bench(self, cmd: P.BenchCommand) -> None:
         if self._loaded is None:
@@ -677,11 +766,16 @@ class ServerRunClient:
             raise RunnerError(
                 "invalid_config",
                 f"the bench needs {need} tokens of context (depth {cmd.n_depth} + prompt {cmd.n_prompt} + gen "
-                f"{cmd.n_gen} + 1) but a llama-server slot holds {n_ctx_seq}: raise --ctx or lower -d/-p/-n")
+                f"{cmd.n_gen} + 1) but a llama-server slot holds {n_ctx_seq}: raise --ctx or lower -d/-p/-n",
+            )
         vocab = self._loaded.n_vocab or self._vocab_from_models()
         if vocab <= 0:
-            raise RunnerError("crashed", "llama-server did not print the vocabulary size (print_info: n_vocab); "
-                                         "is it a llama.cpp build kvtuner knows?", self.stderr_tail())
+            raise RunnerError(
+                "crashed",
+                "llama-server did not print the vocabulary size (print_info: n_vocab); "
+                "is it a llama.cpp build kvtuner knows?",
+                self.stderr_tail(),
+            )
         n_batch = ctx.n_batch if ctx and ctx.n_batch else 512
         rng = random.Random(cmd.seed)
 
@@ -693,16 +787,27 @@ class ServerRunClient:
             # get_available_slot would pick another idle slot by LRU with several slots)
             # greedy through the shortest sampler chain the server builds (common/sampling.cpp
             # common_sampler_init: logit bias, top-k 1, dist), the nearest to llama-bench, which samples nothing
-            b: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": cache, "id_slot": 0,
-                                 "samplers": ["top_k"], "top_k": 1, "temperature": 0.0, "ignore_eos": True,
-                                 "seed": cmd.seed, "n_probs": 0, "stream": stream}
+            b: dict[str, Any] = {
+                "prompt": prompt,
+                "n_predict": n_predict,
+                "cache_prompt": cache,
+                "id_slot": 0,
+                "samplers": ["top_k"],
+                "top_k": 1,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "seed": cmd.seed,
+                "n_probs": 0,
+                "stream": stream,
+            }
             if stream:
                 b.update(timings_per_token=True, return_progress=True)
             return b
 
         if cmd.warmup:  # llama-bench: one prompt batch and one generated token, untimed
-            self._completion(body(rand_tokens(max(1, min(cmd.n_prompt, n_batch))), 2 if cmd.n_gen else 1, False, False),
-                             -1)
+            self._completion(
+                body(rand_tokens(max(1, min(cmd.n_prompt, n_batch))), 2 if cmd.n_gen else 1, False, False), -1
+            )
         reps: list[P.Repetition] = []
         last_timings: dict = {}
         for rep in range(cmd.repetitions):
@@ -720,21 +825,27 @@ class ServerRunClient:
                 progress = chunk.get("prompt_progress")
                 if isinstance(progress, dict) and cmd.n_prompt:
                     done = int(progress.get("processed", 0)) - int(progress.get("cache", 0))
-                    self._put(P.PrefillProgressEvent(rep=r, n_done=max(0, min(done, cmd.n_prompt)), n_total=cmd.n_prompt))
+                    self._put(
+                        P.PrefillProgressEvent(rep=r, n_done=max(0, min(done, cmd.n_prompt)), n_total=cmd.n_prompt)
+                    )
                 timings = chunk.get("timings") or {}
                 for tok in chunk.get("tokens") or ():
                     n_decoded = int(chunk.get("tokens_predicted", 0))
                     if n_decoded <= 1:
                         continue  # the first token comes from the prompt's logits, not a decode step
                     t_s = float(timings.get("predicted_ms", 0.0)) / 1000.0
-                    self._put(P.TokenEvent(rep=r, index=state["index"], token=int(tok),
-                                           dt_s=max(t_s - state["t_prev_s"], 0.0), t_s=t_s))
+                    self._put(
+                        P.TokenEvent(
+                            rep=r, index=state["index"], token=int(tok), dt_s=max(t_s - state["t_prev_s"], 0.0), t_s=t_s
+                        )
+                    )
                     state["t_prev_s"] = t_s
                     state["index"] += 1
 
             stream = self.stream and bool(cmd.n_gen or cmd.n_prompt)
-            final = self._completion(body(depth + prompt, cmd.n_gen + 1, bool(depth), stream), rep,
-                                     on_token if stream else None)
+            final = self._completion(
+                body(depth + prompt, cmd.n_gen + 1, bool(depth), stream), rep, on_token if stream else None
+            )
             t = final.get("timings") or {}
             last_timings = t
             cache_n, prompt_n = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
@@ -748,27 +859,50 @@ class ServerRunClient:
                     "invalid_config",
                     f"llama-server processed the {len(depth)} depth tokens again (it reused {cache_n}): its cache "
                     "cannot keep a prefix for this model (sliding-window or recurrent layers); bench with -d 0 or "
-                    "--swa-full", self.stderr_tail())
+                    "--swa-full",
+                    self.stderr_tail(),
+                )
             prefill_s = float(t.get("prompt_ms", 0.0)) / 1000.0
             n_prompt = prompt_n if cmd.n_prompt else 0
             if n_prompt:
-                self._put(P.PrefillResultEvent(rep=rep, n_depth=cache_n, n_tokens=n_prompt, prefill_s=prefill_s,
-                                               tok_s=n_prompt / prefill_s if prefill_s > 0 else 0.0))
+                self._put(
+                    P.PrefillResultEvent(
+                        rep=rep,
+                        n_depth=cache_n,
+                        n_tokens=n_prompt,
+                        prefill_s=prefill_s,
+                        tok_s=n_prompt / prefill_s if prefill_s > 0 else 0.0,
+                    )
+                )
             steps = max(int(t.get("predicted_n", 0)) - 1, 0)
             decode_s = float(t.get("predicted_ms", 0.0)) / 1000.0 if cmd.n_gen else 0.0
-            rec = P.RepResultEvent(rep=rep, n_depth=cmd.n_depth, n_prompt=n_prompt,
-                                   prefill_s=prefill_s if n_prompt else 0.0,
-                                   n_gen=steps if cmd.n_gen else 0, decode_s=decode_s,
-                                   ttft_s=prefill_s if n_prompt else 0.0)
+            rec = P.RepResultEvent(
+                rep=rep,
+                n_depth=cmd.n_depth,
+                n_prompt=n_prompt,
+                prefill_s=prefill_s if n_prompt else 0.0,
+                n_gen=steps if cmd.n_gen else 0,
+                decode_s=decode_s,
+                ttft_s=prefill_s if n_prompt else 0.0,
+            )
             self._put(rec)
             reps.append(P.Repetition.of({k: getattr(rec, k) for k in _field_names(rec)}))
-        perf = {"t_p_eval_ms": float(last_timings.get("prompt_ms", 0.0)),
-                "t_eval_ms": float(last_timings.get("predicted_ms", 0.0)),
-                "n_p_eval": int(last_timings.get("prompt_n", 0)), "n_eval": int(last_timings.get("predicted_n", 0)),
-                "cache_n": int(last_timings.get("cache_n", 0))}
+        perf = {
+            "t_p_eval_ms": float(last_timings.get("prompt_ms", 0.0)),
+            "t_eval_ms": float(last_timings.get("predicted_ms", 0.0)),
+            "n_p_eval": int(last_timings.get("prompt_n", 0)),
+            "n_eval": int(last_timings.get("predicted_n", 0)),
+            "cache_n": int(last_timings.get("cache_n", 0)),
+        }
         pid = self.pid or 0
-        self._put(P.BenchResultEvent(reps=tuple(reps), peak_rss_bytes=_peak_rss_bytes(pid) if pid else 0,
-                                     n_threads=self._loaded.n_threads, perf=perf))
+        self._put(
+            P.BenchResultEvent(
+                reps=tuple(reps),
+                peak_rss_bytes=_peak_rss_bytes(pid) if pid else 0,
+                n_threads=self._loaded.n_threads,
+                perf=perf,
+            )
+        )
 
     def _check_cancel(self) -> None:
         if self._cancel.is_set():
@@ -807,8 +941,13 @@ class ServerRunClient:
             pass
         self.returncode = rc = proc.returncode
         requested = self._stop_requested
-        if (proc is self._proc and not requested and self._fixed_port is None and self._retries_left > 0
-                and _RE_BIND.search("\n".join(self._tail))):
+        if (
+            proc is self._proc
+            and not requested
+            and self._fixed_port is None
+            and self._retries_left > 0
+            and _RE_BIND.search("\n".join(self._tail))
+        ):
             self._bind_failed = True  # the load starts it again on another port (_do_load)
         elif proc is self._proc:
             self._abort_connection()
@@ -833,7 +972,7 @@ class ServerRunClient:
             self._on_partial(text)
             return
         if text.startswith("."):  # the dots ran into the next line
-            self._on_partial(text[:len(text) - len(text.lstrip("."))])
+            self._on_partial(text[: len(text) - len(text.lstrip("."))])
             line = line.lstrip(".")
         if m := _RE_PREFIX.match(line):
             level, line = _PREFIX_LEVELS[m.group(1)], m.group(2)
@@ -867,39 +1006,69 @@ class ServerRunClient:
         if requested:
             return P.ErrorEvent(kind="cancelled", message="llama-server was stopped", log_tail=tail)
         if m := _RE_INVALID_ARG.search(text):
-            return P.ErrorEvent(kind="invalid_config", log_tail=tail, message=(
-                f"{label} does not accept '{m.group(1)}': use a newer llama.cpp build (kvtuner writes command lines "
-                "for b11434) or another engine"))
+            return P.ErrorEvent(
+                kind="invalid_config",
+                log_tail=tail,
+                message=(
+                    f"{label} does not accept '{m.group(1)}': use a newer llama.cpp build (kvtuner writes command lines "
+                    "for b11434) or another engine"
+                ),
+            )
         if m := _RE_ARG_ERROR.search(text):
-            return P.ErrorEvent(kind="invalid_config", log_tail=tail,
-                                message=f"{label} refused '{m.group(1)}' ({m.group(2).strip()}): check its value")
+            return P.ErrorEvent(
+                kind="invalid_config",
+                log_tail=tail,
+                message=f"{label} refused '{m.group(1)}' ({m.group(2).strip()}): check its value",
+            )
         if _RE_BIND.search(text):
-            return P.ErrorEvent(kind="invalid_config", log_tail=tail, message=(
-                f"port {self.port} on {HOST} is in use: stop what holds it or pick another port"))
+            return P.ErrorEvent(
+                kind="invalid_config",
+                log_tail=tail,
+                message=(f"port {self.port} on {HOST} is in use: stop what holds it or pick another port"),
+            )
         oom = next((ln.strip() for ln in tail if L.OOM_PATTERN.search(ln)), "")
         if oom and rc != 0:
-            return P.ErrorEvent(kind="out_of_memory", log_tail=tail, message=(
-                f"out of memory in llama-server: {oom} (lower --ctx, --ngl or the KV cache type)"))
+            return P.ErrorEvent(
+                kind="out_of_memory",
+                log_tail=tail,
+                message=(f"out of memory in llama-server: {oom} (lower --ctx, --ngl or the KV cache type)"),
+            )
         if _RE_MODEL_LOAD.search(text) and rc != 0 and rc != -signal.SIGKILL:
             # the first error line says most (gguf_init_from_reader: failed to read key-value pairs)
-            reason = next((ln for ln in self._error_lines if not _RE_MODEL_LOAD.search(ln)), "") \
-                or next((m.group(1) for ln in tail if (m := _RE_LOAD_REASON.search(ln))), "")
-            return P.ErrorEvent(kind="model_error", log_tail=tail, message=(
-                f"llama-server could not load {self._model_path}"
-                + (f": {reason}" if reason else "") + " (check the file, or use a llama.cpp build that knows this model)"))
+            reason = next((ln for ln in self._error_lines if not _RE_MODEL_LOAD.search(ln)), "") or next(
+                (m.group(1) for ln in tail if (m := _RE_LOAD_REASON.search(ln))), ""
+            )
+            return P.ErrorEvent(
+                kind="model_error",
+                log_tail=tail,
+                message=(
+                    f"llama-server could not load {self._model_path}"
+                    + (f": {reason}" if reason else "")
+                    + " (check the file, or use a llama.cpp build that knows this model)"
+                ),
+            )
         if _RE_CONTEXT.search(text) and rc > 0:
             last = next((ln.strip() for ln in reversed(tail) if _RE_ERROR_WORD.search(ln)), "")
-            return P.ErrorEvent(kind="invalid_config", log_tail=tail,
-                                message=f"llama-server refused the context: {last} (change --ctx, -ub or the KV types)")
+            return P.ErrorEvent(
+                kind="invalid_config",
+                log_tail=tail,
+                message=f"llama-server refused the context: {last} (change --ctx, -ub or the KV types)",
+            )
         last = next((ln.strip() for ln in reversed(tail) if ln.strip()), "")
         detail = f": {last}" if last else ""
         if rc == -signal.SIGKILL:
-            return P.ErrorEvent(kind="crashed", log_tail=tail, message=(
-                "llama-server was killed (SIGKILL) without kvtuner asking: the kernel's OOM killer does this when RAM "
-                "runs out (check dmesg); lower --ctx, --ngl or the KV cache type"))
+            return P.ErrorEvent(
+                kind="crashed",
+                log_tail=tail,
+                message=(
+                    "llama-server was killed (SIGKILL) without kvtuner asking: the kernel's OOM killer does this when RAM "
+                    "runs out (check dmesg); lower --ctx, --ngl or the KV cache type"
+                ),
+            )
         if rc < 0:
-            return P.ErrorEvent(kind="crashed", log_tail=tail,
-                                message=f"llama-server crashed ({_signal_name(rc)}){detail}")
+            return P.ErrorEvent(
+                kind="crashed", log_tail=tail, message=f"llama-server crashed ({_signal_name(rc)}){detail}"
+            )
         return P.ErrorEvent(kind="crashed", log_tail=tail, message=f"llama-server exited with status {rc}{detail}")
 
     # -- stopping ----------------------------------------------------------------------------
@@ -982,10 +1151,16 @@ class ServerRunClient:
         return proc.returncode
 
 
-def make_client(engine: Engine | None, *, model_path: str | os.PathLike[str] | None = None,
-                config: PlanConfig | None = None, n_threads: int | None = None,
-                on_event: Callable[[P.Message], None] | None = None, env: Mapping[str, str] | None = None,
-                stream: bool = True) -> "RunnerClient | ServerRunClient":
+def make_client(
+    engine: Engine | None,
+    *,
+    model_path: str | os.PathLike[str] | None = None,
+    config: PlanConfig | None = None,
+    n_threads: int | None = None,
+    on_event: Callable[[P.Message], None] | None = None,
+    env: Mapping[str, str] | None = None,
+    stream: bool = True,
+) -> RunnerClient | ServerRunClient:
     """The client that runs a bench on ``engine``: a :class:`ServerRunClient` for a server engine,
     the embedded runner's :class:`RunnerClient` for None or the embedded engine (``model_path``,
     ``config``, ``n_threads`` and ``stream`` only matter to the server)."""

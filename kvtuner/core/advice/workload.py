@@ -34,15 +34,23 @@ def advise_workload(kv: WorkloadKV, n_ctx: int) -> list[Advice]:
     if kv.unified:
         case = kv.safe_case(n_ctx)
         if case != "worst":
-            what = {"p95": "the P95 case", "expected": "the expected (average) case", "none": "none of the cases given"}[case]
-            out.append(_adv(
-                "workload-not-worst-safe", "warning",
-                f"The unified KV pool of {n_ctx} cells is safe for {what} only; every sequence at the window needs "
-                f"{kv.worst_tokens} cells ({kv.bytes(kv.worst_tokens) / (1 << 20):.0f} MiB of KV).",
-                "unified KV: one pool for all sequences; worst case = sequences x window, expected = sequences x "
-                "average length (llama-server frees idle slots, then stops active ones, when it runs out: "
-                "ggml-org/llama.cpp#16736)",
-                {"n_ctx": _pad(kv.worst_tokens)}))
+            what = {
+                "p95": "the P95 case",
+                "expected": "the expected (average) case",
+                "none": "none of the cases given",
+            }[case]
+            out.append(
+                _adv(
+                    "workload-not-worst-safe",
+                    "warning",
+                    f"The unified KV pool of {n_ctx} cells is safe for {what} only; every sequence at the window needs "
+                    f"{kv.worst_tokens} cells ({kv.bytes(kv.worst_tokens) / (1 << 20):.0f} MiB of KV).",
+                    "unified KV: one pool for all sequences; worst case = sequences x window, expected = sequences x "
+                    "average length (llama-server frees idle slots, then stops active ones, when it runs out: "
+                    "ggml-org/llama.cpp#16736)",
+                    {"n_ctx": _pad(kv.worst_tokens)},
+                )
+            )
     return out
 
 
@@ -53,10 +61,14 @@ def advise_unified(worst_tokens: int, unified_target_tokens: int | None, kv_byte
     if unified_target_tokens is None or unified_target_tokens >= worst_tokens:
         return []
     saved = (worst_tokens - unified_target_tokens) * kv_bytes_per_token
-    return [_adv(
-        "workload-unified-saves", "info",
-        f"Split KV streams hold every sequence's whole window ({worst_tokens} cells); one unified pool sized for "
-        f"the lengths you expect needs {unified_target_tokens} and saves {saved / (1 << 20):.0f} MiB.",
-        "split streams: n_ctx / n_seq cells per sequence whatever its length; --kv-unified shares one pool "
-        "(llama-kv-cache.cpp n_stream = unified ? 1 : n_seq_max)",
-        {"kv_unified": True, "n_ctx": _pad(unified_target_tokens)})]
+    return [
+        _adv(
+            "workload-unified-saves",
+            "info",
+            f"Split KV streams hold every sequence's whole window ({worst_tokens} cells); one unified pool sized for "
+            f"the lengths you expect needs {unified_target_tokens} and saves {saved / (1 << 20):.0f} MiB.",
+            "split streams: n_ctx / n_seq cells per sequence whatever its length; --kv-unified shares one pool "
+            "(llama-kv-cache.cpp n_stream = unified ? 1 : n_seq_max)",
+            {"kv_unified": True, "n_ctx": _pad(unified_target_tokens)},
+        )
+    ]

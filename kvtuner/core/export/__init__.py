@@ -21,9 +21,12 @@ without ``force``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+from ..hardware.identity import GpuFingerprint, MachineFingerprint, llama_cpp_build
+from ..model.identity import ModelIdentity
 from ..plan.config import PlanConfig
 from ._common import (
     MEASURED_KEYS,
@@ -34,17 +37,30 @@ from ._common import (
     write_export,
     write_text_atomic,
 )
-from ..hardware.identity import GpuFingerprint, MachineFingerprint, llama_cpp_build
-from ..model.identity import ModelIdentity
 from .profile import LoadedProfile, Profile, ProfileError, load_profile, read_profile
 
 #: Every target name :func:`export` accepts, in the order a menu should show them.
 TARGETS = ("llama-server", "llama-cli", "llama-cpp-python", "llama-cpp-python-json", "ollama", "koboldcpp", "profile")
 
 __all__ = [
-    "TARGETS", "MEASURED_KEYS", "ExportError", "ExportResult", "ProfileError", "Profile",
-    "LoadedProfile", "ModelIdentity", "MachineFingerprint", "GpuFingerprint", "export", "kv_placement",
-    "write_export", "write_text_atomic", "load_profile", "read_profile", "clean_measured", "llama_cpp_build",
+    "MEASURED_KEYS",
+    "TARGETS",
+    "ExportError",
+    "ExportResult",
+    "GpuFingerprint",
+    "LoadedProfile",
+    "MachineFingerprint",
+    "ModelIdentity",
+    "Profile",
+    "ProfileError",
+    "clean_measured",
+    "export",
+    "kv_placement",
+    "llama_cpp_build",
+    "load_profile",
+    "read_profile",
+    "write_export",
+    "write_text_atomic",
 ]
 
 
@@ -109,8 +125,9 @@ def export(
         return identity().n_layer
 
     if target in ("llama-server", "llama-cli"):
-        return llama_server.render(path, config, n_layer, binary=binary or target, gpu_buffer_type=gpu_buffer_type,
-                                   split=split, rpc=rpc)
+        return llama_server.render(
+            path, config, n_layer, binary=binary or target, gpu_buffer_type=gpu_buffer_type, split=split, rpc=rpc
+        )
     if target == "llama-cpp-python":
         return llama_cpp_python.render_snippet(path, config, n_layer)
     if target == "llama-cpp-python-json":
@@ -121,9 +138,12 @@ def export(
         return koboldcpp.render(path, config, n_layer, gpu_buffer_type=gpu_buffer_type)
     if target == "profile":
         return profile.render(
-            path, config, identity(),
+            path,
+            config,
+            identity(),
             machine=machine or MachineFingerprint.current(),
             llama_cpp_build=llama_cpp_build_text or llama_cpp_build(),
-            measured=measured, note=note,
+            measured=measured,
+            note=note,
         )
     raise ExportError(f"unknown export format '{target}': use one of {', '.join(TARGETS)}")

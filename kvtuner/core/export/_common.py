@@ -6,12 +6,12 @@ Pure Python: no Qt, no llama_cpp (the import-linter contract on ``kvtuner.core``
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
-from ..plan.config import ConfigError, PlanConfig
 from ..fileio import write_temp
+from ..plan.config import ConfigError, PlanConfig
 from ..plan.placement import LayerPlacement, layer_regex, placement_for
 
 
@@ -95,7 +95,7 @@ _before_replace_hook: Callable[[Path], None] | None = None
 SHEBANG = "#!/bin/sh\n"
 
 
-def write_export(result: "ExportResult", path: str | os.PathLike[str], *, force: bool = False) -> Path:
+def write_export(result: ExportResult, path: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Save an export (:func:`write_text_atomic`): a shell script (a name ending in ``.sh``, as the
     llama-server, llama-cli and vLLM exports suggest) starts with :data:`SHEBANG` and is written
     executable; any other file is ``result.text`` as is.
@@ -110,8 +110,9 @@ def write_export(result: "ExportResult", path: str | os.PathLike[str], *, force:
     return write_text_atomic(path, text, force=force, executable=script)
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, force: bool = False,
-                      executable: bool = False) -> Path:
+def write_text_atomic(
+    path: str | os.PathLike[str], text: str, *, force: bool = False, executable: bool = False
+) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file in the same folder,
     flushed and fsynced, then renamed over the target. A crash or kill at any moment leaves
     either the old file or the new one, never a mix (a stray hidden ``.*.tmp`` at worst).

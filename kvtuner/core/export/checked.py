@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from ._common import ExportError, ExportResult
 
@@ -88,7 +88,9 @@ def _rewrite(argv: list[str], build: BuildFlags) -> tuple[list[str], list[str]]:
             _, v = _take(argv, i)
             if v == "all":
                 out += [a, "999"]
-                notes.append("-ngl all written as -ngl 999 (this build predates 'all'; llama.cpp clamps it to every layer)")
+                notes.append(
+                    "-ngl all written as -ngl 999 (this build predates 'all'; llama.cpp clamps it to every layer)"
+                )
                 i += 2
                 continue
         if a in ("--n-cpu-ffn", "-ncffn", "--n-cpu-moe", "-ncmoe") and not build.has(a):
@@ -125,16 +127,20 @@ def check_export(result: ExportResult, build: BuildFlags | None) -> ExportResult
     if result.argv is None or result.target not in ("llama-server", "llama-cli"):
         return result
     if build is None:
-        line = (f"Not checked against a {result.target} build: none was available (give --engine PATH, or set "
-                "KVTUNER_LLAMA_SERVER, to check every flag against the binary you run).")
+        line = (
+            f"Not checked against a {result.target} build: none was available (give --engine PATH, or set "
+            "KVTUNER_LLAMA_SERVER, to check every flag against the binary you run)."
+        )
         return replace(result, limitations=(line, *result.limitations))
     argv, notes = _rewrite(list(result.argv), build)
     missing = [f for f in flags_of(argv) if f not in build.flags]
     if missing:
         uniq = list(dict.fromkeys(missing))
         them = "it" if len(uniq) == 1 else "them"
-        raise ExportError(f"{build.label} does not accept {', '.join(uniq)} (not in its --help): "
-                          f"use a llama.cpp build that has {them}, or change the setting that needs {them}")
+        raise ExportError(
+            f"{build.label} does not accept {', '.join(uniq)} (not in its --help): "
+            f"use a llama.cpp build that has {them}, or change the setting that needs {them}"
+        )
     text = result.text
     old = shlex.join(result.argv) + "\n"
     if text.endswith(old):

@@ -18,11 +18,12 @@ the verdict's warning says why not.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.build_rules import VENDORED, BuildRules
+from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.placement import placement_for
 from ..plan.verdict import FitMargins, FitVerdict, fit_verdict
@@ -34,9 +35,15 @@ WHOLE_LAYER_TARGETS = ("ollama", "llama-cpp-python-json")
 #: Targets without a partial KV split (no ``-ot`` moving a layer's weights apart from its KV).
 NO_KV_SPLIT_TARGETS = ("ollama", "llama-cpp-python", "llama-cpp-python-json")
 #: The setting that counts a target's GPU layers, by target (for the messages).
-LAYER_SETTING = {"ollama": "num_gpu", "koboldcpp": "gpulayers", "llama-cpp-python": "n_gpu_layers",
-                 "llama-cpp-python-json": "n_gpu_layers", "llama-server": "-ngl", "llama-cli": "-ngl",
-                 "profile": "-ngl"}
+LAYER_SETTING = {
+    "ollama": "num_gpu",
+    "koboldcpp": "gpulayers",
+    "llama-cpp-python": "n_gpu_layers",
+    "llama-cpp-python-json": "n_gpu_layers",
+    "llama-server": "-ngl",
+    "llama-cli": "-ngl",
+    "profile": "-ngl",
+}
 
 
 def keeps_tensors_in_ram(config: PlanConfig) -> bool:
@@ -96,8 +103,9 @@ class ExportFit:
     warnings: tuple[str, ...]
 
 
-def _largest_fitting_ngl(base: PlanConfig, n_layer: int,
-                         verdict_of: Callable[[PlanConfig], FitVerdict | None]) -> int | None:
+def _largest_fitting_ngl(
+    base: PlanConfig, n_layer: int, verdict_of: Callable[[PlanConfig], FitVerdict | None]
+) -> int | None:
     """The most GPU layers (0 .. n_layer + 1) whose plan the verdict calls "fits" (memory grows
     with the layers offloaded: binary search); None when not even 0 fits."""
     lo, hi, best = 0, n_layer + 1, None
@@ -111,9 +119,18 @@ def _largest_fitting_ngl(base: PlanConfig, n_layer: int,
     return best
 
 
-def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any], host: Any, *,
-                 margins: FitMargins | None = None, inputs: Any = None, split: Any = None,
-                 rules: BuildRules = VENDORED) -> ExportFit:
+def check_export(
+    target: str,
+    model: Any,
+    config: PlanConfig,
+    gpus: Sequence[Any],
+    host: Any,
+    *,
+    margins: FitMargins | None = None,
+    inputs: Any = None,
+    split: Any = None,
+    rules: BuildRules = VENDORED,
+) -> ExportFit:
     """Plan what ``target`` runs for ``config`` on ``gpus`` / ``host`` and decide what to write.
 
     Args:
@@ -136,8 +153,9 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
 
     def plan(cfg: PlanConfig) -> MemoryPlan | None:
         try:
-            return plan_memory(model, cfg, list(gpus), host, rules=rules,
-                               **({"split": split} if split is not None else {}))
+            return plan_memory(
+                model, cfg, list(gpus), host, rules=rules, **({"split": split} if split is not None else {})
+            )
         except ConfigError:
             return None
 
@@ -156,11 +174,17 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
     if expressed == config or not gpus:
         warns.append(f"on the hardware given the fit verdict of this configuration is {v0.level.upper()}: {v0.detail}")
         return ExportFit(target, expressed, v0, expressed, v0, _decode(p0, inputs), tuple(warns))
-    ngl_written = (("999" if target == "ollama" else "all") if expressed.n_gpu_layers == ALL_LAYERS
-                   else str(expressed.n_gpu_layers))
-    what = ("keep tensors of offloaded layers in RAM (--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot) or the KV apart "
-            "from its layer" if target in WHOLE_LAYER_TARGETS
-            else "split a layer's weights from its KV (--kv-gpu-layers)")
+    ngl_written = (
+        ("999" if target == "ollama" else "all")
+        if expressed.n_gpu_layers == ALL_LAYERS
+        else str(expressed.n_gpu_layers)
+    )
+    what = (
+        "keep tensors of offloaded layers in RAM (--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot) or the KV apart "
+        "from its layer"
+        if target in WHOLE_LAYER_TARGETS
+        else "split a layer's weights from its KV (--kv-gpu-layers)"
+    )
     head = f"{target} cannot {what}: as written ({setting} {ngl_written}) it is {v0.level.upper()}: {v0.detail}"
     n = _largest_fitting_ngl(expressed, n_layer, verdict_of)
     if n is None:
@@ -172,8 +196,10 @@ def check_export(target: str, model: Any, config: PlanConfig, gpus: Sequence[Any
     tok = _decode(pc, inputs) if pc is not None else None
     speed = f", predicted decode {tok:.3g} tok/s at full context" if tok is not None else ""
     gpu_total = sum(d.total_bytes for d in pc.gpus) if pc is not None else 0
-    warns.append(head + f"; written with {setting} {n}, the most whole layers that fit "
-                        f"({fmt_bytes(gpu_total)} on the GPUs{speed})")
+    warns.append(
+        head + f"; written with {setting} {n}, the most whole layers that fit "
+        f"({fmt_bytes(gpu_total)} on the GPUs{speed})"
+    )
     return ExportFit(target, expressed, v0, chosen, vc, tok, tuple(warns))
 
 
@@ -189,5 +215,12 @@ def _decode(p: MemoryPlan | None, inputs: Any) -> float | None:
         return None
 
 
-__all__ = ["ExportFit", "LAYER_SETTING", "NO_KV_SPLIT_TARGETS", "WHOLE_LAYER_TARGETS", "check_export",
-           "expressed_config", "keeps_tensors_in_ram"]
+__all__ = [
+    "LAYER_SETTING",
+    "NO_KV_SPLIT_TARGETS",
+    "WHOLE_LAYER_TARGETS",
+    "ExportFit",
+    "check_export",
+    "expressed_config",
+    "keeps_tensors_in_ram",
+]

@@ -14,11 +14,11 @@ of the first N layers in RAM, llama.cpp's ``--n-cpu-moe``). Keys not written kee
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ..plan.config import ALL_LAYERS, PlanConfig
 from ..model.ggml_types import kv_type
+from ..plan.config import ALL_LAYERS, PlanConfig
 from ..plan.fields import FIELDS
 from ..plan.placement import tensor_overrides
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, override_pattern, safe_stem
@@ -84,7 +84,9 @@ def render(
         raise ExportError(f"koboldcpp accepts --contextsize up to {CONTEXT_MAX}: lower --ctx from {config.n_ctx}")
     contextsize = max(config.n_ctx, CONTEXT_MIN)
     if contextsize != config.n_ctx:
-        notes.append(f"koboldcpp's smallest context is {CONTEXT_MIN} tokens: contextsize {CONTEXT_MIN} instead of {config.n_ctx}.")
+        notes.append(
+            f"koboldcpp's smallest context is {CONTEXT_MIN} tokens: contextsize {CONTEXT_MIN} instead of {config.n_ctx}."
+        )
 
     fa = config.flash_attn != "off"
     if config.flash_attn == "auto":
@@ -101,19 +103,25 @@ def render(
     if placement.mode == "split":
         settings[key["n_gpu_layers"]] = placement.n_gpu_layers
     else:
-        settings[key["n_gpu_layers"]] = ALL_LAYERS_GPULAYERS if config.n_gpu_layers == ALL_LAYERS else config.n_gpu_layers
-    settings.update({
-        key["flash_attn"]: fa,
-        key["type_k"]: level,
-        key["kv_gpu_layers"]: placement.mode == "host",
-        key["use_mmap"]: config.use_mmap,
-        "useswa": not config.swa_full,
-    })
+        settings[key["n_gpu_layers"]] = (
+            ALL_LAYERS_GPULAYERS if config.n_gpu_layers == ALL_LAYERS else config.n_gpu_layers
+        )
+    settings.update(
+        {
+            key["flash_attn"]: fa,
+            key["type_k"]: level,
+            key["kv_gpu_layers"]: placement.mode == "host",
+            key["use_mmap"]: config.use_mmap,
+            "useswa": not config.swa_full,
+        }
+    )
     ubatch = min(config.n_batch, config.n_ubatch)  # llama.cpp clamps -ub to -b
     batch = max([b for b in BATCH_CHOICES if b <= ubatch] or [BATCH_CHOICES[0]])
     if batch != ubatch:
-        notes.append(f"koboldcpp's batchsize is a power of two from {BATCH_CHOICES[0]} to {BATCH_CHOICES[-1]}: "
-                     f"{batch} for n_ubatch {ubatch}.")
+        notes.append(
+            f"koboldcpp's batchsize is a power of two from {BATCH_CHOICES[0]} to {BATCH_CHOICES[-1]}: "
+            f"{batch} for n_ubatch {ubatch}."
+        )
     settings[key["n_ubatch"]] = batch
     settings["blasbatchsize"] = batch
     # MoE experts in RAM: koboldcpp's --moecpu N (its .kcpps key "moecpu": the experts of the first
@@ -123,7 +131,7 @@ def render(
         settings[key["n_cpu_moe"]] = n_layer() if config.cpu_moe else config.n_cpu_moe
     overrides = list(config.tensor_overrides)
     if config.n_cpu_ffn:  # koboldcpp has no --n-cpu-ffn: llama.cpp's overrides, spelled out
-        overrides += [f"{p}={b}" for p, b in tensor_overrides(config)[-config.n_cpu_ffn:]]
+        overrides += [f"{p}={b}" for p, b in tensor_overrides(config)[-config.n_cpu_ffn :]]
     experimental = False
     if placement.mode == "split":
         overrides.append(override_pattern(placement.override_layers, gpu_buffer_type))
@@ -140,11 +148,15 @@ def render(
     if not config.swa_full:
         notes.append("useswa (small sliding-window cache) turns off koboldcpp's context shifting.")
     if config.n_seq > 1:
-        notes.append(f"koboldcpp decodes one request at a time (multiuser only queues): {config.n_seq} parallel "
-                     "sequences cannot be set; the context is one stream of the same total size.")
+        notes.append(
+            f"koboldcpp decodes one request at a time (multiuser only queues): {config.n_seq} parallel "
+            "sequences cannot be set; the context is one stream of the same total size."
+        )
     if config.n_gpu_layers != 0:
-        notes.append("The file does not choose the GPU backend (CUDA, Vulkan ...): pick it in the launcher "
-                     "(koboldcpp --config FILE --showgui) and save over this file.")
+        notes.append(
+            "The file does not choose the GPU backend (CUDA, Vulkan ...): pick it in the launcher "
+            "(koboldcpp --config FILE --showgui) and save over this file."
+        )
     return ExportResult(
         target="koboldcpp",
         text=json.dumps(settings, indent=2, ensure_ascii=False) + "\n",

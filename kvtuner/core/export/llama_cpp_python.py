@@ -10,12 +10,13 @@ kv_unified; unknown keyword arguments are silently ignored, so we never pass any
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ..model.ggml_types import kv_type
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..plan.placement import tensor_overrides
-from ..model.ggml_types import kv_type
 from ._common import ExportResult, check_path_text, kv_placement, safe_stem
 
 
@@ -39,15 +40,21 @@ def kwargs_for(model_path: Path, config: PlanConfig, n_layer: Callable[[], int])
     if ot:
         notes.append(
             "Llama() has no tensor overrides (llama_model_params.tensor_buft_overrides is unused by it), so "
-            + ", ".join(_override_words(config)) + " cannot be expressed with Llama(): these kwargs load every "
+            + ", ".join(_override_words(config))
+            + " cannot be expressed with Llama(): these kwargs load every "
             "expert where its layer goes (more VRAM); the llama-cpp-python snippet export adds the low-level "
-            "loader that applies them.")
+            "loader that applies them."
+        )
     if config.flash_attn == "auto":
-        notes.append("Llama(flash_attn=...) is a bool: 'auto' is written as True (what auto picks where the backend "
-                     "supports flash attention); set False if yours does not and keep V at f16.")
+        notes.append(
+            "Llama(flash_attn=...) is a bool: 'auto' is written as True (what auto picks where the backend "
+            "supports flash attention); set False if yours does not and keep V at f16."
+        )
     if config.n_seq > 1:
-        notes.append(f"Llama() decodes one sequence (no n_seq_max): the {config.n_ctx}-token context is one stream "
-                     f"instead of {config.n_seq} parallel ones (same KV bytes in total).")
+        notes.append(
+            f"Llama() decodes one sequence (no n_seq_max): the {config.n_ctx}-token context is one stream "
+            f"instead of {config.n_seq} parallel ones (same KV bytes in total)."
+        )
     kwargs: dict[str, Any] = {
         "model_path": path_text,
         "n_ctx": config.n_ctx,
@@ -150,8 +157,10 @@ def render_snippet(model_path: Path, config: PlanConfig, n_layer: Callable[[], i
     lines += ["from llama_cpp import Llama"]
     if ot:
         lines += _LOW_LEVEL.splitlines()
-        lines += ["# " + " ".join(_override_words(config)) + " (llama.cpp's patterns, first match wins)",
-                  f"OVERRIDES = {[list(o) for o in ot]!r}"]
+        lines += [
+            "# " + " ".join(_override_words(config)) + " (llama.cpp's patterns, first match wins)",
+            f"OVERRIDES = {[list(o) for o in ot]!r}",
+        ]
     lines += [
         "",
         "KWARGS = {",

@@ -14,8 +14,9 @@ file cache) as shell comments, under the warning of llama.cpp's tools/rpc/README
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ..plan.fields import FIELDS
@@ -61,16 +62,27 @@ def render(
 
     ngl = "all" if placement.n_gpu_layers == ALL_LAYERS else str(placement.n_gpu_layers)
     flag = {f.name: f.llama_flag for f in FIELDS}  # llama.cpp spellings from the catalogue
-    argv: list[str] = [binary, "-m", path_text, flag["n_ctx"], str(config.n_ctx), flag["n_gpu_layers"], ngl,
-                       # a fixed -ngl: stop llama.cpp's auto-fit (common/fit.cpp) from rewriting it
-                       "--fit", "off"]
+    argv: list[str] = [
+        binary,
+        "-m",
+        path_text,
+        flag["n_ctx"],
+        str(config.n_ctx),
+        flag["n_gpu_layers"],
+        ngl,
+        # a fixed -ngl: stop llama.cpp's auto-fit (common/fit.cpp) from rewriting it
+        "--fit",
+        "off",
+    ]
     for name in ("flash_attn", "type_k", "type_v", "n_seq", "n_batch", "n_ubatch"):
         argv += [flag[name], str(getattr(config, name))]
     if config.swa_full:
         argv.append(flag["swa_full"])
     if config.kv_unified:
         if is_cli:
-            limitations.append("llama-cli has no --kv-unified (server, batched and bench tools only): the cache is per sequence.")
+            limitations.append(
+                "llama-cli has no --kv-unified (server, batched and bench tools only): the cache is per sequence."
+            )
         else:
             argv.append(flag["kv_unified"])
     if placement.mode == "host":
@@ -121,8 +133,10 @@ def render(
 
 #: The warning of llama.cpp's tools/rpc/README.md ("Overview"), repeated wherever kvtuner writes an
 #: rpc-server command.
-RPC_WARNING = ("llama.cpp's RPC backend is a proof of concept and insecure (tools/rpc/README.md): never run "
-               "rpc-server on an open network or in a sensitive environment; bind it to a private address.")
+RPC_WARNING = (
+    "llama.cpp's RPC backend is a proof of concept and insecure (tools/rpc/README.md): never run "
+    "rpc-server on an open network or in a sensitive environment; bind it to a private address."
+)
 
 
 def rpc_server_command(endpoint: str, *, binary: str = "rpc-server", cache: bool = True) -> list[str]:
@@ -160,5 +174,8 @@ def with_extras(result: ExportResult, extras: Any, known_flags: Any = None) -> E
     if extras is None or extras.empty:
         return result
     more = server_flags(extras, known_flags)
-    return _replace(result, argv=tuple(result.argv or ()) + tuple(more),
-                    text=result.text.rstrip("\n") + " " + shlex.join(more) + "\n")
+    return _replace(
+        result,
+        argv=tuple(result.argv or ()) + tuple(more),
+        text=result.text.rstrip("\n") + " " + shlex.join(more) + "\n",
+    )

@@ -11,8 +11,8 @@ every model that server runs, not to this one alone.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..plan.config import ALL_LAYERS, PlanConfig
 from ._common import ExportError, ExportResult, check_path_text, kv_placement, safe_stem
@@ -30,10 +30,12 @@ def _modelfile_value(text: str) -> str:
     # the ASCII space): a no-break space or zero-width joiner would silently vanish from the path.
     # Python's str.isprintable() is the same set.
     if not text.isprintable():
-        raise ExportError(f"model path {text!r} has control or invisible characters a Modelfile cannot hold "
-                          "(Ollama drops them): rename the file")
+        raise ExportError(
+            f"model path {text!r} has control or invisible characters a Modelfile cannot hold "
+            "(Ollama drops them): rename the file"
+        )
     if '"""' in text:
-        raise ExportError(f"model path {text!r} contains '\"\"\"', which a Modelfile cannot quote: rename the file")
+        raise ExportError(f'model path {text!r} contains \'"""\', which a Modelfile cannot quote: rename the file')
     if '"' in text:
         return f'"""{text}"""'
     return f'"{text}"'
@@ -53,8 +55,10 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
     # KV cache type: one type for K and V
     kv = nearest_shared_kv_type(config.type_k, config.type_v, OLLAMA_KV_TYPES)
     if (config.type_k, config.type_v) != (kv, kv):
-        notes.append(f"Ollama has one KV cache type for K and V ({', '.join(OLLAMA_KV_TYPES)}): "
-                     f"K {config.type_k} / V {config.type_v} becomes {kv} for both (no more memory than planned).")
+        notes.append(
+            f"Ollama has one KV cache type for K and V ({', '.join(OLLAMA_KV_TYPES)}): "
+            f"K {config.type_k} / V {config.type_v} becomes {kv} for both (no more memory than planned)."
+        )
     env["OLLAMA_KV_CACHE_TYPE"] = kv
     # flash attention: a server-wide switch; a quantized cache needs it
     if config.flash_attn == "on" or kv != "f16":
@@ -69,21 +73,29 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
     if config.n_cpu_moe or config.cpu_moe or config.n_cpu_ffn or config.tensor_overrides:
         # Ollama's Modelfile PARAMETERs (docs/modelfile.md) and server variables have no tensor
         # override: it places whole layers by num_gpu only
-        notes.append("Ollama cannot keep MoE experts (or any tensor) in RAM while their layer is on the GPU: "
-                     "--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot are not expressible; num_gpu moves whole layers instead "
-                     "(more VRAM per layer, slower decode than the plan's expert offload).")
+        notes.append(
+            "Ollama cannot keep MoE experts (or any tensor) in RAM while their layer is on the GPU: "
+            "--n-cpu-moe / --cpu-moe / --n-cpu-ffn / -ot are not expressible; num_gpu moves whole layers instead "
+            "(more VRAM per layer, slower decode than the plan's expert offload)."
+        )
 
     num_ctx = config.n_ctx // config.n_seq
     if config.n_seq > 1 and num_ctx * config.n_seq != config.n_ctx:
-        notes.append(f"num_ctx is per parallel request in Ollama: {config.n_ctx} tokens / {config.n_seq} = {num_ctx} each.")
+        notes.append(
+            f"num_ctx is per parallel request in Ollama: {config.n_ctx} tokens / {config.n_seq} = {num_ctx} each."
+        )
 
     # -ngl 0 or 1 offloads no repeating layer (the output layer is offloaded first): no KV on the GPU anyway
     if placement.mode == "host" and (config.n_gpu_layers == ALL_LAYERS or config.n_gpu_layers > 1):
-        notes.append("Ollama cannot keep the KV cache in RAM while layers are on the GPU (no -nkvo): "
-                     "the KV of offloaded layers goes to VRAM, more than planned.")
+        notes.append(
+            "Ollama cannot keep the KV cache in RAM while layers are on the GPU (no -nkvo): "
+            "the KV of offloaded layers goes to VRAM, more than planned."
+        )
     if placement.mode == "split":
-        notes.append("Ollama cannot split weights and KV (no tensor overrides): num_gpu is the number of layers whose "
-                     f"KV stays in VRAM ({placement.n_gpu_layers}); the other layers' weights stay in RAM (slower).")
+        notes.append(
+            "Ollama cannot split weights and KV (no tensor overrides): num_gpu is the number of layers whose "
+            f"KV stays in VRAM ({placement.n_gpu_layers}); the other layers' weights stay in RAM (slower)."
+        )
         num_gpu = placement.n_gpu_layers
     else:
         num_gpu = ALL_LAYERS_NUM_GPU if config.n_gpu_layers == ALL_LAYERS else config.n_gpu_layers
@@ -91,8 +103,10 @@ def render(model_path: Path, config: PlanConfig, n_layer: Callable[[], int]) -> 
         notes.append("Ollama sizes sliding-window caches itself: --swa-full cannot be requested.")
     if config.kv_unified and config.n_seq > 1:
         notes.append("Ollama has no unified KV cache option: each parallel request gets its own num_ctx.")
-    notes.append("OLLAMA_* settings apply to the whole Ollama server: set them where 'ollama serve' starts "
-                 "(systemd unit, launchd, Windows environment) and restart it.")
+    notes.append(
+        "OLLAMA_* settings apply to the whole Ollama server: set them where 'ollama serve' starts "
+        "(systemd unit, launchd, Windows environment) and restart it."
+    )
 
     name = safe_stem(model_path).lower()
     env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())

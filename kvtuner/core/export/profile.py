@@ -17,15 +17,16 @@ Format (``"kvtuner_profile": 1``)::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
-from ..plan.config import ConfigError, PlanConfig
-from ._common import ExportError, ExportResult, check_path_text, clean_measured, safe_stem
 from ..hardware.identity import MachineFingerprint
 from ..model.identity import ModelIdentity
+from ..plan.config import ConfigError, PlanConfig
+from ._common import ExportError, ExportResult, check_path_text, clean_measured, safe_stem
 
 PROFILE_FORMAT = 1
 #: Profiles larger than this are not kvtuner profiles (a real one is about 2 KiB).
@@ -114,11 +115,15 @@ def render(
         machine=machine,
         llama_cpp_build=llama_cpp_build,
         measured=measured_clean,
-        created_utc=created_utc or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created_utc=created_utc or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         kvtuner_version=_kvtuner_version(),
         note=note,
     )
-    notes = [] if measured_clean else ["No measured results: this profile records a planned configuration, not a tested one."]
+    notes = (
+        []
+        if measured_clean
+        else ["No measured results: this profile records a planned configuration, not a tested one."]
+    )
     return ExportResult(
         target="profile",
         text=json.dumps(profile.to_dict(), indent=2, ensure_ascii=False) + "\n",
@@ -158,7 +163,9 @@ def read_profile(path: str | Path) -> Profile:
     if isinstance(fmt, bool) or not isinstance(fmt, int):
         raise ProfileError(f"{p}: 'kvtuner_profile' must be a format number")
     if fmt > PROFILE_FORMAT:
-        raise ProfileError(f"{p}: written by a newer kvtuner (profile format {fmt}, this one reads {PROFILE_FORMAT}): update kvtuner")
+        raise ProfileError(
+            f"{p}: written by a newer kvtuner (profile format {fmt}, this one reads {PROFILE_FORMAT}): update kvtuner"
+        )
     if fmt < 1:
         raise ProfileError(f"{p}: unknown profile format {fmt}")
     try:
@@ -201,9 +208,18 @@ def read_profile(path: str | Path) -> Profile:
 
 
 _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
-    "n_ctx": (int,), "n_gpu_layers": (int,), "kv_gpu_layers": (int, type(None)), "type_k": (str,),
-    "type_v": (str,), "flash_attn": (str,), "n_seq": (int,), "n_ubatch": (int,), "n_batch": (int,),
-    "swa_full": (bool,), "kv_unified": (bool,), "use_mmap": (bool,),
+    "n_ctx": (int,),
+    "n_gpu_layers": (int,),
+    "kv_gpu_layers": (int, type(None)),
+    "type_k": (str,),
+    "type_v": (str,),
+    "flash_attn": (str,),
+    "n_seq": (int,),
+    "n_ubatch": (int,),
+    "n_batch": (int,),
+    "swa_full": (bool,),
+    "kv_unified": (bool,),
+    "use_mmap": (bool,),
 }
 
 
@@ -250,8 +266,8 @@ def load_profile(
     Raises:
         ProfileError: the file is not a readable kvtuner profile (one line).
     """
-    from ..model.gguf_header import GGUFError
     from ..hardware.identity import llama_cpp_build as current_build
+    from ..model.gguf_header import GGUFError
 
     p = Path(path).expanduser()
     prof = read_profile(p)

@@ -20,8 +20,12 @@ def detect_host() -> HostSpec:
     """The host's RAM and swap now (psutil) and its CPU's instruction sets (:func:`cpu_features`)."""
     vm = psutil.virtual_memory()
     sw = psutil.swap_memory()
-    return HostSpec(total_bytes=int(vm.total), available_bytes=int(vm.available), swap_total_bytes=int(sw.total),
-                    cpu_features=cpu_features())
+    return HostSpec(
+        total_bytes=int(vm.total),
+        available_bytes=int(vm.available),
+        swap_total_bytes=int(sw.total),
+        cpu_features=cpu_features(),
+    )
 
 
 _CPU_FEATURES: frozenset[str] | None = None
@@ -64,8 +68,9 @@ def cpu_features() -> frozenset[str]:
         try:
             import subprocess
 
-            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_I8MM"], capture_output=True, text=True,
-                                 timeout=2).stdout.strip()
+            out = subprocess.run(
+                ["sysctl", "-n", "hw.optional.arm.FEAT_I8MM"], capture_output=True, text=True, timeout=2
+            ).stdout.strip()
             if out == "1":
                 found.add("i8mm")
         except (OSError, subprocess.SubprocessError):
@@ -86,7 +91,7 @@ def _vmstat_value(data: bytes, key: bytes) -> int:
     if i < 0:
         return 0
     i += len(key) + 2
-    return int(data[i:data.find(b"\n", i)])
+    return int(data[i : data.find(b"\n", i)])
 
 
 def _linux_host() -> tuple[int, int, int, int, int]:

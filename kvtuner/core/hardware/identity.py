@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..jsonfields import require_object
 from ..jsonfields import typed_field as _typed
@@ -73,12 +74,13 @@ class MachineFingerprint:
         gpus = ", ".join(f"{g.name} ({g.total_bytes / GiB:.0f} GiB)" for g in self.gpus) or "no GPU"
         return f"{self.os.split(' ')[0]} {self.arch}, {self.ram_total_bytes / GiB:.0f} GiB RAM, {gpus}"
 
-    def differences(self, other: "MachineFingerprint") -> list[str]:
+    def differences(self, other: MachineFingerprint) -> list[str]:
         """What differs from ``other`` (this = where it was made, other = here), one phrase each."""
         out: list[str] = []
         mine = [(g.name, round(g.total_bytes / GiB)) for g in self.gpus]
         theirs = [(g.name, round(g.total_bytes / GiB)) for g in other.gpus]
         if mine != theirs:
+
             def fmt(gs: Iterable[tuple[str, int]]) -> str:
                 return ", ".join(f"{n} ({s} GiB)" for n, s in gs) or "no GPU"
 
@@ -99,7 +101,7 @@ class MachineFingerprint:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "MachineFingerprint":
+    def from_dict(cls, data: Mapping[str, Any]) -> MachineFingerprint:
         """Inverse of :meth:`to_dict` (``fingerprint_id`` is recomputed, not trusted); a missing
         key or a value of the wrong type raises ``ValueError`` naming it."""
         data = require_object(data, "machine")
@@ -126,7 +128,7 @@ class MachineFingerprint:
             raise ValueError(f"machine.{exc.args[0]} is missing") from None
 
     @classmethod
-    def current(cls, gpus: Iterable[Any] | None = None) -> "MachineFingerprint":
+    def current(cls, gpus: Iterable[Any] | None = None) -> MachineFingerprint:
         """This machine. ``gpus``: :class:`kvtuner.core.hardware.specs.GpuSpec` values already
         detected (what-if GPUs are skipped); None asks ``kvtuner.core.hardware.nvml.detect_gpus``
         when it exists. No GPU, no driver: an empty list, never an error."""

@@ -35,33 +35,76 @@ class MemoryType:
 
 
 #: Memory types by name. Efficiencies: read benchmarks' share of the theoretical figure.
-MEMORY_TYPES: dict[str, MemoryType] = {t.name: t for t in (
-    MemoryType("DDR3", 0.80, 800, 2400,
-               "read benchmarks of dual-channel DDR3 desktops reach about 80% of the theoretical figure "
-               "(as DDR4 below, with older memory controllers)"),
-    MemoryType("DDR4", 0.88, 1600, 4800,
-               "Guru3D's AIDA64 memory read of dual-channel DDR4-3200: about 46 GB/s of 51.2 (0.90; "
-               "https://guru3d.com/review/g-skill-tridentz-royal-ddr4-3200-mhz-review/page-10) and 43 GB/s on Z170 "
-               "(0.84; https://guru3d.com/review/gigabyte-z170x-gaming-g1-review/page-17)"),
-    MemoryType("DDR5", 0.72, 4000, 9600,
-               "AIDA64 read of dual-channel DDR5-6000: Ryzen 7000 reads are bound by the Infinity Fabric at about "
-               "62-64 GB/s of 96 (0.66; https://silverflick.com/2000mhz-fclk-ddr5-6000-seems-optimal-for-ryzen-7000-cpus/), "
-               "Intel desktops reach about 0.8; 0.72 between them"),
-    MemoryType("LPDDR4X", 0.75, 3200, 4266,
-               "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
-               "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle"),
-    MemoryType("LPDDR5", 0.75, 4800, 6400,
-               "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
-               "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle"),
-    MemoryType("LPDDR5X", 0.75, 6400, 10700,
-               "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
-               "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle"),
-)}
+MEMORY_TYPES: dict[str, MemoryType] = {
+    t.name: t
+    for t in (
+        MemoryType(
+            "DDR3",
+            0.80,
+            800,
+            2400,
+            "read benchmarks of dual-channel DDR3 desktops reach about 80% of the theoretical figure "
+            "(as DDR4 below, with older memory controllers)",
+        ),
+        MemoryType(
+            "DDR4",
+            0.88,
+            1600,
+            4800,
+            "Guru3D's AIDA64 memory read of dual-channel DDR4-3200: about 46 GB/s of 51.2 (0.90; "
+            "https://guru3d.com/review/g-skill-tridentz-royal-ddr4-3200-mhz-review/page-10) and 43 GB/s on Z170 "
+            "(0.84; https://guru3d.com/review/gigabyte-z170x-gaming-g1-review/page-17)",
+        ),
+        MemoryType(
+            "DDR5",
+            0.72,
+            4000,
+            9600,
+            "AIDA64 read of dual-channel DDR5-6000: Ryzen 7000 reads are bound by the Infinity Fabric at about "
+            "62-64 GB/s of 96 (0.66; https://silverflick.com/2000mhz-fclk-ddr5-6000-seems-optimal-for-ryzen-7000-cpus/), "
+            "Intel desktops reach about 0.8; 0.72 between them",
+        ),
+        MemoryType(
+            "LPDDR4X",
+            0.75,
+            3200,
+            4266,
+            "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
+            "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle",
+        ),
+        MemoryType(
+            "LPDDR5",
+            0.75,
+            4800,
+            6400,
+            "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
+            "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle",
+        ),
+        MemoryType(
+            "LPDDR5X",
+            0.75,
+            6400,
+            10700,
+            "laptop LPDDR read benchmarks reach 0.65-0.85 of the theoretical figure "
+            "(https://www.notebookchat.com/index.php?action=post&quote=738429&topic=296818); the middle",
+        ),
+    )
+}
 
 #: Configurations shown as examples (the GUI's host presets and the docs' table).
-EXAMPLE_CONFIGS: tuple[str, ...] = ("DDR4-2666x2", "DDR4-3200x2", "DDR4-3600x2", "DDR4-3200x4", "DDR5-4800x2",
-                                    "DDR5-5600x2", "DDR5-6000x2", "DDR5-6400x2", "DDR5-4800x8", "LPDDR5-6400x2",
-                                    "LPDDR5X-8533x2")
+EXAMPLE_CONFIGS: tuple[str, ...] = (
+    "DDR4-2666x2",
+    "DDR4-3200x2",
+    "DDR4-3600x2",
+    "DDR4-3200x4",
+    "DDR5-4800x2",
+    "DDR5-5600x2",
+    "DDR5-6000x2",
+    "DDR5-6400x2",
+    "DDR5-4800x8",
+    "LPDDR5-6400x2",
+    "LPDDR5X-8533x2",
+)
 
 
 class HostMemoryError(ValueError):
@@ -99,9 +142,15 @@ class HostMemory:
 
     def to_dict(self) -> dict[str, object]:
         """``{"name", "type", "mt_s", "channels", "theoretical_bytes_s", "typical_bytes_s", "source"}``."""
-        return {"name": self.name, "type": self.kind, "mt_s": self.mt_s, "channels": self.channels,
-                "theoretical_bytes_s": self.theoretical_bytes_s, "typical_bytes_s": self.typical_bytes_s,
-                "source": self.source}
+        return {
+            "name": self.name,
+            "type": self.kind,
+            "mt_s": self.mt_s,
+            "channels": self.channels,
+            "theoretical_bytes_s": self.theoretical_bytes_s,
+            "typical_bytes_s": self.typical_bytes_s,
+            "source": self.source,
+        }
 
 
 def parse_host_memory(text: str) -> HostMemory:
@@ -115,12 +164,14 @@ def parse_host_memory(text: str) -> HostMemory:
     t = re.sub(r"[\s_-]+", "-", (text or "").strip()).upper()
     m = re.fullmatch(r"([A-Z0-9]+)-(\d{3,5})(?:-?MT/?S)?-?X-?(\d{1,2})", t)
     if not m:
-        raise HostMemoryError(f"{text.strip()!r} is not a memory configuration: give TYPE-MTSxCHANNELS, "
-                              "e.g. DDR4-3200x2 or DDR5-6000x2")
+        raise HostMemoryError(
+            f"{text.strip()!r} is not a memory configuration: give TYPE-MTSxCHANNELS, e.g. DDR4-3200x2 or DDR5-6000x2"
+        )
     kind, mt_s, channels = m.group(1), int(m.group(2)), int(m.group(3))
     if kind not in MEMORY_TYPES:
-        raise HostMemoryError(f"{text.strip()!r}: memory type {kind} is not known; give one of "
-                              f"{', '.join(MEMORY_TYPES)}")
+        raise HostMemoryError(
+            f"{text.strip()!r}: memory type {kind} is not known; give one of {', '.join(MEMORY_TYPES)}"
+        )
     mt = MEMORY_TYPES[kind]
     if not mt.min_mt_s <= mt_s <= mt.max_mt_s:
         raise HostMemoryError(f"{text.strip()!r}: {kind} runs at {mt.min_mt_s}-{mt.max_mt_s} MT/s, not {mt_s}")

@@ -157,8 +157,13 @@ def detect_gpus() -> list[GpuSpec]:
         entry = match_nvml_name(name, int(mem.total))
         gpus.append(
             GpuSpec(
-                name=name, total_bytes=int(mem.total), free_bytes=int(mem.free), index=i,
-                mem_bandwidth_bytes_s=bw, pcie_bandwidth_bytes_s=pcie, catalogue=entry.name if entry else None,
+                name=name,
+                total_bytes=int(mem.total),
+                free_bytes=int(mem.free),
+                index=i,
+                mem_bandwidth_bytes_s=bw,
+                pcie_bandwidth_bytes_s=pcie,
+                catalogue=entry.name if entry else None,
                 source="nvml",
             )
         )
@@ -186,7 +191,7 @@ def _process_name(pid: int) -> str:
         return ""
 
 
-def gpu_processes(handles: "list[tuple[int, Any]] | None" = None) -> tuple[GpuProcess, ...]:
+def gpu_processes(handles: list[tuple[int, Any]] | None = None) -> tuple[GpuProcess, ...]:
     """Every process NVML lists on each GPU (``nvmlDeviceGetComputeRunningProcesses`` and
     ``...GraphicsRunningProcesses``; a pid on both counts once, with the larger figure). Empty
     without NVML. ``handles``: ``(index, handle)`` pairs (default: every GPU)."""

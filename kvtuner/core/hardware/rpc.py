@@ -117,8 +117,10 @@ def query_endpoint(endpoint: str, timeout_s: float = 3.0, rtt_samples: int = 5) 
             rsp = _call(sock, RPC_CMD_HELLO, bytes(RPC_CONN_CAPS_SIZE), 4 + RPC_CONN_CAPS_SIZE)
             version = (rsp[0], rsp[1], rsp[2])
             if version[0] != RPC_PROTO_MAJOR or version[1] > RPC_PROTO_MINOR:
-                raise RpcError(f"--rpc {endpoint}: rpc-server speaks protocol {'.'.join(map(str, version))}, this llama.cpp "
-                               f"{RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}: run the same llama.cpp build on both sides")
+                raise RpcError(
+                    f"--rpc {endpoint}: rpc-server speaks protocol {'.'.join(map(str, version))}, this llama.cpp "
+                    f"{RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}: run the same llama.cpp build on both sides"
+                )
             times = []
             count = 0
             for _ in range(max(1, rtt_samples)):
@@ -134,19 +136,31 @@ def query_endpoint(endpoint: str, timeout_s: float = 3.0, rtt_samples: int = 5) 
         raise RpcError(msg if msg.startswith("--rpc") else f"--rpc {endpoint}: {msg}") from None
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise RpcError(f"--rpc {endpoint}: cannot reach rpc-server ({reason}): start 'rpc-server -H HOST -p {port}' there, "
-                       f"or plan a what-if device with {endpoint}=24G") from None
+        raise RpcError(
+            f"--rpc {endpoint}: cannot reach rpc-server ({reason}): start 'rpc-server -H HOST -p {port}' there, "
+            f"or plan a what-if device with {endpoint}=24G"
+        ) from None
     times.sort()
-    return RpcEndpointInfo(endpoint=f"{host}:{port}", version=version, devices=tuple(devices), rtt_s=times[len(times) // 2])
+    return RpcEndpointInfo(
+        endpoint=f"{host}:{port}", version=version, devices=tuple(devices), rtt_s=times[len(times) // 2]
+    )
 
 
 def rpc_devices(info: RpcEndpointInfo) -> list[GpuSpec]:
     """One :class:`GpuSpec` per device of a queried server (``RPC<i>[host:port]``); free and total
     memory as it reported them (llama.cpp splits layers by that free memory when ``-ts`` is absent),
     the measured round trip as the link's."""
-    return [GpuSpec(name=f"rpc-server {info.endpoint} device {i}", total_bytes=total, free_bytes=free, index=i,
-                    endpoint=info.endpoint, link_rtt_s=info.rtt_s)
-            for i, (free, total) in enumerate(info.devices)]
+    return [
+        GpuSpec(
+            name=f"rpc-server {info.endpoint} device {i}",
+            total_bytes=total,
+            free_bytes=free,
+            index=i,
+            endpoint=info.endpoint,
+            link_rtt_s=info.rtt_s,
+        )
+        for i, (free, total) in enumerate(info.devices)
+    ]
 
 
 def what_if_rpc_device(endpoint: str, capacity: str) -> GpuSpec:
@@ -167,8 +181,17 @@ def what_if_rpc_device(endpoint: str, capacity: str) -> GpuSpec:
             g = find_gpu(capacity)
         except UnknownGpuError as exc:
             raise RpcError(f"--rpc {ep}={capacity}: neither a size (24G) nor a known card ({exc})") from None
-        return GpuSpec(name=f"{g.name} via rpc-server {ep} (what-if)", total_bytes=g.vram_bytes, index=0,
-                       mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, what_if=True, catalogue=g.name, endpoint=ep)
+        return GpuSpec(
+            name=f"{g.name} via rpc-server {ep} (what-if)",
+            total_bytes=g.vram_bytes,
+            index=0,
+            mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s,
+            what_if=True,
+            catalogue=g.name,
+            endpoint=ep,
+        )
     if n < (1 << 20):
         raise RpcError(f"--rpc {ep}={capacity}: {n} bytes is too small for a device: give a unit, e.g. 24G")
-    return GpuSpec(name=f"what-if {n / (1 << 30):g} GiB via rpc-server {ep}", total_bytes=n, index=0, what_if=True, endpoint=ep)
+    return GpuSpec(
+        name=f"what-if {n / (1 << 30):g} GiB via rpc-server {ep}", total_bytes=n, index=0, what_if=True, endpoint=ep
+    )

@@ -109,7 +109,11 @@ class HostSpec:
         if self.mem_bandwidth_bytes_s:
             bw = f"{self.mem_bandwidth_bytes_s / 1e9:.1f} GB/s achieved"
             if self.memory:
-                theo = f"{self.mem_theoretical_bytes_s / 1e9:.1f} GB/s theoretical, " if self.mem_theoretical_bytes_s else ""
+                theo = (
+                    f"{self.mem_theoretical_bytes_s / 1e9:.1f} GB/s theoretical, "
+                    if self.mem_theoretical_bytes_s
+                    else ""
+                )
                 parts.append(f"{self.memory} ({theo}{bw})")
             else:
                 parts.append(f"RAM at {bw}")
@@ -124,10 +128,15 @@ class HostSpec:
         """The ``speed.host`` object of ``plan --json``: ``name`` (:meth:`describe`), ``what_if``,
         ``memory``, ``mem_bandwidth_bytes_s``, ``mem_theoretical_bytes_s``, ``n_cores``, ``pcie``
         (``"4.0 x16"`` or None)."""
-        return {"name": self.describe(), "what_if": self.what_if, "memory": self.memory,
-                "mem_bandwidth_bytes_s": self.mem_bandwidth_bytes_s, "mem_theoretical_bytes_s": self.mem_theoretical_bytes_s,
-                "n_cores": self.n_cores,
-                "pcie": f"{self.pcie_link[0]}.0 x{self.pcie_link[1]}" if self.pcie_link else None}
+        return {
+            "name": self.describe(),
+            "what_if": self.what_if,
+            "memory": self.memory,
+            "mem_bandwidth_bytes_s": self.mem_bandwidth_bytes_s,
+            "mem_theoretical_bytes_s": self.mem_theoretical_bytes_s,
+            "n_cores": self.n_cores,
+            "pcie": f"{self.pcie_link[0]}.0 x{self.pcie_link[1]}" if self.pcie_link else None,
+        }
 
     def speed_key(self) -> tuple:
         """What of the host a speed prediction depends on (the cache key of the speed inputs)."""
@@ -164,6 +173,12 @@ def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
         from .vendors import unified_gpu_spec
 
         return unified_gpu_spec(g, index=index)
-    return GpuSpec(name=f"{g.name} (what-if)", total_bytes=g.vram_bytes, index=index,
-                   mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
-                   what_if=True, catalogue=g.name)
+    return GpuSpec(
+        name=f"{g.name} (what-if)",
+        total_bytes=g.vram_bytes,
+        index=index,
+        mem_bandwidth_bytes_s=g.mem_bandwidth_bytes_s,
+        pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
+        what_if=True,
+        catalogue=g.name,
+    )

@@ -52,21 +52,21 @@ PCI_VENDOR_INTEL = 0x8086
 #: amdgpu APUs by PCI device id (Linux pci.ids): their "VRAM" is a carve-out of system RAM and
 #: their GTT pool is system RAM too, so VRAM + GTT is one budget shared with the CPU.
 AMD_APU_DEVICE_IDS: dict[int, str] = {
-    0x1586: "Strix Halo",     # Radeon 8050S/8060S (gfx1151)
-    0x150E: "Strix Point",    # Radeon 880M/890M (gfx1150)
-    0x15BF: "Phoenix",        # Radeon 780M (gfx1103)
+    0x1586: "Strix Halo",  # Radeon 8050S/8060S (gfx1151)
+    0x150E: "Strix Point",  # Radeon 880M/890M (gfx1150)
+    0x15BF: "Phoenix",  # Radeon 780M (gfx1103)
     0x15C8: "Phoenix2",
-    0x1681: "Rembrandt",      # Radeon 680M (gfx1035)
+    0x1681: "Rembrandt",  # Radeon 680M (gfx1035)
 }
 
 #: amdgpu discrete cards by PCI device id (Linux pci.ids); the VRAM size picks the model where a
 #: chip serves several (Navi 31: 7900 XTX 24 GiB, 7900 XT 20 GiB, 7900 GRE 16 GiB).
 AMD_DGPU_DEVICE_IDS: dict[int, str] = {
-    0x744C: "Navi 31",   # RX 7900 XTX / XT / GRE
-    0x747E: "Navi 32",   # RX 7800 XT / 7700 XT
-    0x7480: "Navi 33",   # RX 7600 / 7600 XT
-    0x7550: "Navi 48",   # RX 9070 XT / 9070
-    0x7590: "Navi 44",   # RX 9060 XT
+    0x744C: "Navi 31",  # RX 7900 XTX / XT / GRE
+    0x747E: "Navi 32",  # RX 7800 XT / 7700 XT
+    0x7480: "Navi 33",  # RX 7600 / 7600 XT
+    0x7550: "Navi 48",  # RX 9070 XT / 9070
+    0x7590: "Navi 44",  # RX 9060 XT
 }
 
 _NAVI_MODELS = {  # chip -> catalogue names, any of which the VRAM size picks
@@ -94,7 +94,7 @@ FLAG_TEXT = {
     FLAG_FREE_ABOVE_TOTAL: "free memory reported above the total: the reading is not trusted",
     FLAG_USED_PLUS_FREE_ABOVE_TOTAL: "used + free above the total: figures from different books, not trusted",
     FLAG_FREE_ABOVE_DRIVER: "the backend reports more free memory than the driver leaves unused "
-                            "(ROCm does not see other processes' VRAM); the driver's figure is used",
+    "(ROCm does not see other processes' VRAM); the driver's figure is used",
 }
 
 #: Disagreement tolerated between two books before a reading is flagged (page and allocation
@@ -102,8 +102,14 @@ FLAG_TEXT = {
 READING_SLACK_BYTES = 64 * MiB
 
 
-def check_reading(total_bytes: int, free_bytes: int | None, used_bytes: int | None = None, *,
-                  driver_used_bytes: int | None = None, slack_bytes: int = READING_SLACK_BYTES) -> tuple[str, ...]:
+def check_reading(
+    total_bytes: int,
+    free_bytes: int | None,
+    used_bytes: int | None = None,
+    *,
+    driver_used_bytes: int | None = None,
+    slack_bytes: int = READING_SLACK_BYTES,
+) -> tuple[str, ...]:
     """Flags (``FLAG_*``) for a memory reading that contradicts itself or the driver; empty when
     it is consistent.
 
@@ -117,14 +123,18 @@ def check_reading(total_bytes: int, free_bytes: int | None, used_bytes: int | No
         flags.append(FLAG_FREE_ABOVE_TOTAL)
     if free_bytes is not None and used_bytes is not None and used_bytes + free_bytes > total_bytes + slack_bytes:
         flags.append(FLAG_USED_PLUS_FREE_ABOVE_TOTAL)
-    if (free_bytes is not None and driver_used_bytes is not None
-            and free_bytes > total_bytes - driver_used_bytes + slack_bytes):
+    if (
+        free_bytes is not None
+        and driver_used_bytes is not None
+        and free_bytes > total_bytes - driver_used_bytes + slack_bytes
+    ):
         flags.append(FLAG_FREE_ABOVE_DRIVER)
     return tuple(flags)
 
 
-def trusted_free_bytes(total_bytes: int, free_bytes: int | None, flags: Iterable[str],
-                       driver_used_bytes: int | None = None) -> int | None:
+def trusted_free_bytes(
+    total_bytes: int, free_bytes: int | None, flags: Iterable[str], driver_used_bytes: int | None = None
+) -> int | None:
     """The free memory to plan with: the reading when unflagged; with the driver's used figure,
     ``total - driver used``; else None (not trusted, planned as unknown)."""
     flags = tuple(flags)
@@ -220,8 +230,10 @@ def read_sysfs_gpus(root: str | os.PathLike[str] | None = None) -> list[SysfsGpu
     base = Path(root) if root is not None else sysfs_root()
     drm = base / "class" / "drm"
     try:
-        cards = sorted((p for p in drm.iterdir() if p.name.startswith("card") and p.name[4:].isdigit()),
-                       key=lambda p: int(p.name[4:]))
+        cards = sorted(
+            (p for p in drm.iterdir() if p.name.startswith("card") and p.name[4:].isdigit()),
+            key=lambda p: int(p.name[4:]),
+        )
     except OSError:
         return []
     out: list[SysfsGpu] = []
@@ -242,14 +254,40 @@ def read_sysfs_gpus(root: str | os.PathLike[str] | None = None) -> list[SysfsGpu
             if gtt_total is not None and gtt_used is not None and gtt_used > gtt_total:
                 flags = (*flags, "gtt-used-above-total")
             name, entry = _amd_name(device_id, total)
-            out.append(SysfsGpu(card.name, "AMD", device_id, name, device_id in AMD_APU_DEVICE_IDS, total, used,
-                                gtt_total, gtt_used, "sysfs amdgpu mem_info_vram_*/mem_info_gtt_*", flags, entry))
+            out.append(
+                SysfsGpu(
+                    card.name,
+                    "AMD",
+                    device_id,
+                    name,
+                    device_id in AMD_APU_DEVICE_IDS,
+                    total,
+                    used,
+                    gtt_total,
+                    gtt_used,
+                    "sysfs amdgpu mem_info_vram_*/mem_info_gtt_*",
+                    flags,
+                    entry,
+                )
+            )
         elif vendor == PCI_VENDOR_INTEL:
             total = _read_int(dev / "tile0" / "vram0" / "physical_vram_size_bytes")
             if not total:
                 continue  # i915, or an iGPU: no memory figures in sysfs
-            out.append(SysfsGpu(card.name, "Intel", device_id, f"Intel GPU {device_id:#06x}", False, total, None,
-                                None, None, "sysfs xe tile0/vram0/physical_vram_size_bytes"))
+            out.append(
+                SysfsGpu(
+                    card.name,
+                    "Intel",
+                    device_id,
+                    f"Intel GPU {device_id:#06x}",
+                    False,
+                    total,
+                    None,
+                    None,
+                    None,
+                    "sysfs xe tile0/vram0/physical_vram_size_bytes",
+                )
+            )
     return out
 
 
@@ -263,12 +301,22 @@ def sysfs_gpu_specs(first_index: int = 0, root: str | os.PathLike[str] | None = 
         entry = GPU_CATALOGUE.get(g.catalogue or "")
         used = g.budget_used_bytes
         free = None if used is None or g.flags else max(g.budget_bytes - used, 0)
-        specs.append(GpuSpec(name=g.name, total_bytes=g.budget_bytes, free_bytes=free, index=first_index + i,
-                             mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
-                             pcie_bandwidth_bytes_s=entry.pcie_bandwidth_bytes_s if entry else None,
-                             catalogue=g.catalogue, backend="ROCm" if g.vendor == "AMD" else "SYCL",
-                             unified=g.apu, ram_bytes=_ram_bytes() if g.apu else None,
-                             source=g.source, flags=g.flags))
+        specs.append(
+            GpuSpec(
+                name=g.name,
+                total_bytes=g.budget_bytes,
+                free_bytes=free,
+                index=first_index + i,
+                mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+                pcie_bandwidth_bytes_s=entry.pcie_bandwidth_bytes_s if entry else None,
+                catalogue=g.catalogue,
+                backend="ROCm" if g.vendor == "AMD" else "SYCL",
+                unified=g.apu,
+                ram_bytes=_ram_bytes() if g.apu else None,
+                source=g.source,
+                flags=g.flags,
+            )
+        )
     return specs
 
 
@@ -305,15 +353,17 @@ def read_wired_limit_mb() -> int | None:
     if sys.platform != "darwin":
         return None
     try:
-        out = subprocess.run(["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True,
-                             timeout=2).stdout.strip()
+        out = subprocess.run(
+            ["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True, timeout=2
+        ).stdout.strip()
         return int(out) if out else None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 
-def unified_gpu_spec(model: GpuModel, index: int = 0, ram_bytes: int | None = None,
-                     wired_limit_mb: int | None = None) -> GpuSpec:
+def unified_gpu_spec(
+    model: GpuModel, index: int = 0, ram_bytes: int | None = None, wired_limit_mb: int | None = None
+) -> GpuSpec:
     """A what-if unified-memory chip of the catalogue (``--gpu "M2 Max"``, ``--gpu "Strix Halo"``):
     ``ram_bytes`` (default the entry's memory) is the one pool; the GPU part is Metal's working
     set on Apple (:func:`metal_working_set_bytes`), on an AMD APU the same three-quarter share
@@ -321,9 +371,19 @@ def unified_gpu_spec(model: GpuModel, index: int = 0, ram_bytes: int | None = No
     ram = ram_bytes or model.vram_bytes
     gpu = metal_working_set_bytes(ram, wired_limit_mb)
     backend = "Metal" if model.vendor == "Apple" else "Vulkan"
-    return GpuSpec(name=f"{model.name} (what-if)", total_bytes=gpu, index=index,
-                   mem_bandwidth_bytes_s=model.mem_bandwidth_bytes_s, pcie_bandwidth_bytes_s=model.mem_bandwidth_bytes_s,
-                   what_if=True, catalogue=model.name, backend=backend, unified=True, ram_bytes=ram, source="catalogue")
+    return GpuSpec(
+        name=f"{model.name} (what-if)",
+        total_bytes=gpu,
+        index=index,
+        mem_bandwidth_bytes_s=model.mem_bandwidth_bytes_s,
+        pcie_bandwidth_bytes_s=model.mem_bandwidth_bytes_s,
+        what_if=True,
+        catalogue=model.name,
+        backend=backend,
+        unified=True,
+        ram_bytes=ram,
+        source="catalogue",
+    )
 
 
 # -- a llama-server's devices -------------------------------------------------------------------
@@ -332,8 +392,7 @@ def unified_gpu_spec(model: GpuModel, index: int = 0, ram_bytes: int | None = No
 GPU_BACKENDS = ("CUDA", "ROCm", "Vulkan", "Metal", "SYCL", "MUSA", "CANN", "OpenCL")
 
 
-def engine_gpu_specs(devices: Iterable[Any], first_index: int = 0,
-                     sysfs: Iterable[SysfsGpu] = ()) -> list[GpuSpec]:
+def engine_gpu_specs(devices: Iterable[Any], first_index: int = 0, sysfs: Iterable[SysfsGpu] = ()) -> list[GpuSpec]:
     """GpuSpecs of an engine's ``--list-devices`` devices (:class:`kvtuner.runner.engines.EngineDevice`:
     name, description, total and free MiB). A device whose description names a sysfs card's
     catalogue entry is checked against that card's driver figure (:data:`FLAG_FREE_ABOVE_DRIVER`).
@@ -360,13 +419,22 @@ def engine_gpu_specs(devices: Iterable[Any], first_index: int = 0,
                 driver_used = c.budget_used_bytes
         flags = check_reading(total, free, driver_used_bytes=driver_used)
         unified = backend == "Metal" or (entry is not None and entry.unified)
-        out.append(GpuSpec(name=f"{d.name}: {desc}", total_bytes=total,
-                           free_bytes=trusted_free_bytes(total, free, flags, driver_used), index=first_index + len(out),
-                           mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
-                           pcie_bandwidth_bytes_s=entry.pcie_bandwidth_bytes_s if entry else None,
-                           catalogue=entry.name if entry else None, backend=backend, unified=unified,
-                           ram_bytes=_ram_bytes() if unified else None, source="llama-server --list-devices",
-                           flags=flags))
+        out.append(
+            GpuSpec(
+                name=f"{d.name}: {desc}",
+                total_bytes=total,
+                free_bytes=trusted_free_bytes(total, free, flags, driver_used),
+                index=first_index + len(out),
+                mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+                pcie_bandwidth_bytes_s=entry.pcie_bandwidth_bytes_s if entry else None,
+                catalogue=entry.name if entry else None,
+                backend=backend,
+                unified=unified,
+                ram_bytes=_ram_bytes() if unified else None,
+                source="llama-server --list-devices",
+                flags=flags,
+            )
+        )
     return out
 
 
@@ -393,11 +461,21 @@ def apple_gpu_specs(index: int = 0) -> list[GpuSpec]:
         entry = find_gpu(chip)
     except UnknownGpuError:
         entry = None
-    return [GpuSpec(name=f"{chip} GPU", total_bytes=total, free_bytes=min(int(vm.available), total), index=index,
-                    mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
-                    pcie_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
-                    catalogue=entry.name if entry else None, backend="Metal", unified=True, ram_bytes=ram,
-                    source="psutil + Metal working set")]
+    return [
+        GpuSpec(
+            name=f"{chip} GPU",
+            total_bytes=total,
+            free_bytes=min(int(vm.available), total),
+            index=index,
+            mem_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+            pcie_bandwidth_bytes_s=entry.mem_bandwidth_bytes_s if entry else None,
+            catalogue=entry.name if entry else None,
+            backend="Metal",
+            unified=True,
+            ram_bytes=ram,
+            source="psutil + Metal working set",
+        )
+    ]
 
 
 def detect_all_gpus() -> list[GpuSpec]:

@@ -52,9 +52,7 @@ def kv_type(name: str) -> GgmlType:
     try:
         return KV_CACHE_TYPES[key]
     except KeyError:
-        raise ValueError(
-            f"unknown KV cache type '{name}': use one of {', '.join(KV_CACHE_TYPES)}"
-        ) from None
+        raise ValueError(f"unknown KV cache type '{name}': use one of {', '.join(KV_CACHE_TYPES)}") from None
 
 
 def row_size(t: GgmlType, n_elements: int) -> int:

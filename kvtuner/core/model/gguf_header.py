@@ -275,7 +275,9 @@ def _parse(buf: mmap.mmap | bytes, size: int, p: Path, part: int) -> GGUFHeader:
         for d in shape:
             n_elements *= d
         if shape[0] % block:
-            raise GGUFError(f"{p}: corrupt: tensor {printable(name)} row of {shape[0]} is not a multiple of its block size {block}")
+            raise GGUFError(
+                f"{p}: corrupt: tensor {printable(name)} row of {shape[0]} is not a multiple of its block size {block}"
+            )
         n_bytes = n_elements // block * type_size
         start = data_offset + rel
         if start + n_bytes > size:

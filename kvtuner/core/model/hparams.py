@@ -26,32 +26,98 @@ from .structure import LayerRole, ModelStructure
 #: Pure recurrent architectures (llama-arch.cpp ``llm_arch_is_recurrent``).
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 #: Hybrid attention/recurrent architectures (llama-arch.cpp ``llm_arch_is_hybrid``).
-HYBRID_ARCHS = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
-    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01",
-})
+HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
 #: Architectures ``create_memory`` builds a special memory for (DSA/MSA indexer caches, DSV4,
 #: an assistant model sharing another context's KV) or none at all (encoders, diffusion):
 #: kvtuner has no rule for them; a probe or the approximate label covers them.
-SPECIAL_MEMORY_ARCHS = frozenset({
-    "minimax-m3", "glm-dsa", "deepseek32", "glm5-next", "hy-v4", "dots3note", "deepseek4", "dflash",
-    "gemma4-assistant", "qwen4exp", "kimi-linear", "kimi-k3", "bailingmoe3", "minimax-01",
-})
+SPECIAL_MEMORY_ARCHS = frozenset(
+    {
+        "minimax-m3",
+        "glm-dsa",
+        "deepseek32",
+        "glm5-next",
+        "hy-v4",
+        "dots3note",
+        "deepseek4",
+        "dflash",
+        "gemma4-assistant",
+        "qwen4exp",
+        "kimi-linear",
+        "kimi-k3",
+        "bailingmoe3",
+        "minimax-01",
+    }
+)
 #: Architectures whose loader skips MTP/NextN tensors unless ``load_mtp`` (src/models/*.cpp
 #: ``mtp_flags = TENSOR_SKIP``): those weights are never loaded in a plain run.
-SKIPS_MTP_ARCHS = frozenset({
-    "bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4", "glm-dsa", "glm4moe", "glm5-next",
-    "hy-v3", "mimo2", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe", "qwen3next", "step35",
-})
+SKIPS_MTP_ARCHS = frozenset(
+    {
+        "bailingmoe3",
+        "cohere2moe",
+        "deepseek2",
+        "deepseek32",
+        "deepseek4",
+        "glm-dsa",
+        "glm4moe",
+        "glm5-next",
+        "hy-v3",
+        "mimo2",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen35",
+        "qwen35moe",
+        "qwen3next",
+        "step35",
+    }
+)
 
 #: Architectures whose structure rules below are checked against llama.cpp's dry run in the
 #: tests (tests/test_plan_vs_llama.py, tests/test_model_families.py, tests/test_model_variants.py).
-TESTED_ARCHS = frozenset({
-    "llama", "deci", "gemma3", "deepseek2", "mamba",
-    "qwen35", "qwen35moe", "qwen3next", "falcon-h1", "nemotron_h", "granitehybrid", "lfm2",
-    "llama4", "gemma3n", "gemma4", "glm4moe", "gpt-oss", "qwen2", "qwen3", "stablelm",
-})
+TESTED_ARCHS = frozenset(
+    {
+        "llama",
+        "deci",
+        "gemma3",
+        "deepseek2",
+        "mamba",
+        "qwen35",
+        "qwen35moe",
+        "qwen3next",
+        "falcon-h1",
+        "nemotron_h",
+        "granitehybrid",
+        "lfm2",
+        "llama4",
+        "gemma3n",
+        "gemma4",
+        "glm4moe",
+        "gpt-oss",
+        "qwen2",
+        "qwen3",
+        "stablelm",
+    }
+)
 
 
 class Meta:
@@ -87,8 +153,9 @@ class Meta:
         return v
 
     # annotations below name the builtin explicitly: in this class body `int` is the method above
-    def per_layer(self, template: str, n_layer: builtins.int,
-                  default: builtins.int | tuple[builtins.int, ...] | None) -> tuple[builtins.int, ...] | None:
+    def per_layer(
+        self, template: str, n_layer: builtins.int, default: builtins.int | tuple[builtins.int, ...] | None
+    ) -> tuple[builtins.int, ...] | None:
         """Scalar-or-array key (llama.cpp ``get_key_or_arr``): ``n_layer`` values.
 
         Raises:
@@ -282,7 +349,9 @@ def _apply_arch_rules(m: Meta, hp: Hparams, r: _Rules) -> None:
         # layers read the KV of earlier ones
         arr = m.bool_array("{arch}.attention.sliding_window_pattern", L)
         if arr is None:
-            raise GGUFError(f"{m.path}: missing metadata array {m.key('{arch}.attention.sliding_window_pattern')} (gemma4 needs it)")
+            raise GGUFError(
+                f"{m.path}: missing metadata array {m.key('{arch}.attention.sliding_window_pattern')} (gemma4 needs it)"
+            )
         r.swa_type = "standard"
         r.is_swa = list(arr) + [False] * (L - len(arr))
         r.kv_from_start = L - m.int("{arch}.attention.shared_kv_layers", 0)
@@ -402,29 +471,64 @@ def derive_structure(m: Meta, hp: Hparams, layer_bytes: tuple[int, ...] = ()) ->
     reuse = [-1] * L
     if a in ("gemma3n", "gemma4") and not hybrid:
         if r.kv_from_start < 2:
-            raise GGUFError(f"{m.path}: {a} needs at least 2 layers with their own KV cache (shared_kv_layers too large)")
+            raise GGUFError(
+                f"{m.path}: {a} needs at least 2 layers with their own KV cache (shared_kv_layers too large)"
+            )
         for il in range(r.kv_from_start, L):
             reuse[il] = r.kv_from_start - (2 if r.is_swa[il] else 1)
 
     is_mla = m.int("{arch}.attention.key_length_mla", 0) > 0 and m.int("{arch}.attention.value_length_mla", 0) > 0
     state_r, state_s = _state_sizes(m, hp) if any(recr) else (0, 0)
     layers = tuple(
-        LayerRole(il=il, kv=attn[il], swa=r.is_swa[il], reuse=reuse[il], recurrent=recr[il], nextn=il >= N,
-                  k_width=head_k(il) * hp.n_head_kv[il], v_width=head_v(il) * hp.n_head_kv[il],
-                  head_k=head_k(il), head_v=head_v(il))
+        LayerRole(
+            il=il,
+            kv=attn[il],
+            swa=r.is_swa[il],
+            reuse=reuse[il],
+            recurrent=recr[il],
+            nextn=il >= N,
+            k_width=head_k(il) * hp.n_head_kv[il],
+            v_width=head_v(il) * hp.n_head_kv[il],
+            head_k=head_k(il),
+            head_v=head_v(il),
+        )
         for il in range(L)
     )
     v_width_max = max((x.v_width for x in layers), default=0)
-    skipped = tuple(layer_bytes[il] if (il >= N and a in SKIPS_MTP_ARCHS and il < len(layer_bytes)) else 0
-                    for il in range(L)) if layer_bytes else ()
+    skipped = (
+        tuple(layer_bytes[il] if (il >= N and a in SKIPS_MTP_ARCHS and il < len(layer_bytes)) else 0 for il in range(L))
+        if layer_bytes
+        else ()
+    )
     if a in SPECIAL_MEMORY_ARCHS:
-        source, note = "approximate", (f"{a}: llama.cpp builds a special cache for this architecture that kvtuner "
-                                       "does not model; figures are approximate")
+        source, note = (
+            "approximate",
+            (
+                f"{a}: llama.cpp builds a special cache for this architecture that kvtuner "
+                "does not model; figures are approximate"
+            ),
+        )
     elif a in TESTED_ARCHS:
         source, note = "analytic", ""
     else:
-        source, note = "approximate", (f"{a}: kvtuner's per-layer rules for this architecture are not checked "
-                                       "against llama.cpp; figures are approximate")
-    return ModelStructure(layers=layers, n_layer=N, memory=memory, n_swa=r.n_swa, swa_type=r.swa_type,
-                          state_r=state_r, state_s=state_s, is_mla=is_mla, v_width_max=v_width_max,
-                          source=source, note=note, skipped_layer_bytes=skipped)
+        source, note = (
+            "approximate",
+            (
+                f"{a}: kvtuner's per-layer rules for this architecture are not checked "
+                "against llama.cpp; figures are approximate"
+            ),
+        )
+    return ModelStructure(
+        layers=layers,
+        n_layer=N,
+        memory=memory,
+        n_swa=r.n_swa,
+        swa_type=r.swa_type,
+        state_r=state_r,
+        state_s=state_s,
+        is_mla=is_mla,
+        v_width_max=v_width_max,
+        source=source,
+        note=note,
+        skipped_layer_bytes=skipped,
+    )

@@ -6,9 +6,10 @@ A kvtuner profile and the working-configs library use it to tell "the same model
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..jsonfields import require_object
 from ..jsonfields import typed_field as _typed
@@ -36,7 +37,7 @@ class ModelIdentity:
     name: str | None = None
 
     @classmethod
-    def from_profile(cls, profile: Any) -> "ModelIdentity":
+    def from_profile(cls, profile: Any) -> ModelIdentity:
         """From a :class:`kvtuner.core.model.profile.ModelProfile`."""
         return cls(
             file_name=profile.file_name,
@@ -48,7 +49,7 @@ class ModelIdentity:
         )
 
     @classmethod
-    def from_path(cls, path: str | Path) -> "ModelIdentity":
+    def from_path(cls, path: str | Path) -> ModelIdentity:
         """Read the file's header (never its weights).
 
         Raises:
@@ -63,7 +64,7 @@ class ModelIdentity:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelIdentity":
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelIdentity:
         """Inverse of :meth:`to_dict`; a missing key or a value of the wrong type raises
         ``ValueError`` naming it."""
         data = require_object(data, "model")
@@ -82,6 +83,6 @@ class ModelIdentity:
             raise ValueError("model.file_bytes must not be negative")
         return out
 
-    def same_file_as(self, other: "ModelIdentity") -> bool:
+    def same_file_as(self, other: ModelIdentity) -> bool:
         """True when size and header hash agree (the file name may differ: a renamed copy)."""
         return self.file_bytes == other.file_bytes and self.header_sha256 == other.header_sha256

@@ -18,15 +18,25 @@ from typing import Any
 import gguf
 
 from .gguf_header import ArrayInfo, GGUFError, GGUFHeader, TensorInfo, printable, read_header
-from .hparams import HYBRID_ARCHS, RECURRENT_ARCHS, Meta, derive_structure, read_hparams
-from .structure import LayerRole, ModelStructure
+from .hparams import RECURRENT_ARCHS, Meta, derive_structure, read_hparams
+from .structure import ModelStructure
 
 __all__ = ["GGUFError", "ModelProfile", "ModelStructure", "split_parts"]
 
 #: Architectures that are not language models (no causal text generation) -> refused.
 NOT_LANGUAGE_MODELS = {
-    "clip", "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
-    "eurobert", "modern-bert", "gemma-embedding", "wavtokenizer-dec", "t5encoder",
+    "clip",
+    "bert",
+    "nomic-bert",
+    "nomic-bert-moe",
+    "jina-bert-v2",
+    "jina-bert-v3",
+    "neo-bert",
+    "eurobert",
+    "modern-bert",
+    "gemma-embedding",
+    "wavtokenizer-dec",
+    "t5encoder",
 }
 #: general.type values that are not models llama.cpp generates text with.
 NOT_MODEL_TYPES = {"mmproj", "adapter", "clip-vision", "vocab"}
@@ -139,7 +149,9 @@ class ModelProfile:
     @property
     def weights_bytes(self) -> int:
         """All tensor bytes in the file(s)."""
-        return self.input_bytes + sum(self.layer_bytes) + self.output_bytes - (self.embd_bytes if self.tied_output else 0)
+        return (
+            self.input_bytes + sum(self.layer_bytes) + self.output_bytes - (self.embd_bytes if self.tied_output else 0)
+        )
 
     @property
     def attention_kind(self) -> str:
@@ -195,7 +207,7 @@ class ModelProfile:
         heads (DeciLM) still gets a zero-width entry."""
         return self.structure.layers[il].kv
 
-    def with_structure(self, structure: ModelStructure) -> "ModelProfile":
+    def with_structure(self, structure: ModelStructure) -> ModelProfile:
         """A copy planned with another structure (a probe of the installed llama.cpp).
 
         Raises:
@@ -228,16 +240,26 @@ class ModelProfile:
             "n_ctx_train": self.n_ctx_train,
             "n_swa": self.n_swa,
             "swa_layers": [i for i, s in enumerate(self.swa_layers) if s],
-            "mla": {"kv_lora_rank": self.mla_kv_lora_rank, "head_dim_k": self.mla_head_dim_k, "head_dim_v": self.mla_head_dim_v}
-            if self.is_mla else None,
+            "mla": {
+                "kv_lora_rank": self.mla_kv_lora_rank,
+                "head_dim_k": self.mla_head_dim_k,
+                "head_dim_v": self.mla_head_dim_v,
+            }
+            if self.is_mla
+            else None,
             "recurrent_layers": [i for i, r in enumerate(self.recurrent_layers) if r],
-            "structure": {"source": self.structure.source, "memory": self.structure.memory,
-                          "swa_type": self.structure.swa_type, "summary": self.structure.summary(),
-                          "kv_layers": [r.il for r in self.structure.kv_layers],
-                          "shared_kv": {r.il: r.reuse for r in self.structure.layers if r.reuse >= 0},
-                          "nextn_layers": [r.il for r in self.structure.layers if r.nextn],
-                          "state_r": self.structure.state_r, "state_s": self.structure.state_s,
-                          "note": self.structure.note},
+            "structure": {
+                "source": self.structure.source,
+                "memory": self.structure.memory,
+                "swa_type": self.structure.swa_type,
+                "summary": self.structure.summary(),
+                "kv_layers": [r.il for r in self.structure.kv_layers],
+                "shared_kv": {r.il: r.reuse for r in self.structure.layers if r.reuse >= 0},
+                "nextn_layers": [r.il for r in self.structure.layers if r.nextn],
+                "state_r": self.structure.state_r,
+                "state_s": self.structure.state_s,
+                "note": self.structure.note,
+            },
             "n_vocab": self.n_vocab,
             "n_expert": self.n_expert,
             "n_expert_used": self.n_expert_used,
@@ -251,7 +273,7 @@ class ModelProfile:
 
     # ----------------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str]) -> "ModelProfile":
+    def from_gguf(cls, path: str | os.PathLike[str]) -> ModelProfile:
         """Read a GGUF model (all parts of a split model) into a profile.
 
         Raises:
@@ -274,7 +296,9 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     if len(headers) > 1:
         count = md.get("split.count")
         if count is not None and count != len(headers):
-            raise GGUFError(f"{p}: split.count says {printable(repr(count))} parts but the file names say {len(headers)}")
+            raise GGUFError(
+                f"{p}: split.count says {printable(repr(count))} parts but the file names say {len(headers)}"
+            )
     arch = md.get("general.architecture")
     if arch is None:
         raise GGUFError(f"{p}: missing metadata key general.architecture (not a llama.cpp model file)")
@@ -285,7 +309,9 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     gtype = md.get("general.type")
     if arch in NOT_LANGUAGE_MODELS or (isinstance(gtype, str) and gtype in NOT_MODEL_TYPES):
         what = gtype if isinstance(gtype, str) and gtype in NOT_MODEL_TYPES else arch
-        raise GGUFError(f"{p}: is a '{what}' file, not a language model kvtuner can plan (open the text model GGUF instead)")
+        raise GGUFError(
+            f"{p}: is a '{what}' file, not a language model kvtuner can plan (open the text model GGUF instead)"
+        )
 
     m = Meta(p, md, arch)
     n_layer = m.int("{arch}.block_count", required=True)
@@ -352,8 +378,10 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
         warnings.append("tensors of layers beyond block_count (MTP/NextN heads) are kept on the host in this plan")
     if first.big_endian and sys.byteorder == "little":
         # ggml/src/gguf.cpp gguf_init_from_file_impl: "is there a mismatch between the host and model endianness?"
-        warnings.append("a big-endian GGUF: llama.cpp on this little-endian machine refuses it (convert it with "
-                        "gguf-py's gguf_convert_endian.py); planned as it would run on a big-endian host")
+        warnings.append(
+            "a big-endian GGUF: llama.cpp on this little-endian machine refuses it (convert it with "
+            "gguf-py's gguf_convert_endian.py); planned as it would run on a big-endian host"
+        )
     structure = derive_structure(m, hp, tuple(layer_bytes))
     if structure.skipped_layer_bytes:
         layer_bytes = [b - s for b, s in zip(layer_bytes, structure.skipped_layer_bytes)]

@@ -61,15 +61,29 @@ class LayerRole:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
-        return {"il": self.il, "kv": self.kv, "swa": self.swa, "reuse": self.reuse, "recurrent": self.recurrent,
-                "nextn": self.nextn, "k_width": self.k_width, "v_width": self.v_width, "head_k": self.head_k,
-                "head_v": self.head_v}
+        return {
+            "il": self.il,
+            "kv": self.kv,
+            "swa": self.swa,
+            "reuse": self.reuse,
+            "recurrent": self.recurrent,
+            "nextn": self.nextn,
+            "k_width": self.k_width,
+            "v_width": self.v_width,
+            "head_k": self.head_k,
+            "head_v": self.head_v,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LayerRole":
+    def from_dict(cls, d: dict[str, Any]) -> LayerRole:
         """Inverse of :meth:`to_dict` (unknown keys ignored)."""
-        return cls(**{k: d[k] for k in ("il", "kv", "swa", "reuse", "recurrent", "nextn", "k_width", "v_width",
-                                          "head_k", "head_v") if k in d})
+        return cls(
+            **{
+                k: d[k]
+                for k in ("il", "kv", "swa", "reuse", "recurrent", "nextn", "k_width", "v_width", "head_k", "head_v")
+                if k in d
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -138,7 +152,7 @@ class ModelStructure:
         """True when neither a tested rule nor a probe backs this structure."""
         return self.source == "approximate"
 
-    def with_source(self, source: str, note: str = "", llama_build: str = "") -> "ModelStructure":
+    def with_source(self, source: str, note: str = "", llama_build: str = "") -> ModelStructure:
         """A copy with another source label."""
         return replace(self, source=source, note=note, llama_build=llama_build or self.llama_build)
 
@@ -165,14 +179,23 @@ class ModelStructure:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (the structure cache's record)."""
         return {
-            "layers": [r.to_dict() for r in self.layers], "n_layer": self.n_layer, "memory": self.memory,
-            "n_swa": self.n_swa, "swa_type": self.swa_type, "state_r": self.state_r, "state_s": self.state_s,
-            "is_mla": self.is_mla, "v_width_max": self.v_width_max, "source": self.source, "note": self.note,
-            "llama_build": self.llama_build, "skipped_layer_bytes": list(self.skipped_layer_bytes),
+            "layers": [r.to_dict() for r in self.layers],
+            "n_layer": self.n_layer,
+            "memory": self.memory,
+            "n_swa": self.n_swa,
+            "swa_type": self.swa_type,
+            "state_r": self.state_r,
+            "state_s": self.state_s,
+            "is_mla": self.is_mla,
+            "v_width_max": self.v_width_max,
+            "source": self.source,
+            "note": self.note,
+            "llama_build": self.llama_build,
+            "skipped_layer_bytes": list(self.skipped_layer_bytes),
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelStructure":
+    def from_dict(cls, d: dict[str, Any]) -> ModelStructure:
         """Inverse of :meth:`to_dict`.
 
         Raises:
@@ -180,13 +203,21 @@ class ModelStructure:
         """
         try:
             layers = tuple(LayerRole.from_dict(x) for x in d["layers"])
-            s = cls(layers=layers, n_layer=int(d["n_layer"]), memory=str(d.get("memory", "kv")),
-                    n_swa=int(d.get("n_swa", 0)), swa_type=str(d.get("swa_type", "none")),
-                    state_r=int(d.get("state_r", 0)), state_s=int(d.get("state_s", 0)),
-                    is_mla=bool(d.get("is_mla", False)), v_width_max=int(d.get("v_width_max", 0)),
-                    source=str(d.get("source", "probe")), note=str(d.get("note", "")),
-                    llama_build=str(d.get("llama_build", "")),
-                    skipped_layer_bytes=tuple(int(x) for x in d.get("skipped_layer_bytes", ())))
+            s = cls(
+                layers=layers,
+                n_layer=int(d["n_layer"]),
+                memory=str(d.get("memory", "kv")),
+                n_swa=int(d.get("n_swa", 0)),
+                swa_type=str(d.get("swa_type", "none")),
+                state_r=int(d.get("state_r", 0)),
+                state_s=int(d.get("state_s", 0)),
+                is_mla=bool(d.get("is_mla", False)),
+                v_width_max=int(d.get("v_width_max", 0)),
+                source=str(d.get("source", "probe")),
+                note=str(d.get("note", "")),
+                llama_build=str(d.get("llama_build", "")),
+                skipped_layer_bytes=tuple(int(x) for x in d.get("skipped_layer_bytes", ())),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed structure record: {exc}") from None
         if s.memory not in MEMORY_KINDS or s.swa_type not in SWA_TYPES:
@@ -205,7 +236,9 @@ def differences(a: ModelStructure, b: ModelStructure) -> list[str]:
         return [f"{a.n_layer_all} vs {b.n_layer_all} blocks"]
     for x, y in zip(a.layers, b.layers):
         if (x.kv, x.reuse, x.recurrent) != (y.kv, y.reuse, y.recurrent):
-            out.append(f"layer {x.il}: kv/reuse/recurrent {x.kv}/{x.reuse}/{x.recurrent} vs {y.kv}/{y.reuse}/{y.recurrent}")
+            out.append(
+                f"layer {x.il}: kv/reuse/recurrent {x.kv}/{x.reuse}/{x.recurrent} vs {y.kv}/{y.reuse}/{y.recurrent}"
+            )
         elif x.kv and (x.swa != y.swa or x.k_width != y.k_width or x.v_width != y.v_width):
             out.append(f"layer {x.il}: swa/k/v {x.swa}/{x.k_width}/{x.v_width} vs {y.swa}/{y.k_width}/{y.v_width}")
     if a.is_iswa != b.is_iswa or (a.is_iswa and a.n_swa != b.n_swa):

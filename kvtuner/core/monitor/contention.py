@@ -113,14 +113,20 @@ class Contention:
         """One line saying why ``what`` is not kept ("" when it is quiet)."""
         if not self.busy:
             return ""
-        return (f"the machine was busy during {what} ({self.other_cores:.1f} cores of other load, more than "
-                f"{self.limit:g}): it measured the other load, so it is not kept; run again when the machine is quiet, "
-                "or keep it with --record-anyway")
+        return (
+            f"the machine was busy during {what} ({self.other_cores:.1f} cores of other load, more than "
+            f"{self.limit:g}): it measured the other load, so it is not kept; run again when the machine is quiet, "
+            "or keep it with --record-anyway"
+        )
 
     def to_dict(self) -> dict[str, float | None]:
         """JSON-able form (``other_cores``, ``wall_s``, ``limit``, ``busy``)."""
-        return {"other_cores": None if self.other_cores is None else round(self.other_cores, 3),
-                "wall_s": round(self.wall_s, 3), "limit": self.limit, "busy": self.busy}
+        return {
+            "other_cores": None if self.other_cores is None else round(self.other_cores, 3),
+            "wall_s": round(self.wall_s, 3),
+            "limit": self.limit,
+            "busy": self.busy,
+        }
 
 
 @dataclass
@@ -134,7 +140,7 @@ class ContentionMeter:
     _before: CpuSnapshot | None = None
     _pids: dict[int, float] = field(default_factory=dict)
 
-    def start(self) -> "ContentionMeter":
+    def start(self) -> ContentionMeter:
         """Take the first snapshot; returns self."""
         try:
             self._before = cpu_snapshot()

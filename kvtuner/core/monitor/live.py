@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..hardware.nvml import GpuProcess
 from ..speed.speed_model import ABANDON_TOK_S
+
 
 @dataclass(frozen=True)
 class AllocationFailure:
@@ -162,8 +164,15 @@ class LiveTracker:
         n = sum(1 for t in self._tokens if t <= now)
         return n / span, max(0.0, now - d.last_fast_t)
 
-    def state(self, now: float, host_samples: Sequence[Any] = (), *, running: bool = True,
-              gpu_processes: Sequence[Any] = (), own_pids: Sequence[int] = ()) -> LiveState:
+    def state(
+        self,
+        now: float,
+        host_samples: Sequence[Any] = (),
+        *,
+        running: bool = True,
+        gpu_processes: Sequence[Any] = (),
+        own_pids: Sequence[int] = (),
+    ) -> LiveState:
         """The :class:`LiveState` at ``now``.
 
         ``host_samples``: recent :class:`kvtuner.core.monitor.sampler.HostSample` (oldest first; RAM from
@@ -173,24 +182,38 @@ class LiveTracker:
         allocation failure): memory and speed describe a run, not an idle machine.
         """
         if not running:
-            return LiveState(kv_type_k=self.kv_type_k, kv_type_v=self.kv_type_v, flash_attn=self.flash_attn,
-                             allocation_failure=self.allocation_failure)
+            return LiveState(
+                kv_type_k=self.kv_type_k,
+                kv_type_v=self.kv_type_v,
+                flash_attn=self.flash_attn,
+                allocation_failure=self.allocation_failure,
+            )
         total = avail = None
         swap_in = None
         if host_samples:
             last = host_samples[-1]
             total, avail = int(last.total_bytes), int(last.available_bytes)
-            rates = [s.swap_in_bytes_s for s in host_samples
-                     if s.swap_in_bytes_s is not None and s.t_s > last.t_s - SWAP_WINDOW_S]
+            rates = [
+                s.swap_in_bytes_s
+                for s in host_samples
+                if s.swap_in_bytes_s is not None and s.t_s > last.t_s - SWAP_WINDOW_S
+            ]
             swap_in = sum(rates) / len(rates) if rates else None
         tok_s, below = self.decode_rate(now)
         procs = tuple(gpu_processes)
         pids = tuple(sorted({os.getpid(), *(int(p) for p in own_pids if p)}))
         return LiveState(
-            total_ram_bytes=total, available_ram_bytes=avail, swap_in_bytes_s=swap_in,
-            decode_tok_s=tok_s, below_abandon_s=below if tok_s is not None and tok_s < self.abandon_tok_s else 0.0,
-            kv_type_k=self.kv_type_k, kv_type_v=self.kv_type_v, flash_attn=self.flash_attn,
-            gpu_processes=procs, own_pids=pids, allocation_failure=self.allocation_failure,
+            total_ram_bytes=total,
+            available_ram_bytes=avail,
+            swap_in_bytes_s=swap_in,
+            decode_tok_s=tok_s,
+            below_abandon_s=below if tok_s is not None and tok_s < self.abandon_tok_s else 0.0,
+            kv_type_k=self.kv_type_k,
+            kv_type_v=self.kv_type_v,
+            flash_attn=self.flash_attn,
+            gpu_processes=procs,
+            own_pids=pids,
+            allocation_failure=self.allocation_failure,
         )
 
 
@@ -204,4 +227,4 @@ def free_bytes_on(device: str, host_sample: Any | None, gpu_samples: dict[int, A
     return int(s.free_bytes) if s is not None else None
 
 
-__all__ = ["LiveTracker", "SWAP_WINDOW_S", "WINDOW_S", "free_bytes_on"]
+__all__ = ["SWAP_WINDOW_S", "WINDOW_S", "LiveTracker", "free_bytes_on"]

@@ -65,4 +65,4 @@ class RollingRate:
         return len(self._tokens) / self._sum_dt_s
 
 
-__all__ = ["MIN_TOKENS", "RollingRate", "WINDOW_S"]
+__all__ = ["MIN_TOKENS", "WINDOW_S", "RollingRate"]

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ..hardware.host import read_host_counters, process_rss_bytes
+from ..hardware.host import process_rss_bytes, read_host_counters
 from ..hardware.nvml import GpuProcess, gpu_processes, nvml_call
 from ..hardware.vendors import read_sysfs_gpus
 
@@ -66,8 +66,6 @@ class HostSample:
     swap_in_bytes_s: float | None
     swap_out_bytes_s: float | None
     process_rss_bytes: int | None
-
-
 
 
 class RingBuffer(Generic[T]):
@@ -129,8 +127,14 @@ class Sampler:
             ``/sys``); their indices follow NVML's.
     """
 
-    def __init__(self, interval_s: float = 0.1, capacity: int = 6000, pid: int | None = None, gpus: bool = True,
-                 sysfs_root: str | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = 0.1,
+        capacity: int = 6000,
+        pid: int | None = None,
+        gpus: bool = True,
+        sysfs_root: str | None = None,
+    ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.interval_s = float(interval_s)
@@ -162,7 +166,7 @@ class Sampler:
         self._pid = pid
         self._proc = None
 
-    def start(self) -> "Sampler":
+    def start(self) -> Sampler:
         """Start the sampling thread (idempotent)."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
@@ -176,7 +180,7 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -264,8 +268,15 @@ class Sampler:
                     for p in procs:
                         if getattr(p, "pid", None) == self._pid and getattr(p, "usedGpuMemory", None) is not None:
                             proc_bytes += int(p.usedGpuMemory)
-            s = GpuSample(now, index, int(mem.total), int(mem.used), int(mem.free),
-                          float(util.gpu) if util is not None else None, proc_bytes)
+            s = GpuSample(
+                now,
+                index,
+                int(mem.total),
+                int(mem.used),
+                int(mem.free),
+                float(util.gpu) if util is not None else None,
+                proc_bytes,
+            )
             buf = self._gpu.get(index)
             if buf is None:
                 buf = self._gpu[index] = RingBuffer[GpuSample](self._capacity)
@@ -293,8 +304,19 @@ class Sampler:
             if used is None:
                 continue
             total = g.budget_bytes
-            s = GpuSample(now, first_index + i, total, used, max(total - used, 0), None, None, source="sysfs",
-                          gtt_total_bytes=g.gtt_total_bytes, gtt_used_bytes=g.gtt_used_bytes, flags=g.flags)
+            s = GpuSample(
+                now,
+                first_index + i,
+                total,
+                used,
+                max(total - used, 0),
+                None,
+                None,
+                source="sysfs",
+                gtt_total_bytes=g.gtt_total_bytes,
+                gtt_used_bytes=g.gtt_used_bytes,
+                flags=g.flags,
+            )
             buf = self._gpu.get(s.index)
             if buf is None:
                 buf = self._gpu[s.index] = RingBuffer[GpuSample](self._capacity)
@@ -302,7 +324,7 @@ class Sampler:
             out.append(s)
         return out
 
-    def record(self, host: HostSample | None = None, gpus: "tuple[GpuSample, ...] | list[GpuSample]" = ()) -> None:
+    def record(self, host: HostSample | None = None, gpus: tuple[GpuSample, ...] | list[GpuSample] = ()) -> None:
         """Store samples taken elsewhere (a recorded session replayed, synthetic samples in a
         test) exactly as :meth:`sample_once` stores its own: ring buffers and peaks."""
         if host is not None:
@@ -345,4 +367,3 @@ class Sampler:
                 next_t = time.monotonic()
                 delay = 0
             self._stop.wait(delay)
-

@@ -82,8 +82,10 @@ class BuildRules:
         if self.approximate_for is None:
             return ""
         which = "an unknown build" if self.approximate_for < 0 else f"b{self.approximate_for}"
-        return (f"compute buffers approximate for {which}: planned with the rules of {self.label}, "
-                "the newest build kvtuner has read (plan --verify asks the engine)")
+        return (
+            f"compute buffers approximate for {which}: planned with the rules of {self.label}, "
+            "the newest build kvtuner has read (plan --verify asks the engine)"
+        )
 
     def n_outputs(self, n_tokens: int, n_seq: int) -> int:
         """Outputs of the reserve graph for a ubatch of ``n_tokens`` over ``n_seq`` sequences
@@ -94,15 +96,22 @@ class BuildRules:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``rules`` entry of ``kvtuner plan --json``."""
-        return {"build": self.build, "build_name": self.build_name, "program": self.program, "label": self.label,
-                "outputs_per_seq": self.outputs_per_seq, "approximate": self.approximate_line or None}
+        return {
+            "build": self.build,
+            "build_name": self.build_name,
+            "program": self.program,
+            "label": self.label,
+            "outputs_per_seq": self.outputs_per_seq,
+            "approximate": self.approximate_line or None,
+        }
 
 
 #: llama-cpp-python 0.3.36's vendored llama.cpp (commit 0c1e570, ggml 0.25.3), the embedded engine.
 VENDORED = BuildRules(None, "llama-cpp-python 0.3.36", PROGRAM_GENERIC)
 #: llama.cpp b11434 (ggml 0.26.0) as llama-server runs it.
-B11434_SERVER = BuildRules(11434, "b11434", PROGRAM_SERVER, outputs_per_seq=True, mixed_embd=True, scale_rows=True,
-                           rs_gather=True)
+B11434_SERVER = BuildRules(
+    11434, "b11434", PROGRAM_SERVER, outputs_per_seq=True, mixed_embd=True, scale_rows=True, rs_gather=True
+)
 #: llama.cpp b11434 in a generic context (llama-cli, llama-fit-params, a newer llama-cpp-python).
 B11434_GENERIC = BuildRules(11434, "b11434", PROGRAM_GENERIC, mixed_embd=True, scale_rows=True, rs_gather=True)
 

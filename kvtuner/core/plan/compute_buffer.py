@@ -32,16 +32,16 @@ see coming).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
-from ..units import pad_to
 from .build_rules import VENDORED, BuildRules
 from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kv_cache import LayerKV
     from ..model.profile import ModelProfile
+    from .kv_cache import LayerKV
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,12 @@ class ComputeEstimate:
         """Bytes on ``device`` (0 if none)."""
         return self.bytes_by_device.get(device, 0)
 
-    def with_exact(self, exact: dict[str, int]) -> "ComputeEstimate":
+    def with_exact(self, exact: dict[str, int]) -> ComputeEstimate:
         """A copy whose figures come from a dry-run (devices not in ``exact`` keep 0)."""
         estimate = self.estimate_by_device or self.bytes_by_device
         return replace(self, bytes_by_device=dict(exact), source="dry-run", estimate_by_device=dict(estimate))
 
-    def plus(self, device: str, n_bytes: int) -> "ComputeEstimate":
+    def plus(self, device: str, n_bytes: int) -> ComputeEstimate:
         """A copy with ``n_bytes`` more on ``device`` (the tensor-override planner's weight copies,
         :mod:`kvtuner.core.plan.overrides`; added in memory_plan.py, not in this estimate)."""
         out = dict(self.bytes_by_device)
@@ -79,22 +79,26 @@ class ComputeEstimate:
     @property
     def label(self) -> str:
         """Human label of the source."""
-        return "exact (llama.cpp dry-run)" if self.source == "dry-run" else "estimate (plan --verify asks llama.cpp for the exact figure)"
+        return (
+            "exact (llama.cpp dry-run)"
+            if self.source == "dry-run"
+            else "estimate (plan --verify asks llama.cpp for the exact figure)"
+        )
 
 
-def _meta_int(model: "ModelProfile", key: str, default: int = 0) -> int:
+def _meta_int(model: ModelProfile, key: str, default: int = 0) -> int:
     v = model.metadata.get(f"{model.architecture}.{key}", default)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else default
 
 
-def _per_layer_ff(model: "ModelProfile") -> list[int]:
+def _per_layer_ff(model: ModelProfile) -> list[int]:
     ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 0)
     if isinstance(ff, tuple) and len(ff) == model.n_layer:
         return [int(x) for x in ff]
     return [int(ff) if isinstance(ff, int) else 0] * model.n_layer
 
 
-def _ffn_bytes(model: "ModelProfile", il: int, T: int, ff: list[int]) -> int:
+def _ffn_bytes(model: ModelProfile, il: int, T: int, ff: list[int]) -> int:
     """Peak activations of layer ``il``'s feed-forward block for ``T`` tokens (f32), bytes.
 
     Dense (llama-graph.cpp ``build_ffn``): up and gate ``[n_ff, T]`` and their GLU product.
@@ -122,7 +126,7 @@ def _ffn_bytes(model: "ModelProfile", il: int, T: int, ff: list[int]) -> int:
     return max(experts, 3 * T * shared * 4) + T * E * 4 * (1 if shared else 0)
 
 
-def _recurrent_bytes(model: "ModelProfile", T: int, n_seq: int) -> int:
+def _recurrent_bytes(model: ModelProfile, T: int, n_seq: int) -> int:
     """Peak activations of one recurrent layer for ``T`` tokens, bytes: the input projection,
     the convolution window ``(d_conv - 1 + T) x conv_dim`` and its output, the scan's output and
     final states (mamba-base.cpp ``build_mamba2_layer``, delta-net-base.cpp, lfm2.cpp)."""
@@ -142,18 +146,22 @@ def _recurrent_bytes(model: "ModelProfile", T: int, n_seq: int) -> int:
         chunk = 64
         n_chunks = -(-T // chunk)
         per_chunk = dt_rank * chunk * chunk * n_chunks + dt_rank * d_state * chunk * n_chunks
-        return 4 * (2 * conv_dim * T + conv_dim * (d_conv - 1 + T) + 2 * value_dim * T + 3 * per_chunk
-                    + d_state * d_state * dt_rank * n_rows)
+        return 4 * (
+            2 * conv_dim * T
+            + conv_dim * (d_conv - 1 + T)
+            + 2 * value_dim * T
+            + 3 * per_chunk
+            + d_state * d_state * dt_rank * n_rows
+        )
     conv_dim = d_inner + 2 * n_group * d_state
     d_in_proj = 2 * d_inner + 2 * n_group * d_state + dt_rank
     if a == "mamba":
         d_in_proj, conv_dim = 2 * d_inner, d_inner
-    return 4 * (d_in_proj * T + conv_dim * (d_conv - 1 + T) + conv_dim * T + d_inner * T
-                + d_state * d_inner * n_rows)
+    return 4 * (d_in_proj * T + conv_dim * (d_conv - 1 + T) + conv_dim * T + d_inner * T + d_state * d_inner * n_rows)
 
 
 def estimate_compute(
-    model: "ModelProfile",
+    model: ModelProfile,
     *,
     n_ubatch: int,
     n_seq: int,
@@ -161,7 +169,7 @@ def estimate_compute(
     swa_cells: int,
     flash_attn: bool,
     layer_devices: Sequence[str],
-    kv_layers: Sequence["LayerKV"],
+    kv_layers: Sequence[LayerKV],
     gpu_devices: Sequence[str],
     host: str,
     kv_f16: bool = True,
@@ -209,8 +217,15 @@ def estimate_compute(
     if not gpu_devices and all(d == host for d in layer_devices):
         shape = transformer_shape(model, kv_layers, type_k, type_v)
         if shape is not None:
-            exact = transformer_reserve_bytes(shape, T, n_seq if n_stream is None else n_stream, flash_attn,
-                                              n_seqs=n_seq, n_outputs=rules.n_outputs(T, n_seq), rules=rules)
+            exact = transformer_reserve_bytes(
+                shape,
+                T,
+                n_seq if n_stream is None else n_stream,
+                flash_attn,
+                n_seqs=n_seq,
+                n_outputs=rules.n_outputs(T, n_seq),
+                rules=rules,
+            )
             return ComputeEstimate({host: exact}, "estimate")
     f32 = 4
     st = model.structure
@@ -228,7 +243,9 @@ def estimate_compute(
     recurrent = _recurrent_bytes(model, T, n_seq) if st.recurrent_layers else 0
     if recurrent and rules.rs_gather:
         # b11434 build_rs: beside ssm_scan's own state rows, one get_rows of the n_seq - 1 others
-        recurrent += 4 * _meta_int(model, "ssm.state_size", 0) * _meta_int(model, "ssm.inner_size", 0) * max(0, n_seq - 1)
+        recurrent += (
+            4 * _meta_int(model, "ssm.state_size", 0) * _meta_int(model, "ssm.inner_size", 0) * max(0, n_seq - 1)
+        )
     inputs = 4 * T * f32  # token ids, positions, output ids
     if rules.mixed_embd:  # b11434 build_inp_embd: the mixed-batch embeddings input and its dup, never freed
         inputs += 2 * TE
@@ -295,12 +312,13 @@ def estimate_compute(
     # vendored llama.cpp, CUDA0 compute = n_vocab x T x 4 + n_embd x T x 4 to 0.01 MiB on llama,
     # gemma3 and qwen3moe shapes: benchmarks/gpu_truth/results/2026-11-30-h200.md); the special
     # cases above (hybrid memories, shared KV, MLA) are not measured on a GPU and keep theirs
-    special = (model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers)
-               or st.is_mla)
+    special = (
+        model.architecture in ("qwen35", "qwen35moe", "qwen3next") or any(r.reuse >= 0 for r in st.layers) or st.is_mla
+    )
     output_gpu = output if special else model.n_vocab * n_out * f32 + TE
 
     devices = [host, *gpu_devices]
-    result: dict[str, int] = {d: 0 for d in devices}
+    result: dict[str, int] = dict.fromkeys(devices, 0)
     first_dev = layer_devices[0] if n_layer else host
     for dev in devices:
         peak = max((layer_peak(il) for il in range(n_layer) if layer_devices[il] == dev), default=0)
@@ -314,16 +332,23 @@ def estimate_compute(
         # (ggml-cuda fattn-common.cuh launch_fattn converts non-F16 K/V; measured: llama-2-7B
         # shapes 168.0 MiB with -nkvo or q8_0 KV = mask 8 + 4 x n_embd x T x 4 + 128 MiB copies).
         for dev in gpu_devices:
-            copies = max((l.cells * (model.n_embd_k_gqa(l.il) + model.n_embd_v_gqa(l.il)) * 2 for l in kv_layers
-                          if not kv_f16 or l.device != dev), default=0)
+            copies = max(
+                (
+                    l.cells * (model.n_embd_k_gqa(l.il) + model.n_embd_v_gqa(l.il)) * 2
+                    for l in kv_layers
+                    if not kv_f16 or l.device != dev
+                ),
+                default=0,
+            )
             if copies and (result.get(dev) or dev == gpu_devices[0]):
                 result[dev] = max(result[dev], full_mask + 4 * TE + copies)
     if gpu_devices and T >= GPU_OP_OFFLOAD_MIN_BATCH:
         # With a GPU the host buffer (CUDA_Host, pinned) holds the graph's inputs only: ggml-cuda
         # runs the large-batch matrix work of host layers on the GPU too (ggml-cuda.cu
         # ggml_backend_cuda_device_offload_op, batch >= 32), so host layers add nothing here.
-        result[host] = host_inputs_bytes(model, n_ubatch=T, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells,
-                                         flash_attn=flash_attn, kv_layers=kv_layers)
+        result[host] = host_inputs_bytes(
+            model, n_ubatch=T, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn, kv_layers=kv_layers
+        )
         if rules.mixed_embd:  # the mixed-batch embeddings input and its copy (b11434 build_inp_embd)
             result[host] += 2 * TE
     elif first_dev != host:
@@ -337,8 +362,15 @@ def estimate_compute(
 GPU_OP_OFFLOAD_MIN_BATCH = 32
 
 
-def host_inputs_bytes(model: "ModelProfile", *, n_ubatch: int, n_ctx_seq: int, swa_cells: int, flash_attn: bool,
-                      kv_layers: Sequence["LayerKV"]) -> int:
+def host_inputs_bytes(
+    model: ModelProfile,
+    *,
+    n_ubatch: int,
+    n_ctx_seq: int,
+    swa_cells: int,
+    flash_attn: bool,
+    kv_layers: Sequence[LayerKV],
+) -> int:
     """The host compute buffer of a run with a GPU: the graph inputs llama.cpp allocates in
     pinned host memory (``CUDA_Host``), bytes.
 

@@ -93,9 +93,13 @@ class PlanConfig:
         if self.flash_attn not in ("on", "off", "auto"):
             raise ConfigError(f"--flash-attn must be on, off or auto, not '{self.flash_attn}'")
         if self.n_ctx <= 0:
-            raise ConfigError(f"--ctx must be a positive number of tokens (or 0 for the model's training context), not {self.n_ctx}")
+            raise ConfigError(
+                f"--ctx must be a positive number of tokens (or 0 for the model's training context), not {self.n_ctx}"
+            )
         if self.n_ctx > MAX_N_CTX:
-            raise ConfigError(f"--ctx must be at most {MAX_N_CTX} tokens (llama.cpp's n_ctx is 32-bit), not {self.n_ctx}")
+            raise ConfigError(
+                f"--ctx must be at most {MAX_N_CTX} tokens (llama.cpp's n_ctx is 32-bit), not {self.n_ctx}"
+            )
         if self.n_gpu_layers < ALL_LAYERS:
             raise ConfigError(f"--ngl must be 0 or more (or 'all'), not {self.n_gpu_layers}")
         if self.n_gpu_layers > MAX_INT32:
@@ -105,7 +109,9 @@ class PlanConfig:
         if self.kv_gpu_layers is not None and self.kv_gpu_layers < 0:
             raise ConfigError(f"--kv-gpu-layers must be 0 or more, not {self.kv_gpu_layers}")
         if not 1 <= self.n_seq <= 256:
-            raise ConfigError(f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), or -1 for llama-server's auto, not {self.n_seq}")
+            raise ConfigError(
+                f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), or -1 for llama-server's auto, not {self.n_seq}"
+            )
         if not 0 < self.n_ubatch <= MAX_UINT32:
             raise ConfigError(f"--ubatch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_ubatch}")
         if not 0 < self.n_batch <= MAX_UINT32:
@@ -130,7 +136,7 @@ class PlanConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PlanConfig":
+    def from_dict(cls, data: dict[str, Any]) -> PlanConfig:
         """Build from :meth:`to_dict` output; unknown keys raise :class:`ConfigError`."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
@@ -138,7 +144,7 @@ class PlanConfig:
             raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         return cls(**data)
 
-    def with_(self, **changes: Any) -> "PlanConfig":
+    def with_(self, **changes: Any) -> PlanConfig:
         """A copy with ``changes`` applied (validated again)."""
         return replace(self, **changes)
 
@@ -166,7 +172,7 @@ def parse_override(text: str) -> tuple[str, str]:
     """
     pattern, eq, buffer = text.partition("=")
     if not eq or not pattern:
-        raise ConfigError(f"--override-tensor {text!r}: write PATTERN=BUFFER, e.g. -ot \"blk\\.(0|1)\\.ffn_.*_exps=CPU\"")
+        raise ConfigError(f'--override-tensor {text!r}: write PATTERN=BUFFER, e.g. -ot "blk\\.(0|1)\\.ffn_.*_exps=CPU"')
     try:
         re.compile(pattern)
     except re.error as exc:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import ConfigError, PlanConfig
 from ..model.ggml_types import KV_CACHE_TYPES, kv_type
+from .config import ConfigError, PlanConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.profile import ModelProfile
@@ -31,7 +31,7 @@ def _alternatives(head: int) -> list[str]:
     return quant + ["f16", "bf16"]
 
 
-def check_context(model: "ModelProfile", config: PlanConfig, flash_attn: bool) -> None:
+def check_context(model: ModelProfile, config: PlanConfig, flash_attn: bool) -> None:
     """Raise what ``llama_init_from_model`` would refuse for ``config`` on ``model``.
 
     Args:

@@ -17,15 +17,25 @@ kernel efficiency (kvtuner's speed model is the calibrated figure for one config
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .vllm import VllmModel
 
 #: Bytes per KV element by type name (ggml-common.h block sizes; fp8: vLLM's 1 byte).
-KV_ELEMENT_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "fp8": 1.0, "q8_0": 34 / 32,
-                                      "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32,
-                                      "iq4_nl": 18 / 32}
+KV_ELEMENT_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "fp8": 1.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
 #: What a cell reserves beside weights and KV unless told otherwise: 1 GiB (CUDA context,
 #: about 0.3-0.5 GiB, plus a llama.cpp compute buffer of an 8B model at n_ubatch 512, about
 #: 0.3-0.6 GiB in kvtuner's plans; vLLM's activation peak at 2048 tokens is similar).
@@ -72,15 +82,29 @@ class TableCell:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able fields."""
-        return {"n_seq": self.n_seq, "window": self.window, "kv_type": self.kv_type,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "kv_bytes": self.kv_bytes,
-                "total_bytes": self.total_bytes, "fits": self.fits,
-                "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 1)}
+        return {
+            "n_seq": self.n_seq,
+            "window": self.window,
+            "kv_type": self.kv_type,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes": self.kv_bytes,
+            "total_bytes": self.total_bytes,
+            "fits": self.fits,
+            "decode_tok_s": None if self.decode_tok_s is None else round(self.decode_tok_s, 1),
+        }
 
 
-def decision_table(model: VllmModel, card_bytes: int, *, weights_bytes: int, seqs: Sequence[int],
-                   windows: Sequence[int], kv_types: Sequence[str], bandwidth_bytes_s: float | None = None,
-                   overhead_bytes: int = DEFAULT_OVERHEAD_BYTES) -> list[TableCell]:
+def decision_table(
+    model: VllmModel,
+    card_bytes: int,
+    *,
+    weights_bytes: int,
+    seqs: Sequence[int],
+    windows: Sequence[int],
+    kv_types: Sequence[str],
+    bandwidth_bytes_s: float | None = None,
+    overhead_bytes: int = DEFAULT_OVERHEAD_BYTES,
+) -> list[TableCell]:
     """Every (sequences, window, KV type) cell, in that nesting order.
 
     Raises:

@@ -96,12 +96,19 @@ class ExtrasConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (docs/reference/plan-json.md, ``extras.config``)."""
-        return {"mmproj": self.mmproj, "mmproj_offload": self.mmproj_offload, "draft": self.draft,
-                "draft_gpu_layers": "all" if self.draft_gpu_layers == ALL_LAYERS else self.draft_gpu_layers,
-                "draft_type_k": self.draft_type_k, "draft_type_v": self.draft_type_v,
-                "loras": [{"path": p, "scale": s} for p, s in self.loras],
-                "draft_tensor_overrides": list(self.draft_tensor_overrides), "draft_cpu_moe": self.draft_cpu_moe,
-                "draft_n_max": self.draft_n_max, "draft_ctx": self.draft_ctx}
+        return {
+            "mmproj": self.mmproj,
+            "mmproj_offload": self.mmproj_offload,
+            "draft": self.draft,
+            "draft_gpu_layers": "all" if self.draft_gpu_layers == ALL_LAYERS else self.draft_gpu_layers,
+            "draft_type_k": self.draft_type_k,
+            "draft_type_v": self.draft_type_v,
+            "loras": [{"path": p, "scale": s} for p, s in self.loras],
+            "draft_tensor_overrides": list(self.draft_tensor_overrides),
+            "draft_cpu_moe": self.draft_cpu_moe,
+            "draft_n_max": self.draft_n_max,
+            "draft_ctx": self.draft_ctx,
+        }
 
 
 @dataclass(frozen=True)
@@ -155,8 +162,11 @@ class ExtrasPlan:
 
     def part_bytes(self, part: str, kind: str | None = None, device: str | None = None) -> int:
         """Bytes of one part (optionally one kind, one device)."""
-        return sum(s.bytes for s in self.segments
-                   if s.part == part and (kind is None or s.kind == kind) and (device is None or s.device == device))
+        return sum(
+            s.bytes
+            for s in self.segments
+            if s.part == part and (kind is None or s.kind == kind) and (device is None or s.device == device)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The ``extras`` key of ``kvtuner plan --json`` (docs/reference/plan-json.md)."""
@@ -165,7 +175,9 @@ class ExtrasPlan:
             "segments": [s.to_dict() for s in self.segments],
             "bytes_by_device": self.bytes_by_device(),
             "image_tokens": self.image_tokens,
-            "draft": None if self.draft_plan is None else {
+            "draft": None
+            if self.draft_plan is None
+            else {
                 "n_gpu_layers": self.draft_plan.n_gpu_layers,
                 "n_ctx": self.draft_plan.n_ctx,
                 "devices": [d.to_dict() for d in self.draft_plan.devices],
@@ -216,12 +228,16 @@ def projector_header(path: str, n_embd: int) -> GGUFHeader:
     h = _header(path, "projector (mmproj)", "--mmproj")
     arch = h.metadata.get("general.architecture")
     if arch != "clip":
-        raise ConfigError(f"--mmproj {path}: general.architecture is {arch!r}, not 'clip': give the model's mmproj GGUF")
+        raise ConfigError(
+            f"--mmproj {path}: general.architecture is {arch!r}, not 'clip': give the model's mmproj GGUF"
+        )
     for key in _PROJ_DIM_KEYS:
         dim = h.metadata.get(key)
         if isinstance(dim, int) and dim != n_embd:
-            raise ConfigError(f"--mmproj {path}: the projector outputs {dim}-wide embeddings ({key}) and the model's "
-                              f"are {n_embd} wide: give the mmproj made for this model")
+            raise ConfigError(
+                f"--mmproj {path}: the projector outputs {dim}-wide embeddings ({key}) and the model's "
+                f"are {n_embd} wide: give the mmproj made for this model"
+            )
     return h
 
 
@@ -259,8 +275,13 @@ def projector_compute_bytes(h: GGUFHeader) -> int:
     md = h.metadata
     size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
     n_embd, n_ff = md.get("clip.vision.embedding_length"), md.get("clip.vision.feed_forward_length")
-    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(n_embd, int) and isinstance(n_ff, int)
-            and min(size, patch, n_embd, n_ff) > 0):
+    if not (
+        isinstance(size, int)
+        and isinstance(patch, int)
+        and isinstance(n_embd, int)
+        and isinstance(n_ff, int)
+        and min(size, patch, n_embd, n_ff) > 0
+    ):
         return 0
     n_pos = (size // patch) ** 2
     return 4 * n_pos * (n_ff + 3 * n_embd)
@@ -273,12 +294,20 @@ def projector_flops(h: GGUFHeader) -> int:
     md = h.metadata
     size, patch = md.get("clip.vision.image_size"), md.get("clip.vision.patch_size")
     n_embd, n_block = md.get("clip.vision.embedding_length"), md.get("clip.vision.block_count")
-    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(n_embd, int)
-            and isinstance(n_block, int) and min(size, patch, n_embd, n_block) > 0):
+    if not (
+        isinstance(size, int)
+        and isinstance(patch, int)
+        and isinstance(n_embd, int)
+        and isinstance(n_block, int)
+        and min(size, patch, n_embd, n_block) > 0
+    ):
         return 0
     n_pos = (size // patch) ** 2
-    weights = sum(t.n_elements for t in h.tensors if len(t.shape) >= 2 and t.name.endswith(".weight")
-                  and "position_embd" not in t.name)
+    weights = sum(
+        t.n_elements
+        for t in h.tensors
+        if len(t.shape) >= 2 and t.name.endswith(".weight") and "position_embd" not in t.name
+    )
     return 2 * n_pos * weights + 4 * n_pos * n_pos * n_embd * n_block
 
 
@@ -292,8 +321,10 @@ def lora_header(path: str) -> GGUFHeader:
     h = _header(path, "LoRA adapter", "--lora")
     md = h.metadata
     if md.get("general.type") != "adapter" or md.get("adapter.type") != "lora":
-        raise ConfigError(f"--lora {path}: not a LoRA adapter (general.type {md.get('general.type')!r}, adapter.type "
-                          f"{md.get('adapter.type')!r}): convert it with convert_lora_to_gguf.py")
+        raise ConfigError(
+            f"--lora {path}: not a LoRA adapter (general.type {md.get('general.type')!r}, adapter.type "
+            f"{md.get('adapter.type')!r}): convert it with convert_lora_to_gguf.py"
+        )
     if not any(t.name.endswith((".lora_a", ".lora_b")) for t in h.tensors):
         raise ConfigError(f"--lora {path}: no .lora_a/.lora_b tensors: convert it with convert_lora_to_gguf.py")
     return h
@@ -314,8 +345,10 @@ def draft_profile(path: str, main: ModelProfile) -> ModelProfile:
     except GGUFError as exc:
         raise ConfigError(f"-md {path}: {exc}: give a draft model GGUF") from None
     if abs(draft.n_vocab - main.n_vocab) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
-        raise ConfigError(f"-md {path}: its vocabulary has {draft.n_vocab} tokens and the model's {main.n_vocab} "
-                          f"(llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart): give a draft of the same model family")
+        raise ConfigError(
+            f"-md {path}: its vocabulary has {draft.n_vocab} tokens and the model's {main.n_vocab} "
+            f"(llama.cpp allows {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart): give a draft of the same model family"
+        )
     return draft
 
 
@@ -345,9 +378,15 @@ def _lora_device(name: str, plan: MemoryPlan) -> str:
     return HOST
 
 
-def plan_extras(plan: MemoryPlan, extras: ExtrasConfig, gpus: Sequence[GpuSpec] = (),
-                host: HostSpec | None = None, *, split: Any = None,
-                draft_exact: Any = None) -> ExtrasPlan:
+def plan_extras(
+    plan: MemoryPlan,
+    extras: ExtrasConfig,
+    gpus: Sequence[GpuSpec] = (),
+    host: HostSpec | None = None,
+    *,
+    split: Any = None,
+    draft_exact: Any = None,
+) -> ExtrasPlan:
     """Plan ``extras`` next to the main ``plan`` (same devices).
 
     Args:
@@ -375,21 +414,35 @@ def plan_extras(plan: MemoryPlan, extras: ExtrasConfig, gpus: Sequence[GpuSpec] 
         n_img = image_tokens(h)
         compute = projector_compute_bytes(h)
         if compute:
-            segs.append(ExtraSegment("mmproj", "compute", dev, compute, "estimate: ViT feed-forward peak at the native image size"))
+            segs.append(
+                ExtraSegment(
+                    "mmproj", "compute", dev, compute, "estimate: ViT feed-forward peak at the native image size"
+                )
+            )
         else:
-            notes.append("projector compute buffer not estimated (no clip.vision.* sizes): llama-server's log line "
-                         "'reserve_compute_meta: ... compute buffer size' gives it")
+            notes.append(
+                "projector compute buffer not estimated (no clip.vision.* sizes): llama-server's log line "
+                "'reserve_compute_meta: ... compute buffer size' gives it"
+            )
     if extras.draft:
         draft = draft_profile(extras.draft, plan.model)
-        cfg = plan.config.with_(n_gpu_layers=extras.draft_gpu_layers, kv_gpu_layers=None,
-                                type_k=extras.draft_type_k, type_v=extras.draft_type_v,
-                                n_cpu_moe=0, cpu_moe=extras.draft_cpu_moe, n_cpu_ffn=0,
-                                tensor_overrides=extras.draft_tensor_overrides)
+        cfg = plan.config.with_(
+            n_gpu_layers=extras.draft_gpu_layers,
+            kv_gpu_layers=None,
+            type_k=extras.draft_type_k,
+            type_v=extras.draft_type_v,
+            n_cpu_moe=0,
+            cpu_moe=extras.draft_cpu_moe,
+            n_cpu_ffn=0,
+            tensor_overrides=extras.draft_tensor_overrides,
+        )
         if extras.draft_ctx is not None:
             # an older build's -cd; llama.cpp b11434 has no -cd and sizes the draft by -c
             cfg = cfg.with_(n_ctx=extras.draft_ctx)
-            notes.append(f"-cd {extras.draft_ctx}: the draft's context as builds before the --spec-* renames take it; "
-                         "llama.cpp b11434 has no -cd (the draft follows -c)")
+            notes.append(
+                f"-cd {extras.draft_ctx}: the draft's context as builds before the --spec-* renames take it; "
+                "llama.cpp b11434 has no -cd (the draft follows -c)"
+            )
         # the draft runs in the same program as the model (llama-server's draft context: one output
         # per slot when the plan follows llama-server, kvtuner.core.plan.build_rules)
         kw: dict[str, Any] = {"split": split, "rules": plan.rules}
@@ -398,11 +451,17 @@ def plan_extras(plan: MemoryPlan, extras: ExtrasConfig, gpus: Sequence[GpuSpec] 
         draft_plan = plan_memory(draft, cfg, gpus, host, **kw)
         src = "llama-server fit table" if draft_exact is not None else "kvtuner plan of the draft"
         if draft_exact is None:
-            notes.append("the draft's compute buffer is kvtuner's estimate: plan --verify --engine server reads "
-                         "llama-server's own (its fit step's table for the draft)")
+            notes.append(
+                "the draft's compute buffer is kvtuner's estimate: plan --verify --engine server reads "
+                "llama-server's own (its fit step's table for the draft)"
+            )
         for d in draft_plan.devices:
-            for kind, b in (("weights", d.weights_bytes + d.repack_bytes), ("kv", d.kv_bytes),
-                            ("compute", d.compute_bytes), ("output", d.output_bytes)):
+            for kind, b in (
+                ("weights", d.weights_bytes + d.repack_bytes),
+                ("kv", d.kv_bytes),
+                ("compute", d.compute_bytes),
+                ("output", d.output_bytes),
+            ):
                 if b:
                     segs.append(ExtraSegment("draft", kind, d.device, b, src))
     for path, _scale in extras.loras:
@@ -426,6 +485,7 @@ def server_flags(extras: ExtrasConfig, known_flags: frozenset[str] | set[str] | 
     ``--spec-draft-model`` gets the long one. A scaled LoRA is ``--lora-scaled FILE:SCALE``
     (b11434's form, common/arg.cpp).
     """
+
     def spell(short: str, long: str) -> str:
         if known_flags and short not in known_flags and long in known_flags:
             return long
@@ -449,8 +509,7 @@ def server_flags(extras: ExtrasConfig, known_flags: frozenset[str] | set[str] | 
             argv.append(spell("-cmoed", "--spec-draft-cpu-moe"))
         if extras.draft_n_max != 3:
             # b11434 removed --draft-max (common/arg.cpp arg_removed); older builds know only it
-            old = (known_flags is not None and "--spec-draft-n-max" not in known_flags
-                   and "--draft-max" in known_flags)
+            old = known_flags is not None and "--spec-draft-n-max" not in known_flags and "--draft-max" in known_flags
             argv += ["--draft-max" if old else "--spec-draft-n-max", str(extras.draft_n_max)]
         if extras.draft_ctx is not None and (not known_flags or "-cd" in known_flags):
             argv += ["-cd", str(extras.draft_ctx)]
@@ -472,8 +531,9 @@ def with_extras(plan: MemoryPlan, xp: ExtrasPlan | None) -> MemoryPlan:
     return replace(plan, devices=devices, extras=xp)
 
 
-def replan_extras(plan: MemoryPlan, like: MemoryPlan, gpus: Sequence[GpuSpec] = (),
-                  host: HostSpec | None = None) -> MemoryPlan:
+def replan_extras(
+    plan: MemoryPlan, like: MemoryPlan, gpus: Sequence[GpuSpec] = (), host: HostSpec | None = None
+) -> MemoryPlan:
     """``plan`` (a re-plan of another configuration) with the extras of ``like`` planned again
     for it (the draft follows the new context; LoRA tensors their layers' new devices); ``plan``
     itself when ``like`` has none or they no longer plan."""

@@ -26,11 +26,32 @@ All sizes are bytes; shapes are ggml's ``ne`` (innermost first).
 from __future__ import annotations
 
 #: ops that ``ggml_op_can_inplace`` (ggml-alloc.c) lets reuse a parent's memory
-INPLACE_OPS = frozenset({
-    "FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL", "DIV", "SQR",
-    "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM", "RMS_NORM_BACK", "CLAMP", "SOFT_MAX",
-    "SOFT_MAX_BACK",
-})
+INPLACE_OPS = frozenset(
+    {
+        "FILL",
+        "SCALE",
+        "DIAG_MASK_ZERO",
+        "DIAG_MASK_INF",
+        "ADD",
+        "ADD_ID",
+        "ADD1",
+        "SUB",
+        "MUL",
+        "DIV",
+        "SQR",
+        "SQRT",
+        "LOG",
+        "UNARY",
+        "ROPE",
+        "ROPE_BACK",
+        "SILU_BACK",
+        "RMS_NORM",
+        "RMS_NORM_BACK",
+        "CLAMP",
+        "SOFT_MAX",
+        "SOFT_MAX_BACK",
+    }
+)
 
 #: bytes per element of the activation types the graphs use
 ELEMENT_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}
@@ -45,12 +66,41 @@ class Tensor:
     is ``ggml_nbytes`` (the span of the strided data). The last five slots are the allocator's
     state (:func:`allocate`)."""
 
-    __slots__ = ("name", "op", "ne", "etype", "src", "nb", "view_src", "view_offs", "is_input", "is_output",
-                 "external", "nbytes", "n_children", "n_views", "allocated", "placed", "addr", "visited")
+    __slots__ = (
+        "addr",
+        "allocated",
+        "etype",
+        "external",
+        "is_input",
+        "is_output",
+        "n_children",
+        "n_views",
+        "name",
+        "nb",
+        "nbytes",
+        "ne",
+        "op",
+        "placed",
+        "src",
+        "view_offs",
+        "view_src",
+        "visited",
+    )
 
-    def __init__(self, name: str, op: str, ne: tuple[int, int, int, int], etype: str, src: tuple["Tensor", ...] = (),
-                 nb: tuple[int, int, int, int] | None = None, view_src: "Tensor | None" = None, view_offs: int = 0,
-                 *, is_input: bool = False, external: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        op: str,
+        ne: tuple[int, int, int, int],
+        etype: str,
+        src: tuple[Tensor, ...] = (),
+        nb: tuple[int, int, int, int] | None = None,
+        view_src: Tensor | None = None,
+        view_offs: int = 0,
+        *,
+        is_input: bool = False,
+        external: bool = False,
+    ) -> None:
         self.name, self.op, self.ne, self.etype, self.src = name, op, ne, etype, src
         if nb is None:
             nb = contiguous_nb(ne, etype)
@@ -58,8 +108,13 @@ class Tensor:
         self.view_src, self.view_offs = view_src, view_offs
         self.is_input, self.is_output, self.external = is_input, False, external
         if ne[0] and ne[1] and ne[2] and ne[3]:
-            self.nbytes = ELEMENT_BYTES[etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
-                (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+            self.nbytes = (
+                ELEMENT_BYTES[etype]
+                + (ne[0] - 1) * nb[0]
+                + (ne[1] - 1) * nb[1]
+                + (ne[2] - 1) * nb[2]
+                + (ne[3] - 1) * nb[3]
+            )
         else:
             self.nbytes = 0
         self.n_children = self.n_views = self.addr = 0
@@ -74,8 +129,13 @@ class Tensor:
         ne = _ne4(tuple(n if i == dim else x for i, x in enumerate(self.ne)))
         self.ne = ne
         self.nb = nb = contiguous_nb(ne, self.etype)
-        self.nbytes = ELEMENT_BYTES[self.etype] + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + \
-            (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+        self.nbytes = (
+            ELEMENT_BYTES[self.etype]
+            + (ne[0] - 1) * nb[0]
+            + (ne[1] - 1) * nb[1]
+            + (ne[2] - 1) * nb[2]
+            + (ne[3] - 1) * nb[3]
+        )
 
 
 def contiguous_nb(ne: tuple[int, ...], etype: str) -> tuple[int, int, int, int]:
@@ -106,8 +166,9 @@ class Graph:
         self.kv_sized: list[tuple[Tensor, bool, int]] = []
 
     # ---- creation helpers (ggml.c) ----
-    def leaf(self, name: str, ne: tuple[int, ...], etype: str = "f32", *, external: bool = True,
-             is_input: bool = False) -> Tensor:
+    def leaf(
+        self, name: str, ne: tuple[int, ...], etype: str = "f32", *, external: bool = True, is_input: bool = False
+    ) -> Tensor:
         """A weight or cache (external) or a graph input (``ggml_set_input``)."""
         return Tensor(name, "NONE", _ne4(ne), etype, external=external, is_input=is_input)
 
@@ -120,8 +181,15 @@ class Graph:
         which live in another buffer and so never change the allocation (left out for speed)."""
         return Tensor(name, op, _ne4(ne), etype, tuple(t for t in src if t is not None))
 
-    def view(self, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...] | None = None, offs: int = 0,
-             op: str = "VIEW", name: str = "") -> Tensor:
+    def view(
+        self,
+        a: Tensor,
+        ne: tuple[int, ...],
+        nb: tuple[int, ...] | None = None,
+        offs: int = 0,
+        op: str = "VIEW",
+        name: str = "",
+    ) -> Tensor:
         """``ggml_view_Nd`` / ``ggml_reshape_Nd`` (``nb`` None: contiguous)."""
         ne4 = _ne4(ne)
         if nb is None:
@@ -148,8 +216,16 @@ class Graph:
             ne[ax[i]] = a.ne[i]
             nb[ax[i]] = a.nb[i]
         root = a.view_src or a
-        return Tensor(a.name + " (permuted)", "PERMUTE", (ne[0], ne[1], ne[2], ne[3]), a.etype, (a,),
-                      (nb[0], nb[1], nb[2], nb[3]), root, a.view_offs)
+        return Tensor(
+            a.name + " (permuted)",
+            "PERMUTE",
+            (ne[0], ne[1], ne[2], ne[3]),
+            a.etype,
+            (a,),
+            (nb[0], nb[1], nb[2], nb[3]),
+            root,
+            a.view_offs,
+        )
 
     def transpose(self, a: Tensor) -> Tensor:
         """``ggml_transpose``."""
@@ -164,8 +240,7 @@ class Graph:
     def view_of_op(self, op: str, name: str, target: Tensor, *src: Tensor) -> Tensor:
         """An op whose result is a view of ``target`` (``ggml_set_rows``, ``ggml_cpy``)."""
         root = target.view_src or target
-        return Tensor(name, op, target.ne, target.etype, (*src, target),
-                      target.nb, root, target.view_offs)
+        return Tensor(name, op, target.ne, target.etype, (*src, target), target.nb, root, target.view_offs)
 
     # ---- ggml_build_forward_expand ----
     def expand(self, t: Tensor) -> None:

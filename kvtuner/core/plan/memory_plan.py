@@ -21,23 +21,23 @@
 
 from __future__ import annotations
 
-import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
+from ..hardware.specs import GpuSpec, HostSpec
+from ..model.ggml_types import kv_type, row_size
+from ..model.profile import ModelProfile
+from ..units import MiB, pad_to
+from .buffers import HOST
 from .build_rules import VENDORED, BuildRules
 from .compute_buffer import GPU_OP_OFFLOAD_MIN_BATCH, ComputeEstimate, estimate_compute
-from .buffers import HOST
 from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
 from .overrides import TensorMoves, apply_overrides
 from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices, tensor_overrides
 from .repack import repack_bytes
-from ..model.ggml_types import kv_type, row_size
-from ..hardware.specs import GpuSpec, HostSpec
-from ..model.profile import ModelProfile
-from ..units import MiB, pad_to
 
 #: Memory per GPU that no llama.cpp buffer reports (CUDA context, cuBLAS workspace, graphs):
 #: measured on an H200 (driver 580, CUDA 13.0) with cudaMemGetInfo as 527 MiB after the context
@@ -48,7 +48,6 @@ DEFAULT_GPU_OVERHEAD_BYTES = 610 * MiB
 #: Host memory of the process itself: Python, llama.cpp and ggml libraries (measured RSS of an
 #: idle runner child before loading a model, see benchmarks/).
 DEFAULT_HOST_OVERHEAD_BYTES = 160 * MiB
-
 
 
 #: llama.cpp prints MiB with two decimals: a printed figure is exact to +-0.005 MiB.
@@ -133,8 +132,15 @@ class DevicePlan:
     def total_bytes(self) -> int:
         """weights + repacked copy + KV + compute + output + overhead + extras (projector, draft
         model, LoRA: :mod:`kvtuner.core.plan.extras`)."""
-        return (self.weights_bytes + self.repack_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
-                + self.overhead_bytes + self.extras_bytes)
+        return (
+            self.weights_bytes
+            + self.repack_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.output_bytes
+            + self.overhead_bytes
+            + self.extras_bytes
+        )
 
     @property
     def mapped_bytes(self) -> int:
@@ -313,23 +319,39 @@ class MemoryPlan:
                 for c in self.kv_caches
             ],
             "kv_layers": [
-                {"il": l.il, "device": l.device, "swa": l.swa, "cells": l.cells, "k_bytes": l.k_bytes, "v_bytes": l.v_bytes}
+                {
+                    "il": l.il,
+                    "device": l.device,
+                    "swa": l.swa,
+                    "cells": l.cells,
+                    "k_bytes": l.k_bytes,
+                    "v_bytes": l.v_bytes,
+                }
                 for l in self.kv_layers
             ],
-            "structure": {"source": self.model.structure.source, "summary": self.model.structure.summary(),
-                          "memory": self.model.structure.memory, "llama_build": self.model.structure.llama_build,
-                          "note": self.model.structure.note},
+            "structure": {
+                "source": self.model.structure.source,
+                "summary": self.model.structure.summary(),
+                "memory": self.model.structure.memory,
+                "llama_build": self.model.structure.llama_build,
+                "note": self.model.structure.note,
+            },
             "figures_source": "llama.cpp dry-run" if self.verified else "kvtuner",
             "compute_source": self.compute.source,
             "rules": self.rules.to_dict(),
             "compute_estimate_bytes": {d: self.compute.estimate_on(d) for d in [*(g.device for g in self.gpus), HOST]},
             "devices": [d.to_dict() for d in self.devices],
-            "split": None if self.split is None else {"split_mode": self.split.split_mode,
-                                                      "tensor_split": list(self.split.tensor_split) if self.split.tensor_split else None,
-                                                      "main_gpu": self.split.main_gpu},
+            "split": None
+            if self.split is None
+            else {
+                "split_mode": self.split.split_mode,
+                "tensor_split": list(self.split.tensor_split) if self.split.tensor_split else None,
+                "main_gpu": self.split.main_gpu,
+            },
             "warnings": list(self.warnings),
-            "tensor_overrides": [{"pattern": p, "buffer": b} for p, b in (self.placement.tensor_overrides
-                                                                          if self.placement else ())],
+            "tensor_overrides": [
+                {"pattern": p, "buffer": b} for p, b in (self.placement.tensor_overrides if self.placement else ())
+            ],
             "moved_tensors": [{"name": n, "from": a, "to": b, "bytes": nb} for n, a, b, nb in self.moves.moved],
         }
 
@@ -341,8 +363,9 @@ def order_devices(gpus: Sequence[GpuSpec]) -> list[GpuSpec]:
     return [g for g in gpus if g.kind == "rpc"] + [g for g in gpus if g.kind != "rpc"]
 
 
-def _layer_devices(n_layer: int, n_gpu_layers: int, gpus: Sequence[GpuSpec],
-                   split: DeviceSplit) -> tuple[list[str], list[GpuSpec]]:
+def _layer_devices(
+    n_layer: int, n_gpu_layers: int, gpus: Sequence[GpuSpec], split: DeviceSplit
+) -> tuple[list[str], list[GpuSpec]]:
     """Device of layers 0..n_layer (index n_layer is the output layer) and the devices llama.cpp
     keeps, by the rules of :func:`kvtuner.core.plan.placement.device_layer_split` (``gpus`` already
     in :func:`order_devices` order)."""
@@ -413,19 +436,25 @@ def plan_memory(
     ngl = n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
     if ngl > n_layer + 1:
         # llama.cpp clamps (act_gpu_layers = min(n_gpu_layers, n_layer + 1)): -ngl 99 means "all"
-        warnings.append(f"-ngl {ngl} is more than the {n_layer} layers + output layer: llama.cpp offloads all {n_layer + 1}")
+        warnings.append(
+            f"-ngl {ngl} is more than the {n_layer} layers + output layer: llama.cpp offloads all {n_layer + 1}"
+        )
         ngl = n_layer + 1
     if not gpus:
         if ngl > 0 and cfg.n_gpu_layers != ALL_LAYERS:
-            warnings.append("no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)")
+            warnings.append(
+                "no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)"
+            )
         ngl_eff = 0
     else:
         ngl_eff = ngl
     devs, kept = _layer_devices(n_layer, ngl_eff, gpus, split)
     if split.split_mode == "row" and len(kept) > 1:
-        warnings.append("-sm row: planned as -sm layer (layers, their KV and the output layer per device by -ts); "
-                        "llama.cpp also splits each matrix by rows over the CUDA devices and keeps intermediate results "
-                        "(and, per its -mg help, KV) on -mg: not modelled")
+        warnings.append(
+            "-sm row: planned as -sm layer (layers, their KV and the output layer per device by -ts); "
+            "llama.cpp also splits each matrix by rows over the CUDA devices and keeps intermediate results "
+            "(and, per its -mg help, KV) on -mg: not modelled"
+        )
     n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
     output_on_gpu = devs[n_layer] != HOST
 
@@ -446,19 +475,29 @@ def plan_memory(
             )
     else:
         kv_gpu, offload_kqv = 0, cfg.kv_gpu_layers is None
-    if (len(kept) > 1 and ngl_eff > n_layer and split.split_mode == "layer" and offload_kqv
-            and not (placement is not None and placement.override_layers) and not tensor_overrides(cfg)):
+    if (
+        len(kept) > 1
+        and ngl_eff > n_layer
+        and split.split_mode == "layer"
+        and offload_kqv
+        and not (placement is not None and placement.override_layers)
+        and not tensor_overrides(cfg)
+    ):
         # llama-context.cpp constructor: pipeline_parallel (n_devices > 1, all layers offloaded,
         # layer split, offload_kqv, no tensor overrides; every device async + events)
-        warnings.append("several devices, every layer offloaded: llama.cpp enables pipeline parallelism, whose compute "
-                        "buffers hold several copies of each split's inputs; the compute figures here are a one-copy "
-                        "estimate (llama.cpp's log of a real run gives the figures)")
+        warnings.append(
+            "several devices, every layer offloaded: llama.cpp enables pipeline parallelism, whose compute "
+            "buffers hold several copies of each split's inputs; the compute figures here are a one-copy "
+            "estimate (llama.cpp's log of a real run gives the figures)"
+        )
     # tensor overrides (-ot, --cpu-moe, --n-cpu-moe): tensor by tensor from the tensor table
     ot = tensor_overrides(cfg)
     moves = apply_overrides(model, devs, ot, [g.device for g in gpus], HOST)
     if ot and not gpus:
-        warnings.append("no GPU: tensor overrides (--n-cpu-moe, --cpu-moe, -ot) change nothing on a CPU-only run "
-                        "(every weight is in host memory already)")
+        warnings.append(
+            "no GPU: tensor overrides (--n-cpu-moe, --cpu-moe, -ot) change nothing on a CPU-only run "
+            "(every weight is in host memory already)"
+        )
     elif ot and not moves.moved:
         warnings.append("the tensor overrides match no tensor this plan would move")
     # KV in VRAM for the last kv_gpu repeating layers: llama.cpp's -ngl range; the offloaded
@@ -486,7 +525,9 @@ def plan_memory(
     n_batch = min(cfg.n_ctx, cfg.n_batch)
     n_ubatch = min(n_batch, cfg.n_ubatch)
     if model.n_ctx_train and n_ctx_seq > model.n_ctx_train:
-        warnings.append(f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart")
+        warnings.append(
+            f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart"
+        )
     if st.is_approximate and exact is None:
         warnings.append(f"approximate: {st.note} (plan --verify reads the real structure from llama.cpp)")
 
@@ -522,8 +563,17 @@ def plan_memory(
     for kind, sel in (("full", [l for l in layers if not l.swa]), (st.swa_label, [l for l in layers if l.swa])):
         if sel:
             caches.append(
-                KvCacheSummary(kind, sel[0].cells, len(sel), cfg.n_seq, n_stream, tk.name, tv.name,
-                               sum(l.k_bytes for l in sel), sum(l.v_bytes for l in sel))
+                KvCacheSummary(
+                    kind,
+                    sel[0].cells,
+                    len(sel),
+                    cfg.n_seq,
+                    n_stream,
+                    tk.name,
+                    tv.name,
+                    sum(l.k_bytes for l in sel),
+                    sum(l.v_bytes for l in sel),
+                )
             )
     # recurrent state (llama-memory-recurrent.cpp constructor): per recurrent layer an f32 row of
     # n_embd_r (R) and of n_embd_s (S) for each of max(1, n_seq_max) cells (x (1 + n_rs_seq),
@@ -536,8 +586,10 @@ def plan_memory(
         if exact is not None and exact.recurrent is not None:
             _, er, es = exact.recurrent
             if abs(er - r_total) > PRINT_TOLERANCE_BYTES or abs(es - s_total) > PRINT_TOLERANCE_BYTES:
-                warnings.append(f"recurrent state: llama.cpp reports {(er + es) / MiB:.2f} MiB, "
-                                f"kvtuner's rule {(r_total + s_total) / MiB:.2f} MiB: using llama.cpp's")
+                warnings.append(
+                    f"recurrent state: llama.cpp reports {(er + es) / MiB:.2f} MiB, "
+                    f"kvtuner's rule {(r_total + s_total) / MiB:.2f} MiB: using llama.cpp's"
+                )
                 r_total, s_total = er, es
         for i, role in enumerate(rec):
             dev = devs[role.il] if offload_kqv else HOST
@@ -546,17 +598,30 @@ def plan_memory(
         caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32", r_total, s_total))
     elif exact is not None and exact.recurrent is not None:
         _, er, es = exact.recurrent
-        warnings.append(f"llama.cpp keeps {(er + es) / MiB:.2f} MiB of recurrent state that kvtuner's structure has no "
-                        "layer for: counted on the host")
+        warnings.append(
+            f"llama.cpp keeps {(er + es) / MiB:.2f} MiB of recurrent state that kvtuner's structure has no "
+            "layer for: counted on the host"
+        )
         recurrent_by_device[HOST] = er + es
         caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), 0, cfg.n_seq, 1, "f32", "f32", er, es))
 
     # --- compute buffers --------------------------------------------------------------------
     compute = estimate_compute(
-        model, n_ubatch=n_ubatch, n_seq=cfg.n_seq, n_ctx_seq=n_ctx_seq, swa_cells=swa_cells, flash_attn=flash_attn,
-        layer_devices=devs, kv_layers=layers, gpu_devices=[g.device for g in kept], host=HOST,
-        kv_f16=tk.name == "f16" and tv.name == "f16", n_stream=n_stream,
-        type_k=tk.name, type_v=tv.name, rules=rules,
+        model,
+        n_ubatch=n_ubatch,
+        n_seq=cfg.n_seq,
+        n_ctx_seq=n_ctx_seq,
+        swa_cells=swa_cells,
+        flash_attn=flash_attn,
+        layer_devices=devs,
+        kv_layers=layers,
+        gpu_devices=[g.device for g in kept],
+        host=HOST,
+        kv_f16=tk.name == "f16" and tv.name == "f16",
+        n_stream=n_stream,
+        type_k=tk.name,
+        type_v=tv.name,
+        rules=rules,
     )
     if rules.approximate_line:
         warnings.append(rules.approximate_line)
@@ -592,18 +657,32 @@ def plan_memory(
         w += moves.delta(g.device)
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
         used = g in kept
-        out.append(DevicePlan(
-            device=g.device, kind=g.kind, name=g.name, weights_bytes=w, kv_bytes=kv,
-            compute_bytes=compute.bytes_on(g.device), output_bytes=(output_exact or {}).get(g.device, 0),
-            # an rpc-server's own process memory (backend context) is on the remote machine and
-            # already out of the free memory it reports (RPC_CMD_GET_DEVICE_MEMORY): none here;
-            # a device -sm none leaves out gets no buffer
-            overhead_bytes=gpu_overhead_bytes if (used and g.kind == "gpu") else 0,
-            capacity_bytes=g.total_bytes, free_bytes=g.free_bytes, n_layers=len(ids), has_output=has_out,
-            endpoint=g.endpoint,
-            expert_bytes=moves.expert_bytes.get(g.device, 0), expert_layers=len(moves.expert_layers.get(g.device, ())),
-            backend=g.backend if g.kind == "gpu" else "RPC", unified=g.unified, source=g.source, flags=g.flags,
-        ))
+        out.append(
+            DevicePlan(
+                device=g.device,
+                kind=g.kind,
+                name=g.name,
+                weights_bytes=w,
+                kv_bytes=kv,
+                compute_bytes=compute.bytes_on(g.device),
+                output_bytes=(output_exact or {}).get(g.device, 0),
+                # an rpc-server's own process memory (backend context) is on the remote machine and
+                # already out of the free memory it reports (RPC_CMD_GET_DEVICE_MEMORY): none here;
+                # a device -sm none leaves out gets no buffer
+                overhead_bytes=gpu_overhead_bytes if (used and g.kind == "gpu") else 0,
+                capacity_bytes=g.total_bytes,
+                free_bytes=g.free_bytes,
+                n_layers=len(ids),
+                has_output=has_out,
+                endpoint=g.endpoint,
+                expert_bytes=moves.expert_bytes.get(g.device, 0),
+                expert_layers=len(moves.expert_layers.get(g.device, ())),
+                backend=g.backend if g.kind == "gpu" else "RPC",
+                unified=g.unified,
+                source=g.source,
+                flags=g.flags,
+            )
+        )
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
     host_w = model.input_bytes + sum(model.layer_bytes[il] for il in host_ids)
     if not output_on_gpu:
@@ -612,26 +691,57 @@ def plan_memory(
     # ggml-cpu's CPU_REPACK copy (plan/repack.py): committed memory; with mmap the file pages it
     # was read from stay mapped (llama-mmap.cpp maps the file with MAP_POPULATE), without mmap
     # those tensors live only in the repack buffer
-    repack = repack_bytes(model, host_ids, not output_on_gpu, host.cpu_features if host else None,
-                          gpu_present=bool(gpus))
+    repack = repack_bytes(
+        model, host_ids, not output_on_gpu, host.cpu_features if host else None, gpu_present=bool(gpus)
+    )
     if repack and not cfg.use_mmap:
         host_w -= repack
     host_w += moves.delta(HOST)
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
-    out.append(DevicePlan(
-        device=HOST, kind="host", name="host RAM", weights_bytes=host_w, kv_bytes=host_kv,
-        compute_bytes=compute.bytes_on(HOST), output_bytes=output_bytes, overhead_bytes=host_overhead_bytes,
-        capacity_bytes=host.total_bytes if host else None, free_bytes=host.available_bytes if host else None,
-        n_layers=len(host_ids), has_output=not output_on_gpu, weights_mapped=cfg.use_mmap, repack_bytes=repack,
-        expert_bytes=moves.expert_bytes.get(HOST, 0), expert_layers=len(moves.expert_layers.get(HOST, ())),
-    ))
+    out.append(
+        DevicePlan(
+            device=HOST,
+            kind="host",
+            name="host RAM",
+            weights_bytes=host_w,
+            kv_bytes=host_kv,
+            compute_bytes=compute.bytes_on(HOST),
+            output_bytes=output_bytes,
+            overhead_bytes=host_overhead_bytes,
+            capacity_bytes=host.total_bytes if host else None,
+            free_bytes=host.available_bytes if host else None,
+            n_layers=len(host_ids),
+            has_output=not output_on_gpu,
+            weights_mapped=cfg.use_mmap,
+            repack_bytes=repack,
+            expert_bytes=moves.expert_bytes.get(HOST, 0),
+            expert_layers=len(moves.expert_layers.get(HOST, ())),
+        )
+    )
 
     return MemoryPlan(
-        model=model, config=cfg, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, n_stream=n_stream, n_ubatch=n_ubatch,
-        flash_attn=flash_attn, n_gpu_layers=ngl_eff, n_gpu_repeating=n_gpu_repeating, output_on_gpu=output_on_gpu,
-        kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0, devices=tuple(out), kv_layers=tuple(layers),
-        kv_caches=tuple(caches), compute=compute, layer_devices=tuple(devs), placement=placement,
-        warnings=tuple(warnings), verified=exact is not None, split=split, moves=moves, rules=rules,
+        model=model,
+        config=cfg,
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx_seq,
+        n_stream=n_stream,
+        n_ubatch=n_ubatch,
+        flash_attn=flash_attn,
+        n_gpu_layers=ngl_eff,
+        n_gpu_repeating=n_gpu_repeating,
+        output_on_gpu=output_on_gpu,
+        kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0,
+        devices=tuple(out),
+        kv_layers=tuple(layers),
+        kv_caches=tuple(caches),
+        compute=compute,
+        layer_devices=tuple(devs),
+        placement=placement,
+        warnings=tuple(warnings),
+        verified=exact is not None,
+        split=split,
+        moves=moves,
+        rules=rules,
     )
 
 
@@ -656,18 +766,21 @@ def _scaled(values: list[int], total: int) -> list[int]:
     return out
 
 
-def _apply_exact_kv(layers: list[LayerKV], exact: tuple[tuple[int, int, int, int], ...],
-                    warnings: list[str]) -> list[LayerKV]:
+def _apply_exact_kv(
+    layers: list[LayerKV], exact: tuple[tuple[int, int, int, int], ...], warnings: list[str]
+) -> list[LayerKV]:
     """Per-layer KV with llama.cpp's cache sizes where they differ from the plan's by more than
     the print's rounding (K and V scaled within each cache; per layer, hence per device)."""
     groups = [g for g in ([l for l in layers if not l.swa], [l for l in layers if l.swa]) if g]
     same_shape = len(groups) == len(exact) and all(
-        (g[0].cells, len(g)) == (cells, n) for g, (cells, n, _, _) in zip(groups, exact))
+        (g[0].cells, len(g)) == (cells, n) for g, (cells, n, _, _) in zip(groups, exact)
+    )
     if not same_shape:
         total_k, total_v = sum(e[2] for e in exact), sum(e[3] for e in exact)
         warnings.append(
             "llama.cpp's KV caches (" + ", ".join(f"{n} layers x {c} cells" for c, n, _, _ in exact) + ") differ from "
-            "kvtuner's structure: totals are llama.cpp's, spread over the planned layers")
+            "kvtuner's structure: totals are llama.cpp's, spread over the planned layers"
+        )
         groups, exact = [layers], ((0, len(layers), total_k, total_v),)
     out = {id(l): l for l in layers}
     for g, (_, _, kb, vb) in zip(groups, exact):

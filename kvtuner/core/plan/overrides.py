@@ -20,8 +20,9 @@ buffer when using mmap"), so moved weights stay memory-mapped and are not repack
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from .config import ConfigError
 from .placement import override_lookup
@@ -58,7 +59,9 @@ class TensorMoves:
 
     def delta(self, device: str) -> int:
         """Bytes the moves add to (positive) or take from (negative) ``device``."""
-        return sum(b for _, _, to, b in self.moved if to == device) - sum(b for _, fr, _, b in self.moved if fr == device)
+        return sum(b for _, _, to, b in self.moved if to == device) - sum(
+            b for _, fr, _, b in self.moved if fr == device
+        )
 
     def device_of(self) -> dict[str, str]:
         """Tensor name -> device, for the moved tensors only."""
@@ -69,8 +72,13 @@ class TensorMoves:
         return max((b for n, _, t, b in self.moved if t == to and (is_expert(n) or not experts_only)), default=0)
 
 
-def apply_overrides(model: "ModelProfile", layer_devices: Sequence[str], overrides: tuple[tuple[str, str], ...],
-                    gpu_devices: Sequence[str], host: str) -> TensorMoves:
+def apply_overrides(
+    model: ModelProfile,
+    layer_devices: Sequence[str],
+    overrides: tuple[tuple[str, str], ...],
+    gpu_devices: Sequence[str],
+    host: str,
+) -> TensorMoves:
     """Apply ``overrides`` (``(regex, buffer)``, first match wins) to every tensor of the model.
 
     Args:
@@ -97,15 +105,19 @@ def apply_overrides(model: "ModelProfile", layer_devices: Sequence[str], overrid
         il = int(m.group(1)) if m else None
         if il is not None and il >= n_layer:
             continue  # MTP / NextN blocks beyond n_layer: the profile counts them as input
-        default = layer_devices[il] if il is not None else (layer_devices[n_layer] if t.name.startswith("output") else host)
+        default = (
+            layer_devices[il] if il is not None else (layer_devices[n_layer] if t.name.startswith("output") else host)
+        )
         dev = default
         if lookup is not None:
             buf = lookup(t.name)
             if buf:
                 dev = host if buf == "CPU" else buf
                 if dev != host and dev not in gpu_devices:
-                    raise ConfigError(f"--override-tensor sends {t.name} to {buf}, and no such GPU is planned "
-                                      f"(planned: {', '.join(gpu_devices)}): use one of them or CPU")
+                    raise ConfigError(
+                        f"--override-tensor sends {t.name} to {buf}, and no such GPU is planned "
+                        f"(planned: {', '.join(gpu_devices)}): use one of them or CPU"
+                    )
         if dev != default:
             moved.append((t.name, default, dev, t.n_bytes))
         if il is not None and is_expert(t.name):

@@ -24,8 +24,8 @@ import bisect
 import dataclasses
 import functools
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .config import ALL_LAYERS, ConfigError, PlanConfig, parse_override
 
@@ -142,7 +142,7 @@ def override_lookup(overrides: tuple[tuple[str, str], ...]) -> Callable[[str], s
 
 
 @functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> "re.Pattern[str]":
+def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
@@ -214,7 +214,7 @@ class _OverrideIndex:
 
     @staticmethod
     @functools.lru_cache(maxsize=256)
-    def of(overrides: tuple[tuple[str, str], ...]) -> "_OverrideIndex":
+    def of(overrides: tuple[tuple[str, str], ...]) -> _OverrideIndex:
         return _OverrideIndex(overrides)
 
     def buffer(self, name: str) -> str:
@@ -318,18 +318,26 @@ class DeviceSplit:
 
     def __post_init__(self) -> None:
         if self.split_mode == "tensor":
-            raise ConfigError("--split-mode tensor (llama.cpp's experimental meta device) is not planned: use layer, row or none")
+            raise ConfigError(
+                "--split-mode tensor (llama.cpp's experimental meta device) is not planned: use layer, row or none"
+            )
         if self.split_mode not in SPLIT_MODES:
             raise ConfigError(f"--split-mode must be none, layer or row, not '{self.split_mode}'")
         if self.tensor_split is not None:
             ts = tuple(float(x) for x in self.tensor_split)
             object.__setattr__(self, "tensor_split", ts)
             if any(not (x >= 0.0) or x == float("inf") for x in ts):
-                raise ConfigError(f"--tensor-split shares must be finite and 0 or more, not {','.join(f'{x:g}' for x in ts)}")
+                raise ConfigError(
+                    f"--tensor-split shares must be finite and 0 or more, not {','.join(f'{x:g}' for x in ts)}"
+                )
             if len(ts) >= LLAMA_MAX_DEVICES:
-                raise ConfigError(f"--tensor-split has {len(ts)} entries; llama.cpp takes fewer than {LLAMA_MAX_DEVICES}")
+                raise ConfigError(
+                    f"--tensor-split has {len(ts)} entries; llama.cpp takes fewer than {LLAMA_MAX_DEVICES}"
+                )
             if not any(ts):
-                raise ConfigError("--tensor-split is all zeros: give a positive share to at least one device, or leave it out")
+                raise ConfigError(
+                    "--tensor-split is all zeros: give a positive share to at least one device, or leave it out"
+                )
         if self.main_gpu < 0:
             raise ConfigError(f"--main-gpu must be a device index, 0 or more, not {self.main_gpu}")
 
@@ -364,10 +372,13 @@ def split_devices(n_devices: int, split: DeviceSplit) -> list[int]:
     if split.tensor_split is not None and n_devices and len(split.tensor_split) != n_devices:
         raise ConfigError(
             f"--tensor-split has {len(split.tensor_split)} shares for {n_devices} devices "
-            "(RPC servers first, then local GPUs): give one share per device")
+            "(RPC servers first, then local GPUs): give one share per device"
+        )
     if split.split_mode == "none" and n_devices:
         if split.main_gpu >= n_devices:
-            raise ConfigError(f"--main-gpu {split.main_gpu} is past the last of the {n_devices} devices: use 0 to {n_devices - 1}")
+            raise ConfigError(
+                f"--main-gpu {split.main_gpu} is past the last of the {n_devices} devices: use 0 to {n_devices - 1}"
+            )
         return [split.main_gpu]
     return list(range(n_devices))
 

@@ -19,7 +19,8 @@ the copy for CPU-only runs. RISC-V vector kernels are not modelled.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import gguf
 
@@ -72,8 +73,9 @@ def _repackable(name: str, shape: tuple[int, ...], ggml_type: int, features: fro
 _CACHE: dict[tuple, tuple[tuple[int, ...], int, int]] = {}
 
 
-def _per_layer(key: tuple, tensors: tuple, n_layer: int, skipped: tuple[bool, ...],
-               features: frozenset[str]) -> tuple[tuple[int, ...], int, int]:
+def _per_layer(
+    key: tuple, tensors: tuple, n_layer: int, skipped: tuple[bool, ...], features: frozenset[str]
+) -> tuple[tuple[int, ...], int, int]:
     """Repacked bytes per layer, of the other host tensors, and of the output (cached per model
     and feature set: a slider move does not walk the tensor table)."""
     ck = (key, features)
@@ -103,8 +105,14 @@ def _per_layer(key: tuple, tensors: tuple, n_layer: int, skipped: tuple[bool, ..
     return result
 
 
-def repack_bytes(model: "ModelProfile", host_layers: Iterable[int], output_on_host: bool,
-                 features: frozenset[str] | None, *, gpu_present: bool) -> int:
+def repack_bytes(
+    model: ModelProfile,
+    host_layers: Iterable[int],
+    output_on_host: bool,
+    features: frozenset[str] | None,
+    *,
+    gpu_present: bool,
+) -> int:
     """Bytes of the ``CPU_REPACK`` buffer llama.cpp allocates for this placement.
 
     Args:
@@ -121,7 +129,12 @@ def repack_bytes(model: "ModelProfile", host_layers: Iterable[int], output_on_ho
         return 0
     skipped = tuple(b > 0 for b in model.structure.skipped_layer_bytes) or (False,) * model.n_layer
     per_layer, other, output = _per_layer(
-        (model.header_sha256, str(model.path), model.n_layer), model.tensors, model.n_layer, skipped, frozenset(features))
+        (model.header_sha256, str(model.path), model.n_layer),
+        model.tensors,
+        model.n_layer,
+        skipped,
+        frozenset(features),
+    )
     total = sum(per_layer[il] for il in host_layers) + other
     if output_on_host:
         total += output

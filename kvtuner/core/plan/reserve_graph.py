@@ -38,16 +38,17 @@ llama-fit-params, whose figures the same graphs equal (benchmarks/compute_builds
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .kv_cache import LayerKV
     from ..model.profile import ModelProfile
+    from .kv_cache import LayerKV
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,9 @@ class TransformerShape:
     rows_after_norm: bool = False  # Gemma 4: output rows taken after the output norm (h_nextn, an output)
     logit_softcap: bool = False  # Gemma 4: logits scaled, tanh, scaled back (f_final_logit_softcapping)
     attn_softcap: bool = False  # Gemma 2: attention scores scaled, tanh, scaled back without flash attention
-    embd_scale_op: bool = False  # Gemma 2: the embeddings scaled by ggml_scale in every build (not build_inp_embd's rows)
+    embd_scale_op: bool = (
+        False  # Gemma 2: the embeddings scaled by ggml_scale in every build (not build_inp_embd's rows)
+    )
 
 
 def hadamard_size(head: int) -> int:
@@ -198,7 +201,9 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
         g.expand(out)
     if k == 1:
         out = g.op("CONT", "ffn_moe_out", (E, T), out)
-    if L.n_ff_shexp and (shape.moe_llama4 or shape.moe_sigmoid or shape.mla):  # llama4.cpp, glm4-moe.cpp: build_ffn of the
+    if L.n_ff_shexp and (
+        shape.moe_llama4 or shape.moe_sigmoid or shape.mla
+    ):  # llama4.cpp, glm4-moe.cpp: build_ffn of the
         # shared expert, added
         gate = g.op("MUL_MAT", "ffn_gate_shexp", (L.n_ff_shexp, T), None, cur)
         up = g.op("MUL_MAT", "ffn_up_shexp", (L.n_ff_shexp, T), None, cur)
@@ -214,8 +219,9 @@ def _moe_ffn(g: Graph, shape: TransformerShape, L: LayerShape, cur: Tensor, T: i
     return out
 
 
-def _build_rs(g: Graph, rules: BuildRules, name: str, state: Tensor, state_size: int, n_seqs: int, s_copy: Tensor,
-              getter=None) -> Tensor:
+def _build_rs(
+    g: Graph, rules: BuildRules, name: str, state: Tensor, state_size: int, n_seqs: int, s_copy: Tensor, getter=None
+) -> Tensor:
     """``llm_graph_context::build_rs`` (src/llama-graph.cpp) when reserving (``n_rs = n_seqs``): one state
     cleared in place, this ubatch's state rows, the others (none) copied back.
 
@@ -242,8 +248,9 @@ def _build_rs(g: Graph, rules: BuildRules, name: str, state: Tensor, state_size:
     return main
 
 
-def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
-               rules: BuildRules = VENDORED) -> Tensor:
+def _shortconv(
+    g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor, rules: BuildRules = VENDORED
+) -> Tensor:
     """``build_shortconv_block`` (src/models/lfm2.cpp): in_proj to B, C, x thirds, B*x transposed after
     the conv state (``build_rs``: the state rows of this ubatch's sequences, ``get_rows`` by
     ``s_copy``; the rest, none when reserving, copied back), the last ``d_conv`` columns copied
@@ -266,8 +273,16 @@ def _shortconv(g: Graph, L: LayerShape, il: int, cur: Tensor, T: int, n_seqs: in
     return g.reshape(y, E, T)
 
 
-def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_seqs: int, s_copy: Tensor,
-            rules: BuildRules = VENDORED) -> Tensor:
+def _mamba2(
+    g: Graph,
+    shape: TransformerShape,
+    il: int,
+    cur: Tensor,
+    T: int,
+    n_seqs: int,
+    s_copy: Tensor,
+    rules: BuildRules = VENDORED,
+) -> Tensor:
     """``llm_build_mamba_base::build_mamba2_layer`` (src/models/mamba-base.cpp) on the normed
     ``[n_embd, T]`` input: ssm_in, the conv state (``build_rs``) concatenated before x/B/C, its last
     columns copied back, ``ssm_conv`` + bias + SiLU, ``ssm_scan`` over the state rows (y and the
@@ -293,22 +308,43 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
     dt = g.view(zx, (n_head, tps, n_seqs), (zx.nb[1], zx.nb[2]), (2 * d_inner + 2 * n_group * d_state) * 4)
     conv_x = g.op("CONCAT", f"conv_x-{il}", (d_conv - 1 + tps, conv_ch, n_seqs), conv, g.transpose(xbc))
     last = g.view(conv_x, (d_conv - 1, conv_ch, n_seqs), (conv_x.nb[1], conv_x.nb[2]), tps * 4)
-    g.expand(g.view_of_op("CPY", f"cache_r_l{il} (last_conv)",
-                          g.view(conv_state, ((d_conv - 1) * conv_ch, n_seqs)), last))
+    g.expand(
+        g.view_of_op("CPY", f"cache_r_l{il} (last_conv)", g.view(conv_state, ((d_conv - 1) * conv_ch, n_seqs)), last)
+    )
     xbc = g.op("SSM_CONV", f"ssm_conv-{il}", (conv_ch, tps, n_seqs), conv_x)
     xbc = g.op("UNARY", f"silu-{il}", xbc.ne, g.op("ADD", f"conv_b-{il}", xbc.ne, xbc, None))
     x = g.view(xbc, (head_dim, n_head, tps, n_seqs), (head_dim * 4, xbc.nb[1], xbc.nb[2]))
     B = g.view(xbc, (d_state, n_group, tps, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]), d_inner * 4)
-    C = g.view(xbc, (d_state, n_group, tps, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]),
-               (d_inner + n_group * d_state) * 4)
+    C = g.view(
+        xbc, (d_state, n_group, tps, n_seqs), (d_state * 4, xbc.nb[1], xbc.nb[2]), (d_inner + n_group * d_state) * 4
+    )
     dt = g.op("ADD", f"dt-{il}", (n_head, tps, n_seqs), g.op("CONT", f"dt-{il}", (n_head, tps, n_seqs), dt), None)
     D = d_state * d_inner
-    y_ssm = rs(il, "s", D, lambda st, ids: g.op(
-        "SSM_SCAN", f"ssm_scan-{il}", (d_inner * T + D * n_seqs,),
-        g.reshape(st, d_state, head_dim, n_head, n_seqs), x, dt, B, C, ids))
+    y_ssm = rs(
+        il,
+        "s",
+        D,
+        lambda st, ids: g.op(
+            "SSM_SCAN",
+            f"ssm_scan-{il}",
+            (d_inner * T + D * n_seqs,),
+            g.reshape(st, d_state, head_dim, n_head, n_seqs),
+            x,
+            dt,
+            B,
+            C,
+            ids,
+        ),
+    )
     ssm_state = g.leaf(f"cache_s_l{il} (all)", (D, n_seqs), "f32")
-    g.expand(g.view_of_op("CPY", f"cache_s_l{il} (view)", g.view(ssm_state, (D, n_seqs)),
-                          g.view(y_ssm, (D, n_seqs), (D * 4,), d_inner * T * 4)))
+    g.expand(
+        g.view_of_op(
+            "CPY",
+            f"cache_s_l{il} (view)",
+            g.view(ssm_state, (D, n_seqs)),
+            g.view(y_ssm, (D, n_seqs), (D * 4,), d_inner * T * 4),
+        )
+    )
     y = g.view(y_ssm, (head_dim, n_head, tps, n_seqs), (head_dim * 4, d_inner * 4, tps * d_inner * 4))
     y = g.op("ADD", f"mamba2_y_add_d-{il}", y.ne, y, g.op("MUL", f"x_d-{il}", x.ne, x, None))
     y = g.op("GLU", f"swiglu-{il}", y.ne, g.op("CONT", f"z-{il}", z.ne, z), y)
@@ -319,8 +355,17 @@ def _mamba2(g: Graph, shape: TransformerShape, il: int, cur: Tensor, T: int, n_s
     return cur
 
 
-def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-                out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
+def _nemotron_h(
+    g: Graph,
+    shape: TransformerShape,
+    inpL: Tensor,
+    mix,
+    T: int,
+    n_seqs: int,
+    n_out: int,
+    out_ids: Tensor,
+    rules: BuildRules = VENDORED,
+) -> Graph:
     """``llama_model_nemotron_h::graph`` (src/models/nemotron-h.cpp): per layer an RMS norm, then
     one block (``build_mamba2_layer`` of mamba-base.cpp, attention without RoPE, or a ReLU^2 MLP)
     and the residual; the normed ``h_nextn`` (an output), its output rows, the head."""
@@ -348,8 +393,17 @@ def _nemotron_h(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_
     return g
 
 
-def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_seqs: int, n_out: int,
-               out_ids: Tensor, rules: BuildRules = VENDORED) -> Graph:
+def _falcon_h1(
+    g: Graph,
+    shape: TransformerShape,
+    inpL: Tensor,
+    mix,
+    T: int,
+    n_seqs: int,
+    n_out: int,
+    out_ids: Tensor,
+    rules: BuildRules = VENDORED,
+) -> Graph:
     """``llama_model_falcon_h1::graph`` (src/models/falcon-h1.cpp): per layer attention and a Mamba2
     mixer side by side on two norms of the input, their sum added to the residual, then the
     SwiGLU feed-forward and its residual; output norm and head."""
@@ -379,8 +433,19 @@ def _falcon_h1(g: Graph, shape: TransformerShape, inpL: Tensor, mix, T: int, n_s
     return g
 
 
-def _mla(g: Graph, shape: TransformerShape, L: LayerShape, il: int, cur: Tensor, T: int, tps: int, ns: int,
-         flash_attn: bool, pos: Tensor, cache_input) -> Tensor:
+def _mla(
+    g: Graph,
+    shape: TransformerShape,
+    L: LayerShape,
+    il: int,
+    cur: Tensor,
+    T: int,
+    tps: int,
+    ns: int,
+    flash_attn: bool,
+    pos: Tensor,
+    cache_input,
+) -> Tensor:
     """deepseek2.cpp's absorbed MLA attention (``is_mla``, DeepSeek-V2-Lite's single Q projection):
     Q split in nope/rope parts, the nope part times ``wk_b`` per head, K the normed latent plus the
     roped ``k_pe`` (one head), V a view of the K cache; ``build_attn`` with a K-only cache
@@ -442,8 +507,9 @@ GEMMA3N_ALTUP_ACTIVE = 0
 GEMMA3N_SPARSE_LAYERS = 10
 
 
-def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int,
-             out_ids: Tensor) -> Graph:
+def _gemma3n(
+    g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int, out_ids: Tensor
+) -> Graph:
     """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
     input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
     the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
@@ -464,8 +530,9 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
 
     target = _magnitude(g, inpL)
     added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
-    added = g.op("DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target),
-                 _magnitude(g, added))
+    added = g.op(
+        "DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target), _magnitude(g, added)
+    )
     inpL = g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
     for il, L in enumerate(shape.layers):
         cur = inpL
@@ -485,14 +552,18 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
         cur = mix(il, L, cur)
         cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
         cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
-        attn_laurel = g.op("SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out))
+        attn_laurel = g.op(
+            "SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out)
+        )
         cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
         F = L.n_ff
         up = g.op("MUL_MAT", f"ffn_up-{il}", (F, T), None, cur)
         gate = g.op("MUL_MAT", f"ffn_gate-{il}", (F, T), None, cur)
         if il < GEMMA3N_SPARSE_LAYERS:  # gaussian_topk
             mean = g.op("MEAN", "mean", (1, T), gate)
-            std = g.op("SUM_ROWS", "sum_rows", (1, T), g.op("SQR", "sqr", (F, T), g.op("SUB", "sub", (F, T), gate, mean)))
+            std = g.op(
+                "SUM_ROWS", "sum_rows", (1, T), g.op("SQR", "sqr", (F, T), g.op("SUB", "sub", (F, T), gate, mean))
+            )
             std = g.op("SQRT", "std", (1, T), g.op("SCALE", "scale", (1, T), std))
             cutoff = g.op("ADD", "cutoff", (1, T), mean, g.op("SCALE", "scale", (1, T), std))
             gate = g.op("UNARY", "relu", (F, T), g.op("SUB", "sub", (F, T), gate, cutoff))
@@ -505,7 +576,9 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
         innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
         coefs = g.op("SCALE", f"all_coefs-{il}", (A, T), g.op("MUL_MAT", f"all_coefs-{il}", (A, T), None, mod))
         coefs = g.op("CONT", f"all_coefs-{il}", (1, T, A), g.transpose(coefs))
-        corrected = g.op("MUL", f"corrected-{il}", (E, T, A), g.op("REPEAT", "innovation", (E, T, A), innovation), coefs)
+        corrected = g.op(
+            "MUL", f"corrected-{il}", (E, T, A), g.op("REPEAT", "innovation", (E, T, A), innovation), coefs
+        )
         corrected = g.op("ADD", f"corrected-{il}", (E, T, A), corrected, pred)
         first = g.op("MUL", f"first_prediction-{il}", (E, T), slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
         first = g.op("UNARY", "gelu", (P, T), g.op("MUL_MAT", f"inp_gate-{il}", (P, T), None, first))
@@ -518,8 +591,9 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
     cur = inpL
     target = _magnitude(g, slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
     unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, rest(cur))
-    unembd = g.op("DIV", "altup_unembd", unembd.ne, g.op("MUL", "altup_unembd", unembd.ne, unembd, target),
-                  _magnitude(g, unembd))
+    unembd = g.op(
+        "DIV", "altup_unembd", unembd.ne, g.op("MUL", "altup_unembd", unembd.ne, unembd, target), _magnitude(g, unembd)
+    )
     merged = slice2d(cur, 0)
     for i in range(A - 1):
         merged = g.op("ADD", "unembd_merged", (E, T), merged, slice2d(unembd, i))
@@ -528,15 +602,26 @@ def _gemma3n(g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None
     result_norm = g.op("MUL", "result_norm", (E, n_out), g.op("RMS_NORM", "norm", (E, n_out), rows), None)
     result_norm.is_output = True
     logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
-    logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne,
-                                                            g.op("SCALE", "scaled", logits.ne, logits)))
+    logits = g.op(
+        "SCALE",
+        "result_output",
+        logits.ne,
+        g.op("UNARY", "tanh", logits.ne, g.op("SCALE", "scaled", logits.ne, logits)),
+    )
     logits.is_output = True
     g.expand(logits)
     return g
 
 
-def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
-           n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
+def _build(
+    shape: TransformerShape,
+    n_tokens: int,
+    n_stream: int,
+    flash_attn: bool,
+    n_seqs: int = 0,
+    n_outputs: int = 0,
+    rules: BuildRules = VENDORED,
+) -> Graph:
     g = Graph()
     T, E = n_tokens, shape.n_embd
     # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per sequence (n_seqs =
@@ -565,15 +650,19 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
     pos = g.input("inp_pos", (T,), "i32")
     out_ids = g.input("out_ids", (n_out,), "i32")
     cache_inputs: dict[bool, dict[str, Tensor]] = {}
+
     def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
         """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
         m = cache_input(swa, f"attn_inp_{which}_rot", (size, size), "f32")
         n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
         r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
         return g.reshape(r, *x.ne)
+
     norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
     inpL = embd
-    if shape.embd_scale and rules.scale_rows and not shape.embd_scale_op:  # b11434: the token rows times an inp_scale_rows input
+    if (
+        shape.embd_scale and rules.scale_rows and not shape.embd_scale_op
+    ):  # b11434: the token rows times an inp_scale_rows input
         inpL = g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
     elif shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
         inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
@@ -616,8 +705,13 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         elif L.n_head_kv > 0:
             hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
             if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
-                qkv = g.op("MUL_MAT", f"wqkv-{il}", (hk * H + hk * Hkv + hv * Hkv, T),
-                           w("attn_qkv", E, hk * H + 2 * hk * Hkv), cur)
+                qkv = g.op(
+                    "MUL_MAT",
+                    f"wqkv-{il}",
+                    (hk * H + hk * Hkv + hv * Hkv, T),
+                    w("attn_qkv", E, hk * H + 2 * hk * Hkv),
+                    cur,
+                )
                 q = g.view(qkv, (hk, H, T), (hk * 4, qkv.nb[1]), 0)
                 k = g.view(qkv, (hk, Hkv, T), (hk * 4, qkv.nb[1]), 4 * hk * H)
                 v = g.view(qkv, (hv, Hkv, T), (hv * 4, qkv.nb[1]), 4 * (hk * H + hk * Hkv))
@@ -633,8 +727,12 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 k = g.reshape(k, hk, Hkv, T)
                 v = g.reshape(v, hv, Hkv, T)
             if shape.qk_norm:
-                q = g.op("MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk))
-                k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
+                q = g.op(
+                    "MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk)
+                )
+                k = g.op(
+                    "MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk)
+                )
             if shape.v_norm:
                 v = g.op("RMS_NORM", f"Vcur_normed-{il}", v.ne, v)
             if L.nope:  # llama4.cpp: Q times inp_attn_scale (build_inp_attn_scale, [1, 1, n_tokens])
@@ -688,16 +786,26 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                     if hv * Hkv < v_width:
                         vr = g.op("PAD", f"v_pad-{il}", (v_width, T), vr)
                     vr = g.reshape(vr, 1, T * v_width)
-                    g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)",
-                                          g.reshape(cache_v, 1, v_width * n_kv * ns), vr, v_idxs))
+                    g.expand(
+                        g.view_of_op(
+                            "SET_ROWS",
+                            f"cache_v_l{il} (reshaped)",
+                            g.reshape(cache_v, 1, v_width * n_kv * ns),
+                            vr,
+                            v_idxs,
+                        )
+                    )
             mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
             if not any(t is mask for t, _, _ in g.kv_sized):
                 g.kv_sized.append((mask, sw, 0))
             qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
-            kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
+            kview = g.permute(
+                g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3
+            )
             if flash_attn:
-                vview = g.permute(g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)),
-                                  0, 2, 1, 3)
+                vview = g.permute(
+                    g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)), 0, 2, 1, 3
+                )
                 # build_attn_mha: an f32 cache is cast to f16 for flash attention (ggml_cast: a new
                 # tensor, its own second source)
                 if shape.k_f32:
@@ -753,8 +861,13 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
             cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
             inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
         if shape.post_norms:
-            cur = g.op("MUL", f"attn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
-                       w("post_attention_norm", E))
+            cur = g.op(
+                "MUL",
+                f"attn_post_norm-{il}",
+                (E, Tc),
+                g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
+                w("post_attention_norm", E),
+            )
         if L.n_head == 0:
             ffn_inp = cur
         elif shape.attn_residual_first:
@@ -776,8 +889,9 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
                 act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up)
             cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), w("ffn_down", L.n_ff, E), act)
         if shape.post_norms:
-            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), cur),
-                       w("post_ffw_norm", E))
+            cur = g.op(
+                "MUL", f"ffn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), cur), w("post_ffw_norm", E)
+            )
         if shape.residual_first:
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), ffn_inp, cur)
         else:
@@ -804,16 +918,27 @@ def _build(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bo
         result_norm.is_output = True
     logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
     if shape.logit_softcap:  # scale, tanh, scale (in place)
-        logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne,
-                                                                g.op("SCALE", "scaled", logits.ne, logits)))
+        logits = g.op(
+            "SCALE",
+            "result_output",
+            logits.ne,
+            g.op("UNARY", "tanh", logits.ne, g.op("SCALE", "scaled", logits.ne, logits)),
+        )
     logits.is_output = True
     g.expand(logits)
     return g
 
 
 @lru_cache(maxsize=256)
-def transformer_reserve_bytes(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool,
-                              n_seqs: int = 0, n_outputs: int = 0, rules: BuildRules = VENDORED) -> int:
+def transformer_reserve_bytes(
+    shape: TransformerShape,
+    n_tokens: int,
+    n_stream: int,
+    flash_attn: bool,
+    n_seqs: int = 0,
+    n_outputs: int = 0,
+    rules: BuildRules = VENDORED,
+) -> int:
     """The CPU compute buffer llama.cpp reserves for ``shape``, bytes: ggml-alloc's peak over the
     prompt-processing reserve graph of ``n_tokens`` tokens in ``n_stream`` KV streams, the ubatch
     holding ``n_seqs`` sequences (``n_seq_max``; 0: ``n_stream``), ``n_outputs`` of its tokens
@@ -842,8 +967,15 @@ _TEMPLATE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=8)
-def _template(shape: TransformerShape, n_tokens: int, n_stream: int, flash_attn: bool, n_seqs: int = 0,
-              n_outputs: int = 0, rules: BuildRules = VENDORED) -> Graph:
+def _template(
+    shape: TransformerShape,
+    n_tokens: int,
+    n_stream: int,
+    flash_attn: bool,
+    n_seqs: int = 0,
+    n_outputs: int = 0,
+    rules: BuildRules = VENDORED,
+) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
     return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
@@ -859,8 +991,14 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool | int]] = {
     "phi3": {"q_scale": True, "residual_first": True},
     "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
     # gemma2.cpp: Gemma 3's layer without Q/K norms, attention and final logit soft-capping
-    "gemma2": {"embd_scale": True, "embd_scale_op": True, "q_scale": True, "post_norms": True, "attn_softcap": True,
-               "logit_softcap": True},
+    "gemma2": {
+        "embd_scale": True,
+        "embd_scale_op": True,
+        "q_scale": True,
+        "post_norms": True,
+        "attn_softcap": True,
+        "logit_softcap": True,
+    },
     "olmoe": {},
     "qwen3moe": {},
     "qwen2moe": {},
@@ -876,6 +1014,7 @@ EXACT_ARCHITECTURES: dict[str, dict[str, bool | int]] = {
     "glm4moe": {"moe_sigmoid": True},
     "deepseek2": {},
 }
+
 
 def last_layer_rows_only(arch: str) -> bool:
     """Whether llama.cpp's graph of ``arch`` runs its last layer's feed-forward for the output rows
@@ -905,11 +1044,17 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
     hit = _FACTS.get(id(tensors))
     if hit is not None and hit[0] is tensors:
         return hit[1]
-    names = {t.name[len("blk.0."):] for t in tensors if t.name.startswith("blk.0.")}
-    moe_layers = {int(t.name.split(".")[1]): tuple(t.shape) for t in tensors
-                  if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")}
-    shexp_ff = {int(t.name.split(".")[1]): int(t.shape[1]) for t in tensors
-                if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")}
+    names = {t.name[len("blk.0.") :] for t in tensors if t.name.startswith("blk.0.")}
+    moe_layers = {
+        int(t.name.split(".")[1]): tuple(t.shape)
+        for t in tensors
+        if t.name.startswith("blk.") and t.name.endswith(".ffn_up_exps.weight")
+    }
+    shexp_ff = {
+        int(t.name.split(".")[1]): int(t.shape[1])
+        for t in tensors
+        if t.name.startswith("blk.") and t.name.endswith(".ffn_up_shexp.weight")
+    }
     top = {t.name for t in tensors if not t.name.startswith("blk.")}
     if len(_FACTS) > 16:
         _FACTS.clear()
@@ -917,8 +1062,9 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
     return names, moe_layers, shexp_ff, top
 
 
-def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], type_k: str = "f16",
-                      type_v: str = "f16") -> TransformerShape | None:
+def transformer_shape(
+    model: ModelProfile, kv_layers: Sequence[LayerKV], type_k: str = "f16", type_v: str = "f16"
+) -> TransformerShape | None:
     """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
     rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES` with the layer kinds
     its graph has (shared KV only in Gemma 3n / Gemma 4, recurrent state only in LFM2, Nemotron-H
@@ -927,7 +1073,11 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     (layer 0's, or every layer's where layers differ in kind)."""
     extra = EXACT_ARCHITECTURES.get(model.architecture)
     st = model.structure
-    if extra is None or (st.is_mla and model.architecture != "deepseek2") or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1")):
+    if (
+        extra is None
+        or (st.is_mla and model.architecture != "deepseek2")
+        or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1"))
+    ):
         return None
     rows = st.layers
     n_layer = model.n_layer
@@ -940,29 +1090,67 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     shared_kv = model.architecture in ("gemma4", "gemma3n")  # gemma4.cpp: layers reading an earlier layer's KV
     if len(rows) != n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
         return None
-    if any(not r.kv and r.reuse < 0 and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
-           and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
-           and model.architecture != "nemotron_h" for r in rows):
+    if any(
+        not r.kv
+        and r.reuse < 0
+        and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
+        and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
+        and model.architecture != "nemotron_h"
+        for r in rows
+    ):
         return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
-    if any(r.swa for r in rows) and model.architecture not in ("gemma2", "gemma3", "gemma4", "lfm2", "llama4", "gemma3n",
-                                                                "gpt-oss"):
+    if any(r.swa for r in rows) and model.architecture not in (
+        "gemma2",
+        "gemma3",
+        "gemma4",
+        "lfm2",
+        "llama4",
+        "gemma3n",
+        "gpt-oss",
+    ):
         return None
     names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
     glm_moe = False
     mla_shape: tuple[int, ...] = ()
     if model.architecture == "glm4moe":  # glm4-moe.cpp: dense leading layers, then MoE with a shared expert;
         # post_attention_norm is the feed-forward norm; sigmoid gating (the default), exp_probs_b
-        all_names = {t.name.split(".", 2)[2] for t in model.tensors
-                     if t.name.startswith("blk.") and int(t.name.split(".")[1]) < n_layer}
-        glm = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-               "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-               "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-               "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_up_exps.weight", "ffn_gate_exps.weight",
-               "ffn_down_exps.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+        all_names = {
+            t.name.split(".", 2)[2]
+            for t in model.tensors
+            if t.name.startswith("blk.") and int(t.name.split(".")[1]) < n_layer
+        }
+        glm = {
+            "attn_norm.weight",
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_output.weight",
+            "attn_q.bias",
+            "attn_k.bias",
+            "attn_v.bias",
+            "attn_q_norm.weight",
+            "attn_k_norm.weight",
+            "post_attention_norm.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "ffn_gate_inp.weight",
+            "exp_probs_b.bias",
+            "ffn_up_exps.weight",
+            "ffn_gate_exps.weight",
+            "ffn_down_exps.weight",
+            "ffn_up_shexp.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_down_shexp.weight",
+        }
         gating = model.metadata.get("glm4moe.expert_gating_func", 2)
-        if not all_names <= glm or "exp_probs_b.bias" not in all_names or gating not in (0, 2) or \
-                model.metadata.get("glm4moe.rope.dimension_sections") is not None or \
-                any(il not in moe_layers for il in range(n_layer) if il >= min(moe_layers, default=n_layer)):
+        if (
+            not all_names <= glm
+            or "exp_probs_b.bias" not in all_names
+            or gating not in (0, 2)
+            or model.metadata.get("glm4moe.rope.dimension_sections") is not None
+            or any(il not in moe_layers for il in range(n_layer) if il >= min(moe_layers, default=n_layer))
+        ):
             return None  # another gating, M-RoPE or interleaved dense layers: not rebuilt
         names = (names - {"post_attention_norm.weight"}) | {"ffn_norm.weight"}
         glm_moe = True
@@ -970,24 +1158,56 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         # projection), dense leading layers, softmax-routed MoE with shared experts
         a = "deepseek2"
         all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
-        ds = {"attn_norm.weight", "attn_kv_a_norm.weight", "attn_q.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight",
-              "attn_v_b.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-              "ffn_down.weight", "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight",
-              "ffn_down_exps.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+        ds = {
+            "attn_norm.weight",
+            "attn_kv_a_norm.weight",
+            "attn_q.weight",
+            "attn_kv_a_mqa.weight",
+            "attn_k_b.weight",
+            "attn_v_b.weight",
+            "attn_output.weight",
+            "ffn_norm.weight",
+            "ffn_gate.weight",
+            "ffn_up.weight",
+            "ffn_down.weight",
+            "ffn_gate_inp.weight",
+            "ffn_up_exps.weight",
+            "ffn_gate_exps.weight",
+            "ffn_down_exps.weight",
+            "ffn_up_shexp.weight",
+            "ffn_gate_shexp.weight",
+            "ffn_down_shexp.weight",
+        }
         meta = model.metadata
-        mla: list[Any] = [meta.get(f"{a}.attention.kv_lora_rank"), meta.get(f"{a}.rope.dimension_count"),
-               meta.get(f"{a}.attention.key_length_mla"), meta.get(f"{a}.attention.value_length_mla")]
-        if not st.is_mla or not all_names <= ds or meta.get(f"{a}.expert_gating_func", 0) not in (0, 1) or \
-                meta.get(f"{a}.expert_group_count", 0) not in (0, 1) or \
-                meta.get(f"{a}.attention.temperature_scale") is not None or \
-                not all(isinstance(x, int) and x > 0 for x in mla) or type_k.lower() == "f32" or \
-                any(il not in moe_layers for il in range(model.n_layer) if il >= min(moe_layers, default=model.n_layer)):
+        mla: list[Any] = [
+            meta.get(f"{a}.attention.kv_lora_rank"),
+            meta.get(f"{a}.rope.dimension_count"),
+            meta.get(f"{a}.attention.key_length_mla"),
+            meta.get(f"{a}.attention.value_length_mla"),
+        ]
+        if (
+            not st.is_mla
+            or not all_names <= ds
+            or meta.get(f"{a}.expert_gating_func", 0) not in (0, 1)
+            or meta.get(f"{a}.expert_group_count", 0) not in (0, 1)
+            or meta.get(f"{a}.attention.temperature_scale") is not None
+            or not all(isinstance(x, int) and x > 0 for x in mla)
+            or type_k.lower() == "f32"
+            or any(il not in moe_layers for il in range(model.n_layer) if il >= min(moe_layers, default=model.n_layer))
+        ):
             return None  # the full Q LoRA, sigmoid or grouped routing, temperature tuning: not rebuilt
         mla_shape = tuple(mla)
         glm_moe = True  # per-layer MoE like GLM-4.5
     if model.architecture == "gpt-oss":  # openai-moe.cpp: post_attention_norm is the feed-forward norm
-        gpt_oss = {"post_attention_norm.weight", "attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias",
-                   "ffn_gate_exps.bias", "ffn_down_exps.bias", "ffn_up_exps.bias"}
+        gpt_oss = {
+            "post_attention_norm.weight",
+            "attn_sinks.weight",
+            "attn_output.bias",
+            "ffn_gate_inp.bias",
+            "ffn_gate_exps.bias",
+            "ffn_down_exps.bias",
+            "ffn_up_exps.bias",
+        }
         if not gpt_oss <= names:
             return None
         names = (names - gpt_oss) | {"ffn_norm.weight"}
@@ -1005,29 +1225,74 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         flags["moe_norm_w"] = bool(model.metadata.get(f"{model.architecture}.expert_weights_norm", False))
     if mla_shape:
         flags["mla"] = mla_shape
-        names = (names - {"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"}) | \
-            {"attn_k.weight", "attn_v.weight"}
+        names = (names - {"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"}) | {
+            "attn_k.weight",
+            "attn_v.weight",
+        }
     if flags["qk_norm"] and flags.get("layer_norm"):
         return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
-    known = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
-             "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-             "post_attention_norm.weight", "post_ffw_norm.weight", "attn_norm.bias", "ffn_norm.bias",
-             "ffn_gate_inp.weight", "ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight",
-             "ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
+    known = {
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_qkv.weight",
+        "attn_output.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+        "attn_q.bias",
+        "attn_k.bias",
+        "attn_v.bias",
+        "attn_q_norm.weight",
+        "attn_k_norm.weight",
+        "post_attention_norm.weight",
+        "post_ffw_norm.weight",
+        "attn_norm.bias",
+        "ffn_norm.bias",
+        "ffn_gate_inp.weight",
+        "ffn_up_exps.weight",
+        "ffn_gate_exps.weight",
+        "ffn_down_exps.weight",
+        "ffn_gate_inp_shexp.weight",
+        "ffn_up_shexp.weight",
+        "ffn_gate_shexp.weight",
+        "ffn_down_shexp.weight",
+    }
     d_conv = 0
     nope_step = 0
     if model.architecture in ("nemotron_h", "falcon-h1"):  # nemotron-h.cpp: Mamba2 ('M'), attention ('*') and
         # MLP ('-') layers; falcon-h1.cpp: attention, Mamba2 and a SwiGLU feed-forward in every layer
         a = model.architecture
-        ssm = [model.metadata.get(f"{a}.ssm.{k}") for k in
-               ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")]
+        ssm = [
+            model.metadata.get(f"{a}.ssm.{k}")
+            for k in ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")
+        ]
         all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
-        if not all(isinstance(x, int) and x > 0 for x in ssm) or moe_layers or \
-                all_names - {"attn_norm.weight", "ssm_in.weight", "ssm_conv1d.weight", "ssm_conv1d.bias", "ssm_dt.bias",
-                             "ssm_a", "ssm_d", "ssm_norm.weight", "ssm_out.weight", "attn_q.weight", "attn_k.weight",
-                             "attn_v.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight",
-                             *(("ffn_gate.weight", "ffn_norm", "ffn_norm.weight") if a == "falcon-h1" else ())}:
+        if (
+            not all(isinstance(x, int) and x > 0 for x in ssm)
+            or moe_layers
+            or all_names
+            - {
+                "attn_norm.weight",
+                "ssm_in.weight",
+                "ssm_conv1d.weight",
+                "ssm_conv1d.bias",
+                "ssm_dt.bias",
+                "ssm_a",
+                "ssm_d",
+                "ssm_norm.weight",
+                "ssm_out.weight",
+                "attn_q.weight",
+                "attn_k.weight",
+                "attn_v.weight",
+                "attn_output.weight",
+                "ffn_up.weight",
+                "ffn_down.weight",
+                *(("ffn_gate.weight", "ffn_norm", "ffn_norm.weight") if a == "falcon-h1" else ()),
+            }
+        ):
             return None  # MoE (Nemotron 3), biases or latent projections: not rebuilt
         flags["ssm"] = (*ssm, int("ssm_norm.weight" in all_names))
         flags["fused_up"] = False
@@ -1048,17 +1313,32 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         d_conv = l_cache - 1
         flags["qk_norm"] = True  # lfm2.cpp: Q and K RMS-normed per head
     if model.architecture == "gemma3n":  # hparams n_altup 4, n_embd_altup 256 (llama-hparams.h, not read from the file)
-        known |= {"inp_gate.weight", "proj.weight", "post_norm.weight", "altup_correct_coef.weight",
-                  "altup_correct_scale.weight", "altup_predict_coef.weight", "altup_router.weight",
-                  "altup_router_norm.weight", "laurel_l.weight", "laurel_r.weight", "laurel_post_norm.weight"}
-        if not {"altup_proj.weight", "altup_unembd_proj.weight", "per_layer_token_embd.weight"} <= top or \
-                "attn_qkv.weight" in names:
+        known |= {
+            "inp_gate.weight",
+            "proj.weight",
+            "post_norm.weight",
+            "altup_correct_coef.weight",
+            "altup_correct_scale.weight",
+            "altup_predict_coef.weight",
+            "altup_router.weight",
+            "altup_router_norm.weight",
+            "laurel_l.weight",
+            "laurel_r.weight",
+            "laurel_post_norm.weight",
+        }
+        if (
+            not {"altup_proj.weight", "altup_unembd_proj.weight", "per_layer_token_embd.weight"} <= top
+            or "attn_qkv.weight" in names
+        ):
             return None
     if model.architecture == "gemma4":  # the per-layer embedding's gate, projection and norm
         known |= {"inp_gate.weight", "proj.weight", "post_norm.weight"}
         ple = model.metadata.get("gemma4.embedding_length_per_layer_input", 0)
-        if not isinstance(ple, int) or (ple > 0) != ("inp_gate.weight" in names) or \
-                (ple > 0 and "per_layer_token_embd.weight" not in top):
+        if (
+            not isinstance(ple, int)
+            or (ple > 0) != ("inp_gate.weight" in names)
+            or (ple > 0 and "per_layer_token_embd.weight" not in top)
+        ):
             return None
         flags["per_layer"] = ple
         cap = model.metadata.get("gemma4.final_logit_softcapping", 30.0)  # llama-hparams.h default 30
@@ -1066,8 +1346,10 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         if "attn_k.weight" not in names or "attn_v.weight" not in names:
             return None  # fused QKV or K as V (gemma4.cpp's other branches): not rebuilt
     shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
-    if names & shexp and not (model.architecture == "qwen2moe" and shexp <= names
-                              or model.architecture == "llama4" and names & shexp == shexp - {"ffn_gate_inp_shexp.weight"}):
+    if names & shexp and not (
+        (model.architecture == "qwen2moe" and shexp <= names)
+        or (model.architecture == "llama4" and names & shexp == shexp - {"ffn_gate_inp_shexp.weight"})
+    ):
         return None
     moe = "ffn_gate_inp.weight" in names
     if moe:
@@ -1077,7 +1359,7 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
         if model.architecture not in MOE_NORM_W:
             return None
         flags["moe_norm_w"] = MOE_NORM_W[model.architecture]
-    if not names <= known or flags["fused_up"] and model.architecture != "phi3":
+    if not names <= known or (flags["fused_up"] and model.architecture != "phi3"):
         return None
     if moe and len(moe_layers) != model.n_layer:
         return None
@@ -1091,17 +1373,27 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     iswa = st.is_iswa
     if model.architecture == "deci" and 0 in ffs:
         return None  # deci.cpp skips the rest of an FFN-free layer ("continue"): not rebuilt
-    layers = tuple(LayerShape(model.n_head[il], model.n_head_kv[il], r.head_k, r.head_v, ffs[il],
-                              cells.get(il if r.reuse < 0 else r.reuse, 0),
-                              swa=r.swa and iswa, iswa=iswa, kv_src=r.reuse,
-                              conv=d_conv if r.recurrent else 0,
-                              nope=nope_step > 0 and (il + 1) % nope_step == 0,
-                              mamba=model.architecture in ("nemotron_h", "falcon-h1") and r.recurrent,
-                              n_expert=int(moe_layers[il][2]) if moe or glm_moe and il in moe_layers else 0,
-                              n_expert_used=model.n_expert_used if moe or glm_moe and il in moe_layers else 0,
-                              n_ff_exp=int(moe_layers[il][1]) if moe or glm_moe and il in moe_layers else 0,
-                              n_ff_shexp=shexp_ff.get(il, 0))
-                   for il, r in enumerate(rows))
+    layers = tuple(
+        LayerShape(
+            model.n_head[il],
+            model.n_head_kv[il],
+            r.head_k,
+            r.head_v,
+            ffs[il],
+            cells.get(il if r.reuse < 0 else r.reuse, 0),
+            swa=r.swa and iswa,
+            iswa=iswa,
+            kv_src=r.reuse,
+            conv=d_conv if r.recurrent else 0,
+            nope=nope_step > 0 and (il + 1) % nope_step == 0,
+            mamba=model.architecture in ("nemotron_h", "falcon-h1") and r.recurrent,
+            n_expert=int(moe_layers[il][2]) if moe or (glm_moe and il in moe_layers) else 0,
+            n_expert_used=model.n_expert_used if moe or (glm_moe and il in moe_layers) else 0,
+            n_ff_exp=int(moe_layers[il][1]) if moe or (glm_moe and il in moe_layers) else 0,
+            n_ff_shexp=shexp_ff.get(il, 0),
+        )
+        for il, r in enumerate(rows)
+    )
     type_k, type_v = type_k.lower(), type_v.lower()
     if not [l for l in layers if l.n_head_kv > 0]:
         return None
@@ -1109,12 +1401,15 @@ def transformer_shape(model: "ModelProfile", kv_layers: Sequence["LayerKV"], typ
     # build_inp_mem_hybrid_iswa (llama-graph.cpp) sets no rotation inputs: a hybrid iSWA memory
     # (LFM2 with a sliding window) is never rotated, whatever the cache type
     hybrid_iswa = bool(st.recurrent_layers) and iswa
-    for swa, suffix in () if hybrid_iswa else ((False, ""), (True, "_swa")):  # each cache of an iSWA memory decides for its own layers
+    for swa, suffix in (
+        () if hybrid_iswa else ((False, ""), (True, "_swa"))
+    ):  # each cache of an iSWA memory decides for its own layers
         own = [l for l in layers if l.n_head_kv > 0 and l.kv_src < 0 and l.swa == swa]
         if not own:
             continue
         rot["rot_k" + suffix] = hadamard_size(own[0].head_k) if attn_rotation(type_k, [l.head_k for l in own]) else 0
         # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
         rot["rot_v" + suffix] = 64 if attn_rotation(type_v, [l.head_v for l in own]) else 0
-    return TransformerShape(model.n_embd, model.n_vocab, layers, **rot,
-                            k_f32=type_k == "f32", v_f32=type_v == "f32", **flags)
+    return TransformerShape(
+        model.n_embd, model.n_vocab, layers, **rot, k_f32=type_k == "f32", v_f32=type_v == "f32", **flags
+    )

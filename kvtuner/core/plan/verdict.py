@@ -72,16 +72,21 @@ class FitMargins:
     @property
     def source(self) -> str:
         """Where the margins come from, in words."""
-        vram = (f"{fmt_bytes(self.vram_margin_bytes)} of VRAM per GPU"
-                + (" (llama.cpp's --fit-target default, common/common.h fit_params_target)"
-                   if self.vram_margin_bytes == FIT_TARGET_MIB * MiB else " (set by the user)"))
+        vram = f"{fmt_bytes(self.vram_margin_bytes)} of VRAM per GPU" + (
+            " (llama.cpp's --fit-target default, common/common.h fit_params_target)"
+            if self.vram_margin_bytes == FIT_TARGET_MIB * MiB
+            else " (set by the user)"
+        )
         ram = f"{self.ram_headroom_fraction:.0%} of the available RAM"
         return f"{vram}; {ram}"
 
     def to_dict(self) -> dict[str, Any]:
         """``{vram_margin_bytes, ram_headroom_fraction, source}``."""
-        return {"vram_margin_bytes": self.vram_margin_bytes, "ram_headroom_fraction": self.ram_headroom_fraction,
-                "source": self.source}
+        return {
+            "vram_margin_bytes": self.vram_margin_bytes,
+            "ram_headroom_fraction": self.ram_headroom_fraction,
+            "source": self.source,
+        }
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,16 @@ class DeviceVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (keys as the attributes)."""
-        return {"device": self.device, "kind": self.kind, "name": self.name, "level": self.level,
-                "need_bytes": self.need_bytes, "capacity_bytes": self.capacity_bytes, "limit_bytes": self.limit_bytes,
-                "why": self.why}
+        return {
+            "device": self.device,
+            "kind": self.kind,
+            "name": self.name,
+            "level": self.level,
+            "need_bytes": self.need_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "limit_bytes": self.limit_bytes,
+            "why": self.why,
+        }
 
 
 @dataclass(frozen=True)
@@ -176,8 +188,12 @@ class FitVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``fit`` object of ``kvtuner plan --json``: ``{level, why, margins, devices}``."""
-        return {"level": self.level, "why": self.why, "margins": self.margins.to_dict(),
-                "devices": [d.to_dict() for d in self.devices]}
+        return {
+            "level": self.level,
+            "why": self.why,
+            "margins": self.margins.to_dict(),
+            "devices": [d.to_dict() for d in self.devices],
+        }
 
 
 def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
@@ -189,11 +205,21 @@ def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
     if need > cap:
         level, why = DOES_NOT_FIT, f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, {fmt_bytes(need - cap)} over"
     elif need > limit:
-        level, why = TIGHT, (f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, leaving {fmt_bytes(cap - need)} "
-                             f"free, under the {fmt_bytes(m.vram_margin_bytes)} margin")
+        level, why = (
+            TIGHT,
+            (
+                f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, leaving {fmt_bytes(cap - need)} "
+                f"free, under the {fmt_bytes(m.vram_margin_bytes)} margin"
+            ),
+        )
     else:
-        level, why = FITS, (f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, keeping the "
-                            f"{fmt_bytes(m.vram_margin_bytes)} margin")
+        level, why = (
+            FITS,
+            (
+                f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, keeping the "
+                f"{fmt_bytes(m.vram_margin_bytes)} margin"
+            ),
+        )
     return DeviceVerdict(d.device, d.kind, d.name, level, need, cap, limit, why)
 
 
@@ -205,11 +231,18 @@ def _host(h: Any, m: FitMargins) -> DeviceVerdict:
         return DeviceVerdict(h.device, h.kind, h.name, None, need, None, None, "host: RAM unknown")
     limit = int((1 - m.ram_headroom_fraction) * cap)
     if need > cap:
-        level, why = DOES_NOT_FIT, (f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM, "
-                                    f"{fmt_bytes(need - cap)} over")
+        level, why = (
+            DOES_NOT_FIT,
+            (f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM, {fmt_bytes(need - cap)} over"),
+        )
     elif need > limit:
-        level, why = TIGHT, (f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM ({need / cap:.0%}), "
-                             f"more than {1 - m.ram_headroom_fraction:.0%}: swap risk")
+        level, why = (
+            TIGHT,
+            (
+                f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM ({need / cap:.0%}), "
+                f"more than {1 - m.ram_headroom_fraction:.0%}: swap risk"
+            ),
+        )
     else:
         level, why = FITS, f"host needs {fmt_bytes(need)} of {fmt_bytes(cap)} {what} RAM ({need / cap:.0%})"
     return DeviceVerdict(h.device, h.kind, h.name, level, need, cap, limit, why)
@@ -242,5 +275,18 @@ def badge(verdict: FitVerdict, band: str | None) -> str | None:
     return band
 
 
-__all__ = ["BADGES", "DOES_NOT_FIT", "DeviceVerdict", "FITS", "FIT_TARGET_MIB", "FitMargins", "FitVerdict", "LEVELS",
-           "RAM_HEADROOM_FRACTION", "TIGHT", "VerdictError", "badge", "fit_verdict"]
+__all__ = [
+    "BADGES",
+    "DOES_NOT_FIT",
+    "FITS",
+    "FIT_TARGET_MIB",
+    "LEVELS",
+    "RAM_HEADROOM_FRACTION",
+    "TIGHT",
+    "DeviceVerdict",
+    "FitMargins",
+    "FitVerdict",
+    "VerdictError",
+    "badge",
+    "fit_verdict",
+]

@@ -47,8 +47,9 @@ prediction (from the card's memory and our estimates).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..units import GiB
 from .torch_allocator import CachingAllocatorModel
@@ -62,12 +63,29 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.9
 VLLM_MAX_NUM_SEQS = 256
 #: Bytes per KV element for ``--kv-cache-dtype`` (``vllm/utils.py`` ``STR_DTYPE_TO_TORCH_DTYPE``;
 #: fp8 variants are 1-byte torch.uint8 / float8 storage). ``auto``: the model dtype.
-KV_DTYPE_BYTES: dict[str, int] = {"auto": 2, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1,
-                                  "fp8_e5m2": 1, "float32": 4}
+KV_DTYPE_BYTES: dict[str, int] = {
+    "auto": 2,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float32": 4,
+}
 #: llama.cpp KV cache types and the vLLM ``--kv-cache-dtype`` that stores as few bytes
 #: (q8_0 is 8.5 bits in llama.cpp; vLLM's nearest is fp8, 8 bits).
-LLAMA_TO_VLLM_KV: dict[str, str] = {"f16": "auto", "bf16": "auto", "f32": "float32", "q8_0": "fp8", "q5_0": "fp8",
-                                    "q5_1": "fp8", "q4_0": "fp8", "q4_1": "fp8", "iq4_nl": "fp8"}
+LLAMA_TO_VLLM_KV: dict[str, str] = {
+    "f16": "auto",
+    "bf16": "auto",
+    "f32": "float32",
+    "q8_0": "fp8",
+    "q5_0": "fp8",
+    "q5_1": "fp8",
+    "q4_0": "fp8",
+    "q4_1": "fp8",
+    "iq4_nl": "fp8",
+}
 #: Memory outside PyTorch's allocator on one GPU (CUDA context is not counted: vLLM measures from
 #: after it; NCCL, cuBLAS workspaces): the logged ``non_torch_memory`` was 0.35 GiB on an RTX 3090
 #: (vllm-project/vllm#10517, v0.6.4), 0.16 GiB on an H100 (vllm-project/vllm#12126), 0.20 GiB
@@ -115,7 +133,7 @@ class VllmModel:
     weight_bytes_per_param: float = 2.0
     n_head: int = 0
     qkv_bias: bool = False
-    gptq: "GptqConfig | None" = None
+    gptq: GptqConfig | None = None
     multimodal: str = ""
     tied_embeddings: bool = False
 
@@ -159,10 +177,12 @@ class VllmModel:
         if not self.n_head or not self.n_ff:
             raise VllmError("the per-tensor layout needs num_attention_heads and intermediate_size: give --hf-config")
         d, e = self.head_dim, self.n_embd
-        return [("qkv_proj", e, (self.n_head + 2 * self.n_kv_head) * d, self.qkv_bias),
-                ("o_proj", self.n_head * d, e, False),
-                ("gate_up_proj", e, 2 * self.n_ff, False),
-                ("down_proj", self.n_ff, e, False)]
+        return [
+            ("qkv_proj", e, (self.n_head + 2 * self.n_kv_head) * d, self.qkv_bias),
+            ("o_proj", self.n_head * d, e, False),
+            ("gate_up_proj", e, 2 * self.n_ff, False),
+            ("down_proj", self.n_ff, e, False),
+        ]
 
     def weight_tensors(self) -> list[tuple[str, int]]:
         """Every weight tensor vLLM allocates on the GPU, ``(name, bytes)``, in the order the
@@ -191,21 +211,27 @@ class VllmModel:
                 if q is not None:
                     pack = 32 // q.bits
                     groups = n_in // q.group_size if q.group_size > 0 else 1
-                    out += [(tag + ".qweight", n_in // pack * n_out * 4), (tag + ".g_idx", n_in * 4),
-                            (tag + ".qzeros", groups * (n_out // pack) * 4), (tag + ".scales", groups * n_out * 2)]
+                    out += [
+                        (tag + ".qweight", n_in // pack * n_out * 4),
+                        (tag + ".g_idx", n_in * 4),
+                        (tag + ".qzeros", groups * (n_out // pack) * 4),
+                        (tag + ".scales", groups * n_out * 2),
+                    ]
                 else:
                     out.append((tag + ".weight", n_in * n_out * b))
                 if bias:
                     out.append((tag + ".bias", n_out * b))
-            out += [(f"layers.{il}.input_layernorm", self.n_embd * b),
-                    (f"layers.{il}.post_attention_layernorm", self.n_embd * b)]
+            out += [
+                (f"layers.{il}.input_layernorm", self.n_embd * b),
+                (f"layers.{il}.post_attention_layernorm", self.n_embd * b),
+            ]
         out.append(("norm", self.n_embd * b))
         if not self.tied_embeddings:
             out.append(("lm_head", self.vocab_padded * self.n_embd * b))
         return out
 
     @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> "VllmModel":
+    def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "") -> VllmModel:
         """Read an HF ``config.json`` (a multimodal one's ``text_config`` is used when present,
         and the model is marked :attr:`multimodal`). A ``quantization_config`` with
         ``quant_method`` gptq (what vLLM's ``get_quant_config`` reads first,
@@ -249,13 +275,25 @@ class VllmModel:
         mm = ""
         if cfg.get("vision_config") or cfg.get("text_config") or cfg.get("model_type") in MULTIMODAL_MODEL_TYPES:
             mm = str(cfg.get("model_type") or "multimodal")
-        return cls(name or str(c.get("_name_or_path") or cfg.get("_name_or_path") or c.get("model_type") or "model"),
-                   n_layer, int(n_kv), int(head_dim), n_embd, n_ff, n_vocab, int(n_params), wbytes, n_head=n_head,
-                   qkv_bias=c.get("model_type") in ("qwen2",), gptq=gptq, multimodal=mm,
-                   tied_embeddings=bool(c.get("tie_word_embeddings")))
+        return cls(
+            name or str(c.get("_name_or_path") or cfg.get("_name_or_path") or c.get("model_type") or "model"),
+            n_layer,
+            int(n_kv),
+            int(head_dim),
+            n_embd,
+            n_ff,
+            n_vocab,
+            int(n_params),
+            wbytes,
+            n_head=n_head,
+            qkv_bias=c.get("model_type") in ("qwen2",),
+            gptq=gptq,
+            multimodal=mm,
+            tied_embeddings=bool(c.get("tie_word_embeddings")),
+        )
 
     @classmethod
-    def from_profile(cls, profile: Any) -> "VllmModel":
+    def from_profile(cls, profile: Any) -> VllmModel:
         """From a GGUF :class:`~kvtuner.core.model.profile.ModelProfile`: the same architecture as
         vLLM would load it from the original bf16 checkpoint (2 bytes per parameter; the GGUF's
         quantization is not what vLLM holds). Sliding-window layers count as full layers (vLLM's
@@ -267,7 +305,9 @@ class VllmModel:
                 MLA's latent, not K and V; not planned here).
         """
         if profile.is_mla:
-            raise VllmError("MLA models (DeepSeek-style) keep a latent KV in vLLM: kvtuner plans vLLM only for MHA/GQA models")
+            raise VllmError(
+                "MLA models (DeepSeek-style) keep a latent KV in vLLM: kvtuner plans vLLM only for MHA/GQA models"
+            )
         kv_layers = [il for il in range(profile.n_layer) if profile.has_kv(il) and profile.n_embd_k_gqa(il)]
         if not kv_layers:
             raise VllmError("this model has no attention KV cache to plan in vLLM")
@@ -276,14 +316,38 @@ class VllmModel:
         n_ff = profile.metadata.get(f"{arch}.feed_forward_length", 0)
         if isinstance(n_ff, (list, tuple)):
             n_ff = max(n_ff) if n_ff else 0
-        return cls(profile.name or profile.file_name, len(kv_layers), int(n_kv), int(profile.head_dim_k),
-                   int(profile.n_embd), int(n_ff or 0), int(profile.n_vocab), int(profile.n_params), 2.0)
+        return cls(
+            profile.name or profile.file_name,
+            len(kv_layers),
+            int(n_kv),
+            int(profile.head_dim_k),
+            int(profile.n_embd),
+            int(n_ff or 0),
+            int(profile.n_vocab),
+            int(profile.n_params),
+            2.0,
+        )
 
 
 #: ``model_type`` values of vision-language checkpoints vLLM profiles with dummy images
 #: (``vllm/multimodal``); a ``config.json`` with a ``vision_config`` or ``text_config`` counts too.
-MULTIMODAL_MODEL_TYPES = frozenset({"mllama", "llava", "llava_next", "qwen2_vl", "qwen2_5_vl", "pixtral", "gemma3",
-                                    "idefics3", "paligemma", "chameleon", "internvl_chat", "phi3_v", "minicpmv"})
+MULTIMODAL_MODEL_TYPES = frozenset(
+    {
+        "mllama",
+        "llava",
+        "llava_next",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "pixtral",
+        "gemma3",
+        "idefics3",
+        "paligemma",
+        "chameleon",
+        "internvl_chat",
+        "phi3_v",
+        "minicpmv",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -304,7 +368,7 @@ class GptqConfig:
     desc_act: bool = False
 
     @classmethod
-    def from_hf(cls, qc: Any) -> "GptqConfig | None":
+    def from_hf(cls, qc: Any) -> GptqConfig | None:
         """From a ``quantization_config`` mapping; None when absent or not GPTQ.
 
         Raises:
@@ -328,7 +392,9 @@ def kv_dtype_bytes(kv_cache_dtype: str) -> int:
     try:
         return KV_DTYPE_BYTES[kv_cache_dtype]
     except KeyError:
-        raise VllmError(f"--kv-cache-dtype must be one of {', '.join(KV_DTYPE_BYTES)}, not '{kv_cache_dtype}'") from None
+        raise VllmError(
+            f"--kv-cache-dtype must be one of {', '.join(KV_DTYPE_BYTES)}, not '{kv_cache_dtype}'"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -422,8 +488,9 @@ def estimate_activation_bytes(model: VllmModel, n_tokens: int) -> int:
     return n_tokens * (3 * n_ff + 3 * model.n_embd) * ACTIVATION_BYTES + extra
 
 
-def _linear_events(a: CachingAllocatorModel, model: VllmModel, out_tag: str, n_tokens: int, n_in: int, n_out: int,
-                   bias: bool) -> None:
+def _linear_events(
+    a: CachingAllocatorModel, model: VllmModel, out_tag: str, n_tokens: int, n_in: int, n_out: int, bias: bool
+) -> None:
     """One linear layer's allocations: the output; a GPTQ layer's ``temp_dq`` (allocated after
     the output, freed on return, ``gptq_gemm`` v0.3.0); with a bias ``output + bias``, a second
     output (``GPTQLinearMethod.apply_weights`` v0.3.0; an unquantized layer fuses the bias into
@@ -489,9 +556,18 @@ def reserved_profile_bytes(model: VllmModel, n_tokens: int, max_num_seqs: int = 
         a.rename("down", "x")
     seqs, v = min(max_num_seqs, n_tokens), model.vocab_padded
     sv = seqs * v
-    for tag, n in (("pruned", seqs * e * b), ("logits", sv * b), ("sort", sv * b), ("sort_idx", sv * 8),
-                   ("topk_mask", sv), ("probs_sort", sv * b), ("probs_sum", sv * b), ("topp_mask", sv),
-                   ("idx_inv", sv * 8), ("logits2", sv * b)):
+    for tag, n in (
+        ("pruned", seqs * e * b),
+        ("logits", sv * b),
+        ("sort", sv * b),
+        ("sort_idx", sv * 8),
+        ("topk_mask", sv),
+        ("probs_sort", sv * b),
+        ("probs_sum", sv * b),
+        ("topp_mask", sv),
+        ("idx_inv", sv * 8),
+        ("logits2", sv * b),
+    ):
         a.malloc(tag, n)
     for tag in ("topk_mask", "probs_sort", "probs_sum", "topp_mask", "idx_inv", "sort", "sort_idx", "logits"):
         a.free(tag)
@@ -549,16 +625,28 @@ class VllmPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able figures (bytes, tokens)."""
-        return {"total_bytes": self.total_bytes, "usable_bytes": self.usable_bytes, "weights_bytes": self.weights_bytes,
-                "activation_bytes": self.activation_bytes, "non_torch_bytes": self.non_torch_bytes,
-                "available_kv_bytes": self.available_kv_bytes, "block_bytes": self.block_bytes,
-                "num_blocks": self.num_blocks, "kv_tokens": self.kv_tokens,
-                "max_concurrency": None if self.max_concurrency is None else round(self.max_concurrency, 4),
-                "fits": self.fits, "sources": dict(self.sources), "batched_tokens": self.batched_tokens,
-                "unknown": self.unknown, "notes": list(self.notes)}
+        return {
+            "total_bytes": self.total_bytes,
+            "usable_bytes": self.usable_bytes,
+            "weights_bytes": self.weights_bytes,
+            "activation_bytes": self.activation_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
+            "available_kv_bytes": self.available_kv_bytes,
+            "block_bytes": self.block_bytes,
+            "num_blocks": self.num_blocks,
+            "kv_tokens": self.kv_tokens,
+            "max_concurrency": None if self.max_concurrency is None else round(self.max_concurrency, 4),
+            "fits": self.fits,
+            "sources": dict(self.sources),
+            "batched_tokens": self.batched_tokens,
+            "unknown": self.unknown,
+            "notes": list(self.notes),
+        }
 
 
-def pool_from_available(model: VllmModel, settings: VllmSettings, available_kv_bytes: int) -> tuple[int, int, int, float]:
+def pool_from_available(
+    model: VllmModel, settings: VllmSettings, available_kv_bytes: int
+) -> tuple[int, int, int, float]:
     """vLLM's block arithmetic from a KV budget: ``(block_bytes, num_blocks, kv_tokens,
     max_concurrency)``; see the module docstring for the source of each formula."""
     block = model.block_bytes(settings.kv_cache_dtype, settings.block_size)
@@ -572,12 +660,22 @@ def pool_from_available(model: VllmModel, settings: VllmSettings, available_kv_b
 
 
 #: What the plan says instead of blocks for a multimodal model.
-MULTIMODAL_UNKNOWN = ("vision encoder not modelled: blocks unknown (vLLM's profiling pass also runs the vision "
-                      "encoder on max_num_seqs dummy images at the largest size, which kvtuner does not size)")
+MULTIMODAL_UNKNOWN = (
+    "vision encoder not modelled: blocks unknown (vLLM's profiling pass also runs the vision "
+    "encoder on max_num_seqs dummy images at the largest size, which kvtuner does not size)"
+)
 
 
-def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, weights_bytes: int | None = None,
-              activation_bytes: int | None = None, non_torch_bytes: int | None = None, gpu_name: str = "") -> VllmPlan:
+def plan_vllm(
+    model: VllmModel,
+    settings: VllmSettings,
+    total_bytes: int,
+    *,
+    weights_bytes: int | None = None,
+    activation_bytes: int | None = None,
+    non_torch_bytes: int | None = None,
+    gpu_name: str = "",
+) -> VllmPlan:
     """Plan vLLM's KV pool on one GPU of ``total_bytes``.
 
     Components given (e.g. from a log) are used as they are; the others are estimated: weights
@@ -594,39 +692,86 @@ def plan_vllm(model: VllmModel, settings: VllmSettings, total_bytes: int, *, wei
     """
     if total_bytes <= 0:
         raise VllmError("the GPU's memory must be positive: give --gpu NAME or --gpu-mem SIZE")
-    sources = {"weights": "logged" if weights_bytes is not None else "estimated",
-               "activation": "logged" if activation_bytes is not None else "estimated",
-               "non_torch": "logged" if non_torch_bytes is not None else "estimated"}
+    sources = {
+        "weights": "logged" if weights_bytes is not None else "estimated",
+        "activation": "logged" if activation_bytes is not None else "estimated",
+        "non_torch": "logged" if non_torch_bytes is not None else "estimated",
+    }
     n_tokens = settings.batched_tokens(total_bytes, gpu_name)
     w = model.weights_bytes if weights_bytes is None else int(weights_bytes)
     a = estimate_activation_bytes(model, n_tokens) if activation_bytes is None else int(activation_bytes)
     reserved_note = ""
-    if settings.memory_profiling == "mem_get_info" and model.n_head and model.n_ff and (
-            weights_bytes is None or activation_bytes is None):
+    if (
+        settings.memory_profiling == "mem_get_info"
+        and model.n_head
+        and model.n_ff
+        and (weights_bytes is None or activation_bytes is None)
+    ):
         w_res, a_res = reserved_profile_bytes(model, n_tokens, settings.max_num_seqs)
         if weights_bytes is None:
             w, sources["weights"] = w_res, "estimated (reserved segments)"
         if activation_bytes is None:
             a, sources["activation"] = a_res, "estimated (reserved segments)"
-        reserved_note = ("vLLM v0.3 subtracts total - free memory after profiling: the weights and the activation "
-                         "peak are PyTorch's reserved segments, replayed through its caching allocator")
+        reserved_note = (
+            "vLLM v0.3 subtracts total - free memory after profiling: the weights and the activation "
+            "peak are PyTorch's reserved segments, replayed through its caching allocator"
+        )
     n = DEFAULT_NON_TORCH_BYTES if non_torch_bytes is None else int(non_torch_bytes)
     usable = int(total_bytes * settings.gpu_memory_utilization)
     block = model.block_bytes(settings.kv_cache_dtype, settings.block_size)
-    graphs = ("CUDA graphs are captured after the KV pool is sized: their memory (typically 0.1-1 GiB) comes on top "
-              "of --gpu-memory-utilization" if not settings.enforce_eager else "")
+    graphs = (
+        "CUDA graphs are captured after the KV pool is sized: their memory (typically 0.1-1 GiB) comes on top "
+        "of --gpu-memory-utilization"
+        if not settings.enforce_eager
+        else ""
+    )
     if model.multimodal and activation_bytes is None:
         sources["activation"] = "unknown"
         notes = [f"{model.multimodal}: {MULTIMODAL_UNKNOWN}", graphs]
-        return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, None, block, None, None, None, sources,
-                        tuple(x for x in notes if x), n_tokens, MULTIMODAL_UNKNOWN)
+        return VllmPlan(
+            settings,
+            model,
+            int(total_bytes),
+            usable,
+            w,
+            a,
+            n,
+            None,
+            block,
+            None,
+            None,
+            None,
+            sources,
+            tuple(x for x in notes if x),
+            n_tokens,
+            MULTIMODAL_UNKNOWN,
+        )
     avail = max(usable - w - a - n, 0)
     block, blocks, tokens, conc = pool_from_available(model, settings, avail)
-    notes = [graphs, reserved_note,
-             "vLLM measures the activation peak at start-up; kvtuner's figure is an estimate"
-             if sources["activation"] != "logged" else ""]
-    return VllmPlan(settings, model, int(total_bytes), usable, w, a, n, avail, block, blocks, tokens, conc, sources,
-                    tuple(x for x in notes if x), n_tokens)
+    notes = [
+        graphs,
+        reserved_note,
+        "vLLM measures the activation peak at start-up; kvtuner's figure is an estimate"
+        if sources["activation"] != "logged"
+        else "",
+    ]
+    return VllmPlan(
+        settings,
+        model,
+        int(total_bytes),
+        usable,
+        w,
+        a,
+        n,
+        avail,
+        block,
+        blocks,
+        tokens,
+        conc,
+        sources,
+        tuple(x for x in notes if x),
+        n_tokens,
+    )
 
 
 #: Share of a card's nominal memory that CUDA reports as ``total_gpu_memory`` (the driver keeps

@@ -64,13 +64,17 @@ class Workload:
             raise WorkloadError(f"the window must be 1 token or more, not {self.window_tokens}")
         for flag, v in (("--avg-tokens", self.avg_tokens), ("--p95-tokens", self.p95_tokens)):
             if v is not None and not 1 <= v <= self.window_tokens:
-                raise WorkloadError(f"{flag} must be between 1 and the per-sequence window ({self.window_tokens}), not {v}")
+                raise WorkloadError(
+                    f"{flag} must be between 1 and the per-sequence window ({self.window_tokens}), not {v}"
+                )
         if self.avg_tokens is not None and self.p95_tokens is not None and self.p95_tokens < self.avg_tokens:
             raise WorkloadError(f"--p95-tokens ({self.p95_tokens}) must be at least --avg-tokens ({self.avg_tokens})")
         lo = min(x for x in (self.avg_tokens, self.p95_tokens, self.window_tokens) if x is not None)
         if not 0 <= self.shared_prefix_tokens <= lo:
-            raise WorkloadError(f"--shared-prefix must be between 0 and the shortest length given ({lo}), "
-                                f"not {self.shared_prefix_tokens}")
+            raise WorkloadError(
+                f"--shared-prefix must be between 0 and the shortest length given ({lo}), "
+                f"not {self.shared_prefix_tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -117,16 +121,29 @@ class WorkloadKV:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able tokens and bytes."""
-        return {"engine": self.engine, "unified": self.unified, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "worst_tokens": self.worst_tokens, "worst_bytes": self.bytes(self.worst_tokens),
-                "p95_tokens": self.p95_tokens, "p95_bytes": self.bytes(self.p95_tokens),
-                "expected_tokens": self.expected_tokens, "expected_bytes": self.bytes(self.expected_tokens),
-                "shared_saving_tokens": self.shared_saving_tokens,
-                "shared_saving_bytes": self.bytes(self.shared_saving_tokens)}
+        return {
+            "engine": self.engine,
+            "unified": self.unified,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "worst_tokens": self.worst_tokens,
+            "worst_bytes": self.bytes(self.worst_tokens),
+            "p95_tokens": self.p95_tokens,
+            "p95_bytes": self.bytes(self.p95_tokens),
+            "expected_tokens": self.expected_tokens,
+            "expected_bytes": self.bytes(self.expected_tokens),
+            "shared_saving_tokens": self.shared_saving_tokens,
+            "shared_saving_bytes": self.bytes(self.shared_saving_tokens),
+        }
 
 
-def workload_kv(kv_bytes_per_token: int, workload: Workload, *, engine: str = "llama.cpp", unified: bool = True,
-                block_size: int = 16) -> WorkloadKV:
+def workload_kv(
+    kv_bytes_per_token: int,
+    workload: Workload,
+    *,
+    engine: str = "llama.cpp",
+    unified: bool = True,
+    block_size: int = 16,
+) -> WorkloadKV:
     """KV tokens for the worst, P95 and expected cases of ``workload``.
 
     llama.cpp: ``worst = n_seq x window``; with ``unified`` the P95/expected cases are
@@ -162,8 +179,15 @@ def workload_kv(kv_bytes_per_token: int, workload: Workload, *, engine: str = "l
             return worst
         return n * seq(length) - saving
 
-    return WorkloadKV(engine, unified, int(kv_bytes_per_token), worst, case(workload.p95_tokens),
-                      case(workload.avg_tokens), saving if unified else 0)
+    return WorkloadKV(
+        engine,
+        unified,
+        int(kv_bytes_per_token),
+        worst,
+        case(workload.p95_tokens),
+        case(workload.avg_tokens),
+        saving if unified else 0,
+    )
 
 
 def workload_advice(kv: WorkloadKV, pool_tokens: int) -> str:
@@ -173,7 +197,13 @@ def workload_advice(kv: WorkloadKV, pool_tokens: int) -> str:
     if case == "worst":
         return f"KV pool of {pool_tokens} tokens holds the worst case ({kv.worst_tokens}): every sequence can reach the window"
     what = {"p95": "the P95 case", "expected": "the expected (average) case", "none": "none of the cases given"}[case]
-    tail = (" (llama-server frees idle slots, then stops active ones, when a unified pool runs out: "
-            "tools/server, ggml-org/llama.cpp#16736)" if kv.engine == "llama.cpp" and kv.unified else "")
-    return (f"KV pool of {pool_tokens} tokens is safe for {what} only; the worst case needs {kv.worst_tokens} "
-            f"(-c {kv.worst_tokens})" + tail)
+    tail = (
+        " (llama-server frees idle slots, then stops active ones, when a unified pool runs out: "
+        "tools/server, ggml-org/llama.cpp#16736)"
+        if kv.engine == "llama.cpp" and kv.unified
+        else ""
+    )
+    return (
+        f"KV pool of {pool_tokens} tokens is safe for {what} only; the worst case needs {kv.worst_tokens} "
+        f"(-c {kv.worst_tokens})" + tail
+    )

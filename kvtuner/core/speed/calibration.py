@@ -38,18 +38,29 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..fileio import replace_atomic
 from ..hardware.identity import machine_id
 from ..hardware.specs import GpuSpec, HostSpec
-from ..plan.memory_plan import MemoryPlan
 from ..model.profile import ModelProfile
+from ..plan.memory_plan import MemoryPlan
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
-from .speed_model import (PREFILL_TYPE_PARAM, DeviceRates, SpeedConstants, SpeedInputs, SpeedModelError, Workload,
-                          decode_workload, kernel_tag, prefill_workload, workload_time_s)
+from .speed_model import (
+    PREFILL_TYPE_PARAM,
+    DeviceRates,
+    SpeedConstants,
+    SpeedInputs,
+    SpeedModelError,
+    Workload,
+    decode_workload,
+    kernel_tag,
+    prefill_workload,
+    workload_time_s,
+)
 
 SCHEMA_VERSION = 4
 FILE_NAME = "calibration.json"
@@ -72,8 +83,13 @@ PRIOR_WEIGHT = 0.02
 #: Host bandwidth probe results are reused for this long, seconds.
 HOST_BANDWIDTH_MAX_AGE_S = 7 * 24 * 3600.0
 
-DECODE_PARAMS = ("host_decode_scale", "host_attn_scale", "host_overhead_scale", "gpu_bw_efficiency",
-                 "gpu_token_overhead_s")
+DECODE_PARAMS = (
+    "host_decode_scale",
+    "host_attn_scale",
+    "host_overhead_scale",
+    "gpu_bw_efficiency",
+    "gpu_token_overhead_s",
+)
 #: Plus one ``host_prefill_type:TYPE`` scale per weight type the runs computed on the host.
 PREFILL_PARAMS = ("gpu_int8_efficiency", "gpu_fp16_efficiency")
 
@@ -131,20 +147,28 @@ class MeasuredRun:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (the stored form)."""
         return {
-            "machine": self.machine, "family": self.family, "model_sha256": self.model_sha256,
-            "n_threads": self.n_threads, "config": self.config,
+            "machine": self.machine,
+            "family": self.family,
+            "model_sha256": self.model_sha256,
+            "n_threads": self.n_threads,
+            "config": self.config,
             "rates": {k: r.to_dict() for k, r in self.rates.items()},
-            "decode_work": self.decode_work.to_dict() if self.decode_work else None, "decode_tok_s": self.decode_tok_s,
-            "prefill_work": self.prefill_work.to_dict() if self.prefill_work else None, "prefill_tok_s": self.prefill_tok_s,
+            "decode_work": self.decode_work.to_dict() if self.decode_work else None,
+            "decode_tok_s": self.decode_tok_s,
+            "prefill_work": self.prefill_work.to_dict() if self.prefill_work else None,
+            "prefill_tok_s": self.prefill_tok_s,
             "t_unix": self.t_unix,
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "MeasuredRun":
+    def from_dict(cls, d: dict[str, Any]) -> MeasuredRun:
         """Inverse of :meth:`to_dict`; KeyError/TypeError/ValueError on a malformed record."""
         return cls(
-            machine=str(d["machine"]), family=str(d["family"]), model_sha256=str(d.get("model_sha256", "")),
-            n_threads=int(d["n_threads"]), config=dict(d.get("config") or {}),
+            machine=str(d["machine"]),
+            family=str(d["family"]),
+            model_sha256=str(d.get("model_sha256", "")),
+            n_threads=int(d["n_threads"]),
+            config=dict(d.get("config") or {}),
             rates={k: DeviceRates.from_dict(k, r) for k, r in d["rates"].items()},
             decode_work=Workload.from_dict(d["decode_work"]) if d.get("decode_work") else None,
             decode_tok_s=float(d["decode_tok_s"]) if d.get("decode_tok_s") else None,
@@ -186,10 +210,17 @@ def measured_run(
     except SpeedModelError as exc:
         raise CalibrationError(str(exc)) from None
     return MeasuredRun(
-        machine=machine or machine_id(), family=model_family(plan.model), model_sha256=plan.model.header_sha256,
-        n_threads=n_threads, config=plan.config.to_dict(), rates=dict(inputs.rates),
-        decode_work=dec_w, decode_tok_s=decode_tok_s if dec_w else None,
-        prefill_work=pre_w, prefill_tok_s=prefill_tok_s if pre_w else None, t_unix=time.time(),
+        machine=machine or machine_id(),
+        family=model_family(plan.model),
+        model_sha256=plan.model.header_sha256,
+        n_threads=n_threads,
+        config=plan.config.to_dict(),
+        rates=dict(inputs.rates),
+        decode_work=dec_w,
+        decode_tok_s=decode_tok_s if dec_w else None,
+        prefill_work=pre_w,
+        prefill_tok_s=prefill_tok_s if pre_w else None,
+        t_unix=time.time(),
     )
 
 
@@ -224,9 +255,16 @@ def _fit(runs: Sequence[MeasuredRun], base: SpeedConstants, phase: str) -> tuple
     has_host = any(d.kind == "host" for _, w, _ in data for d in w.devices)
     active = [p for p in params if (("gpu" in p and has_gpu) or ("host" in p and has_host) or "overhead" in p)]
     if phase == "prefill":
-        active += sorted({PREFILL_TYPE_PARAM + kernel_tag(typ) for _, w, _ in data for d in w.devices if d.kind == "host"
-                          for typ, *_ in d.weights})
-    x = {p: 0.0 for p in active}
+        active += sorted(
+            {
+                PREFILL_TYPE_PARAM + kernel_tag(typ)
+                for _, w, _ in data
+                for d in w.devices
+                if d.kind == "host"
+                for typ, *_ in d.weights
+            }
+        )
+    x = dict.fromkeys(active, 0.0)
 
     def constants_of(xs: dict[str, float]) -> SpeedConstants:
         return base.scaled(**{p: math.exp(v) for p, v in xs.items()})
@@ -265,8 +303,9 @@ def _sigma(residuals: Sequence[float], prior: float) -> float:
     return math.sqrt((prior**2 * PRIOR_RUNS + sum(r * r for r in residuals)) / (PRIOR_RUNS + n))
 
 
-def fit_calibration(runs: Sequence[MeasuredRun], family: str | None = None,
-                    base: SpeedConstants | None = None) -> Calibration:
+def fit_calibration(
+    runs: Sequence[MeasuredRun], family: str | None = None, base: SpeedConstants | None = None
+) -> Calibration:
     """Fit constants to ``runs`` (one machine's); with ``family``, refine the machine-wide fit
     on that family's runs. No runs: the defaults with :data:`PRIOR_SIGMA_DECODE` and
     :data:`PRIOR_SIGMA_PREFILL`."""
@@ -277,12 +316,16 @@ def fit_calibration(runs: Sequence[MeasuredRun], family: str | None = None,
     if fam_runs:
         c, fdec = _fit(fam_runs, machine_c2, "decode")
         c, fpre = _fit(fam_runs, c, "prefill")
-        return Calibration(c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs),
-                           len(fam_runs))
+        return Calibration(
+            c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs), len(fam_runs)
+        )
     extra = FAMILY_TRANSFER_SIGMA if (family is not None and runs) else 0.0
     return Calibration(
-        machine_c2, math.hypot(_sigma(dec_res, PRIOR_SIGMA_DECODE), extra),
-        math.hypot(_sigma(pre_res, PRIOR_SIGMA_PREFILL), extra), len(runs), 0,
+        machine_c2,
+        math.hypot(_sigma(dec_res, PRIOR_SIGMA_DECODE), extra),
+        math.hypot(_sigma(pre_res, PRIOR_SIGMA_PREFILL), extra),
+        len(runs),
+        0,
     )
 
 
@@ -331,8 +374,10 @@ class CalibrationStore:
         try:
             replace_atomic(self.path, json.dumps(self._data, indent=1))
         except OSError as exc:
-            raise CalibrationError(f"cannot write calibration to {self.path.parent}: {exc.strerror or exc}; "
-                                   "set KVTUNER_DATA_DIR to a writable directory") from None
+            raise CalibrationError(
+                f"cannot write calibration to {self.path.parent}: {exc.strerror or exc}; "
+                "set KVTUNER_DATA_DIR to a writable directory"
+            ) from None
 
     def _machine(self, machine: str) -> dict[str, Any]:
         return self._data["machines"].setdefault(machine, {"runs": []})
@@ -364,13 +409,15 @@ class CalibrationStore:
         self._data["machines"].pop(machine or machine_id(), None)
         self._save()
 
-    def calibration(self, family: str | None = None, machine: str | None = None,
-                    base: SpeedConstants | None = None) -> Calibration:
+    def calibration(
+        self, family: str | None = None, machine: str | None = None, base: SpeedConstants | None = None
+    ) -> Calibration:
         """:func:`fit_calibration` over this machine's runs."""
         return fit_calibration(self.runs(machine), family, base)
 
-    def cpu_rates(self, n_threads: int, kv_type: str = "f16", machine: str | None = None,
-                  *, max_age_s: float = PROBE_MAX_AGE_S) -> CpuRates | None:
+    def cpu_rates(
+        self, n_threads: int, kv_type: str = "f16", machine: str | None = None, *, max_age_s: float = PROBE_MAX_AGE_S
+    ) -> CpuRates | None:
         """The stored CPU probe of ``machine`` (default: this one) at ``n_threads`` threads with
         ``kv_type`` KV, or None when there is none younger than ``max_age_s`` seconds."""
         m = self._data["machines"].get(machine or machine_id(), {})
@@ -399,7 +446,8 @@ class CalibrationStore:
             raise BusyMeasurementError(
                 f"the machine was busy during the CPU probe ({rates.other_cores or 0:.1f} cores of other load): "
                 "its figures measured the other load and were not kept; the speed uses assumed CPU rates until a "
-                "probe on a quiet machine ('kvtuner probe', or --record-anyway to keep a busy one)")
+                "probe on a quiet machine ('kvtuner probe', or --record-anyway to keep a busy one)"
+            )
         old = self.cpu_rates(rates.n_threads, rates.kv_type, machine)
         new = old.merged(rates) if old is not None else rates
         m = self._machine(machine or machine_id())
@@ -435,14 +483,14 @@ def record_bench(
     plan: MemoryPlan,
     *,
     gpus: Sequence[GpuSpec] = (),
-    host: "HostSpec | None" = None,
+    host: HostSpec | None = None,
     n_threads: int,
     n_depth: int,
     n_prompt: int,
     n_gen: int,
     prefill_tok_s: float | None,
     decode_tok_s: float | None,
-    store: "CalibrationStore | None" = None,
+    store: CalibrationStore | None = None,
     machine: str | None = None,
 ) -> MeasuredRun:
     """Record one measured bench of ``plan`` in ``store`` (default: the user's), so later
@@ -473,22 +521,47 @@ def record_bench(
         inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=max(1, int(n_threads)), cpu=cpu)
     except SpeedModelError as exc:
         raise CalibrationError(str(exc)) from None
-    run = measured_run(plan, inputs, n_threads=max(1, int(n_threads)), n_depth=n_depth, n_prompt=n_prompt, n_gen=n_gen,
-                       prefill_tok_s=positive(prefill_tok_s), decode_tok_s=positive(decode_tok_s), machine=mid)
+    run = measured_run(
+        plan,
+        inputs,
+        n_threads=max(1, int(n_threads)),
+        n_depth=n_depth,
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        prefill_tok_s=positive(prefill_tok_s),
+        decode_tok_s=positive(decode_tok_s),
+        machine=mid,
+    )
     store.add(run)
     return run
 
 
-def calibrated_inputs(inputs: SpeedInputs, model: ModelProfile, store: CalibrationStore | None = None,
-                      machine: str | None = None) -> SpeedInputs:
+def calibrated_inputs(
+    inputs: SpeedInputs, model: ModelProfile, store: CalibrationStore | None = None, machine: str | None = None
+) -> SpeedInputs:
     """``inputs`` with the constants and band of this machine's calibration for ``model``'s family."""
     store = store or CalibrationStore()
     cal = store.calibration(model_family(model), machine, inputs.constants)
-    return replace(inputs, constants=cal.constants, sigma_log=cal.decode_sigma_log,
-                   prefill_sigma_log=cal.prefill_sigma_log, n_calibration_runs=cal.n_runs)
+    return replace(
+        inputs,
+        constants=cal.constants,
+        sigma_log=cal.decode_sigma_log,
+        prefill_sigma_log=cal.prefill_sigma_log,
+        n_calibration_runs=cal.n_runs,
+    )
 
 
 __all__ = [
-    "BusyMeasurementError", "Calibration", "CalibrationError", "CalibrationStore", "MeasuredRun", "calibrated_inputs", "data_dir",
-    "fit_calibration", "machine_id", "measured_run", "model_family", "record_bench",
+    "BusyMeasurementError",
+    "Calibration",
+    "CalibrationError",
+    "CalibrationStore",
+    "MeasuredRun",
+    "calibrated_inputs",
+    "data_dir",
+    "fit_calibration",
+    "machine_id",
+    "measured_run",
+    "model_family",
+    "record_bench",
 ]

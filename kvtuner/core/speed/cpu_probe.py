@@ -62,9 +62,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import gguf
 import numpy as np
@@ -117,8 +118,9 @@ def attn_kv_suffix(type_k: str = "f16", type_v: str = "f16") -> str:
     return f"@{k}" if k == v else f"@{k}+{v}"
 
 
-def attn_key(n_head: int, n_head_kv: int, head_dim: int, type_k: str = "f16", type_v: str = "f16", *,
-             mla_rank: int = 0) -> str:
+def attn_key(
+    n_head: int, n_head_kv: int, head_dim: int, type_k: str = "f16", type_v: str = "f16", *, mla_rank: int = 0
+) -> str:
     """The key of an attention shape in the probe's tables: ``"32/8/128"`` (query heads, KV heads,
     head size) with f16 K/V, ``"32/8/128@q8_0"`` with another K/V pair (:func:`attn_kv_suffix`);
     an MLA attention (``mla_rank``: its ``kv_lora_rank``, the V head size of its one KV head, whose
@@ -160,8 +162,24 @@ def _parse_attn_key_mla(key: str) -> tuple[int, int, int, int] | None:
 
 
 #: Weight types the matrix probe can write (ggml types whose rows of 4096 and 14336 fit a block).
-PROBE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-               "IQ4_NL", "IQ4_XS", "MXFP4")
+PROBE_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "MXFP4",
+)
 #: A stored probe is re-measured after this long, seconds (hardware and kernels change rarely).
 PROBE_MAX_AGE_S = 7 * 24 * 3600.0
 
@@ -218,26 +236,45 @@ class ProbeModel:
         E, F, V, t = self.n_embd, self.n_ff, PROBE_VOCAB, self.weight_type
         q, kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         out: list[tuple[str, tuple[int, ...], str]] = [
-            ("token_embd.weight", (E, V), "F32"), ("output_norm.weight", (E,), "F32"), ("output.weight", (E, V), "F32")]
+            ("token_embd.weight", (E, V), "F32"),
+            ("output_norm.weight", (E,), "F32"),
+            ("output.weight", (E, V), "F32"),
+        ]
         for il in range(self.n_layer):
             p = f"blk.{il}."
             out.append((p + "attn_norm.weight", (E,), "F32"))
             if self.mla_rank:
                 r, rope = self.mla_rank, self.mla_rope
-                out += [(p + "attn_kv_a_norm.weight", (r,), "F32"), (p + "attn_q.weight", (E, self.n_head * (MLA_NOPE + rope)), t),
-                        (p + "attn_kv_a_mqa.weight", (E, r + rope), t), (p + "attn_k_b.weight", (MLA_NOPE, r, self.n_head), t),
-                        (p + "attn_v_b.weight", (r, MLA_V, self.n_head), t),
-                        (p + "attn_output.weight", (self.n_head * MLA_V, E), t)]
+                out += [
+                    (p + "attn_kv_a_norm.weight", (r,), "F32"),
+                    (p + "attn_q.weight", (E, self.n_head * (MLA_NOPE + rope)), t),
+                    (p + "attn_kv_a_mqa.weight", (E, r + rope), t),
+                    (p + "attn_k_b.weight", (MLA_NOPE, r, self.n_head), t),
+                    (p + "attn_v_b.weight", (r, MLA_V, self.n_head), t),
+                    (p + "attn_output.weight", (self.n_head * MLA_V, E), t),
+                ]
             else:
-                out += [(p + "attn_q.weight", (E, q), t), (p + "attn_k.weight", (E, kv), t),
-                        (p + "attn_v.weight", (E, kv), t), (p + "attn_output.weight", (q, E), t)]
+                out += [
+                    (p + "attn_q.weight", (E, q), t),
+                    (p + "attn_k.weight", (E, kv), t),
+                    (p + "attn_v.weight", (E, kv), t),
+                    (p + "attn_output.weight", (q, E), t),
+                ]
             out.append((p + "ffn_norm.weight", (E,), "F32"))
             if self.n_expert:
                 N, (tg, tu, td) = self.n_expert, self.expert_types
-                out += [(p + "ffn_gate_inp.weight", (E, N), "F32"), (p + "ffn_gate_exps.weight", (E, F, N), tg),
-                        (p + "ffn_down_exps.weight", (F, E, N), td), (p + "ffn_up_exps.weight", (E, F, N), tu)]
+                out += [
+                    (p + "ffn_gate_inp.weight", (E, N), "F32"),
+                    (p + "ffn_gate_exps.weight", (E, F, N), tg),
+                    (p + "ffn_down_exps.weight", (F, E, N), td),
+                    (p + "ffn_up_exps.weight", (E, F, N), tu),
+                ]
             else:
-                out += [(p + "ffn_gate.weight", (E, F), t), (p + "ffn_up.weight", (E, F), t), (p + "ffn_down.weight", (F, E), t)]
+                out += [
+                    (p + "ffn_gate.weight", (E, F), t),
+                    (p + "ffn_up.weight", (E, F), t),
+                    (p + "ffn_down.weight", (F, E), t),
+                ]
         return out
 
     def expert_bytes_params(self) -> tuple[int, int]:
@@ -277,8 +314,17 @@ def matrix_model(weight_type: str) -> ProbeModel:
     t = weight_type.upper()
     if t not in PROBE_TYPES:
         raise ProbeError(f"no CPU probe for weight type {weight_type}: probe types are {', '.join(PROBE_TYPES)}")
-    return ProbeModel(f"matrix:{t}", MATRIX_LAYERS, MATRIX_EMBD, MATRIX_HEADS, MATRIX_KV_HEADS, MATRIX_HEAD_DIM, MATRIX_FF, t,
-                      ((0, MATRIX_PROMPT, MATRIX_GEN), (0, MATRIX_SMALL_PROMPT, 0)))
+    return ProbeModel(
+        f"matrix:{t}",
+        MATRIX_LAYERS,
+        MATRIX_EMBD,
+        MATRIX_HEADS,
+        MATRIX_KV_HEADS,
+        MATRIX_HEAD_DIM,
+        MATRIX_FF,
+        t,
+        ((0, MATRIX_PROMPT, MATRIX_GEN), (0, MATRIX_SMALL_PROMPT, 0)),
+    )
 
 
 def attention_model(shape: str = "32/8/128") -> ProbeModel:
@@ -289,28 +335,48 @@ def attention_model(shape: str = "32/8/128") -> ProbeModel:
     """
     parsed = _parse_attn_key_mla(shape)
     if parsed is None or not parsed[0] or not parsed[1] or parsed[0] % parsed[1]:
-        raise ProbeError(f"no CPU attention probe for the shape {shape!r}: give query heads/KV heads/head size, "
-                         "query heads a multiple of KV heads")
+        raise ProbeError(
+            f"no CPU attention probe for the shape {shape!r}: give query heads/KV heads/head size, "
+            "query heads a multiple of KV heads"
+        )
     n_head, n_head_kv, head_dim, mla_rank = parsed
     if mla_rank:
         rope = head_dim - mla_rank
         if n_head_kv != 1 or rope <= 0 or rope % 2:
-            raise ProbeError(f"no CPU attention probe for the MLA shape {shape!r}: one KV head whose K head size is "
-                             "the rank plus an even RoPE size")
+            raise ProbeError(
+                f"no CPU attention probe for the MLA shape {shape!r}: one KV head whose K head size is "
+                "the rank plus an even RoPE size"
+            )
     elif head_dim not in ATTN_HEAD_DIMS:
-        raise ProbeError(f"no CPU attention probe for head size {head_dim}: probe head sizes are "
-                         f"{', '.join(map(str, ATTN_HEAD_DIMS))}")
+        raise ProbeError(
+            f"no CPU attention probe for head size {head_dim}: probe head sizes are "
+            f"{', '.join(map(str, ATTN_HEAD_DIMS))}"
+        )
     _, type_k, type_v = attn_key_kv(shape)
     for t in (type_k, type_v):
         if t not in KV_CACHE_TYPES:
-            raise ProbeError(f"no CPU attention probe for K/V type {t!r}: KV cache types are {', '.join(KV_CACHE_TYPES)}")
+            raise ProbeError(
+                f"no CPU attention probe for K/V type {t!r}: KV cache types are {', '.join(KV_CACHE_TYPES)}"
+            )
         if head_dim % KV_CACHE_TYPES[t].block_size:  # llama_init_from_model refuses it (context_checks)
-            raise ProbeError(f"no CPU attention probe for K/V type {t} with head size {head_dim}: its block of "
-                             f"{KV_CACHE_TYPES[t].block_size} does not divide it")
+            raise ProbeError(
+                f"no CPU attention probe for K/V type {t} with head size {head_dim}: its block of "
+                f"{KV_CACHE_TYPES[t].block_size} does not divide it"
+            )
     # the key as lookups build it ("@f16", "@Q8_0", "@q8_0+q8_0" written by hand become "", "@q8_0", "@q8_0")
     key = attn_key(n_head, n_head_kv, head_dim, type_k, type_v, mla_rank=mla_rank)
-    return ProbeModel(f"attn:{key}", ATTN_LAYERS, ATTN_EMBD, n_head, n_head_kv, head_dim, ATTN_FF, "F16",
-                      ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)), mla_rank=mla_rank)
+    return ProbeModel(
+        f"attn:{key}",
+        ATTN_LAYERS,
+        ATTN_EMBD,
+        n_head,
+        n_head_kv,
+        head_dim,
+        ATTN_FF,
+        "F16",
+        ((0, ATTN_PROMPT, ATTN_GEN), (ATTN_DEPTH, ATTN_PROMPT, ATTN_GEN)),
+        mla_rank=mla_rank,
+    )
 
 
 def expert_model(key: str) -> ProbeModel:
@@ -327,21 +393,42 @@ def expert_model(key: str) -> ProbeModel:
         raise ProbeError(f"no CPU expert probe for {key!r}: give width/expert FFN width/experts/experts per token@TYPE")
     e, ff, n, k, types = parsed
     if not (e and ff and n and 0 < k <= n):
-        raise ProbeError(f"no CPU expert probe for {key!r}: sizes must be positive and experts per token at most the experts")
+        raise ProbeError(
+            f"no CPU expert probe for {key!r}: sizes must be positive and experts per token at most the experts"
+        )
     bad = [t for t in types if t not in PROBE_TYPES]
     if bad:
         raise ProbeError(f"no CPU expert probe for type {bad[0]}: probe types are {', '.join(PROBE_TYPES)}")
-    per_layer = (_nbytes((e, ff, n), types[0]) + _nbytes((e, ff, n), types[1])  # raises on a row that does not fit
-                 + _nbytes((ff, e, n), types[2]))
+    per_layer = (
+        _nbytes((e, ff, n), types[0])
+        + _nbytes((e, ff, n), types[1])  # raises on a row that does not fit
+        + _nbytes((ff, e, n), types[2])
+    )
     n_layer = min(EXPERT_MAX_LAYERS, max(EXPERT_MIN_LAYERS, -(-EXPERT_MIN_BYTES // per_layer)))
-    return ProbeModel(f"expert:{expert_key(e, ff, n, k, types)}", n_layer, e, 1, 1, EXPERT_HEAD_DIM, ff, "F16",
-                      ((0, EXPERT_PROMPT, EXPERT_GEN),), n, k, types)
+    return ProbeModel(
+        f"expert:{expert_key(e, ff, n, k, types)}",
+        n_layer,
+        e,
+        1,
+        1,
+        EXPERT_HEAD_DIM,
+        ff,
+        "F16",
+        ((0, EXPERT_PROMPT, EXPERT_GEN),),
+        n,
+        k,
+        types,
+    )
 
 
 def overhead_models() -> tuple[ProbeModel, ...]:
     """The two overhead probes (:data:`OVERHEAD_LAYERS` layers of width :data:`OVERHEAD_EMBD`)."""
-    return tuple(ProbeModel(f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16",
-                            ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)) for n in OVERHEAD_LAYERS)
+    return tuple(
+        ProbeModel(
+            f"overhead:{n}", n, OVERHEAD_EMBD, 2, 2, 32, OVERHEAD_EMBD, "F16", ((0, OVERHEAD_PROMPT, OVERHEAD_GEN),)
+        )
+        for n in OVERHEAD_LAYERS
+    )
 
 
 def _buildable(keys: Sequence[str], build: Any) -> list[tuple[str, ProbeModel]]:
@@ -357,8 +444,9 @@ def _buildable(keys: Sequence[str], build: Any) -> list[tuple[str, ProbeModel]]:
     return out
 
 
-def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",),
-               expert_keys: Sequence[str] = ()) -> tuple[ProbeModel, ...]:
+def probe_plan(
+    weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/128",), expert_keys: Sequence[str] = ()
+) -> tuple[ProbeModel, ...]:
     """The probe models for ``weight_types``, ``attn_shapes`` (:func:`attn_key`) and
     ``expert_keys`` (:func:`expert_key`; what the probe cannot write is skipped): the overhead
     probes, one attention probe per shape, one matrix probe per type, one expert probe per key."""
@@ -371,13 +459,21 @@ def probe_plan(weight_types: Sequence[str], attn_shapes: Sequence[str] = ("32/8/
 def model_attn_shapes(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)) -> tuple[str, ...]:
     """The attention shapes (:func:`attn_key`) of ``model``'s layers with KV, for each K/V type
     pair of ``kv_pairs``."""
-    return tuple(sorted({layer_attn_key(model, il, k, v)
-                         for il in range(model.n_layer) if model.has_kv(il) and model.n_head_kv[il]
-                         for k, v in kv_pairs}))
+    return tuple(
+        sorted(
+            {
+                layer_attn_key(model, il, k, v)
+                for il in range(model.n_layer)
+                if model.has_kv(il) and model.n_head_kv[il]
+                for k, v in kv_pairs
+            }
+        )
+    )
 
 
-def probe_needs(model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)
-                ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def probe_needs(
+    model: Any, kv_pairs: Sequence[tuple[str, str]] = (("f16", "f16"),)
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What a CPU prediction for ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`)
     needs measured: its weight types of over 1 % of its bytes that the probe can write, and the
     attention shapes of its layers that the probe can measure, for each K/V type pair of
@@ -475,8 +571,9 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         w.add_vocab_size(PROBE_VOCAB)
         tensors = m.tensors()
         for name, shape, t in tensors:
-            w.add_tensor_info(name, shape[::-1], np.dtype(np.float32), _nbytes(shape, t),
-                              raw_dtype=gguf.GGMLQuantizationType[t])
+            w.add_tensor_info(
+                name, shape[::-1], np.dtype(np.float32), _nbytes(shape, t), raw_dtype=gguf.GGMLQuantizationType[t]
+            )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -593,62 +690,111 @@ class CpuRates:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored in the calibration file)."""
-        return {"n_threads": self.n_threads, "decode_bytes_s": dict(self.decode_bytes_s),
-                "prefill_flop_s": dict(self.prefill_flop_s), "half_batch": dict(self.half_batch),
-                "layer_s": self.layer_s, "token_s": self.token_s, "layer_prefill_s": self.layer_prefill_s,
-                "attn_decode_s": dict(self.attn_decode_s), "attn_prefill_s": dict(self.attn_prefill_s),
-                "expert_decode_bytes_s": dict(self.expert_decode_bytes_s),
-                "expert_prefill_flop_s": dict(self.expert_prefill_flop_s),
-                "kv_type": self.kv_type, "t_unix": self.t_unix, "load_avg": self.load_avg, "source": self.source,
-                "other_cores": self.other_cores, "busy": self.busy}
+        return {
+            "n_threads": self.n_threads,
+            "decode_bytes_s": dict(self.decode_bytes_s),
+            "prefill_flop_s": dict(self.prefill_flop_s),
+            "half_batch": dict(self.half_batch),
+            "layer_s": self.layer_s,
+            "token_s": self.token_s,
+            "layer_prefill_s": self.layer_prefill_s,
+            "attn_decode_s": dict(self.attn_decode_s),
+            "attn_prefill_s": dict(self.attn_prefill_s),
+            "expert_decode_bytes_s": dict(self.expert_decode_bytes_s),
+            "expert_prefill_flop_s": dict(self.expert_prefill_flop_s),
+            "kv_type": self.kv_type,
+            "t_unix": self.t_unix,
+            "load_avg": self.load_avg,
+            "source": self.source,
+            "other_cores": self.other_cores,
+            "busy": self.busy,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CpuRates":
+    def from_dict(cls, d: dict[str, Any]) -> CpuRates:
         """Inverse of :meth:`to_dict`.
 
         Raises:
             ProbeError: a malformed record.
         """
+
         def table(key: str) -> dict[str, float]:
             return {str(k): float(v) for k, v in (d.get(key) or {}).items()}
 
         try:
-            r = cls(int(d["n_threads"]), table("decode_bytes_s"), table("prefill_flop_s"), float(d["layer_s"]),
-                    float(d["token_s"]), table("attn_decode_s"), table("attn_prefill_s"), str(d.get("kv_type", "f16")),
-                    float(d.get("t_unix", 0.0)), d.get("load_avg"), str(d.get("source", "llama.cpp probe")),
-                    table("half_batch"), float(d.get("layer_prefill_s", 0.0)), table("expert_decode_bytes_s"),
-                    table("expert_prefill_flop_s"),
-                    None if d.get("other_cores") is None else float(d["other_cores"]), bool(d.get("busy", False)))
+            r = cls(
+                int(d["n_threads"]),
+                table("decode_bytes_s"),
+                table("prefill_flop_s"),
+                float(d["layer_s"]),
+                float(d["token_s"]),
+                table("attn_decode_s"),
+                table("attn_prefill_s"),
+                str(d.get("kv_type", "f16")),
+                float(d.get("t_unix", 0.0)),
+                d.get("load_avg"),
+                str(d.get("source", "llama.cpp probe")),
+                table("half_batch"),
+                float(d.get("layer_prefill_s", 0.0)),
+                table("expert_decode_bytes_s"),
+                table("expert_prefill_flop_s"),
+                None if d.get("other_cores") is None else float(d["other_cores"]),
+                bool(d.get("busy", False)),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProbeError(f"malformed CPU probe record: {exc}") from None
-        values = [*r.decode_bytes_s.values(), *r.prefill_flop_s.values(), *r.half_batch.values(), r.layer_s, r.token_s,
-                  *r.attn_decode_s.values(), *r.attn_prefill_s.values(), r.layer_prefill_s,
-                  *r.expert_decode_bytes_s.values(), *r.expert_prefill_flop_s.values()]
+        values = [
+            *r.decode_bytes_s.values(),
+            *r.prefill_flop_s.values(),
+            *r.half_batch.values(),
+            r.layer_s,
+            r.token_s,
+            *r.attn_decode_s.values(),
+            *r.attn_prefill_s.values(),
+            r.layer_prefill_s,
+            *r.expert_decode_bytes_s.values(),
+            *r.expert_prefill_flop_s.values(),
+        ]
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise ProbeError("malformed CPU probe record: rates must be finite and >= 0")
         return r
 
-    def merged(self, other: "CpuRates") -> "CpuRates":
+    def merged(self, other: CpuRates) -> CpuRates:
         """These rates with ``other``'s weight types, attention and expert shapes added (``other``'s
         fixed costs win: newer)."""
-        return CpuRates(other.n_threads, {**self.decode_bytes_s, **other.decode_bytes_s},
-                        {**self.prefill_flop_s, **other.prefill_flop_s}, other.layer_s, other.token_s,
-                        {**self.attn_decode_s, **other.attn_decode_s}, {**self.attn_prefill_s, **other.attn_prefill_s},
-                        other.kv_type, other.t_unix, other.load_avg, other.source,
-                        {**self.half_batch, **other.half_batch}, other.layer_prefill_s,
-                        {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s},
-                        {**self.expert_prefill_flop_s, **other.expert_prefill_flop_s},
-                        other.other_cores, self.busy or other.busy)
+        return CpuRates(
+            other.n_threads,
+            {**self.decode_bytes_s, **other.decode_bytes_s},
+            {**self.prefill_flop_s, **other.prefill_flop_s},
+            other.layer_s,
+            other.token_s,
+            {**self.attn_decode_s, **other.attn_decode_s},
+            {**self.attn_prefill_s, **other.attn_prefill_s},
+            other.kv_type,
+            other.t_unix,
+            other.load_avg,
+            other.source,
+            {**self.half_batch, **other.half_batch},
+            other.layer_prefill_s,
+            {**self.expert_decode_bytes_s, **other.expert_decode_bytes_s},
+            {**self.expert_prefill_flop_s, **other.expert_prefill_flop_s},
+            other.other_cores,
+            self.busy or other.busy,
+        )
 
-    def without_types(self, types: Sequence[str]) -> "CpuRates":
+    def without_types(self, types: Sequence[str]) -> CpuRates:
         """These rates with the matrix figures of ``types`` left out (an implausible reading)."""
         drop = set(types)
 
         def keep(table: dict[str, float]) -> dict[str, float]:
             return {k: v for k, v in table.items() if k not in drop}
 
-        return replace(self, decode_bytes_s=keep(self.decode_bytes_s), prefill_flop_s=keep(self.prefill_flop_s),
-                       half_batch=keep(self.half_batch))
+        return replace(
+            self,
+            decode_bytes_s=keep(self.decode_bytes_s),
+            prefill_flop_s=keep(self.prefill_flop_s),
+            half_batch=keep(self.half_batch),
+        )
 
 
 #: How far apart two weight types' decode rates may be and still be believed (a factor): a type
@@ -707,8 +853,9 @@ def nearest(table: dict[str, float], type_name: str) -> float:
     return table[min(probed, key=lambda t: abs(_bits_per_weight(t) - bits))]
 
 
-def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = "f16",
-                    load_avg: float | None = None) -> CpuRates:
+def rates_from_runs(
+    runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = "f16", load_avg: float | None = None
+) -> CpuRates:
     """Turn the probe's measured runs into :class:`CpuRates` (formulas in the module docstring):
 
     - overhead: ``t(24) = 24 layer_s + token_s``, ``t(6) = 6 layer_s + token_s`` per decoded token,
@@ -784,8 +931,11 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
         run = get(key, 0)
         td = run.decode_s / run.n_gen
         # the rest a decoded token reads: the layers' attention and router matrices, the output
-        rest = sum(_nbytes(sh, t) for name, sh, t in m.tensors()
-                   if (name.startswith("blk.") and len(sh) == 2) or name == "output.weight")
+        rest = sum(
+            _nbytes(sh, t)
+            for name, sh, t in m.tensors()
+            if (name.startswith("blk.") and len(sh) == 2) or name == "output.weight"
+        )
         t_rest = rest / nearest(dec, "F16") if dec else 0.0
         e_dec[x] = b / pos(td - m.n_layer * layer_s - token_s - t_rest, td)
         if run.n_prompt and run.prefill_s > 0:
@@ -798,6 +948,19 @@ def rates_from_runs(runs: Sequence[ProbeRun], n_threads: int, *, kv_type: str = 
             rest_p = sum(sh[0] * sh[1] for name, sh, t in m.tensors() if name.startswith("blk.") and len(sh) == 2)
             t_rest_p = 2.0 * rest_p * run.n_prompt / nearest(pre, "F16") if pre else 0.0
             e_pre[x] = flops / pos(run.prefill_s - fixed - t_rest_p, run.prefill_s)
-    return CpuRates(n_threads, dec, pre, layer_s, token_s, att_dec, att_pre, kv_type, time.time(), load_avg,
-                    half_batch=half, layer_prefill_s=layer_prefill_s, expert_decode_bytes_s=e_dec,
-                    expert_prefill_flop_s=e_pre)
+    return CpuRates(
+        n_threads,
+        dec,
+        pre,
+        layer_s,
+        token_s,
+        att_dec,
+        att_pre,
+        kv_type,
+        time.time(),
+        load_avg,
+        half_batch=half,
+        layer_prefill_s=layer_prefill_s,
+        expert_decode_bytes_s=e_dec,
+        expert_prefill_flop_s=e_pre,
+    )

@@ -10,7 +10,8 @@ Its own module because both :mod:`.weights` (which tags each layer's experts) an
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gguf
 
@@ -45,8 +46,11 @@ def model_expert_keys(model: Any) -> tuple[str | None, ...]:
     :func:`expert_key` of its experts, from its tensor table (``blk.N.ffn_{gate,up,down}_exps``:
     ggml shapes ``[n_embd, n_ff_exp, n_expert]`` and ``[n_ff_exp, n_embd, n_expert]``); None for
     a layer without them (dense layers, fused gate/up experts, a profile without a tensor table)."""
-    return expert_keys_of(getattr(model, "tensors", ()) or (), int(getattr(model, "n_layer", 0) or 0),
-                          int(getattr(model, "n_expert_used", 0) or 0))
+    return expert_keys_of(
+        getattr(model, "tensors", ()) or (),
+        int(getattr(model, "n_layer", 0) or 0),
+        int(getattr(model, "n_expert_used", 0) or 0),
+    )
 
 
 def expert_keys_of(tensors: Sequence[Any], n_layer: int, n_expert_used: int) -> tuple[str | None, ...]:

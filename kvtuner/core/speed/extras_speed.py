@@ -48,8 +48,14 @@ class SpeculativeSpeed:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
-        return {"tok_s": list(self.tok_s), "acceptance": list(self.acceptance), "n_draft": self.n_draft,
-                "plain_tok_s": self.plain_tok_s, "draft_tok_s": self.draft_tok_s, "assumptions": list(self.assumptions)}
+        return {
+            "tok_s": list(self.tok_s),
+            "acceptance": list(self.acceptance),
+            "n_draft": self.n_draft,
+            "plain_tok_s": self.plain_tok_s,
+            "draft_tok_s": self.draft_tok_s,
+            "assumptions": list(self.assumptions),
+        }
 
 
 def tokens_per_step(alpha: float, n_draft: int) -> float:
@@ -59,9 +65,14 @@ def tokens_per_step(alpha: float, n_draft: int) -> float:
     return (1.0 - alpha ** (n_draft + 1)) / (1.0 - alpha)
 
 
-def speculative_speed(main_decode_tok_s: float, main_prefill_tok_s: float, draft_decode_tok_s: float, *,
-                      n_draft: int = DEFAULT_DRAFT_N_MAX,
-                      acceptance: tuple[float, float] = DEFAULT_ACCEPTANCE) -> SpeculativeSpeed:
+def speculative_speed(
+    main_decode_tok_s: float,
+    main_prefill_tok_s: float,
+    draft_decode_tok_s: float,
+    *,
+    n_draft: int = DEFAULT_DRAFT_N_MAX,
+    acceptance: tuple[float, float] = DEFAULT_ACCEPTANCE,
+) -> SpeculativeSpeed:
     """Speculative decoding's tokens/s over ``acceptance`` (see the module docstring).
 
     Raises:
@@ -75,11 +86,20 @@ def speculative_speed(main_decode_tok_s: float, main_prefill_tok_s: float, draft
     step_s = n_draft / draft_decode_tok_s + verify_s
     lo, hi = (tokens_per_step(a, n_draft) / step_s for a in acceptance)
     return SpeculativeSpeed(
-        (lo, hi), acceptance, n_draft, main_decode_tok_s, draft_decode_tok_s,
-        (f"acceptance {acceptance[0]:g}-{acceptance[1]:g} per drafted token (a setting; Leviathan et al. 2023)",
-         f"{n_draft} tokens drafted per step (--spec-draft-n-max{' default' if n_draft == DEFAULT_DRAFT_N_MAX else ''})",
-         ("checking them costs one main-model batch of n+1 tokens: the slower of a decode step and n+1 tokens "
-          "at the prefill rate")))
+        (lo, hi),
+        acceptance,
+        n_draft,
+        main_decode_tok_s,
+        draft_decode_tok_s,
+        (
+            f"acceptance {acceptance[0]:g}-{acceptance[1]:g} per drafted token (a setting; Leviathan et al. 2023)",
+            f"{n_draft} tokens drafted per step (--spec-draft-n-max{' default' if n_draft == DEFAULT_DRAFT_N_MAX else ''})",
+            (
+                "checking them costs one main-model batch of n+1 tokens: the slower of a decode step and n+1 tokens "
+                "at the prefill rate"
+            ),
+        ),
+    )
 
 
 def image_encode_s(projector_flops: int, main_prefill_tok_s: float, main_flops_per_token: float) -> float:

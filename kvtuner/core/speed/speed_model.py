@@ -78,8 +78,9 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name, pcie_bandwidth_bytes_s
 from ..hardware.host import physical_cores
@@ -98,8 +99,13 @@ DEFAULT_PCIE_BANDWIDTH_BYTES_S = 16 * 1.9692e9
 DEFAULT_HOST_BANDWIDTH_BYTES_S = 20e9
 #: Catalogue cards standing in for a generic what-if GPU of a memory size (``--gpu-mem``): the
 #: entry of that size most sold for local inference (the what-if presets of the app).
-GENERIC_CARDS: dict[int, str] = {8 * GiB: "RTX 4060", 12 * GiB: "RTX 3060 12GB", 16 * GiB: "RTX 4060 Ti 16GB",
-                                 24 * GiB: "RTX 3090", 48 * GiB: "RTX A6000"}
+GENERIC_CARDS: dict[int, str] = {
+    8 * GiB: "RTX 4060",
+    12 * GiB: "RTX 3060 12GB",
+    16 * GiB: "RTX 4060 Ti 16GB",
+    24 * GiB: "RTX 3090",
+    48 * GiB: "RTX A6000",
+}
 #: Depths at which the decode curve is evaluated (fractions of n_ctx_seq).
 CURVE_POINTS = 17
 #: Ubatch size from which ops run on the GPU whatever holds their data (ggml-cuda.cu
@@ -235,14 +241,14 @@ class SpeedConstants:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise SpeedModelError(f"speed constant {name} must be a finite number >= 0, not {value!r}")
 
-    def scaled(self, **factors: float) -> "SpeedConstants":
+    def scaled(self, **factors: float) -> SpeedConstants:
         """A copy with the named constants multiplied by ``factors``; a name
         ``host_prefill_type:TYPE`` multiplies that weight type's prefill scale."""
         types = dict(self.host_prefill_type_scales)
         plain = {}
         for k, v in factors.items():
             if k.startswith(PREFILL_TYPE_PARAM):
-                typ = k[len(PREFILL_TYPE_PARAM):]
+                typ = k[len(PREFILL_TYPE_PARAM) :]
                 types[typ] = types.get(typ, 1.0) * v
             else:
                 plain[k] = getattr(self, k) * v
@@ -281,19 +287,34 @@ class DeviceRates:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
-        return {"bandwidth_bytes_s": self.bandwidth_bytes_s, "flop_s": self.flop_s,
-                "pcie_bandwidth_bytes_s": self.pcie_bandwidth_bytes_s, "source": self.source,
-                "fp16_flop_s": self.fp16_flop_s, "int8_op_s": self.int8_op_s,
-                "cpu": self.cpu.to_dict() if self.cpu else None,
-                "link_bytes_s": self.link_bytes_s, "link_rtt_s": self.link_rtt_s}
+        return {
+            "bandwidth_bytes_s": self.bandwidth_bytes_s,
+            "flop_s": self.flop_s,
+            "pcie_bandwidth_bytes_s": self.pcie_bandwidth_bytes_s,
+            "source": self.source,
+            "fp16_flop_s": self.fp16_flop_s,
+            "int8_op_s": self.int8_op_s,
+            "cpu": self.cpu.to_dict() if self.cpu else None,
+            "link_bytes_s": self.link_bytes_s,
+            "link_rtt_s": self.link_rtt_s,
+        }
 
     @classmethod
-    def from_dict(cls, device: str, d: dict[str, Any]) -> "DeviceRates":
+    def from_dict(cls, device: str, d: dict[str, Any]) -> DeviceRates:
         """Inverse of :meth:`to_dict` (KeyError/TypeError/ValueError when malformed)."""
         cpu = CpuRates.from_dict(d["cpu"]) if d.get("cpu") else None
-        return cls(device, float(d["bandwidth_bytes_s"]), d.get("flop_s"), d.get("pcie_bandwidth_bytes_s"),
-                   str(d.get("source", "")), d.get("fp16_flop_s"), d.get("int8_op_s"), cpu,
-                   d.get("link_bytes_s"), d.get("link_rtt_s"))
+        return cls(
+            device,
+            float(d["bandwidth_bytes_s"]),
+            d.get("flop_s"),
+            d.get("pcie_bandwidth_bytes_s"),
+            str(d.get("source", "")),
+            d.get("fp16_flop_s"),
+            d.get("int8_op_s"),
+            cpu,
+            d.get("link_bytes_s"),
+            d.get("link_rtt_s"),
+        )
 
 
 @dataclass(frozen=True)
@@ -375,9 +396,16 @@ def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRate
     thr = effective_threads(n_threads)
     bw = min(host_bandwidth_bytes_s, thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)
     flop = thr * FALLBACK_PREFILL_FLOP_S_PER_THREAD
-    return CpuRates(n_threads, {"*": bw}, {"*": flop}, FALLBACK_LAYER_S, FALLBACK_TOKEN_S,
-                    {"*": FALLBACK_ATTN_DECODE_BYTES / (thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)},
-                    {"*": FALLBACK_ATTN_PREFILL_FLOPS / flop}, source="assumed (no CPU probe)")
+    return CpuRates(
+        n_threads,
+        {"*": bw},
+        {"*": flop},
+        FALLBACK_LAYER_S,
+        FALLBACK_TOKEN_S,
+        {"*": FALLBACK_ATTN_DECODE_BYTES / (thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)},
+        {"*": FALLBACK_ATTN_PREFILL_FLOPS / flop},
+        source="assumed (no CPU probe)",
+    )
 
 
 def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
@@ -385,12 +413,16 @@ def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
     if rates.n_threads == n_threads:
         return rates
     k = effective_threads(n_threads) / effective_threads(rates.n_threads)
-    return replace(rates, n_threads=n_threads, decode_bytes_s={t: v * k for t, v in rates.decode_bytes_s.items()},
-                   prefill_flop_s={t: v * k for t, v in rates.prefill_flop_s.items()},
-                   attn_decode_s={t: v / k for t, v in rates.attn_decode_s.items()},
-                   attn_prefill_s={t: v / k for t, v in rates.attn_prefill_s.items()},
-                   expert_decode_bytes_s={t: v * k for t, v in rates.expert_decode_bytes_s.items()},
-                   source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads")
+    return replace(
+        rates,
+        n_threads=n_threads,
+        decode_bytes_s={t: v * k for t, v in rates.decode_bytes_s.items()},
+        prefill_flop_s={t: v * k for t, v in rates.prefill_flop_s.items()},
+        attn_decode_s={t: v / k for t, v in rates.attn_decode_s.items()},
+        attn_prefill_s={t: v / k for t, v in rates.attn_prefill_s.items()},
+        expert_decode_bytes_s={t: v * k for t, v in rates.expert_decode_bytes_s.items()},
+        source=f"{rates.source}, moved from {rates.n_threads} to {n_threads} threads",
+    )
 
 
 def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float) -> CpuRates:
@@ -399,11 +431,16 @@ def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float) -> CpuRates:
     host-resident weight once (ggml-cpu's MUL_MAT / MUL_MAT_ID read every row of ``src0``), so
     the RAM's achieved bandwidth bounds it whatever the cores could compute (the roofline's
     memory roof; Williams et al. 2009)."""
+
     def cap(table: dict[str, float]) -> dict[str, float]:
         return {t: min(v, bandwidth_bytes_s) for t, v in table.items()}
 
-    return replace(rates, decode_bytes_s=cap(rates.decode_bytes_s), expert_decode_bytes_s=cap(rates.expert_decode_bytes_s),
-                   source=f"{rates.source}, decode capped at {bandwidth_bytes_s / 1e9:.1f} GB/s")
+    return replace(
+        rates,
+        decode_bytes_s=cap(rates.decode_bytes_s),
+        expert_decode_bytes_s=cap(rates.expert_decode_bytes_s),
+        source=f"{rates.source}, decode capped at {bandwidth_bytes_s / 1e9:.1f} GB/s",
+    )
 
 
 def cpu_rate(table: dict[str, float], type_name: str) -> float:
@@ -456,18 +493,34 @@ def gpu_rates(gpu: GpuSpec, pcie_link: tuple[int, int] | None = None) -> DeviceR
         pcie = pcie_bandwidth_bytes_s(gen, lanes)
         src.append(f"PCIe {gen}.0 x{lanes} (the what-if host's slot)")
     else:
-        src.append("PCIe from NVML" if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if) else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}")
+        src.append(
+            "PCIe from NVML"
+            if (gpu.pcie_bandwidth_bytes_s and not gpu.what_if)
+            else f"PCIe {entry.pcie_gen}.0 x{entry.pcie_lanes}"
+        )
     src.append(f"tensor rates of the {entry.name}" + ("" if own else " (nearest catalogue card)"))
     if gpu.endpoint is not None:
-        src.append(f"RPC link to {gpu.endpoint}: " + ("round trip measured" if gpu.link_rtt_s else "round trip assumed")
-                   + (", throughput given" if gpu.link_bytes_s else ", throughput assumed"))
-    return DeviceRates(gpu.device, float(bw), entry.fp32_flop_s, float(pcie), ", ".join(src),
-                       entry.fp16_tensor_flop_s if entry.has_int8_tensor_cores else entry.fp32_flop_s, entry.int8_op_s,
-                       link_bytes_s=gpu.link_bytes_s, link_rtt_s=gpu.link_rtt_s)
+        src.append(
+            f"RPC link to {gpu.endpoint}: "
+            + ("round trip measured" if gpu.link_rtt_s else "round trip assumed")
+            + (", throughput given" if gpu.link_bytes_s else ", throughput assumed")
+        )
+    return DeviceRates(
+        gpu.device,
+        float(bw),
+        entry.fp32_flop_s,
+        float(pcie),
+        ", ".join(src),
+        entry.fp16_tensor_flop_s if entry.has_int8_tensor_cores else entry.fp32_flop_s,
+        entry.int8_op_s,
+        link_bytes_s=gpu.link_bytes_s,
+        link_rtt_s=gpu.link_rtt_s,
+    )
 
 
-def host_rates(host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None,
-               n_threads: int | None = None) -> DeviceRates:
+def host_rates(
+    host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None, n_threads: int | None = None
+) -> DeviceRates:
     """Rates of the host: bandwidth from the HostSpec, else the numpy probe, else the default;
     ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`.
 
@@ -477,14 +530,20 @@ def host_rates(host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRa
     what_if = host is not None and host.what_if and bool(host.mem_bandwidth_bytes_s)
     if host is not None and host.mem_bandwidth_bytes_s:
         bw = float(host.mem_bandwidth_bytes_s)
-        src = (f"host bandwidth of the what-if host ({host.memory or 'given'}: {bw / 1e9:.1f} GB/s)" if what_if
-               else "host bandwidth given")
+        src = (
+            f"host bandwidth of the what-if host ({host.memory or 'given'}: {bw / 1e9:.1f} GB/s)"
+            if what_if
+            else "host bandwidth given"
+        )
     elif measure:
         bw, src = measure_host_bandwidth(), "host bandwidth measured (numpy copy)"
     else:
         bw, src = DEFAULT_HOST_BANDWIDTH_BYTES_S, "host bandwidth assumed"
-    threads = n_threads or (host.n_cores if host is not None and host.n_cores else None) or (
-        cpu.n_threads if cpu else physical_cores())
+    threads = (
+        n_threads
+        or (host.n_cores if host is not None and host.n_cores else None)
+        or (cpu.n_threads if cpu else physical_cores())
+    )
     rates = rates_for_threads(cpu, threads) if cpu is not None else fallback_cpu_rates(threads, bw)
     if what_if:
         rates = cap_cpu_rates(rates, bw)
@@ -513,8 +572,14 @@ def speed_inputs(
     link = host.pcie_link if host is not None else None
     rates = {g.device: gpu_rates(g, link) for g in gpus}
     rates[HOST] = host_rates(host, measure=measure, cpu=cpu, n_threads=threads)
-    return SpeedInputs(rates, threads, constants or SpeedConstants(), sigma_log, n_calibration_runs,
-                       host=host.speed_dict() if host is not None else None)
+    return SpeedInputs(
+        rates,
+        threads,
+        constants or SpeedConstants(),
+        sigma_log,
+        n_calibration_runs,
+        host=host.speed_dict() if host is not None else None,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -561,17 +626,28 @@ class DeviceWork:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict."""
-        return {"device": self.device, "kind": self.kind, "weights": [list(w) for w in self.weights],
-                "kv_bytes": self.kv_bytes, "attn_flops": self.attn_flops,
-                "head_cells": [list(h) for h in self.head_cells], "n_layers": self.n_layers}
+        return {
+            "device": self.device,
+            "kind": self.kind,
+            "weights": [list(w) for w in self.weights],
+            "kv_bytes": self.kv_bytes,
+            "attn_flops": self.attn_flops,
+            "head_cells": [list(h) for h in self.head_cells],
+            "n_layers": self.n_layers,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DeviceWork":
+    def from_dict(cls, d: dict[str, Any]) -> DeviceWork:
         """Inverse of :meth:`to_dict`."""
-        return cls(str(d["device"]), str(d["kind"]),
-                   tuple((str(t), float(b), float(f), float(n)) for t, b, f, n in d["weights"]),
-                   float(d["kv_bytes"]), float(d["attn_flops"]), tuple((str(h), float(c)) for h, c in d["head_cells"]),
-                   int(d["n_layers"]))
+        return cls(
+            str(d["device"]),
+            str(d["kind"]),
+            tuple((str(t), float(b), float(f), float(n)) for t, b, f, n in d["weights"]),
+            float(d["kv_bytes"]),
+            float(d["attn_flops"]),
+            tuple((str(h), float(c)) for h, c in d["head_cells"]),
+            int(d["n_layers"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -594,16 +670,30 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
-        return {"phase": self.phase, "n_tokens": self.n_tokens, "devices": [d.to_dict() for d in self.devices],
-                "n_crossings": self.n_crossings, "pcie_bytes": self.pcie_bytes, "n_calls": self.n_calls,
-                "n_layer": self.n_layer, "net": [list(x) for x in self.net]}
+        return {
+            "phase": self.phase,
+            "n_tokens": self.n_tokens,
+            "devices": [d.to_dict() for d in self.devices],
+            "n_crossings": self.n_crossings,
+            "pcie_bytes": self.pcie_bytes,
+            "n_calls": self.n_calls,
+            "n_layer": self.n_layer,
+            "net": [list(x) for x in self.net],
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Workload":
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
         """Inverse of :meth:`to_dict`."""
-        return cls(str(d["phase"]), int(d["n_tokens"]), tuple(DeviceWork.from_dict(x) for x in d["devices"]),
-                   float(d["n_crossings"]), float(d["pcie_bytes"]), int(d["n_calls"]), int(d["n_layer"]),
-                   tuple((str(a), float(b), float(c)) for a, b, c in d.get("net", ())))
+        return cls(
+            str(d["phase"]),
+            int(d["n_tokens"]),
+            tuple(DeviceWork.from_dict(x) for x in d["devices"]),
+            float(d["n_crossings"]),
+            float(d["pcie_bytes"]),
+            int(d["n_calls"]),
+            int(d["n_layer"]),
+            tuple((str(a), float(b), float(c)) for a, b, c in d.get("net", ())),
+        )
 
 
 class _Acc:
@@ -626,8 +716,15 @@ class _Acc:
         self.hc[dev][shape] = self.hc[dev].get(shape, 0.0) + n
 
     def device(self, d: str) -> DeviceWork:
-        return DeviceWork(d, self.kinds[d], tuple((t, b, f, n) for (t, n), (b, f) in sorted(self.w[d].items())),
-                          self.kv[d], self.af[d], tuple(sorted(self.hc[d].items())), self.nl[d])
+        return DeviceWork(
+            d,
+            self.kinds[d],
+            tuple((t, b, f, n) for (t, n), (b, f) in sorted(self.w[d].items())),
+            self.kv[d],
+            self.af[d],
+            tuple(sorted(self.hc[d].items())),
+            self.nl[d],
+        )
 
     def devices(self) -> tuple[DeviceWork, ...]:
         out = []
@@ -642,8 +739,11 @@ def _devices_of(plan: MemoryPlan) -> tuple[list[str], str]:
     """Device of each repeating layer's weights, and the output layer's."""
     n = plan.model.n_layer
     devs = list(plan.layer_devices[:n]) or [HOST] * n
-    out = plan.layer_devices[n] if len(plan.layer_devices) > n else next(
-        (g.device for g in plan.gpus if g.has_output), HOST)
+    out = (
+        plan.layer_devices[n]
+        if len(plan.layer_devices) > n
+        else next((g.device for g in plan.gpus if g.has_output), HOST)
+    )
     return devs, out
 
 
@@ -656,9 +756,12 @@ def _attn_dims(plan: MemoryPlan, il: int) -> tuple[int, int]:
     return m.n_head[il], m.head_dim_k_at(il) + m.head_dim_v_at(il)
 
 
-def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int,
-                   moved: dict[int, list[tuple[str, TypedWeights]]] | None = None,
-                   ) -> list[tuple[str | None, str, float, float, float, bool]]:
+def _layer_weights(
+    s: WeightSummary,
+    il: int,
+    n_tokens_per_call: int,
+    moved: dict[int, list[tuple[str, TypedWeights]]] | None = None,
+) -> list[tuple[str | None, str, float, float, float, bool]]:
     """(device, type, bytes read per call, FLOPs per token, rows per matmul, expert?) of layer ``il``'s
     weights: an expert gets ``u * n_expert_used / n_expert`` of a ubatch's ``u`` tokens (at least
     1). ``device`` is None for weights on the layer's device, else where a tensor override put
@@ -668,11 +771,25 @@ def _layer_weights(s: WeightSummary, il: int, n_tokens_per_call: int,
     u = float(n_tokens_per_call)
     groups: list[tuple[str | None, TypedWeights]] = [(None, w) for w in s.layers[il]]
     for dev, mw in (moved or {}).get(il, ()):
-        groups = [(d, replace(w, bytes_=max(0, w.bytes_ - mw.bytes_), params=max(0, w.params - mw.params)))
-                  if d is None and (w.ggml_type, w.expert) == (mw.ggml_type, mw.expert) else (d, w) for d, w in groups]
+        groups = [
+            (d, replace(w, bytes_=max(0, w.bytes_ - mw.bytes_), params=max(0, w.params - mw.params)))
+            if d is None and (w.ggml_type, w.expert) == (mw.ggml_type, mw.expert)
+            else (d, w)
+            for d, w in groups
+        ]
         groups.append((dev, mw))
-    return [(d, w.ggml_type, w.bytes_ * (share if w.expert else 1.0), 2.0 * w.params * (act if w.expert else 1.0),
-             max(1.0, u * act) if w.expert else u, w.expert) for d, w in groups if w.bytes_ or w.params]
+    return [
+        (
+            d,
+            w.ggml_type,
+            w.bytes_ * (share if w.expert else 1.0),
+            2.0 * w.params * (act if w.expert else 1.0),
+            max(1.0, u * act) if w.expert else u,
+            w.expert,
+        )
+        for d, w in groups
+        if w.bytes_ or w.params
+    ]
 
 
 @dataclass(frozen=True)
@@ -720,8 +837,16 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     for lk in plan.kv_layers:
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         heads, dims = _attn_dims(plan, lk.il)
-        kv.append((lk.device, per_cell, layer_attn_key(m, lk.il, *kv_pair), heads, 2.0 * heads * dims,
-                   min(_window(plan, lk.swa), lk.cells)))
+        kv.append(
+            (
+                lk.device,
+                per_cell,
+                layer_attn_key(m, lk.il, *kv_pair),
+                heads,
+                2.0 * heads * dims,
+                min(_window(plan, lk.swa), lk.cells),
+            )
+        )
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
@@ -781,8 +906,9 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
     return _assemble_decode(plan, _decode_parts(plan), depth)
 
 
-def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
-                     constants: SpeedConstants | None = None) -> Workload:
+def prefill_workload(
+    plan: MemoryPlan, n_prompt: int, depth: int = 0, constants: SpeedConstants | None = None
+) -> Workload:
     """The work of a prefill of ``n_prompt`` tokens after ``depth`` cached tokens, in ubatches
     of ``plan.n_ubatch`` (formulas in the module docstring). ``constants`` is accepted for
     symmetry and unused (host experts' efficiency is applied in the time, not here).
@@ -866,8 +992,16 @@ def prefill_workload(plan: MemoryPlan, n_prompt: int, depth: int = 0,
     if offload:
         crossings += n_calls  # the input embeddings go up once per ubatch
         pcie += 4.0 * m.n_embd * n_prompt
-    return Workload("prefill", n_prompt, acc.devices(), crossings, pcie, n_calls, m.n_layer,
-                    tuple((d, c, b) for d, (c, b) in net.items()))
+    return Workload(
+        "prefill",
+        n_prompt,
+        acc.devices(),
+        crossings,
+        pcie,
+        n_calls,
+        m.n_layer,
+        tuple((d, c, b) for d, (c, b) in net.items()),
+    )
 
 
 def _sum_min_range(lo: int, hi: int, cap: int) -> float:
@@ -953,14 +1087,16 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
             has_gpu = True
             t += _gpu_time_s(d, r, work.phase, c)
     if work.pcie_bytes:
-        pcie = min((r.pcie_bandwidth_bytes_s for r in inputs.rates.values() if r.pcie_bandwidth_bytes_s),
-                   default=DEFAULT_PCIE_BANDWIDTH_BYTES_S)
+        pcie = min(
+            (r.pcie_bandwidth_bytes_s for r in inputs.rates.values() if r.pcie_bandwidth_bytes_s),
+            default=DEFAULT_PCIE_BANDWIDTH_BYTES_S,
+        )
         t += work.pcie_bytes / (pcie * c.pcie_efficiency)
     t += work.n_crossings * c.crossing_latency_s
     for dev, n, b in work.net:
         lr = inputs.rates.get(dev)
-        rtt = (lr.link_rtt_s if lr is not None and lr.link_rtt_s else c.rpc_rtt_s)
-        link = (lr.link_bytes_s if lr is not None and lr.link_bytes_s else c.rpc_link_bytes_s)
+        rtt = lr.link_rtt_s if lr is not None and lr.link_rtt_s else c.rpc_rtt_s
+        link = lr.link_bytes_s if lr is not None and lr.link_bytes_s else c.rpc_link_bytes_s
         t += n * rtt + b / link
     if has_gpu:
         t += work.n_calls * c.gpu_token_overhead_s
@@ -1084,8 +1220,16 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     kp = math.exp(inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log)
     sources = tuple(f"{r.device}: {r.source}" for r in inputs.rates.values() if r.source)
     return SpeedPrediction(
-        decode_tok_s=dec0, decode_tok_s_at_full_ctx=dec_full, prefill_tok_s=pre,
-        band=(dec0 / k, dec0 * k), curve=curve, prefill_band=(pre / kp, pre * kp), prefill_tokens=n_p,
-        n_threads=inputs.n_threads, n_calibration_runs=inputs.n_calibration_runs, sources=sources, inputs=inputs,
+        decode_tok_s=dec0,
+        decode_tok_s_at_full_ctx=dec_full,
+        prefill_tok_s=pre,
+        band=(dec0 / k, dec0 * k),
+        curve=curve,
+        prefill_band=(pre / kp, pre * kp),
+        prefill_tokens=n_p,
+        n_threads=inputs.n_threads,
+        n_calibration_runs=inputs.n_calibration_runs,
+        sources=sources,
+        inputs=inputs,
         host=inputs.host,
     )

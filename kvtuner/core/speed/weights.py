@@ -37,11 +37,26 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 #: The tensor type most of a file type's weights have (llama-quantize's default type per file
 #: type, src/llama-quant.cpp ``llama_ftype_get_default_type``); used only without a tensor table.
 FILE_TYPE_MAIN: dict[str, str] = {
-    "ALL_F32": "F32", "MOSTLY_F16": "F16", "MOSTLY_BF16": "BF16", "MOSTLY_Q8_0": "Q8_0",
-    "MOSTLY_Q4_0": "Q4_0", "MOSTLY_Q4_1": "Q4_1", "MOSTLY_Q5_0": "Q5_0", "MOSTLY_Q5_1": "Q5_1",
-    "MOSTLY_Q2_K": "Q2_K", "MOSTLY_Q2_K_S": "Q2_K", "MOSTLY_Q3_K_S": "Q3_K", "MOSTLY_Q3_K_M": "Q3_K",
-    "MOSTLY_Q3_K_L": "Q3_K", "MOSTLY_Q4_K_S": "Q4_K", "MOSTLY_Q4_K_M": "Q4_K", "MOSTLY_Q5_K_S": "Q5_K",
-    "MOSTLY_Q5_K_M": "Q5_K", "MOSTLY_Q6_K": "Q6_K", "MOSTLY_IQ4_NL": "IQ4_NL", "MOSTLY_IQ4_XS": "IQ4_XS",
+    "ALL_F32": "F32",
+    "MOSTLY_F16": "F16",
+    "MOSTLY_BF16": "BF16",
+    "MOSTLY_Q8_0": "Q8_0",
+    "MOSTLY_Q4_0": "Q4_0",
+    "MOSTLY_Q4_1": "Q4_1",
+    "MOSTLY_Q5_0": "Q5_0",
+    "MOSTLY_Q5_1": "Q5_1",
+    "MOSTLY_Q2_K": "Q2_K",
+    "MOSTLY_Q2_K_S": "Q2_K",
+    "MOSTLY_Q3_K_S": "Q3_K",
+    "MOSTLY_Q3_K_M": "Q3_K",
+    "MOSTLY_Q3_K_L": "Q3_K",
+    "MOSTLY_Q4_K_S": "Q4_K",
+    "MOSTLY_Q4_K_M": "Q4_K",
+    "MOSTLY_Q5_K_S": "Q5_K",
+    "MOSTLY_Q5_K_M": "Q5_K",
+    "MOSTLY_Q6_K": "Q6_K",
+    "MOSTLY_IQ4_NL": "IQ4_NL",
+    "MOSTLY_IQ4_XS": "IQ4_XS",
     "MOSTLY_MXFP4_MOE": "MXFP4",
 }
 
@@ -111,8 +126,9 @@ def _group(items: dict[tuple[str, bool], list[int]]) -> tuple[TypedWeights, ...]
 
 
 @functools.lru_cache(maxsize=16)
-def _summary_cached(paths: tuple[str, ...], header_sha256: str, n_layer: int, n_expert: int,
-                    n_expert_used: int) -> WeightSummary:
+def _summary_cached(
+    paths: tuple[str, ...], header_sha256: str, n_layer: int, n_expert: int, n_expert_used: int
+) -> WeightSummary:
     layers: list[dict[tuple[str, bool], list[int]]] = [{} for _ in range(n_layer)]
     output: dict[tuple[str, bool], list[int]] = {}
     embd: tuple[str, int, int] | None = None
@@ -137,8 +153,13 @@ def _summary_cached(paths: tuple[str, ...], header_sha256: str, n_layer: int, n_
         acc = output.setdefault((embd[0], False), [0, 0])
         acc[0] += embd[1]
         acc[1] += embd[2]
-    return WeightSummary(tuple(_group(g) for g in layers), _group(output), n_expert, n_expert_used,
-                         expert_keys=expert_keys_of(table, n_layer, n_expert_used))
+    return WeightSummary(
+        tuple(_group(g) for g in layers),
+        _group(output),
+        n_expert,
+        n_expert_used,
+        expert_keys=expert_keys_of(table, n_layer, n_expert_used),
+    )
 
 
 def summary_from_profile(model: ModelProfile) -> WeightSummary:
@@ -167,8 +188,13 @@ def weight_summary(model: ModelProfile) -> WeightSummary:
     about as long as reading the header once), or :func:`summary_from_profile` when the file
     cannot be read or does not match the profile."""
     try:
-        s = _summary_cached(tuple(str(p) for p in (model.parts or (model.path,))), model.header_sha256,
-                            model.n_layer, model.n_expert, model.n_expert_used)
+        s = _summary_cached(
+            tuple(str(p) for p in (model.parts or (model.path,))),
+            model.header_sha256,
+            model.n_layer,
+            model.n_expert,
+            model.n_expert_used,
+        )
     except (GGUFError, OSError, ValueError):
         return summary_from_profile(model)
     if [sum(w.bytes_ for w in g) for g in s.layers] != list(model.layer_bytes):

@@ -26,7 +26,7 @@ FILE_NAME = "compute-buffers.json"
 MAX_ENTRIES = 2000
 
 
-def compute_key(plan: "MemoryPlan") -> str:
+def compute_key(plan: MemoryPlan) -> str:
     """A stable key for a plan's compute buffers (sha256 of the fields that shape the graph)."""
     c = plan.config
     fields = {
@@ -50,12 +50,12 @@ def compute_key(plan: "MemoryPlan") -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def exact_for(plan: "MemoryPlan") -> dict[str, int] | None:
+def exact_for(plan: MemoryPlan) -> dict[str, int] | None:
     """Exact compute bytes per device remembered for this plan's configuration, or None."""
     return lookup(compute_key(plan))
 
 
-def remember(plan: "MemoryPlan", compute_mib: dict[str, float]) -> dict[str, int]:
+def remember(plan: MemoryPlan, compute_mib: dict[str, float]) -> dict[str, int]:
     """Store a dry-run's ``sched_reserve`` figures (MiB as printed, buffer-type names such as
     ``CPU`` or ``CUDA0``) for this plan; returns them in bytes per device."""
     exact = bytes_by_device(compute_mib)

@@ -14,17 +14,17 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-
-from ..plan.config import ConfigError, PlanConfig
-from ..paths import data_dir
 from ..export import MEASURED_KEYS, clean_measured
 from ..hardware.identity import MachineFingerprint, llama_cpp_build
 from ..model.identity import ModelIdentity
+from ..paths import data_dir
+from ..plan.config import ConfigError, PlanConfig
 
 LIBRARY_FILE_NAME = "library.sqlite3"
 SCHEMA_VERSION = 1
@@ -133,9 +133,7 @@ class ConfigLibrary:
             with self._db:
                 version = self._db.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
-                    raise LibraryError(
-                        f"{self.path} was written by a newer kvtuner (schema {version}): update kvtuner"
-                    )
+                    raise LibraryError(f"{self.path} was written by a newer kvtuner (schema {version}): update kvtuner")
                 self._db.executescript(_SCHEMA)
                 if version == 0:
                     self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -160,7 +158,7 @@ class ConfigLibrary:
         """Close the database."""
         self._db.close()
 
-    def __enter__(self) -> "ConfigLibrary":
+    def __enter__(self) -> ConfigLibrary:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,7 +196,7 @@ class ConfigLibrary:
         figures = clean_measured(measured)
         machine = machine or MachineFingerprint.current()
         row = {
-            "created_utc": created_utc or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "created_utc": created_utc or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "model_path": str(model_path),
             "model_file_name": model.file_name,
             "model_file_bytes": model.file_bytes,

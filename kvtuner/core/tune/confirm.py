@@ -6,8 +6,9 @@ them through a callable so it stays headless (pyproject's import contracts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..plan.config import PlanConfig
 
@@ -74,12 +75,19 @@ class RealLoad:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able record (the ``real_loads`` entries of ``kvtuner tune --json``)."""
         m = self.measured
-        return {"config": self.config.to_dict(), "n_depth": m.n_depth, "n_prompt": m.n_prompt, "n_gen": m.n_gen,
-                "n_threads": m.n_threads,
-                "predicted": {"decode_tok_s": self.predicted_decode_tok_s, "prefill_tok_s": self.predicted_prefill_tok_s},
-                "measured": {"decode_tok_s": m.decode_tok_s, "prefill_tok_s": m.prefill_tok_s},
-                "decode_error": self.decode_error, "prefill_error": self.prefill_error,
-                "other_cores": m.other_cores, "recorded": m.kept}
+        return {
+            "config": self.config.to_dict(),
+            "n_depth": m.n_depth,
+            "n_prompt": m.n_prompt,
+            "n_gen": m.n_gen,
+            "n_threads": m.n_threads,
+            "predicted": {"decode_tok_s": self.predicted_decode_tok_s, "prefill_tok_s": self.predicted_prefill_tok_s},
+            "measured": {"decode_tok_s": m.decode_tok_s, "prefill_tok_s": m.prefill_tok_s},
+            "decode_error": self.decode_error,
+            "prefill_error": self.prefill_error,
+            "other_cores": m.other_cores,
+            "recorded": m.kept,
+        }
 
 
 def confirm_depth(n_ctx: int, n_prompt: int = CONFIRM_PROMPT_TOKENS, n_gen: int = CONFIRM_GEN_TOKENS) -> int:

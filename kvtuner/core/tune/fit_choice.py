@@ -20,8 +20,9 @@ Pure Python: no Qt, no llama_cpp, no processes.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
@@ -113,8 +114,12 @@ class FitChoice:
         Raises:
             ConfigError: an override kvtuner cannot plan (a buffer other than CPU / CUDA<n>).
         """
-        cfg = base.with_(n_ctx=self.n_ctx, n_gpu_layers=ALL_LAYERS if self.n_gpu_layers < 0 else self.n_gpu_layers,
-                         kv_gpu_layers=None, tensor_overrides=tuple(self.overrides))
+        cfg = base.with_(
+            n_ctx=self.n_ctx,
+            n_gpu_layers=ALL_LAYERS if self.n_gpu_layers < 0 else self.n_gpu_layers,
+            kv_gpu_layers=None,
+            tensor_overrides=tuple(self.overrides),
+        )
         ts = [float(x) for x in self.tensor_split]
         ts += [0.0] * (n_devices - len(ts))
         split = DeviceSplit(tensor_split=tuple(ts)) if any(ts) and n_devices > 1 else None
@@ -123,10 +128,18 @@ class FitChoice:
     def to_dict(self) -> dict[str, Any]:
         """``{flags, method, n_ctx, n_gpu_layers, tensor_split, overrides, source, note, fits,
         predicted: {decode_tok_s, prefill_tok_s}}`` (the ``fit_choice`` of ``kvtuner tune --json``)."""
-        return {"flags": self.flags, "method": self.method, "n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers,
-                "tensor_split": list(self.tensor_split), "overrides": list(self.overrides), "source": self.source,
-                "note": self.note, "fits": self.fits,
-                "predicted": {"decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s}}
+        return {
+            "flags": self.flags,
+            "method": self.method,
+            "n_ctx": self.n_ctx,
+            "n_gpu_layers": self.n_gpu_layers,
+            "tensor_split": list(self.tensor_split),
+            "overrides": list(self.overrides),
+            "source": self.source,
+            "note": self.note,
+            "fits": self.fits,
+            "predicted": {"decode_tok_s": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s},
+        }
 
 
 def parse_fit_line(text: str) -> tuple[int, int, tuple[int, ...], tuple[str, ...]]:
@@ -160,7 +173,7 @@ class FitRequest:
     target_mib: int = FIT_TARGET_MIB
 
     @classmethod
-    def for_goal(cls, goal: Any, target_mib: int = FIT_TARGET_MIB) -> "FitRequest":
+    def for_goal(cls, goal: Any, target_mib: int = FIT_TARGET_MIB) -> FitRequest:
         """The request for a :class:`~kvtuner.core.tune.TuneGoal`: ``--ctx N`` is ``-c N``;
         ``--ctx-min N`` is the model's context with ``--fit-ctx N``; ``--min-tok-s`` the model's
         context with the default ``--fit-ctx`` (``--fit`` knows no speed goal)."""
@@ -208,8 +221,20 @@ def fit_params_args(model_path: str, base: PlanConfig, request: FitRequest) -> t
         argv += ["-c", str(request.n_ctx)]
     else:
         argv += ["-fitc", str(request.n_ctx_min)]
-    argv += ["-fa", base.flash_attn, "-ctk", base.type_k, "-ctv", base.type_v, "-np", str(base.n_seq),
-             "-b", str(base.n_batch), "-ub", str(base.n_ubatch)]
+    argv += [
+        "-fa",
+        base.flash_attn,
+        "-ctk",
+        base.type_k,
+        "-ctv",
+        base.type_v,
+        "-np",
+        str(base.n_seq),
+        "-b",
+        str(base.n_batch),
+        "-ub",
+        str(base.n_ubatch),
+    ]
     if base.swa_full:
         argv.append("--swa-full")
     if base.kv_unified and base.n_seq > 1:
@@ -244,9 +269,15 @@ def _copy(v: list[_Ngl]) -> list[_Ngl]:
     return [replace(x) for x in v]
 
 
-def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-                    request: FitRequest = FitRequest(), *,
-                    plan: Callable[[PlanConfig, DeviceSplit | None], MemoryPlan] | None = None) -> FitChoice:
+def port_fit_choice(
+    model: ModelProfile,
+    base: PlanConfig,
+    gpus: Sequence[GpuSpec],
+    host: HostSpec | None,
+    request: FitRequest = FitRequest(),
+    *,
+    plan: Callable[[PlanConfig, DeviceSplit | None], MemoryPlan] | None = None,
+) -> FitChoice:
     """What llama.cpp's ``--fit`` would choose, computed the way common/fit.cpp
     ``common_params_fit_impl`` (b11434) does, with kvtuner's memory plan in place of llama.cpp's
     no-alloc measurement (``common_get_device_memory_data``).
@@ -274,8 +305,10 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
             by reducing the context), with llama.cpp's reason.
     """
     if plan is None:
+
         def plan(cfg: PlanConfig, split: DeviceSplit | None) -> MemoryPlan:
             return plan_memory(model, cfg, gpus, host, split=split)
+
     devs = order_devices(gpus)
     nd = len(devs)
     margin = request.target_mib * MiB
@@ -292,9 +325,12 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
     source = ", ".join(g.name for g in devs) if devs else "CPU only"
 
     def measure(ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), ctx: int | None = None) -> MemoryPlan:
-        cfg = base.with_(n_ctx=max(1, ctx if ctx is not None else n_ctx), kv_gpu_layers=None,
-                         n_gpu_layers=ALL_LAYERS if ngl < 0 else ngl,
-                         tensor_overrides=tuple(ot) if ot else base.tensor_overrides)
+        cfg = base.with_(
+            n_ctx=max(1, ctx if ctx is not None else n_ctx),
+            kv_gpu_layers=None,
+            n_gpu_layers=ALL_LAYERS if ngl < 0 else ngl,
+            tensor_overrides=tuple(ot) if ot else base.tensor_overrides,
+        )
         full_ts = [float(x) for x in ts] + [0.0] * (nd - len(ts))
         return plan(cfg, DeviceSplit(tensor_split=tuple(full_ts)) if any(full_ts) and nd > 1 else None)
 
@@ -353,11 +389,14 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
             if nd <= 1:
                 return choice(-1)
     if nd == 0:
-        raise FitChoiceError("--fit: the model does not fit into system memory by reducing the context "
-                             "(common/fit.cpp: 'was unable to fit model into system memory by reducing context')")
+        raise FitChoiceError(
+            "--fit: the model does not fit into system memory by reducing the context "
+            "(common/fit.cpp: 'was unable to fit model into system memory by reducing context')"
+        )
     if blockers:
-        raise FitChoiceError(f"--fit gives up: {', '.join(blockers)} set by the user (common/fit.cpp: "
-                             "'already set by user, abort')")
+        raise FitChoiceError(
+            f"--fit gives up: {', '.join(blockers)} set by the user (common/fit.cpp: 'already set by user, abort')"
+        )
 
     # step 3: fill the devices back to front
     names = [g.device for g in devs]
@@ -375,7 +414,9 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
             il0 += x.n_full
             for il in range(il0, il0 + x.n_part):
                 first = il == il0
-                ot.append(f"{overflow_pattern(il, x.overflow if first else _MOE)}={overflow_bufts[i] if first else 'CPU'}")
+                ot.append(
+                    f"{overflow_pattern(il, x.overflow if first else _MOE)}={overflow_bufts[i] if first else 'CPU'}"
+                )
             il0 += x.n_part
         return ngl, tuple(ts), tuple(ot)
 
@@ -480,7 +521,7 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
             if id_ < nd - 1:
                 overflow_test[id_] = names[id_ + 1]
 
-            def ok(m: list[int]) -> bool:
+            def ok(m: list[int], id_: int = id_) -> bool:
                 return m[id_] < targets[id_] and (id_ + 1 == nd or m[id_ + 1] < targets[id_ + 1])
 
             for fraction in (_UP, _GATE):
@@ -498,9 +539,17 @@ def port_fit_choice(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpe
     return choice(*layout(ngl_pd, overflow))
 
 
-def predict_choice(choice: FitChoice, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec],
-                   host: HostSpec | None, inputs: Any, *, vram_margin_bytes: int = FIT_TARGET_MIB * MiB,
-                   rules: BuildRules = VENDORED) -> FitChoice:
+def predict_choice(
+    choice: FitChoice,
+    model: ModelProfile,
+    base: PlanConfig,
+    gpus: Sequence[GpuSpec],
+    host: HostSpec | None,
+    inputs: Any,
+    *,
+    vram_margin_bytes: int = FIT_TARGET_MIB * MiB,
+    rules: BuildRules = VENDORED,
+) -> FitChoice:
     """``choice`` with kvtuner's prediction of it: decode tokens/s at the full context (depth
     ``n_ctx_seq - 1``, as the tune ranks) and prefill tokens/s of a 512-token prompt, and whether
     its plan keeps every GPU within capacity less ``vram_margin_bytes``. A configuration kvtuner
@@ -525,6 +574,19 @@ def predict_choice(choice: FitChoice, model: ModelProfile, base: PlanConfig, gpu
     return replace(choice, decode_tok_s=dec, prefill_tok_s=pre, fits=fits)
 
 
-__all__ = ["FIT_MIN_CTX", "FIT_TARGET_MIB", "FitChoice", "FitChoiceError", "FitRequest", "METHOD_BINARY",
-           "METHOD_PORT", "MOE_ALL_PATTERN", "fit_blockers", "fit_params_args", "overflow_pattern", "parse_fit_line",
-           "port_fit_choice", "predict_choice"]
+__all__ = [
+    "FIT_MIN_CTX",
+    "FIT_TARGET_MIB",
+    "METHOD_BINARY",
+    "METHOD_PORT",
+    "MOE_ALL_PATTERN",
+    "FitChoice",
+    "FitChoiceError",
+    "FitRequest",
+    "fit_blockers",
+    "fit_params_args",
+    "overflow_pattern",
+    "parse_fit_line",
+    "port_fit_choice",
+    "predict_choice",
+]

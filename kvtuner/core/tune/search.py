@@ -41,14 +41,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.ggml_types import kv_type
 from ..model.profile import ModelProfile
-from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.build_rules import VENDORED, BuildRules
+from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import FIT_TARGET_MIB, RAM_HEADROOM_FRACTION, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import SpeedInputs, SpeedModelError, decode_tok_s, prefill_tok_s
@@ -70,9 +71,9 @@ KV_QUALITY_ORDER = ("f16", "q8_0", "q4_0")
 KV_QUALITY_NOTES = {
     "f16": "f16 KV: llama.cpp's default, the reference",
     "q8_0": "q8_0 KV: KL divergence 0.00098 against 0.00019 for f16 KV on LLaMA 3 8B, less than q8_0 weights "
-            "(llama.cpp PR #7412)",
+    "(llama.cpp PR #7412)",
     "q4_0": "q4_0 KV: coarser; its errors grow with the context (ik_llama.cpp PR #1547) and hit some model classes "
-            "hard (attention-sink models)",
+    "hard (attention-sink models)",
 }
 DEFAULT_KV_QUALITY = "q8_0"
 #: Decode speeds within this fraction of the best count as a tie, broken by prefill speed.
@@ -127,11 +128,16 @@ class TuneGoal:
     max_ctx: int | None = None
 
     def __post_init__(self) -> None:
-        given = [n for n, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min), ("--min-tok-s", self.min_tok_s))
-                 if v is not None]
+        given = [
+            n
+            for n, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min), ("--min-tok-s", self.min_tok_s))
+            if v is not None
+        ]
         if len(given) != 1:
-            raise TuneError("give exactly one goal: --ctx N, --ctx-min N or --min-tok-s X"
-                            + (f" (got {', '.join(given)})" if given else ""))
+            raise TuneError(
+                "give exactly one goal: --ctx N, --ctx-min N or --min-tok-s X"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
         for name, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min)):
             if v is not None and (not isinstance(v, int) or v < 256):
                 raise TuneError(f"{name} must be a number of tokens of at least 256, not {v}")
@@ -156,9 +162,15 @@ class TuneGoal:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the goal."""
-        return {"kind": self.kind, "n_ctx": self.n_ctx, "n_ctx_min": self.n_ctx_min, "min_tok_s": self.min_tok_s,
-                "kv_quality": self.kv_quality, "vram_margin_bytes": self.vram_margin_bytes,
-                "ram_headroom_fraction": self.ram_headroom_fraction}
+        return {
+            "kind": self.kind,
+            "n_ctx": self.n_ctx,
+            "n_ctx_min": self.n_ctx_min,
+            "min_tok_s": self.min_tok_s,
+            "kv_quality": self.kv_quality,
+            "vram_margin_bytes": self.vram_margin_bytes,
+            "ram_headroom_fraction": self.ram_headroom_fraction,
+        }
 
 
 @dataclass(frozen=True)
@@ -190,10 +202,21 @@ class Candidate:
         """The plan in a few figures: bytes per device, KV placement."""
         p = self.plan
         return {
-            "n_ctx": p.n_ctx, "n_gpu_layers": p.n_gpu_layers, "kv_gpu_layers": p.kv_gpu_layers,
-            "n_layer": p.model.n_layer, "kv_bytes": p.kv_bytes,
-            "devices": [{"device": d.device, "total_bytes": d.total_bytes, "capacity_bytes": d.capacity_bytes,
-                         "kv_bytes": d.kv_bytes, "weights_bytes": d.weights_bytes} for d in p.devices],
+            "n_ctx": p.n_ctx,
+            "n_gpu_layers": p.n_gpu_layers,
+            "kv_gpu_layers": p.kv_gpu_layers,
+            "n_layer": p.model.n_layer,
+            "kv_bytes": p.kv_bytes,
+            "devices": [
+                {
+                    "device": d.device,
+                    "total_bytes": d.total_bytes,
+                    "capacity_bytes": d.capacity_bytes,
+                    "kv_bytes": d.kv_bytes,
+                    "weights_bytes": d.weights_bytes,
+                }
+                for d in p.devices
+            ],
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,10 +224,17 @@ class Candidate:
         measured = None
         if self.measured_decode_tok_s is not None or self.measured_prefill_tok_s is not None:
             measured = {"decode_tok_s": self.measured_decode_tok_s, "prefill_tok_s": self.measured_prefill_tok_s}
-        return {"config": self.config.to_dict(), "plan": self.summary(), "fits": self.fits,
-                "predicted": {"decode_tok_s_at_full_ctx": self.decode_tok_s, "prefill_tok_s": self.prefill_tok_s,
-                              "prefill_tokens": self.prefill_tokens},
-                "measured": measured}
+        return {
+            "config": self.config.to_dict(),
+            "plan": self.summary(),
+            "fits": self.fits,
+            "predicted": {
+                "decode_tok_s_at_full_ctx": self.decode_tok_s,
+                "prefill_tok_s": self.prefill_tok_s,
+                "prefill_tokens": self.prefill_tokens,
+            },
+            "measured": measured,
+        }
 
 
 @dataclass(frozen=True)
@@ -357,9 +387,24 @@ def kv_type_pairs(model: ModelProfile, quality: str, *, gpu: bool) -> list[tuple
 class _Searcher:
     """Plans, fit checks and predictions of one model on one machine, with a plan cache."""
 
-    def __init__(self, model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-                 inputs: SpeedInputs, goal: TuneGoal, rules: BuildRules = VENDORED):
-        self.model, self.base, self.gpus, self.host, self.inputs, self.goal = model, base, tuple(gpus), host, inputs, goal
+    def __init__(
+        self,
+        model: ModelProfile,
+        base: PlanConfig,
+        gpus: Sequence[GpuSpec],
+        host: HostSpec | None,
+        inputs: SpeedInputs,
+        goal: TuneGoal,
+        rules: BuildRules = VENDORED,
+    ):
+        self.model, self.base, self.gpus, self.host, self.inputs, self.goal = (
+            model,
+            base,
+            tuple(gpus),
+            host,
+            inputs,
+            goal,
+        )
         self.margins = goal.margins
         self.rules = rules
         self.evaluated = 0
@@ -434,18 +479,30 @@ class _Searcher:
                     continue  # a quantized V cache requires flash attention (llama-context.cpp)
                 for ub in self.ubatch_choices():
                     try:
-                        out.append(self.base.with_(n_ctx=n_ctx, type_k=k, type_v=v, flash_attn=fa, n_ubatch=ub,
-                                                   n_batch=max(self.base.n_batch, ub),
-                                                   n_gpu_layers=ALL_LAYERS, kv_gpu_layers=None, n_cpu_moe=0,
-                                                   cpu_moe=False, n_cpu_ffn=0))
+                        out.append(
+                            self.base.with_(
+                                n_ctx=n_ctx,
+                                type_k=k,
+                                type_v=v,
+                                flash_attn=fa,
+                                n_ubatch=ub,
+                                n_batch=max(self.base.n_batch, ub),
+                                n_gpu_layers=ALL_LAYERS,
+                                kv_gpu_layers=None,
+                                n_cpu_moe=0,
+                                cpu_moe=False,
+                                n_cpu_ffn=0,
+                            )
+                        )
                     except ConfigError:
                         continue
         return out
 
     # -- integer knobs ----------------------------------------------------------------------------
 
-    def _last_knob_max(self, cfg: PlanConfig, knob: IntKnob,
-                       hint: int | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+    def _last_knob_max(
+        self, cfg: PlanConfig, knob: IntKnob, hint: int | None = None
+    ) -> tuple[Candidate | None, tuple[int, ...]]:
         """The largest value of the last knob whose plan fits the GPUs (GPU memory is monotone in
         it: binary search, or with a ``hint`` a galloping search outwards from it), as a fitting
         candidate; None when none fits."""
@@ -461,8 +518,9 @@ class _Searcher:
         c = self.candidate(knob.apply(cfg, best, hi))
         return (c if c is not None and c.fits else None), (best,)
 
-    def _climb_start(self, cfg: PlanConfig, knob: IntKnob, hi: int, rest: Sequence[IntKnob],
-                     guess: int | None = None) -> tuple[int, ...]:
+    def _climb_start(
+        self, cfg: PlanConfig, knob: IntKnob, hi: int, rest: Sequence[IntKnob], guess: int | None = None
+    ) -> tuple[int, ...]:
         """Where the search of ``knob`` starts: the largest ``g`` whose plan fits the GPUs with
         every knob of ``rest`` at its top (binary search, galloping from ``guess`` when given;
         GPU memory grows with ``g``), and those tops as the hint of ``rest``; ``(0,)`` when none
@@ -490,8 +548,9 @@ class _Searcher:
         c = self.candidate(_at_top(self.model, cfg, rest))
         return c is not None and c.decode_tok_s <= best
 
-    def frontier(self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS,
-                 hint: tuple[int, ...] | None = None) -> tuple[Candidate | None, tuple[int, ...]]:
+    def frontier(
+        self, cfg: PlanConfig, knobs: Sequence[IntKnob] = INT_KNOBS, hint: tuple[int, ...] | None = None
+    ) -> tuple[Candidate | None, tuple[int, ...]]:
         """The fastest fitting candidate over ``knobs`` from ``cfg``, and the knob values (``g``)
         that gave it. The last knob goes to its largest fitting value; the one just before it
         climbs from :meth:`_climb_start`, one step at a time while the speed rises; the others are
@@ -606,8 +665,9 @@ class _Searcher:
         finally:
             self.floor = 0.0
 
-    def _search_combos(self, bounds: list, hints: dict, reached: dict, found: list[Candidate],
-                       target: float | None) -> list[Candidate]:
+    def _search_combos(
+        self, bounds: list, hints: dict, reached: dict, found: list[Candidate], target: float | None
+    ) -> list[Candidate]:
         """:meth:`at_ctx`'s search of the combinations, in the order of their upper bound."""
         best_decode = 0.0
         full_fit: set[tuple[str, str, str]] = set()
@@ -703,7 +763,7 @@ def _rank(s: _Searcher, found: list[Candidate]) -> list[Candidate]:
     lead = found[0].decode_tok_s
     tied = [s.with_prefill(c) for c in found if c.decode_tok_s >= lead * (1 - DECODE_TIE)]
     tied.sort(key=lambda c: (-(c.prefill_tok_s or 0.0), -c.decode_tok_s))
-    return tied + found[len(tied):]
+    return tied + found[len(tied) :]
 
 
 def ubatch_note(s: _Searcher, best: Candidate | None, top: Sequence[Candidate]) -> str | None:
@@ -713,8 +773,13 @@ def ubatch_note(s: _Searcher, best: Candidate | None, top: Sequence[Candidate]) 
     None when no other ubatch prefills at least 20 % faster."""
     if best is None or not best.plan.host.expert_bytes or not best.prefill_tok_s:
         return None
-    others = [s.with_prefill(c) for c in top if c.config.n_ubatch != best.config.n_ubatch and c.plan.host.expert_bytes
-              and c.decode_tok_s >= best.decode_tok_s * 0.5]
+    others = [
+        s.with_prefill(c)
+        for c in top
+        if c.config.n_ubatch != best.config.n_ubatch
+        and c.plan.host.expert_bytes
+        and c.decode_tok_s >= best.decode_tok_s * 0.5
+    ]
     if not others:
         return None
     alt = max(others, key=lambda c: c.prefill_tok_s or 0.0)
@@ -722,10 +787,12 @@ def ubatch_note(s: _Searcher, best: Candidate | None, top: Sequence[Candidate]) 
         return None
     cfg = alt.config
     moe = f" --n-cpu-moe {cfg.n_cpu_moe}" if cfg.n_cpu_moe else ""
-    return (f"prefill: -ub {cfg.n_ubatch} -b {cfg.n_batch}{moe} prefills {alt.prefill_tok_s:.0f} tok/s instead of "
-            f"{best.prefill_tok_s:.0f} and decodes {alt.decode_tok_s:.2f} instead of {best.decode_tok_s:.2f} tok/s "
-            f"(each ubatch copies the experts in RAM to the GPU once: a larger one spreads that copy over more "
-            f"tokens, and its compute buffer takes VRAM the experts had)")
+    return (
+        f"prefill: -ub {cfg.n_ubatch} -b {cfg.n_batch}{moe} prefills {alt.prefill_tok_s:.0f} tok/s instead of "
+        f"{best.prefill_tok_s:.0f} and decodes {alt.decode_tok_s:.2f} instead of {best.decode_tok_s:.2f} tok/s "
+        f"(each ubatch copies the experts in RAM to the GPU once: a larger one spreads that copy over more "
+        f"tokens, and its compute buffer takes VRAM the experts had)"
+    )
 
 
 def _runner_up(top: list[Candidate]) -> Candidate | None:
@@ -749,22 +816,33 @@ def offload_note(c: Candidate) -> str | None:
     moved = sum(b for _, _, to, b in c.plan.moves.moved if to not in gpus)
     size = f"{moved / GiB:.2f} GiB"
     if cfg.n_cpu_ffn:
-        return (f"--n-cpu-ffn {cfg.n_cpu_ffn}: the dense FFN weights of the first {cfg.n_cpu_ffn} layers ({size}) stay "
-                f"in RAM and the CPU reads them over host memory bandwidth at every token; attention and the KV cache "
-                f"of every layer stay in VRAM, so that cost does not grow with the context as KV in RAM would")
+        return (
+            f"--n-cpu-ffn {cfg.n_cpu_ffn}: the dense FFN weights of the first {cfg.n_cpu_ffn} layers ({size}) stay "
+            f"in RAM and the CPU reads them over host memory bandwidth at every token; attention and the KV cache "
+            f"of every layer stay in VRAM, so that cost does not grow with the context as KV in RAM would"
+        )
     if cfg.n_cpu_moe or cfg.cpu_moe:
         n = c.plan.model.n_layer if cfg.cpu_moe else cfg.n_cpu_moe
-        return (f"--n-cpu-moe {n}: the MoE experts of the first {n} layers ({size}) stay in RAM; a token reads only the "
-                f"experts it is routed to ({c.plan.model.n_expert_used} of {c.plan.model.n_expert}) there, on the CPU; "
-                f"attention, the shared weights and the KV cache stay in VRAM")
+        return (
+            f"--n-cpu-moe {n}: the MoE experts of the first {n} layers ({size}) stay in RAM; a token reads only the "
+            f"experts it is routed to ({c.plan.model.n_expert_used} of {c.plan.model.n_expert}) there, on the CPU; "
+            f"attention, the shared weights and the KV cache stay in VRAM"
+        )
     return None
 
 
-def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequence[GpuSpec],
-                   host: HostSpec | None, inputs: SpeedInputs, *,
-                   vram_margin_bytes: int = VRAM_MARGIN_BYTES,
-                   ram_headroom_fraction: float = RAM_HEADROOM_FRACTION,
-                   rules: BuildRules = VENDORED) -> Candidate | None:
+def fit_equivalent(
+    model: ModelProfile,
+    base: PlanConfig,
+    n_ctx: int,
+    gpus: Sequence[GpuSpec],
+    host: HostSpec | None,
+    inputs: SpeedInputs,
+    *,
+    vram_margin_bytes: int = VRAM_MARGIN_BYTES,
+    ram_headroom_fraction: float = RAM_HEADROOM_FRACTION,
+    rules: BuildRules = VENDORED,
+) -> Candidate | None:
     """What llama.cpp's ``--fit`` would run for ``base`` at ``n_ctx``, planned by kvtuner (with the
     compute rules of ``rules``, :mod:`kvtuner.core.plan.build_rules`).
 
@@ -783,8 +861,9 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     Returns:
         The candidate, or None when not even ``-ngl 0`` fits.
     """
-    goal = TuneGoal(n_ctx=max(256, n_ctx), vram_margin_bytes=vram_margin_bytes,
-                    ram_headroom_fraction=ram_headroom_fraction)
+    goal = TuneGoal(
+        n_ctx=max(256, n_ctx), vram_margin_bytes=vram_margin_bytes, ram_headroom_fraction=ram_headroom_fraction
+    )
     s = _Searcher(model, base, gpus, host, inputs, goal, rules)
     try:
         cfg = base.with_(n_ctx=n_ctx, kv_gpu_layers=None)
@@ -797,9 +876,18 @@ def fit_equivalent(model: ModelProfile, base: PlanConfig, n_ctx: int, gpus: Sequ
     return s.with_prefill(c) if c is not None else None
 
 
-def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: HostSpec | None,
-         inputs: SpeedInputs, goal: TuneGoal, *, exhaustive: bool = False, with_fit: bool = True,
-         rules: BuildRules = VENDORED) -> TuneResult:
+def tune(
+    model: ModelProfile,
+    base: PlanConfig,
+    gpus: Sequence[GpuSpec],
+    host: HostSpec | None,
+    inputs: SpeedInputs,
+    goal: TuneGoal,
+    *,
+    exhaustive: bool = False,
+    with_fit: bool = True,
+    rules: BuildRules = VENDORED,
+) -> TuneResult:
     """Search for the fastest configuration that fits ``goal`` (module docstring).
 
     Args:
@@ -833,8 +921,10 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
             small = s.at_ctx(256, exhaustive)
             if small and small[0].decode_tok_s >= goal.min_tok_s:
                 best_top = small
-            notes.append(f"no configuration reaches {goal.min_tok_s:g} tok/s at {CTX_STEP} tokens"
-                         + ("; shown at 256 tokens" if best_top else ""))
+            notes.append(
+                f"no configuration reaches {goal.min_tok_s:g} tok/s at {CTX_STEP} tokens"
+                + ("; shown at 256 tokens" if best_top else "")
+            )
         else:
             best_top = ok
             while lo < hi:
@@ -861,11 +951,26 @@ def tune(model: ModelProfile, base: PlanConfig, gpus: Sequence[GpuSpec], host: H
     runner = _runner_up(top)
     if runner is not None:
         runner = s.with_prefill(runner)
-    fit = fit_equivalent(model, base, n_ctx, gpus, host, inputs, vram_margin_bytes=goal.vram_margin_bytes,
-                         ram_headroom_fraction=goal.ram_headroom_fraction, rules=rules) if with_fit else None
+    fit = (
+        fit_equivalent(
+            model,
+            base,
+            n_ctx,
+            gpus,
+            host,
+            inputs,
+            vram_margin_bytes=goal.vram_margin_bytes,
+            ram_headroom_fraction=goal.ram_headroom_fraction,
+            rules=rules,
+        )
+        if with_fit
+        else None
+    )
     if model.n_expert and gpus:
-        notes.append("MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
-                     "-ngl only, so it is pessimistic")
+        notes.append(
+            "MoE: llama.cpp's --fit would move experts to the CPU before layers; its figure here lowers "
+            "-ngl only, so it is pessimistic"
+        )
     ub_note = ubatch_note(s, best, top)
     if ub_note:
         notes.append(ub_note)
@@ -889,17 +994,25 @@ def _extend_ctx(s: _Searcher, c: Candidate, ctx_train: int) -> Candidate:
 
 
 def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
-    cfg = s.base.with_(n_ctx=n_ctx, n_gpu_layers=0 if s.gpus else s.base.n_gpu_layers, kv_gpu_layers=None,
-                       type_k=s.goal.kv_quality, type_v=s.goal.kv_quality, flash_attn="on")
+    cfg = s.base.with_(
+        n_ctx=n_ctx,
+        n_gpu_layers=0 if s.gpus else s.base.n_gpu_layers,
+        kv_gpu_layers=None,
+        type_k=s.goal.kv_quality,
+        type_v=s.goal.kv_quality,
+        flash_attn="on",
+    )
     p = s.plan(cfg)
     if p is None:
         return f"nothing can be planned at {n_ctx} tokens"
     hv = s.verdict(p).at_device("host")
     if hv is None or hv.limit_bytes is None:
         return f"nothing fits at {n_ctx} tokens; lower the context, allow --kv-quality q4_0, or plan a larger card"
-    return (f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs "
-            f"{hv.need_bytes / GiB:.2f} GiB of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
-            f"lower the context, allow --kv-quality q4_0, or plan a larger card")
+    return (
+        f"nothing fits at {n_ctx} tokens: even with {s.goal.kv_quality} KV the host needs "
+        f"{hv.need_bytes / GiB:.2f} GiB of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
+        f"lower the context, allow --kv-quality q4_0, or plan a larger card"
+    )
 
 
 def ctx_round(n: int) -> int:
@@ -922,10 +1035,18 @@ class KneeCurve:
     max_fit_ctx: int
 
 
-def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequence[GpuSpec], host: HostSpec | None,
-                inputs: SpeedInputs, *, max_ctx: int | None = None, n_points: int = 16,
-                vram_margin_bytes: int = VRAM_MARGIN_BYTES,
-                ram_headroom_fraction: float = RAM_HEADROOM_FRACTION) -> list[KneeCurve]:
+def knee_curves(
+    model: ModelProfile,
+    configs: Sequence[PlanConfig],
+    gpus: Sequence[GpuSpec],
+    host: HostSpec | None,
+    inputs: SpeedInputs,
+    *,
+    max_ctx: int | None = None,
+    n_points: int = 16,
+    vram_margin_bytes: int = VRAM_MARGIN_BYTES,
+    ram_headroom_fraction: float = RAM_HEADROOM_FRACTION,
+) -> list[KneeCurve]:
     """The knee chart's data: for each configuration, its knobs (KV types, flash attention,
     n_gpu_layers, kv_gpu_layers, n_cpu_ffn / n_cpu_moe, n_ubatch) planned and predicted at ``n_points`` contexts spaced
     evenly on a log scale from 1024 to ``max_ctx`` (default: twice the largest configured
@@ -935,10 +1056,15 @@ def knee_curves(model: ModelProfile, configs: Sequence[PlanConfig], gpus: Sequen
         return []
     top = max_ctx or max(max(c.n_ctx for c in configs) * 2, 4096)
     lo = 1024
-    xs = sorted({pad_to(int(round(lo * (top / lo) ** (i / max(1, n_points - 1)))), 256) for i in range(n_points)}
-                | {c.n_ctx for c in configs})
-    goal = TuneGoal(n_ctx=max(256, configs[0].n_ctx), vram_margin_bytes=vram_margin_bytes,
-                    ram_headroom_fraction=ram_headroom_fraction)
+    xs = sorted(
+        {pad_to(int(round(lo * (top / lo) ** (i / max(1, n_points - 1)))), 256) for i in range(n_points)}
+        | {c.n_ctx for c in configs}
+    )
+    goal = TuneGoal(
+        n_ctx=max(256, configs[0].n_ctx),
+        vram_margin_bytes=vram_margin_bytes,
+        ram_headroom_fraction=ram_headroom_fraction,
+    )
     s = _Searcher(model, configs[0], gpus, host, inputs, goal)
     out = []
     for cfg in configs:

@@ -7,7 +7,7 @@ share of its height) and the rows scroll beyond that, so every fix stays reachab
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
@@ -78,8 +78,10 @@ class AdvisorPane(QtWidgets.QGroupBox):
         self._rows.setSpacing(6)
         self._scroll.setWidget(self._body)
         self.auto_stop = QtWidgets.QCheckBox("Stop a run by itself when decode stays under 1 tok/s for 10 s")
-        self.auto_stop.setToolTip("Under 1 tok/s, 1000 tokens take over 15 minutes: the abandon line. "
-                                  "Unchecked, the advice offers a Stop button instead.")
+        self.auto_stop.setToolTip(
+            "Under 1 tok/s, 1000 tokens take over 15 minutes: the abandon line. "
+            "Unchecked, the advice offers a Stop button instead."
+        )
         self.auto_stop.toggled.connect(self.auto_stop_changed.emit)
         outer.addWidget(self.auto_stop)
         self.items: list[Advice] = []
@@ -110,10 +112,21 @@ class AdvisorPane(QtWidgets.QGroupBox):
         lay = self.layout()
         lm = lay.contentsMargins()
         notes = self.notes.heightForWidth(width) + lay.spacing() if not self.notes.isHidden() else 0
-        rows = self._rows.totalHeightForWidth(width) if self._rows.hasHeightForWidth() \
+        rows = (
+            self._rows.totalHeightForWidth(width)
+            if self._rows.hasHeightForWidth()
             else self._rows.totalSizeHint().height()
-        return (m.top() + m.bottom() + lm.top() + lm.bottom() + notes + rows + 2 * lay.spacing()
-                + self.auto_stop.sizeHint().height())
+        )
+        return (
+            m.top()
+            + m.bottom()
+            + lm.top()
+            + lm.bottom()
+            + notes
+            + rows
+            + 2 * lay.spacing()
+            + self.auto_stop.sizeHint().height()
+        )
 
     def eventFilter(self, obj: QtCore.QObject, event: QtCore.QEvent) -> bool:  # noqa: N802 (Qt API)
         if obj is self._scroll.viewport() and event.type() == QtCore.QEvent.Type.Resize:
@@ -130,7 +143,8 @@ class AdvisorPane(QtWidgets.QGroupBox):
         changed = False
         for button, text in self._button_texts:
             chrome = button.sizeHint().width() - button.fontMetrics().horizontalAdvance(
-                max(button.text().split("\n"), key=button.fontMetrics().horizontalAdvance))
+                max(button.text().split("\n"), key=button.fontMetrics().horizontalAdvance)
+            )
             wrapped = wrap_to_width(text, button.fontMetrics(), width_px - ICON_PX - 12 - max(chrome, 16))
             if wrapped != button.text():
                 button.setText(wrapped)
@@ -159,8 +173,14 @@ class AdvisorPane(QtWidgets.QGroupBox):
 
     @staticmethod
     def _item_key(a: Advice) -> tuple:
-        return (a.id, a.severity, a.message, a.fix_label, a.action,
-                tuple(sorted((k, repr(v)) for k, v in dict(a.fix).items())))
+        return (
+            a.id,
+            a.severity,
+            a.message,
+            a.fix_label,
+            a.action,
+            tuple(sorted((k, repr(v)) for k, v in dict(a.fix).items())),
+        )
 
     def set_advice(self, advice: Sequence[Advice] | None, *, live: bool = False) -> bool:
         """Show advice items; None means there is no plan to advise on yet.

@@ -16,7 +16,7 @@ from typing import Any
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.model.ggml_types import KV_CACHE_TYPES
-from ...core.plan.config import ALL_LAYERS, ConfigError, PlanConfig, resolve_server_defaults
+from ...core.plan.config import ALL_LAYERS, PlanConfig, resolve_server_defaults
 from ...core.plan.fields import config_field
 from ...core.plan.placement import offloaded_repeating_layers
 
@@ -167,8 +167,10 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ctx.spin.setSpecialValueText("training")  # llama-server's -c 0: the training context
         self.ctx.spin.setSingleStep(256)
         self.ctx.spin.setSuffix(" tok")
-        self.ctx.setToolTip(config_field("n_ctx").tooltip() + "\nThe slider is logarithmic and snaps to powers of two "
-                            "and multiples of 256; type any value.")
+        self.ctx.setToolTip(
+            config_field("n_ctx").tooltip() + "\nThe slider is logarithmic and snaps to powers of two "
+            "and multiples of 256; type any value."
+        )
         # the ctx slider indexes ctx_slider_values(); the spin box holds the tokens
         self.ctx.slider.valueChanged.disconnect(self.ctx._on_slider_value_changed)
         self.ctx.spin.valueChanged.disconnect(self.ctx._on_spin_value_changed)
@@ -183,8 +185,10 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.type_v.setToolTip(config_field("type_v").tooltip())
         self.link_kv = QtWidgets.QCheckBox("V = K (linked)")
         self.link_kv.setChecked(True)
-        self.link_kv.setToolTip("Linked: changing the K type changes V too. Different K and V types can make\n"
-                                "llama.cpp fall back to a slower attention path.")
+        self.link_kv.setToolTip(
+            "Linked: changing the K type changes V too. Different K and V types can make\n"
+            "llama.cpp fall back to a slower attention path."
+        )
         type_k_row = QtWidgets.QWidget()
         tl = QtWidgets.QHBoxLayout(type_k_row)
         tl.setContentsMargins(0, 0, 0, 0)
@@ -216,11 +220,18 @@ class ConfigControls(QtWidgets.QGroupBox):
 
         self._labels = {}
         # Alt+letter goes to the number box (a value can be typed there; the arrow keys step it)
-        for name, w, buddy in (("n_gpu_layers", self.ngl, self.ngl.spin), ("kv_gpu_layers", self.kv, self.kv.spin),
-                               ("n_cpu_moe", self.moe, self.moe.spin), ("n_cpu_ffn", self.ffn, self.ffn.spin),
-                               ("n_ctx", self.ctx, self.ctx.spin), ("type_k", type_k_row, self.type_k),
-                               ("type_v", self.type_v, self.type_v), ("flash_attn", self.flash, self.flash),
-                               ("n_seq", self.parallel, self.parallel.spin), ("n_ubatch", self.ubatch, self.ubatch)):
+        for name, w, buddy in (
+            ("n_gpu_layers", self.ngl, self.ngl.spin),
+            ("kv_gpu_layers", self.kv, self.kv.spin),
+            ("n_cpu_moe", self.moe, self.moe.spin),
+            ("n_cpu_ffn", self.ffn, self.ffn.spin),
+            ("n_ctx", self.ctx, self.ctx.spin),
+            ("type_k", type_k_row, self.type_k),
+            ("type_v", self.type_v, self.type_v),
+            ("flash_attn", self.flash, self.flash),
+            ("n_seq", self.parallel, self.parallel.spin),
+            ("n_ubatch", self.ubatch, self.ubatch),
+        ):
             label = QtWidgets.QLabel(config_field(name).label)
             label.setBuddy(buddy)
             label.setToolTip(buddy.toolTip())
@@ -281,8 +292,9 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.kv.setRange(0, max(n_offloaded, 0))
         self.kv.setValue(self.kv.spin.maximum() if kv is None else min(kv, n_offloaded))
 
-    def set_config(self, config: PlanConfig, effective: PlanConfig | None = None,
-                   not_applicable: dict[str, str] | None = None) -> None:
+    def set_config(
+        self, config: PlanConfig, effective: PlanConfig | None = None, not_applicable: dict[str, str] | None = None
+    ) -> None:
         """Show a configuration without emitting :attr:`changed`.
 
         ``config``: what the user asked for (kept for the controls that do not apply, and for
@@ -299,8 +311,12 @@ class ConfigControls(QtWidgets.QGroupBox):
             if self._dense and (config.n_cpu_ffn or shown.n_cpu_ffn):
                 for w in (self.ffn, self._labels["n_cpu_ffn"]):
                     w.setVisible(True)
-            for name, entry in (("n_gpu_layers", self.ngl), ("kv_gpu_layers", self.kv), ("n_cpu_moe", self.moe),
-                                ("n_cpu_ffn", self.ffn)):
+            for name, entry in (
+                ("n_gpu_layers", self.ngl),
+                ("kv_gpu_layers", self.kv),
+                ("n_cpu_moe", self.moe),
+                ("n_cpu_ffn", self.ffn),
+            ):
                 na = name in self.not_applicable
                 entry.spin.not_applicable = na
                 entry.setEnabled(not na)
@@ -312,7 +328,12 @@ class ConfigControls(QtWidgets.QGroupBox):
                 self.ngl.setValue(0)
             n_off = offloaded_repeating_layers(shown.n_gpu_layers, self._n_layer) if self._n_layer else 0
             self.set_kv_layers_max(0 if "kv_gpu_layers" in self.not_applicable else n_off)
-            for entry in (self.ngl, self.kv, self.moe, self.ffn):  # the text may change ("n/a") while the value does not
+            for entry in (
+                self.ngl,
+                self.kv,
+                self.moe,
+                self.ffn,
+            ):  # the text may change ("n/a") while the value does not
                 entry.spin.blockSignals(True)
                 entry.spin.lineEdit().setText(entry.spin.textFromValue(entry.spin.value()))
                 entry.spin.blockSignals(False)

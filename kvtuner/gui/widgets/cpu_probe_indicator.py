@@ -56,8 +56,11 @@ class CpuProbeIndicator(QtWidgets.QWidget):
                 self.bar.setRange(0, n)
                 self.bar.setValue(k)
                 self.bar.setFormat(f"CPU probe {k}/{n}")
-            text = ("timing llama.cpp's CPU kernels in the background: " + probe_job.progress_text(st)
-                    + "; the speed uses assumed CPU rates until it lands")
+            text = (
+                "timing llama.cpp's CPU kernels in the background: "
+                + probe_job.progress_text(st)
+                + "; the speed uses assumed CPU rates until it lands"
+            )
             self.setToolTip(text)
             self.bar.setToolTip(text)
             return

@@ -21,8 +21,9 @@ class DecisionTableDialog(QtWidgets.QDialog):
     """One row per (sequences, window), one column per KV type; each cell ``fits`` / ``no`` with
     the KV bytes and tok/s. ``plan`` is a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan`."""
 
-    def __init__(self, plan: Any, bandwidth_bytes_s: float | None = None,
-                 parent: QtWidgets.QWidget | None = None) -> None:
+    def __init__(
+        self, plan: Any, bandwidth_bytes_s: float | None = None, parent: QtWidgets.QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Decision table")
         lay = QtWidgets.QVBoxLayout(self)
@@ -44,10 +45,19 @@ class DecisionTableDialog(QtWidgets.QDialog):
             return
         card = gpus[0].capacity_bytes
         weights = plan.model.weights_bytes
-        self.cells = decision_table(model, card, weights_bytes=weights, seqs=SEQS, windows=WINDOWS, kv_types=KV_TYPES,
-                                    bandwidth_bytes_s=bandwidth_bytes_s)
-        self.header.setText(f"{plan.model.name or plan.model.file_name} on {gpus[0].name} ({fmt_bytes(card)}): weights "
-                            f"{fmt_bytes(weights)} + KV + 1 GiB overhead; tok/s = decode roofline, an upper bound")
+        self.cells = decision_table(
+            model,
+            card,
+            weights_bytes=weights,
+            seqs=SEQS,
+            windows=WINDOWS,
+            kv_types=KV_TYPES,
+            bandwidth_bytes_s=bandwidth_bytes_s,
+        )
+        self.header.setText(
+            f"{plan.model.name or plan.model.file_name} on {gpus[0].name} ({fmt_bytes(card)}): weights "
+            f"{fmt_bytes(weights)} + KV + 1 GiB overhead; tok/s = decode roofline, an upper bound"
+        )
         self.table.setColumnCount(2 + len(KV_TYPES))
         self.table.setHorizontalHeaderLabels(["seqs", "window", *KV_TYPES])
         rows = [(s, w) for s in SEQS for w in WINDOWS]
@@ -59,8 +69,11 @@ class DecisionTableDialog(QtWidgets.QDialog):
             for j, t in enumerate(KV_TYPES):
                 c = by[(s, w, t)]
                 tok = f", {c.decode_tok_s:.0f} tok/s" if c.decode_tok_s is not None else ""
-                self.table.setItem(i, 2 + j, QtWidgets.QTableWidgetItem(
-                    f"{'fits' if c.fits else 'no'}: KV {fmt_bytes(c.kv_bytes)}{tok}"))
+                self.table.setItem(
+                    i,
+                    2 + j,
+                    QtWidgets.QTableWidgetItem(f"{'fits' if c.fits else 'no'}: KV {fmt_bytes(c.kv_bytes)}{tok}"),
+                )
         self.table.resizeColumnsToContents()
 
     def cell_text(self, n_seq: int, window: int, kv_type: str) -> str:

@@ -54,7 +54,8 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         self.add_card_button.setToolTip("add the chosen card as a what-if local GPU (like a repeated --gpu NAME)")
         self.add_card_button.setEnabled(False)
         self.card.currentIndexChanged.connect(
-            lambda *_: self.add_card_button.setEnabled(self.card.currentData() is not None))
+            lambda *_: self.add_card_button.setEnabled(self.card.currentData() is not None)
+        )
         add.addWidget(self.card, 1)
         add.addWidget(self.add_card_button)
         lay.addLayout(add)
@@ -62,9 +63,11 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         rpc = QtWidgets.QHBoxLayout()
         self.rpc_edit = QtWidgets.QLineEdit()
         self.rpc_edit.setPlaceholderText("host:port  or  host:port=24G  or  host:port=RTX 3090")
-        self.rpc_edit.setToolTip("an rpc-server: host:port is asked for its devices' memory over llama.cpp's RPC "
-                                 "protocol; =SIZE or =CARD plans a what-if. Never expose rpc-server on an open "
-                                 "network (llama.cpp tools/rpc/README.md).")
+        self.rpc_edit.setToolTip(
+            "an rpc-server: host:port is asked for its devices' memory over llama.cpp's RPC "
+            "protocol; =SIZE or =CARD plans a what-if. Never expose rpc-server on an open "
+            "network (llama.cpp tools/rpc/README.md)."
+        )
         self.add_rpc_button = QtWidgets.QPushButton("Add RPC host")
         rpc.addWidget(self.rpc_edit, 1)
         rpc.addWidget(self.add_rpc_button)
@@ -76,8 +79,9 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         self.mode = QtWidgets.QComboBox()
         for m in ("layer", "row", "none"):
             self.mode.addItem(m, m)
-        self.mode.setToolTip("-sm: layer (default) splits whole layers and their KV; none uses only -mg; "
-                             "row is planned like layer")
+        self.mode.setToolTip(
+            "-sm: layer (default) splits whole layers and their KV; none uses only -mg; row is planned like layer"
+        )
         form.addRow("Split mode (-sm)", self.mode)
         self.main_gpu = QtWidgets.QSpinBox()
         self.main_gpu.setRange(0, 15)
@@ -125,8 +129,18 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         local = list(self._base)
         for g in self._extra:
             if g.endpoint is None:
-                local.append(GpuSpec(g.name, g.total_bytes, g.free_bytes, len(local), g.mem_bandwidth_bytes_s,
-                                     g.pcie_bandwidth_bytes_s, g.what_if, g.catalogue))
+                local.append(
+                    GpuSpec(
+                        g.name,
+                        g.total_bytes,
+                        g.free_bytes,
+                        len(local),
+                        g.mem_bandwidth_bytes_s,
+                        g.pcie_bandwidth_bytes_s,
+                        g.what_if,
+                        g.catalogue,
+                    )
+                )
         return order_devices([g for g in self._extra if g.endpoint is not None] + local)
 
     def split(self) -> DeviceSplit:

@@ -9,7 +9,8 @@ at the next start (:func:`kvtuner.runner.engines.resolve_engine` with that setti
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PySide6 import QtCore, QtWidgets
 
@@ -52,8 +53,9 @@ class EngineSelector(QtWidgets.QWidget):
 
     engine_changed = QtCore.Signal(object)
 
-    def __init__(self, submit: Callable[..., Any], settings: Any = None,
-                 parent: QtWidgets.QWidget | None = None) -> None:
+    def __init__(
+        self, submit: Callable[..., Any], settings: Any = None, parent: QtWidgets.QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self._submit, self._settings = submit, settings
         self.engine: Engine = embedded_engine()
@@ -119,8 +121,12 @@ class EngineSelector(QtWidgets.QWidget):
             self.combo.addItem(e.label + (f"  [{e.origin}]" if e.kind == "server" else ""))
             self.combo.setItemData(self.combo.count() - 1, _describe(e), QtCore.Qt.ItemDataRole.ToolTipRole)
         self.combo.addItem(CHOOSE_TEXT)
-        self.combo.setItemData(self.combo.count() - 1, "Use a llama-server binary of your own (its llama-fit-params "
-                               "and llama-bench are used when they sit beside it)", QtCore.Qt.ItemDataRole.ToolTipRole)
+        self.combo.setItemData(
+            self.combo.count() - 1,
+            "Use a llama-server binary of your own (its llama-fit-params "
+            "and llama-bench are used when they sit beside it)",
+            QtCore.Qt.ItemDataRole.ToolTipRole,
+        )
         keys = [_key(e) for e in self.engines]
         self.combo.setCurrentIndex(keys.index(_key(self.engine)) if _key(self.engine) in keys else 0)
         self.combo.blockSignals(False)
@@ -130,8 +136,10 @@ class EngineSelector(QtWidgets.QWidget):
         changed = _key(engine) != _key(self.engine)
         self.engine = engine
         if _key(engine) not in [_key(e) for e in self.engines]:
-            self.engines.insert(len(self.engines) - 1 if self.engines and self.engines[-1].kind == "embedded"
-                                else len(self.engines), engine)
+            self.engines.insert(
+                len(self.engines) - 1 if self.engines and self.engines[-1].kind == "embedded" else len(self.engines),
+                engine,
+            )
         self._fill()
         if save and self._settings is not None:
             self._settings.set_engine_choice("embedded" if engine.kind == "embedded" else str(engine.server))
@@ -173,5 +181,7 @@ class EngineSelector(QtWidgets.QWidget):
         self._submit(lambda: server_engine(path, origin="setting"), done, failed)
 
     def _ask_path(self) -> str | None:
-        path, _ = QtWidgets.QFileDialog.getOpenFileName(self, "Choose llama-server", "", "llama-server (llama-server*);;All files (*)")
+        path, _ = QtWidgets.QFileDialog.getOpenFileName(
+            self, "Choose llama-server", "", "llama-server (llama-server*);;All files (*)"
+        )
         return path or None

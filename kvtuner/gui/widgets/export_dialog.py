@@ -3,8 +3,9 @@ save it (atomically; an existing file is replaced only after the user confirms).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
@@ -47,10 +48,21 @@ class ExportDialog(QtWidgets.QDialog):
     :attr:`ask_overwrite` ``(path) -> bool``.
     """
 
-    def __init__(self, model_path: Path, config: Any, *, model: Any = None, measured: dict | None = None,
-                 machine: Any = None, save_dir: str = "", parent: QtWidgets.QWidget | None = None,
-                 split: Any = None, rpc: tuple[str, ...] = (),
-                 flags_for: Callable[[str], Any] | None = None, extras: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        config: Any,
+        *,
+        model: Any = None,
+        measured: dict | None = None,
+        machine: Any = None,
+        save_dir: str = "",
+        parent: QtWidgets.QWidget | None = None,
+        split: Any = None,
+        rpc: tuple[str, ...] = (),
+        flags_for: Callable[[str], Any] | None = None,
+        extras: Any = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Export configuration")
         self.resize(820, 560)
@@ -73,19 +85,23 @@ class ExportDialog(QtWidgets.QDialog):
         self.target = QtWidgets.QComboBox()
         for name in TARGETS:
             self.target.addItem(name)
-            self.target.setItemData(self.target.count() - 1, _TARGET_HELP.get(name, name),
-                                    QtCore.Qt.ItemDataRole.ToolTipRole)
+            self.target.setItemData(
+                self.target.count() - 1, _TARGET_HELP.get(name, name), QtCore.Qt.ItemDataRole.ToolTipRole
+            )
         label.setBuddy(self.target)
         row.addWidget(label)
         row.addWidget(self.target, 1)
         self.experimental = QtWidgets.QLabel("KV SPLIT")
         self.experimental.setTextFormat(QtCore.Qt.TextFormat.PlainText)
-        self.experimental.setStyleSheet("background: #b26a00; color: white; font-weight: bold; padding: 2px 8px;"
-                                        " border-radius: 3px;")
-        self.experimental.setToolTip("This export moves layer weights with tensor overrides (-ot) so that only "
-                                     "part of the KV cache stays on the GPU. Its memory layout was checked on a GPU "
-                                     "(docs/accuracy/gpu.md); attention of the other layers reads their KV "
-                                     "over PCIe, so it runs slower than kvtuner predicts.")
+        self.experimental.setStyleSheet(
+            "background: #b26a00; color: white; font-weight: bold; padding: 2px 8px; border-radius: 3px;"
+        )
+        self.experimental.setToolTip(
+            "This export moves layer weights with tensor overrides (-ot) so that only "
+            "part of the KV cache stays on the GPU. Its memory layout was checked on a GPU "
+            "(docs/accuracy/gpu.md); attention of the other layers reads their KV "
+            "over PCIe, so it runs slower than kvtuner predicts."
+        )
         self.experimental.hide()
         row.addWidget(self.experimental)
         lay.addLayout(row)
@@ -139,8 +155,16 @@ class ExportDialog(QtWidgets.QDialog):
         measured = self._measured if target == "profile" else None
         self.limitations.clear()
         try:
-            self.result = export(target, self._model_path, self._config, model=self._model,
-                                 measured=measured, machine=self._machine, split=self._split, rpc=self._rpc)
+            self.result = export(
+                target,
+                self._model_path,
+                self._config,
+                model=self._model,
+                measured=measured,
+                machine=self._machine,
+                split=self._split,
+                rpc=self._rpc,
+            )
             if target in ("llama-server", "llama-cli"):
                 from ...core.export.llama_server import with_extras
 
@@ -162,8 +186,11 @@ class ExportDialog(QtWidgets.QDialog):
         self.preview.setPlainText(r.text)
         desc = f"{_TARGET_HELP.get(target, target)}; saves as {r.filename_suggestion}"
         if target == "profile":
-            desc += ("; includes the measured numbers of the last run of this configuration" if measured else
-                     "; no measured numbers (run a bench with this configuration to include them)")
+            desc += (
+                "; includes the measured numbers of the last run of this configuration"
+                if measured
+                else "; no measured numbers (run a bench with this configuration to include them)"
+            )
         self.description.setText(desc)
         lines = list(r.limitations)
         command = target in ("llama-server", "llama-cli")
@@ -228,13 +255,17 @@ class ExportDialog(QtWidgets.QDialog):
         return out
 
     def _ask_save_path(self, start: str) -> str | None:
-        path, _ = QtWidgets.QFileDialog.getSaveFileName(self, "Save export", start,
-                                                        options=QtWidgets.QFileDialog.Option.DontConfirmOverwrite)
+        path, _ = QtWidgets.QFileDialog.getSaveFileName(
+            self, "Save export", start, options=QtWidgets.QFileDialog.Option.DontConfirmOverwrite
+        )
         return path or None
 
     def _ask_overwrite(self, path: str) -> bool:
-        answer = QtWidgets.QMessageBox.question(self, "Export", f"{path} already exists. Replace it?",
-                                                QtWidgets.QMessageBox.StandardButton.Yes
-                                                | QtWidgets.QMessageBox.StandardButton.No,
-                                                QtWidgets.QMessageBox.StandardButton.No)
+        answer = QtWidgets.QMessageBox.question(
+            self,
+            "Export",
+            f"{path} already exists. Replace it?",
+            QtWidgets.QMessageBox.StandardButton.Yes | QtWidgets.QMessageBox.StandardButton.No,
+            QtWidgets.QMessageBox.StandardButton.No,
+        )
         return answer == QtWidgets.QMessageBox.StandardButton.Yes

@@ -27,7 +27,11 @@ class ExtrasPanel(QtWidgets.QGroupBox):
         super().__init__("Projector, draft model, LoRA", parent)
         form = QtWidgets.QFormLayout(self)
         self.paths: dict[str, QtWidgets.QLineEdit] = {}
-        for name, title in (("mmproj", "Projector GGUF"), ("draft", "Draft model GGUF"), ("loras", "LoRA adapter GGUF")):
+        for name, title in (
+            ("mmproj", "Projector GGUF"),
+            ("draft", "Draft model GGUF"),
+            ("loras", "LoRA adapter GGUF"),
+        ):
             f = _FIELD[name]
             edit = QtWidgets.QLineEdit()
             edit.setPlaceholderText("none")
@@ -76,10 +80,13 @@ class ExtrasPanel(QtWidgets.QGroupBox):
     def extras(self) -> ExtrasConfig:
         """The :class:`ExtrasConfig` of the panel."""
         text = {k: e.text().strip() for k, e in self.paths.items()}
-        return ExtrasConfig(mmproj=text["mmproj"] or None, mmproj_offload=self.mmproj_offload.isChecked(),
-                            draft=text["draft"] or None,
-                            draft_gpu_layers=ALL_LAYERS if self.draft_ngl.value() < 0 else self.draft_ngl.value(),
-                            loras=((text["loras"], 1.0),) if text["loras"] else ())
+        return ExtrasConfig(
+            mmproj=text["mmproj"] or None,
+            mmproj_offload=self.mmproj_offload.isChecked(),
+            draft=text["draft"] or None,
+            draft_gpu_layers=ALL_LAYERS if self.draft_ngl.value() < 0 else self.draft_ngl.value(),
+            loras=((text["loras"], 1.0),) if text["loras"] else (),
+        )
 
     def show_result(self, summary: str, error: bool = False) -> None:
         """The line under the rows: what the parts add, or why a file was refused."""

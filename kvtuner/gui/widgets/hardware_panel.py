@@ -39,15 +39,21 @@ class ChoiceBox(QtWidgets.QComboBox):
         """Pixels the closed box has for its text."""
         opt = QtWidgets.QStyleOptionComboBox()
         self.initStyleOption(opt)
-        return self.style().subControlRect(QtWidgets.QStyle.ComplexControl.CC_ComboBox, opt,
-                                           QtWidgets.QStyle.SubControl.SC_ComboBoxEditField, self).width()
+        return (
+            self.style()
+            .subControlRect(
+                QtWidgets.QStyle.ComplexControl.CC_ComboBox, opt, QtWidgets.QStyle.SubControl.SC_ComboBoxEditField, self
+            )
+            .width()
+        )
 
     def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt API)
         painter = QtWidgets.QStylePainter(self)
         opt = QtWidgets.QStyleOptionComboBox()
         self.initStyleOption(opt)
-        opt.currentText = self.fontMetrics().elidedText(self.displayed_text(), QtCore.Qt.TextElideMode.ElideRight,
-                                                        max(self.text_rect_width(), 1))
+        opt.currentText = self.fontMetrics().elidedText(
+            self.displayed_text(), QtCore.Qt.TextElideMode.ElideRight, max(self.text_rect_width(), 1)
+        )
         painter.drawComplexControl(QtWidgets.QStyle.ComplexControl.CC_ComboBox, opt)
         painter.drawControl(QtWidgets.QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
@@ -56,9 +62,15 @@ def _gpu_text(g: GpuSpec) -> str:
     """One detected GPU: ``CUDA0 NVIDIA ..., 24.00 GiB`` or ``ROCm1 AMD Strix Halo iGPU, 120.50 GiB
     (one pool with the CPU; sysfs)``, with a contradictory reading said so."""
     device = g.device if g.backend == "CUDA" else f"{g.backend}{g.index}"
-    notes = [n for n in ("one pool with the CPU" if g.unified else "",
-                         g.source.split()[0] if g.source and g.source != "nvml" else "",
-                         "reading contradicts itself, not trusted" if g.flags else "") if n]
+    notes = [
+        n
+        for n in (
+            "one pool with the CPU" if g.unified else "",
+            g.source.split()[0] if g.source and g.source != "nvml" else "",
+            "reading contradicts itself, not trusted" if g.flags else "",
+        )
+        if n
+    ]
     return f"{device} {g.name}, {fmt_bytes(g.total_bytes)}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -73,8 +85,9 @@ class HardwarePanel(QtWidgets.QGroupBox):
 
     changed = QtCore.Signal()
 
-    def __init__(self, gpus: list[GpuSpec], host: HostSpec, gpu_note: str = "",
-                 parent: QtWidgets.QWidget | None = None) -> None:
+    def __init__(
+        self, gpus: list[GpuSpec], host: HostSpec, gpu_note: str = "", parent: QtWidgets.QWidget | None = None
+    ) -> None:
         super().__init__("Hardware", parent)
         self._detected = list(gpus)
         self._host = host
@@ -86,13 +99,17 @@ class HardwarePanel(QtWidgets.QGroupBox):
         if gpus:
             self.detected_label.setText("; ".join(_gpu_text(g) for g in gpus))
         else:
-            self.detected_label.setText("no GPU found" + (f" ({gpu_note})" if gpu_note else "") +
-                                        ": this machine plans CPU only; a what-if card in \"Plan for\" "
-                                        "shows what one would hold")
+            self.detected_label.setText(
+                "no GPU found"
+                + (f" ({gpu_note})" if gpu_note else "")
+                + ': this machine plans CPU only; a what-if card in "Plan for" '
+                "shows what one would hold"
+            )
         form.addRow("GPU", self.detected_label)
         self.ram_label = QtWidgets.QLabel(
             f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
-            f"swap {fmt_bytes(host.swap_total_bytes)}")
+            f"swap {fmt_bytes(host.swap_total_bytes)}"
+        )
         form.addRow("RAM", self.ram_label)
 
         self.choice = ChoiceBox()
@@ -103,24 +120,32 @@ class HardwarePanel(QtWidgets.QGroupBox):
         if gpus:
             self.choice.addItem(f"detected GPU{'s' if len(gpus) > 1 else ''}", DETECTED)
         for g in GPU_CATALOGUE.values():
-            self.choice.addItem(f"what-if {g.name} ({g.vram_bytes / GiB:g} GiB, {g.mem_bandwidth_bytes_s / 1e9:.0f} GB/s)",
-                                CARD + g.name)
+            self.choice.addItem(
+                f"what-if {g.name} ({g.vram_bytes / GiB:g} GiB, {g.mem_bandwidth_bytes_s / 1e9:.0f} GB/s)",
+                CARD + g.name,
+            )
             short(f"{g.name} (what-if)")
-            self.choice.setItemData(self.choice.count() - 1, g.describe() + "\nsource: " + g.source,
-                                    QtCore.Qt.ItemDataRole.ToolTipRole)
+            self.choice.setItemData(
+                self.choice.count() - 1, g.describe() + "\nsource: " + g.source, QtCore.Qt.ItemDataRole.ToolTipRole
+            )
         from ...core.speed.speed_model import GENERIC_CARDS
 
         for name, size in GPU_PRESETS_BYTES.items():
             like = GENERIC_CARDS.get(size)
             bw = GPU_CATALOGUE[like].mem_bandwidth_bytes_s / 1e9 if like in GPU_CATALOGUE else None
-            self.choice.addItem(f"what-if generic {name} GPU" + (
-                f" (speed of an {like}, {bw:.0f} GB/s)" if bw else (f" (speed of an {like})" if like else "")), name)
+            self.choice.addItem(
+                f"what-if generic {name} GPU"
+                + (f" (speed of an {like}, {bw:.0f} GB/s)" if bw else (f" (speed of an {like})" if like else "")),
+                name,
+            )
             short(f"generic {name} GPU (what-if)")
         self.choice.addItem("what-if custom size (generic card)", CUSTOM)
         short("custom size (what-if)")
         self.choice.addItem("CPU only (no GPU)", CPU_ONLY)
-        self.choice.setToolTip("The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
-                               "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold.")
+        self.choice.setToolTip(
+            "The devices the plan is laid out on. Without a GPU, llama.cpp keeps every layer on\n"
+            "the CPU whatever -ngl says; a what-if GPU shows what a card of that size would hold."
+        )
         # the long card names must not widen the left column: the list itself is wide enough
         self.choice.setSizeAdjustPolicy(QtWidgets.QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.choice.setMinimumContentsLength(18)
@@ -163,11 +188,16 @@ class HardwarePanel(QtWidgets.QGroupBox):
         for name in EXAMPLE_CONFIGS:
             m = parse_host_memory(name)
             self.host_mem.addItem(f"{name} ({m.typical_bytes_s / 1e9:.0f} GB/s)", name)
-            self.host_mem.setItemData(self.host_mem.count() - 1,
-                                      f"{m.theoretical_bytes_s / 1e9:.1f} GB/s theoretical, {m.typical_bytes_s / 1e9:.1f} "
-                                      f"GB/s typical achieved\nsource: {m.source}", QtCore.Qt.ItemDataRole.ToolTipRole)
-        self.host_mem.setToolTip("The host RAM the speed is predicted for (--host-mem): CPU-side weights, experts\n"
-                                 "and KV stream at its achieved bandwidth.")
+            self.host_mem.setItemData(
+                self.host_mem.count() - 1,
+                f"{m.theoretical_bytes_s / 1e9:.1f} GB/s theoretical, {m.typical_bytes_s / 1e9:.1f} "
+                f"GB/s typical achieved\nsource: {m.source}",
+                QtCore.Qt.ItemDataRole.ToolTipRole,
+            )
+        self.host_mem.setToolTip(
+            "The host RAM the speed is predicted for (--host-mem): CPU-side weights, experts\n"
+            "and KV stream at its achieved bandwidth."
+        )
         self.host_cores = QtWidgets.QSpinBox()
         self.host_cores.setRange(0, 1024)
         self.host_cores.setSpecialValueText("this machine's cores")
@@ -176,7 +206,9 @@ class HardwarePanel(QtWidgets.QGroupBox):
         self.host_pcie = QtWidgets.QComboBox()
         self.host_pcie.addItem("card's own PCIe link", None)
         for gen, lanes in ((5, 16), (4, 16), (4, 8), (4, 4), (3, 16), (3, 4)):
-            self.host_pcie.addItem(f"PCIe {gen}.0 x{lanes}" + (" (eGPU)" if (gen, lanes) == (3, 4) else ""), f"{gen}x{lanes}")
+            self.host_pcie.addItem(
+                f"PCIe {gen}.0 x{lanes}" + (" (eGPU)" if (gen, lanes) == (3, 4) else ""), f"{gen}x{lanes}"
+            )
         self.host_pcie.setToolTip("The GPUs' link on that host (--pcie): host weights cross it in prefill.")
         row = QtWidgets.QWidget()
         rl = QtWidgets.QHBoxLayout(row)
@@ -207,16 +239,24 @@ class HardwarePanel(QtWidgets.QGroupBox):
             self._machine_bw = host.mem_bandwidth_bytes_s
         mem, cores, link = self.host_mem.currentData(), self.host_cores.value(), self.host_pcie.currentData()
         if mem is None and not cores and link is None:
-            return replace(host, what_if=False, memory=None, mem_theoretical_bytes_s=None, n_cores=None, pcie_link=None,
-                           mem_bandwidth_bytes_s=self._machine_bw if host.what_if else host.mem_bandwidth_bytes_s)
+            return replace(
+                host,
+                what_if=False,
+                memory=None,
+                mem_theoretical_bytes_s=None,
+                n_cores=None,
+                pcie_link=None,
+                mem_bandwidth_bytes_s=self._machine_bw if host.what_if else host.mem_bandwidth_bytes_s,
+            )
         pcie = tuple(int(x) for x in link.split("x")) if link else None
         changes: dict = {"what_if": True, "n_cores": cores or None, "pcie_link": pcie}
         if isinstance(mem, str) and mem.startswith("bw:"):
             changes.update(memory=None, mem_theoretical_bytes_s=None, mem_bandwidth_bytes_s=float(mem[3:]))
         elif mem is not None:
             m = parse_host_memory(mem)
-            changes.update(memory=m.name, mem_theoretical_bytes_s=m.theoretical_bytes_s,
-                           mem_bandwidth_bytes_s=m.typical_bytes_s)
+            changes.update(
+                memory=m.name, mem_theoretical_bytes_s=m.theoretical_bytes_s, mem_bandwidth_bytes_s=m.typical_bytes_s
+            )
         else:
             changes.update(memory=None, mem_theoretical_bytes_s=None, mem_bandwidth_bytes_s=None)
         return replace(host, **changes)
@@ -233,12 +273,15 @@ class HardwarePanel(QtWidgets.QGroupBox):
         if host.memory:
             i = self.host_mem.findData(host.memory)
             if i < 0:
-                self.host_mem.addItem(f"{host.memory} ({(host.mem_bandwidth_bytes_s or 0) / 1e9:.0f} GB/s)", host.memory)
+                self.host_mem.addItem(
+                    f"{host.memory} ({(host.mem_bandwidth_bytes_s or 0) / 1e9:.0f} GB/s)", host.memory
+                )
                 i = self.host_mem.count() - 1
             self.host_mem.setCurrentIndex(i)
         elif host.mem_bandwidth_bytes_s:
-            self.host_mem.addItem(f"RAM at {host.mem_bandwidth_bytes_s / 1e9:.0f} GB/s (given)",
-                                  f"bw:{host.mem_bandwidth_bytes_s}")
+            self.host_mem.addItem(
+                f"RAM at {host.mem_bandwidth_bytes_s / 1e9:.0f} GB/s (given)", f"bw:{host.mem_bandwidth_bytes_s}"
+            )
             self.host_mem.setCurrentIndex(self.host_mem.count() - 1)
         self.host_cores.setValue(host.n_cores or 0)
         if host.pcie_link:
@@ -258,8 +301,10 @@ class HardwarePanel(QtWidgets.QGroupBox):
     def set_host(self, host: HostSpec) -> None:
         """The host again, its available RAM measured now (the label follows)."""
         self._host = host
-        self.ram_label.setText(f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
-                               f"swap {fmt_bytes(host.swap_total_bytes)}")
+        self.ram_label.setText(
+            f"{fmt_bytes(host.total_bytes)} total, {fmt_bytes(host.available_bytes)} available, "
+            f"swap {fmt_bytes(host.swap_total_bytes)}"
+        )
 
     def detected_gpus(self) -> list[GpuSpec]:
         """GPUs found on this machine."""
@@ -299,7 +344,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         if c == CUSTOM:
             return [what_if_gpu(self.custom_bytes())]
         if c.startswith(CARD):
-            return [catalogue_gpu(c[len(CARD):])]
+            return [catalogue_gpu(c[len(CARD) :])]
         return [what_if_gpu(GPU_PRESETS_BYTES[c])]
 
     def _show_figures(self) -> None:

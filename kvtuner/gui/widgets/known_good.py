@@ -3,7 +3,8 @@ first (measured decode tok/s), each restorable with one click."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
@@ -54,9 +55,11 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QtWidgets.QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
-        self.table.setToolTip("Runs that completed with these settings, fastest decode first; runs of the same "
-                              "configuration are one row.\nRestore (or double-click) puts the selected row's "
-                              "configuration into the controls; Delete removes its runs from the library.")
+        self.table.setToolTip(
+            "Runs that completed with these settings, fastest decode first; runs of the same "
+            "configuration are one row.\nRestore (or double-click) puts the selected row's "
+            "configuration into the controls; Delete removes its runs from the library."
+        )
         self.table.cellDoubleClicked.connect(lambda row, _col: self._restore_row(row))
         self.table.itemSelectionChanged.connect(self._on_selection_changed)
         self.table.hide()
@@ -67,9 +70,12 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
         self.delete_button = QtWidgets.QPushButton("Delete")
         self.delete_button.setToolTip("Remove the selected configuration's runs from the library (Delete key)")
         self.delete_button.clicked.connect(lambda: self._delete_row(self.table.currentRow()))
-        QtGui.QShortcut(QtGui.QKeySequence.StandardKey.Delete, self.table,
-                        activated=lambda: self._delete_row(self.table.currentRow()),
-                        context=QtCore.Qt.ShortcutContext.WidgetShortcut)
+        QtGui.QShortcut(
+            QtGui.QKeySequence.StandardKey.Delete,
+            self.table,
+            activated=lambda: self._delete_row(self.table.currentRow()),
+            context=QtCore.Qt.ShortcutContext.WidgetShortcut,
+        )
         self.buttons = QtWidgets.QWidget()
         bl = QtWidgets.QHBoxLayout(self.buttons)
         bl.setContentsMargins(0, 0, 0, 0)
@@ -84,9 +90,11 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
         lay.addWidget(self.buttons)
         self.remember = QtWidgets.QCheckBox("Remember working configurations")
         self.remember.setChecked(True)
-        self.remember.setToolTip("Save every bench that completes, with its measured speed and memory, in "
-                                 "kvtuner's library (SQLite in the user data folder; also 'kvtuner library'). "
-                                 "KVTUNER_LIBRARY=off in the environment turns this off too.")
+        self.remember.setToolTip(
+            "Save every bench that completes, with its measured speed and memory, in "
+            "kvtuner's library (SQLite in the user data folder; also 'kvtuner library'). "
+            "KVTUNER_LIBRARY=off in the environment turns this off too."
+        )
         self.remember.toggled.connect(self.remember_changed.emit)
         lay.addWidget(self.remember)
         self.runs: list[Any] = []
@@ -115,9 +123,12 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
             self.table.selectRow(0)
         self._on_selection_changed()
         if not self.runs:
-            self.set_message(empty_text if empty_text is not None else
-                             "Nothing saved for this model on this machine yet: every bench that completes "
-                             "(Run bench) is kept here with its measured speed.")
+            self.set_message(
+                empty_text
+                if empty_text is not None
+                else "Nothing saved for this model on this machine yet: every bench that completes "
+                "(Run bench) is kept here with its measured speed."
+            )
         else:
             self.set_message("")
         title = "Known good configurations on this machine"
@@ -140,19 +151,21 @@ class KnownGoodPanel(QtWidgets.QGroupBox):
             str(wc.created_utc)[:10],
         )
         prefill = m.get("prefill_tok_s")
-        tip = "\n".join([
-            f"saved {wc.created_utc} (id {wc.id})",
-            f"model {wc.model_path}",
-            f"decode {decode:.2f} tok/s" if decode is not None else "decode -",
-            f"prefill {prefill:.1f} tok/s" if prefill is not None else "prefill -",
-            f"load {m['load_s']:.2f} s" if m.get("load_s") is not None else "load -",
-            f"peak RAM (runner) {fmt_bytes(m.get('peak_rss_bytes'))}, "
-            f"peak VRAM {fmt_bytes(m.get('peak_vram_bytes'))}, KV {fmt_bytes(m.get('kv_bytes'))}",
-            f"-c {c.n_ctx} -ngl {'all' if c.n_gpu_layers < 0 else c.n_gpu_layers} -ctk {c.type_k} -ctv {c.type_v} "
-            f"-fa {c.flash_attn} -np {c.n_seq} -ub {c.n_ubatch}"
-            + ("" if c.kv_gpu_layers is None else f", KV layers on GPU {c.kv_gpu_layers}"),
-            f"llama.cpp: {wc.llama_cpp_build or 'unknown'}",
-        ])
+        tip = "\n".join(
+            [
+                f"saved {wc.created_utc} (id {wc.id})",
+                f"model {wc.model_path}",
+                f"decode {decode:.2f} tok/s" if decode is not None else "decode -",
+                f"prefill {prefill:.1f} tok/s" if prefill is not None else "prefill -",
+                f"load {m['load_s']:.2f} s" if m.get("load_s") is not None else "load -",
+                f"peak RAM (runner) {fmt_bytes(m.get('peak_rss_bytes'))}, "
+                f"peak VRAM {fmt_bytes(m.get('peak_vram_bytes'))}, KV {fmt_bytes(m.get('kv_bytes'))}",
+                f"-c {c.n_ctx} -ngl {'all' if c.n_gpu_layers < 0 else c.n_gpu_layers} -ctk {c.type_k} -ctv {c.type_v} "
+                f"-fa {c.flash_attn} -np {c.n_seq} -ub {c.n_ubatch}"
+                + ("" if c.kv_gpu_layers is None else f", KV layers on GPU {c.kv_gpu_layers}"),
+                f"llama.cpp: {wc.llama_cpp_build or 'unknown'}",
+            ]
+        )
         for col, text in enumerate(cells):
             item = QtWidgets.QTableWidgetItem(text)  # plain text: never interpreted
             item.setToolTip(tip)

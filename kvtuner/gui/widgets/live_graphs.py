@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyqtgraph as pg
@@ -59,7 +59,7 @@ def nice_ceil(value: float, minimum: float = 0.0) -> float:
     return 10 ** (exp + 1)
 
 
-def _pen(color: str, dashed: bool = False, width: float = 1.0) -> "pg.QtGui.QPen":
+def _pen(color: str, dashed: bool = False, width: float = 1.0) -> pg.QtGui.QPen:
     pen = pg.mkPen(color, width=width)
     if dashed:
         pen.setStyle(QtCore.Qt.PenStyle.DashLine)
@@ -72,7 +72,6 @@ RUN_LEAD_S = 3.0
 MEM_FLOOR_GIB = 0.05
 
 
-
 def _tick_label(v: float) -> str:
     """``0.5 -> "0.5"``, ``2.0 -> "2"``, ``20000 -> "20k"``."""
     if v >= 1000:
@@ -83,8 +82,11 @@ def _tick_label(v: float) -> str:
 #: Ticks of the log axes (positions in log10 units, as pyqtgraph's log mode draws them): the
 #: decades 0.001 .. 10 000, then 2 and 5 x 10^k as a second level, whose labels pyqtgraph leaves
 #: out when the axis is too short for them (``AxisItem`` ``textFillLimits``).
-LOG_TICKS = [[(float(e), _tick_label(10.0 ** e)) for e in range(-3, 5)],
-             [(math.log10(m * 10.0 ** e), _tick_label(m * 10.0 ** e)) for e in range(-3, 5) for m in (2, 5)]]
+LOG_TICKS = [
+    [(float(e), _tick_label(10.0**e)) for e in range(-3, 5)],
+    [(math.log10(m * 10.0**e), _tick_label(m * 10.0**e)) for e in range(-3, 5) for m in (2, 5)],
+]
+
 
 class LiveGraphs(QtWidgets.QWidget):
     """Two stacked plots sharing the time axis (seconds since the window opened).
@@ -96,8 +98,9 @@ class LiveGraphs(QtWidgets.QWidget):
     call :meth:`refresh` from a timer.
     """
 
-    def __init__(self, parent: QtWidgets.QWidget | None = None, *, capacity: int = HOUR_AT_10HZ,
-                 t0_s: float | None = None) -> None:
+    def __init__(
+        self, parent: QtWidgets.QWidget | None = None, *, capacity: int = HOUR_AT_10HZ, t0_s: float | None = None
+    ) -> None:
         super().__init__(parent)
         self.t0_s = time.monotonic() if t0_s is None else t0_s
         self.capacity = capacity
@@ -163,12 +166,19 @@ class LiveGraphs(QtWidgets.QWidget):
         self._predicted: list[tuple[pg.InfiniteLine, float]] = []
         # the decode bands (kvtuner.core.speed.speed_model.speed_band): under 1 tok/s abandon, 10 and over fluent
         # (labels at different places along the axis: on a short plot the two lines are close)
-        for tok_s, label, where in ((ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below", 0.28),
-                                    (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above", 0.5)):
+        for tok_s, label, where in (
+            (ABANDON_TOK_S, f"{ABANDON_TOK_S:g} tok/s: abandon below", 0.28),
+            (FLUENT_TOK_S, f"{FLUENT_TOK_S:g} tok/s: fluent above", 0.5),
+        ):
             dotted = _pen(COLORS["phase"], width=1)
             dotted.setStyle(QtCore.Qt.PenStyle.DotLine)
-            line = pg.InfiniteLine(pos=math.log10(tok_s), angle=0, pen=dotted, label=label,
-                                   labelOpts={"position": where, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]})
+            line = pg.InfiniteLine(
+                pos=math.log10(tok_s),
+                angle=0,
+                pen=dotted,
+                label=label,
+                labelOpts={"position": where, "color": COLORS["phase"], "anchors": [(1, 1), (1, 1)]},
+            )
             self.speed_plot.addItem(line, ignoreBounds=True)
         self._phases: deque[tuple[pg.InfiniteLine, pg.InfiniteLine]] = deque()
         self._label_head: pg.InfiniteLine | None = None  # the last marker with a label
@@ -234,13 +244,18 @@ class LiveGraphs(QtWidgets.QWidget):
         t = np.fromiter((s.t_s - self.t0_s for s in samples), float, len(samples))
         self.series[f"vram{index}"].extend(t, np.fromiter((s.used_bytes / GiB for s in samples), float, len(samples)))
         self.series[f"vram_runner{index}"].extend(
-            t, np.fromiter((math.nan if s.process_bytes is None else s.process_bytes / GiB for s in samples),
-                           float, len(samples)))
+            t,
+            np.fromiter(
+                (math.nan if s.process_bytes is None else s.process_bytes / GiB for s in samples), float, len(samples)
+            ),
+        )
         gtt = [getattr(s, "gtt_used_bytes", None) for s in samples]
         if any(v is not None for v in gtt):  # an AMD GPU (sysfs): its GTT pool, system RAM the GPU maps
             if f"gtt{index}" not in self.series:
                 self._add_curve(f"gtt{index}", self.mem_plot, f"GTT used GPU{index}", COLORS["gtt"])
-            self.series[f"gtt{index}"].extend(t, np.fromiter((math.nan if v is None else v / GiB for v in gtt), float, len(gtt)))
+            self.series[f"gtt{index}"].extend(
+                t, np.fromiter((math.nan if v is None else v / GiB for v in gtt), float, len(gtt))
+            )
 
     def add_context(self, t_s: float, kv_bytes: float) -> None:
         """The KV cache bytes holding tokens at monotonic time ``t_s`` (an attached server's
@@ -297,9 +312,17 @@ class LiveGraphs(QtWidgets.QWidget):
             head.label.setFormat(head.label.format + ", " + name)
         else:
             self._label_slot = (self._label_slot + 1) % PHASE_LABEL_ROWS
-            top = pg.InfiniteLine(pos=x, angle=90, pen=pen, label=name,
-                                  labelOpts={"position": 0.9 - 0.2 * self._label_slot, "color": COLORS["phase"],
-                                             "anchors": [(0, 0.5), (0, 0.5)]})
+            top = pg.InfiniteLine(
+                pos=x,
+                angle=90,
+                pen=pen,
+                label=name,
+                labelOpts={
+                    "position": 0.9 - 0.2 * self._label_slot,
+                    "color": COLORS["phase"],
+                    "anchors": [(0, 0.5), (0, 0.5)],
+                },
+            )
             self._label_head = top
         top.phase_name = name
         bottom = pg.InfiniteLine(pos=x, angle=90, pen=pen)
@@ -336,8 +359,13 @@ class LiveGraphs(QtWidgets.QWidget):
         self._update_ranges()
 
     def _hline(self, plot: pg.PlotWidget, y: float, label: str, color: str, where: float = 0.97) -> pg.InfiniteLine:
-        line = pg.InfiniteLine(pos=y, angle=0, pen=_pen(color, dashed=True, width=1.5), label=label,
-                               labelOpts={"position": where, "color": color, "anchors": [(1, 0), (1, 0)]})
+        line = pg.InfiniteLine(
+            pos=y,
+            angle=0,
+            pen=_pen(color, dashed=True, width=1.5),
+            label=label,
+            labelOpts={"position": where, "color": color, "anchors": [(1, 0), (1, 0)]},
+        )
         plot.addItem(line, ignoreBounds=True)
         return line
 
@@ -387,16 +415,25 @@ class LiveGraphs(QtWidgets.QWidget):
             self._set_range("x", self.mem_plot, lo, lo + span)
         mem_keys = [k for k in self.series if k not in ("decode", "prefill")]
         mem_vb = self.mem_plot.getPlotItem().getViewBox()
-        y_hi = max([self.series[k].peak() for k in mem_keys]
-                   + [v for line, v in self._predicted if line.getViewBox() is mem_vb])
+        y_hi = max(
+            [self.series[k].peak() for k in mem_keys]
+            + [v for line, v in self._predicted if line.getViewBox() is mem_vb]
+        )
         # log axis (values are log10): from 50 MiB to above the highest line; the phase labels
         # sit in the top band
         y_lo = min([MEM_FLOOR_GIB] + [v for line, v in self._predicted if line.getViewBox() is mem_vb and v > 0])
-        self._set_range("ymem", self.mem_plot, math.log10(max(y_lo * 0.7, 1e-3)),
-                        math.log10(nice_ceil(max(y_hi, 0.5) * 4.0, minimum=0.5)))
+        self._set_range(
+            "ymem",
+            self.mem_plot,
+            math.log10(max(y_lo * 0.7, 1e-3)),
+            math.log10(nice_ceil(max(y_hi, 0.5) * 4.0, minimum=0.5)),
+        )
         speed_vb = self.speed_plot.getPlotItem().getViewBox()
-        s_hi = max([self.series[k].peak() for k in ("decode", "prefill")]
-                   + [v for line, v in self._predicted if line.getViewBox() is speed_vb] + [20.0])
+        s_hi = max(
+            [self.series[k].peak() for k in ("decode", "prefill")]
+            + [v for line, v in self._predicted if line.getViewBox() is speed_vb]
+            + [20.0]
+        )
         # log axis (values are log10): from 0.3 tok/s (below the abandon line) to the top
         self._set_range("yspeed", self.speed_plot, math.log10(0.3), math.log10(nice_ceil(s_hi * 1.6)))
 

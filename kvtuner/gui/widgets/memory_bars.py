@@ -63,15 +63,29 @@ def row_from_device(device: object, verified: frozenset[str] = frozenset(), extr
     d = device
     name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
     experts = getattr(d, "expert_bytes", 0)
-    parts = {p: (extras.part_bytes(p, device=d.device) if extras is not None else 0) for p in ("mmproj", "draft", "lora")}
+    parts = {
+        p: (extras.part_bytes(p, device=d.device) if extras is not None else 0) for p in ("mmproj", "draft", "lora")
+    }
     # a plan that carries them (DevicePlan.extras_bytes) counts them in its totals already
     added = 0 if getattr(d, "extras_bytes", 0) else sum(parts.values())
     free = d.headroom_bytes
-    return BarRow(caption=name, weights_bytes=d.weights_bytes - experts, experts_bytes=experts, kv_bytes=d.kv_bytes, compute_bytes=d.compute_bytes,
-                  output_bytes=d.output_bytes, overhead_bytes=d.overhead_bytes, total_bytes=d.total_bytes + added,
-                  capacity_bytes=d.capacity_bytes, free_bytes=None if free is None else free - added, verified=verified,
-                  repack_bytes=d.repack_bytes, mmproj_bytes=parts["mmproj"], draft_bytes=parts["draft"],
-                  lora_bytes=parts["lora"])
+    return BarRow(
+        caption=name,
+        weights_bytes=d.weights_bytes - experts,
+        experts_bytes=experts,
+        kv_bytes=d.kv_bytes,
+        compute_bytes=d.compute_bytes,
+        output_bytes=d.output_bytes,
+        overhead_bytes=d.overhead_bytes,
+        total_bytes=d.total_bytes + added,
+        capacity_bytes=d.capacity_bytes,
+        free_bytes=None if free is None else free - added,
+        verified=verified,
+        repack_bytes=d.repack_bytes,
+        mmproj_bytes=parts["mmproj"],
+        draft_bytes=parts["draft"],
+        lora_bytes=parts["lora"],
+    )
 
 
 class MemoryBars(QtWidgets.QWidget):
@@ -102,8 +116,10 @@ class MemoryBars(QtWidgets.QWidget):
         if row.capacity_bytes is None:
             return f"{row.caption}: {fmt_bytes(row.total_bytes)} needed"
         if row.free_bytes is not None and row.free_bytes < 0:
-            return (f"{row.caption}: {fmt_bytes(row.total_bytes)} of {fmt_bytes(row.capacity_bytes)} "
-                    f"- DOES NOT FIT, {fmt_bytes(-row.free_bytes)} over")
+            return (
+                f"{row.caption}: {fmt_bytes(row.total_bytes)} of {fmt_bytes(row.capacity_bytes)} "
+                f"- DOES NOT FIT, {fmt_bytes(-row.free_bytes)} over"
+            )
         return f"{row.caption}: {fmt_bytes(row.total_bytes)} of {fmt_bytes(row.capacity_bytes)}, {fmt_bytes(row.free_bytes)} free"
 
     @staticmethod
@@ -122,8 +138,9 @@ class MemoryBars(QtWidgets.QWidget):
     def _legend_items(self) -> list[tuple[str, str | None]]:
         # a dense model has no experts entry; no projector/draft/LoRA entries without them
         present = {key for key in OPTIONAL_SEGMENTS if any(r.segment_bytes(key) for r in self.rows)}
-        items: list[tuple[str, str | None]] = [(label, color) for key, label, color in SEGMENTS
-                                               if key not in OPTIONAL_SEGMENTS or key in present] + [("free", None)]
+        items: list[tuple[str, str | None]] = [
+            (label, color) for key, label, color in SEGMENTS if key not in OPTIONAL_SEGMENTS or key in present
+        ] + [("free", None)]
         return items + [("✓ = verified by llama.cpp", "")]
 
     def _legend_layout(self, width: int) -> list[tuple[int, int, str, str | None]]:
@@ -173,7 +190,9 @@ class MemoryBars(QtWidgets.QWidget):
             if color == "":  # the tick's explanation: text only
                 p.drawText(x, top + 10, label)
                 continue
-            p.fillRect(QtCore.QRect(x, top, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base))
+            p.fillRect(
+                QtCore.QRect(x, top, 10, 10), QtGui.QColor(color) if color else pal.color(QtGui.QPalette.ColorRole.Base)
+            )
             p.drawRect(QtCore.QRect(x, top, 10, 10))
             p.drawText(x + 14, top + 10, label)
         y = self._legend_height(w)

@@ -25,9 +25,18 @@ class ModelCard(QtWidgets.QGroupBox):
         self._form = QtWidgets.QFormLayout(self)
         self._form.setVerticalSpacing(2)
         self.fields: dict[str, QtWidgets.QLabel] = {}
-        for key, title in (("name", "Name"), ("file", "File"), ("arch", "Architecture"), ("params", "Parameters"),
-                           ("quant", "Quant / size"), ("layers", "Layers"), ("heads", "Heads / KV heads"),
-                           ("head_dim", "Head size"), ("swa", "Sliding window"), ("ctx_train", "Trained context")):
+        for key, title in (
+            ("name", "Name"),
+            ("file", "File"),
+            ("arch", "Architecture"),
+            ("params", "Parameters"),
+            ("quant", "Quant / size"),
+            ("layers", "Layers"),
+            ("heads", "Heads / KV heads"),
+            ("head_dim", "Head size"),
+            ("swa", "Sliding window"),
+            ("ctx_train", "Trained context"),
+        ):
             label = QtWidgets.QLabel("-")
             label.setTextFormat(QtCore.Qt.TextFormat.PlainText)
             label.setTextInteractionFlags(QtCore.Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -51,14 +60,21 @@ class ModelCard(QtWidgets.QGroupBox):
         self.fields["name"].setText(m.name or "(no general.name)")
         self.fields["file"].setText(m.file_name + (f" (+{len(m.parts) - 1} parts)" if len(m.parts) > 1 else ""))
         self.fields["file"].setToolTip(str(m.path))
-        self.fields["arch"].setText(m.architecture + (f", MoE {m.n_expert_used}/{m.n_expert} experts" if m.n_expert else ""))
+        self.fields["arch"].setText(
+            m.architecture + (f", MoE {m.n_expert_used}/{m.n_expert} experts" if m.n_expert else "")
+        )
         self.fields["params"].setText(fmt_count(m.n_params))
-        self.fields["quant"].setText(f"{(m.file_type or '?').replace('MOSTLY_', '')}, {fmt_bytes(m.file_bytes)} on disk")
+        self.fields["quant"].setText(
+            f"{(m.file_type or '?').replace('MOSTLY_', '')}, {fmt_bytes(m.file_bytes)} on disk"
+        )
         self.fields["layers"].setText(str(m.n_layer))
         first = next((i for i in range(m.n_layer) if m.has_kv(i)), 0)
-        self.fields["heads"].setText(f"{m.n_head[first]} / {m.n_head_kv[first]} ({m.attention_kind})" if m.n_layer else "-")
+        self.fields["heads"].setText(
+            f"{m.n_head[first]} / {m.n_head_kv[first]} ({m.attention_kind})" if m.n_layer else "-"
+        )
         self.fields["head_dim"].setText(
-            f"K {m.head_dim_k}, V {m.head_dim_v}" if m.head_dim_k != m.head_dim_v else str(m.head_dim_k))
+            f"K {m.head_dim_k}, V {m.head_dim_v}" if m.head_dim_k != m.head_dim_v else str(m.head_dim_k)
+        )
         n_swa_layers = sum(m.swa_layers)
         self.fields["swa"].setText(f"{m.n_swa} tokens on {n_swa_layers} of {m.n_layer} layers" if m.n_swa else "none")
         self.fields["ctx_train"].setText(f"{m.n_ctx_train:,} tokens")

@@ -12,8 +12,14 @@ from .memory_bars import MemoryBars, row_from_device
 
 #: Badge colours: the fit verdict's "does not fit" and "tight", then the decode bands of
 #: :func:`kvtuner.core.speed.speed_model.speed_band`.
-BADGE_COLORS = {"does not fit": "#7b241c", "tight": "#9a6700", "abandon": "#c0392b", "offline": "#d35400",
-                "interactive": "#2471a3", "fluent": "#1e8449"}
+BADGE_COLORS = {
+    "does not fit": "#7b241c",
+    "tight": "#9a6700",
+    "abandon": "#c0392b",
+    "offline": "#d35400",
+    "interactive": "#2471a3",
+    "fluent": "#1e8449",
+}
 
 
 def _tok_s(v: float) -> str:
@@ -44,12 +50,15 @@ def verdict(plan: Any, speed: Any | None, margins: Any | None = None) -> tuple[s
         empty, full = speed.decode_tok_s, speed.decode_tok_s_at_full_ctx
         worse = min(empty, full)
         which = "with the context full" if full < empty else "with the cache empty"
-        band = (f"{speed_band(worse).upper()}: decode {_tok_s(worse)} tok/s {which} (empty cache {_tok_s(empty)}, "
-                f"full context {_tok_s(full)} tok/s). Bands: under 1 tok/s abandon, 1-5 offline only, "
-                "5-10 interactive, 10 and over fluent; the badge takes the worse of the two.")
+        band = (
+            f"{speed_band(worse).upper()}: decode {_tok_s(worse)} tok/s {which} (empty cache {_tok_s(empty)}, "
+            f"full context {_tok_s(full)} tok/s). Bands: under 1 tok/s abandon, 1-5 offline only, "
+            "5-10 interactive, 10 and over fluent; the badge takes the worse of the two."
+        )
     if not v.fits:
         return v.level, f"{v.why} ({v.margins.source}). It loads, with less than the margin free." + (
-            f" {band}" if band else "")
+            f" {band}" if band else ""
+        )
     if speed is None:
         return None
     return speed_band(min(speed.decode_tok_s, speed.decode_tok_s_at_full_ctx)), band
@@ -91,15 +100,23 @@ class PredictionPanel(QtWidgets.QGroupBox):
         """Mark the figures as those of the last valid configuration (``reason``: why the shown
         one was refused), or (None) as current."""
         self.stale = bool(reason)
-        self.setTitle("Prediction - STALE: these figures are for the last valid configuration" if reason
-                      else "Prediction")
+        self.setTitle(
+            "Prediction - STALE: these figures are for the last valid configuration" if reason else "Prediction"
+        )
         for w in (self.kv_label, self.speed_label, self.badge, self.bars, self.warnings_label):
             w.setEnabled(not reason)
         self.setToolTip(f"Not replanned: {reason}" if reason else "")
 
-    def set_plan(self, plan: Any | None, speed: Any | None = None, verified: dict | None = None,
-                 badge: str | None = None, speed_error: str = "", margins: Any | None = None,
-                 extras: Any | None = None) -> None:
+    def set_plan(
+        self,
+        plan: Any | None,
+        speed: Any | None = None,
+        verified: dict | None = None,
+        badge: str | None = None,
+        speed_error: str = "",
+        margins: Any | None = None,
+        extras: Any | None = None,
+    ) -> None:
         """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
         :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
         reason ``speed_error``) and the dry-run figures
@@ -116,12 +133,15 @@ class PredictionPanel(QtWidgets.QGroupBox):
             self.warnings_label.hide()
             return
         c = plan.config
-        text = (f"KV cache: {fmt_bytes(plan.kv_bytes_per_token())} per token, {fmt_bytes(plan.kv_bytes)} in all "
-                f"({plan.n_ctx:,} tokens, K {c.type_k} / V {c.type_v}, {plan.n_stream} stream"
-                f"{'s' if plan.n_stream > 1 else ''}); {plan.n_gpu_layers} layers on GPU")
+        text = (
+            f"KV cache: {fmt_bytes(plan.kv_bytes_per_token())} per token, {fmt_bytes(plan.kv_bytes)} in all "
+            f"({plan.n_ctx:,} tokens, K {c.type_k} / V {c.type_v}, {plan.n_stream} stream"
+            f"{'s' if plan.n_stream > 1 else ''}); {plan.n_gpu_layers} layers on GPU"
+        )
         if verified is not None:
             text += f"\nVerified by llama.cpp (dry-run): KV {fmt_bytes(verified.get('kv_bytes'))}" + (
-                ", compute buffers exact" if plan.compute.source == "dry-run" else "")
+                ", compute buffers exact" if plan.compute.source == "dry-run" else ""
+            )
         self.kv_label.setText(text)
         if speed is None:
             self.speed_label.setText(f"Speed: no prediction ({speed_error or 'speed model not available'})")
@@ -132,14 +152,20 @@ class PredictionPanel(QtWidgets.QGroupBox):
                 f"Speed (predicted): decode {_tok_s(speed.decode_tok_s)} tok/s (likely {_tok_s(lo)}-{_tok_s(hi)}), "
                 f"{_tok_s(speed.decode_tok_s_at_full_ctx)} tok/s with the context full; "
                 f"prefill {_tok_s(speed.prefill_tok_s)} tok/s"
-                + (f"; calibrated on {speed.n_calibration_runs} run(s)" if speed.n_calibration_runs else "; not calibrated yet"))
+                + (
+                    f"; calibrated on {speed.n_calibration_runs} run(s)"
+                    if speed.n_calibration_runs
+                    else "; not calibrated yet"
+                )
+            )
         if self.verdict is not None:
             name, reason = self.verdict
             self.badge.setText(name.upper())
             self.badge.setToolTip(reason)
             self.badge.setStyleSheet(
                 f"background: {BADGE_COLORS.get(name, '#555')}; color: white; font-weight: bold; "
-                "border-radius: 4px; padding: 4px 8px;")
+                "border-radius: 4px; padding: 4px 8px;"
+            )
             self.badge.show()
         else:
             self.badge.hide()

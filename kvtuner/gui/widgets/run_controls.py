@@ -8,7 +8,6 @@ from typing import Any
 
 from PySide6 import QtCore, QtWidgets
 
-
 #: Run's and Verify's tooltip while no model is open.
 NO_MODEL_TIP = "Open a model first (File > Open, or File > Open the default model)"
 
@@ -24,8 +23,9 @@ class BenchButton(QtWidgets.QToolButton):
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
         self.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
-        self.setToolTip("The bench Run starts: prompt tokens (prefill), generated tokens (decode), repetitions "
-                        "and CPU threads")
+        self.setToolTip(
+            "The bench Run starts: prompt tokens (prefill), generated tokens (decode), repetitions and CPU threads"
+        )
         self._settings: Any = None
         form_w = QtWidgets.QWidget()
         form = QtWidgets.QFormLayout(form_w)
@@ -38,8 +38,12 @@ class BenchButton(QtWidgets.QToolButton):
         self.n_threads = QtWidgets.QSpinBox()
         self.n_threads.setRange(0, 1024)
         self.n_threads.setSpecialValueText("auto")
-        for label, w in (("Prompt tokens", self.n_prompt), ("Generated tokens", self.n_gen),
-                         ("Repetitions", self.repetitions), ("CPU threads", self.n_threads)):
+        for label, w in (
+            ("Prompt tokens", self.n_prompt),
+            ("Generated tokens", self.n_gen),
+            ("Repetitions", self.repetitions),
+            ("CPU threads", self.n_threads),
+        ):
             w.setKeyboardTracking(False)
             w.valueChanged.connect(self._on_changed)
             form.addRow(label, w)
@@ -52,20 +56,31 @@ class BenchButton(QtWidgets.QToolButton):
     def set_settings(self, settings: Any) -> None:
         """Show a BenchSettings without emitting :attr:`changed`."""
         self._settings = settings
-        for w, v in ((self.n_prompt, settings.n_prompt), (self.n_gen, settings.n_gen),
-                     (self.repetitions, settings.repetitions), (self.n_threads, settings.n_threads or 0)):
+        for w, v in (
+            (self.n_prompt, settings.n_prompt),
+            (self.n_gen, settings.n_gen),
+            (self.repetitions, settings.repetitions),
+            (self.n_threads, settings.n_threads or 0),
+        ):
             w.blockSignals(True)
             w.setValue(v)
             w.blockSignals(False)
         # trailing spaces: room for the drop-down arrow, which some styles draw over the text
-        self.setText(f"{settings.n_prompt}+{settings.n_gen} tok x{settings.repetitions}, "
-                     f"{settings.n_threads or 'auto'} threads   ")
+        self.setText(
+            f"{settings.n_prompt}+{settings.n_gen} tok x{settings.repetitions}, "
+            f"{settings.n_threads or 'auto'} threads   "
+        )
 
     def _on_changed(self, *_: object) -> None:
         if self._settings is None:
             return
-        new = dataclasses.replace(self._settings, n_prompt=self.n_prompt.value(), n_gen=self.n_gen.value(),
-                                  repetitions=self.repetitions.value(), n_threads=self.n_threads.value() or None)
+        new = dataclasses.replace(
+            self._settings,
+            n_prompt=self.n_prompt.value(),
+            n_gen=self.n_gen.value(),
+            repetitions=self.repetitions.value(),
+            n_threads=self.n_threads.value() or None,
+        )
         self.set_settings(new)
         self.changed.emit(new)
 
@@ -83,13 +98,17 @@ class RunControls(QtWidgets.QWidget):
         lay = QtWidgets.QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.run_button = QtWidgets.QPushButton("Run &bench")
-        self.run_button.setToolTip("Load the model with this configuration in a child process and run a short\n"
-                                   "llama-bench style test (prefill, then decode); the graphs show it live. Ctrl+R")
+        self.run_button.setToolTip(
+            "Load the model with this configuration in a child process and run a short\n"
+            "llama-bench style test (prefill, then decode); the graphs show it live. Ctrl+R"
+        )
         self.stop_button = QtWidgets.QPushButton("&Stop")
         self.stop_button.setToolTip("Stop the run and end the child process. Esc")
         self.verify_button = QtWidgets.QPushButton("&Verify with llama.cpp")
-        self.verify_button.setToolTip("Ask the installed llama.cpp for the exact KV and compute buffers of this\n"
-                                      "configuration (a no-alloc dry run in a child process, about a second).")
+        self.verify_button.setToolTip(
+            "Ask the installed llama.cpp for the exact KV and compute buffers of this\n"
+            "configuration (a no-alloc dry run in a child process, about a second)."
+        )
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)

@@ -30,7 +30,9 @@ class StatusBar(QtWidgets.QStatusBar):
         """Latest :class:`~kvtuner.core.monitor.sampler.HostSample`."""
         if sample is None:
             return
-        self.set_field("ram", f"RAM available {fmt_bytes(sample.available_bytes, 1)} of {fmt_bytes(sample.total_bytes, 1)}")
+        self.set_field(
+            "ram", f"RAM available {fmt_bytes(sample.available_bytes, 1)} of {fmt_bytes(sample.total_bytes, 1)}"
+        )
         self.set_field("swap", f"swap {fmt_bytes(sample.swap_used_bytes, 1)}")
 
     def show_gpu(self, sample: object | None) -> None:

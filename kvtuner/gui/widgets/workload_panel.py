@@ -22,8 +22,10 @@ class WorkloadPanel(QtWidgets.QGroupBox):
         form = QtWidgets.QFormLayout(self)
         self.avg = self._spin("average tokens per sequence (prompt + output); 0 = not given")
         self.p95 = self._spin("95th percentile of tokens per sequence; 0 = not given")
-        self.prefix = self._spin("leading tokens every sequence shares (system prompt); vLLM's prefix caching stores "
-                                 "its full 16-token blocks once, llama-server shares none between requests")
+        self.prefix = self._spin(
+            "leading tokens every sequence shares (system prompt); vLLM's prefix caching stores "
+            "its full 16-token blocks once, llama-server shares none between requests"
+        )
         form.addRow("Average &length (tokens)", self.avg)
         form.addRow("P95 length (t&okens)", self.p95)
         form.addRow("Shared prefi&x (tokens)", self.prefix)
@@ -32,7 +34,9 @@ class WorkloadPanel(QtWidgets.QGroupBox):
         self.summary.setTextFormat(QtCore.Qt.TextFormat.PlainText)
         form.addRow(self.summary)
         self.table_button = QtWidgets.QPushButton("&Decision table...")
-        self.table_button.setToolTip("sequences x window x KV type -> fits / does not fit on the first GPU (plan --table)")
+        self.table_button.setToolTip(
+            "sequences x window x KV type -> fits / does not fit on the first GPU (plan --table)"
+        )
         self.table_button.clicked.connect(self.open_table)
         form.addRow(self.table_button)
         self.table_dialog: QtWidgets.QDialog | None = None
