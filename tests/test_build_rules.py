@@ -101,6 +101,7 @@ def test_server_plan_matches_the_binaries():
             assert 0 <= r["ours"] - r["theirs"] < MiB, r
 
 
+@pytest.mark.llama
 @needs_bin
 def test_plan_json_names_the_build_and_program(default_model):
     out = {}
@@ -121,6 +122,7 @@ def test_plan_json_names_the_build_and_program(default_model):
     assert f"{cpu['embedded'] / MiB:.2f}" == "514.50" and f"{cpu[str(BIN)] / MiB:.2f}" == "23.28"
 
 
+@pytest.mark.llama
 @needs_bin
 def test_newer_build_is_planned_as_approximate(default_model, tmp_path):
     """A llama-server that says it is b12000 (a wrapper around the real binary) is planned with

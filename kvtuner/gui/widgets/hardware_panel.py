@@ -200,7 +200,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         )
         self.host_cores = QtWidgets.QSpinBox()
         self.host_cores.setRange(0, 1024)
-        self.host_cores.setSpecialValueText("this machine's cores")
+        self.host_cores.setSpecialValueText("own cores")
         self.host_cores.setSuffix(" cores")
         self.host_cores.setToolTip("Physical cores llama.cpp uses on that host (--host-cores); 0: this machine's.")
         self.host_pcie = QtWidgets.QComboBox()
@@ -210,13 +210,20 @@ class HardwarePanel(QtWidgets.QGroupBox):
                 f"PCIe {gen}.0 x{lanes}" + (" (eGPU)" if (gen, lanes) == (3, 4) else ""), f"{gen}x{lanes}"
             )
         self.host_pcie.setToolTip("The GPUs' link on that host (--pcie): host weights cross it in prefill.")
+        # the long item texts must not widen the left column (it fits a 1280-pixel screen): the
+        # boxes shrink to a few characters, their lists stay as wide as their items
+        for box, chars in ((self.host_mem, 10), (self.host_pcie, 8)):
+            box.setSizeAdjustPolicy(QtWidgets.QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(chars)
+            box.view().setMinimumWidth(box.view().sizeHintForColumn(0) + 24)
         row = QtWidgets.QWidget()
         rl = QtWidgets.QHBoxLayout(row)
         rl.setContentsMargins(0, 0, 0, 0)
         rl.addWidget(self.host_mem, 2)
         rl.addWidget(self.host_cores, 1)
         rl.addWidget(self.host_pcie, 1)
-        label = QtWidgets.QLabel("&Host")
+        # Alt+I: every letter of "Host" is another control's Alt key already
+        label = QtWidgets.QLabel("Host mach&ine")
         label.setBuddy(self.host_mem)
         form.addRow(label, row)
         self._machine_bw: float | None = self._host.mem_bandwidth_bytes_s if not self._host.what_if else None

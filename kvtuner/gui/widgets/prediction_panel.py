@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
@@ -107,6 +107,16 @@ class PredictionPanel(QtWidgets.QGroupBox):
             w.setEnabled(not reason)
         self.setToolTip(f"Not replanned: {reason}" if reason else "")
 
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit_labels()
+
+    def _fit_labels(self) -> None:
+        """Keep the wrapped lines whole: each label asks its layout for the height its text needs
+        at its width, so a growing advice pane below cannot squeeze the prediction."""
+        for label in (self.kv_label, self.speed_label):
+            label.setMinimumHeight(label.heightForWidth(max(label.width(), 1)))
+
     def set_plan(
         self,
         plan: Any | None,
@@ -158,6 +168,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
                     else "; not calibrated yet"
                 )
             )
+        self._fit_labels()
         if self.verdict is not None:
             name, reason = self.verdict
             self.badge.setText(name.upper())
