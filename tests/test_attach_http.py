@@ -156,6 +156,7 @@ def test_401_says_to_give_the_key_and_the_key_works(server):
     assert good.problems == () and len(good.slots) == 2
 
 
+@pytest.mark.slow
 def test_a_dying_server_is_gone_and_watched_again_when_it_returns(server):
     s = server(good_routes())
     port = s.port
@@ -193,6 +194,7 @@ def test_a_restart_is_noticed_from_the_metrics_start_time(server):
     assert w.poll().notes == ("the server restarted",)
 
 
+@pytest.mark.slow
 def test_cli_keeps_watching_a_server_that_dies(server):
     s = server(good_routes())
 
@@ -217,6 +219,7 @@ def test_cli_keeps_watching_a_server_that_dies(server):
     assert len(samples) >= 3
 
 
+@pytest.mark.slow
 def test_ollama_ps_is_parsed_and_shown(server, tmp_path, monkeypatch, capsys, default_model):
     digest = OLLAMA_PS["models"][0]["digest"]
     blobs = tmp_path / "models" / "blobs"

@@ -146,6 +146,7 @@ def test_newer_build_is_planned_as_approximate(default_model, tmp_path):
     assert sum(line in ln for ln in text.stdout.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_export_targets_are_planned_with_their_own_compute(default_model, tmp_path):
     """The same configuration on a 1 GiB card: as a llama-server export it fits (one output per
     slot), as a llama-cpp-python export it does not (the logits of a whole ubatch)."""

@@ -39,6 +39,7 @@ def _rates(**kw) -> CpuRates:
     )
 
 
+@pytest.mark.slow
 def test_the_meter_sees_other_processes_and_not_its_own_children(monkeypatch):
     monkeypatch.delenv(QUIET_LIMIT_ENV, raising=False)
     hogs = _hogs()

@@ -256,6 +256,7 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
     stop_group(proc)
 
 
+@pytest.mark.slow
 def test_verdict_and_advice_count_them(tmp_path, default_model, default_profile):
     """On a 2 GiB what-if card the model alone fits; with a projector and a draft it does not, and
     the advice names what --no-mmproj-offload and dropping the draft free."""

@@ -153,6 +153,7 @@ def test_cli_gpus_lists_the_catalogue():
     assert all(e["source"] for e in doc["catalogue"])
 
 
+@pytest.mark.slow
 def test_cli_plan_for_a_named_card_and_bad_names():
     doc = json.loads(kvtuner("plan", "--gpu", "RTX 4090", "--gpu", "RTX 3060 12GB", "--json").stdout)
     names = [d["name"] for d in doc["devices"] if d["kind"] == "gpu"]

@@ -106,6 +106,7 @@ def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
         client.join(60)
 
 
+@pytest.mark.slow
 def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path):
     s = Server(good_routes() | {"/slots": (200, "application/json", '[{"id": 0, "n_ct')})
     try:

@@ -107,6 +107,7 @@ def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbo
     assert w.export_action.isEnabled() and w.controls.error_label.isHidden()
 
 
+@pytest.mark.slow
 def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path):
     w = _window(qtbot, tmp_path, PlanConfig(n_ctx=1 << 22, type_k="f32", type_v="f32"))
     _choose(qtbot, w, DEFAULT_WHAT_IF)  # 4M tokens of f32 KV do not fit a 12 GB card ...

@@ -124,6 +124,7 @@ def test_llama_cpp_refuses_head_size_80_q8_k(files):
     assert err.value.kind == "invalid_config" and "does not divide n_embd_head_k=80" in str(err.value)
 
 
+@pytest.mark.slow
 def test_server_defaults_resolved(files):
     """--ctx 0 is the training context and -np -1 llama-server's auto (4 slots, unified KV)."""
     r = _cli("plan", str(files["gemma4"]), "--ctx", "0", "-np", "-1", "-fa", "on", "--json")

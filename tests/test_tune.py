@@ -169,6 +169,7 @@ def kvtuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_cli_tune_json_and_errors(tmp_path):
     path = write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M")
     out = kvtuner(

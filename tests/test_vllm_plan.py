@@ -473,6 +473,7 @@ def test_decision_table_24gib_four_by_32k(name):
     assert kv_bytes_per_token(m, "fp8") * 4 * 32768 == FOUR_BY_32K_KV_GIB[name]["fp8"] * GiB
 
 
+@pytest.mark.slow
 def test_table_cli_hf_config_and_gguf(tmp_path, llama8b):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CONFIGS["Qwen2.5-14B"]))
