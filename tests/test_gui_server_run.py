@@ -56,7 +56,11 @@ def _window(qtbot, tmp_path: Path, bench: BenchSettings, engine) -> MainWindow:
         sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
     )
     qtbot.addWidget(w)
-    w.runner.engine = engine
+    # as a user does: the status bar's engine selector, "Choose llama-server...", that binary
+    qtbot.waitUntil(lambda: not w.engine_selector.busy and bool(w.engine_selector.engines), timeout=30_000)
+    w.engine_selector.choose_path(str(engine.server))
+    qtbot.waitUntil(lambda: w.engine is not None and w.engine.kind == "server", timeout=30_000)
+    assert w.engine_selector.combo.currentText().startswith("llama-server b11434")
     w.open_model(None)
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
     return w
@@ -112,4 +116,25 @@ def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engi
     deadline = time.monotonic() + 10
     while not _children() <= before and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert _children() <= before
+
+
+def test_verify_asks_the_selected_llama_server(qtbot, tmp_path, engine):
+    """The window's Verify goes to the engine in use: llama-server's own start-up memory breakdown,
+    named in the status bar, its compute figure in the plan; no server is left behind."""
+    from kvtuner.gui.main_window import VERIFIED_TEXT
+    from kvtuner.runner.dryrun import METHOD_SERVER
+
+    before = _children()
+    w = _window(qtbot, tmp_path, BenchSettings(), engine)
+    try:
+        w.verify()
+        qtbot.waitUntil(lambda: w.assessment is not None and w.assessment.verified is not None, timeout=60_000)
+        v = w.assessment.verified
+        assert v.method.startswith(METHOD_SERVER) and v.engine.startswith("llama-server b11434")
+        assert w.run_controls.progress.format() == VERIFIED_TEXT
+        assert "verified by llama-server b11434" in w.statusBar().currentMessage()
+        assert w.plan.compute.source == "dry-run"  # the plan's compute buffers are llama-server's own
+    finally:
+        w.shutdown()
     assert _children() <= before
