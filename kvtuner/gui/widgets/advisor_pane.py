@@ -168,7 +168,9 @@ class AdvisorPane(QtWidgets.QGroupBox):
         """The notes keep every wrapped line at the pane's width: the advice rows below scroll
         instead (the notes sit outside the scroll area)."""
         width = self.notes.width() if self.notes.width() > 1 else self.contentsRect().width()
-        self.notes.setMinimumHeight(self.notes.heightForWidth(max(width, 1)) if not self.notes.isHidden() else 0)
+        self.notes.setMinimumHeight(
+            max(self.notes.heightForWidth(max(width, 1)), 0) if not self.notes.isHidden() else 0
+        )
 
     def _clear(self) -> None:
         while self._rows.count():

@@ -115,7 +115,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
         """Keep the wrapped lines whole: each label asks its layout for the height its text needs
         at its width, so a growing advice pane below cannot squeeze the prediction."""
         for label in (self.kv_label, self.speed_label):
-            label.setMinimumHeight(label.heightForWidth(max(label.width(), 1)))
+            label.setMinimumHeight(max(label.heightForWidth(max(label.width(), 1)), 0))
 
     def set_plan(
         self,
@@ -149,7 +149,9 @@ class PredictionPanel(QtWidgets.QGroupBox):
             f"{'s' if plan.n_stream > 1 else ''}); {plan.n_gpu_layers} layers on GPU"
         )
         if verified is not None:
-            text += f"\nVerified by llama.cpp (dry-run): KV {fmt_bytes(verified.get('kv_bytes'))}" + (
+            who = verified.get("engine") or "llama.cpp"
+            how = verified.get("method") or "dry-run"
+            text += f"\nVerified by {who} ({how}): KV {fmt_bytes(verified.get('kv_bytes'))}" + (
                 ", compute buffers exact" if plan.compute.source == "dry-run" else ""
             )
         self.kv_label.setText(text)
