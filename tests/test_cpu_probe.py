@@ -136,10 +136,12 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
             "-m",
             "kvtuner.cli",
             "probe",
+            # the default model's kernels (a plan uses a stored probe only when it covers the
+            # model: kvtuner.core.session.probe_covers), and a K/V pair of another shape
             "--types",
-            "Q4_0",
+            "Q4_K,Q5_0,Q6_K,Q8_0",
             "--attn",
-            "8/2/64,8/2/64@q8_0",
+            "4/1/256,8/2/64,8/2/64@q8_0",
             "-t",
             "1",
             "--json",
@@ -151,9 +153,10 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
-    assert set(rates.decode_bytes_s) == {"Q4_0"} and rates.n_threads == 1
-    assert 1e8 < rates.decode_bytes_s["Q4_0"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_0"] < 1e14
-    assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_0"] >= 0
+    assert set(rates.decode_bytes_s) <= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} and rates.n_threads == 1
+    assert "Q4_K" in rates.decode_bytes_s  # an implausible type may be left out, not the main one
+    assert 1e8 < rates.decode_bytes_s["Q4_K"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_K"] < 1e14
+    assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_K"] >= 0
     assert 0 < rates.attn_decode_s["8/2/64@q8_0"] < 1e-5 and 0 < rates.attn_prefill_s["8/2/64@q8_0"] < 1e-5
     plan = subprocess.run(
         [sys.executable, "-m", "kvtuner.cli", "plan", "-t", "1", "--no-gpu", "--json"],
