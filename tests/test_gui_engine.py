@@ -121,9 +121,12 @@ def test_export_and_tune_dialogs_use_the_engine(qtbot, tmp_path, monkeypatch):
         assert tune.start()
         qtbot.waitUntil(lambda: not tune.busy, timeout=120_000)
         rows = tune.compare_rows()
-        assert tune.compare.isVisible() and len(rows) == 2, tune.text.text()
+        # kvtuner's choice, llama.cpp's --fit, then the best at each other KV quality level
+        assert tune.compare.isVisible() and len(rows) == 4, tune.text.text()
         assert rows[0][0] == "kvtuner" and rows[0][2].endswith("tok/s")
         assert rows[1][0] == "llama.cpp --fit" and rows[1][1] == "-c 8192 -ngl -1"
+        assert [r[0] for r in rows[2:]] == ["kvtuner, KV down to f16", "kvtuner, KV down to q4_0"]
+        assert "PR #1547" in rows[3][4]  # the quality note names its source
         assert rows[1][2].endswith("tok/s") and rows[1][4].startswith("llama-fit-params, llama-server b11434")
         assert tune.fit_choice.method == "llama-fit-params" and tune.fit_choice.decode_tok_s > 0
         tune.resize(1000, 760)

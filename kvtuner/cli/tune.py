@@ -198,37 +198,16 @@ def _given_verdict(session: object, base: PlanConfig, goal: object) -> FitVerdic
 
 
 def quality_trade(session: object, goal: object, result: TuneResult) -> list[dict]:
-    """The trade across KV quality levels: for each of f16, q8_0 and q4_0 as the worst KV type
-    allowed, the tuner's best for the same goal (``result`` for the goal's own level):
-    ``{kv_quality, config, decode_tok_s_at_full_ctx, fits, note}`` (config None when nothing fits;
-    ``note``: what the level costs in quality, with its source)."""
-    from dataclasses import replace
-
-    from ..core.tune import KV_QUALITY_NOTES, KV_QUALITY_ORDER, TuneError
+    """The trade across KV quality levels (:func:`kvtuner.core.tune.quality_trade`) as JSON rows,
+    each with a short description of its configuration (``short``)."""
+    from ..core.tune import quality_trade as trade
 
     s: Any = session
     g: Any = goal
-    out = []
-    for q in KV_QUALITY_ORDER:
-        r = result
-        if q != g.kv_quality:
-            try:
-                r = s.tune(replace(g, kv_quality=q))
-            except (TuneError, ValueError):
-                r = None
-        b = r.best if r is not None else None
-        out.append(
-            {
-                "kv_quality": q,
-                "config": b.config.to_dict() if b is not None else None,
-                "decode_tok_s_at_full_ctx": b.decode_tok_s if b is not None else None,
-                "fits": b is not None,
-                "chosen": q == g.kv_quality,
-                "note": KV_QUALITY_NOTES[q],
-                "short": _short(b.config) if b is not None else "",
-            }
-        )
-    return out
+    return [
+        dict(level.to_dict(), short=_short(level.config) if level.config is not None else "")
+        for level in trade(g, result, s.tune)
+    ]
 
 
 def trade_lines(trade: list[dict]) -> list[str]:

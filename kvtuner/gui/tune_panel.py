@@ -22,11 +22,13 @@ from ..core.tune import (
     DEFAULT_KV_QUALITY,
     KV_QUALITY_ORDER,
     KneeCurve,
+    QualityLevel,
     TuneError,
     TuneGoal,
     TuneResult,
     knee_curves,
     offload_note,
+    quality_trade,
     tune,
 )
 
@@ -82,6 +84,7 @@ class TunePanel(QtWidgets.QDialog):
         self._context, self._submit, self._apply, self._fit = context, submit, apply, fit
         #: llama.cpp's --fit choice of the last tune (a FitChoice), and why there is none
         self.fit_choice: Any = None
+        self.trade: tuple[QualityLevel, ...] = ()
         self.fit_error: str | None = None
         self.result: TuneResult | None = None
         self.curves: list[KneeCurve] = []
@@ -137,6 +140,10 @@ class TunePanel(QtWidgets.QDialog):
         self.compare.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.NoSelection)
         self.compare.horizontalHeader().setSectionResizeMode(1, QtWidgets.QHeaderView.ResizeMode.Stretch)
         self.compare.setWordWrap(False)
+        # every row shows whole: no scroll bars (long cells are elided, their tooltips hold the text)
+        self.compare.setHorizontalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.compare.setVerticalScrollBarPolicy(QtCore.Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.compare.horizontalHeader().setSectionResizeMode(4, QtWidgets.QHeaderView.ResizeMode.Stretch)
         self.compare.hide()
 
         self.plot = pg.PlotWidget(background="w")
@@ -202,9 +209,10 @@ class TunePanel(QtWidgets.QDialog):
 
         fit = self._fit
 
-        def work() -> tuple[TuneResult, list[KneeCurve], Any]:
+        def work() -> tuple[TuneResult, list[KneeCurve], Any, tuple[QualityLevel, ...]]:
             result, curves = self.compute(model, config, gpus, host, inputs, goal)
-            return result, curves, (fit(model, config, gpus, host, inputs, goal) if fit is not None else None)
+            trade = quality_trade(goal, result, lambda g: tune(model, config, gpus, host, inputs, g))
+            return result, curves, (fit(model, config, gpus, host, inputs, goal) if fit is not None else None), trade
 
         self._submit(work, self._done, self._failed)
         return True
@@ -242,18 +250,22 @@ class TunePanel(QtWidgets.QDialog):
         self.tune_button.setEnabled(True)
         self.text.setText(f"Tuning failed: {exc}")
 
-    def _done(self, payload: tuple[TuneResult, list[KneeCurve], Any]) -> None:
+    def _done(self, payload: tuple[TuneResult, list[KneeCurve], Any, tuple[QualityLevel, ...]]) -> None:
         self.busy = False
         self.tune_button.setEnabled(True)
-        result, curves, fit = payload
-        self.show_result(result, curves, fit)
+        result, curves, fit, trade = payload
+        self.show_result(result, curves, fit, trade)
 
     # -- showing -----------------------------------------------------------------------------------
 
-    def show_result(self, result: TuneResult, curves: list[KneeCurve], fit: Any = None) -> None:
+    def show_result(
+        self, result: TuneResult, curves: list[KneeCurve], fit: Any = None, trade: tuple[QualityLevel, ...] = ()
+    ) -> None:
         """Show a result and its knee curves; ``fit`` is ``(FitChoice | None, why | None)``,
-        llama.cpp's own --fit choice, shown in a row beside the chosen one."""
+        llama.cpp's own --fit choice, shown in a row beside the chosen one; ``trade`` the best at
+        each KV quality level (:func:`kvtuner.core.tune.quality_trade`), a row each."""
         self.result, self.curves = result, curves
+        self.trade = tuple(trade)
         self.fit_choice, self.fit_error = fit if fit is not None else (None, None)
         self.measured = []
         b = result.best
@@ -317,18 +329,35 @@ class TunePanel(QtWidgets.QDialog):
             rows.append(["llama.cpp --fit", f.flags, dec, pre, f"{how}, {f.source}"])
         elif self.fit_error:
             rows.append(["llama.cpp --fit", self.fit_error, "-", "-", ""])
+        for level in self.trade:
+            if level.chosen:
+                continue  # the first row is that level's best
+            if level.config is None:
+                rows.append([f"kvtuner, KV down to {level.kv_quality}", "nothing fits", "-", "-", level.note])
+                continue
+            dec = f"{level.decode_tok_s_at_full_ctx:.2f} tok/s" if level.decode_tok_s_at_full_ctx is not None else "-"
+            pre = f"{level.prefill_tok_s:.1f} tok/s" if level.prefill_tok_s is not None else "-"
+            rows.append(
+                [
+                    f"kvtuner, KV down to {level.kv_quality}",
+                    f"ctx {level.config.n_ctx}, {_label(level.config)}",
+                    dec,
+                    pre,
+                    level.note,
+                ]
+            )
         self.compare.setRowCount(len(rows))
         for r, row in enumerate(rows):
             for c, text in enumerate(row):
                 item = QtWidgets.QTableWidgetItem(text)
                 item.setToolTip(text)
                 self.compare.setItem(r, c, item)
-        for c in (0, 2, 3, 4):
+        for c in (0, 2, 3):
             self.compare.resizeColumnToContents(c)
         height = self.compare.horizontalHeader().height() + 2 * self.compare.frameWidth()
         height += sum(self.compare.rowHeight(r) for r in range(len(rows)))
         self.compare.setFixedHeight(height + 2)
-        self.compare.setVisible(bool(rows) and (self.fit_choice is not None or bool(self.fit_error)))
+        self.compare.setVisible(len(rows) > 1)
 
     def add_measured(self, n_ctx: int, decode_tok_s: float) -> None:
         """Mark a measured decode speed (a run that completed) on the chart."""

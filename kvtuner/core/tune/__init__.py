@@ -19,6 +19,7 @@ from .search import (
     offload_note,
     tune,
 )
+from .trade import QualityLevel, quality_trade
 
 __all__ = [
     "DEFAULT_KV_QUALITY",
@@ -30,6 +31,7 @@ __all__ = [
     "Candidate",
     "IntKnob",
     "KneeCurve",
+    "QualityLevel",
     "TuneError",
     "TuneGoal",
     "TuneResult",
@@ -37,5 +39,6 @@ __all__ = [
     "knee_curves",
     "kv_type_pairs",
     "offload_note",
+    "quality_trade",
     "tune",
 ]
