@@ -80,6 +80,14 @@ def test_draft_matches_llama_servers_second_table(llama_pair):
     assert xv.part_bytes("draft", "compute", "CPU") == round(res.compute_mib["CPU"] * MiB)
     assert int(res.compute_mib["CPU"]) == 76
     assert xv.part_bytes("draft", "weights") == xp.part_bytes("draft", "weights")
+    # unverified, planned as llama-server runs the draft (one output per slot: build_rules), the
+    # draft's compute is within 2% or 8 MiB of llama-server's own
+    from kvtuner.core.plan.build_rules import rules_for_target
+
+    served = plan_memory(ModelProfile.from_gguf(main), cfg, (), host, rules=rules_for_target("llama-server"))
+    planned = plan_extras(served, extras, (), host).part_bytes("draft", "compute", "CPU")
+    measured = res.compute_mib["CPU"] * MiB
+    assert abs(planned - measured) <= max(0.02 * measured, 8 * MiB), (planned / MiB, res.compute_mib)
 
 
 def test_draft_vocabulary_mismatch_is_one_line(tmp_path, default_model, llama_pair):
