@@ -116,7 +116,7 @@ def test_cli_verify_flows_through(gswa):
     assert host["compute_bytes"] == v["compute_bytes"]["CPU"]
     assert host["output_bytes"] == v["output_bytes"]["CPU"]
     text = _cli("plan", str(gswa), "--ctx", "8192", "--no-probe", "--verify").stdout
-    assert "KV swa" in text and "verified by llama.cpp" in text
+    assert "KV swa" in text and "verified by embedded llama-cpp-python" in text
 
 
 # -- verified figures win, without llama.cpp: a stand-in dry-run report -------------------------
