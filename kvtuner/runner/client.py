@@ -78,7 +78,90 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-class RunnerClient:
+class EventClient:
+    """What every engine client shares (the embedded runner child's :class:`RunnerClient`, the
+    user's llama-server's :class:`~kvtuner.runner.server_run.ServerRunClient`): one process
+    (``_proc``), a queue of the events it produced (``_events``), and reading them under one set of
+    waiting rules (:func:`wait_for_event`). Subclasses give :meth:`send` and :meth:`stderr_tail`
+    and set ``_WHO``, the engine a timeout names."""
+
+    _WHO = "the runner"
+    _proc: subprocess.Popen[bytes] | None
+    _events: queue.Queue[P.Message]
+
+    @property
+    def pid(self) -> int | None:
+        """The process id (None before it is started)."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def send(self, command: P.Message) -> None:
+        """Hand ``command`` to the engine (each client its own way)."""
+        raise NotImplementedError
+
+    def stderr_tail(self) -> tuple[str, ...]:
+        """The engine's last log lines."""
+        raise NotImplementedError
+
+    def next_event(self, timeout_s: float) -> P.Message:
+        """The next event, waiting at most ``timeout_s`` seconds.
+
+        Raises:
+            RunnerError: ``timeout``.
+        """
+        try:
+            return self._events.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            raise RunnerError("timeout", f"no event from {self._WHO} within {timeout_s:.0f} s") from None
+
+    def wait_for(
+        self,
+        *types: type[P.Message],
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        on_other: Callable[[P.Message], None] | None = None,
+    ) -> P.Message:
+        """Read events until one of ``types``; others go to ``on_other`` (:func:`wait_for_event`).
+
+        Raises:
+            RunnerError: an :class:`ErrorEvent` arrived (its kind), the process exited
+                (``crashed`` / ``out_of_memory`` / ``cancelled``), or a timeout (``timeout``).
+        """
+        return wait_for_event(
+            self.next_event,
+            self.stderr_tail,
+            *types,
+            timeout_s=timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            on_other=on_other,
+        )
+
+    def request(
+        self,
+        command: P.Message,
+        result: type[P.Message],
+        *,
+        timeout_s: float,
+        idle_timeout_s: float | None = None,
+        on_other: Callable[[P.Message], None] | None = None,
+    ) -> P.Message:
+        """:meth:`send` then :meth:`wait_for` ``result``."""
+        self.send(command)
+        return self.wait_for(result, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, on_other=on_other)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 5.0) -> int | None:
+        """Stop the engine and reap it (each client its own way)."""
+        raise NotImplementedError
+
+
+class RunnerClient(EventClient):
     """One runner child process.
 
     Args:
@@ -160,16 +243,6 @@ class RunnerClient:
         self.started = ev
         return ev
 
-    @property
-    def pid(self) -> int | None:
-        """The child's process id (None before :meth:`start`)."""
-        return self._proc.pid if self._proc else None
-
-    @property
-    def alive(self) -> bool:
-        """True while the child process runs."""
-        return self._proc is not None and self._proc.poll() is None
-
     def stderr_tail(self) -> tuple[str, ...]:
         """The child's last stderr lines."""
         return tuple(self._stderr)
@@ -178,9 +251,6 @@ class RunnerClient:
         if self._proc is None:
             self.start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- commands ----------------------------------------------------------------------------
 
@@ -206,52 +276,6 @@ class RunnerClient:
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 raise RunnerError("crashed", "the runner is gone (its stdin is closed)", self.stderr_tail()) from None
-
-    def next_event(self, timeout_s: float) -> P.Message:
-        """The next event, waiting at most ``timeout_s`` seconds.
-
-        Raises:
-            RunnerError: ``timeout``.
-        """
-        try:
-            return self._events.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            raise RunnerError("timeout", f"no event from the runner within {timeout_s:.0f} s") from None
-
-    def wait_for(
-        self,
-        *types: type[P.Message],
-        timeout_s: float,
-        idle_timeout_s: float | None = None,
-        on_other: Callable[[P.Message], None] | None = None,
-    ) -> P.Message:
-        """Read events until one of ``types``; others go to ``on_other`` (:func:`wait_for_event`).
-
-        Raises:
-            RunnerError: an :class:`ErrorEvent` arrived (its kind), the child exited
-                (``crashed`` / ``out_of_memory`` / ``cancelled``), or a timeout (``timeout``).
-        """
-        return wait_for_event(
-            self.next_event,
-            self.stderr_tail,
-            *types,
-            timeout_s=timeout_s,
-            idle_timeout_s=idle_timeout_s,
-            on_other=on_other,
-        )
-
-    def request(
-        self,
-        command: P.Message,
-        result: type[P.Message],
-        *,
-        timeout_s: float,
-        idle_timeout_s: float | None = None,
-        on_other: Callable[[P.Message], None] | None = None,
-    ) -> P.Message:
-        """:meth:`send` then :meth:`wait_for` ``result``."""
-        self.send(command)
-        return self.wait_for(result, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, on_other=on_other)
 
     # -- stopping ----------------------------------------------------------------------------
 

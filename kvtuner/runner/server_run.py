@@ -72,7 +72,7 @@ from typing import Any
 from ..core.plan.config import ConfigError, PlanConfig
 from . import llama_log as L
 from . import protocol as P
-from .client import TERMINAL_EVENTS, RunnerClient, RunnerError, _frozen, _signal_name, wait_for_event
+from .client import TERMINAL_EVENTS, EventClient, RunnerClient, RunnerError, _frozen, _signal_name
 from .engines import Engine
 from .protocol import field_names as _field_names
 
@@ -194,7 +194,7 @@ class _ServerGone(Exception):
     """The server process ended while a request ran (its reader reports why)."""
 
 
-class ServerRunClient:
+class ServerRunClient(EventClient):
     """One llama-server run for one model and configuration.
 
     Args:
@@ -212,6 +212,8 @@ class ServerRunClient:
         env: extra environment variables for the server.
         log_lines: how many of the server's last log lines to keep.
     """
+
+    _WHO = "llama-server"
 
     def __init__(
         self,
@@ -321,16 +323,6 @@ class ServerRunClient:
         return ev
 
     @property
-    def pid(self) -> int | None:
-        """The server's process id (None before it is started)."""
-        return self._proc.pid if self._proc else None
-
-    @property
-    def alive(self) -> bool:
-        """True while the server process runs."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
     def argv(self) -> list[str]:
         """The command line of the server started last."""
         return list(self._argv)
@@ -343,9 +335,6 @@ class ServerRunClient:
         if self.started is None:
             self.start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _spawn(self, model_path: str, config: PlanConfig, n_threads: int | None) -> None:
         """Start llama-server (and its watchdog) for ``model_path``/``config``."""
@@ -458,37 +447,6 @@ class ServerRunClient:
         except queue.Empty:
             pass
 
-    def next_event(self, timeout_s: float) -> P.Message:
-        """The next event, waiting at most ``timeout_s`` seconds.
-
-        Raises:
-            RunnerError: ``timeout``.
-        """
-        try:
-            return self._events.get(timeout=max(timeout_s, 0.0))
-        except queue.Empty:
-            raise RunnerError("timeout", f"no event from llama-server within {timeout_s:.0f} s") from None
-
-    def wait_for(
-        self,
-        *types: type[P.Message],
-        timeout_s: float,
-        idle_timeout_s: float | None = None,
-        on_other: Callable[[P.Message], None] | None = None,
-    ) -> P.Message:
-        """Read events until one of ``types``, under the embedded runner's waiting rules
-        (:func:`kvtuner.runner.client.wait_for_event`)."""
-        return wait_for_event(
-            self.next_event,
-            self.stderr_tail,
-            *types,
-            timeout_s=timeout_s,
-            idle_timeout_s=idle_timeout_s,
-            on_other=on_other,
-        )
-
-    # -- commands ----------------------------------------------------------------------------
-
     def _tell(self, exc: RunnerError) -> None:
         """Show ``on_event`` the error of a call that raises it (nothing else reports it)."""
         if self._on_event is not None:
@@ -550,19 +508,6 @@ class ServerRunClient:
         self._idle.clear()
         self._worker = threading.Thread(target=self._guard, args=(target,), name="llama-server-request", daemon=True)
         self._worker.start()
-
-    def request(
-        self,
-        command: P.Message,
-        result: type[P.Message],
-        *,
-        timeout_s: float,
-        idle_timeout_s: float | None = None,
-        on_other: Callable[[P.Message], None] | None = None,
-    ) -> P.Message:
-        """:meth:`send` then :meth:`wait_for` ``result`` (as :meth:`RunnerClient.request`)."""
-        self.send(command)
-        return self.wait_for(result, timeout_s=timeout_s, idle_timeout_s=idle_timeout_s, on_other=on_other)
 
     def _guard(self, target: Callable[[], None]) -> None:
         try:
