@@ -27,6 +27,7 @@ from kvtuner.core.advice.advisor import Advice, AdviceAction
 from kvtuner.core.hardware import nvml
 from kvtuner.core.hardware.identity import machine_id
 from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.llama_report import DryRunResult
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.fields import config_field
 from kvtuner.core.units import GiB, MiB
@@ -37,7 +38,6 @@ from kvtuner.gui.run_controller import RunFinished
 from kvtuner.gui.settings import settings_path
 from kvtuner.gui.widgets.advisor_pane import AdvisorPane
 from kvtuner.runner import protocol as P
-from kvtuner.runner.dryrun import DryRunResult
 from nvml_standin import fake_nvml
 
 

@@ -866,7 +866,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._clear_refusal()
         self.assessment = a
         plan, speed = a.plan, a.speed
-        verified = a.to_dict()["verified"] if a.verified is not None else None
+        verified = a.verified
         if verified is None and self.run_controls.progress.format() == VERIFIED_TEXT:
             self.run_controls.set_progress(0.0, "not verified for this configuration")
         self.extras_plan = self._plan_extras(plan)

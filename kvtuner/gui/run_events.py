@@ -186,9 +186,9 @@ class RunEvents:
             self.last_load_progress = max(self.last_load_progress, ev.progress)
             w.run_controls.set_progress(ev.progress, f"loading weights {ev.progress:.0%}")
         elif isinstance(ev, (P.BufferEvent, P.KvCacheEvent)):
-            kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.kind
+            kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.buffer.kind
             if isinstance(ev, P.KvCacheEvent):
-                self.live.kv_cache(ev.type_k, ev.type_v)
+                self.live.kv_cache(ev.cache.type_k, ev.cache.type_v)
             if kind == "kv":
                 self._mark_once(t_s, "KV")
             elif kind == "compute":

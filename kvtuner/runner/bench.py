@@ -22,13 +22,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core.llama_report import KvCacheReport, buffers_by_name
 from ..core.model.ggml_types import kv_type
 from ..core.monitor.sampler import Peaks, Sampler
 from ..core.plan.config import PlanConfig
 from . import protocol as P
 from .client import RunnerError
-from .dryrun import KvCacheReport
-from .protocol import field_names as _field_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
@@ -261,17 +260,9 @@ def _summarise(
     sampler: _PeakSource,
 ) -> BenchResult:
     def by_kind(kind: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for ev in seen:
-            if isinstance(ev, P.BufferEvent) and ev.kind == kind:
-                out[ev.buft] = round(out.get(ev.buft, 0.0) + ev.mib, 2)
-        return out
+        return buffers_by_name((ev.buffer for ev in seen if isinstance(ev, P.BufferEvent)), kind)
 
-    caches = tuple(
-        KvCacheReport(**{k: getattr(ev, k) for k in _field_names(KvCacheReport)})
-        for ev in seen
-        if isinstance(ev, P.KvCacheEvent)
-    )
+    caches = tuple(ev.cache for ev in seen if isinstance(ev, P.KvCacheEvent))
     kv_total, exact = 0, True
     for c in caches:
         b, e = kv_bytes_from_report(c)

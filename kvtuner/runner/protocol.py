@@ -30,6 +30,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..core.llama_report import BufferReport, DryRunResult, JsonRecord, KvCacheReport
+
 #: Major version of the protocol; a peer with another major version is refused.
 PROTOCOL_VERSION = 1
 
@@ -168,29 +170,19 @@ class LoadProgressEvent(Message):
 
 @dataclass(frozen=True)
 class BufferEvent(Message):
-    """A buffer llama.cpp reported: ``kind`` is ``model``, ``kv``, ``compute`` or ``output``;
-    ``buft`` the buffer type or name (``CPU``, ``CPU_Mapped``, ``CUDA0`` ...); ``mib`` as printed."""
+    """A buffer llama.cpp reported (:class:`~kvtuner.core.llama_report.BufferReport`: model, KV,
+    compute or output, its buffer name and MiB as printed)."""
 
     type: ClassVar[str] = "buffer"
-    kind: str
-    buft: str
-    mib: float
+    buffer: BufferReport
 
 
 @dataclass(frozen=True)
 class KvCacheEvent(Message):
-    """One ``llama_kv_cache: size = ...`` line (see :class:`kvtuner.runner.llama_log.KvCacheSize`)."""
+    """One KV cache llama.cpp set up (:class:`~kvtuner.core.llama_report.KvCacheReport`)."""
 
     type: ClassVar[str] = "kv_cache"
-    size_mib: float
-    cells: int
-    layers: int
-    n_seq: int
-    n_stream: int
-    type_k: str
-    k_mib: float
-    type_v: str
-    v_mib: float
+    cache: KvCacheReport
 
 
 @dataclass(frozen=True)
@@ -228,26 +220,10 @@ class LoadedEvent(Message):
 
 @dataclass(frozen=True)
 class DryRunResultEvent(Message):
-    """What llama.cpp reported for a ``no_alloc`` load; fields as
-    :class:`kvtuner.runner.dryrun.DryRunResult` (kv_caches as dicts)."""
+    """What llama.cpp reported for a ``no_alloc`` load (:class:`~kvtuner.core.llama_report.DryRunResult`)."""
 
     type: ClassVar[str] = "dry_run_result"
-    kv_caches: tuple[dict, ...]
-    compute_mib: dict
-    output_mib: dict
-    model_mib: dict
-    kv_buffer_mib: dict
-    n_ctx: int
-    n_ctx_seq: int
-    flash_attn: bool | None
-    gpu_offload_supported: bool
-    devices: tuple[str, ...]
-    llama_build: str
-    log_tail: tuple[str, ...]
-    #: ``llama_memory_recurrent: size = ...`` records as dicts (hybrid and recurrent models)
-    recurrent: tuple[dict, ...] = ()
-    #: the structure probe's facts (:func:`kvtuner.runner.structure_probe.collect_facts`), or None
-    structure_facts: dict | None = None
+    result: DryRunResult
 
 
 @dataclass(frozen=True)
@@ -417,6 +393,8 @@ def field_names(obj: Any) -> tuple[str, ...]:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, (JsonRecord, DryRunResult)):
+        return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
@@ -468,8 +446,14 @@ def _decode(line: str | bytes, registry: dict[str, type[Message]]) -> Message:
     for f in dataclasses.fields(cls):
         if f.name in body:
             value = body[f.name]
-            if isinstance(value, list) and typing.get_origin(hints[f.name]) is tuple:
+            hint = hints[f.name]
+            if isinstance(value, list) and typing.get_origin(hint) is tuple:
                 value = tuple(value)
+            elif isinstance(hint, type) and issubclass(hint, (JsonRecord, DryRunResult)):
+                try:
+                    value = hint.from_json(value)
+                except (ValueError, TypeError) as exc:
+                    raise ProtocolError(f"{cls.type} message: {exc}") from None
             kwargs[f.name] = value
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(f"{cls.type} message lacks field '{f.name}'")
