@@ -6,15 +6,7 @@ import json
 
 import pytest
 
-from kvtuner.core.llama_report import (
-    BufferReport,
-    DryRunResult,
-    GraphReport,
-    KvCacheReport,
-    MemoryBreakdownRow,
-    OffloadedLayers,
-    RecurrentStateReport,
-)
+from kvtuner.core import llama_report as R
 from kvtuner.runner import protocol as P
 
 EXAMPLES = [
@@ -33,11 +25,11 @@ EVENTS = [
         device_descriptions=("cpu",),
         gpu_offload_supported=False,
     ),
-    P.KvCacheEvent(cache=KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38)),
-    P.BufferEvent(buffer=BufferReport("compute", "CPU", 514.5)),
+    P.KvCacheEvent(cache=R.KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38)),
+    P.BufferEvent(buffer=R.BufferReport("compute", "CPU", 514.5)),
     P.DryRunResultEvent(
-        result=DryRunResult(
-            kv_caches=(KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),),
+        result=R.DryRunResult(
+            kv_caches=(R.KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),),
             compute_mib={"CPU": 514.5},
             output_mib={"CPU": 1.0},
             model_mib={"CPU_Mapped": 0.0},
@@ -49,11 +41,11 @@ EVENTS = [
             devices=("CPU",),
             llama_build="x",
             log_tail=("a",),
-            recurrent=(RecurrentStateReport(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5),),
+            recurrent=(R.RecurrentStateReport(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5),),
             structure_facts={"n_layer": 18, "kv": [[0, "CPU", ""]]},
-            breakdown=(MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),),
-            offloaded=OffloadedLayers(19, 19),
-            graph=GraphReport(730, 730, 1, 1),
+            breakdown=(R.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),),
+            offloaded=R.OffloadedLayers(19, 19),
+            graph=R.GraphReport(730, 730, 1, 1),
         )
     ),
     P.TokenEvent(rep=0, index=3, token=17, dt_s=0.01, t_s=0.04),

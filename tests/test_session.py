@@ -9,11 +9,11 @@ import pytest
 from kvtuner.core.hardware import nvml
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.hardware.identity import MachineFingerprint, machine_id
-from kvtuner.core.llama_report import DryRunResult
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
 from kvtuner.core.units import MiB
+from llama_report_support import dry_run_result
 from nvml_standin import fake_nvml
 
 
@@ -71,29 +71,11 @@ def test_what_if_cards_do_not_change_the_machine(default_profile, one_gpu, tmp_p
     assert _session(default_profile, [what_if_gpu(24 << 30)], tmp_path).machine_id == machine_id(())
 
 
-def _dry_run(compute_mib: dict[str, float], devices: tuple[str, ...] = ("CPU", "CUDA0")) -> DryRunResult:
-    """What a CUDA build's dry run reports (the CPU-only llama.cpp here cannot produce it)."""
-    return DryRunResult(
-        kv_caches=(),
-        compute_mib=compute_mib,
-        output_mib={"CPU": 1.0},
-        model_mib={},
-        kv_buffer_mib={},
-        n_ctx=4096,
-        n_ctx_seq=4096,
-        flash_attn=None,
-        gpu_offload_supported=True,
-        devices=devices,
-        llama_build="",
-        log_tail=(),
-    )
-
-
 def test_verified_compute_maps_cuda_host_to_the_host(default_profile, one_gpu, tmp_path):
     """GPU-only bug #2: after Verify the raw buffer names were used as devices, so the pinned
     host buffer (``CUDA_Host``) never reached the host and its compute dropped to 0."""
     s = _session(default_profile, one_gpu, tmp_path)
-    s.set_verified(_dry_run({"CUDA0": 514.5, "CUDA_Host": 12.01}))
+    s.set_verified(dry_run_result(compute_mib={"CUDA0": 514.5, "CUDA_Host": 12.01}, output_mib={"CPU": 1.0}))
     a = s.assess()
     assert a.verified is not None and a.plan.compute.source == "dry-run"
     assert a.plan.gpus[0].compute_bytes == round(514.5 * MiB)
@@ -108,7 +90,7 @@ def test_verified_compute_maps_cuda_host_to_the_host(default_profile, one_gpu, t
 
 def test_a_cpu_only_dry_run_never_replaces_a_gpu_plan(default_profile, one_gpu, tmp_path):
     s = _session(default_profile, one_gpu, tmp_path, use_compute_cache=False)
-    s.set_verified(_dry_run({"CPU": 514.5}, devices=("CPU",)))
+    s.set_verified(dry_run_result(compute_mib={"CPU": 514.5}, output_mib={"CPU": 1.0}, devices=("CPU",)))
     a = s.assess()
     assert a.verified is not None  # shown side by side ...
     assert a.plan.compute.source == "estimate"  # ... but the plan keeps its GPU estimate

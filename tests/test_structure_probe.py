@@ -22,11 +22,12 @@ import pytest
 import gguf_families as F
 from gguf_factory import write_model
 from kvtuner.core.hardware.specs import HostSpec
-from kvtuner.core.llama_report import DryRunResult, KvCacheReport, RecurrentStateReport
+from kvtuner.core.llama_report import KvCacheReport, RecurrentStateReport
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.units import GiB, MiB
+from llama_report_support import dry_run_result
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 
@@ -136,19 +137,11 @@ def test_verified_figures_reach_totals_and_advice(tmp_path):
     assert kv.layers == 2
     # llama.cpp (the stand-in) says: 4 GiB of KV in the same 2 layers, more state, compute and output
     s.set_verified(
-        DryRunResult(
+        dry_run_result(
             kv_caches=(KvCacheReport(4096.0, kv.cells, 2, 1, 1, "f16", 2048.0, "f16", 2048.0),),
             compute_mib={"CPU": 100.0},
             output_mib={"CPU": 0.5},
-            model_mib={},
-            kv_buffer_mib={},
-            n_ctx=8192,
-            n_ctx_seq=8192,
-            flash_attn=True,
-            gpu_offload_supported=False,
             devices=("CPU",),
-            llama_build="",
-            log_tail=(),
             recurrent=(RecurrentStateReport(3.0, 1, 8, 1, 0, "f32", 1.0, "f32", 2.0),),
         )
     )

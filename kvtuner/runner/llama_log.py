@@ -399,10 +399,15 @@ def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubat
 def dry_run_report(records: Iterable[Record], **fields: Any) -> DryRunResult:
     """The :class:`~kvtuner.core.llama_report.DryRunResult` of a load's parsed log ``records``:
     its KV caches and recurrent state (log order), buffers per name (model, KV, compute, output;
-    lines of one name summed), offloaded layers and graph. ``fields``: the result's other fields
-    (the engine's devices, build, log tail ...), and any of those above to use instead."""
+    lines of one name summed), offloaded layers, graph, ``n_ctx``, ``n_ctx_seq`` and flash
+    attention (:func:`context_event`). ``fields``: the result's other fields (the engine's
+    devices, build, log tail ...), and any of those above to use instead."""
     recs = list(records)
+    ctx = context_event(recs, n_seq=1, n_batch=0, n_ubatch=0)
     found: dict[str, Any] = {
+        "n_ctx": ctx.n_ctx,
+        "n_ctx_seq": ctx.n_ctx_seq,
+        "flash_attn": ctx.flash_attn,
         "kv_caches": tuple(r for r in recs if isinstance(r, KvCacheReport)),
         "recurrent": tuple(r for r in recs if isinstance(r, RecurrentStateReport)),
         "compute_mib": buffers_by_name(recs, "compute"),

@@ -332,16 +332,12 @@ def _by_row(rows: Sequence[MemoryBreakdownRow], column: str) -> dict[str, float]
 def _result(engine: Engine, lines: Sequence[str], rows: tuple[MemoryBreakdownRow, ...], method: str) -> DryRunResult:
     """A :class:`DryRunResult` from the breakdown ``rows`` and the log ``lines`` before them."""
     recs = _records(lines)
-    ctx = L.context_event(recs, n_seq=1, n_batch=0, n_ubatch=0)
     build = f"llama.cpp b{engine.build}" if engine.build is not None else (engine.version_text or "llama.cpp")
     return L.dry_run_report(
         recs,
         compute_mib=buffers_by_name(recs, "compute") or _by_row(rows, "compute_mib"),
         model_mib=_by_row(rows, "model_mib"),
         kv_buffer_mib=_by_row(rows, "context_mib"),
-        n_ctx=ctx.n_ctx,
-        n_ctx_seq=ctx.n_ctx_seq,
-        flash_attn=ctx.flash_attn,
         gpu_offload_supported=bool(engine.devices),
         devices=(*(d.name for d in engine.devices), "CPU"),
         llama_build=build,

@@ -541,14 +541,10 @@ class Worker:
         finally:
             lc.llama_model_free(model)
         recs = list(self._records)
-        ctx_ev = self._context_event(cfg)
         self.emit(
             P.DryRunResultEvent(
                 result=L.dry_run_report(
                     recs,
-                    n_ctx=ctx_ev.n_ctx,
-                    n_ctx_seq=ctx_ev.n_ctx_seq,
-                    flash_attn=ctx_ev.flash_attn,
                     gpu_offload_supported=self.gpu_offload,
                     devices=self.devices,
                     llama_build=self.build,
