@@ -123,7 +123,7 @@ def test_verify_asks_the_selected_llama_server(qtbot, tmp_path, engine):
     """The window's Verify goes to the engine in use: llama-server's own start-up memory breakdown,
     named in the status bar, its compute figure in the plan; no server is left behind."""
     from kvtuner.gui.main_window import VERIFIED_TEXT
-    from kvtuner.runner.dryrun import METHOD_SERVER
+    from kvtuner.core.llama_report import METHOD_SERVER
 
     before = _children()
     w = _window(qtbot, tmp_path, BenchSettings(), engine)
