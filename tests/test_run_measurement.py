@@ -53,27 +53,14 @@ def test_the_recorder_folds_the_runners_events_into_medians():
     rec.start()
     reps = (_rep(0, 0.4, 0.2), _rep(1, 0.2, 0.1), _rep(2, 0.25, 0.4))
     for ev in (
-        P.StartedEvent(
-            pid=1,
-            protocol_version=1,
-            llama_build="b1",
-            devices=("CPU",),
-            device_descriptions=("CPU",),
-            gpu_offload_supported=False,
-        ),
+        # pid, protocol, build, devices, their descriptions, GPU offload
+        P.StartedEvent(1, 1, "b1", ("CPU",), ("CPU",), False),
         P.LogEvent(level="info", text="llama_context: n_ctx = 512"),
         P.ContextEvent(
             n_ctx=512, n_ctx_seq=512, n_seq_max=1, n_batch=512, n_ubatch=256, flash_attn=True, kv_unified=False
         ),
-        P.LoadedEvent(
-            load_s=0.5,
-            load_model_s=0.4,
-            create_context_s=0.1,
-            n_layer=18,
-            n_vocab=262144,
-            n_ctx_train=32768,
-            n_threads=1,
-        ),
+        # load_s, of it the model and the context, layers, vocabulary, trained context, threads
+        P.LoadedEvent(0.5, 0.4, 0.1, 18, 262144, 32768, 1),
         P.TokenEvent(rep=0, index=0, token=1, dt_s=0.02, t_s=0.02),
         P.BenchResultEvent(reps=reps, peak_rss_bytes=1 << 28, n_threads=1),
     ):
@@ -83,13 +70,8 @@ def test_the_recorder_folds_the_runners_events_into_medians():
     assert m.decode_tok_s == pytest.approx(N_GEN / 0.2)  # the median of 40, 80 and 20 tok/s
     assert (m.n_prefill_samples, m.n_decode_samples, m.n_threads) == (3, 3, 1)
     assert (m.n_ctx, m.n_ubatch, m.llama_build, m.load_s, m.gpu_offload) == (512, 256, "b1", 0.5, False)
-    assert (m.n_depth, m.n_prompt, m.n_gen, m.model_path, m.config) == (
-        0,
-        N_PROMPT,
-        N_GEN,
-        "m.gguf",
-        PlanConfig(n_ctx=512),
-    )
+    assert (m.n_depth, m.n_prompt, m.n_gen) == (0, N_PROMPT, N_GEN)
+    assert m.model_path == "m.gguf" and m.config == PlanConfig(n_ctx=512)
     assert m.completed and not m.busy and m.keep == Keep()
     # a bench without repetitions (stopped before its result) is no measurement at all
     stopped = RunRecorder(n_prompt=N_PROMPT, n_gen=N_GEN, limit=1e9).start().finish(completed=True)
@@ -132,9 +114,7 @@ def test_the_session_refuses_a_measurement_that_may_not_calibrate(default_profil
         measure_host_bandwidth=False,
     )
     plan = s.plan()
-    busy = Measurement(
-        0, 512, 128, 2, 300.0, 40.0, other_cores=1.8, busy=True, keep=Keep(False, False, "busy machine")
-    )
+    busy = Measurement(0, 512, 128, 2, 300.0, 40.0, other_cores=1.8, busy=True, keep=Keep(False, False, "busy machine"))
     with pytest.raises(BusyMeasurementError, match="busy machine"):
         s.record_run(plan, busy)
     with pytest.raises(CalibrationError, match="nothing to calibrate"):

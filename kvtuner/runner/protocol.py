@@ -289,18 +289,12 @@ class TokenEvent(Message):
 
 
 @dataclass(frozen=True)
-class RepResultEvent(Message):
-    """One repetition: prefill and decode times in seconds, ``ttft_s`` time to first token
-    (prefill plus picking the first token)."""
+class RepResultEvent(Repetition, Message):
+    """One repetition as it ends: the :class:`~kvtuner.core.speed.measurement.Repetition` record
+    (prefill and decode times in seconds, ``ttft_s`` time to first token: prefill plus picking
+    the first token)."""
 
     type: ClassVar[str] = "rep_result"
-    rep: int
-    n_depth: int
-    n_prompt: int
-    prefill_s: float
-    n_gen: int
-    decode_s: float
-    ttft_s: float
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..speed.measurement import Keep, Measurement, Repetition
@@ -74,17 +75,22 @@ class RunRecorder:
         limit: float | None = None,
         what: str = "this run",
     ) -> None:
-        self.n_prompt, self.n_gen, self.n_depth = int(n_prompt), int(n_gen), int(n_depth)
-        self.model_path, self.config, self.engine = str(model_path), config, engine
         self.record_anyway, self.what = record_anyway, what
         self.meter = ContentionMeter(quiet_limit() if limit is None else float(limit))
         #: the other load :meth:`finish` measured (None before)
         self.contention: Contention | None = None
-        self.gpu_offload = False
-        self.llama_build = ""
-        self.n_ctx = self.n_ubatch = 0
-        self.n_threads = 0
-        self.load_s: float | None = None
+        #: what the runner reported so far (rates and the decision come with :meth:`finish`)
+        self.facts = Measurement(
+            int(n_depth),
+            int(n_prompt),
+            int(n_gen),
+            0,
+            None,
+            None,
+            model_path=str(model_path),
+            config=config,
+            engine=engine,
+        )
         self.reps: tuple[Repetition, ...] = ()
 
     def start(self) -> RunRecorder:
@@ -94,19 +100,20 @@ class RunRecorder:
 
     def started(self, *, gpu_offload: bool, llama_build: str) -> None:
         """The runner is up: whether its llama.cpp can offload to a GPU, and its build."""
-        self.gpu_offload, self.llama_build = bool(gpu_offload), str(llama_build)
+        self.facts = replace(self.facts, gpu_offload=bool(gpu_offload), llama_build=str(llama_build))
 
     def context(self, *, n_ctx: int, n_ubatch: int) -> None:
         """llama.cpp created the context: its size and micro-batch (tokens)."""
-        self.n_ctx, self.n_ubatch = int(n_ctx), int(n_ubatch)
+        self.facts = replace(self.facts, n_ctx=int(n_ctx), n_ubatch=int(n_ubatch))
 
     def loaded(self, *, load_s: float, n_threads: int) -> None:
         """The model is loaded: model load + context creation in seconds, the CPU threads."""
-        self.load_s, self.n_threads = float(load_s), int(n_threads)
+        self.facts = replace(self.facts, load_s=float(load_s), n_threads=int(n_threads))
 
     def bench_result(self, reps: Sequence[Repetition], *, n_threads: int) -> None:
         """The bench's repetitions and the threads it ran on."""
-        self.reps, self.n_threads = tuple(reps), int(n_threads)
+        self.reps = tuple(reps)
+        self.facts = replace(self.facts, n_threads=int(n_threads))
 
     def finish(self, *, completed: bool = True) -> Measurement:
         """The measurement: medians over the repetitions, the other load since :meth:`start`
@@ -116,34 +123,24 @@ class RunRecorder:
         prefill = [r.prefill_tok_s for r in self.reps if r.prefill_tok_s is not None]
         decode = [r.decode_tok_s for r in self.reps if r.decode_tok_s is not None]
         completed = completed and bool(self.reps)
-        return Measurement(
-            self.n_depth,
-            self.n_prompt,
-            self.n_gen,
-            self.n_threads,
-            statistics.median(prefill) if prefill else None,
-            statistics.median(decode) if decode else None,
+        keep = keep_of(
+            contention,
+            completed=completed,
+            measured=bool(prefill or decode),
+            record_anyway=self.record_anyway,
+            what=self.what,
+        )
+        return replace(
+            self.facts,
+            prefill_tok_s=statistics.median(prefill) if prefill else None,
+            decode_tok_s=statistics.median(decode) if decode else None,
             n_prefill_samples=len(prefill),
             n_decode_samples=len(decode),
-            n_ctx=self.n_ctx,
-            n_ubatch=self.n_ubatch,
-            engine=self.engine,
-            llama_build=self.llama_build,
-            model_path=self.model_path,
-            config=self.config,
-            gpu_offload=self.gpu_offload,
-            load_s=self.load_s,
             completed=completed,
             other_cores=contention.other_cores,
             quiet_limit_cores=contention.limit,
             busy=contention.busy,
-            keep=keep_of(
-                contention,
-                completed=completed,
-                measured=bool(prefill or decode),
-                record_anyway=self.record_anyway,
-                what=self.what,
-            ),
+            keep=keep,
         )
 
 
