@@ -36,7 +36,22 @@ needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, 
 
 #: the bench both sides measure: 32 prompt and 8 generated tokens, 2 repetitions, 1 thread
 N_PROMPT, N_GEN, REPS = 32, 8, 2
-BENCH = ["bench", "--ctx", "512", "-p", str(N_PROMPT), "-n", str(N_GEN), "-r", str(REPS), "-t", "1", "--json"]
+BENCH = [
+    "bench",
+    "--engine",
+    "embedded",
+    "--ctx",
+    "512",
+    "-p",
+    str(N_PROMPT),
+    "-n",
+    str(N_GEN),
+    "-r",
+    str(REPS),
+    "-t",
+    "1",
+    "--json",
+]
 
 
 def _rep(i: int, prefill_s: float, decode_s: float) -> Repetition:
@@ -219,6 +234,7 @@ def _window_handles(qtbot, tmp_path: Path, bench: CliBench, wait_s: float = 0.0)
         sampler=IdleSampler(),
     )
     qtbot.addWidget(w)
+    w.runner.settings = BenchSettings(n_prompt=N_PROMPT, n_gen=N_GEN, repetitions=REPS)  # the Run controls' bench
     w.open_model(Path(bench.measurement.model_path))
     qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
     w.run_events.begin(w.model_path, config)
@@ -228,6 +244,18 @@ def _window_handles(qtbot, tmp_path: Path, bench: CliBench, wait_s: float = 0.0)
         w.run_events.handle(t, ev)
     w.run_events.handle(t, RunFinished(ok=True, stopped=False, result=bench.result))
     return w
+
+
+def _recorded(path: Path) -> list[tuple]:
+    """(prefill tok/s, decode tok/s, threads, configuration) of every run a calibration file holds."""
+    if not path.exists():
+        return []
+    machines = json.loads(path.read_text())["machines"].values()
+    return [
+        (r["prefill_tok_s"], r["decode_tok_s"], r["n_threads"], r["config"])
+        for m in machines
+        for r in m.get("runs", [])
+    ]
 
 
 def _same(m: Measurement) -> Measurement:
@@ -263,11 +291,9 @@ def test_the_cli_bench_and_the_window_make_one_measurement_of_one_run(cli_bench,
         assert win == dataclasses.replace(cli, other_cores=win.other_cores)  # quiet both: one reason ("")
         qtbot.waitUntil(lambda: "recorded for speed calibration" in w.calibration_note, timeout=30_000)
         # both recorded the same figures for calibration, each in its own store
-        cli_runs = CalibrationStore(cli_bench.data_dir / "calibration.json").runs(w.session.machine_id)
-        win_runs = w.session.calibration_store().runs(w.session.machine_id)
-        figures = [(r.prefill_tok_s, r.decode_tok_s, r.n_threads, r.config) for r in cli_runs]
-        assert figures == [(r.prefill_tok_s, r.decode_tok_s, r.n_threads, r.config) for r in win_runs]
-        assert figures[0][:3] == (cli.prefill_tok_s, cli.decode_tok_s, 1) and len(figures) == 1
+        figures = _recorded(cli_bench.data_dir / "calibration.json")
+        assert figures == _recorded(w.session.calibration_store().path)
+        assert [f[:3] for f in figures] == [(cli.prefill_tok_s, cli.decode_tok_s, 1)]
     finally:
         w.shutdown()
 
@@ -302,7 +328,6 @@ def test_a_busy_machine_keeps_the_run_out_of_calibration_in_the_cli_and_the_wind
         assert "machine was busy" in w.calibration_note and "not used for calibration" in w.calibration_note
         qtbot.wait(300)
         assert w.run_events.saved_run_id is None
-        assert CalibrationStore(data / "calibration.json").runs(w.session.machine_id) == []
-        assert w.session.calibration_store().runs(w.session.machine_id) == []
+        assert _recorded(data / "calibration.json") == [] == _recorded(w.session.calibration_store().path)
     finally:
         w.shutdown()
