@@ -16,6 +16,8 @@ each defined once here with the llama.cpp source it copies (b11434).
   the Vulkan, SYCL and Metal backends use the same variable and default).
 - **Sequences** (:data:`LLAMA_MAX_SEQ`): the most parallel sequences a context takes
   (src/llama-cparams.h ``LLAMA_MAX_SEQ``).
+- **Output buffer** (:func:`output_buffer_bytes`): the logits a context reserves when it is
+  created (src/llama-context.cpp ``output_reserve(n_seq_max)``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ def pad_ctx(n_cells: int) -> int:
     """``n_cells`` (a context or cache size, cells) rounded up to a multiple of
     :data:`CTX_PAD_CELLS`, as llama.cpp pads it (``GGML_PAD(n, 256)``); 0 stays 0."""
     return pad_to(n_cells, CTX_PAD_CELLS)
+
+
+def output_buffer_bytes(n_vocab: int, n_seq: int) -> int:
+    """Bytes of the output buffer a new context reserves on the host: f32 logits of ``n_vocab``
+    for ``max(1, n_seq)`` rows (src/llama-context.cpp: the constructor calls
+    ``output_reserve(n_seq_max)``, which sizes ``max(n_outputs, n_seq_max)`` rows)."""
+    return n_vocab * max(1, n_seq) * 4
 
 
 def round_down_ctx(n_cells: int, n_streams: int = 1) -> int:

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..hardware.specs import GpuSpec, HostSpec
@@ -35,7 +35,7 @@ from .compute_buffer import ComputeEstimate, estimate_compute
 from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
-from .llama_constants import OFFLOAD_MIN_BATCH, pad_ctx
+from .llama_constants import OFFLOAD_MIN_BATCH, output_buffer_bytes, pad_ctx
 from .overrides import TensorMoves, apply_overrides
 from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices, tensor_overrides
 from .repack import repack_bytes
@@ -461,11 +461,7 @@ def plan_memory(
     return MemoryPlan(
         model=model,
         config=cfg,
-        n_ctx=ctx.n_ctx,
-        n_ctx_seq=ctx.n_ctx_seq,
-        n_stream=ctx.n_stream,
-        n_ubatch=ctx.n_ubatch,
-        flash_attn=ctx.flash_attn,
+        **asdict(ctx),
         n_gpu_layers=layout.n_gpu_layers,
         n_gpu_repeating=layout.n_gpu_repeating,
         output_on_gpu=layout.output_on_gpu,
@@ -605,7 +601,7 @@ def _place_layers(
 class _Context:
     """The context as llama.cpp sets it up (:func:`_context_sizes`): ``flash_attn`` after forced
     changes, ``n_ctx`` padded (all streams), ``n_ctx_seq`` cells per stream, ``n_stream``
-    streams and the effective ``n_ubatch``."""
+    streams and the effective ``n_ubatch`` (the :class:`MemoryPlan` fields of those names)."""
 
     flash_attn: bool
     n_ctx: int
@@ -812,9 +808,9 @@ def _compute_buffers(
 def _output_bytes(
     model: ModelProfile, cfg: PlanConfig, exact: ExactFigures | None
 ) -> tuple[int, dict[str, int] | None]:
-    """The host's output buffer (llama-context.cpp ``output_reserve``: ``n_vocab x max(1, n_seq)
-    x 4`` bytes) and llama.cpp's output buffers of the other devices (None without figures)."""
-    output_bytes = model.n_vocab * max(1, cfg.n_seq) * 4
+    """The host's output buffer (:func:`~kvtuner.core.plan.llama_constants.output_buffer_bytes`)
+    and llama.cpp's output buffers of the other devices (None without figures)."""
+    output_bytes = output_buffer_bytes(model.n_vocab, cfg.n_seq)
     output_exact = dict(exact.output) if (exact is not None and exact.output) else None
     if output_exact is not None:
         output_bytes = output_exact.pop(HOST, 0)

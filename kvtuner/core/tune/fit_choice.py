@@ -307,7 +307,7 @@ def port_fit_choice(
         def plan(cfg: PlanConfig, split: DeviceSplit | None) -> MemoryPlan:
             return plan_memory(model, cfg, gpus, host, split=split)
 
-    port = _FitPort(model, base, gpus, host, request, plan)
+    port = _FitPort(request, plan, model, base, gpus, host)
     done = port.step_defaults()
     if done is None:
         done = port.step_context()
@@ -337,12 +337,12 @@ class _FitPort:
 
     def __init__(
         self,
+        request: FitRequest,
+        plan: Callable[[PlanConfig, DeviceSplit | None], MemoryPlan],
         model: ModelProfile,
         base: PlanConfig,
         gpus: Sequence[GpuSpec],
         host: HostSpec | None,
-        request: FitRequest,
-        plan: Callable[[PlanConfig, DeviceSplit | None], MemoryPlan],
     ) -> None:
         self.base, self.host, self.plan = base, host, plan
         self.devs = order_devices(gpus)
