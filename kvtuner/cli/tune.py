@@ -270,12 +270,12 @@ def _measure(path: object, n_threads: int, record_anyway: bool = False):
     """A callable that benches one configuration in the runner child at the top of its context,
     measuring the other load (a busy load is shown but does not calibrate unless ``record_anyway``)."""
     from ..core.monitor.contention import ContentionMeter
+    from ..core.plan.llama_constants import pad_ctx
     from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
-    from ..core.units import pad_to
     from ..runner.bench import BenchError, run_bench
 
     def measure(config: PlanConfig) -> Measured:
-        n_ctx = pad_to(config.n_ctx, 256)
+        n_ctx = pad_ctx(config.n_ctx)
         depth = confirm_depth(n_ctx)
         if sys.stderr.isatty():
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
