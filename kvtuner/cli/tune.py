@@ -273,13 +273,13 @@ def _measure(path: object, n_threads: int, record_anyway: bool = False):
     from functools import partial
 
     from ..core.monitor.measurement import RunRecorder
+    from ..core.plan.llama_constants import pad_ctx
     from ..core.speed.measurement import Measurement
     from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, confirm_depth
-    from ..core.units import pad_to
     from ..runner.bench import BenchError, record_event, run_bench
 
     def measure(config: PlanConfig) -> Measurement:
-        n_ctx = pad_to(config.n_ctx, 256)
+        n_ctx = pad_ctx(config.n_ctx)
         depth = confirm_depth(n_ctx)
         if sys.stderr.isatty():
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
