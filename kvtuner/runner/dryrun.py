@@ -17,6 +17,7 @@ from ..core.llama_report import DryRunResult
 from ..core.model.probed_structure import report_structure
 from ..core.model.structure import ModelStructure
 from ..core.plan.config import PlanConfig
+from ..core.plan.llama_constants import CTX_PAD_CELLS
 from . import protocol as P
 from .client import RunnerClient, RunnerError
 
@@ -59,7 +60,7 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
 
 #: The configuration a structure probe loads: the smallest context, one sequence; the structure
 #: llama.cpp builds does not depend on it.
-PROBE_CONFIG = PlanConfig(n_ctx=256, n_ubatch=256, n_batch=256, flash_attn="auto")
+PROBE_CONFIG = PlanConfig(n_ctx=CTX_PAD_CELLS, n_ubatch=256, n_batch=256, flash_attn="auto")
 
 
 def probe_structure(model_path: str | os.PathLike, base: ModelStructure, *, timeout_s: float = 120.0) -> ModelStructure:
