@@ -8,10 +8,11 @@ KV cache, and letting ``ggml-alloc`` pack its tensors. The
 result depends on the allocator's packing, so an analytic figure is an *estimate*; a dry-run
 (``kvtuner plan --verify``) gives the exact one, which :meth:`ComputeEstimate.with_exact` records.
 
-On the CPU alone, for the architectures :mod:`.reserve_graph` rebuilds (llama and
-Mixtral-style MoE, Qwen2/Qwen2-MoE, Qwen3/Qwen3-MoE, OLMoE, Phi-3, Gemma 2, Gemma 3, StableLM, DeciLM
-and the others its docstring lists), the
-figure is computed the way llama.cpp computes it: the reserve graph is rebuilt node by node and
+On the CPU alone, for the architectures whose family has reserve-graph rules
+(:class:`~kvtuner.core.model.arch.GraphRules` in :mod:`kvtuner.core.model.arch`): ``llama`` (and
+Mixtral-style MoE), ``deci``, ``llama4``, ``gemma2``, ``gemma3``, ``gemma3n``, ``gemma4``, ``qwen2``,
+``qwen2moe``, ``qwen3``, ``qwen3moe``, ``deepseek2`` (MLA), ``glm4moe``, ``gpt-oss``, ``lfm2``,
+``falcon-h1``, ``nemotron_h``, ``phi3``, ``stablelm`` and ``olmoe``, the figure is computed the way llama.cpp computes it: the reserve graph is rebuilt node by node and
 placed by a model of ggml-alloc (:mod:`.ggml_graph`); it equals llama.cpp's to the printed
 0.01 MiB on every covered configuration of those architectures (tests/test_compute_exact.py,
 tests/test_plan_vs_llama.py, tests/test_model_families.py), for the vendored build and for

@@ -6,7 +6,9 @@ b11434), over a full KV cache, and the CPU backend's compute buffer is what ggml
 it (:func:`ggml_graph.allocate`). What differs between builds and programs is keyed by
 :class:`~.build_rules.BuildRules` (b11434's mixed-batch embedding inputs and embedding scale rows,
 its one-gather ``build_rs``, the outputs reserved).
-:func:`transformer_reserve_bytes` rebuilds that graph:
+:func:`transformer_reserve_bytes` rebuilds that graph for the architectures whose family in
+:mod:`kvtuner.core.model.arch` has :class:`~kvtuner.core.model.arch.GraphRules`
+(:func:`transformer_shape` reads them):
 
 - the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
   ``inp_embd`` of ``build_inp_embd`` (``ggml_build_forward_select``, PR 18550: allocated, never

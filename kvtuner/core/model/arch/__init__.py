@@ -50,3 +50,21 @@ for _module in MODULES:
         if _family.arch in REGISTRY:
             raise ValueError(f"architecture {_family.arch} registered twice ({_module.__name__})")
         register(_family)
+
+
+def families_markdown() -> str:
+    """The registry as a Markdown table, one row per architecture in registration order: the
+    module that defines it, its memory, whether its structure rules are checked against llama.cpp
+    (``tested``), whether its compute buffer's reserve graph is rebuilt node by node, and whether
+    its memory is one kvtuner does not model. docs/development/adding-an-architecture.md holds it
+    (tests/test_arch_registry.py keeps the two equal)."""
+    rows = [
+        "| `general.architecture` | family | module | memory | structure checked | graph rebuilt | special memory |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for module in MODULES:
+        for fam in module.FAMILIES:
+            short = module.__name__.rsplit(".", 1)[1]
+            flags = ("yes" if fam.tested else "", "yes" if fam.graph else "", "yes" if fam.special_memory else "")
+            rows.append(f"| `{fam.arch}` | {fam.title} | `{short}.py` | {fam.memory} | " + " | ".join(flags) + " |")
+    return "\n".join(rows) + "\n"

@@ -81,5 +81,5 @@ FAMILIES = (
         graph=GraphRules(mla=True, tensors=_mla_tensors),
     ),
     Family("deepseek32", "DeepSeek-V3.2 (DSA indexer cache)", special_memory=True, skips_mtp=True),
-    Family("deepseek4", "DeepSeek-V4", memory="hybrid", special_memory=True, skips_mtp=True),
+    Family("deepseek4", "deepseek4", memory="hybrid", special_memory=True, skips_mtp=True),
 )

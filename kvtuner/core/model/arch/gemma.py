@@ -1,4 +1,5 @@
-"""The Gemma family: ``gemma2``, ``gemma3``, ``gemma3n``, ``gemma4`` (and Gemma 4's assistant model).
+"""The Gemma family: ``gemma2``, ``gemma3``, ``gemma3n``, ``gemma4`` and Gemma 4's assistant model
+(``gemma4-assistant``).
 
 - gemma2: src/models/gemma2.cpp, standard SWA (window 4096 unless the key says otherwise,
   pattern 2), scaled embeddings (``ggml_scale`` in every build), post-norms, attention and final
@@ -135,5 +136,5 @@ FAMILIES = (
             layers=_gemma4_layers,
         ),
     ),
-    Family("gemma4-assistant", "Gemma 4 assistant (shares the target's KV)", special_memory=True),
+    Family("gemma4-assistant", "gemma4-assistant", special_memory=True),
 )

@@ -66,6 +66,6 @@ FAMILIES = (
         tested=True,
         graph=GraphRules(traits={"moe_sigmoid": True}, drops_nextn=True, tensors=_glm4moe_tensors),
     ),
-    Family("glm-dsa", "GLM DSA (indexer cache)", special_memory=True, skips_mtp=True),
-    Family("glm5-next", "GLM-5 Next", memory="hybrid", special_memory=True, skips_mtp=True),
+    Family("glm-dsa", "glm-dsa", special_memory=True, skips_mtp=True),
+    Family("glm5-next", "glm5-next", memory="hybrid", special_memory=True, skips_mtp=True),
 )

@@ -1,7 +1,8 @@
 """Recurrent and hybrid families: Mamba / RWKV (``mamba``, ``mamba2``, ``rwkv6``, ``rwkv6qwen2``,
-``rwkv7``, ``arwkv7``), LFM2 (``lfm2``, ``lfm2moe``), Granite-4.0-H (``granitehybrid``), Jamba,
-PLaMo-2, Falcon-H1, Nemotron-H (``nemotron_h``, ``nemotron_h_moe``), MiniMax-01, Kimi-Linear /
-Kimi-K3 and Ling (``bailingmoe3``).
+``rwkv7``, ``arwkv7``), LFM2 (``lfm2``, ``lfm2moe``), Granite-4.0-H (``granitehybrid``), Jamba
+(``jamba``), PLaMo-2 (``plamo2``), Falcon-H1 (``falcon-h1``), Nemotron-H (``nemotron_h``,
+``nemotron_h_moe``), MiniMax-01 (``minimax-01``), Kimi-Linear / Kimi-K3 (``kimi-linear``,
+``kimi-k3``) and Ling (``bailingmoe3``).
 
 Recurrent architectures (src/llama-arch.cpp ``llm_arch_is_recurrent``) get a
 ``llama_memory_recurrent`` over the trunk layers; hybrids (``llm_arch_is_hybrid``) a
@@ -198,6 +199,6 @@ FAMILIES = (
     ),
     Family("minimax-01", "MiniMax-01", memory="hybrid", hybrid_layers=trunk_layers, special_memory=True),
     Family("kimi-linear", "Kimi-Linear", memory="hybrid", special_memory=True),
-    Family("kimi-k3", "Kimi-K3", memory="hybrid", special_memory=True),
-    Family("bailingmoe3", "Ling 3 (bailingmoe3)", memory="hybrid", special_memory=True, skips_mtp=True),
+    Family("kimi-k3", "kimi-k3", memory="hybrid", special_memory=True),
+    Family("bailingmoe3", "bailingmoe3", memory="hybrid", special_memory=True, skips_mtp=True),
 )

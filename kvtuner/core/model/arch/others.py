@@ -1,6 +1,8 @@
-"""Smaller families, one entry each: Phi-3, StableLM, OLMoE, OLMo 2, AFMoE, Cohere 2, EXAONE 4,
-SmallThinker, and architectures whose memory or loading kvtuner only flags (MiniMax-M3, Hunyuan
-``hy-v3`` / ``hy-v4``, dots3note, dflash, MiMo-2, Step-3.5, Cohere 2 MoE).
+"""Smaller families, one entry each: Phi-3 (``phi3``), StableLM (``stablelm``), OLMoE (``olmoe``),
+OLMo 2 (``olmo2``), AFMoE (``afmoe``), Cohere 2 (``cohere2``), EXAONE 4 (``exaone4``), SmallThinker
+(``smallthinker``), and architectures whose memory or loading kvtuner only flags: MiniMax-M3
+(``minimax-m3``), Hunyuan (``hy-v3``, ``hy-v4``), ``dots3note``, ``dflash``, MiMo-2 (``mimo2``),
+Step-3.5 (``step35``), Cohere 2 MoE (``cohere2moe``).
 
 - phi3: src/models/phi3.cpp, one fused QKV and one fused up+gate projection, Q scaled after RoPE,
   ``l_out = residual + ffn_out``.
@@ -44,14 +46,14 @@ FAMILIES = (
     Family("olmo2", "OLMo 2", load_rules=standard_swa(4, when_window_key=True)),
     Family("afmoe", "AFMoE", load_rules=standard_swa(4, when_window_key=True)),
     Family("cohere2", "Cohere 2", load_rules=standard_swa(4)),
-    Family("cohere2moe", "Cohere 2 MoE", skips_mtp=True),
+    Family("cohere2moe", "cohere2moe", skips_mtp=True),
     Family("exaone4", "EXAONE 4", load_rules=_exaone4_rules),
     Family("smallthinker", "SmallThinker", load_rules=_smallthinker_rules),
-    Family("minimax-m3", "MiniMax-M3", special_memory=True),
-    Family("hy-v3", "Hunyuan v3", skips_mtp=True),
-    Family("hy-v4", "Hunyuan v4", special_memory=True),
+    Family("minimax-m3", "minimax-m3", special_memory=True),
+    Family("hy-v3", "hy-v3", skips_mtp=True),
+    Family("hy-v4", "hy-v4", special_memory=True),
     Family("dots3note", "dots3note", special_memory=True),
-    Family("dflash", "DFlash draft", special_memory=True),
-    Family("mimo2", "MiMo-2", skips_mtp=True),
-    Family("step35", "Step-3.5", skips_mtp=True),
+    Family("dflash", "dflash", special_memory=True),
+    Family("mimo2", "mimo2", skips_mtp=True),
+    Family("step35", "step35", skips_mtp=True),
 )

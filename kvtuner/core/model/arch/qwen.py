@@ -64,5 +64,5 @@ FAMILIES = (
     _delta_net("qwen35", "Qwen3.5"),
     _delta_net("qwen35moe", "Qwen3.5-MoE"),
     _delta_net("qwen3next", "Qwen3-Next"),
-    Family("qwen4exp", "Qwen4 experimental", memory="hybrid", hybrid_layers=trunk_layers, special_memory=True),
+    Family("qwen4exp", "qwen4exp", memory="hybrid", hybrid_layers=trunk_layers, special_memory=True),
 )
