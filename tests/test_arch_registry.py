@@ -27,8 +27,7 @@ from kvtuner.core.plan.compute_buffer import ComputeRequest, estimate_compute
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.reserve_graph import last_layer_rows_only, transformer_shape
-from kvtuner.core.speed.cpu_probe import CpuRates
-from kvtuner.core.speed.speed_model import predict_speed, speed_inputs
+from kvtuner.core.speed.speed_model import fallback_cpu_rates, predict_speed, speed_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,16 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_ARCH = "kvtuner-test-llama"
 TEST_FAMILY = Family(TEST_ARCH, "test copy of llama", tested=True, graph=GraphRules(moe_norm_w=True))
 
-RATES = CpuRates(
-    2,
-    {"F16": 1e9, "F32": 1e9},
-    {"F16": 1e9, "F32": 1e9},
-    10e-6,
-    1e-3,
-    {"8/8/32": 1e-9},
-    {"8/8/32": 0.1e-9},
-    layer_prefill_s=5e-6,
-)
+#: CPU rates without a probe, the same for every prediction here (the comparison needs equal inputs)
+RATES = fallback_cpu_rates(2, 20e9)
 
 
 @pytest.fixture

@@ -360,6 +360,25 @@ def _mamba2(
     return cur
 
 
+def _head(
+    g: Graph, shape: TransformerShape, rows: Tensor, n: int, softcap: bool = False, out_ids: Tensor | None = None
+) -> Graph:
+    """The output head on the normed output rows ``[n_embd, n]`` (with ``out_ids``: first gathered
+    from the normed hidden state of every token, an output, by ``get_rows``): ``result_output``
+    ``[n_vocab, n]`` (an output), with Gemma's final logit soft-capping (scale, tanh, scale, in
+    place) when ``softcap`` or the shape says so; expanded last."""
+    if out_ids is not None:
+        rows = g.op("GET_ROWS", "result_norm", (shape.n_embd, n), rows, out_ids)
+        rows.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n), None, rows)
+    if softcap or shape.logit_softcap:
+        scaled = g.op("SCALE", "scaled", logits.ne, logits)
+        logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne, scaled))
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
 def _nemotron_h(
     g: Graph,
     shape: TransformerShape,
@@ -390,12 +409,7 @@ def _nemotron_h(
         inpL = g.op("ADD", f"nemotron_h_block_out-{il}", (E, T), cur, inpSA)
     h = g.op("MUL", "h_nextn", (E, T), g.op("RMS_NORM", "norm", (E, T), inpL), None)
     h.is_output = True
-    result_norm = g.op("GET_ROWS", "result_norm", (E, n_out), h, out_ids)
-    result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, h, n_out, out_ids=out_ids)
 
 
 def _falcon_h1(
@@ -432,10 +446,7 @@ def _falcon_h1(
         inpL = g.op("ADD", f"l_out-{il}", (E, Tc), cur, inpSA)
     result_norm = g.op("MUL", "result_norm", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), inpL), None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, result_norm, Tc)
 
 
 def _mla(
@@ -606,16 +617,7 @@ def _gemma3n(
     rows = g.op("GET_ROWS", "rows", (E, n_out), merged, out_ids)
     result_norm = g.op("MUL", "result_norm", (E, n_out), g.op("RMS_NORM", "norm", (E, n_out), rows), None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
-    logits = g.op(
-        "SCALE",
-        "result_output",
-        logits.ne,
-        g.op("UNARY", "tanh", logits.ne, g.op("SCALE", "scaled", logits.ne, logits)),
-    )
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, result_norm, n_out, softcap=True)
 
 
 class _Reserve:
@@ -625,21 +627,14 @@ class _Reserve:
     graph_reserve's ubatch: ``n_seq_tokens = ceil(n_tokens / n_seqs)`` tokens per sequence
     (``n_seqs = n_seq_max``), so ``n_seq_tokens * n_seqs`` tokens in all (513 for 512 over 3
     sequences); ``n_outputs = min(n_tokens, n_outputs_max)`` (``n_tokens`` in a generic context, one
-    per slot in llama-server b11434); the KV masks split the tokens over the cache's streams."""
+    per slot in llama-server b11434); the KV masks split the tokens over the cache's streams.
+    ``ubatch`` is ``(n_tokens, n_stream, n_seqs, n_outputs)`` as :func:`_build` takes them."""
 
-    def __init__(
-        self,
-        shape: TransformerShape,
-        n_tokens: int,
-        n_stream: int,
-        flash_attn: bool,
-        n_seqs: int,
-        n_outputs: int,
-        rules: BuildRules,
-    ) -> None:
+    def __init__(self, shape: TransformerShape, flash_attn: bool, rules: BuildRules, ubatch: tuple[int, ...]) -> None:
         self.g = Graph()
         self.shape, self.flash_attn, self.rules = shape, flash_attn, rules
         self.E = shape.n_embd
+        n_tokens, n_stream, n_seqs, n_outputs = ubatch
         self.ns = max(1, n_stream)
         self.n_seqs = max(1, n_seqs or self.ns)
         self.n_out = min(n_tokens, n_outputs) if n_outputs > 0 else n_tokens
@@ -960,33 +955,18 @@ class _Reserve:
             result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
         result_norm.is_output = True
         if shape.rows_after_norm:  # gemma4.cpp: the normed h_nextn (an output) for all tokens, then the rows
-            Tc = self.n_out
-            result_norm = g.op("GET_ROWS", "result_norm", (E, Tc), result_norm, self.out_ids)
-            result_norm.is_output = True
-        logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
-        if shape.logit_softcap:  # scale, tanh, scale (in place)
-            scaled = g.op("SCALE", "scaled", logits.ne, logits)
-            logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne, scaled))
-        logits.is_output = True
-        g.expand(logits)
-        return g
+            return _head(g, shape, result_norm, self.n_out, out_ids=self.out_ids)
+        return _head(g, shape, result_norm, Tc)
 
 
-def _build(
-    shape: TransformerShape,
-    n_tokens: int,
-    n_stream: int,
-    flash_attn: bool,
-    n_seqs: int = 0,
-    n_outputs: int = 0,
-    rules: BuildRules = VENDORED,
-) -> Graph:
-    """The reserve graph of ``shape`` for ``n_tokens`` tokens in ``n_stream`` KV streams, the
-    ubatch holding ``n_seqs`` sequences and ``n_outputs`` outputs (:class:`_Reserve`): the inputs,
+def _build(shape: TransformerShape, flash_attn: bool, rules: BuildRules, ubatch: tuple[int, int, int, int]) -> Graph:
+    """The reserve graph of ``shape`` for the ubatch ``(n_tokens, n_stream, n_seqs, n_outputs)``:
+    ``n_tokens`` tokens in ``n_stream`` KV streams, ``n_seqs`` sequences and ``n_outputs`` outputs
+    (:class:`_Reserve`) as ``rules``' build and program reserve it: the inputs,
     the scaled embeddings, Gemma 4's per-layer inputs, then the decoder of Gemma 3n
     (:func:`_gemma3n`), Falcon-H1 (:func:`_falcon_h1`), Nemotron-H (:func:`_nemotron_h`) or of the
     plain transformer (:meth:`_Reserve.layer` per layer, :meth:`_Reserve.output`)."""
-    b = _Reserve(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
+    b = _Reserve(shape, flash_attn, rules, ubatch)
     inpL = b.scaled(b.inputs())
     ple = b.per_layer_inputs(inpL)
     g, T = b.g, b.T
@@ -1027,7 +1007,7 @@ def transformer_reserve_bytes(
     kv: dict[bool, int] = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
-            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules))  # no template
+            return allocate(_build(shape, flash_attn, rules, (n_tokens, n_stream, n_seqs, n_outputs)))  # no template
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
         g = _template(template, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
@@ -1051,7 +1031,7 @@ def _template(
 ) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
-    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
+    return _build(shape, flash_attn, rules, (n_tokens, n_stream, n_seqs, n_outputs))
 
 
 def last_layer_rows_only(arch: str) -> bool:

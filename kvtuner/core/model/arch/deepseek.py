@@ -14,28 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 from .family import Family, GraphFacts, GraphRules
+from .tensors import EXPERTS, FFN, ROUTER, SHARED_EXPERT_FFN
 
+#: the MLA projections: the KV latent (``attn_kv_a_mqa``) and its norm, the absorbed K and V
+_MLA_PROJECTIONS = frozenset({"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"})
 #: deepseek2.cpp's layer tensors with the single Q projection (DeepSeek-V2-Lite)
-_MLA_LAYER_TENSORS = {
-    "attn_norm.weight",
-    "attn_kv_a_norm.weight",
-    "attn_q.weight",
-    "attn_kv_a_mqa.weight",
-    "attn_k_b.weight",
-    "attn_v_b.weight",
-    "attn_output.weight",
-    "ffn_norm.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-    "ffn_gate_inp.weight",
-    "ffn_up_exps.weight",
-    "ffn_gate_exps.weight",
-    "ffn_down_exps.weight",
-    "ffn_up_shexp.weight",
-    "ffn_gate_shexp.weight",
-    "ffn_down_shexp.weight",
-}
+_MLA_LAYER_TENSORS = (
+    _MLA_PROJECTIONS
+    | FFN
+    | EXPERTS
+    | SHARED_EXPERT_FFN
+    | {"attn_norm.weight", "attn_q.weight", "attn_output.weight", "ffn_norm.weight", ROUTER}
+)
 
 
 def _mla_tensors(f: GraphFacts) -> bool:
@@ -65,10 +55,7 @@ def _mla_tensors(f: GraphFacts) -> bool:
     f.flags["moe_norm_w"] = bool(f.meta("expert_weights_norm", False))
     f.flags["mla"] = tuple(mla)
     # the latent projections stand for K and V in the builder's names
-    f.names = (f.names - {"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"}) | {
-        "attn_k.weight",
-        "attn_v.weight",
-    }
+    f.names = (f.names - _MLA_PROJECTIONS) | {"attn_k.weight", "attn_v.weight"}
     return True
 
 

@@ -164,11 +164,11 @@ class GraphRules:
         traits: fixed :class:`~kvtuner.core.plan.reserve_graph.TransformerShape` keywords of the
             family's builder (src/models/<arch>.cpp); traits that depend on the file (biases, Q/K
             norms, fused projections) are read from its tensor names.
-        moe_norm_w: softmax-routed MoE layers are rebuilt, and whether they normalize the selected
-            weights (``norm_w`` of their ``build_moe_ffn`` call); None: no such MoE.
         swa: sliding-window / chunked layers are rebuilt.
         recurrent: recurrent (short-conv, Mamba2) layers are rebuilt.
         mla: DeepSeek-V2's absorbed MLA is rebuilt.
+        moe_norm_w: softmax-routed MoE layers are rebuilt, and whether they normalize the selected
+            weights (``norm_w`` of their ``build_moe_ffn`` call); None: no such MoE.
         drops_nextn: the NextN (MTP) blocks at the end are outside the graph (glm4-moe.cpp).
         needs_ffn_norm: a layer without ``ffn_norm`` is not rebuilt (a parallel residual).
         fused: Phi-3's fused QKV and up+gate projections.
@@ -179,10 +179,10 @@ class GraphRules:
     """
 
     traits: Mapping[str, bool | int] = field(default_factory=dict)
-    moe_norm_w: bool | None = None
     swa: bool = False
     recurrent: bool = False
     mla: bool = False
+    moe_norm_w: bool | None = None
     drops_nextn: bool = False
     needs_ffn_norm: bool = True
     fused: bool = False

@@ -10,32 +10,19 @@
 from __future__ import annotations
 
 from .family import Family, GraphFacts, GraphRules
+from .tensors import ATTENTION, ATTENTION_BIASES, EXPERTS, FFN, QK_NORMS, ROUTER, SHARED_EXPERT_FFN
 
-#: glm4-moe.cpp's layer tensors
-_GLM_LAYER_TENSORS = {
-    "attn_norm.weight",
-    "attn_q.weight",
-    "attn_k.weight",
-    "attn_v.weight",
-    "attn_output.weight",
-    "attn_q.bias",
-    "attn_k.bias",
-    "attn_v.bias",
-    "attn_q_norm.weight",
-    "attn_k_norm.weight",
-    "post_attention_norm.weight",
-    "ffn_gate.weight",
-    "ffn_up.weight",
-    "ffn_down.weight",
-    "ffn_gate_inp.weight",
-    "exp_probs_b.bias",
-    "ffn_up_exps.weight",
-    "ffn_gate_exps.weight",
-    "ffn_down_exps.weight",
-    "ffn_up_shexp.weight",
-    "ffn_gate_shexp.weight",
-    "ffn_down_shexp.weight",
-}
+#: glm4-moe.cpp's layer tensors (``post_attention_norm`` is the feed-forward norm, ``exp_probs_b``
+#: the routing bias)
+_GLM_LAYER_TENSORS = (
+    ATTENTION
+    | ATTENTION_BIASES
+    | QK_NORMS
+    | FFN
+    | EXPERTS
+    | SHARED_EXPERT_FFN
+    | {"post_attention_norm.weight", ROUTER, "exp_probs_b.bias"}
+)
 
 
 def _glm4moe_tensors(f: GraphFacts) -> bool:

@@ -21,6 +21,8 @@ Recurrent architectures (src/llama-arch.cpp ``llm_arch_is_recurrent``) get a
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..meta import Hparams, Meta
 from .family import (
     WINDOW_KEY,
@@ -120,7 +122,26 @@ def _lfm2_layers(f: GraphFacts) -> bool:
     return True
 
 
-def _recurrent(arch: str, title: str, **kw) -> Family:
+def _mamba2_graph(traits: dict[str, bool], extra: frozenset[str] = frozenset(), **kw: Any) -> GraphRules:
+    """The graph rules of a hybrid with Mamba2 blocks (:func:`_mamba2_layers`): recurrent layers,
+    no feed-forward norm required, ``traits`` and the ``extra`` layer tensors of the family."""
+    return GraphRules(traits=traits, recurrent=True, needs_ffn_norm=False, layers=_mamba2_layers(extra), **kw)
+
+
+def _nemotron_h(arch: str, title: str, **kw: Any) -> Family:
+    """A Nemotron-H family (nemotron-h.cpp): its layer rules and filters; the MTP tensors are skipped."""
+    return Family(
+        arch,
+        title,
+        memory="hybrid",
+        load_rules=_nemotron_h_rules,
+        hybrid_layers=_nemotron_h_layers,
+        skips_mtp=True,
+        **kw,
+    )
+
+
+def _recurrent(arch: str, title: str, **kw: Any) -> Family:
     return Family(arch, title, memory="recurrent", **kw)
 
 
@@ -166,37 +187,15 @@ FAMILIES = (
         hybrid_layers=_falcon_h1_layers,
         tested=True,
         parallel_attention=True,
-        graph=GraphRules(
-            traits={"parallel_ssm": True},
-            recurrent=True,
-            needs_ffn_norm=False,
-            layers=_mamba2_layers(frozenset({"ffn_gate.weight", "ffn_norm", "ffn_norm.weight"})),
-        ),
+        graph=_mamba2_graph({"parallel_ssm": True}, frozenset({"ffn_gate.weight", "ffn_norm", "ffn_norm.weight"})),
     ),
-    Family(
+    _nemotron_h(
         "nemotron_h",
         "Nemotron-H",
-        memory="hybrid",
-        load_rules=_nemotron_h_rules,
-        hybrid_layers=_nemotron_h_layers,
-        skips_mtp=True,
         tested=True,
-        graph=GraphRules(
-            traits={"rope": False},
-            recurrent=True,
-            needs_ffn_norm=False,
-            kvless_layer=lambda model, r: True,
-            layers=_mamba2_layers(),
-        ),
+        graph=_mamba2_graph({"rope": False}, kvless_layer=lambda model, r: True),
     ),
-    Family(
-        "nemotron_h_moe",
-        "Nemotron-H MoE",
-        memory="hybrid",
-        load_rules=_nemotron_h_rules,
-        hybrid_layers=_nemotron_h_layers,
-        skips_mtp=True,
-    ),
+    _nemotron_h("nemotron_h_moe", "Nemotron-H MoE"),
     Family("minimax-01", "MiniMax-01", memory="hybrid", hybrid_layers=trunk_layers, special_memory=True),
     Family("kimi-linear", "Kimi-Linear", memory="hybrid", special_memory=True),
     Family("kimi-k3", "kimi-k3", memory="hybrid", special_memory=True),
