@@ -24,7 +24,7 @@ from kvtuner.core.model.arch import REGISTRY, Family, GraphRules, families_markd
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan import compute_buffer
 from kvtuner.core.plan.compute_buffer import ComputeRequest, estimate_compute
-from kvtuner.core.plan.config import PlanConfig
+from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.reserve_graph import last_layer_rows_only, transformer_shape
 from kvtuner.core.speed.speed_model import fallback_cpu_rates, predict_speed, speed_inputs
@@ -123,6 +123,17 @@ def test_estimate_compute_takes_a_record_or_its_fields(tmp_path):
     assert by_record.bytes_on("CUDA0") > 0
     with pytest.raises(TypeError):
         estimate_compute(model, ComputeRequest(**fields), n_ubatch=256)
+
+
+def test_a_family_flag_reaches_the_context_checks(tmp_path):
+    """deepseek4 takes one K and V cache type (llama-context.cpp ``llama_init_from_model``), by its
+    family's ``same_kv_types``; llama does not."""
+    config = PlanConfig(n_ctx=1024, flash_attn="off", type_k="q8_0", type_v="f16")
+    deepseek4 = ModelProfile.from_gguf(write_model(tmp_path / "d.gguf", ModelSpec(arch="deepseek4")))
+    with pytest.raises(ConfigError, match="same K and V cache type"):
+        plan_memory(deepseek4, config)
+    llama = ModelProfile.from_gguf(write_model(tmp_path / "l.gguf", ModelSpec()))
+    assert plan_memory(llama, config).kv_caches
 
 
 def _defining_modules():

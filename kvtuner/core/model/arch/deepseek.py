@@ -6,7 +6,8 @@
   absorbed MLA with DeepSeek-V2-Lite's single Q projection, softmax or sigmoid-free routing without
   groups and no attention temperature.
 - deepseek32 (DSA indexer cache) and deepseek4 (a hybrid with its own memory): special memories of
-  ``create_memory`` that kvtuner does not model.
+  ``create_memory`` that kvtuner does not model; deepseek4 takes one K and V cache type, as MLA
+  models do (llama-context.cpp ``llama_init_from_model``).
 """
 
 from __future__ import annotations
@@ -68,5 +69,5 @@ FAMILIES = (
         graph=GraphRules(mla=True, tensors=_mla_tensors),
     ),
     Family("deepseek32", "DeepSeek-V3.2 (DSA indexer cache)", special_memory=True, skips_mtp=True),
-    Family("deepseek4", "deepseek4", memory="hybrid", special_memory=True, skips_mtp=True),
+    Family("deepseek4", "deepseek4", memory="hybrid", special_memory=True, skips_mtp=True, same_kv_types=True),
 )

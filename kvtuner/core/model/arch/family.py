@@ -215,6 +215,9 @@ class Family:
         parallel_attention: attention beside the recurrent block in every layer (Falcon-H1).
         per_layer_default: ``embedding_length_per_layer_input`` when the key is absent (Gemma 3n: 256).
         shared_expert_is_expert: the shared expert is one expert wide (llama4.cpp).
+        same_kv_types: ``llama_init_from_model`` (src/llama-context.cpp) refuses different K and V
+            cache types for this architecture, as for every MLA model ("model does not support
+            different K and V cache types").
         graph: how the reserve graph is rebuilt node by node (None: the phase estimate).
     """
 
@@ -233,3 +236,4 @@ class Family:
     per_layer_default: int = 0
     shared_expert_is_expert: bool = False
     graph: GraphRules | None = None
+    same_kv_types: bool = False
