@@ -523,59 +523,67 @@ GEMMA3N_ALTUP_ACTIVE = 0
 GEMMA3N_SPARSE_LAYERS = 10
 
 
-def _gemma3n(
-    g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int, out_ids: Tensor
-) -> Graph:
-    """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
-    input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
-    the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
-    sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
-    other streams; then the streams merged back, the output rows, norm, head and logit softcapping."""
-    E, A, P = shape.n_embd, shape.altup, shape.per_layer
+class _Gemma3n:
+    """``llama_model_gemma3n::graph``'s steps (src/models/gemma3n.cpp) on ``altup`` streams
+    ``[n_embd, T, altup]``: the router, AltUp predict and correct, LAuReL, the sparse feed-forward,
+    the streams stacked from and merged back into one."""
 
-    def slice2d(x: Tensor, i: int) -> Tensor:  # gemma3n_view_2d_slice
-        return g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
+    def __init__(self, g: Graph, shape: TransformerShape, T: int) -> None:
+        self.g, self.shape, self.T = g, shape, T
+        self.E, self.A, self.P = shape.n_embd, shape.altup, shape.per_layer
 
-    def rest(x: Tensor) -> Tensor:  # streams 1.. of [E, T, A]
-        return g.view(x, (E, T, A - 1), (x.nb[1], x.nb[2]), E * T * 4)
+    def slice2d(self, x: Tensor, i: int) -> Tensor:
+        """``gemma3n_view_2d_slice``: stream ``i`` of ``x``."""
+        return self.g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
 
-    def router(x: Tensor) -> Tensor:  # altup_compute_router_modalities
+    def rest(self, x: Tensor) -> Tensor:
+        """Streams 1.. of ``[E, T, A]``."""
+        E, T, A = self.E, self.T, self.A
+        return self.g.view(x, (E, T, A - 1), (x.nb[1], x.nb[2]), E * T * 4)
+
+    def router(self, x: Tensor) -> Tensor:
+        """``altup_compute_router_modalities``: norm, scale, router projection, tanh ``[A, T]``."""
+        g, E, T, A = self.g, self.E, self.T, self.A
         r = g.op("MUL", "altup_router_norm", (E, T), g.op("RMS_NORM", "norm", (E, T), x), None)
         r = g.op("MUL_MAT", "altup_router", (A, T), None, g.op("SCALE", "router_inputs", (E, T), r))
         return g.op("UNARY", "modalities", (A, T), r)
 
-    target = _magnitude(g, inpL)
-    added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
-    added = g.op(
-        "DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target), _magnitude(g, added)
-    )
-    inpL = g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
-    for il, L in enumerate(shape.layers):
-        cur = inpL
-        # altup_predict
-        coefs = g.op("MUL_MAT", f"all_coefs-{il}", (A * A, T), None, router(slice2d(cur, GEMMA3N_ALTUP_ACTIVE)))
+    def stack(self, inpL: Tensor) -> Tensor:
+        """The input and its ``altup - 1`` magnitude-matched projections, stacked ``[E, T, A]``."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        target = _magnitude(g, inpL)
+        added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
+        added = g.op(
+            "DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target), _magnitude(g, added)
+        )
+        return g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
+
+    def predict(self, il: int, cur: Tensor) -> Tensor:
+        """``altup_predict``: the streams mixed by the router's coefficients, plus themselves."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        coefs = g.op(
+            "MUL_MAT", f"all_coefs-{il}", (A * A, T), None, self.router(self.slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
+        )
         coefs = g.reshape(coefs, A, A, T)
         perm = g.op("CONT", f"cur_permuted-{il}", (A, E, T), g.permute(cur, 1, 2, 0, 3))
         pred = g.op("MUL_MAT", f"predictions-{il}", (E, A, T), perm, coefs)
         pred = g.op("CONT", f"predictions-{il}", (E, T, A), g.permute(pred, 0, 2, 1, 3))
-        pred = g.op("ADD", f"predictions-{il}", (E, T, A), pred, cur)
-        active = slice2d(pred, GEMMA3N_ALTUP_ACTIVE)
-        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), active), None)
-        # laurel
+        return g.op("ADD", f"predictions-{il}", (E, T, A), pred, cur)
+
+    def laurel(self, il: int, cur: Tensor) -> Tensor:
+        """LAuReL: a rank-64 residual of the normed input, normed, plus the input."""
+        g, E, T = self.g, self.E, self.T
         lr = g.op("MUL_MAT", f"laurel_r-{il}", (E, T), None, g.op("MUL_MAT", f"laurel_l-{il}", (64, T), None, cur))
         lr = g.op("MUL", f"laurel_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), lr), None)
-        laurel_out = g.op("ADD", f"laurel_out-{il}", (E, T), lr, cur)
-        cur = mix(il, L, cur)
-        cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
-        cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
-        attn_laurel = g.op(
-            "SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out)
-        )
-        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
-        F = L.n_ff
+        return g.op("ADD", f"laurel_out-{il}", (E, T), lr, cur)
+
+    def ffn(self, il: int, L: LayerShape, cur: Tensor) -> Tensor:
+        """The GELU feed-forward, its gate sparsified (``gaussian_topk``: mean + k std cutoff) in
+        the first :data:`GEMMA3N_SPARSE_LAYERS` layers."""
+        g, E, T, F = self.g, self.E, self.T, L.n_ff
         up = g.op("MUL_MAT", f"ffn_up-{il}", (F, T), None, cur)
         gate = g.op("MUL_MAT", f"ffn_gate-{il}", (F, T), None, cur)
-        if il < GEMMA3N_SPARSE_LAYERS:  # gaussian_topk
+        if il < GEMMA3N_SPARSE_LAYERS:
             mean = g.op("MEAN", "mean", (1, T), gate)
             std = g.op(
                 "SUM_ROWS", "sum_rows", (1, T), g.op("SQR", "sqr", (F, T), g.op("SUB", "sub", (F, T), gate, mean))
@@ -584,37 +592,83 @@ def _gemma3n(
             cutoff = g.op("ADD", "cutoff", (1, T), mean, g.op("SCALE", "scale", (1, T), std))
             gate = g.op("UNARY", "relu", (F, T), g.op("SUB", "sub", (F, T), gate, cutoff))
         gate = g.op("UNARY", "gelu", (F, T), gate)
-        cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, g.op("MUL", f"ffn_mul-{il}", (F, T), up, gate))
-        cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur), None)
-        gated = g.op("ADD", f"attn_ffw_laurel_gated-{il}", (E, T), cur, attn_laurel)
-        # altup_correct
-        mod = router(gated)
-        innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
+        return g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, g.op("MUL", f"ffn_mul-{il}", (F, T), up, gate))
+
+    def correct(self, il: int, gated: Tensor, pred: Tensor, ple: Tensor | None) -> Tensor:
+        """``altup_correct`` (the innovation of the active stream spread by the router's
+        coefficients), then the per-layer embedding (gated, projected, normed) added to the other
+        streams: the layer's output ``[E, T, A]``."""
+        g, E, T, A, P = self.g, self.E, self.T, self.A, self.P
+        mod = self.router(gated)
+        innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, self.slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
         coefs = g.op("SCALE", f"all_coefs-{il}", (A, T), g.op("MUL_MAT", f"all_coefs-{il}", (A, T), None, mod))
         coefs = g.op("CONT", f"all_coefs-{il}", (1, T, A), g.transpose(coefs))
         corrected = g.op(
             "MUL", f"corrected-{il}", (E, T, A), g.op("REPEAT", "innovation", (E, T, A), innovation), coefs
         )
         corrected = g.op("ADD", f"corrected-{il}", (E, T, A), corrected, pred)
-        first = g.op("MUL", f"first_prediction-{il}", (E, T), slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
+        first = g.op("MUL", f"first_prediction-{il}", (E, T), self.slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
         first = g.op("UNARY", "gelu", (P, T), g.op("MUL_MAT", f"inp_gate-{il}", (P, T), None, first))
         if ple is not None:
-            first = g.op("MUL", f"first_prediction_scaled-{il}", (P, T), first, slice2d(ple, il))
+            first = g.op("MUL", f"first_prediction_scaled-{il}", (P, T), first, self.slice2d(ple, il))
         first = g.op("MUL_MAT", f"proj-{il}", (E, T), None, first)
         first = g.op("MUL", f"first_prediction_out-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), first), None)
-        tmp = g.op("ADD", f"rest-{il}", (E, T, A - 1), rest(corrected), first)
-        inpL = g.op("CONCAT", f"l_out-{il}", (E, T, A), slice2d(corrected, 0), tmp)
-    cur = inpL
-    target = _magnitude(g, slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
-    unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, rest(cur))
-    unembd = g.op(
-        "DIV", "altup_unembd", unembd.ne, g.op("MUL", "altup_unembd", unembd.ne, unembd, target), _magnitude(g, unembd)
-    )
-    merged = slice2d(cur, 0)
-    for i in range(A - 1):
-        merged = g.op("ADD", "unembd_merged", (E, T), merged, slice2d(unembd, i))
-    merged = g.op("SCALE", "unembd_merged", (E, T), merged)
-    rows = g.op("GET_ROWS", "rows", (E, n_out), merged, out_ids)
+        tmp = g.op("ADD", f"rest-{il}", (E, T, A - 1), self.rest(corrected), first)
+        return g.op("CONCAT", f"l_out-{il}", (E, T, A), self.slice2d(corrected, 0), tmp)
+
+    def layer(self, il: int, L: LayerShape, cur: Tensor, ple: Tensor | None, mix) -> Tensor:
+        """One layer: predict, the token mixer on the active stream with LAuReL beside it, the
+        feed-forward, correct."""
+        g, E, T = self.g, self.E, self.T
+        pred = self.predict(il, cur)
+        active = self.slice2d(pred, GEMMA3N_ALTUP_ACTIVE)
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), active), None)
+        laurel_out = self.laurel(il, cur)
+        cur = mix(il, L, cur)
+        cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
+        cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
+        attn_laurel = g.op(
+            "SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out)
+        )
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
+        cur = self.ffn(il, L, cur)
+        cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur), None)
+        gated = g.op("ADD", f"attn_ffw_laurel_gated-{il}", (E, T), cur, attn_laurel)
+        return self.correct(il, gated, pred, ple)
+
+    def merge(self, cur: Tensor) -> Tensor:
+        """The streams merged back: the others unembedded to the active one's magnitude, averaged."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        target = _magnitude(g, self.slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
+        unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, self.rest(cur))
+        unembd = g.op(
+            "DIV",
+            "altup_unembd",
+            unembd.ne,
+            g.op("MUL", "altup_unembd", unembd.ne, unembd, target),
+            _magnitude(g, unembd),
+        )
+        merged = self.slice2d(cur, 0)
+        for i in range(A - 1):
+            merged = g.op("ADD", "unembd_merged", (E, T), merged, self.slice2d(unembd, i))
+        return g.op("SCALE", "unembd_merged", (E, T), merged)
+
+
+def _gemma3n(
+    g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int, out_ids: Tensor
+) -> Graph:
+    """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
+    input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
+    the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
+    sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
+    other streams (:class:`_Gemma3n`); then the streams merged back, the output rows, norm, head
+    and logit softcapping."""
+    E = shape.n_embd
+    a = _Gemma3n(g, shape, T)
+    cur = a.stack(inpL)
+    for il, L in enumerate(shape.layers):
+        cur = a.layer(il, L, cur, ple, mix)
+    rows = g.op("GET_ROWS", "rows", (E, n_out), a.merge(cur), out_ids)
     result_norm = g.op("MUL", "result_norm", (E, n_out), g.op("RMS_NORM", "norm", (E, n_out), rows), None)
     result_norm.is_output = True
     return _head(g, shape, result_norm, n_out, softcap=True)
