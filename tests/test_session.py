@@ -14,6 +14,7 @@ from kvtuner.core.hardware.identity import MachineFingerprint, machine_id
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
+from kvtuner.core.speed.measurement import Measurement
 from kvtuner.core.units import MiB
 from nvml_standin import fake_nvml
 
@@ -47,13 +48,7 @@ def test_a_run_recorded_on_a_gpu_machine_calibrates_the_next_prediction(default_
     before = s.assess()
     assert before.speed is not None and before.speed.n_calibration_runs == 0
     note = s.record_run(
-        before.plan,
-        n_threads=2,
-        n_depth=0,
-        n_prompt=512,
-        n_gen=128,
-        prefill_tok_s=before.speed.prefill_tok_s * 2,
-        decode_tok_s=before.speed.decode_tok_s * 2,
+        before.plan, Measurement(0, 512, 128, 2, before.speed.prefill_tok_s * 2, before.speed.decode_tok_s * 2)
     )
     assert "1 run" in note
     after = s.assess()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..core.model.profile import ModelProfile
 from ..core.plan.buffers import buffer_device
+from ..core.plan.llama_constants import output_buffer_bytes
 from ..core.plan.memory_plan import MemoryPlan
 from ..core.units import MiB, fmt_bytes
 
@@ -204,7 +205,8 @@ def plan_text(assessment: Assessment) -> str:
             planned = plan.compute.estimate_on(buffer_device(dev))
             rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB (est.)", f"{mib:.2f} MiB"])
         for dev, mib in verified.output_mib.items():
-            rows.append([f"output {dev}", "", "", f"{m.n_vocab * max(1, c.n_seq) * 4 / MiB:.2f} MiB", f"{mib:.2f} MiB"])
+            planned = output_buffer_bytes(m.n_vocab, c.n_seq)
+            rows.append([f"output {dev}", "", "", f"{planned / MiB:.2f} MiB", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
         lines += _comparison_text(assessment)
     if speed is not None:

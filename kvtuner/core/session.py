@@ -34,8 +34,15 @@ from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .plan.placement import DeviceSplit
 from .plan.verdict import FitMargins, FitVerdict, badge, fit_verdict
-from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
+from .speed.calibration import (
+    BusyMeasurementError,
+    CalibrationError,
+    CalibrationStore,
+    calibrated_inputs,
+    record_bench,
+)
 from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
+from .speed.measurement import Measurement
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache, structure_cache
 from .tune import TuneGoal, TuneResult, tune
@@ -704,18 +711,7 @@ class Session:
 
     # -- measured runs -------------------------------------------------------------------------
 
-    def record_run(
-        self,
-        plan: MemoryPlan,
-        *,
-        n_threads: int,
-        n_depth: int,
-        n_prompt: int,
-        n_gen: int,
-        prefill_tok_s: float | None,
-        decode_tok_s: float | None,
-        gpus: Sequence[GpuSpec] | None = None,
-    ) -> str:
+    def record_run(self, plan: MemoryPlan, measurement: Measurement, *, gpus: Sequence[GpuSpec] | None = None) -> str:
         """Record a measured bench of ``plan`` for speed calibration on this machine (file I/O:
         call it off the GUI thread); returns a one-line note for the user.
 
@@ -723,23 +719,17 @@ class Session:
         card: a run on this machine says nothing about a card it does not have).
 
         Raises:
-            CalibrationError: nothing was measured, or the store cannot be written.
+            BusyMeasurementError: the measurement may not calibrate because the machine was busy
+                (:attr:`Measurement.keep <kvtuner.core.speed.measurement.Measurement.keep>`).
+            CalibrationError: it may not calibrate for another reason, nothing was measured, or
+                the store cannot be written.
         """
+        if not measurement.keep.calibrate:
+            error = BusyMeasurementError if measurement.busy else CalibrationError
+            raise error(measurement.keep.reason or "this measurement may not calibrate")
         store = self.calibration_store()
         used = tuple(self.machine_gpus if gpus is None else gpus)
-        run = record_bench(
-            plan,
-            gpus=used,
-            host=self.host,
-            n_threads=n_threads,
-            n_depth=n_depth,
-            n_prompt=n_prompt,
-            n_gen=n_gen,
-            prefill_tok_s=prefill_tok_s,
-            decode_tok_s=decode_tok_s,
-            store=store,
-            machine=self.machine_id,
-        )
+        run = record_bench(plan, measurement, gpus=used, host=self.host, store=store, machine=self.machine_id)
         self.invalidate_speed()
         n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
         return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"
@@ -831,17 +821,9 @@ class Session:
             done[best.config] = load
             if on_load is not None:
                 on_load(load)
-            if not m.kept:  # measured on a busy machine: shown, never calibrates
+            if not m.keep.calibrate:  # measured on a busy machine: shown, never calibrates
                 continue
-            self.record_run(
-                plan,
-                n_threads=m.n_threads,
-                n_depth=m.n_depth,
-                n_prompt=m.n_prompt,
-                n_gen=m.n_gen,
-                prefill_tok_s=m.prefill_tok_s,
-                decode_tok_s=m.decode_tok_s,
-            )
+            self.record_run(plan, m)
             result = self.tune(goal)
         if result.best is not None and result.best.config in done:
             m = done[result.best.config].measured

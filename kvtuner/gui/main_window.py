@@ -1060,11 +1060,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_error("")
         if self.stale:
             return False
+        self.runner.engine = self.engine  # Run uses the engine in use: the embedded child or llama-server
         self.run_events.begin(self.model_path, self._config)
         self.graphs.begin_run(time.monotonic())
         self._last_busy_t = time.monotonic()
         self._set_sampling(fast=True)
-        self.runner.engine = self.engine  # Run uses the engine in use: the embedded child or llama-server
         self.runner.start(self.model_path, self._config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")

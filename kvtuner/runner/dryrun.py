@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.plan.config import PlanConfig
+from ..core.plan.llama_constants import CTX_PAD_CELLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model.structure import ModelStructure
@@ -166,7 +167,7 @@ def dry_run(model_path: str | os.PathLike, config: PlanConfig, *, timeout_s: flo
 
 #: The configuration a structure probe loads: the smallest context, one sequence; the structure
 #: llama.cpp builds does not depend on it.
-PROBE_CONFIG = PlanConfig(n_ctx=256, n_ubatch=256, n_batch=256, flash_attn="auto")
+PROBE_CONFIG = PlanConfig(n_ctx=CTX_PAD_CELLS, n_ubatch=256, n_batch=256, flash_attn="auto")
 
 
 def probe_structure(model_path: str | os.PathLike, base: ModelStructure, *, timeout_s: float = 120.0) -> ModelStructure:

@@ -30,6 +30,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..core.speed.measurement import Repetition
+
 #: Major version of the protocol; a peer with another major version is refused.
 PROTOCOL_VERSION = 1
 
@@ -287,56 +289,12 @@ class TokenEvent(Message):
 
 
 @dataclass(frozen=True)
-class RepResultEvent(Message):
-    """One repetition: prefill and decode times in seconds, ``ttft_s`` time to first token
-    (prefill plus picking the first token)."""
+class RepResultEvent(Repetition, Message):
+    """One repetition as it ends: the :class:`~kvtuner.core.speed.measurement.Repetition` record
+    (prefill and decode times in seconds, ``ttft_s`` time to first token: prefill plus picking
+    the first token)."""
 
     type: ClassVar[str] = "rep_result"
-    rep: int
-    n_depth: int
-    n_prompt: int
-    prefill_s: float
-    n_gen: int
-    decode_s: float
-    ttft_s: float
-
-
-@dataclass(frozen=True)
-class Repetition:
-    """One bench repetition: ``n_prompt`` tokens prefilled at depth ``n_depth`` in ``prefill_s``
-    seconds, ``n_gen`` decoded in ``decode_s``; ``ttft_s`` time to first token (prefill plus
-    picking the first token). Rates in tokens/s are None when nothing was measured."""
-
-    rep: int
-    n_depth: int
-    n_prompt: int
-    prefill_s: float
-    n_gen: int
-    decode_s: float
-    ttft_s: float
-
-    @property
-    def prefill_tok_s(self) -> float | None:
-        """Prefill tokens/s (None without a prompt or a time)."""
-        return self.n_prompt / self.prefill_s if self.n_prompt and self.prefill_s > 0 else None
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Decode tokens/s (None without generated tokens or a time)."""
-        return self.n_gen / self.decode_s if self.n_gen and self.decode_s > 0 else None
-
-    @classmethod
-    def of(cls, value: Repetition | dict[str, Any]) -> Repetition:
-        """From a decoded JSON object (unknown keys are ignored; a missing one raises
-        :class:`ProtocolError`)."""
-        if isinstance(value, Repetition):
-            return value
-        if not isinstance(value, dict):
-            raise ProtocolError(f"a repetition must be an object, not {type(value).__name__}")
-        try:
-            return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls)})
-        except KeyError as exc:
-            raise ProtocolError(f"a repetition lacks '{exc.args[0]}'") from None
 
 
 @dataclass(frozen=True)
@@ -352,7 +310,10 @@ class BenchResultEvent(Message):
     perf: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reps", tuple(Repetition.of(r) for r in self.reps))
+        try:
+            object.__setattr__(self, "reps", tuple(Repetition.of(r) for r in self.reps))
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..model.arch import family_of
 from .build_rules import VENDORED, BuildRules
+from .llama_constants import OFFLOAD_MIN_BATCH as GPU_OP_OFFLOAD_MIN_BATCH
 from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -431,11 +432,6 @@ def estimate_compute(model: ModelProfile, request: ComputeRequest | None = None,
     _flash_attn_copies(model, request, walk, result)
     _host_buffer(model, request, walk, result)
     return ComputeEstimate({d: b for d, b in result.items() if b}, "estimate")
-
-
-#: ggml-cuda offloads an op on host weights to the GPU from this batch size on
-#: (ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``: ``get_op_batch_size(op) >= 32``).
-GPU_OP_OFFLOAD_MIN_BATCH = 32
 
 
 def host_inputs_bytes(

@@ -49,6 +49,7 @@ from ..model.arch import Family, GraphFacts, GraphRules, family_of
 from ..model.arch.tensors import EXPERTS, KNOWN_LAYER_TENSORS, SHARED_EXPERT
 from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
+from .llama_constants import CTX_PAD_CELLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.profile import ModelProfile
@@ -1084,7 +1085,7 @@ def _template(
     rules: BuildRules = VENDORED,
 ) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
-    shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
+    shape = replace(shape, layers=tuple(replace(L, n_kv=CTX_PAD_CELLS) for L in shape.layers))
     return _build(shape, flash_attn, rules, (n_tokens, n_stream, n_seqs, n_outputs))
 
 

@@ -71,6 +71,7 @@ import gguf
 import numpy as np
 
 from ..model.ggml_types import KV_CACHE_TYPES
+from ..plan.llama_constants import pad_ctx
 from ..plan.reserve_graph import last_layer_rows_only
 from .expert_shapes import expert_key, model_expert_keys, parse_expert_key
 
@@ -225,9 +226,9 @@ class ProbeModel:
 
     @property
     def n_ctx(self) -> int:
-        """Context for its deepest run, padded to 256."""
+        """Context for its deepest run, padded as llama.cpp pads it."""
         need = max(d + p + g for d, p, g in self.runs) + 16
-        return -(-need // 256) * 256
+        return pad_ctx(need)
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``; an
