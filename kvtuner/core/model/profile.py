@@ -17,8 +17,9 @@ from typing import Any
 
 import gguf
 
+from .arch import family_of
 from .gguf_header import ArrayInfo, GGUFError, GGUFHeader, TensorInfo, printable, read_header
-from .hparams import RECURRENT_ARCHS, Meta, derive_structure, read_hparams
+from .hparams import Meta, derive_structure, read_hparams
 from .structure import ModelStructure
 
 __all__ = ["GGUFError", "ModelProfile", "ModelStructure", "split_parts"]
@@ -312,7 +313,7 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
 
     hp = read_hparams(m, n_layer, n_embd)
     n_head, n_head_kv = hp.n_head, hp.n_head_kv
-    if max(n_head) == 0 and arch not in RECURRENT_ARCHS:
+    if max(n_head) == 0 and family_of(arch).memory != "recurrent":
         raise GGUFError(f"{p}: no attention heads (head_count is 0): not a model kvtuner can plan")
 
     warnings: list[str] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..model.arch import family_of
 from ..model.ggml_types import KV_CACHE_TYPES, kv_type
 from .config import ConfigError, PlanConfig
 
@@ -48,7 +49,7 @@ def check_context(model: ModelProfile, config: PlanConfig, flash_attn: bool) -> 
         raise ConfigError(
             f"a quantized V cache ({tv.name}) requires flash attention: use --flash-attn on (or auto), or --cache-type-v f16"
         )
-    if (model.is_mla or model.architecture == "deepseek4") and tk.name != tv.name:
+    if (model.is_mla or family_of(model.architecture).same_kv_types) and tk.name != tv.name:
         raise ConfigError(f"{model.architecture} (MLA) needs the same K and V cache type: set --cache-type-v {tk.name}")
     fa_not_off = config.flash_attn != "off" and flash_attn
     if not fa_not_off:

@@ -6,7 +6,9 @@ b11434), over a full KV cache, and the CPU backend's compute buffer is what ggml
 it (:func:`ggml_graph.allocate`). What differs between builds and programs is keyed by
 :class:`~.build_rules.BuildRules` (b11434's mixed-batch embedding inputs and embedding scale rows,
 its one-gather ``build_rs``, the outputs reserved).
-:func:`transformer_reserve_bytes` rebuilds that graph:
+:func:`transformer_reserve_bytes` rebuilds that graph for the architectures whose family in
+:mod:`kvtuner.core.model.arch` has :class:`~kvtuner.core.model.arch.GraphRules`
+(:func:`transformer_shape` reads them):
 
 - the inputs of ``llm_graph_context`` (src/llama-graph.cpp): token ids, the unselected
   ``inp_embd`` of ``build_inp_embd`` (``ggml_build_forward_select``, PR 18550: allocated, never
@@ -43,12 +45,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from ..model.arch import Family, GraphFacts, GraphRules, family_of
+from ..model.arch.tensors import EXPERTS, KNOWN_LAYER_TENSORS, SHARED_EXPERT
 from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
 from .llama_constants import CTX_PAD_CELLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.profile import ModelProfile
+    from ..model.structure import LayerRole
     from .kv_cache import LayerKV
 
 
@@ -356,6 +361,25 @@ def _mamba2(
     return cur
 
 
+def _head(
+    g: Graph, shape: TransformerShape, rows: Tensor, n: int, softcap: bool = False, out_ids: Tensor | None = None
+) -> Graph:
+    """The output head on the normed output rows ``[n_embd, n]`` (with ``out_ids``: first gathered
+    from the normed hidden state of every token, an output, by ``get_rows``): ``result_output``
+    ``[n_vocab, n]`` (an output), with Gemma's final logit soft-capping (scale, tanh, scale, in
+    place) when ``softcap`` or the shape says so; expanded last."""
+    if out_ids is not None:
+        rows = g.op("GET_ROWS", "result_norm", (shape.n_embd, n), rows, out_ids)
+        rows.is_output = True
+    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n), None, rows)
+    if softcap or shape.logit_softcap:
+        scaled = g.op("SCALE", "scaled", logits.ne, logits)
+        logits = g.op("SCALE", "result_output", logits.ne, g.op("UNARY", "tanh", logits.ne, scaled))
+    logits.is_output = True
+    g.expand(logits)
+    return g
+
+
 def _nemotron_h(
     g: Graph,
     shape: TransformerShape,
@@ -386,12 +410,7 @@ def _nemotron_h(
         inpL = g.op("ADD", f"nemotron_h_block_out-{il}", (E, T), cur, inpSA)
     h = g.op("MUL", "h_nextn", (E, T), g.op("RMS_NORM", "norm", (E, T), inpL), None)
     h.is_output = True
-    result_norm = g.op("GET_ROWS", "result_norm", (E, n_out), h, out_ids)
-    result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, h, n_out, out_ids=out_ids)
 
 
 def _falcon_h1(
@@ -428,10 +447,7 @@ def _falcon_h1(
         inpL = g.op("ADD", f"l_out-{il}", (E, Tc), cur, inpSA)
     result_norm = g.op("MUL", "result_norm", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), inpL), None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, result_norm, Tc)
 
 
 def _mla(
@@ -508,59 +524,67 @@ GEMMA3N_ALTUP_ACTIVE = 0
 GEMMA3N_SPARSE_LAYERS = 10
 
 
-def _gemma3n(
-    g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int, out_ids: Tensor
-) -> Graph:
-    """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
-    input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
-    the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
-    sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
-    other streams; then the streams merged back, the output rows, norm, head and logit softcapping."""
-    E, A, P = shape.n_embd, shape.altup, shape.per_layer
+class _Gemma3n:
+    """``llama_model_gemma3n::graph``'s steps (src/models/gemma3n.cpp) on ``altup`` streams
+    ``[n_embd, T, altup]``: the router, AltUp predict and correct, LAuReL, the sparse feed-forward,
+    the streams stacked from and merged back into one."""
 
-    def slice2d(x: Tensor, i: int) -> Tensor:  # gemma3n_view_2d_slice
-        return g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
+    def __init__(self, g: Graph, shape: TransformerShape, T: int) -> None:
+        self.g, self.shape, self.T = g, shape, T
+        self.E, self.A, self.P = shape.n_embd, shape.altup, shape.per_layer
 
-    def rest(x: Tensor) -> Tensor:  # streams 1.. of [E, T, A]
-        return g.view(x, (E, T, A - 1), (x.nb[1], x.nb[2]), E * T * 4)
+    def slice2d(self, x: Tensor, i: int) -> Tensor:
+        """``gemma3n_view_2d_slice``: stream ``i`` of ``x``."""
+        return self.g.view(x, (x.ne[0], x.ne[1]), (x.nb[1],), i * x.ne[0] * x.ne[1] * 4)
 
-    def router(x: Tensor) -> Tensor:  # altup_compute_router_modalities
+    def rest(self, x: Tensor) -> Tensor:
+        """Streams 1.. of ``[E, T, A]``."""
+        E, T, A = self.E, self.T, self.A
+        return self.g.view(x, (E, T, A - 1), (x.nb[1], x.nb[2]), E * T * 4)
+
+    def router(self, x: Tensor) -> Tensor:
+        """``altup_compute_router_modalities``: norm, scale, router projection, tanh ``[A, T]``."""
+        g, E, T, A = self.g, self.E, self.T, self.A
         r = g.op("MUL", "altup_router_norm", (E, T), g.op("RMS_NORM", "norm", (E, T), x), None)
         r = g.op("MUL_MAT", "altup_router", (A, T), None, g.op("SCALE", "router_inputs", (E, T), r))
         return g.op("UNARY", "modalities", (A, T), r)
 
-    target = _magnitude(g, inpL)
-    added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
-    added = g.op(
-        "DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target), _magnitude(g, added)
-    )
-    inpL = g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
-    for il, L in enumerate(shape.layers):
-        cur = inpL
-        # altup_predict
-        coefs = g.op("MUL_MAT", f"all_coefs-{il}", (A * A, T), None, router(slice2d(cur, GEMMA3N_ALTUP_ACTIVE)))
+    def stack(self, inpL: Tensor) -> Tensor:
+        """The input and its ``altup - 1`` magnitude-matched projections, stacked ``[E, T, A]``."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        target = _magnitude(g, inpL)
+        added = g.op("MUL_MAT", "altup_proj", (E, T, A - 1), None, g.op("REPEAT", "inp_repeated", (E, T, A - 1), inpL))
+        added = g.op(
+            "DIV", "altup_added", added.ne, g.op("MUL", "altup_added", added.ne, added, target), _magnitude(g, added)
+        )
+        return g.op("CONCAT", "inp_stacked", (E, T, A), inpL, added)
+
+    def predict(self, il: int, cur: Tensor) -> Tensor:
+        """``altup_predict``: the streams mixed by the router's coefficients, plus themselves."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        coefs = g.op(
+            "MUL_MAT", f"all_coefs-{il}", (A * A, T), None, self.router(self.slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
+        )
         coefs = g.reshape(coefs, A, A, T)
         perm = g.op("CONT", f"cur_permuted-{il}", (A, E, T), g.permute(cur, 1, 2, 0, 3))
         pred = g.op("MUL_MAT", f"predictions-{il}", (E, A, T), perm, coefs)
         pred = g.op("CONT", f"predictions-{il}", (E, T, A), g.permute(pred, 0, 2, 1, 3))
-        pred = g.op("ADD", f"predictions-{il}", (E, T, A), pred, cur)
-        active = slice2d(pred, GEMMA3N_ALTUP_ACTIVE)
-        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), active), None)
-        # laurel
+        return g.op("ADD", f"predictions-{il}", (E, T, A), pred, cur)
+
+    def laurel(self, il: int, cur: Tensor) -> Tensor:
+        """LAuReL: a rank-64 residual of the normed input, normed, plus the input."""
+        g, E, T = self.g, self.E, self.T
         lr = g.op("MUL_MAT", f"laurel_r-{il}", (E, T), None, g.op("MUL_MAT", f"laurel_l-{il}", (64, T), None, cur))
         lr = g.op("MUL", f"laurel_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), lr), None)
-        laurel_out = g.op("ADD", f"laurel_out-{il}", (E, T), lr, cur)
-        cur = mix(il, L, cur)
-        cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
-        cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
-        attn_laurel = g.op(
-            "SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out)
-        )
-        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
-        F = L.n_ff
+        return g.op("ADD", f"laurel_out-{il}", (E, T), lr, cur)
+
+    def ffn(self, il: int, L: LayerShape, cur: Tensor) -> Tensor:
+        """The GELU feed-forward, its gate sparsified (``gaussian_topk``: mean + k std cutoff) in
+        the first :data:`GEMMA3N_SPARSE_LAYERS` layers."""
+        g, E, T, F = self.g, self.E, self.T, L.n_ff
         up = g.op("MUL_MAT", f"ffn_up-{il}", (F, T), None, cur)
         gate = g.op("MUL_MAT", f"ffn_gate-{il}", (F, T), None, cur)
-        if il < GEMMA3N_SPARSE_LAYERS:  # gaussian_topk
+        if il < GEMMA3N_SPARSE_LAYERS:
             mean = g.op("MEAN", "mean", (1, T), gate)
             std = g.op(
                 "SUM_ROWS", "sum_rows", (1, T), g.op("SQR", "sqr", (F, T), g.op("SUB", "sub", (F, T), gate, mean))
@@ -569,306 +593,389 @@ def _gemma3n(
             cutoff = g.op("ADD", "cutoff", (1, T), mean, g.op("SCALE", "scale", (1, T), std))
             gate = g.op("UNARY", "relu", (F, T), g.op("SUB", "sub", (F, T), gate, cutoff))
         gate = g.op("UNARY", "gelu", (F, T), gate)
-        cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, g.op("MUL", f"ffn_mul-{il}", (F, T), up, gate))
-        cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur), None)
-        gated = g.op("ADD", f"attn_ffw_laurel_gated-{il}", (E, T), cur, attn_laurel)
-        # altup_correct
-        mod = router(gated)
-        innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
+        return g.op("MUL_MAT", f"ffn_out-{il}", (E, T), None, g.op("MUL", f"ffn_mul-{il}", (F, T), up, gate))
+
+    def correct(self, il: int, gated: Tensor, pred: Tensor, ple: Tensor | None) -> Tensor:
+        """``altup_correct`` (the innovation of the active stream spread by the router's
+        coefficients), then the per-layer embedding (gated, projected, normed) added to the other
+        streams: the layer's output ``[E, T, A]``."""
+        g, E, T, A, P = self.g, self.E, self.T, self.A, self.P
+        mod = self.router(gated)
+        innovation = g.op("SUB", f"innovation-{il}", (E, T), gated, self.slice2d(pred, GEMMA3N_ALTUP_ACTIVE))
         coefs = g.op("SCALE", f"all_coefs-{il}", (A, T), g.op("MUL_MAT", f"all_coefs-{il}", (A, T), None, mod))
         coefs = g.op("CONT", f"all_coefs-{il}", (1, T, A), g.transpose(coefs))
         corrected = g.op(
             "MUL", f"corrected-{il}", (E, T, A), g.op("REPEAT", "innovation", (E, T, A), innovation), coefs
         )
         corrected = g.op("ADD", f"corrected-{il}", (E, T, A), corrected, pred)
-        first = g.op("MUL", f"first_prediction-{il}", (E, T), slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
+        first = g.op("MUL", f"first_prediction-{il}", (E, T), self.slice2d(corrected, GEMMA3N_ALTUP_ACTIVE), None)
         first = g.op("UNARY", "gelu", (P, T), g.op("MUL_MAT", f"inp_gate-{il}", (P, T), None, first))
         if ple is not None:
-            first = g.op("MUL", f"first_prediction_scaled-{il}", (P, T), first, slice2d(ple, il))
+            first = g.op("MUL", f"first_prediction_scaled-{il}", (P, T), first, self.slice2d(ple, il))
         first = g.op("MUL_MAT", f"proj-{il}", (E, T), None, first)
         first = g.op("MUL", f"first_prediction_out-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), first), None)
-        tmp = g.op("ADD", f"rest-{il}", (E, T, A - 1), rest(corrected), first)
-        inpL = g.op("CONCAT", f"l_out-{il}", (E, T, A), slice2d(corrected, 0), tmp)
-    cur = inpL
-    target = _magnitude(g, slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
-    unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, rest(cur))
-    unembd = g.op(
-        "DIV", "altup_unembd", unembd.ne, g.op("MUL", "altup_unembd", unembd.ne, unembd, target), _magnitude(g, unembd)
-    )
-    merged = slice2d(cur, 0)
-    for i in range(A - 1):
-        merged = g.op("ADD", "unembd_merged", (E, T), merged, slice2d(unembd, i))
-    merged = g.op("SCALE", "unembd_merged", (E, T), merged)
-    rows = g.op("GET_ROWS", "rows", (E, n_out), merged, out_ids)
+        tmp = g.op("ADD", f"rest-{il}", (E, T, A - 1), self.rest(corrected), first)
+        return g.op("CONCAT", f"l_out-{il}", (E, T, A), self.slice2d(corrected, 0), tmp)
+
+    def layer(self, il: int, L: LayerShape, cur: Tensor, ple: Tensor | None, mix) -> Tensor:
+        """One layer: predict, the token mixer on the active stream with LAuReL beside it, the
+        feed-forward, correct."""
+        g, E, T = self.g, self.E, self.T
+        pred = self.predict(il, cur)
+        active = self.slice2d(pred, GEMMA3N_ALTUP_ACTIVE)
+        cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), active), None)
+        laurel_out = self.laurel(il, cur)
+        cur = mix(il, L, cur)
+        cur = g.op("MUL", f"attn_post_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), cur), None)
+        cur = g.op("ADD", f"attn_gated-{il}", (E, T), cur, active)
+        attn_laurel = g.op(
+            "SCALE", f"attn_laurel-{il}", (E, T), g.op("ADD", f"attn_laurel-{il}", (E, T), cur, laurel_out)
+        )
+        cur = g.op("MUL", f"ffn_norm-{il}", (E, T), g.op("RMS_NORM", f"norm-{il}", (E, T), attn_laurel), None)
+        cur = self.ffn(il, L, cur)
+        cur = g.op("MUL", f"ffn_post_norm-{il}", (E, T), g.op("RMS_NORM", "norm", (E, T), cur), None)
+        gated = g.op("ADD", f"attn_ffw_laurel_gated-{il}", (E, T), cur, attn_laurel)
+        return self.correct(il, gated, pred, ple)
+
+    def merge(self, cur: Tensor) -> Tensor:
+        """The streams merged back: the others unembedded to the active one's magnitude, averaged."""
+        g, E, T, A = self.g, self.E, self.T, self.A
+        target = _magnitude(g, self.slice2d(cur, GEMMA3N_ALTUP_ACTIVE))
+        unembd = g.op("MUL_MAT", "altup_unembd", (E, T, A - 1), None, self.rest(cur))
+        unembd = g.op(
+            "DIV",
+            "altup_unembd",
+            unembd.ne,
+            g.op("MUL", "altup_unembd", unembd.ne, unembd, target),
+            _magnitude(g, unembd),
+        )
+        merged = self.slice2d(cur, 0)
+        for i in range(A - 1):
+            merged = g.op("ADD", "unembd_merged", (E, T), merged, self.slice2d(unembd, i))
+        return g.op("SCALE", "unembd_merged", (E, T), merged)
+
+
+def _gemma3n(
+    g: Graph, shape: TransformerShape, inpL: Tensor, ple: Tensor | None, mix, T: int, n_out: int, out_ids: Tensor
+) -> Graph:
+    """``llama_model_gemma3n::graph`` (src/models/gemma3n.cpp) from the scaled embeddings on: the
+    input stacked into ``altup`` streams (magnitude-matched projections), per layer AltUp predict,
+    the token mixer on the active stream with LAuReL beside it, the feed-forward (gaussian top-k
+    sparse gate in the first 10 layers), AltUp correct and the per-layer embedding added to the
+    other streams (:class:`_Gemma3n`); then the streams merged back, the output rows, norm, head
+    and logit softcapping."""
+    E = shape.n_embd
+    a = _Gemma3n(g, shape, T)
+    cur = a.stack(inpL)
+    for il, L in enumerate(shape.layers):
+        cur = a.layer(il, L, cur, ple, mix)
+    rows = g.op("GET_ROWS", "rows", (E, n_out), a.merge(cur), out_ids)
     result_norm = g.op("MUL", "result_norm", (E, n_out), g.op("RMS_NORM", "norm", (E, n_out), rows), None)
     result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, n_out), None, result_norm)
-    logits = g.op(
-        "SCALE",
-        "result_output",
-        logits.ne,
-        g.op("UNARY", "tanh", logits.ne, g.op("SCALE", "scaled", logits.ne, logits)),
-    )
-    logits.is_output = True
-    g.expand(logits)
-    return g
+    return _head(g, shape, result_norm, n_out, softcap=True)
 
 
-def _build(
-    shape: TransformerShape,
-    n_tokens: int,
-    n_stream: int,
-    flash_attn: bool,
-    n_seqs: int = 0,
-    n_outputs: int = 0,
-    rules: BuildRules = VENDORED,
-) -> Graph:
-    g = Graph()
-    T, E = n_tokens, shape.n_embd
-    # graph_reserve's ubatch: n_seq_tokens = ceil(n_tokens / n_seqs) tokens per sequence (n_seqs =
-    # n_seq_max), so n_seq_tokens * n_seqs tokens in all (513 for 512 over 3 sequences);
-    # n_outputs = min(n_tokens, n_outputs_max) (n_tokens in a generic context, one per slot in
-    # llama-server b11434); the KV masks split the tokens over the cache's streams
-    ns = max(1, n_stream)
-    n_seqs = max(1, n_seqs or ns)
-    n_out = min(T, n_outputs) if n_outputs > 0 else T
-    T = -(-T // n_seqs) * n_seqs
-    tps = T // ns
-    s_copy: Tensor | None = None
-    attn_scale: Tensor | None = None
-    tok = g.input("inp_tokens", (T,), "i32")
-    embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
-    # build_inp_embd keeps both inputs in the graph (ggml_build_forward_select, llama.cpp PR 18550):
-    # the unselected [n_embd, n_tokens] f32 embeddings input is allocated and never freed
-    g.expand(embd)
-    g.expand(g.input("inp_embd", (E, T), "f32"))
-    if rules.mixed_embd:  # b11434: the mixed-batch branch, set_rows of token rows into a dup of its own
-        # embeddings input (set_rows' sources: rows, slots, destination); never selected, never freed
-        rows = g.op("GET_ROWS", "mixed_rows", (E, T), None, g.input("inp_mixed_tokens", (T,), "i32"))
-        slots = g.input("inp_mixed_slots", (T,), "i64")
-        dup = g.op("DUP", "mixed_dup", (E, T), g.input("inp_mixed_embd", (E, T), "f32"))
-        g.expand(g.view_of_op("SET_ROWS", "mixed_dup (view)", dup, rows, slots))
-    pos = g.input("inp_pos", (T,), "i32")
-    out_ids = g.input("out_ids", (n_out,), "i32")
-    cache_inputs: dict[bool, dict[str, Tensor]] = {}
+class _Reserve:
+    """One reserve graph under construction (``llm_graph_context``, src/llama-graph.cpp): the
+    ubatch's sizes, the inputs built so far (one set per KV cache) and the builder's steps.
 
-    def rotate(x: Tensor, size: int, which: str, swa: bool) -> Tensor:
-        """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
-        m = cache_input(swa, f"attn_inp_{which}_rot", (size, size), "f32")
-        n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
-        r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
-        return g.reshape(r, *x.ne)
+    graph_reserve's ubatch: ``n_seq_tokens = ceil(n_tokens / n_seqs)`` tokens per sequence
+    (``n_seqs = n_seq_max``), so ``n_seq_tokens * n_seqs`` tokens in all (513 for 512 over 3
+    sequences); ``n_outputs = min(n_tokens, n_outputs_max)`` (``n_tokens`` in a generic context, one
+    per slot in llama-server b11434); the KV masks split the tokens over the cache's streams.
+    ``ubatch`` is ``(n_tokens, n_stream, n_seqs, n_outputs)`` as :func:`_build` takes them."""
 
-    norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not an in-place op, ggml_rms_norm is
-    inpL = embd
-    if (
-        shape.embd_scale and rules.scale_rows and not shape.embd_scale_op
-    ):  # b11434: the token rows times an inp_scale_rows input
-        inpL = g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
-    elif shape.embd_scale:  # gemma: embeddings times sqrt(n_embd)
-        inpL = g.op("SCALE", "inp_scaled", (E, T), embd)
-    n_layer = len(shape.layers)
-    v_width = max(L.head_v * L.n_head_kv for L in shape.layers)  # llama_hparams::n_embd_v_gqa_max
-    ple = None
-    if shape.per_layer:  # gemma4.cpp build_inp_per_layer: its own token input, rows of per_layer_tok_embd, scaled
-        P = shape.per_layer
+    def __init__(self, shape: TransformerShape, flash_attn: bool, rules: BuildRules, ubatch: tuple[int, ...]) -> None:
+        self.g = Graph()
+        self.shape, self.flash_attn, self.rules = shape, flash_attn, rules
+        self.E = shape.n_embd
+        n_tokens, n_stream, n_seqs, n_outputs = ubatch
+        self.ns = max(1, n_stream)
+        self.n_seqs = max(1, n_seqs or self.ns)
+        self.n_out = min(n_tokens, n_outputs) if n_outputs > 0 else n_tokens
+        self.T = -(-n_tokens // self.n_seqs) * self.n_seqs
+        self.tps = self.T // self.ns
+        self.s_copy: Tensor | None = None
+        self.attn_scale: Tensor | None = None
+        self.cache_inputs: dict[bool, dict[str, Tensor]] = {}
+        self.norm_op = "NORM" if shape.layer_norm else "RMS_NORM"  # ggml_norm is not in place, ggml_rms_norm is
+        self.v_width = max(L.head_v * L.n_head_kv for L in shape.layers)  # llama_hparams::n_embd_v_gqa_max
+
+    def inputs(self) -> Tensor:
+        """``build_inp_embd`` and the other inputs: token ids and their embedding rows, the
+        unselected ``inp_embd`` (``ggml_build_forward_select``, llama.cpp PR 18550: allocated, never
+        freed), b11434's mixed-batch branch, positions, output ids; returns the embeddings."""
+        g, T, E = self.g, self.T, self.E
+        tok = g.input("inp_tokens", (T,), "i32")
+        embd = g.op("GET_ROWS", "embd", (E, T), None, tok)
+        g.expand(embd)
+        g.expand(g.input("inp_embd", (E, T), "f32"))
+        if self.rules.mixed_embd:  # b11434: the mixed-batch branch, set_rows of token rows into a dup of its
+            # own embeddings input (set_rows' sources: rows, slots, destination); never selected, never freed
+            rows = g.op("GET_ROWS", "mixed_rows", (E, T), None, g.input("inp_mixed_tokens", (T,), "i32"))
+            slots = g.input("inp_mixed_slots", (T,), "i64")
+            dup = g.op("DUP", "mixed_dup", (E, T), g.input("inp_mixed_embd", (E, T), "f32"))
+            g.expand(g.view_of_op("SET_ROWS", "mixed_dup (view)", dup, rows, slots))
+        self.pos = g.input("inp_pos", (T,), "i32")
+        self.out_ids = g.input("out_ids", (self.n_out,), "i32")
+        return embd
+
+    def scaled(self, embd: Tensor) -> Tensor:
+        """Gemma's scaled input embeddings: b11434 multiplies the token rows by an
+        ``inp_scale_rows`` input, other builds (and Gemma 2 always) ``ggml_scale`` by sqrt(n_embd)."""
+        shape, g, T, E = self.shape, self.g, self.T, self.E
+        if shape.embd_scale and self.rules.scale_rows and not shape.embd_scale_op:
+            return g.op("MUL", "inp_scaled", (E, T), embd, g.input("inp_scale_rows", (1, T), "f32"))
+        if shape.embd_scale:
+            return g.op("SCALE", "inp_scaled", (E, T), embd)
+        return embd
+
+    def per_layer_inputs(self, inpL: Tensor) -> Tensor | None:
+        """gemma4.cpp ``build_inp_per_layer`` (its own token input, rows of per_layer_tok_embd,
+        scaled) and ``project_per_layer_inputs`` (not expanded, so listed where layer 0 first
+        reads it): ``[P, T, n_layer]``, or None without per-layer embeddings."""
+        if not self.shape.per_layer:
+            return None
+        g, T, P, n_layer = self.g, self.T, self.shape.per_layer, len(self.shape.layers)
         ple_tok = g.input("inp_per_layer_tokens", (T,), "i32")
         sel = g.op("GET_ROWS", "per_layer_rows", (P * n_layer, T), None, ple_tok)
         sel = g.op("SCALE", "inp_per_layer_selected", (P, n_layer, T), g.reshape(sel, P, n_layer, T))
         g.expand(sel)
-        # project_per_layer_inputs: not expanded, so listed where layer 0 first reads it
         proj = g.op("MUL_MAT", "per_layer_proj", (P * n_layer, T), None, inpL)
         proj = g.reshape(g.op("SCALE", "per_layer_proj", proj.ne, proj), P, n_layer, T)
         proj = g.op("MUL", "per_layer_proj", proj.ne, g.op("RMS_NORM", "norm", proj.ne, proj), None)
         ple = g.op("SCALE", "inp_per_layer", proj.ne, g.op("ADD", "inp_per_layer", proj.ne, proj, sel))
-        ple = g.op("CONT", "inp_per_layer (permuted)", (P, T, n_layer), g.permute(ple, 0, 2, 1, 3))
+        return g.op("CONT", "inp_per_layer (permuted)", (P, T, n_layer), g.permute(ple, 0, 2, 1, 3))
 
-    def cache_input(swa: bool, name: str, ne: tuple[int, ...], etype: str) -> Tensor:
+    def cache_input(self, swa: bool, name: str, ne: tuple[int, ...], etype: str) -> Tensor:
         """One input per KV cache (the sliding-window cache of an iSWA memory has its own)."""
-        d = cache_inputs.setdefault(swa, {})
+        d = self.cache_inputs.setdefault(swa, {})
         if name not in d:
-            d[name] = g.input(name, ne, etype)
+            d[name] = self.g.input(name, ne, etype)
         return d[name]
 
-    def mix(il: int, L: LayerShape, cur: Tensor) -> Tensor:
-        """The layer's token mixer on the normed input: attention (build_attn), a short conv or DeciLM's
-        linear attention; ``[n_embd, T]`` out."""
-        nonlocal s_copy, attn_scale
-        w = _weight
+    def rotate(self, x: Tensor, size: int, which: str, swa: bool) -> Tensor:
+        """``ggml_mul_mat_aux``: ``x`` as rows of ``size`` times the Hadamard matrix, reshaped back."""
+        g = self.g
+        m = self.cache_input(swa, f"attn_inp_{which}_rot", (size, size), "f32")
+        n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3]
+        r = g.op("MUL_MAT", f"{which}_rot", (size, n // size), m, g.reshape(x, size, n // size))
+        return g.reshape(r, *x.ne)
+
+    def mix(self, il: int, L: LayerShape, cur: Tensor) -> Tensor:
+        """The layer's token mixer on the normed input: attention (build_attn), a short conv, MLA or
+        DeciLM's linear attention; ``[n_embd, T]`` out."""
+        g, T = self.g, self.T
         if L.conv:  # lfm2.cpp build_shortconv_block
-            if s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
-                s_copy = g.input("rs_s_copy", (n_seqs,), "i32")
-            cur = _shortconv(g, L, il, cur, T, n_seqs, s_copy, rules)
-        elif shape.mla:
-            cur = _mla(g, shape, L, il, cur, T, tps, ns, flash_attn, pos, cache_input)
-        elif L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
-            cur = g.op("MUL_MAT", f"wo-{il}", (E, T), None, cur)
-        elif L.n_head_kv > 0:
-            hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
-            if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
-                qkv = g.op(
-                    "MUL_MAT",
-                    f"wqkv-{il}",
-                    (hk * H + hk * Hkv + hv * Hkv, T),
-                    w("attn_qkv", E, hk * H + 2 * hk * Hkv),
-                    cur,
-                )
-                q = g.view(qkv, (hk, H, T), (hk * 4, qkv.nb[1]), 0)
-                k = g.view(qkv, (hk, Hkv, T), (hk * 4, qkv.nb[1]), 4 * hk * H)
-                v = g.view(qkv, (hv, Hkv, T), (hv * 4, qkv.nb[1]), 4 * (hk * H + hk * Hkv))
-            else:
-                q = g.op("MUL_MAT", f"Qcur-{il}", (hk * H, T), w("attn_q", E, hk * H), cur)
-                k = g.op("MUL_MAT", f"Kcur-{il}", (hk * Hkv, T), w("attn_k", E, hk * Hkv), cur)
-                v = g.op("MUL_MAT", f"Vcur-{il}", (hv * Hkv, T), w("attn_v", E, hv * Hkv), cur)
-                if shape.qkv_bias:
-                    q = g.op("ADD", f"Qcur-{il}", q.ne, q, w("attn_q.bias", hk * H))
-                    k = g.op("ADD", f"Kcur-{il}", k.ne, k, w("attn_k.bias", hk * Hkv))
-                    v = g.op("ADD", f"Vcur-{il}", v.ne, v, w("attn_v.bias", hv * Hkv))
-                q = g.reshape(q, hk, H, T)
-                k = g.reshape(k, hk, Hkv, T)
-                v = g.reshape(v, hv, Hkv, T)
-            if shape.qk_norm:
-                q = g.op(
-                    "MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk)
-                )
-                k = g.op(
-                    "MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk)
-                )
-            if shape.v_norm:
-                v = g.op("RMS_NORM", f"Vcur_normed-{il}", v.ne, v)
-            if L.nope:  # llama4.cpp: Q times inp_attn_scale (build_inp_attn_scale, [1, 1, n_tokens])
-                if attn_scale is None:
-                    attn_scale = g.input("inp_attn_scale", (1, 1, T), "f32")
-                q = g.op("MUL", f"Qcur-{il}", q.ne, q, attn_scale)
-            elif shape.rope:
-                q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, pos)
-                k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, pos)
-                if shape.qk_norm_after_rope:
-                    q = g.op("RMS_NORM", f"Qcur_normed-{il}", q.ne, q)
-                    k = g.op("RMS_NORM", f"Kcur_normed-{il}", k.ne, k)
-            if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
-                q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
-            # build_attn (llama-graph.cpp): the Hadamard rotations of a quantized cache, then
-            # Q, V, K expanded in that order (iSWA caches: Q, K, V), then the cache writes
-            rot_k, rot_v = (shape.rot_k_swa, shape.rot_v_swa) if L.swa else (shape.rot_k, shape.rot_v)
-            if rot_k:
-                q = rotate(q, rot_k, "k", L.swa)
-            if rot_v:
-                v = rotate(v, rot_v, "v", L.swa)
-            if rot_k:
-                k = rotate(k, rot_k, "k", L.swa)
-            g.expand(q)
-            shared = L.kv_src >= 0
-            if shared:
-                pass
-            elif L.iswa:
-                g.expand(k)
-                g.expand(v)
-            else:
-                g.expand(v)
-                g.expand(k)
-            n_kv = L.n_kv
-            sw = L.swa
-            cache_k = g.leaf(f"cache_k_l{il}", (hk * Hkv, n_kv * ns), "f16")
-            cache_v = g.leaf(f"cache_v_l{il}", (hv * Hkv, n_kv * ns), "f16")
-            if not shared:  # the cache writes (ggml_set_rows), not for a layer reading another's KV
-                k_idxs = cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
-                kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
-                g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
-                if flash_attn:
-                    vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
-                    v_idxs = cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
-                    g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
-                else:
-                    # a transposed V cache has rows of n_embd_v_gqa_max() (the widest layer's V), a
-                    # narrower layer's V is padded to it (llama-kv-cache.cpp cpy_v, TAG_V_CACHE_VARIABLE)
-                    v_idxs = cache_input(sw, "attn_inp_v_idxs", (T * v_width,), "i64")
-                    vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), hv * Hkv, T)
-                    if hv * Hkv < v_width:
-                        vr = g.op("PAD", f"v_pad-{il}", (v_width, T), vr)
-                    vr = g.reshape(vr, 1, T * v_width)
-                    g.expand(
-                        g.view_of_op(
-                            "SET_ROWS",
-                            f"cache_v_l{il} (reshaped)",
-                            g.reshape(cache_v, 1, v_width * n_kv * ns),
-                            vr,
-                            v_idxs,
-                        )
-                    )
-            mask = cache_input(sw, "attn_inp_kq_mask", (n_kv, tps, 1, ns), "f16" if flash_attn else "f32")
-            if not any(t is mask for t, _, _ in g.kv_sized):
-                g.kv_sized.append((mask, sw, 0))
-            qp = g.permute(g.reshape(q, hk, H, tps, ns) if ns > 1 else q, 0, 2, 1, 3)
-            kview = g.permute(
-                g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3
-            )
-            if flash_attn:
-                vview = g.permute(
-                    g.view(cache_v, (hv, Hkv, n_kv, ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)), 0, 2, 1, 3
-                )
-                # build_attn_mha: an f32 cache is cast to f16 for flash attention (ggml_cast: a new
-                # tensor, its own second source)
-                if shape.k_f32:
-                    kview = g.cast_f16(kview)
-                    g.kv_sized.append((kview, sw, 1))
-                if shape.v_f32:
-                    vview = g.cast_f16(vview)
-                    g.kv_sized.append((vview, sw, 1))
-                fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, H, tps, ns), qp, kview, vview, mask)
-                attn = g.reshape(fa, hv * H, T)
-                g.expand(attn)  # build_attn_mha ends with ggml_build_forward_expand(gf, cur)
-                if rot_v:
-                    attn = rotate(attn, rot_v, "v", L.swa)
-            else:
-                vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
-                kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, tps, H, ns), kview, qp)
-                sized = [kq]
-                if shape.attn_softcap:  # build_attn_mha: kq scaled, tanh, scaled back (in place)
-                    for op in ("SCALE", "UNARY", "SCALE"):
-                        kq = g.op(op, f"kq_softcap-{il}", kq.ne, kq)
-                        sized.append(kq)
-                sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
-                g.kv_sized += [(t, sw, 0) for t in (*sized, sm)]
-                kq = sm
-                kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, tps, H, ns), vview, kq)
-                perm = g.permute(kqv, 0, 2, 1, 3)
-                attn = g.op("CONT", f"kqv_out-{il}", (hv * H, T), perm)
-                g.expand(attn)
-            cur = g.op("MUL_MAT", f"attn_out-{il}", (E, T), w("attn_output", hv * H, E), attn)
-            if shape.attn_out_bias:
-                cur = g.op("ADD", f"attn_out-{il}", (E, T), cur, None)
+            if self.s_copy is None:  # build_rs_inp: one state per sequence (n_rs = n_seqs when reserving)
+                self.s_copy = g.input("rs_s_copy", (self.n_seqs,), "i32")
+            return _shortconv(g, L, il, cur, T, self.n_seqs, self.s_copy, self.rules)
+        if self.shape.mla:
+            return _mla(g, self.shape, L, il, cur, T, self.tps, self.ns, self.flash_attn, self.pos, self.cache_input)
+        if L.n_head_kv == 0 and L.n_head > 0:  # deci.cpp: "linear attention", the output projection alone
+            return g.op("MUL_MAT", f"wo-{il}", (self.E, T), None, cur)
+        if L.n_head_kv > 0:
+            return self.attention(il, L, cur)
         return cur
 
-    if shape.altup:
-        return _gemma3n(g, shape, inpL, ple, mix, T, n_out, out_ids)
-    if shape.ssm and shape.parallel_ssm:
-        return _falcon_h1(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
-    if shape.ssm:
-        return _nemotron_h(g, shape, inpL, mix, T, n_seqs, n_out, out_ids, rules)
-    for il, L in enumerate(shape.layers):
-        inpSA = inpL
+    def qkv(self, il: int, L: LayerShape, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V ``[head, heads, T]``: the projections (Phi-3's fused one, Qwen2's biases),
+        per-head Q/K norms, V's norm (Gemma 4), RoPE or Llama 4's NoPE temperature, Llama 4's L2
+        norms after RoPE, Q's scale (Phi-3, Gemma 3)."""
+        g, shape, T, E, w = self.g, self.shape, self.T, self.E, _weight
+        hk, hv, H, Hkv = L.head_k, L.head_v, L.n_head, L.n_head_kv
+        if shape.fused_qkv:  # phi3: one [n_embd + 2 n_embd_gqa, T] projection, Q/K/V are views of it
+            qkv = g.op(
+                "MUL_MAT", f"wqkv-{il}", (hk * H + hk * Hkv + hv * Hkv, T), w("attn_qkv", E, hk * H + 2 * hk * Hkv), cur
+            )
+            q = g.view(qkv, (hk, H, T), (hk * 4, qkv.nb[1]), 0)
+            k = g.view(qkv, (hk, Hkv, T), (hk * 4, qkv.nb[1]), 4 * hk * H)
+            v = g.view(qkv, (hv, Hkv, T), (hv * 4, qkv.nb[1]), 4 * (hk * H + hk * Hkv))
+        else:
+            q = g.op("MUL_MAT", f"Qcur-{il}", (hk * H, T), w("attn_q", E, hk * H), cur)
+            k = g.op("MUL_MAT", f"Kcur-{il}", (hk * Hkv, T), w("attn_k", E, hk * Hkv), cur)
+            v = g.op("MUL_MAT", f"Vcur-{il}", (hv * Hkv, T), w("attn_v", E, hv * Hkv), cur)
+            if shape.qkv_bias:
+                q = g.op("ADD", f"Qcur-{il}", q.ne, q, w("attn_q.bias", hk * H))
+                k = g.op("ADD", f"Kcur-{il}", k.ne, k, w("attn_k.bias", hk * Hkv))
+                v = g.op("ADD", f"Vcur-{il}", v.ne, v, w("attn_v.bias", hv * Hkv))
+            q, k, v = g.reshape(q, hk, H, T), g.reshape(k, hk, Hkv, T), g.reshape(v, hv, Hkv, T)
+        if shape.qk_norm:
+            q = g.op("MUL", f"Qcur_normed-{il}", q.ne, g.op("RMS_NORM", f"norm-{il}", q.ne, q), w("attn_q_norm", hk))
+            k = g.op("MUL", f"Kcur_normed-{il}", k.ne, g.op("RMS_NORM", f"norm-{il}", k.ne, k), w("attn_k_norm", hk))
+        if shape.v_norm:
+            v = g.op("RMS_NORM", f"Vcur_normed-{il}", v.ne, v)
+        if L.nope:  # llama4.cpp: Q times inp_attn_scale (build_inp_attn_scale, [1, 1, n_tokens])
+            if self.attn_scale is None:
+                self.attn_scale = g.input("inp_attn_scale", (1, 1, T), "f32")
+            q = g.op("MUL", f"Qcur-{il}", q.ne, q, self.attn_scale)
+        elif shape.rope:
+            q = g.op("ROPE", f"Qcur-{il}", (hk, H, T), q, self.pos)
+            k = g.op("ROPE", f"Kcur-{il}", (hk, Hkv, T), k, self.pos)
+            if shape.qk_norm_after_rope:
+                q = g.op("RMS_NORM", f"Qcur_normed-{il}", q.ne, q)
+                k = g.op("RMS_NORM", f"Kcur_normed-{il}", k.ne, k)
+        if shape.q_scale:  # phi3, gemma3: Q scaled before build_attn
+            q = g.op("SCALE", f"Qcur-{il}", q.ne, q)
+        return q, k, v
+
+    def attention(self, il: int, L: LayerShape, cur: Tensor) -> Tensor:
+        """``build_attn`` (llama-graph.cpp): the Hadamard rotations of a quantized cache, then Q, V,
+        K expanded in that order (iSWA caches: Q, K, V), the cache writes, flash attention or
+        ``kq`` / ``soft_max`` / ``kqv``, the output projection (gpt-oss: and its bias)."""
+        g, shape = self.g, self.shape
+        q, k, v = self.qkv(il, L, cur)
+        rot_k, rot_v = (shape.rot_k_swa, shape.rot_v_swa) if L.swa else (shape.rot_k, shape.rot_v)
+        if rot_k:
+            q = self.rotate(q, rot_k, "k", L.swa)
+        if rot_v:
+            v = self.rotate(v, rot_v, "v", L.swa)
+        if rot_k:
+            k = self.rotate(k, rot_k, "k", L.swa)
+        g.expand(q)
+        if L.kv_src >= 0:  # a layer reading another layer's KV writes none
+            pass
+        elif L.iswa:
+            g.expand(k)
+            g.expand(v)
+        else:
+            g.expand(v)
+            g.expand(k)
+        ns = self.ns
+        cache_k = g.leaf(f"cache_k_l{il}", (L.head_k * L.n_head_kv, L.n_kv * ns), "f16")
+        cache_v = g.leaf(f"cache_v_l{il}", (L.head_v * L.n_head_kv, L.n_kv * ns), "f16")
+        if L.kv_src < 0:
+            self.cache_writes(il, L, k, v, cache_k, cache_v)
+        if self.flash_attn:
+            attn = self.flash(il, L, q, cache_k, cache_v)
+            if rot_v:
+                attn = self.rotate(attn, rot_v, "v", L.swa)
+        else:
+            attn = self.scores(il, L, q, cache_k, cache_v)
         w = _weight
+        cur = g.op("MUL_MAT", f"attn_out-{il}", (self.E, self.T), w("attn_output", L.head_v * L.n_head, self.E), attn)
+        if shape.attn_out_bias:
+            cur = g.op("ADD", f"attn_out-{il}", (self.E, self.T), cur, None)
+        return cur
+
+    def cache_writes(self, il: int, L: LayerShape, k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        """The cache writes (``ggml_set_rows``): K by row; V by row with flash attention, else
+        transposed, one index per element, rows of ``n_embd_v_gqa_max()`` (the widest layer's V; a
+        narrower layer's V is padded to it: llama-kv-cache.cpp cpy_v, TAG_V_CACHE_VARIABLE)."""
+        g, T, sw, v_width = self.g, self.T, L.swa, self.v_width
+        hk, hv, Hkv = L.head_k, L.head_v, L.n_head_kv
+        k_idxs = self.cache_input(sw, "attn_inp_k_idxs", (T,), "i64")
+        kv2 = g.view(k, (hk * Hkv, T), (k.nb[2],))
+        g.expand(g.view_of_op("SET_ROWS", f"cache_k_l{il} (view)", cache_k, kv2, k_idxs))
+        if self.flash_attn:
+            vv2 = g.view(v, (hv * Hkv, T), (v.nb[2],))
+            v_idxs = self.cache_input(sw, "attn_inp_v_idxs", (T,), "i64")
+            g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (view)", cache_v, vv2, v_idxs))
+            return
+        v_idxs = self.cache_input(sw, "attn_inp_v_idxs", (T * v_width,), "i64")
+        vr = g.reshape(g.view(v, (hv * Hkv, T), (v.nb[2],)), hv * Hkv, T)
+        if hv * Hkv < v_width:
+            vr = g.op("PAD", f"v_pad-{il}", (v_width, T), vr)
+        vr = g.reshape(vr, 1, T * v_width)
+        dst = g.reshape(cache_v, 1, v_width * L.n_kv * self.ns)
+        g.expand(g.view_of_op("SET_ROWS", f"cache_v_l{il} (reshaped)", dst, vr, v_idxs))
+
+    def _mask_and_views(self, L: LayerShape, q: Tensor, cache_k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The cache's KQ mask (f16 with flash attention; sized by the cell count), Q permuted per
+        stream and the K view ``[head_k, n_kv, heads, streams]``."""
+        g, ns, n_kv, hk, Hkv = self.g, self.ns, L.n_kv, L.head_k, L.n_head_kv
+        mask = self.cache_input(L.swa, "attn_inp_kq_mask", (n_kv, self.tps, 1, ns), "f16" if self.flash_attn else "f32")
+        if not any(t is mask for t, _, _ in g.kv_sized):
+            g.kv_sized.append((mask, L.swa, 0))
+        qp = g.permute(g.reshape(q, hk, L.n_head, self.tps, ns) if ns > 1 else q, 0, 2, 1, 3)
+        kview = g.permute(g.view(cache_k, (hk, Hkv, n_kv, ns), (hk * 2, hk * Hkv * 2, hk * Hkv * 2 * n_kv)), 0, 2, 1, 3)
+        return mask, qp, kview
+
+    def flash(self, il: int, L: LayerShape, q: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+        """``build_attn_mha`` with flash attention: an f32 cache cast to f16 (``ggml_cast``: a new
+        tensor, its own second source), ``flash_attn_ext``, expanded ``[head_v * heads, T]``."""
+        g, shape, sw, n_kv, hv, Hkv = self.g, self.shape, L.swa, L.n_kv, L.head_v, L.n_head_kv
+        mask, qp, kview = self._mask_and_views(L, q, cache_k)
+        vview = g.permute(
+            g.view(cache_v, (hv, Hkv, n_kv, self.ns), (hv * 2, hv * Hkv * 2, hv * Hkv * 2 * n_kv)), 0, 2, 1, 3
+        )
+        if shape.k_f32:
+            kview = g.cast_f16(kview)
+            g.kv_sized.append((kview, sw, 1))
+        if shape.v_f32:
+            vview = g.cast_f16(vview)
+            g.kv_sized.append((vview, sw, 1))
+        fa = g.op("FLASH_ATTN_EXT", f"fa-{il}", (hv, L.n_head, self.tps, self.ns), qp, kview, vview, mask)
+        attn = g.reshape(fa, hv * L.n_head, self.T)
+        g.expand(attn)  # build_attn_mha ends with ggml_build_forward_expand(gf, cur)
+        return attn
+
+    def scores(self, il: int, L: LayerShape, q: Tensor, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+        """``build_attn_mha`` without flash attention: ``kq`` (Gemma 2: soft-capped in place),
+        ``soft_max`` with the mask, ``kqv`` over the transposed V, ``kqv_out``."""
+        g, sw, n_kv, ns, hv, H, Hkv = self.g, L.swa, L.n_kv, self.ns, L.head_v, L.n_head, L.n_head_kv
+        mask, qp, kview = self._mask_and_views(L, q, cache_k)
+        vview = g.view(cache_v, (n_kv, hv, Hkv, ns), (n_kv * ns * 2, n_kv * ns * 2 * hv, n_kv * 2))
+        kq = g.op("MUL_MAT", f"kq-{il}", (n_kv, self.tps, H, ns), kview, qp)
+        sized = [kq]
+        if self.shape.attn_softcap:  # build_attn_mha: kq scaled, tanh, scaled back (in place)
+            for op in ("SCALE", "UNARY", "SCALE"):
+                kq = g.op(op, f"kq_softcap-{il}", kq.ne, kq)
+                sized.append(kq)
+        sm = g.op("SOFT_MAX", f"kq_soft_max-{il}", kq.ne, kq, mask)
+        g.kv_sized += [(t, sw, 0) for t in (*sized, sm)]
+        kqv = g.op("MUL_MAT", f"kqv-{il}", (hv, self.tps, H, ns), vview, sm)
+        attn = g.op("CONT", f"kqv_out-{il}", (hv * H, self.T), g.permute(kqv, 0, 2, 1, 3))
+        g.expand(attn)
+        return attn
+
+    def ffn(self, il: int, L: LayerShape, cur: Tensor, Tc: int) -> Tensor:
+        """``build_ffn`` (SwiGLU; Phi-3's fused up+gate) or ``build_moe_ffn`` on the normed input of
+        ``Tc`` tokens; a layer without a feed-forward passes ``cur`` through."""
+        g, E, w = self.g, self.E, _weight
+        if L.n_expert:
+            return _moe_ffn(g, self.shape, L, cur, Tc)
+        if L.n_ff <= 0:
+            return cur
+        if self.shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
+            up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, Tc), w("ffn_up", E, 2 * L.n_ff), cur)
+            act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), up)
+        else:
+            gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, Tc), w("ffn_gate", E, L.n_ff), cur)
+            up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, Tc), w("ffn_up", E, L.n_ff), cur)
+            act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up)
+        return g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), w("ffn_down", L.n_ff, E), act)
+
+    def per_layer_embedding(self, il: int, cur: Tensor, ple: Tensor, Tc: int) -> Tensor:
+        """gemma4.cpp: the layer's per-layer embedding, gated by its output, projected, normed, added."""
+        g, E, P, T = self.g, self.E, self.shape.per_layer, self.T
+        pe = g.op("UNARY", f"gelu-{il}", (P, Tc), g.op("MUL_MAT", f"inp_gate-{il}", (P, Tc), None, cur))
+        sl = g.view(ple, (P, T), (ple.nb[1],), il * P * T * 4)
+        pe = g.op("MUL_MAT", f"proj-{il}", (E, Tc), None, g.op("MUL", f"pe-{il}", (P, Tc), pe, sl))
+        pe = g.op("MUL", f"per_layer_embd_out-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), pe), None)
+        return g.op("ADD", f"l_out-{il}", (E, Tc), cur, pe)
+
+    def layer(self, il: int, L: LayerShape, inpL: Tensor, ple: Tensor | None) -> tuple[Tensor, int]:
+        """One decoder layer of ``llm_build_llama`` and its relatives: norm (DeciLM's attention-free
+        layer: none), token mixer, the last layer's output rows only, post-norm, residual,
+        feed-forward, residual, Gemma 4's per-layer embedding; ``(output, its tokens)``."""
+        g, shape, E, T, w, norm_op = self.g, self.shape, self.E, self.T, _weight, self.norm_op
+        inpSA = inpL
         if L.n_head == 0:  # deci.cpp: an attention-free layer (Llama-3.1-Nemotron-51B)
             cur = inpL
         else:
             cur = g.op("MUL", f"attn_norm-{il}", (E, T), g.op(norm_op, f"norm-{il}", (E, T), inpL), w("attn_norm", E))
         if shape.attn_norm_bias:
             cur = g.op("ADD", f"attn_norm-{il}", (E, T), cur, None)
-        cur = mix(il, L, cur)
+        cur = self.mix(il, L, cur)
         Tc = T
-        if il == n_layer - 1 and not (shape.rows_after_norm or shape.rows_after_layers):  # the output rows only
-            Tc = n_out
-            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, out_ids)
-            inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, out_ids)
+        if il == len(shape.layers) - 1 and not (shape.rows_after_norm or shape.rows_after_layers):
+            Tc = self.n_out  # the output rows only
+            cur = g.op("GET_ROWS", "node_out", (cur.ne[0], Tc), cur, self.out_ids)
+            inpSA = g.op("GET_ROWS", "node_sa", (E, Tc), inpSA, self.out_ids)
         if shape.post_norms:
-            cur = g.op(
-                "MUL",
-                f"attn_post_norm-{il}",
-                (E, Tc),
-                g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur),
-                w("post_attention_norm", E),
-            )
+            normed = g.op("RMS_NORM", f"norm-{il}", (E, Tc), cur)
+            cur = g.op("MUL", f"attn_post_norm-{il}", (E, Tc), normed, w("post_attention_norm", E))
         if L.n_head == 0:
             ffn_inp = cur
         elif shape.attn_residual_first:
@@ -878,56 +985,56 @@ def _build(
         cur = g.op("MUL", f"ffn_norm-{il}", (E, Tc), g.op(norm_op, f"norm-{il}", (E, Tc), ffn_inp), w("ffn_norm", E))
         if shape.ffn_norm_bias:
             cur = g.op("ADD", f"ffn_norm-{il}", (E, Tc), cur, None)
-        if L.n_expert:
-            cur = _moe_ffn(g, shape, L, cur, Tc)
-        elif L.n_ff > 0:
-            if shape.fused_up:  # phi3: up and gate in one [2 n_ff, T] projection, SwiGLU of its halves
-                up = g.op("MUL_MAT", f"ffn_up-{il}", (2 * L.n_ff, Tc), w("ffn_up", E, 2 * L.n_ff), cur)
-                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), up)
-            else:
-                gate = g.op("MUL_MAT", f"ffn_gate-{il}", (L.n_ff, Tc), w("ffn_gate", E, L.n_ff), cur)
-                up = g.op("MUL_MAT", f"ffn_up-{il}", (L.n_ff, Tc), w("ffn_up", E, L.n_ff), cur)
-                act = g.op("GLU", f"ffn_swiglu-{il}", (L.n_ff, Tc), gate, up)
-            cur = g.op("MUL_MAT", f"ffn_out-{il}", (E, Tc), w("ffn_down", L.n_ff, E), act)
+        cur = self.ffn(il, L, cur, Tc)
         if shape.post_norms:
-            cur = g.op(
-                "MUL", f"ffn_post_norm-{il}", (E, Tc), g.op("RMS_NORM", "norm", (E, Tc), cur), w("post_ffw_norm", E)
-            )
+            normed = g.op("RMS_NORM", "norm", (E, Tc), cur)
+            cur = g.op("MUL", f"ffn_post_norm-{il}", (E, Tc), normed, w("post_ffw_norm", E))
         if shape.residual_first:
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), ffn_inp, cur)
         else:
             cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, ffn_inp)
-        if ple is not None:  # gemma4.cpp: per-layer embedding, gated by the layer's output, added back
-            P = shape.per_layer
-            pe = g.op("UNARY", f"gelu-{il}", (P, Tc), g.op("MUL_MAT", f"inp_gate-{il}", (P, Tc), None, cur))
-            sl = g.view(ple, (P, T), (ple.nb[1],), il * P * T * 4)
-            pe = g.op("MUL_MAT", f"proj-{il}", (E, Tc), None, g.op("MUL", f"pe-{il}", (P, Tc), pe, sl))
-            pe = g.op("MUL", f"per_layer_embd_out-{il}", (E, Tc), g.op("RMS_NORM", f"norm-{il}", (E, Tc), pe), None)
-            cur = g.op("ADD", f"l_out-{il}", (E, Tc), cur, pe)
-        inpL = cur
-    if shape.rows_after_layers:  # openai-moe.cpp: t_h_nextn = the last layer's output, then its rows
-        inpL.is_output = True
-        Tc = n_out
-        inpL = g.op("GET_ROWS", "rows", (E, Tc), inpL, out_ids)
-    result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
-    if shape.output_norm_bias:
-        result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
-    result_norm.is_output = True
-    if shape.rows_after_norm:  # gemma4.cpp: the normed h_nextn (an output) for all tokens, then the rows
-        Tc = n_out
-        result_norm = g.op("GET_ROWS", "result_norm", (E, Tc), result_norm, out_ids)
+        if ple is not None:
+            cur = self.per_layer_embedding(il, cur, ple, Tc)
+        return cur, Tc
+
+    def output(self, inpL: Tensor, Tc: int) -> Graph:
+        """The output: gpt-oss's rows after the layers (``t_h_nextn`` an output), the output norm
+        (StableLM: and its bias), Gemma 4's rows after the norm, the head, Gemma's logit soft-capping."""
+        g, shape, E, norm_op = self.g, self.shape, self.E, self.norm_op
+        if shape.rows_after_layers:  # openai-moe.cpp: t_h_nextn = the last layer's output, then its rows
+            inpL.is_output = True
+            Tc = self.n_out
+            inpL = g.op("GET_ROWS", "rows", (E, Tc), inpL, self.out_ids)
+        result_norm = g.op("MUL", "result_norm", (E, Tc), g.op(norm_op, "norm", (E, Tc), inpL), None)
+        if shape.output_norm_bias:
+            result_norm = g.op("ADD", "result_norm", (E, Tc), result_norm, None)
         result_norm.is_output = True
-    logits = g.op("MUL_MAT", "result_output", (shape.n_vocab, Tc), None, result_norm)
-    if shape.logit_softcap:  # scale, tanh, scale (in place)
-        logits = g.op(
-            "SCALE",
-            "result_output",
-            logits.ne,
-            g.op("UNARY", "tanh", logits.ne, g.op("SCALE", "scaled", logits.ne, logits)),
-        )
-    logits.is_output = True
-    g.expand(logits)
-    return g
+        if shape.rows_after_norm:  # gemma4.cpp: the normed h_nextn (an output) for all tokens, then the rows
+            return _head(g, shape, result_norm, self.n_out, out_ids=self.out_ids)
+        return _head(g, shape, result_norm, Tc)
+
+
+def _build(shape: TransformerShape, flash_attn: bool, rules: BuildRules, ubatch: tuple[int, int, int, int]) -> Graph:
+    """The reserve graph of ``shape`` for the ubatch ``(n_tokens, n_stream, n_seqs, n_outputs)``:
+    ``n_tokens`` tokens in ``n_stream`` KV streams, ``n_seqs`` sequences and ``n_outputs`` outputs
+    (:class:`_Reserve`) as ``rules``' build and program reserve it: the inputs,
+    the scaled embeddings, Gemma 4's per-layer inputs, then the decoder of Gemma 3n
+    (:func:`_gemma3n`), Falcon-H1 (:func:`_falcon_h1`), Nemotron-H (:func:`_nemotron_h`) or of the
+    plain transformer (:meth:`_Reserve.layer` per layer, :meth:`_Reserve.output`)."""
+    b = _Reserve(shape, flash_attn, rules, ubatch)
+    inpL = b.scaled(b.inputs())
+    ple = b.per_layer_inputs(inpL)
+    g, T = b.g, b.T
+    if shape.altup:
+        return _gemma3n(g, shape, inpL, ple, b.mix, T, b.n_out, b.out_ids)
+    if shape.ssm and shape.parallel_ssm:
+        return _falcon_h1(g, shape, inpL, b.mix, T, b.n_seqs, b.n_out, b.out_ids, rules)
+    if shape.ssm:
+        return _nemotron_h(g, shape, inpL, b.mix, T, b.n_seqs, b.n_out, b.out_ids, rules)
+    Tc = T
+    for il, L in enumerate(shape.layers):
+        inpL, Tc = b.layer(il, L, inpL, ple)
+    return b.output(inpL, Tc)
 
 
 @lru_cache(maxsize=256)
@@ -955,7 +1062,7 @@ def transformer_reserve_bytes(
     kv: dict[bool, int] = {}
     for L in shape.layers:
         if L.n_head_kv > 0 and kv.setdefault(L.swa, L.n_kv) != L.n_kv:
-            return allocate(_build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules))  # no template
+            return allocate(_build(shape, flash_attn, rules, (n_tokens, n_stream, n_seqs, n_outputs)))  # no template
     template = replace(shape, layers=tuple(replace(L, n_kv=0) for L in shape.layers))
     with _TEMPLATE_LOCK:
         g = _template(template, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
@@ -979,60 +1086,20 @@ def _template(
 ) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
     shape = replace(shape, layers=tuple(replace(L, n_kv=CTX_PAD_CELLS) for L in shape.layers))
-    return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
-
-
-#: architectures whose decoder layer :func:`_build` rebuilds, with their fixed traits
-#: (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp, gemma3.cpp); traits that depend on the
-#: file (biases, Q/K norms, fused projections) are read from its tensor names
-EXACT_ARCHITECTURES: dict[str, dict[str, bool | int]] = {
-    "llama": {},
-    "qwen2": {},
-    "qwen3": {},
-    "phi3": {"q_scale": True, "residual_first": True},
-    "gemma3": {"embd_scale": True, "q_scale": True, "post_norms": True},
-    # gemma2.cpp: Gemma 3's layer without Q/K norms, attention and final logit soft-capping
-    "gemma2": {
-        "embd_scale": True,
-        "embd_scale_op": True,
-        "q_scale": True,
-        "post_norms": True,
-        "attn_softcap": True,
-        "logit_softcap": True,
-    },
-    "olmoe": {},
-    "qwen3moe": {},
-    "qwen2moe": {},
-    "stablelm": {"layer_norm": True},
-    "deci": {},
-    "gemma4": {"embd_scale": True, "post_norms": True, "v_norm": True, "rows_after_norm": True},
-    "lfm2": {"attn_residual_first": True, "residual_first": True},
-    "llama4": {"moe_llama4": True},
-    "gemma3n": {"embd_scale": True, "v_norm": True, "altup": 4, "per_layer": 256},
-    "nemotron_h": {"rope": False},
-    "falcon-h1": {"parallel_ssm": True},
-    "gpt-oss": {"attn_out_bias": True, "moe_oai": True, "rows_after_layers": True},
-    "glm4moe": {"moe_sigmoid": True},
-    "deepseek2": {},
-}
+    return _build(shape, flash_attn, rules, (n_tokens, n_stream, n_seqs, n_outputs))
 
 
 def last_layer_rows_only(arch: str) -> bool:
     """Whether llama.cpp's graph of ``arch`` runs its last layer's feed-forward for the output rows
     only: src/models/llama.cpp and most builders take ``ggml_get_rows(cur, inp_out_ids)`` after the
     last layer's attention ("skip computing output for unused tokens"), so a prompt's prefill
-    computes that feed-forward for its last token alone. False where the rows are taken after the
-    layers (openai-moe.cpp: only with ``cparams.embeddings_nextn_masked``, off by default) or after
-    the output norm (gemma4.cpp): :data:`EXACT_ARCHITECTURES` ``rows_after_layers`` /
-    ``rows_after_norm``."""
-    traits = EXACT_ARCHITECTURES.get(arch, {})
+    computes that feed-forward for its last token alone. False where the family's graph takes the
+    rows after the layers (openai-moe.cpp: only with ``cparams.embeddings_nextn_masked``, off by
+    default) or after the output norm (gemma4.cpp): the ``rows_after_layers`` /
+    ``rows_after_norm`` traits of its :class:`~kvtuner.core.model.arch.GraphRules`."""
+    graph = family_of(arch).graph
+    traits = graph.traits if graph is not None else {}
     return not (traits.get("rows_after_layers") or traits.get("rows_after_norm"))
-
-
-#: MoE architectures with softmax routing (a shared expert only in qwen2moe), and whether they normalize the
-#: selected weights (``norm_w`` of their ``build_moe_ffn`` call: llama.cpp Mixtral-style, qwen3moe.cpp
-#: true; olmoe.cpp false)
-MOE_NORM_W = {"llama": True, "qwen3moe": True, "olmoe": False, "qwen2moe": False, "llama4": False, "gpt-oss": False}
 
 
 _FACTS: dict[int, tuple[object, tuple]] = {}
@@ -1063,317 +1130,99 @@ def _tensor_facts(tensors: Sequence) -> tuple[set[str], dict[int, tuple], dict[i
     return names, moe_layers, shexp_ff, top
 
 
-def transformer_shape(
-    model: ModelProfile, kv_layers: Sequence[LayerKV], type_k: str = "f16", type_v: str = "f16"
-) -> TransformerShape | None:
-    """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
-    rebuilds, else ``None``: an architecture of :data:`EXACT_ARCHITECTURES` with the layer kinds
-    its graph has (shared KV only in Gemma 3n / Gemma 4, recurrent state only in LFM2, Nemotron-H
-    and Falcon-H1, NextN blocks only in GLM-4.5, where they are outside the graph; MoE routing as
-    :data:`MOE_NORM_W` and the per-architecture flags say), no MLA, and tensors the builder knows
-    (layer 0's, or every layer's where layers differ in kind)."""
-    extra = EXACT_ARCHITECTURES.get(model.architecture)
+def _graph_rows(model: ModelProfile, fam: Family, graph: GraphRules) -> tuple[LayerRole, ...] | None:
+    """The structure's layers the graph is built from, or None when the structure has layer kinds
+    the family's graph does not rebuild: MLA, recurrent state, NextN blocks (GLM-4.5's are outside
+    the graph: dropped), shared KV (Gemma 3n / Gemma 4 only), layers without KV the builder does
+    not know (:attr:`GraphRules.kvless_layer`), sliding-window layers."""
     st = model.structure
-    if (
-        extra is None
-        or (st.is_mla and model.architecture != "deepseek2")
-        or (st.recurrent_layers and model.architecture not in ("lfm2", "nemotron_h", "falcon-h1"))
-    ):
+    if (st.is_mla and not graph.mla) or (st.recurrent_layers and not graph.recurrent):
         return None
     rows = st.layers
     n_layer = model.n_layer
-    if model.architecture == "glm4moe":  # glm4-moe.cpp: the NextN (MTP) blocks at the end are not in the graph
+    if graph.drops_nextn:  # glm4-moe.cpp: the NextN (MTP) blocks at the end are not in the graph
         rows = tuple(r for r in rows if not r.nextn)
-        n_nextn = model.metadata.get("glm4moe.nextn_predict_layers", 0)
+        n_nextn = model.metadata.get(f"{model.architecture}.nextn_predict_layers", 0)
         if len(rows) + (n_nextn if isinstance(n_nextn, int) else -1) != model.n_layer:
             return None
         n_layer = len(rows)
-    shared_kv = model.architecture in ("gemma4", "gemma3n")  # gemma4.cpp: layers reading an earlier layer's KV
-    if len(rows) != n_layer or any((r.reuse >= 0 and not shared_kv) or r.nextn for r in rows):
+    if len(rows) != n_layer or any((r.reuse >= 0 and not fam.shares_kv) or r.nextn for r in rows):
         return None
-    if any(
-        not r.kv
-        and r.reuse < 0
-        and (model.architecture != "deci" or model.n_head_kv[r.il] > 0)
-        and not (model.architecture == "lfm2" and r.recurrent and model.n_head_kv[r.il] == 0)
-        and model.architecture != "nemotron_h"
-        for r in rows
-    ):
-        return None  # a layer without KV: deci's attention-free and "linear attention" layers, LFM2's short convs
-    if any(r.swa for r in rows) and model.architecture not in (
-        "gemma2",
-        "gemma3",
-        "gemma4",
-        "lfm2",
-        "llama4",
-        "gemma3n",
-        "gpt-oss",
-    ):
+    kvless = graph.kvless_layer
+    if any(not r.kv and r.reuse < 0 and not (kvless is not None and kvless(model, r)) for r in rows):
         return None
-    names, moe_layers, shexp_ff, top = _tensor_facts(model.tensors)
-    glm_moe = False
-    mla_shape: tuple[int, ...] = ()
-    if model.architecture == "glm4moe":  # glm4-moe.cpp: dense leading layers, then MoE with a shared expert;
-        # post_attention_norm is the feed-forward norm; sigmoid gating (the default), exp_probs_b
-        all_names = {
-            t.name.split(".", 2)[2]
-            for t in model.tensors
-            if t.name.startswith("blk.") and int(t.name.split(".")[1]) < n_layer
-        }
-        glm = {
-            "attn_norm.weight",
-            "attn_q.weight",
-            "attn_k.weight",
-            "attn_v.weight",
-            "attn_output.weight",
-            "attn_q.bias",
-            "attn_k.bias",
-            "attn_v.bias",
-            "attn_q_norm.weight",
-            "attn_k_norm.weight",
-            "post_attention_norm.weight",
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down.weight",
-            "ffn_gate_inp.weight",
-            "exp_probs_b.bias",
-            "ffn_up_exps.weight",
-            "ffn_gate_exps.weight",
-            "ffn_down_exps.weight",
-            "ffn_up_shexp.weight",
-            "ffn_gate_shexp.weight",
-            "ffn_down_shexp.weight",
-        }
-        gating = model.metadata.get("glm4moe.expert_gating_func", 2)
-        if (
-            not all_names <= glm
-            or "exp_probs_b.bias" not in all_names
-            or gating not in (0, 2)
-            or model.metadata.get("glm4moe.rope.dimension_sections") is not None
-            or any(il not in moe_layers for il in range(n_layer) if il >= min(moe_layers, default=n_layer))
-        ):
-            return None  # another gating, M-RoPE or interleaved dense layers: not rebuilt
-        names = (names - {"post_attention_norm.weight"}) | {"ffn_norm.weight"}
-        glm_moe = True
-    if model.architecture == "deepseek2":  # deepseek2.cpp, absorbed MLA (DeepSeek-V2-Lite's single Q
-        # projection), dense leading layers, softmax-routed MoE with shared experts
-        a = "deepseek2"
-        all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
-        ds = {
-            "attn_norm.weight",
-            "attn_kv_a_norm.weight",
-            "attn_q.weight",
-            "attn_kv_a_mqa.weight",
-            "attn_k_b.weight",
-            "attn_v_b.weight",
-            "attn_output.weight",
-            "ffn_norm.weight",
-            "ffn_gate.weight",
-            "ffn_up.weight",
-            "ffn_down.weight",
-            "ffn_gate_inp.weight",
-            "ffn_up_exps.weight",
-            "ffn_gate_exps.weight",
-            "ffn_down_exps.weight",
-            "ffn_up_shexp.weight",
-            "ffn_gate_shexp.weight",
-            "ffn_down_shexp.weight",
-        }
-        meta = model.metadata
-        mla: list[Any] = [
-            meta.get(f"{a}.attention.kv_lora_rank"),
-            meta.get(f"{a}.rope.dimension_count"),
-            meta.get(f"{a}.attention.key_length_mla"),
-            meta.get(f"{a}.attention.value_length_mla"),
-        ]
-        if (
-            not st.is_mla
-            or not all_names <= ds
-            or meta.get(f"{a}.expert_gating_func", 0) not in (0, 1)
-            or meta.get(f"{a}.expert_group_count", 0) not in (0, 1)
-            or meta.get(f"{a}.attention.temperature_scale") is not None
-            or not all(isinstance(x, int) and x > 0 for x in mla)
-            or type_k.lower() == "f32"
-            or any(il not in moe_layers for il in range(model.n_layer) if il >= min(moe_layers, default=model.n_layer))
-        ):
-            return None  # the full Q LoRA, sigmoid or grouped routing, temperature tuning: not rebuilt
-        mla_shape = tuple(mla)
-        glm_moe = True  # per-layer MoE like GLM-4.5
-    if model.architecture == "gpt-oss":  # openai-moe.cpp: post_attention_norm is the feed-forward norm
-        gpt_oss = {
-            "post_attention_norm.weight",
-            "attn_sinks.weight",
-            "attn_output.bias",
-            "ffn_gate_inp.bias",
-            "ffn_gate_exps.bias",
-            "ffn_down_exps.bias",
-            "ffn_up_exps.bias",
-        }
-        if not gpt_oss <= names:
-            return None
-        names = (names - gpt_oss) | {"ffn_norm.weight"}
-    if "ffn_norm.weight" not in names and model.architecture not in ("nemotron_h", "falcon-h1"):
-        return None  # parallel residual (StableLM 2 without ffn_norm), or no feed-forward norm: not rebuilt
-    flags: dict[str, Any] = dict(extra)  # TransformerShape keywords of mixed types
-    flags["fused_qkv"] = "attn_qkv.weight" in names
-    flags["fused_up"] = "ffn_gate.weight" not in names
-    flags["qkv_bias"] = "attn_q.bias" in names
-    flags["qk_norm"] = "attn_q_norm.weight" in names
-    flags["attn_norm_bias"] = "attn_norm.bias" in names
-    flags["ffn_norm_bias"] = "ffn_norm.bias" in names
-    flags["output_norm_bias"] = "output_norm.bias" in top
-    if glm_moe:
-        flags["moe_norm_w"] = bool(model.metadata.get(f"{model.architecture}.expert_weights_norm", False))
-    if mla_shape:
-        flags["mla"] = mla_shape
-        names = (names - {"attn_kv_a_norm.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight"}) | {
-            "attn_k.weight",
-            "attn_v.weight",
-        }
-    if flags["qk_norm"] and flags.get("layer_norm"):
-        return None  # StableLM 2 12B's per-head LayerNorms: not rebuilt
-    known = {
-        "attn_norm.weight",
-        "attn_q.weight",
-        "attn_k.weight",
-        "attn_v.weight",
-        "attn_qkv.weight",
-        "attn_output.weight",
-        "ffn_norm.weight",
-        "ffn_gate.weight",
-        "ffn_up.weight",
-        "ffn_down.weight",
-        "attn_q.bias",
-        "attn_k.bias",
-        "attn_v.bias",
-        "attn_q_norm.weight",
-        "attn_k_norm.weight",
-        "post_attention_norm.weight",
-        "post_ffw_norm.weight",
-        "attn_norm.bias",
-        "ffn_norm.bias",
-        "ffn_gate_inp.weight",
-        "ffn_up_exps.weight",
-        "ffn_gate_exps.weight",
-        "ffn_down_exps.weight",
-        "ffn_gate_inp_shexp.weight",
-        "ffn_up_shexp.weight",
-        "ffn_gate_shexp.weight",
-        "ffn_down_shexp.weight",
-    }
-    d_conv = 0
-    nope_step = 0
-    if model.architecture in ("nemotron_h", "falcon-h1"):  # nemotron-h.cpp: Mamba2 ('M'), attention ('*') and
-        # MLP ('-') layers; falcon-h1.cpp: attention, Mamba2 and a SwiGLU feed-forward in every layer
-        a = model.architecture
-        ssm = [
-            model.metadata.get(f"{a}.ssm.{k}")
-            for k in ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")
-        ]
-        all_names = {t.name.split(".", 2)[2] for t in model.tensors if t.name.startswith("blk.")}
-        if (
-            not all(isinstance(x, int) and x > 0 for x in ssm)
-            or moe_layers
-            or all_names
-            - {
-                "attn_norm.weight",
-                "ssm_in.weight",
-                "ssm_conv1d.weight",
-                "ssm_conv1d.bias",
-                "ssm_dt.bias",
-                "ssm_a",
-                "ssm_d",
-                "ssm_norm.weight",
-                "ssm_out.weight",
-                "attn_q.weight",
-                "attn_k.weight",
-                "attn_v.weight",
-                "attn_output.weight",
-                "ffn_up.weight",
-                "ffn_down.weight",
-                *(("ffn_gate.weight", "ffn_norm", "ffn_norm.weight") if a == "falcon-h1" else ()),
-            }
-        ):
-            return None  # MoE (Nemotron 3), biases or latent projections: not rebuilt
-        flags["ssm"] = (*ssm, int("ssm_norm.weight" in all_names))
-        flags["fused_up"] = False
-        names = set()
+    if any(r.swa for r in rows) and not graph.swa:
+        return None
+    return rows
 
-    if model.architecture == "llama4":  # llama4.cpp load_arch_hparams: NoPE every 4th layer (n_layer when
-        # sliding_window = 0), L2 norms of Q/K unless 128 experts (use_kq_norm)
-        window = model.metadata.get("llama4.attention.sliding_window")
-        nope_step = model.n_layer if window == 0 else 4
-        flags["qk_norm_after_rope"] = model.metadata.get("llama4.expert_count", 0) != 128
-        if "attn_q_norm.weight" in names or "attn_q.bias" in names:
-            return None
-    if model.architecture == "lfm2":  # short-conv layers (layer 0's names may be those of either kind)
-        known |= {"shortconv.conv.weight", "shortconv.in_proj.weight", "shortconv.out_proj.weight"}
-        l_cache = model.metadata.get("lfm2.shortconv.l_cache", 0)
-        if not isinstance(l_cache, int) or l_cache < 2 or moe_layers:
-            return None
-        d_conv = l_cache - 1
-        flags["qk_norm"] = True  # lfm2.cpp: Q and K RMS-normed per head
-    if model.architecture == "gemma3n":  # hparams n_altup 4, n_embd_altup 256 (llama-hparams.h, not read from the file)
-        known |= {
-            "inp_gate.weight",
-            "proj.weight",
-            "post_norm.weight",
-            "altup_correct_coef.weight",
-            "altup_correct_scale.weight",
-            "altup_predict_coef.weight",
-            "altup_router.weight",
-            "altup_router_norm.weight",
-            "laurel_l.weight",
-            "laurel_r.weight",
-            "laurel_post_norm.weight",
-        }
-        if (
-            not {"altup_proj.weight", "altup_unembd_proj.weight", "per_layer_token_embd.weight"} <= top
-            or "attn_qkv.weight" in names
-        ):
-            return None
-    if model.architecture == "gemma4":  # the per-layer embedding's gate, projection and norm
-        known |= {"inp_gate.weight", "proj.weight", "post_norm.weight"}
-        ple = model.metadata.get("gemma4.embedding_length_per_layer_input", 0)
-        if (
-            not isinstance(ple, int)
-            or (ple > 0) != ("inp_gate.weight" in names)
-            or (ple > 0 and "per_layer_token_embd.weight" not in top)
-        ):
-            return None
-        flags["per_layer"] = ple
-        cap = model.metadata.get("gemma4.final_logit_softcapping", 30.0)  # llama-hparams.h default 30
-        flags["logit_softcap"] = bool(cap)
-        if "attn_k.weight" not in names or "attn_v.weight" not in names:
-            return None  # fused QKV or K as V (gemma4.cpp's other branches): not rebuilt
-    shexp = {"ffn_gate_inp_shexp.weight", "ffn_up_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight"}
-    if names & shexp and not (
-        (model.architecture == "qwen2moe" and shexp <= names)
-        or (model.architecture == "llama4" and names & shexp == shexp - {"ffn_gate_inp_shexp.weight"})
-    ):
+
+def _graph_traits(model: ModelProfile, graph: GraphRules, n_layer: int, type_k: str) -> GraphFacts | None:
+    """The :class:`TransformerShape` keywords of ``model``: the family's fixed traits, its tensor
+    hook, the traits read from layer 0's tensor names (fused projections, biases, Q/K norms,
+    LayerNorm biases), then its layer hook; None when the family's hooks refuse the model, a
+    layer has no feed-forward norm (a parallel residual) or StableLM 2 12B's per-head LayerNorms."""
+    names, moe_layers, _, top = _tensor_facts(model.tensors)
+    f = GraphFacts(
+        model, n_layer, type_k, names, moe_layers, top, flags=dict(graph.traits), known=set(KNOWN_LAYER_TENSORS)
+    )
+    if graph.tensors is not None and not graph.tensors(f):
+        return None
+    if "ffn_norm.weight" not in f.names and graph.needs_ffn_norm:
+        return None
+    flags = f.flags
+    flags["fused_qkv"] = "attn_qkv.weight" in f.names
+    flags["fused_up"] = "ffn_gate.weight" not in f.names
+    flags["qkv_bias"] = "attn_q.bias" in f.names
+    flags["qk_norm"] = "attn_q_norm.weight" in f.names
+    flags["attn_norm_bias"] = "attn_norm.bias" in f.names
+    flags["ffn_norm_bias"] = "ffn_norm.bias" in f.names
+    flags["output_norm_bias"] = "output_norm.bias" in f.top
+    if flags["qk_norm"] and flags.get("layer_norm"):
+        return None
+    if graph.layers is not None and not graph.layers(f):
+        return None
+    return f
+
+
+def _graph_moe(model: ModelProfile, graph: GraphRules, f: GraphFacts) -> bool | None:
+    """Whether every layer is a softmax-routed MoE layer (``build_moe_ffn``) the builder rebuilds
+    (its shared expert as the family has it, ``norm_w`` as :attr:`GraphRules.moe_norm_w` says), and
+    that every layer tensor is known; None when not rebuilt."""
+    names, flags = f.names, f.flags
+    if names & SHARED_EXPERT and names & SHARED_EXPERT != graph.shared_expert:
         return None
     moe = "ffn_gate_inp.weight" in names
     if moe:
         flags["fused_up"] = False
-        if not {"ffn_up_exps.weight", "ffn_gate_exps.weight", "ffn_down_exps.weight"} <= names:
+        if not EXPERTS <= names or graph.moe_norm_w is None:
             return None
-        if model.architecture not in MOE_NORM_W:
-            return None
-        flags["moe_norm_w"] = MOE_NORM_W[model.architecture]
-    if not names <= known or (flags["fused_up"] and model.architecture != "phi3"):
+        flags["moe_norm_w"] = graph.moe_norm_w
+    if not names <= f.known or (flags["fused_up"] and not graph.fused):
         return None
-    if moe and len(moe_layers) != model.n_layer:
+    if moe and len(f.moe_layers) != model.n_layer:
         return None
-    if flags["fused_qkv"] and model.architecture != "phi3":
+    if flags["fused_qkv"] and not graph.fused:
         return None
+    return moe
+
+
+def _layer_shapes(
+    model: ModelProfile, f: GraphFacts, rows: tuple[LayerRole, ...], kv_layers: Sequence[LayerKV], moe: bool
+) -> tuple[LayerShape, ...] | None:
+    """One :class:`LayerShape` per row: heads, head sizes, feed-forward width, the KV cells it
+    attends over (its own cache's, or the cache it reads), SWA, shared KV, short conv, NoPE, Mamba2
+    and expert sizes; None when the planned caches do not match the rows or no layer attends."""
     cells = {l.il: l.cells for l in kv_layers}
     if len(cells) != sum(r.kv for r in rows):
         return None
     ff = model.metadata.get(f"{model.architecture}.feed_forward_length", 0)
     ffs = [int(x) for x in ff] if isinstance(ff, tuple) else [int(ff) if isinstance(ff, int) else 0] * model.n_layer
-    iswa = st.is_iswa
-    if model.architecture == "deci" and 0 in ffs:
-        return None  # deci.cpp skips the rest of an FFN-free layer ("continue"): not rebuilt
+    iswa = model.structure.is_iswa
+    _, moe_layers, shexp_ff, _ = _tensor_facts(model.tensors)
+
+    def experts(il: int) -> bool:
+        return moe or (f.moe_per_layer and il in moe_layers)
+
     layers = tuple(
         LayerShape(
             model.n_head[il],
@@ -1385,32 +1234,69 @@ def transformer_shape(
             swa=r.swa and iswa,
             iswa=iswa,
             kv_src=r.reuse,
-            conv=d_conv if r.recurrent else 0,
-            nope=nope_step > 0 and (il + 1) % nope_step == 0,
-            mamba=model.architecture in ("nemotron_h", "falcon-h1") and r.recurrent,
-            n_expert=int(moe_layers[il][2]) if moe or (glm_moe and il in moe_layers) else 0,
-            n_expert_used=model.n_expert_used if moe or (glm_moe and il in moe_layers) else 0,
-            n_ff_exp=int(moe_layers[il][1]) if moe or (glm_moe and il in moe_layers) else 0,
+            conv=f.d_conv if r.recurrent else 0,
+            nope=f.nope_step > 0 and (il + 1) % f.nope_step == 0,
+            mamba=f.mamba and r.recurrent,
+            n_expert=int(moe_layers[il][2]) if experts(il) else 0,
+            n_expert_used=model.n_expert_used if experts(il) else 0,
+            n_ff_exp=int(moe_layers[il][1]) if experts(il) else 0,
             n_ff_shexp=shexp_ff.get(il, 0),
         )
         for il, r in enumerate(rows)
     )
-    type_k, type_v = type_k.lower(), type_v.lower()
     if not [l for l in layers if l.n_head_kv > 0]:
         return None
+    return layers
+
+
+def _rotations(layers: tuple[LayerShape, ...], hybrid_iswa: bool, type_k: str, type_v: str) -> dict[str, Any]:
+    """The Hadamard rotation sizes of each cache (``rot_k``, ``rot_v``, ``rot_k_swa``,
+    ``rot_v_swa``): each cache of an iSWA memory decides for its own layers; V is rotated
+    block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for
+    V"). ``build_inp_mem_hybrid_iswa`` (llama-graph.cpp) sets no rotation inputs: a hybrid iSWA
+    memory (LFM2 with a sliding window) is never rotated, whatever the cache type."""
     rot: dict[str, Any] = {}  # TransformerShape keywords (rotation sizes)
-    # build_inp_mem_hybrid_iswa (llama-graph.cpp) sets no rotation inputs: a hybrid iSWA memory
-    # (LFM2 with a sliding window) is never rotated, whatever the cache type
-    hybrid_iswa = bool(st.recurrent_layers) and iswa
-    for swa, suffix in (
-        () if hybrid_iswa else ((False, ""), (True, "_swa"))
-    ):  # each cache of an iSWA memory decides for its own layers
+    for swa, suffix in () if hybrid_iswa else ((False, ""), (True, "_swa")):
         own = [l for l in layers if l.n_head_kv > 0 and l.kv_src < 0 and l.swa == swa]
         if not own:
             continue
         rot["rot_k" + suffix] = hadamard_size(own[0].head_k) if attn_rotation(type_k, [l.head_k for l in own]) else 0
-        # V is rotated block-diagonally by 64 x 64 blocks (llama-kv-cache.cpp, "smaller matrix seems beneficial for V")
         rot["rot_v" + suffix] = 64 if attn_rotation(type_v, [l.head_v for l in own]) else 0
+    return rot
+
+
+def transformer_shape(
+    model: ModelProfile, kv_layers: Sequence[LayerKV], type_k: str = "f16", type_v: str = "f16"
+) -> TransformerShape | None:
+    """The :class:`TransformerShape` of ``model`` when its reserve graph is the one :func:`_build`
+    rebuilds, else ``None``.
+
+    The architecture's family (:func:`kvtuner.core.model.arch.family_of`) must have
+    :class:`~kvtuner.core.model.arch.GraphRules`; then, in order: the structure's layer kinds must
+    be ones its graph has (:func:`_graph_rows`: MLA only where the family rebuilds it, DeepSeek-V2;
+    recurrent state only in LFM2, Nemotron-H and Falcon-H1; shared KV only in Gemma 3n / Gemma 4;
+    NextN blocks only where they are outside the graph, GLM-4.5), the traits come from the family
+    and the tensor names (:func:`_graph_traits`), the MoE layers and every tensor must be ones the
+    builder knows (:func:`_graph_moe`), and the planned caches must match the layers
+    (:func:`_layer_shapes`); the rotations follow the cache types (:func:`_rotations`)."""
+    fam = family_of(model.architecture)
+    graph = fam.graph
+    if graph is None:
+        return None
+    rows = _graph_rows(model, fam, graph)
+    if rows is None:
+        return None
+    f = _graph_traits(model, graph, len(rows), type_k)
+    if f is None:
+        return None
+    moe = _graph_moe(model, graph, f)
+    if moe is None:
+        return None
+    layers = _layer_shapes(model, f, rows, kv_layers, moe)
+    if layers is None:
+        return None
+    type_k, type_v = type_k.lower(), type_v.lower()
+    rot = _rotations(layers, bool(model.structure.recurrent_layers) and model.structure.is_iswa, type_k, type_v)
     return TransformerShape(
-        model.n_embd, model.n_vocab, layers, **rot, k_f32=type_k == "f32", v_f32=type_v == "f32", **flags
+        model.n_embd, model.n_vocab, layers, **rot, k_f32=type_k == "f32", v_f32=type_v == "f32", **f.flags
     )
