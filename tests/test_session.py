@@ -1,6 +1,6 @@
 """The Session the CLI and the app share: one machine identity for recording and reading
 calibration, and a dry run's buffer names mapped to devices. Both bugs showed only on a machine
-with an NVIDIA GPU, so a stand-in for the driver (tests/nvml_standin.py) plays one here."""
+with an NVIDIA GPU, so a stand-in for the driver (kvtuner/testing/nvml_standin.py) plays one here."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
 from kvtuner.core.units import MiB
-from nvml_standin import fake_nvml
+from kvtuner.testing.nvml_standin import fake_nvml
 
 
 @pytest.fixture
