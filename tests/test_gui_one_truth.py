@@ -170,7 +170,7 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
 
         assert not w.sampling_fast  # nothing running: 1 Hz (idle under 1% of a core)
         assert w.start_run()
-        assert w.sampling_fast and w._pull_timer.interval() == 100  # a run: 10 Hz
+        assert w.sampling_fast and w.feed.timer.interval() == 100  # a run: 10 Hz
         qtbot.waitUntil(lambda: not w.runner.running and w.last_run is not None, timeout=240_000)
         w.pull()
         assert w.last_error == "", w.last_error
@@ -186,7 +186,7 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert w.config.kv_gpu_layers == 5  # asked for before, not used on the CPU: back again
         assert w.controls.kv.spin.text() == "5"
         qtbot.waitUntil(lambda: not w.sampling_fast, timeout=15_000)  # idle again after the run
-        assert w._pull_timer.interval() == 1000
+        assert w.feed.timer.interval() == 1000
     finally:
         w.shutdown()
 
@@ -335,7 +335,8 @@ def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path, win
     """The plan's RAM headroom follows the RAM available now (the test host says 12 GiB; the
     real sampler reads this machine), and "verified by llama.cpp" does not outlive a change."""
     from kvtuner.core.monitor.sampler import Sampler
-    from kvtuner.gui.main_window import RAM_REPLAN_BYTES, VERIFIED_TEXT
+    from kvtuner.gui.live_feed import RAM_REPLAN_BYTES
+    from kvtuner.gui.verify import VERIFIED_TEXT
 
     w = window(sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
     try:
@@ -417,9 +418,9 @@ def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path, w
 def test_the_windows_own_sampler_idles_at_1_hz(qtbot, tmp_path, make_window):
     w = make_window(SMALL, hardware=([], HOST, "test"), sampler=None, model=NO_MODEL)  # the window's own sampler
     try:
-        assert w.sampler.interval_s == pytest.approx(1.0) and w._pull_timer.interval() == 1000
-        w._set_sampling(fast=True)  # what Run does
-        assert w.sampler.interval_s == pytest.approx(0.1) and w._pull_timer.interval() == 100
+        assert w.sampler.interval_s == pytest.approx(1.0) and w.feed.timer.interval() == 1000
+        w.feed.set_sampling(fast=True)  # what Run does
+        assert w.sampler.interval_s == pytest.approx(0.1) and w.feed.timer.interval() == 100
     finally:
         w.shutdown()
 

@@ -29,7 +29,7 @@ from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.fields import config_field
 from kvtuner.core.units import GiB, MiB
-from kvtuner.gui import main_window as main_window_module
+from kvtuner.gui import verify as verify_module
 from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import RunFinished
@@ -137,7 +137,7 @@ def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu,
         calls.append(config)
         return _dry_run_result({"CUDA0": x_mib, "CUDA_Host": y_mib})
 
-    monkeypatch.setattr(main_window_module, "dry_run", fake_dry_run)
+    monkeypatch.setattr(verify_module, "dry_run", fake_dry_run)
     w = make_window(PlanConfig(n_ctx=4096), hardware=None, wait=_planned)
     try:
         estimate = {d.device: d.compute_bytes for d in w.plan.devices}
