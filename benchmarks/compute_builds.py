@@ -44,14 +44,15 @@ def under(ours: int, theirs: float) -> bool:
 
 
 def measure(engine, path: Path, config, program: str):
-    """llama.cpp's :class:`~kvtuner.runner.dryrun.DryRunResult` for ``program``."""
+    """llama.cpp's :class:`~kvtuner.core.llama_report.DryRunResult` for ``program``."""
+    from kvtuner.core.llama_report import METHOD_SERVER
     from kvtuner.runner import dryrun, server_verify
 
     if program == "embedded":
         return dryrun.dry_run(path, config)
     if program == "server":
         got = server_verify.verify_with_engine(engine, path, config, timeout_s=120.0)
-        if got.method != dryrun.METHOD_SERVER:
+        if got.method != METHOD_SERVER:
             raise dryrun.DryRunError("crashed", f"llama-server printed no breakdown ({got.method})")
         return got
     argv = server_verify.server_argv(engine, str(path), config)

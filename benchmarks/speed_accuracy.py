@@ -174,6 +174,7 @@ def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) 
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.speed.calibration import CalibrationStore, calibrated_inputs, measured_run
+    from kvtuner.core.speed.measurement import Measurement
     from kvtuner.core.speed.speed_model import decode_tok_s, measure_host_bandwidth, prefill_tok_s, speed_inputs
 
     bw = host_bw or measure_host_bandwidth()
@@ -195,12 +196,9 @@ def evaluate(records: list[dict], host_bw: float | None, calibrate_on: int = 0) 
         measured_run(
             plan,
             inp,
-            n_threads=row.n_threads,
-            n_depth=row.n_depth,
-            n_prompt=row.n_prompt,
-            n_gen=row.n_gen,
-            prefill_tok_s=cal_rec["prefill_tok_s"],
-            decode_tok_s=cal_rec["decode_tok_s"],
+            Measurement(
+                row.n_depth, row.n_prompt, row.n_gen, row.n_threads, cal_rec["prefill_tok_s"], cal_rec["decode_tok_s"]
+            ),
             machine="bench",
         )
     )

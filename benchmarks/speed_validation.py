@@ -177,6 +177,7 @@ def predict_cpu(data: dict, directory: Path, *, calibrate: bool) -> list[dict]:
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.speed.calibration import CalibrationStore, calibrated_inputs, measured_run
     from kvtuner.core.speed.cpu_probe import CpuRates
+    from kvtuner.core.speed.measurement import Measurement
     from kvtuner.core.speed.speed_model import decode_tok_s, prefill_tok_s, speed_inputs
 
     rates = CpuRates.from_dict(data["probe"])
@@ -196,12 +197,7 @@ def predict_cpu(data: dict, directory: Path, *, calibrate: bool) -> list[dict]:
             measured_run(
                 plan,
                 inp,
-                n_threads=cal["threads"],
-                n_depth=0,
-                n_prompt=CPU_PROMPT,
-                n_gen=CPU_GEN,
-                prefill_tok_s=cal["prefill_tok_s"],
-                decode_tok_s=cal["decode_tok_s"],
+                Measurement(0, CPU_PROMPT, CPU_GEN, cal["threads"], cal["prefill_tok_s"], cal["decode_tok_s"]),
                 machine="val",
             )
         )

@@ -232,7 +232,7 @@ def test_a_busy_real_load_of_tune_does_not_calibrate(default_profile, tmp_path):
     result) but never recorded for calibration; the same load kept is recorded."""
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.session import Session
-    from kvtuner.core.tune.confirm import Measured
+    from kvtuner.core.speed.measurement import Keep, Measurement
     from kvtuner.core.tune.search import TuneGoal
     from kvtuner.testing.gui_support import HOST
 
@@ -249,10 +249,14 @@ def test_a_busy_real_load_of_tune_does_not_calibrate(default_profile, tmp_path):
 
     busy = session("busy.json")
     _, loads = busy.confirm_tune(
-        TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 1.8, False), 2
+        TuneGoal(n_ctx=2048),
+        lambda cfg: Measurement(
+            1024, 64, 16, 1, 300.0, 40.0, other_cores=1.8, busy=True, keep=Keep(False, False, "busy")
+        ),
+        2,
     )
     assert loads and loads[0].to_dict()["recorded"] is False and loads[0].to_dict()["other_cores"] == 1.8
     assert busy.calibration_store().runs(busy.machine_id) == []
     quiet = session("quiet.json")
-    quiet.confirm_tune(TuneGoal(n_ctx=2048), lambda cfg: Measured(1024, 64, 16, 1, 300.0, 40.0, 0.1, True), 1)
+    quiet.confirm_tune(TuneGoal(n_ctx=2048), lambda cfg: Measurement(1024, 64, 16, 1, 300.0, 40.0, other_cores=0.1), 1)
     assert len(quiet.calibration_store().runs(quiet.machine_id)) == 1

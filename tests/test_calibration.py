@@ -24,6 +24,7 @@ from kvtuner.core.speed.calibration import (
     measured_run,
     model_family,
 )
+from kvtuner.core.speed.measurement import Measurement
 from kvtuner.core.speed.speed_model import SpeedConstants, decode_tok_s, prefill_tok_s, speed_inputs
 
 HOST = HostSpec(16 << 30, 8 << 30, mem_bandwidth_bytes_s=10e9)
@@ -38,12 +39,7 @@ def run_of(plan, n_threads, decode, prefill, depth=0):
     return measured_run(
         plan,
         speed_inputs([], HOST, n_threads=n_threads),
-        n_threads=n_threads,
-        n_depth=depth,
-        n_prompt=64,
-        n_gen=16,
-        prefill_tok_s=prefill,
-        decode_tok_s=decode,
+        Measurement(depth, 64, 16, n_threads, prefill, decode),
         machine="m1",
     )
 

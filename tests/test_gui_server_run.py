@@ -117,8 +117,8 @@ def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engi
 def test_verify_asks_the_selected_llama_server(qtbot, tmp_path, engine, window):
     """The window's Verify goes to the engine in use: llama-server's own start-up memory breakdown,
     named in the status bar, its compute figure in the plan; no server is left behind."""
+    from kvtuner.core.llama_report import METHOD_SERVER
     from kvtuner.gui.verify import VERIFIED_TEXT
-    from kvtuner.runner.dryrun import METHOD_SERVER
 
     before = _children()
     w = window(BenchSettings(), engine)

@@ -36,8 +36,8 @@ from kvtuner.gui.run_controller import RunFinished
 from kvtuner.gui.settings import settings_path
 from kvtuner.gui.widgets.advisor_pane import AdvisorPane
 from kvtuner.runner import protocol as P
-from kvtuner.runner.dryrun import DryRunResult
 from kvtuner.testing.gui_support import HOST, NO_MODEL, ini_settings
+from kvtuner.testing.llama_report_support import dry_run_result
 from kvtuner.testing.nvml_standin import fake_nvml
 
 
@@ -110,23 +110,6 @@ def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(
         w.shutdown()
 
 
-def _dry_run_result(compute_mib: dict[str, float]) -> DryRunResult:
-    return DryRunResult(
-        kv_caches=(),
-        compute_mib=dict(compute_mib),
-        output_mib={"CUDA_Host": 1.0},
-        model_mib={},
-        kv_buffer_mib={},
-        n_ctx=4096,
-        n_ctx_seq=4096,
-        flash_attn=True,
-        gpu_offload_supported=True,
-        devices=("CPU", "CUDA0"),
-        llama_build="test",
-        log_tail=(),
-    )
-
-
 def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu, monkeypatch, make_window):
     """GPU-only bug #2: after Verify the window took llama.cpp's buffer names as devices, so the
     pinned host buffer ``CUDA_Host`` never reached the host and its compute buffer showed 0."""
@@ -135,7 +118,7 @@ def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu,
 
     def fake_dry_run(path, config):  # what a CUDA build of llama.cpp reports
         calls.append(config)
-        return _dry_run_result({"CUDA0": x_mib, "CUDA_Host": y_mib})
+        return dry_run_result(compute_mib={"CUDA0": x_mib, "CUDA_Host": y_mib}, output_mib={"CUDA_Host": 1.0})
 
     monkeypatch.setattr(verify_module, "dry_run", fake_dry_run)
     w = make_window(PlanConfig(n_ctx=4096), hardware=None, wait=_planned)

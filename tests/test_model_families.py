@@ -18,6 +18,7 @@ import importlib.util
 
 import pytest
 
+from kvtuner.core.model.probed_structure import report_structure
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
@@ -79,7 +80,7 @@ def test_family_matches_llama_cpp(family, ci, family_files):
         return
     got = dryrun.dry_run(path, config)
     _compare(plan, got)
-    probed = got.structure(model.structure)
+    probed = report_structure(got, model.structure)
     assert probed is not None and differences(model.structure, probed) == []
     _compute_never_under(plan, got, family, CONFIGS[ci])
 

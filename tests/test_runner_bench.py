@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from kvtuner.core.llama_report import KvCacheReport
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
 from kvtuner.runner.bench import BenchError, Stat, kv_bytes_from_report, run_bench
-from kvtuner.runner.dryrun import KvCacheReport
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 

@@ -106,10 +106,10 @@ def test_load_bench_unload_events(runner, default_model):
     loaded, seen = load(c, default_model, n_threads=1)
     progress = [e.progress for e in seen if isinstance(e, P.LoadProgressEvent)]
     assert progress and progress == sorted(progress) and progress[-1] == 1.0
-    kinds = {(e.kind, e.buft) for e in seen if isinstance(e, P.BufferEvent)}
+    kinds = {(e.buffer.kind, e.buffer.buft) for e in seen if isinstance(e, P.BufferEvent)}
     assert ("compute", "CPU") in kinds and ("output", "CPU") in kinds and any(k == "model" for k, _ in kinds)
     caches = [e for e in seen if isinstance(e, P.KvCacheEvent)]
-    assert [(e.cells, e.layers) for e in caches] == [(512, 3), (512, 15)]
+    assert [(e.cache.cells, e.cache.layers) for e in caches] == [(512, 3), (512, 15)]
     ctx = next(e for e in seen if isinstance(e, P.ContextEvent))
     assert ctx.n_ctx == 512 and ctx.flash_attn in (True, False)
     assert any(isinstance(e, P.LogEvent) for e in seen)

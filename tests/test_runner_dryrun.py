@@ -7,8 +7,9 @@ import os
 
 import pytest
 
+from kvtuner.core.llama_report import DryRunResult, KvCacheReport
 from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
-from kvtuner.runner.dryrun import DryRunError, DryRunResult, KvCacheReport, dry_run
+from kvtuner.runner.dryrun import DryRunError, dry_run
 
 pytestmark = [
     pytest.mark.llama,

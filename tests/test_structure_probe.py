@@ -14,11 +14,11 @@ import importlib.util
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import pytest
 
 from kvtuner.core.hardware.specs import HostSpec
+from kvtuner.core.llama_report import KvCacheReport, RecurrentStateReport
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
@@ -26,6 +26,7 @@ from kvtuner.core.units import GiB, MiB
 from kvtuner.testing import gguf_families as F
 from kvtuner.testing.cli import run_kvtuner
 from kvtuner.testing.gguf_factory import write_model
+from kvtuner.testing.llama_report_support import dry_run_result
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 
@@ -117,33 +118,6 @@ def test_cli_verify_flows_through(gswa):
 # -- verified figures win, without llama.cpp: a stand-in dry-run report -------------------------
 
 
-@dataclass
-class _Kv:
-    size_mib: float
-    cells: int
-    layers: int
-    k_mib: float
-    v_mib: float
-
-
-@dataclass
-class _Rs:
-    cells: int
-    r_mib: float
-    s_mib: float
-    p_mib: float = 0.0
-
-
-@dataclass
-class _Verified:
-    kv_caches: list
-    compute_mib: dict
-    output_mib: dict
-    recurrent: list = field(default_factory=list)
-    model_mib: dict = field(default_factory=dict)
-    devices: tuple = ("CPU",)
-
-
 def test_verified_figures_reach_totals_and_advice(tmp_path):
     """A dry run that reports more than the plan (a structure kvtuner got wrong): the plan's
     KV, recurrent state, compute and output become llama.cpp's, and the RAM advice follows."""
@@ -158,11 +132,12 @@ def test_verified_figures_reach_totals_and_advice(tmp_path):
     assert kv.layers == 2
     # llama.cpp (the stand-in) says: 4 GiB of KV in the same 2 layers, more state, compute and output
     s.set_verified(
-        _Verified(
-            kv_caches=[_Kv(4096.0, kv.cells, 2, 2048.0, 2048.0)],
+        dry_run_result(
+            kv_caches=(KvCacheReport(4096.0, kv.cells, 2, 1, 1, "f16", 2048.0, "f16", 2048.0),),
             compute_mib={"CPU": 100.0},
             output_mib={"CPU": 0.5},
-            recurrent=[_Rs(1, 1.0, 2.0)],
+            devices=("CPU",),
+            recurrent=(RecurrentStateReport(3.0, 1, 8, 1, 0, "f32", 1.0, "f32", 2.0),),
         )
     )
     after = s.assess()

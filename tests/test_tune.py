@@ -225,7 +225,8 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
     recorded for calibration, predicted and measured side by side."""
     from kvtuner.core.session import Session
     from kvtuner.core.speed.calibration import CalibrationStore
-    from kvtuner.core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
+    from kvtuner.core.speed.measurement import Measurement
+    from kvtuner.core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, confirm_depth
     from kvtuner.runner.bench import run_bench
 
     s = Session(
@@ -250,7 +251,7 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
             n_threads=1,
             timeout_s=600,
         )
-        return Measured(
+        return Measurement(
             depth, CONFIRM_PROMPT_TOKENS, CONFIRM_GEN_TOKENS, r.n_threads, r.prefill_tok_s.median, r.decode_tok_s.median
         )
 
@@ -282,7 +283,7 @@ def test_confirm_with_a_real_load(default_profile, tmp_path):
             n_threads=1,
             timeout_s=600,
         )
-        return Measured(depth, CONFIRM_PROMPT_TOKENS, 0, r.n_threads, r.prefill_tok_s.median, None)
+        return Measurement(depth, CONFIRM_PROMPT_TOKENS, 0, r.n_threads, r.prefill_tok_s.median, None)
 
     _, loads_p = s.confirm_tune(TuneGoal(n_ctx=2048), measure_prefill_only, 3, tolerance=0.0)
     assert len(loads_p) == 1 and loads_p[0].decode_error is None

@@ -24,7 +24,7 @@ from kvtuner.core.plan.vllm import (
     pool_from_available,
     reserved_profile_bytes,
 )
-from kvtuner.core.plan.workload import Workload, WorkloadError, workload_advice, workload_kv
+from kvtuner.core.plan.workload import ServingWorkload, WorkloadError, workload_advice, workload_kv
 from kvtuner.core.units import GiB, MiB
 from kvtuner.testing.cli import run_kvtuner
 from kvtuner.testing.gguf_factory import write_real_shape
@@ -317,7 +317,7 @@ def test_bad_vllm_settings_say_what_to_change():
 
 def test_workload_worst_and_expected_by_hand():
     per = 131072  # Llama-3.1-8B f16
-    w = Workload(4, 32768, avg_tokens=8000, p95_tokens=20000, shared_prefix_tokens=2000)
+    w = ServingWorkload(4, 32768, avg_tokens=8000, p95_tokens=20000, shared_prefix_tokens=2000)
     ll = workload_kv(per, w, engine="llama.cpp", unified=True)
     assert (ll.worst_tokens, ll.p95_tokens, ll.expected_tokens, ll.shared_saving_tokens) == (131072, 80000, 32000, 0)
     assert ll.bytes(ll.worst_tokens) == 16 * GiB and ll.bytes(ll.expected_tokens) == 4_194_304_000
@@ -327,7 +327,7 @@ def test_workload_worst_and_expected_by_hand():
     vl = workload_kv(per, w, engine="vllm")
     assert (vl.worst_tokens, vl.p95_tokens, vl.expected_tokens, vl.shared_saving_tokens) == (131072, 74000, 26000, 6000)
     # partial blocks: 8001 tokens hold 501 blocks; a 2010-token prefix still shares 125 blocks
-    odd = workload_kv(per, Workload(2, 9000, avg_tokens=8001, shared_prefix_tokens=2010), engine="vllm")
+    odd = workload_kv(per, ServingWorkload(2, 9000, avg_tokens=8001, shared_prefix_tokens=2010), engine="vllm")
     assert odd.expected_tokens == 2 * 8016 - 2000
     assert ll.safe_case(131072) == "worst" and ll.safe_case(80000) == "p95" and ll.safe_case(40000) == "expected"
     assert ll.safe_case(1000) == "none"
@@ -336,11 +336,11 @@ def test_workload_worst_and_expected_by_hand():
 
 def test_workload_rejects_nonsense():
     with pytest.raises(WorkloadError, match="--avg-tokens"):
-        Workload(4, 1000, avg_tokens=2000)
+        ServingWorkload(4, 1000, avg_tokens=2000)
     with pytest.raises(WorkloadError, match="--p95-tokens"):
-        Workload(4, 1000, avg_tokens=500, p95_tokens=400)
+        ServingWorkload(4, 1000, avg_tokens=500, p95_tokens=400)
     with pytest.raises(WorkloadError, match="--shared-prefix"):
-        Workload(4, 1000, avg_tokens=500, shared_prefix_tokens=600)
+        ServingWorkload(4, 1000, avg_tokens=500, shared_prefix_tokens=600)
 
 
 @pytest.fixture(scope="module")

@@ -677,7 +677,7 @@ def emit_json(obj: object) -> None:
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
-    """The expected workload (:class:`kvtuner.core.plan.workload.Workload`): ``--avg-tokens``,
+    """The expected workload (:class:`kvtuner.core.plan.workload.ServingWorkload`): ``--avg-tokens``,
     ``--p95-tokens`` and ``--shared-prefix``, next to ``-np``."""
     g = parser.add_argument_group("workload (expected lengths; worst case = every sequence at the window)")
     g.add_argument(
@@ -718,15 +718,15 @@ def any_workload_flag(args: argparse.Namespace) -> bool:
 
 
 def workload_from_args(args: argparse.Namespace, n_seq: int, window_tokens: int) -> object:
-    """The :class:`~kvtuner.core.plan.workload.Workload` of the workload flags.
+    """The :class:`~kvtuner.core.plan.workload.ServingWorkload` of the workload flags.
 
     Raises:
         UserError: lengths that make no sense together.
     """
-    from ..core.plan.workload import Workload, WorkloadError
+    from ..core.plan.workload import ServingWorkload, WorkloadError
 
     try:
-        return Workload(n_seq, window_tokens, args.avg_tokens, args.p95_tokens, args.shared_prefix or 0)
+        return ServingWorkload(n_seq, window_tokens, args.avg_tokens, args.p95_tokens, args.shared_prefix or 0)
     except WorkloadError as exc:
         raise UserError(str(exc)) from None
 

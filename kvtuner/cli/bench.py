@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
     from ..core.plan.memory_plan import MemoryPlan
     from ..core.session import Session
+    from ..core.speed.measurement import Measurement
     from ..runner.bench import BenchResult, Stat
     from ..runner.engines import Engine
 
@@ -96,25 +97,13 @@ def _bench_session(
         return None, None, f"{type(exc).__name__}: {exc}"
 
 
-def _bench_record(session: Session, plan: MemoryPlan, result: BenchResult) -> str:
-    """Record a successful bench for speed calibration; returns a note for stderr ("" if nothing
-    was measured). A calibration store that cannot be written is a note, not a failure."""
+def _bench_record(session: Session, plan: MemoryPlan, measurement: Measurement) -> str:
+    """Record a bench that may calibrate for speed calibration; returns a note for stderr. A
+    calibration store that cannot be written is a note, not a failure."""
     from ..core.speed.calibration import CalibrationError
 
-    prefill = result.prefill_tok_s.median if result.prefill_tok_s else None
-    decode = result.decode_tok_s.median if result.decode_tok_s else None
-    if not prefill and not decode:
-        return ""
     try:
-        note = session.record_run(
-            plan,
-            n_threads=result.n_threads,
-            n_depth=result.n_depth,
-            n_prompt=result.n_prompt,
-            n_gen=result.n_gen,
-            prefill_tok_s=prefill,
-            decode_tok_s=decode,
-        )
+        note = session.record_run(plan, measurement)
     except CalibrationError as exc:
         return f"kvtuner: this run was not recorded for calibration: {exc}"
     return f"kvtuner: {note}; --no-record skips this"
@@ -248,8 +237,10 @@ def _check_bench_devices(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``kvtuner bench``."""
-    from ..core.monitor.contention import ContentionMeter
-    from ..runner.bench import BenchError, run_bench
+    from functools import partial
+
+    from ..core.monitor.measurement import RunRecorder
+    from ..runner.bench import BenchError, record_event, run_bench
 
     if (
         getattr(args, "rpc", None)
@@ -282,7 +273,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         if probe_job.is_running():  # it would slow the bench and the bench it: one at a time
             _wait_for_background_probe(args.json)
-    meter = ContentionMeter().start()
+    recorder = RunRecorder(
+        n_prompt=args.n_prompt,
+        n_gen=args.n_gen,
+        n_depth=args.n_depth,
+        model_path=str(model_path),
+        config=config,
+        engine=engine.kind,
+        record_anyway=args.record_anyway,
+        what="this bench",
+    ).start()
     try:
         result = run_bench(
             model_path,
@@ -294,6 +294,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             n_threads=args.threads,
             timeout_s=args.timeout,
             engine=engine if engine.kind == "server" else None,
+            on_event=partial(record_event, recorder),
         )
     except BenchError as exc:
         if exc.kind in ("invalid_config", "model_error", "out_of_memory"):
@@ -302,19 +303,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for line in exc.log_tail[-5:]:
             print(f"  | {line}", file=sys.stderr)
         return 1
-    contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
-    keep = contention.counts(args.record_anyway)
-    busy_note = contention.reason("this bench")
-    if busy_note:
+    measurement = recorder.finish()  # the bench child was waited for: its CPU time is this process's
+    keep = measurement.keep
+    if measurement.busy:
         print(
-            f"kvtuner: {busy_note}"
-            if keep is False
-            else f"kvtuner: the machine was busy during this bench ({contention.other_cores:.1f} cores of other load); "
-            "recorded anyway (--record-anyway)",
+            f"kvtuner: {keep.reason}"
+            if not keep.library
+            else f"kvtuner: the machine was busy during this bench ({measurement.other_cores:.1f} cores of other "
+            "load); recorded anyway (--record-anyway)",
             file=sys.stderr,
         )
     session, plan, plan_error = _bench_session(args, model_path, config, result.gpu_offload_supported)
-    if session is not None and plan is not None and not args.no_record and keep:
+    if session is not None and plan is not None and not args.no_record and keep.calibrate:
         session.n_threads = result.n_threads
         note = ensure_cpu_probe(session, args, quiet=args.json)
         if note:
@@ -322,21 +322,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     side = _bench_side_by_side(plan, result)
     if plan_error:
         side["plan_error"] = plan_error
-    if session is not None and plan is not None and not args.no_record and keep:
-        note = _bench_record(session, plan, result)
+    if session is not None and plan is not None and not args.no_record and keep.calibrate:
+        note = _bench_record(session, plan, measurement)
         if note:
             print(note, file=sys.stderr)
-    if not args.no_save and keep:
+    if not args.no_save and keep.library:
         note = _bench_save(model_path, config, result, session)
         if note:
             print(note, file=sys.stderr)
     if args.json:
         doc = {"schema": "kvtuner.bench/1", **result.to_dict(), **side}
         doc["model_path"] = str(model_path)
+        assert recorder.contention is not None  # finish() measured it
         doc["contention"] = {
-            **contention.to_dict(),
-            "recorded": bool(keep and not args.no_record),
-            "reason": busy_note if not keep else "",
+            **recorder.contention.to_dict(),
+            "recorded": keep.calibrate and not args.no_record,
+            "reason": keep.reason,
         }
         doc["engine"] = {
             "kind": engine.kind,
@@ -349,9 +350,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(f"engine     {engine.label}" + (f" ({engine.server})" if engine.server else ""))
         print(_bench_text(result, side))
-        if not keep:
+        if measurement.busy and not keep.library:
             print(
-                f"not kept   busy machine: {contention.other_cores:.1f} cores of other load during the bench "
+                f"not kept   busy machine: {measurement.other_cores:.1f} cores of other load during the bench "
                 "(not recorded for calibration, not saved as a working configuration; --record-anyway keeps it)"
             )
     return 0

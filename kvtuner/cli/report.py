@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..core.llama_report import METHOD_EMBEDDED
 from ..core.model.profile import ModelProfile
 from ..core.plan.buffers import buffer_device
+from ..core.plan.llama_constants import output_buffer_bytes
 from ..core.plan.memory_plan import MemoryPlan
 from ..core.units import MiB, fmt_bytes
 
@@ -160,9 +162,9 @@ def plan_text(assessment: Assessment) -> str:
         lines.append(f"planned as: {rules.label}")
     if verified is not None:
         lines.append("")
-        method = getattr(verified, "method", "") or "embedded dry run"
-        who = getattr(verified, "engine", "") or "llama.cpp"
-        measured = ["KV cache"] + (["recurrent state"] if getattr(verified, "recurrent", ()) else [])
+        method = verified.method or METHOD_EMBEDDED
+        who = verified.engine or "llama.cpp"
+        measured = ["KV cache"] + (["recurrent state"] if verified.recurrent else [])
         if plan.compute.source == "dry-run":
             measured.append("compute buffers")
         lines.append(
@@ -190,21 +192,22 @@ def plan_text(assessment: Assessment) -> str:
                 ]
             )
         rec = [kc for kc in plan.kv_caches if kc.kind == "recurrent"]
-        for r in getattr(verified, "recurrent", ()) or ():
+        for r in verified.recurrent:
             rows.append(
                 [
                     "recurrent state",
                     str(r.cells),
                     str(rec[0].layers) if rec else "?",
                     f"{rec[0].kv_bytes / MiB:.2f} MiB" if rec else "-",
-                    f"{r.r_mib + r.s_mib + r.p_mib:.2f} MiB",
+                    f"{r.state_mib:.2f} MiB",
                 ]
             )
         for dev, mib in verified.compute_mib.items():
             planned = plan.compute.estimate_on(buffer_device(dev))
             rows.append([f"compute {dev}", "", "", f"{planned / MiB:.2f} MiB (est.)", f"{mib:.2f} MiB"])
         for dev, mib in verified.output_mib.items():
-            rows.append([f"output {dev}", "", "", f"{m.n_vocab * max(1, c.n_seq) * 4 / MiB:.2f} MiB", f"{mib:.2f} MiB"])
+            planned = output_buffer_bytes(m.n_vocab, c.n_seq)
+            rows.append([f"output {dev}", "", "", f"{planned / MiB:.2f} MiB", f"{mib:.2f} MiB"])
         lines.append(_table(rows, {1, 2, 3, 4}))
         lines += _comparison_text(assessment)
     if speed is not None:
@@ -236,9 +239,9 @@ def _comparison_text(assessment: Assessment) -> list[str]:
     from ..core.session import device_comparison
 
     v = assessment.verified
-    if v is None or not getattr(v, "breakdown", ()):
+    if v is None or not v.breakdown:
         return []
-    who = getattr(v, "engine", "") or "llama.cpp"
+    who = v.engine or "llama.cpp"
 
     def cell(x: float | None) -> str:
         return "-" if x is None else (f"{x} MiB" if isinstance(x, int) else f"{x:.2f} MiB")

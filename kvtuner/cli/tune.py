@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.plan.config import PlanConfig
     from ..core.plan.verdict import FitVerdict
     from ..core.tune import Candidate, TuneResult
-    from ..core.tune.confirm import Measured, RealLoad
+    from ..core.tune.confirm import RealLoad
     from ..core.tune.fit_choice import FitChoice
 
 
@@ -268,46 +268,50 @@ def _dry_run(path: object, best: Candidate) -> str:
 
 def _measure(path: object, n_threads: int, record_anyway: bool = False):
     """A callable that benches one configuration in the runner child at the top of its context,
-    measuring the other load (a busy load is shown but does not calibrate unless ``record_anyway``)."""
-    from ..core.monitor.contention import ContentionMeter
-    from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, Measured, confirm_depth
-    from ..core.units import pad_to
-    from ..runner.bench import BenchError, run_bench
+    measuring the other load (:class:`~kvtuner.core.monitor.measurement.RunRecorder`: a busy load
+    is shown but does not calibrate unless ``record_anyway``)."""
+    from functools import partial
 
-    def measure(config: PlanConfig) -> Measured:
-        n_ctx = pad_to(config.n_ctx, 256)
+    from ..core.monitor.measurement import RunRecorder
+    from ..core.plan.llama_constants import pad_ctx
+    from ..core.speed.measurement import Measurement
+    from ..core.tune.confirm import CONFIRM_GEN_TOKENS, CONFIRM_PROMPT_TOKENS, confirm_depth
+    from ..runner.bench import BenchError, record_event, run_bench
+
+    def measure(config: PlanConfig) -> Measurement:
+        n_ctx = pad_ctx(config.n_ctx)
         depth = confirm_depth(n_ctx)
         if sys.stderr.isatty():
             print(f"kvtuner: real load: bench at depth {depth} ...", file=sys.stderr)
-        meter = ContentionMeter().start()
+        recorder = RunRecorder(
+            n_prompt=CONFIRM_PROMPT_TOKENS,
+            n_gen=CONFIRM_GEN_TOKENS,
+            n_depth=depth,
+            model_path=str(path),
+            config=config,
+            engine="embedded",
+            record_anyway=record_anyway,
+            what="this real load",
+        ).start()
         try:
-            r = run_bench(
-                path,
+            run_bench(
+                path,  # type: ignore[arg-type]
                 config,
                 n_prompt=CONFIRM_PROMPT_TOKENS,
                 n_gen=CONFIRM_GEN_TOKENS,
-                n_depth=depth,  # type: ignore[arg-type]
+                n_depth=depth,
                 repetitions=1,
                 n_threads=n_threads,
                 timeout_s=3600.0,
                 idle_timeout_s=3600.0,
+                on_event=partial(record_event, recorder),
             )
         except BenchError as exc:
             raise UserError(f"the confirming load failed ({exc.kind}): {exc}") from None
-        contention = meter.stop()  # the bench child was waited for: its CPU time is this process's
-        kept = contention.counts(record_anyway)
-        if not kept:
-            print(f"kvtuner: {contention.reason('this real load')}", file=sys.stderr)
-        return Measured(
-            depth,
-            CONFIRM_PROMPT_TOKENS,
-            CONFIRM_GEN_TOKENS,
-            r.n_threads,
-            r.prefill_tok_s.median if r.prefill_tok_s else None,
-            r.decode_tok_s.median if r.decode_tok_s else None,
-            contention.other_cores,
-            kept,
-        )
+        measured = recorder.finish()  # the bench child was waited for: its CPU time is this process's
+        if not measured.keep.calibrate:
+            print(f"kvtuner: {measured.keep.reason}", file=sys.stderr)
+        return measured
 
     return measure
 

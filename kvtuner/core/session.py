@@ -18,13 +18,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from .advice.advisor import SEVERITIES, Advice, AdvisorSettings, advise
 from .advice.backends import advise_backends
 from .hardware.host import physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
+from .llama_report import METHOD_EMBEDDED, DryRunResult, mib_to_bytes
+from .model.probed_structure import report_structure
 from .model.profile import ModelProfile
 from .model.structure import ModelStructure, differences
 from .monitor.live import LiveState
@@ -34,8 +36,15 @@ from .plan.config import PlanConfig
 from .plan.memory_plan import ExactFigures, MemoryPlan, plan_memory
 from .plan.placement import DeviceSplit
 from .plan.verdict import FitMargins, FitVerdict, badge, fit_verdict
-from .speed.calibration import CalibrationError, CalibrationStore, calibrated_inputs, record_bench
+from .speed.calibration import (
+    BusyMeasurementError,
+    CalibrationError,
+    CalibrationStore,
+    calibrated_inputs,
+    record_bench,
+)
 from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
+from .speed.measurement import Measurement
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache, structure_cache
 from .tune import TuneGoal, TuneResult, tune
@@ -48,64 +57,18 @@ log = logging.getLogger("kvtuner.session")
 SCHEMA_VERSION = 1
 
 
-class VerifiedKvCache(Protocol):
-    """One KV cache as a llama.cpp dry run reported it (``kvtuner.runner.dryrun.KvCacheReport``);
-    read-only, so frozen records satisfy it."""
-
-    @property
-    def size_mib(self) -> float: ...
-    @property
-    def cells(self) -> int: ...
-    @property
-    def layers(self) -> int: ...
-    @property
-    def k_mib(self) -> float: ...
-    @property
-    def v_mib(self) -> float: ...
-
-
-class VerifiedRecurrent(Protocol):
-    """The recurrent state as a dry run reported it (``kvtuner.runner.llama_log.RecurrentStateSize``)."""
-
-    @property
-    def cells(self) -> int: ...
-    @property
-    def r_mib(self) -> float: ...
-    @property
-    def s_mib(self) -> float: ...
-    @property
-    def p_mib(self) -> float: ...
-
-
-class Verified(Protocol):
-    """What a llama.cpp dry run reported (``kvtuner.runner.dryrun.DryRunResult``), MiB as
-    printed, keyed by llama.cpp's buffer names (``CUDA0``, ``CUDA_Host``, ``CPU``). A result may
-    also carry ``recurrent`` (records) and ``structure(base)`` (the structure probe)."""
-
-    @property
-    def kv_caches(self) -> Sequence[VerifiedKvCache]: ...
-    @property
-    def compute_mib(self) -> dict[str, float]: ...
-    @property
-    def output_mib(self) -> dict[str, float]: ...
-    @property
-    def model_mib(self) -> dict[str, float]: ...
-    @property
-    def devices(self) -> Sequence[str]: ...
-
-
-def exact_figures(v: Verified, *, device_figures: bool) -> ExactFigures:
+def exact_figures(v: DryRunResult, *, device_figures: bool) -> ExactFigures:
     """A dry run's report as :class:`~kvtuner.core.plan.memory_plan.ExactFigures` (bytes from
     the printed MiB). KV and recurrent sizes do not depend on the backend; compute and output
     per device are taken only when ``device_figures`` (the dry run ran on the planned devices)."""
-    kv = tuple((c.cells, c.layers, _mib_to_bytes(c.k_mib), _mib_to_bytes(c.v_mib)) for c in v.kv_caches if c.layers > 0)
-    rec = tuple(getattr(v, "recurrent", ()) or ())
+    kv = tuple((c.cells, c.layers, mib_to_bytes(c.k_mib), mib_to_bytes(c.v_mib)) for c in v.kv_caches if c.layers > 0)
+    rec = v.recurrent
     recurrent = None
     if rec:
         recurrent = (
             rec[0].cells,
-            sum(_mib_to_bytes(r.r_mib) for r in rec),
-            sum(_mib_to_bytes(r.s_mib + r.p_mib) for r in rec),
+            sum(mib_to_bytes(r.r_mib) for r in rec),
+            sum(mib_to_bytes(r.s_mib + r.p_mib) for r in rec),
         )
     return ExactFigures(
         kv=kv,
@@ -127,10 +90,6 @@ def probe_covers(rates: CpuRates, model: ModelProfile) -> bool:
     )
 
 
-def _mib_to_bytes(v: float) -> int:
-    return int(round(v * MiB))
-
-
 #: kvtuner's analytic figure and llama.cpp's differ when they are further apart than this share
 #: of llama.cpp's figure or :data:`DIFFER_SLACK_MIB`, whichever is larger (the compute-buffer
 #: tolerance of tests/test_plan_vs_llama.py; it also covers the breakdown's truncated MiB).
@@ -146,7 +105,7 @@ def differs(analytic_mib: float | None, llama_mib: float | None) -> bool | None:
     return abs(analytic_mib - llama_mib) > max(DIFFER_SHARE * abs(llama_mib), DIFFER_SLACK_MIB)
 
 
-def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str, Any]]:
+def device_comparison(v: DryRunResult, analytic: MemoryPlan | None) -> list[dict[str, Any]]:
     """llama.cpp's figures per device beside kvtuner's analytic ones (MiB), one entry per device
     of either side, in the analytic plan's device order then llama.cpp's.
 
@@ -161,7 +120,7 @@ def device_comparison(v: Verified, analytic: MemoryPlan | None) -> list[dict[str
     """
     from .plan.buffers import buffer_device
 
-    rows = tuple(getattr(v, "breakdown", ()) or ())
+    rows = v.breakdown
     theirs: dict[str, dict[str, Any]] = {}
     if rows:
         for r in rows:
@@ -224,7 +183,7 @@ class Assessment:
     """
 
     plan: MemoryPlan
-    verified: Verified | None = None
+    verified: DryRunResult | None = None
     speed: SpeedPrediction | None = None
     advice: tuple[Advice, ...] = ()
     speed_error: str = ""
@@ -273,59 +232,46 @@ class Assessment:
         d["badge"] = self.badge
         d["advice"] = [a.to_dict() for a in self.advice]
         d["speed"] = self.speed.to_dict() if self.speed is not None else None
-        d["verified"] = None
-        v = self.verified
-        if v is not None:
-            d["verified"] = {
-                "source": "llama.cpp dry-run (no_alloc)",
-                "kv_caches": [
-                    {
-                        "cells": c.cells,
-                        "layers": c.layers,
-                        "kv_mib": c.size_mib,
-                        "k_mib": c.k_mib,
-                        "v_mib": c.v_mib,
-                        "kv_bytes": _mib_to_bytes(c.size_mib),
-                    }
-                    for c in v.kv_caches
-                ],
-                "kv_bytes": sum(_mib_to_bytes(c.size_mib) for c in v.kv_caches),
-                "recurrent": [
-                    {
-                        "cells": r.cells,
-                        "r_mib": r.r_mib,
-                        "s_mib": r.s_mib,
-                        "bytes": _mib_to_bytes(r.r_mib + r.s_mib + r.p_mib),
-                    }
-                    for r in (getattr(v, "recurrent", ()) or ())
-                ],
-                "compute_bytes": {k: _mib_to_bytes(x) for k, x in v.compute_mib.items()},
-                "compute_bytes_by_device": bytes_by_device(v.compute_mib),
-                "output_bytes": {k: _mib_to_bytes(x) for k, x in v.output_mib.items()},
-                "method": getattr(v, "method", "") or "embedded dry run",
-                "engine": getattr(v, "engine", "") or "",
-                "engine_build": getattr(v, "engine_build", None),
-                "breakdown": [
-                    {
-                        "kind": r.kind,
-                        "name": r.name,
-                        "description": r.description,
-                        "model_mib": r.model_mib,
-                        "context_mib": r.context_mib,
-                        "compute_mib": r.compute_mib,
-                        "self_mib": r.self_mib,
-                        "total_mib": r.total_mib,
-                        "free_mib": r.free_mib,
-                        "unaccounted_mib": r.unaccounted_mib,
-                    }
-                    for r in (getattr(v, "breakdown", ()) or ())
-                ],
-                "devices": device_comparison(v, self.analytic),
-            }
-            method = str(getattr(v, "method", "") or "")
-            if method.startswith(("llama-server", "llama-fit-params")):
-                d["verified"]["source"] = f"{method} ({getattr(v, 'engine', '') or 'llama-server'}, no_alloc)"
+        d["verified"] = self.verified_dict()
         return d
+
+    def verified_dict(self) -> dict[str, Any] | None:
+        """The ``"verified"`` entry of :meth:`to_dict`: None without a dry run, else its figures
+        in bytes (converted from llama.cpp's MiB with 2 decimals), the breakdown rows as printed
+        and :func:`device_comparison`."""
+        v = self.verified
+        if v is None:
+            return None
+        out: dict[str, Any] = {
+            "source": "llama.cpp dry-run (no_alloc)",
+            "kv_caches": [
+                {
+                    "cells": c.cells,
+                    "layers": c.layers,
+                    "kv_mib": c.size_mib,
+                    "k_mib": c.k_mib,
+                    "v_mib": c.v_mib,
+                    "kv_bytes": mib_to_bytes(c.size_mib),
+                }
+                for c in v.kv_caches
+            ],
+            "kv_bytes": v.kv_bytes,
+            "recurrent": [
+                {"cells": r.cells, "r_mib": r.r_mib, "s_mib": r.s_mib, "bytes": mib_to_bytes(r.state_mib)}
+                for r in v.recurrent
+            ],
+            "compute_bytes": {k: mib_to_bytes(x) for k, x in v.compute_mib.items()},
+            "compute_bytes_by_device": bytes_by_device(v.compute_mib),
+            "output_bytes": {k: mib_to_bytes(x) for k, x in v.output_mib.items()},
+            "method": v.method or METHOD_EMBEDDED,
+            "engine": v.engine,
+            "engine_build": v.engine_build,
+            "breakdown": [r.to_json() for r in v.breakdown],
+            "devices": device_comparison(v, self.analytic),
+        }
+        if v.method.startswith(("llama-server", "llama-fit-params")):
+            out["source"] = f"{v.method} ({v.engine or 'llama-server'}, no_alloc)"
+        return out
 
 
 @dataclass
@@ -377,7 +323,7 @@ class Session:
     rules: BuildRules = VENDORED
     extras: Any = None
     draft_exact: Any = None
-    _verified: tuple[PlanConfig, tuple, Verified] | None = field(default=None, repr=False)
+    _verified: tuple[PlanConfig, tuple, DryRunResult] | None = field(default=None, repr=False)
     _structures: dict[str, ModelStructure | None] = field(default_factory=dict, repr=False)
     _inputs: tuple[tuple, SpeedInputs | None, str] | None = field(default=None, repr=False)
     _machine: tuple[tuple, str] | None = field(default=None, repr=False)
@@ -418,7 +364,7 @@ class Session:
 
     # -- verified figures --------------------------------------------------------------------
 
-    def set_verified(self, result: Verified | None, config: PlanConfig | None = None) -> None:
+    def set_verified(self, result: DryRunResult | None, config: PlanConfig | None = None) -> None:
         """Record a dry run's report for ``config`` (default: the current one) on the current
         hardware; :meth:`assess` uses it while both stay the same. The exact compute buffers
         are remembered for that configuration (:mod:`kvtuner.core.store.compute_cache`)."""
@@ -427,9 +373,8 @@ class Session:
             return
         cfg = config or self.config
         self._verified = (cfg, self._hardware_key(), result)
-        probe = getattr(result, "structure", None)
-        if self.model is not None and callable(probe):
-            self.set_structure(probe(self.model.structure))
+        if self.model is not None:
+            self.set_structure(report_structure(result, self.model.structure))
         if self.use_compute_cache and self.model is not None and self._verified_applies(result):
             plan = plan_memory(self.planned_model(), cfg, self.gpus, self.host, split=self.split, rules=self.rules)
             compute_cache.store(compute_cache.compute_key(plan), bytes_by_device(result.compute_mib))
@@ -484,14 +429,14 @@ class Session:
         return self.model is not None and self.planned_model().structure.is_approximate
 
     @property
-    def verified(self) -> Verified | None:
+    def verified(self) -> DryRunResult | None:
         """The dry-run report for the current configuration and hardware, or None."""
         v = self._verified
         if v is not None and v[0] == self.config and v[1] == self._hardware_key():
             return v[2]
         return None
 
-    def _verified_applies(self, v: Verified) -> bool:
+    def _verified_applies(self, v: DryRunResult) -> bool:
         """A CPU-only llama.cpp cannot verify a GPU plan's buffers: its figures are shown side by
         side then, never put in the plan."""
         return not (tuple(v.devices) == ("CPU",) and self.gpus)
@@ -704,18 +649,7 @@ class Session:
 
     # -- measured runs -------------------------------------------------------------------------
 
-    def record_run(
-        self,
-        plan: MemoryPlan,
-        *,
-        n_threads: int,
-        n_depth: int,
-        n_prompt: int,
-        n_gen: int,
-        prefill_tok_s: float | None,
-        decode_tok_s: float | None,
-        gpus: Sequence[GpuSpec] | None = None,
-    ) -> str:
+    def record_run(self, plan: MemoryPlan, measurement: Measurement, *, gpus: Sequence[GpuSpec] | None = None) -> str:
         """Record a measured bench of ``plan`` for speed calibration on this machine (file I/O:
         call it off the GUI thread); returns a one-line note for the user.
 
@@ -723,23 +657,17 @@ class Session:
         card: a run on this machine says nothing about a card it does not have).
 
         Raises:
-            CalibrationError: nothing was measured, or the store cannot be written.
+            BusyMeasurementError: the measurement may not calibrate because the machine was busy
+                (:attr:`Measurement.keep <kvtuner.core.speed.measurement.Measurement.keep>`).
+            CalibrationError: it may not calibrate for another reason, nothing was measured, or
+                the store cannot be written.
         """
+        if not measurement.keep.calibrate:
+            error = BusyMeasurementError if measurement.busy else CalibrationError
+            raise error(measurement.keep.reason or "this measurement may not calibrate")
         store = self.calibration_store()
         used = tuple(self.machine_gpus if gpus is None else gpus)
-        run = record_bench(
-            plan,
-            gpus=used,
-            host=self.host,
-            n_threads=n_threads,
-            n_depth=n_depth,
-            n_prompt=n_prompt,
-            n_gen=n_gen,
-            prefill_tok_s=prefill_tok_s,
-            decode_tok_s=decode_tok_s,
-            store=store,
-            machine=self.machine_id,
-        )
+        run = record_bench(plan, measurement, gpus=used, host=self.host, store=store, machine=self.machine_id)
         self.invalidate_speed()
         n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
         return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"
@@ -831,17 +759,9 @@ class Session:
             done[best.config] = load
             if on_load is not None:
                 on_load(load)
-            if not m.kept:  # measured on a busy machine: shown, never calibrates
+            if not m.keep.calibrate:  # measured on a busy machine: shown, never calibrates
                 continue
-            self.record_run(
-                plan,
-                n_threads=m.n_threads,
-                n_depth=m.n_depth,
-                n_prompt=m.n_prompt,
-                n_gen=m.n_gen,
-                prefill_tok_s=m.prefill_tok_s,
-                decode_tok_s=m.decode_tok_s,
-            )
+            self.record_run(plan, m)
             result = self.tune(goal)
         if result.best is not None and result.best.config in done:
             m = done[result.best.config].measured

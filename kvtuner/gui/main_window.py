@@ -352,10 +352,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.show_error("")
         if self.stale:
             return False
+        self.runner.engine = self.engine  # Run uses the engine in use: the embedded child or llama-server
         self.run_events.begin(self.model_path, self.config)
         self.graphs.begin_run(time.monotonic())
         self.feed.run_started()
-        self.runner.engine = self.engine  # Run uses the engine in use: the embedded child or llama-server
         self.runner.start(self.model_path, self.config)
         self.run_controls.set_running(True)
         self.run_controls.set_progress(None, "starting llama.cpp ...")

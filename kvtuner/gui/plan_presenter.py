@@ -203,7 +203,7 @@ class PlanPresenter:
         self.clear_refusal()
         w.assessment = a
         plan, speed = a.plan, a.speed
-        verified = a.to_dict()["verified"] if a.verified is not None else None
+        verified = a.verified
         if verified is None and w.run_controls.progress.format() == VERIFIED_TEXT:
             w.run_controls.set_progress(0.0, "not verified for this configuration")
         w.extras_plan = self._plan_extras(plan)

@@ -1,8 +1,10 @@
 """What the window does with a run: the runner's events go to the graphs, the progress bar and
-the status bar; the running model's latest state feeds the live advice (and auto-stop); a
-completed run is recorded for speed calibration through the window's
-:class:`~kvtuner.core.session.Session` and saved in the working-configs library, both on a
-worker thread.
+the status bar; the running model's latest state feeds the live advice (and auto-stop). The
+same events feed a :class:`~kvtuner.core.monitor.measurement.RunRecorder` (as ``kvtuner bench``
+does): a completed run's :class:`~kvtuner.core.speed.measurement.Measurement` says what it may
+calibrate and enter, and is recorded for speed calibration through the window's
+:class:`~kvtuner.core.session.Session` and saved in the working-configs library accordingly,
+both on a worker thread.
 
 :class:`RunEvents` keeps one run's state; the window (:class:`kvtuner.gui.main_window.MainWindow`)
 creates one, calls :meth:`RunEvents.begin` when a run starts, hands it every ``(t_s, event)``
@@ -14,20 +16,21 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.advice.advisor import AdvisorSettings, should_auto_stop
-from ..core.monitor.contention import Contention, CpuSnapshot, cpu_snapshot, other_cores, quiet_limit
+from ..core.monitor.contention import quiet_limit
 from ..core.monitor.live import SWAP_WINDOW_S, LiveState, LiveTracker, free_bytes_on
+from ..core.monitor.measurement import RunRecorder
 from ..core.monitor.rolling import RollingRate
 from ..core.plan.config import PlanConfig
 from ..core.session import Session
+from ..core.speed.measurement import Measurement
 from ..core.store.library import record_completed_run
 from ..runner import protocol as P
-from ..runner.bench import measured_figures
+from ..runner.bench import measured_figures, record_event
 from ..runner.llama_log import allocation_request
 from .run_controller import RunFinished, RunStarted
 
@@ -89,6 +92,8 @@ class RunEvents:
         live_state: the latest :class:`~kvtuner.core.monitor.live.LiveState`, or None.
         auto_stopped: the run was stopped by itself (decode under 1 tok/s for 10 s).
         run_config, run_model_path: what the current (or last) run runs.
+        measurement: the last finished run's measurement (with ``keep``: what it may calibrate
+            and enter), or None.
         calibration_note: what recording the last run for calibration said.
         last_run: the last completed run: (model path, configuration, measured figures).
         library_note, saved_run_id: what saving it in the working-configs library said.
@@ -105,8 +110,10 @@ class RunEvents:
         self.auto_stopped = False
         self.run_config: PlanConfig | None = None
         self.run_model_path: Path | None = None
-        self.run_gpu_offload = False
-        self.run_result: P.BenchResultEvent | None = None
+        #: the current run's recorder (:class:`~kvtuner.core.monitor.measurement.RunRecorder`) and
+        #: the last finished run's measurement, with what it may calibrate and enter
+        self.recorder: RunRecorder | None = None
+        self.measurement: Measurement | None = None
         self.calibration_note = ""
         self.last_run: tuple[Path, PlanConfig, dict] | None = None
         self.library_note = ""
@@ -116,12 +123,10 @@ class RunEvents:
         #: cores other processes may keep busy during a run that still counts (calibration and
         #: Known good): the rule every measurement follows (core.monitor.contention.quiet_limit)
         self.quiet_max_other_cores = quiet_limit()
-        #: cores other processes kept busy during the last run (None: not measured)
-        self.other_cores: float | None = None
-        self._cpu_before: CpuSnapshot | None = None
 
     def begin(self, model_path: Path, config: PlanConfig) -> None:
-        """A run of ``config`` on ``model_path`` starts: forget the last run's live state."""
+        """A run of ``config`` on ``model_path`` starts: forget the last run's live state and
+        start recording this one (the bench of the run controller's settings, on its engine)."""
         self._marks = set()
         self.last_load_progress = 0.0
         self.live.reset()
@@ -129,32 +134,25 @@ class RunEvents:
         self.live_state = None
         self.auto_stopped = False
         self.run_config, self.run_model_path = config, model_path
-        self.run_gpu_offload = False
-        self.run_result = None
         if self.calibration_note.startswith("the machine was busy"):
             self.window.advisor.set_notes([])  # the last run's busy note
         self.calibration_note = ""
-        self.other_cores = None
-        try:
-            self._cpu_before = cpu_snapshot()
-        except (OSError, ImportError):  # no /proc/stat: quietness unknown
-            self._cpu_before = None
+        runner = self.window.runner
+        s, engine = runner.settings, runner.engine
+        self.measurement = None
+        self.recorder = RunRecorder(
+            n_prompt=s.n_prompt,
+            n_gen=s.n_gen,
+            model_path=str(model_path),
+            config=config,
+            engine=engine.kind if engine is not None else "embedded",
+            limit=self.quiet_max_other_cores,
+        ).start()
 
-    def run_was_quiet(self) -> bool:
-        """Measure the finished run's contention (:mod:`kvtuner.core.monitor.contention`) and
-        say whether it counts: at most :attr:`quiet_max_other_cores` cores of other load (a run
-        under a second long, or one that could not be measured, counts)."""
-        before = self._cpu_before
-        if before is None:
-            return True
-        try:
-            after = cpu_snapshot()
-        except (OSError, ImportError):
-            return True
-        if after.t_s - before.t_s < 1.0:
-            return True
-        self.other_cores = other_cores(before, after)
-        return Contention(self.other_cores, after.t_s - before.t_s, self.quiet_max_other_cores).counts()
+    @property
+    def other_cores(self) -> float | None:
+        """Cores other processes kept busy during the last finished run (None: not measured)."""
+        return self.measurement.other_cores if self.measurement is not None else None
 
     def reset_measured(self) -> None:
         """A new model is open: the measured figures were another model's."""
@@ -175,10 +173,10 @@ class RunEvents:
     def handle(self, t_s: float, ev: Any) -> None:
         """Show one runner event (``t_s``: ``time.monotonic()`` when it arrived)."""
         w = self.window
+        if self.recorder is not None:
+            record_event(self.recorder, ev)
         if isinstance(ev, RunStarted):
             w.status.set_field("runner", f"runner: pid {ev.pid}")
-        elif isinstance(ev, P.StartedEvent):
-            self.run_gpu_offload = bool(ev.gpu_offload_supported)
         elif isinstance(ev, P.ContextEvent):
             self.live.set_flash_attn(ev.flash_attn)
         elif isinstance(ev, P.LoadProgressEvent):
@@ -186,9 +184,9 @@ class RunEvents:
             self.last_load_progress = max(self.last_load_progress, ev.progress)
             w.run_controls.set_progress(ev.progress, f"loading weights {ev.progress:.0%}")
         elif isinstance(ev, (P.BufferEvent, P.KvCacheEvent)):
-            kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.kind
+            kind = "kv" if isinstance(ev, P.KvCacheEvent) else ev.buffer.kind
             if isinstance(ev, P.KvCacheEvent):
-                self.live.kv_cache(ev.type_k, ev.type_v)
+                self.live.kv_cache(ev.cache.type_k, ev.cache.type_v)
             if kind == "kv":
                 self._mark_once(t_s, "KV")
             elif kind == "compute":
@@ -223,7 +221,6 @@ class RunEvents:
                 self.measured["decode_tok_s"] = rate
         elif isinstance(ev, P.BenchResultEvent):
             self.measured["peak_rss_bytes"] = ev.peak_rss_bytes
-            self.run_result = ev
         elif isinstance(ev, P.ErrorEvent):
             if ev.kind == "out_of_memory":
                 self._on_allocation_error(ev)
@@ -240,20 +237,22 @@ class RunEvents:
             w.status.set_field("runner", f"runner: {text}")
             self.live.end_decode()
             self.update_live(t_s, running=False)
-            if ev.ok:
-                if self.run_was_quiet():
-                    self.record_run()
-                    self.remember_working_config(ev.result)
-                else:  # it measured the other load, not this configuration
-                    self.remember_working_config(ev.result, save=False)
-                    self.calibration_note = self.library_note = (
-                        f"the machine was busy during this run ({self.other_cores:.1f} cores of other load): "
-                        "not used for calibration or Known good; run again when it is quiet"
-                    )
-                    w.status.showMessage(
-                        f"busy machine ({self.other_cores:.1f} cores of other load): run not kept", 15000
-                    )
-                    w.advisor.set_notes([self.calibration_note])
+            if self.recorder is None:
+                return
+            m = self.measurement = self.recorder.finish(completed=ev.ok)
+            self.recorder = None
+            if not ev.ok:
+                return
+            if m.keep.calibrate:
+                self.record_run(m)
+            self.remember_working_config(ev.result, save=m.keep.library)
+            if m.busy and not m.keep.library:  # it measured the other load, not this configuration
+                self.calibration_note = self.library_note = (
+                    f"the machine was busy during this run ({m.other_cores:.1f} cores of other load): "
+                    "not used for calibration or Known good; run again when it is quiet"
+                )
+                w.status.showMessage(f"busy machine ({m.other_cores:.1f} cores of other load): run not kept", 15000)
+                w.advisor.set_notes([self.calibration_note])
 
     def _on_allocation_error(self, ev: P.ErrorEvent) -> None:
         req = allocation_request([ev.message, *ev.log_tail])
@@ -300,17 +299,12 @@ class RunEvents:
 
     # -- calibration -----------------------------------------------------------------------------------
 
-    def record_run(self) -> None:
-        """Record the finished bench for speed calibration through the session (on a worker
-        thread: file I/O), under this machine's identity, then re-predict with it."""
+    def record_run(self, measurement: Measurement) -> None:
+        """Record the finished bench's ``measurement`` for speed calibration through the session
+        (on a worker thread: file I/O), under this machine's identity, then re-predict with it."""
         w = self.window
-        ev, model, config = self.run_result, w.model, self.run_config
-        if ev is None or model is None or config is None or self.run_model_path != w.model_path:
-            return
-        s = w.runner.settings
-        pre = [r.prefill_tok_s for r in ev.reps if r.prefill_tok_s is not None]
-        dec = [r.decode_tok_s for r in ev.reps if r.decode_tok_s is not None]
-        if not pre and not dec:
+        model, config = w.model, self.run_config
+        if model is None or config is None or self.run_model_path != w.model_path:
             return
         session = w.session
         # the run's own devices: this machine's GPUs when llama.cpp offloaded, else the CPU alone
@@ -318,24 +312,15 @@ class RunEvents:
         run_session = Session(
             model=model,
             config=config,
-            gpus=session.machine_gpus if self.run_gpu_offload else (),
+            gpus=session.machine_gpus if measurement.gpu_offload else (),
             host=session.host,
             detected_gpus=session.machine_gpus,
             calibration=session.calibration_store(),
             measure_host_bandwidth=False,
         )
-        n_depth = ev.reps[0].n_depth if ev.reps else 0
 
         def work() -> str:
-            return run_session.record_run(
-                run_session.plan(),
-                n_threads=ev.n_threads,
-                n_depth=n_depth,
-                n_prompt=s.n_prompt,
-                n_gen=s.n_gen,
-                prefill_tok_s=statistics.median(pre) if pre else None,
-                decode_tok_s=statistics.median(dec) if dec else None,
-            )
+            return run_session.record_run(run_session.plan(), measurement)
 
         def done(note: str) -> None:
             self.calibration_note = note

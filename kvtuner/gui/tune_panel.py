@@ -17,6 +17,7 @@ import pyqtgraph as pg
 from PySide6 import QtCore, QtWidgets
 
 from ..core.plan.config import PlanConfig
+from ..core.plan.llama_constants import CTX_PAD_CELLS
 from ..core.speed.speed_model import ABANDON_TOK_S
 from ..core.tune import (
     DEFAULT_KV_QUALITY,
@@ -96,7 +97,7 @@ class TunePanel(QtWidgets.QDialog):
         for key, text in GOALS:
             self.goal_kind.addItem(text, key)
         self.ctx_spin = QtWidgets.QSpinBox()
-        self.ctx_spin.setRange(256, 1 << 30)
+        self.ctx_spin.setRange(CTX_PAD_CELLS, 1 << 30)
         self.ctx_spin.setSingleStep(1024)
         self.ctx_spin.setValue(32768)
         self.tok_spin = QtWidgets.QDoubleSpinBox()

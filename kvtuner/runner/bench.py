@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core.llama_report import KvCacheReport, buffers_by_name
 from ..core.model.ggml_types import kv_type
+from ..core.monitor.measurement import RunRecorder
 from ..core.monitor.sampler import Peaks, Sampler
 from ..core.plan.config import PlanConfig
 from . import protocol as P
 from .client import RunnerError
-from .dryrun import KvCacheReport
-from .protocol import field_names as _field_names
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
@@ -261,17 +261,9 @@ def _summarise(
     sampler: _PeakSource,
 ) -> BenchResult:
     def by_kind(kind: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for ev in seen:
-            if isinstance(ev, P.BufferEvent) and ev.kind == kind:
-                out[ev.buft] = round(out.get(ev.buft, 0.0) + ev.mib, 2)
-        return out
+        return buffers_by_name((ev.buffer for ev in seen if isinstance(ev, P.BufferEvent)), kind)
 
-    caches = tuple(
-        KvCacheReport(**{k: getattr(ev, k) for k in _field_names(KvCacheReport)})
-        for ev in seen
-        if isinstance(ev, P.KvCacheEvent)
-    )
+    caches = tuple(ev.cache for ev in seen if isinstance(ev, P.KvCacheEvent))
     kv_total, exact = 0, True
     for c in caches:
         b, e = kv_bytes_from_report(c)
@@ -359,6 +351,21 @@ def summarise_events(
         list(events),
         sampler if sampler is not None and hasattr(sampler, "peaks") else _NoPeaks(),
     )
+
+
+def record_event(recorder: RunRecorder, ev: object) -> None:
+    """Hand one runner event to ``recorder`` (:class:`~kvtuner.core.monitor.measurement.RunRecorder`):
+    the started, context, loaded and bench-result events make a measurement; every other event
+    (and anything that is not a protocol event) is ignored. ``kvtuner bench``, a tune's real
+    loads and the window's run handling all feed their recorder through here."""
+    if isinstance(ev, P.StartedEvent):
+        recorder.started(gpu_offload=ev.gpu_offload_supported, llama_build=ev.llama_build)
+    elif isinstance(ev, P.ContextEvent):
+        recorder.context(n_ctx=ev.n_ctx, n_ubatch=ev.n_ubatch)
+    elif isinstance(ev, P.LoadedEvent):
+        recorder.loaded(load_s=ev.load_s, n_threads=ev.n_threads)
+    elif isinstance(ev, P.BenchResultEvent):
+        recorder.bench_result(ev.reps, n_threads=ev.n_threads)
 
 
 def measured_figures(result: BenchResult) -> dict[str, float | int]:

@@ -16,9 +16,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.llama_report import METHOD_SERVER, DryRunResult
 from ..core.plan.config import PlanConfig
 from . import llama_log as L
-from .dryrun import METHOD_SERVER, DryRunError, DryRunResult
+from .dryrun import DryRunError
 from .engines import Engine
 from .server_verify import _raise_refusal, _result, _run_until_breakdown, server_argv
 

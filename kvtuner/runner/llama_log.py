@@ -1,5 +1,9 @@
 """Parse llama.cpp log lines into structured records.
 
+What a load reports (caches, recurrent state, buffers, offloaded layers, graph, memory
+breakdown) is typed once in :mod:`kvtuner.core.llama_report`; the records only the runner reads
+(per-layer structure lines, context parameters, errors) are defined here.
+
 Pure Python (no ``llama_cpp`` import): the worker feeds it the lines its own
 ``llama_log_set`` callback receives, and the parent can parse a saved log the same way.
 
@@ -14,8 +18,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..core.llama_report import (
+    BufferReport,
+    DryRunResult,
+    GraphReport,
+    KvCacheReport,
+    MemoryBreakdownRow,
+    OffloadedLayers,
+    RecurrentStateReport,
+    buffers_by_name,
+)
 from ..core.plan.buffers import buffer_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,85 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: CONT 5. (llama-cpp-python's _logger.py maps them off by one and hides errors.)
 LEVEL_NONE, LEVEL_DEBUG, LEVEL_INFO, LEVEL_WARN, LEVEL_ERROR, LEVEL_CONT = range(6)
 LEVEL_NAMES = {0: "none", 1: "debug", 2: "info", 3: "warn", 4: "error", 5: "cont"}
-
-
-@dataclass(frozen=True)
-class ModelBuffer:
-    """``load_tensors: <buft> model buffer size = <MiB> MiB`` (llama-model.cpp load_tensors).
-
-    ``buft`` is the buffer name (``CPU_Mapped``, ``CPU_REPACK``, ``CUDA0`` ...), ``mib`` its size in MiB.
-    """
-
-    buft: str
-    mib: float
-
-
-@dataclass(frozen=True)
-class OffloadedLayers:
-    """``load_tensors: offloaded <k>/<n> layers to GPU`` (llama-model.cpp load_tensors; only
-    printed when ``llama_supports_gpu_offload()``). ``n_total`` is n_layer + 1 (output layer)."""
-
-    n_offloaded: int
-    n_total: int
-
-
-@dataclass(frozen=True)
-class OutputBuffer:
-    """``llama_context: <buft>  output buffer size = <MiB> MiB`` (llama-context.cpp constructor)."""
-
-    buft: str
-    mib: float
-
-
-@dataclass(frozen=True)
-class KvBuffer:
-    """``llama_kv_cache: <buft> KV buffer size = <MiB> MiB`` (llama-kv-cache.cpp constructor).
-
-    Under ``no_alloc`` the buffer is a dummy and the line prints 0.00 MiB.
-    """
-
-    buft: str
-    mib: float
-
-
-@dataclass(frozen=True)
-class KvCacheSize:
-    """``llama_kv_cache: size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB,
-    V (%s): %7.2f MiB`` (llama-kv-cache.cpp constructor). Real sizes even under ``no_alloc``.
-
-    ``n_seq`` is n_seq_max, ``n_stream`` the number of KV streams (1 when unified).
-    """
-
-    size_mib: float
-    cells: int
-    layers: int
-    n_seq: int
-    n_stream: int
-    type_k: str
-    k_mib: float
-    type_v: str
-    v_mib: float
-
-
-@dataclass(frozen=True)
-class RecurrentStateSize:
-    """``llama_memory_recurrent: size = %7.2f MiB (%6u cells, %3d layers, %2u seqs %2u rs_seq), R (%s):
-    %7.2f MiB, S (%s): %7.2f MiB[, P (%s): %7.2f MiB]`` (llama-memory-recurrent.cpp constructor).
-
-    ``layers`` is what llama.cpp prints: ``hparams.n_layer()``, *not* the layers its filter kept
-    (the per-layer :class:`RecurrentLayer` lines say which); ``cells`` is max(1, n_seq_max).
-    """
-
-    size_mib: float
-    cells: int
-    layers: int
-    n_seq: int
-    n_rs_seq: int
-    type_r: str
-    r_mib: float
-    type_s: str
-    s_mib: float
-    p_mib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,14 +102,6 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class ComputeBuffer:
-    """``sched_reserve: <buft> compute buffer size = <MiB> MiB`` (llama-context.cpp sched_reserve)."""
-
-    buft: str
-    mib: float
-
-
-@dataclass(frozen=True)
 class ContextParam:
     """``llama_context: <name> = <value>`` (llama-context.cpp constructor), e.g. ``n_ctx``,
     ``n_ctx_seq``, ``n_seq_max``, ``n_batch``, ``n_ubatch``, ``flash_attn``, ``kv_unified``.
@@ -203,39 +130,6 @@ class LogError:
     func: str
     message: str
     kind: str
-
-
-@dataclass(frozen=True)
-class MemoryBreakdownRow:
-    """One row of llama.cpp's memory breakdown, integer MiB as printed (truncated: ``bytes / MiB``).
-
-    Printed by ``common_memory_breakdown_print`` (common/fit.cpp, trace level, ``-lv 4``): a
-    header, one row per model device ``| - CUDA0 (RTX 3090) | total = free + (self = model +
-    context + compute) + unaccounted |``, one ``| - Host | self = model + context + compute |``
-    row (every host buffer: ``CPU``, ``CPU_Mapped``, ``CUDA_Host`` ...) and one row per other
-    buffer type (``CPU_REPACK`` ...). ``llama-fit-params --fit-print on`` prints the same
-    figures as ``<device> <model> <context> <compute>`` lines and a ``Host`` line
-    (common/fit.cpp ``common_fit_print``); those rows have no total, free or unaccounted.
-
-    ``context`` is the context's memory (KV cache, recurrent state: ``llama_context::memory_breakdown``,
-    src/llama-context.cpp); the output buffer is in none of the columns.
-
-    Attributes:
-        kind: ``"device"``, ``"host"`` or ``"buffer_type"``.
-        name: device name (``CUDA0``), ``Host``, or the buffer type (``CPU_REPACK``).
-        description: the device description as printed (vendor prefixes stripped), "" otherwise.
-    """
-
-    kind: str
-    name: str
-    description: str
-    model_mib: int
-    context_mib: int
-    compute_mib: int
-    self_mib: int
-    total_mib: int | None = None
-    free_mib: int | None = None
-    unaccounted_mib: int | None = None
 
 
 #: The function name every breakdown row starts with (common/fit.cpp).
@@ -319,16 +213,14 @@ def parse_fit_print(text: str) -> tuple[MemoryBreakdownRow, ...]:
 
 
 Record = (
-    ModelBuffer
+    BufferReport
     | OffloadedLayers
-    | OutputBuffer
-    | KvBuffer
-    | KvCacheSize
-    | ComputeBuffer
+    | GraphReport
+    | KvCacheReport
     | ContextParam
     | FlashAttnResolved
     | LogError
-    | RecurrentStateSize
+    | RecurrentStateReport
     | KvLayer
     | KvReuse
     | IswaSection
@@ -358,12 +250,17 @@ _RE_INFO = re.compile(
     r"n_embd_head_v_swa|n_head_kv|n_embd_k_gqa|n_embd_v_gqa)\s+= (.+)$"
 )
 _RE_COMPUTE_BUF = re.compile(rf"^sched_reserve:\s+(\S+) compute buffer size =\s*{_F} MiB")
+_RE_GRAPH = re.compile(
+    r"^sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?"
+)
 _RE_CTX_PARAM = re.compile(
     r"^llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch|flash_attn|kv_unified|causal_attn)\s+= (\S+)"
 )
 _RE_FA_RESOLVED = re.compile(r"^resolve_fused_ops: Flash Attention (enabled|not supported, set to disabled)")
 _RE_FA_FORCED = re.compile(r"enabling flash_attn since it is required")
 _RE_FUNC = re.compile(r"^(\w+):\s*(.*)$")
+#: the :attr:`~kvtuner.core.llama_report.BufferReport.kind` of each buffer line
+_BUFFER_LINES = (("model", _RE_MODEL_BUF), ("kv", _RE_KV_BUF), ("output", _RE_OUTPUT_BUF), ("compute", _RE_COMPUTE_BUF))
 
 # Messages of allocation failures: ggml-backend.cpp / ggml-alloc.c ("failed to allocate ...
 # buffer of size"), llama-kv-cache.cpp ("failed to allocate buffer for kv cache"),
@@ -412,7 +309,7 @@ def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
         func, message = (m.group(1), m.group(2)) if m else ("", line.strip())
         return LogError(func=func, message=message, kind=classify_error(func, message))
     if m := _RE_KV_SIZE.match(line):
-        return KvCacheSize(
+        return KvCacheReport(
             size_mib=float(m.group(1)),
             cells=int(m.group(2)),
             layers=int(m.group(3)),
@@ -424,7 +321,7 @@ def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
             v_mib=float(m.group(9)),
         )
     if m := _RE_RS_SIZE.match(line):
-        return RecurrentStateSize(
+        return RecurrentStateReport(
             size_mib=float(m.group(1)),
             cells=int(m.group(2)),
             layers=int(m.group(3)),
@@ -446,16 +343,14 @@ def parse_line(line: str, level: int = LEVEL_INFO) -> Record | None:
         return RecurrentLayer(int(m.group(1)), m.group(2))
     if m := _RE_INFO.match(line):
         return ModelInfo(m.group(1), m.group(2).strip())
-    if m := _RE_MODEL_BUF.match(line):
-        return ModelBuffer(m.group(1), float(m.group(2)))
-    if m := _RE_KV_BUF.match(line):
-        return KvBuffer(m.group(1), float(m.group(2)))
-    if m := _RE_OUTPUT_BUF.match(line):
-        return OutputBuffer(m.group(1), float(m.group(2)))
-    if m := _RE_COMPUTE_BUF.match(line):
-        return ComputeBuffer(m.group(1), float(m.group(2)))
+    for kind, pattern in _BUFFER_LINES:
+        if m := pattern.match(line):
+            return BufferReport(kind, m.group(1), float(m.group(2)))
     if m := _RE_OFFLOADED.match(line):
         return OffloadedLayers(int(m.group(1)), int(m.group(2)))
+    if m := _RE_GRAPH.match(line):
+        nodes, splits = int(m.group(1)), int(m.group(3))
+        return GraphReport(nodes, int(m.group(2) or nodes), splits, int(m.group(4) or splits))
     if m := _RE_CTX_PARAM.match(line):
         return ContextParam(m.group(1), m.group(2))
     if m := _RE_FA_RESOLVED.match(line):
@@ -501,18 +396,41 @@ def context_event(records: Iterable[Record], *, n_seq: int, n_batch: int, n_ubat
     )
 
 
+def dry_run_report(records: Iterable[Record], **fields: Any) -> DryRunResult:
+    """The :class:`~kvtuner.core.llama_report.DryRunResult` of a load's parsed log ``records``:
+    its KV caches and recurrent state (log order), buffers per name (model, KV, compute, output;
+    lines of one name summed), offloaded layers, graph, ``n_ctx``, ``n_ctx_seq`` and flash
+    attention (:func:`context_event`). ``fields``: the result's other fields (the engine's
+    devices, build, log tail ...), and any of those above to use instead."""
+    recs = list(records)
+    ctx = context_event(recs, n_seq=1, n_batch=0, n_ubatch=0)
+    found: dict[str, Any] = {
+        "n_ctx": ctx.n_ctx,
+        "n_ctx_seq": ctx.n_ctx_seq,
+        "flash_attn": ctx.flash_attn,
+        "kv_caches": tuple(r for r in recs if isinstance(r, KvCacheReport)),
+        "recurrent": tuple(r for r in recs if isinstance(r, RecurrentStateReport)),
+        "compute_mib": buffers_by_name(recs, "compute"),
+        "output_mib": buffers_by_name(recs, "output"),
+        "model_mib": buffers_by_name(recs, "model"),
+        "kv_buffer_mib": buffers_by_name(recs, "kv"),
+        "offloaded": next((r for r in recs if isinstance(r, OffloadedLayers)), None),
+        "graph": next((r for r in reversed(recs) if isinstance(r, GraphReport)), None),
+    }
+    return DryRunResult(**{**found, **fields})
+
+
 def record_event(rec: Record) -> Message | None:
     """The runner event a parsed log record becomes, the same for every engine (the embedded
     child's log and llama-server's): a :class:`~kvtuner.runner.protocol.BufferEvent` for a
     model / KV / compute / output buffer line, a :class:`~kvtuner.runner.protocol.KvCacheEvent`
     for a ``llama_kv_cache: size = ...`` line; None for any other record."""
-    from .protocol import BufferEvent, KvCacheEvent, field_names
+    from .protocol import BufferEvent, KvCacheEvent
 
-    if isinstance(rec, (ModelBuffer, KvBuffer, ComputeBuffer, OutputBuffer)):
-        kind = {ModelBuffer: "model", KvBuffer: "kv", ComputeBuffer: "compute", OutputBuffer: "output"}[type(rec)]
-        return BufferEvent(kind=kind, buft=rec.buft, mib=rec.mib)
-    if isinstance(rec, KvCacheSize):
-        return KvCacheEvent(**{k: getattr(rec, k) for k in field_names(rec)})
+    if isinstance(rec, BufferReport):
+        return BufferEvent(buffer=rec)
+    if isinstance(rec, KvCacheReport):
+        return KvCacheEvent(cache=rec)
     return None
 
 

@@ -30,6 +30,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..core.llama_report import BufferReport, DryRunResult, JsonRecord, KvCacheReport
+from ..core.speed.measurement import Repetition
+
 #: Major version of the protocol; a peer with another major version is refused.
 PROTOCOL_VERSION = 1
 
@@ -168,29 +171,19 @@ class LoadProgressEvent(Message):
 
 @dataclass(frozen=True)
 class BufferEvent(Message):
-    """A buffer llama.cpp reported: ``kind`` is ``model``, ``kv``, ``compute`` or ``output``;
-    ``buft`` the buffer type or name (``CPU``, ``CPU_Mapped``, ``CUDA0`` ...); ``mib`` as printed."""
+    """A buffer llama.cpp reported (:class:`~kvtuner.core.llama_report.BufferReport`: model, KV,
+    compute or output, its buffer name and MiB as printed)."""
 
     type: ClassVar[str] = "buffer"
-    kind: str
-    buft: str
-    mib: float
+    buffer: BufferReport
 
 
 @dataclass(frozen=True)
 class KvCacheEvent(Message):
-    """One ``llama_kv_cache: size = ...`` line (see :class:`kvtuner.runner.llama_log.KvCacheSize`)."""
+    """One KV cache llama.cpp set up (:class:`~kvtuner.core.llama_report.KvCacheReport`)."""
 
     type: ClassVar[str] = "kv_cache"
-    size_mib: float
-    cells: int
-    layers: int
-    n_seq: int
-    n_stream: int
-    type_k: str
-    k_mib: float
-    type_v: str
-    v_mib: float
+    cache: KvCacheReport
 
 
 @dataclass(frozen=True)
@@ -228,26 +221,10 @@ class LoadedEvent(Message):
 
 @dataclass(frozen=True)
 class DryRunResultEvent(Message):
-    """What llama.cpp reported for a ``no_alloc`` load; fields as
-    :class:`kvtuner.runner.dryrun.DryRunResult` (kv_caches as dicts)."""
+    """What llama.cpp reported for a ``no_alloc`` load (:class:`~kvtuner.core.llama_report.DryRunResult`)."""
 
     type: ClassVar[str] = "dry_run_result"
-    kv_caches: tuple[dict, ...]
-    compute_mib: dict
-    output_mib: dict
-    model_mib: dict
-    kv_buffer_mib: dict
-    n_ctx: int
-    n_ctx_seq: int
-    flash_attn: bool | None
-    gpu_offload_supported: bool
-    devices: tuple[str, ...]
-    llama_build: str
-    log_tail: tuple[str, ...]
-    #: ``llama_memory_recurrent: size = ...`` records as dicts (hybrid and recurrent models)
-    recurrent: tuple[dict, ...] = ()
-    #: the structure probe's facts (:func:`kvtuner.runner.structure_probe.collect_facts`), or None
-    structure_facts: dict | None = None
+    result: DryRunResult
 
 
 @dataclass(frozen=True)
@@ -287,56 +264,12 @@ class TokenEvent(Message):
 
 
 @dataclass(frozen=True)
-class RepResultEvent(Message):
-    """One repetition: prefill and decode times in seconds, ``ttft_s`` time to first token
-    (prefill plus picking the first token)."""
+class RepResultEvent(Repetition, Message):
+    """One repetition as it ends: the :class:`~kvtuner.core.speed.measurement.Repetition` record
+    (prefill and decode times in seconds, ``ttft_s`` time to first token: prefill plus picking
+    the first token)."""
 
     type: ClassVar[str] = "rep_result"
-    rep: int
-    n_depth: int
-    n_prompt: int
-    prefill_s: float
-    n_gen: int
-    decode_s: float
-    ttft_s: float
-
-
-@dataclass(frozen=True)
-class Repetition:
-    """One bench repetition: ``n_prompt`` tokens prefilled at depth ``n_depth`` in ``prefill_s``
-    seconds, ``n_gen`` decoded in ``decode_s``; ``ttft_s`` time to first token (prefill plus
-    picking the first token). Rates in tokens/s are None when nothing was measured."""
-
-    rep: int
-    n_depth: int
-    n_prompt: int
-    prefill_s: float
-    n_gen: int
-    decode_s: float
-    ttft_s: float
-
-    @property
-    def prefill_tok_s(self) -> float | None:
-        """Prefill tokens/s (None without a prompt or a time)."""
-        return self.n_prompt / self.prefill_s if self.n_prompt and self.prefill_s > 0 else None
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        """Decode tokens/s (None without generated tokens or a time)."""
-        return self.n_gen / self.decode_s if self.n_gen and self.decode_s > 0 else None
-
-    @classmethod
-    def of(cls, value: Repetition | dict[str, Any]) -> Repetition:
-        """From a decoded JSON object (unknown keys are ignored; a missing one raises
-        :class:`ProtocolError`)."""
-        if isinstance(value, Repetition):
-            return value
-        if not isinstance(value, dict):
-            raise ProtocolError(f"a repetition must be an object, not {type(value).__name__}")
-        try:
-            return cls(**{f.name: value[f.name] for f in dataclasses.fields(cls)})
-        except KeyError as exc:
-            raise ProtocolError(f"a repetition lacks '{exc.args[0]}'") from None
 
 
 @dataclass(frozen=True)
@@ -352,7 +285,10 @@ class BenchResultEvent(Message):
     perf: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reps", tuple(Repetition.of(r) for r in self.reps))
+        try:
+            object.__setattr__(self, "reps", tuple(Repetition.of(r) for r in self.reps))
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -417,6 +353,8 @@ def field_names(obj: Any) -> tuple[str, ...]:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, (JsonRecord, DryRunResult)):
+        return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
@@ -468,8 +406,14 @@ def _decode(line: str | bytes, registry: dict[str, type[Message]]) -> Message:
     for f in dataclasses.fields(cls):
         if f.name in body:
             value = body[f.name]
-            if isinstance(value, list) and typing.get_origin(hints[f.name]) is tuple:
+            hint = hints[f.name]
+            if isinstance(value, list) and typing.get_origin(hint) is tuple:
                 value = tuple(value)
+            elif isinstance(hint, type) and issubclass(hint, (JsonRecord, DryRunResult)):
+                try:
+                    value = hint.from_json(value)
+                except (ValueError, TypeError) as exc:
+                    raise ProtocolError(f"{cls.type} message: {exc}") from None
             kwargs[f.name] = value
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(f"{cls.type} message lacks field '{f.name}'")

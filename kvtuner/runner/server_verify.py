@@ -1,11 +1,11 @@
 """Verify a configuration with the llama.cpp build the user runs: their own ``llama-server``.
 
 :func:`verify_with_engine` asks the selected engine (:mod:`kvtuner.runner.engines`) what a
-configuration costs and returns the same :class:`~kvtuner.runner.dryrun.DryRunResult` the
+configuration costs and returns the same :class:`~kvtuner.core.llama_report.DryRunResult` the
 embedded dry run does:
 
 - embedded engine: :func:`kvtuner.runner.dryrun.dry_run` (llama-cpp-python in the runner child);
-- server engine, first choice (:data:`~kvtuner.runner.dryrun.METHOD_SERVER`): llama-server is
+- server engine, first choice (:data:`~kvtuner.core.llama_report.METHOD_SERVER`): llama-server is
   started with the exported command line (:func:`kvtuner.core.export.llama_server.render`), but
   ``--fit on`` and ``-lv 5``, on 127.0.0.1 and a free port, in its own process group. Before it
   loads any weight, ``--fit`` measures the configuration as given with a no-alloc load and
@@ -18,7 +18,7 @@ embedded dry run does:
   changes nothing before that table (it may only shrink an unset context or re-split unset
   layers, common/fit.cpp ``common_params_fit_impl`` steps 2-3). The process group is stopped
   (SIGTERM, then SIGKILL) as soon as the table is read, before the real load;
-- server engine, fallback (:data:`~kvtuner.runner.dryrun.METHOD_FIT_PRINT`) when the log ends
+- server engine, fallback (:data:`~kvtuner.core.llama_report.METHOD_FIT_PRINT`) when the log ends
   without the table (an older build, a build without ``--fit``): ``llama-fit-params -m MODEL
   --fit off --fit-print on <same flags>`` (tools/fit-params, common/fit.cpp ``common_fit_print``:
   one ``<device> <model> <context> <compute>`` line per device, then ``Host``, integer MiB).
@@ -41,10 +41,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..core.llama_report import METHOD_FIT_PRINT, METHOD_SERVER, DryRunResult, MemoryBreakdownRow, buffers_by_name
 from ..core.plan.config import PlanConfig
 from . import llama_log as L
 from . import procs
-from .dryrun import METHOD_FIT_PRINT, METHOD_SERVER, DryRunError, DryRunResult, KvCacheReport, dry_run
+from .dryrun import DryRunError, dry_run
 from .engines import Engine, parse_flags
 from .protocol import model_file_problem
 from .structure_probe import collect_facts
@@ -314,12 +315,12 @@ def _raise_refusal(lines: Sequence[str]) -> None:
             raise DryRunError("invalid_config", text, tuple(lines[-TAIL_LINES:]))
 
 
-def _row_key(row: L.MemoryBreakdownRow) -> str:
+def _row_key(row: MemoryBreakdownRow) -> str:
     """The buffer name a breakdown row is filed under: the device, ``CPU`` for the host row."""
     return "CPU" if row.kind == "host" else row.name
 
 
-def _by_row(rows: Sequence[L.MemoryBreakdownRow], column: str) -> dict[str, float]:
+def _by_row(rows: Sequence[MemoryBreakdownRow], column: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in rows:
         value = getattr(r, column)
@@ -328,38 +329,19 @@ def _by_row(rows: Sequence[L.MemoryBreakdownRow], column: str) -> dict[str, floa
     return out
 
 
-def _result(engine: Engine, lines: Sequence[str], rows: tuple[L.MemoryBreakdownRow, ...], method: str) -> DryRunResult:
+def _result(engine: Engine, lines: Sequence[str], rows: tuple[MemoryBreakdownRow, ...], method: str) -> DryRunResult:
     """A :class:`DryRunResult` from the breakdown ``rows`` and the log ``lines`` before them."""
     recs = _records(lines)
-
-    def by_buft(kind: type[L.ComputeBuffer] | type[L.OutputBuffer]) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for r in recs:
-            if isinstance(r, kind):
-                out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)
-        return out
-
-    params = {r.name: r.value for r in recs if isinstance(r, L.ContextParam)}
-    flash: bool | None = {"enabled": True, "disabled": False}.get(params.get("flash_attn", ""))
-    for r in recs:
-        if isinstance(r, L.FlashAttnResolved):
-            flash = r.enabled
-    compute = by_buft(L.ComputeBuffer) or _by_row(rows, "compute_mib")
     build = f"llama.cpp b{engine.build}" if engine.build is not None else (engine.version_text or "llama.cpp")
-    return DryRunResult(
-        kv_caches=tuple(r for r in recs if isinstance(r, KvCacheReport)),
-        compute_mib=compute,
-        output_mib=by_buft(L.OutputBuffer),
+    return L.dry_run_report(
+        recs,
+        compute_mib=buffers_by_name(recs, "compute") or _by_row(rows, "compute_mib"),
         model_mib=_by_row(rows, "model_mib"),
         kv_buffer_mib=_by_row(rows, "context_mib"),
-        n_ctx=int(params.get("n_ctx", 0) or 0),
-        n_ctx_seq=int(params.get("n_ctx_seq", 0) or 0),
-        flash_attn=flash,
         gpu_offload_supported=bool(engine.devices),
         devices=(*(d.name for d in engine.devices), "CPU"),
         llama_build=build,
         log_tail=tuple(L.strip_tool_prefix(x) for x in lines[-TAIL_LINES:]),
-        recurrent=tuple(r for r in recs if isinstance(r, L.RecurrentStateSize)),
         structure_facts=collect_facts(recs),
         method=method,
         engine=engine.label,

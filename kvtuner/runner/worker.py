@@ -541,35 +541,16 @@ class Worker:
         finally:
             lc.llama_model_free(model)
         recs = list(self._records)
-
-        def by_buft(kind: type[L.ComputeBuffer | L.OutputBuffer | L.ModelBuffer | L.KvBuffer]) -> dict[str, float]:
-            out: dict[str, float] = {}
-            for r in recs:
-                if isinstance(r, kind):
-                    out[r.buft] = round(out.get(r.buft, 0.0) + r.mib, 2)
-            return out
-
-        ctx_ev = self._context_event(cfg)
         self.emit(
             P.DryRunResultEvent(
-                kv_caches=tuple(
-                    {k: getattr(r, k) for k in _field_names(r)} for r in recs if isinstance(r, L.KvCacheSize)
-                ),
-                compute_mib=by_buft(L.ComputeBuffer),
-                output_mib=by_buft(L.OutputBuffer),
-                model_mib=by_buft(L.ModelBuffer),
-                kv_buffer_mib=by_buft(L.KvBuffer),
-                n_ctx=ctx_ev.n_ctx,
-                n_ctx_seq=ctx_ev.n_ctx_seq,
-                flash_attn=ctx_ev.flash_attn,
-                gpu_offload_supported=self.gpu_offload,
-                devices=self.devices,
-                llama_build=self.build,
-                log_tail=tuple(self._tail),
-                recurrent=tuple(
-                    {k: getattr(r, k) for k in _field_names(r)} for r in recs if isinstance(r, L.RecurrentStateSize)
-                ),
-                structure_facts=collect_facts(recs),
+                result=L.dry_run_report(
+                    recs,
+                    gpu_offload_supported=self.gpu_offload,
+                    devices=self.devices,
+                    llama_build=self.build,
+                    log_tail=tuple(self._tail),
+                    structure_facts=collect_facts(recs),
+                )
             )
         )
 

@@ -47,6 +47,7 @@ from ..tune import (
     TuneGoal,
     tune,
 )
+from ..tune.bisection import largest_true, smallest_true
 from ..tune.fit_choice import fit_blockers
 from ..units import MiB, fmt_bytes
 
@@ -341,28 +342,22 @@ class _Ctx:
         self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool], extra: dict[str, object] | None = None
     ) -> int | None:
         """Largest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone)."""
-        best = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            p = self.replan({**(extra or {}), field: mid})
-            if p is not None and ok(p):
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        return best
+
+        def holds(v: int) -> bool:
+            p = self.replan({**(extra or {}), field: v})
+            return p is not None and ok(p)
+
+        return largest_true(holds, lo, hi)
 
     def smallest(self, field: str, lo: int, hi: int, ok: Callable[[MemoryPlan], bool]) -> int | None:
         """Smallest value of ``field`` in [lo, hi] whose plan is ``ok`` (ok assumed monotone:
         more experts on the host never needs more VRAM)."""
-        best = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            p = self.replan({field: mid})
-            if p is not None and ok(p):
-                best, hi = mid, mid - 1
-            else:
-                lo = mid + 1
-        return best
+
+        def holds(v: int) -> bool:
+            p = self.replan({field: v})
+            return p is not None and ok(p)
+
+        return smallest_true(holds, lo, hi)
 
 
 #: Tune results the advisor asked for lately: a slider move that changes only a searched knob
@@ -1079,7 +1074,7 @@ def _rule_kv_quality(c: _Ctx) -> list[Advice]:
         fix = {}
     # bytes per element relative to f16's 2 (ggml.c type_traits: q8_0 34 B / 32 = 0.53x,
     # q5_1 24 B / 32 = 0.375x, q4_0 18 B / 32 = 0.28x)
-    ratios = ", ".join(f"{t} {kv_type(t).type_size / kv_type(t).block_size / 2:.3g}x" for t in sorted(set(quant)))
+    ratios = ", ".join(f"{t} {kv_type(t).bytes_per_element / 2:.3g}x" for t in sorted(set(quant)))
     return [
         _adv(
             "kv-quant-quality",

@@ -14,15 +14,9 @@ Rules:
 
 from __future__ import annotations
 
+from ..plan.llama_constants import pad_ctx
 from ..plan.workload import WorkloadKV
 from .advisor import Advice, _adv
-
-#: llama.cpp pads n_ctx up to a multiple of 256 (llama-context.cpp), so fixes are rounded up to it.
-N_CTX_PAD = 256
-
-
-def _pad(tokens: int) -> int:
-    return -(-tokens // N_CTX_PAD) * N_CTX_PAD
 
 
 def advise_workload(kv: WorkloadKV, n_ctx: int) -> list[Advice]:
@@ -48,7 +42,7 @@ def advise_workload(kv: WorkloadKV, n_ctx: int) -> list[Advice]:
                     "unified KV: one pool for all sequences; worst case = sequences x window, expected = sequences x "
                     "average length (llama-server frees idle slots, then stops active ones, when it runs out: "
                     "ggml-org/llama.cpp#16736)",
-                    {"n_ctx": _pad(kv.worst_tokens)},
+                    {"n_ctx": pad_ctx(kv.worst_tokens)},
                 )
             )
     return out
@@ -69,6 +63,6 @@ def advise_unified(worst_tokens: int, unified_target_tokens: int | None, kv_byte
             f"the lengths you expect needs {unified_target_tokens} and saves {saved / (1 << 20):.0f} MiB.",
             "split streams: n_ctx / n_seq cells per sequence whatever its length; --kv-unified shares one pool "
             "(llama-kv-cache.cpp n_stream = unified ? 1 : n_seq_max)",
-            {"kv_unified": True, "n_ctx": _pad(unified_target_tokens)},
+            {"kv_unified": True, "n_ctx": pad_ctx(unified_target_tokens)},
         )
     ]

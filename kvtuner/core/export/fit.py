@@ -27,6 +27,7 @@ from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.placement import placement_for
 from ..plan.verdict import FitMargins, FitVerdict, fit_verdict
+from ..tune.bisection import largest_true
 from ..units import fmt_bytes
 
 #: Targets without tensor overrides: they place whole layers only (Ollama's ``num_gpu``,
@@ -108,15 +109,12 @@ def _largest_fitting_ngl(
 ) -> int | None:
     """The most GPU layers (0 .. n_layer + 1) whose plan the verdict calls "fits" (memory grows
     with the layers offloaded: binary search); None when not even 0 fits."""
-    lo, hi, best = 0, n_layer + 1, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        v = verdict_of(base.with_(n_gpu_layers=mid))
-        if v is not None and v.fits:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return best
+
+    def fits(ngl: int) -> bool:
+        v = verdict_of(base.with_(n_gpu_layers=ngl))
+        return v is not None and v.fits
+
+    return largest_true(fits, 0, n_layer + 1)
 
 
 def check_export(

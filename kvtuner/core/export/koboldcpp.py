@@ -33,8 +33,7 @@ CONTEXT_MIN, CONTEXT_MAX = 256, 262144
 
 
 def _bytes_per_element(name: str) -> float:
-    t = kv_type(name)
-    return t.type_size / t.block_size
+    return kv_type(name).bytes_per_element
 
 
 def nearest_shared_kv_type(type_k: str, type_v: str, allowed: Sequence[str]) -> str:

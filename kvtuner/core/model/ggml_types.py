@@ -24,6 +24,18 @@ class GgmlType:
         """True for block-quantized types (anything but f32, f16, bf16)."""
         return self.name not in ("f32", "f16", "bf16")
 
+    @property
+    def bytes_per_element(self) -> float:
+        """Bytes per element: ``type_size / block_size`` (q8_0: 34 / 32 = 1.0625)."""
+        return self.type_size / self.block_size
+
+    def divides(self, n_elements: int) -> bool:
+        """True when a row of ``n_elements`` holds whole blocks of this type: ggml.c
+        ``ggml_row_size`` asserts ``ne % ggml_blck_size(type) == 0``, and
+        ``llama_init_from_model`` (src/llama-context.cpp) refuses a quantized K (V) cache whose
+        block size does not divide ``n_embd_head_k(il)`` (``n_embd_head_v(il)``)."""
+        return n_elements % self.block_size == 0
+
 
 # KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types).
 KV_CACHE_TYPES: dict[str, GgmlType] = {
@@ -62,6 +74,6 @@ def row_size(t: GgmlType, n_elements: int) -> int:
         ValueError: ``n_elements`` is not a multiple of the type's block size
             (ggml asserts on this).
     """
-    if n_elements % t.block_size:
+    if not t.divides(n_elements):
         raise ValueError(f"{n_elements} elements is not a multiple of {t.name}'s block size {t.block_size}")
     return t.type_size * (n_elements // t.block_size)

@@ -291,28 +291,16 @@ _BLK_RE = re.compile(r"^blk\.(\d+)\.")
 
 
 def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfile:
+    """The profile of the model whose split ``parts`` (first: ``p``) have ``headers``: the
+    header's checks (:func:`_architecture`), the hyper-parameters, the tensors' bytes as
+    llama.cpp places them (:func:`_tensor_bytes`) and the memory structure.
+
+    Raises:
+        GGUFError: a header kvtuner cannot plan (one line saying why).
+    """
     first = headers[0]
     md = dict(first.metadata)
-    if len(headers) > 1:
-        count = md.get("split.count")
-        if count is not None and count != len(headers):
-            raise GGUFError(
-                f"{p}: split.count says {printable(repr(count))} parts but the file names say {len(headers)}"
-            )
-    arch = md.get("general.architecture")
-    if arch is None:
-        raise GGUFError(f"{p}: missing metadata key general.architecture (not a llama.cpp model file)")
-    if not isinstance(arch, str):
-        raise GGUFError(f"{p}: metadata general.architecture should be a string")
-    if not arch or len(arch) > 64 or not arch.isprintable() or any(c.isspace() for c in arch):
-        raise GGUFError(f"{p}: general.architecture {printable(arch)!r} is not an architecture name")
-    gtype = md.get("general.type")
-    if arch in NOT_LANGUAGE_MODELS or (isinstance(gtype, str) and gtype in NOT_MODEL_TYPES):
-        what = gtype if isinstance(gtype, str) and gtype in NOT_MODEL_TYPES else arch
-        raise GGUFError(
-            f"{p}: is a '{what}' file, not a language model kvtuner can plan (open the text model GGUF instead)"
-        )
-
+    arch = _architecture(p, md, len(headers))
     m = Meta(p, md, arch)
     n_layer = m.int("{arch}.block_count", required=True)
     n_embd = m.int("{arch}.embedding_length", required=True)
@@ -339,8 +327,113 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     tokens = md.get("tokenizer.ggml.tokens")
     n_vocab = m.int("{arch}.vocab_size", 0) or (tokens.count if isinstance(tokens, ArrayInfo) else len(tokens or ()))
 
-    # tensors grouped as llama.cpp places them
     tensors: list[TensorInfo] = [t for h in headers for t in h.tensors]
+    tb = _tensor_bytes(p, tensors, n_layer)
+    layer_bytes = tb.layer_bytes
+    if tb.extra_layers:
+        warnings.append("tensors of layers beyond block_count (MTP/NextN heads) are kept on the host in this plan")
+    if first.big_endian and sys.byteorder == "little":
+        # ggml/src/gguf.cpp gguf_init_from_file_impl: "is there a mismatch between the host and model endianness?"
+        warnings.append(
+            "a big-endian GGUF: llama.cpp on this little-endian machine refuses it (convert it with "
+            "gguf-py's gguf_convert_endian.py); planned as it would run on a big-endian host"
+        )
+    structure = derive_structure(m, hp, tuple(layer_bytes))
+    if structure.skipped_layer_bytes:
+        layer_bytes = [b - s for b, s in zip(layer_bytes, structure.skipped_layer_bytes)]
+
+    name = md.get("general.name")
+    return ModelProfile(
+        path=p,
+        parts=tuple(parts),
+        file_bytes=sum(h.file_bytes for h in headers),
+        header_sha256=first.header_sha256,
+        architecture=arch,
+        name=name if isinstance(name, str) else None,
+        file_type=_file_type_name(md.get("general.file_type")),
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=hp.head_k_full,
+        head_dim_v=hp.head_v_full,
+        head_dim_k_swa=hp.head_k_swa,
+        head_dim_v_swa=hp.head_v_swa,
+        n_ctx_train=n_ctx_train,
+        structure=structure,
+        mla_kv_lora_rank=mla_rank,
+        mla_head_dim_k=mla_k,
+        mla_head_dim_v=mla_v,
+        n_vocab=n_vocab,
+        n_params=sum(t.n_elements for t in tensors),
+        input_bytes=tb.input_bytes,
+        layer_bytes=tuple(layer_bytes),
+        output_bytes=tb.output_bytes,
+        tied_output=tb.tied,
+        embd_bytes=tb.embd_bytes,
+        n_expert=m.int("{arch}.expert_count", 0),
+        n_expert_used=m.int("{arch}.expert_used_count", 0),
+        metadata={k: v for k, v in md.items() if not isinstance(v, ArrayInfo)},
+        warnings=tuple(warnings),
+        tensors=tuple(tensors),
+    )
+
+
+def _architecture(p: Path, md: dict[str, Any], n_parts: int) -> str:
+    """``general.architecture`` of a language model, after the split-count check.
+
+    Raises:
+        GGUFError: ``split.count`` disagrees with the parts found, the architecture is missing
+            or not a name, or the file is not a language model (a projector, an adapter ...).
+    """
+    if n_parts > 1:
+        count = md.get("split.count")
+        if count is not None and count != n_parts:
+            raise GGUFError(f"{p}: split.count says {printable(repr(count))} parts but the file names say {n_parts}")
+    arch = md.get("general.architecture")
+    if arch is None:
+        raise GGUFError(f"{p}: missing metadata key general.architecture (not a llama.cpp model file)")
+    if not isinstance(arch, str):
+        raise GGUFError(f"{p}: metadata general.architecture should be a string")
+    if not arch or len(arch) > 64 or not arch.isprintable() or any(c.isspace() for c in arch):
+        raise GGUFError(f"{p}: general.architecture {printable(arch)!r} is not an architecture name")
+    gtype = md.get("general.type")
+    if arch in NOT_LANGUAGE_MODELS or (isinstance(gtype, str) and gtype in NOT_MODEL_TYPES):
+        what = gtype if isinstance(gtype, str) and gtype in NOT_MODEL_TYPES else arch
+        raise GGUFError(
+            f"{p}: is a '{what}' file, not a language model kvtuner can plan (open the text model GGUF instead)"
+        )
+    return arch
+
+
+@dataclass(frozen=True)
+class _TensorBytes:
+    """Tensor bytes grouped as llama.cpp places them (:func:`_tensor_bytes`).
+
+    Attributes:
+        input_bytes: token embeddings and other non-layer tensors (host), with the tensors of
+            layers beyond ``block_count``.
+        layer_bytes: bytes of each repeating layer ``blk.<il>.*``.
+        output_bytes: ``output*`` tensors; a tied output counts the token embeddings it reuses.
+        embd_bytes: ``token_embd.weight``.
+        tied: no ``output.weight`` (llama.cpp duplicates token_embd, ``TENSOR_DUPLICATED``).
+        extra_layers: tensors of layers beyond ``block_count`` (MTP/NextN heads).
+    """
+
+    input_bytes: int
+    layer_bytes: list[int]
+    output_bytes: int
+    embd_bytes: int
+    tied: bool
+    extra_layers: int
+
+
+def _tensor_bytes(p: Path, tensors: list[TensorInfo], n_layer: int) -> _TensorBytes:
+    """Group ``tensors`` by where llama.cpp places them.
+
+    Raises:
+        GGUFError: a tensor named twice, no tensors, or no ``token_embd.weight``.
+    """
     names = set()
     input_bytes = output_bytes = 0
     layer_bytes = [0] * n_layer
@@ -374,58 +467,15 @@ def _build(p: Path, parts: list[Path], headers: list[GGUFHeader]) -> ModelProfil
     tied = not has_output_weight
     if tied:
         output_bytes += embd_bytes  # llama.cpp creates output from token_embd (TENSOR_DUPLICATED)
-    if extra_layers:
-        warnings.append("tensors of layers beyond block_count (MTP/NextN heads) are kept on the host in this plan")
-    if first.big_endian and sys.byteorder == "little":
-        # ggml/src/gguf.cpp gguf_init_from_file_impl: "is there a mismatch between the host and model endianness?"
-        warnings.append(
-            "a big-endian GGUF: llama.cpp on this little-endian machine refuses it (convert it with "
-            "gguf-py's gguf_convert_endian.py); planned as it would run on a big-endian host"
-        )
-    structure = derive_structure(m, hp, tuple(layer_bytes))
-    if structure.skipped_layer_bytes:
-        layer_bytes = [b - s for b, s in zip(layer_bytes, structure.skipped_layer_bytes)]
+    return _TensorBytes(input_bytes, layer_bytes, output_bytes, embd_bytes, tied, extra_layers)
 
-    ftype = md.get("general.file_type")
-    ftype_name = None
-    if isinstance(ftype, int):
-        try:
-            ftype_name = gguf.LlamaFileType(ftype).name
-        except ValueError:
-            ftype_name = str(ftype)
 
-    name = md.get("general.name")
-    return ModelProfile(
-        path=p,
-        parts=tuple(parts),
-        file_bytes=sum(h.file_bytes for h in headers),
-        header_sha256=first.header_sha256,
-        architecture=arch,
-        name=name if isinstance(name, str) else None,
-        file_type=ftype_name,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim_k=hp.head_k_full,
-        head_dim_v=hp.head_v_full,
-        head_dim_k_swa=hp.head_k_swa,
-        head_dim_v_swa=hp.head_v_swa,
-        n_ctx_train=n_ctx_train,
-        structure=structure,
-        mla_kv_lora_rank=mla_rank,
-        mla_head_dim_k=mla_k,
-        mla_head_dim_v=mla_v,
-        n_vocab=n_vocab,
-        n_params=sum(t.n_elements for t in tensors),
-        input_bytes=input_bytes,
-        layer_bytes=tuple(layer_bytes),
-        output_bytes=output_bytes,
-        tied_output=tied,
-        embd_bytes=embd_bytes,
-        n_expert=m.int("{arch}.expert_count", 0),
-        n_expert_used=m.int("{arch}.expert_used_count", 0),
-        metadata={k: v for k, v in md.items() if not isinstance(v, ArrayInfo)},
-        warnings=tuple(warnings),
-        tensors=tuple(tensors),
-    )
+def _file_type_name(ftype: Any) -> str | None:
+    """``general.file_type`` as gguf-py names it (``MOSTLY_Q4_K_M``), the number for one it does
+    not know, None when absent or not a number."""
+    if not isinstance(ftype, int):
+        return None
+    try:
+        return gguf.LlamaFileType(ftype).name
+    except ValueError:
+        return str(ftype)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .build_rules import VENDORED, BuildRules
+from .llama_constants import OFFLOAD_MIN_BATCH as GPU_OP_OFFLOAD_MIN_BATCH
 from .reserve_graph import transformer_reserve_bytes, transformer_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -355,11 +356,6 @@ def estimate_compute(
         # the host always stages the token embeddings for the first offloaded layer
         result[host] = max(result[host], TE)
     return ComputeEstimate({d: b for d, b in result.items() if b}, "estimate")
-
-
-#: ggml-cuda offloads an op on host weights to the GPU from this batch size on
-#: (ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``: ``get_op_batch_size(op) >= 32``).
-GPU_OP_OFFLOAD_MIN_BATCH = 32
 
 
 def host_inputs_bytes(

@@ -12,14 +12,16 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from ..model.ggml_types import kv_type
+from .llama_constants import CTX_PAD_CELLS, LLAMA_MAX_SEQ
 
 FlashAttn = Literal["on", "off", "auto"]
 
 #: ``n_gpu_layers`` value meaning "every repeating layer and the output layer" (``-ngl all``).
 ALL_LAYERS = -1
 #: Largest ``n_ctx`` llama.cpp can hold: ``llama_context_params.n_ctx`` is a ``uint32_t`` and
-#: llama-context.cpp pads it up to a multiple of 256, so 2**32 - 256 (n_batch/n_ubatch: 2**32 - 1).
-MAX_N_CTX = (1 << 32) - 256
+#: llama-context.cpp pads it up to a multiple of :data:`CTX_PAD_CELLS`, so 2**32 - 256
+#: (n_batch/n_ubatch: 2**32 - 1).
+MAX_N_CTX = (1 << 32) - CTX_PAD_CELLS
 MAX_UINT32 = (1 << 32) - 1
 #: ``llama_model_params.n_gpu_layers`` is an ``int32_t``.
 MAX_INT32 = (1 << 31) - 1
@@ -108,9 +110,10 @@ class PlanConfig:
             raise ConfigError(f"--kv-gpu-layers must be at most {MAX_INT32}, not {self.kv_gpu_layers}")
         if self.kv_gpu_layers is not None and self.kv_gpu_layers < 0:
             raise ConfigError(f"--kv-gpu-layers must be 0 or more, not {self.kv_gpu_layers}")
-        if not 1 <= self.n_seq <= 256:
+        if not 1 <= self.n_seq <= LLAMA_MAX_SEQ:
             raise ConfigError(
-                f"--parallel must be between 1 and 256 (LLAMA_MAX_SEQ), or -1 for llama-server's auto, not {self.n_seq}"
+                f"--parallel must be between 1 and {LLAMA_MAX_SEQ} (LLAMA_MAX_SEQ), or -1 for llama-server's auto, "
+                f"not {self.n_seq}"
             )
         if not 0 < self.n_ubatch <= MAX_UINT32:
             raise ConfigError(f"--ubatch must be a positive number of tokens up to {MAX_UINT32}, not {self.n_ubatch}")
@@ -215,7 +218,9 @@ def resolve_server_defaults(values: dict[str, Any], n_ctx_train: int) -> tuple[d
         out["kv_unified"] = True
         notes.append(f"-np -1 -> {SERVER_AUTO_PARALLEL} sequences, unified KV cache (llama-server's auto)")
     elif isinstance(out.get("n_seq"), int) and out["n_seq"] < -1:
-        raise ConfigError(f"--parallel must be between 1 and 256, or -1 for llama-server's auto, not {out['n_seq']}")
+        raise ConfigError(
+            f"--parallel must be between 1 and {LLAMA_MAX_SEQ}, or -1 for llama-server's auto, not {out['n_seq']}"
+        )
     if out.get("n_ctx") == 0:
         if not n_ctx_train:
             raise ConfigError("--ctx 0 means the model's training context, and this model states none: give --ctx N")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _alternatives(head: int) -> list[str]:
     """KV types whose block divides ``head`` (quantized first, then the 16-bit ones)."""
-    quant = [t.name for t in KV_CACHE_TYPES.values() if t.is_quantized and head % t.block_size == 0]
+    quant = [t.name for t in KV_CACHE_TYPES.values() if t.is_quantized and t.divides(head)]
     return quant + ["f16", "bf16"]
 
 
@@ -59,7 +59,7 @@ def check_context(model: ModelProfile, config: PlanConfig, flash_attn: bool) -> 
             continue
         for role in st.layers[: st.n_layer]:
             head = role.head_k if what == "K" else role.head_v
-            if head % t.block_size:
+            if not t.divides(head):
                 alts = _alternatives(head)
                 fa_hint = ""
                 if what == "K" and not tv.is_quantized:

@@ -21,20 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .vllm import VllmModel
+from ..model.ggml_types import KV_CACHE_TYPES
+from .vllm import KV_DTYPE_BYTES, VllmModel
 
-#: Bytes per KV element by type name (ggml-common.h block sizes; fp8: vLLM's 1 byte).
+#: Bytes per KV element by type name: llama.cpp's KV cache types
+#: (:data:`~kvtuner.core.model.ggml_types.KV_CACHE_TYPES`, ggml.c ``type_traits``), with vLLM's
+#: 1-byte ``fp8`` (:data:`~kvtuner.core.plan.vllm.KV_DTYPE_BYTES`) after the 16-bit types.
 KV_ELEMENT_BYTES: dict[str, float] = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "fp8": 1.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-    "iq4_nl": 18 / 32,
+    **{n: t.bytes_per_element for n, t in KV_CACHE_TYPES.items() if not t.is_quantized},
+    "fp8": float(KV_DTYPE_BYTES["fp8"]),
+    **{n: t.bytes_per_element for n, t in KV_CACHE_TYPES.items() if t.is_quantized},
 }
 #: What a cell reserves beside weights and KV unless told otherwise: 1 GiB (CUDA context,
 #: about 0.3-0.5 GiB, plus a llama.cpp compute buffer of an 8B model at n_ubatch 512, about

@@ -29,9 +29,11 @@ class LayerKV:
 
 @dataclass(frozen=True)
 class KvCacheSummary:
-    """One llama.cpp KV cache, as its ``llama_kv_cache: size = ...`` log line reports it.
+    """One KV cache as kvtuner plans it, the cache llama.cpp's ``llama_kv_cache: size = ...`` log
+    line reports (:class:`~kvtuner.core.llama_report.KvCacheReport`, MiB as printed); the plan's
+    figures are exact bytes.
 
-    ``kind`` is ``"full"`` or ``"swa"``; sizes in bytes over all layers and streams.
+    ``kind`` is ``"full"``, ``"swa"`` or ``"recurrent"``; sizes in bytes over all layers and streams.
     """
 
     kind: str

@@ -22,19 +22,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..hardware.specs import GpuSpec, HostSpec
-from ..model.ggml_types import kv_type, row_size
+from ..model.ggml_types import GgmlType, kv_type, row_size
 from ..model.profile import ModelProfile
-from ..units import MiB, pad_to
+from ..units import MiB
 from .buffers import HOST
 from .build_rules import VENDORED, BuildRules
-from .compute_buffer import GPU_OP_OFFLOAD_MIN_BATCH, ComputeEstimate, estimate_compute
+from .compute_buffer import ComputeEstimate, estimate_compute
 from .config import ALL_LAYERS, ConfigError, PlanConfig
 from .context_checks import check_context
 from .kv_cache import KvCacheSummary, LayerKV
+from .llama_constants import OFFLOAD_MIN_BATCH, output_buffer_bytes, pad_ctx
 from .overrides import TensorMoves, apply_overrides
 from .placement import DeviceSplit, LayerPlacement, device_layer_split, placement_for, split_devices, tensor_overrides
 from .repack import repack_bytes
@@ -401,6 +402,11 @@ def plan_memory(
 ) -> MemoryPlan:
     """Plan where llama.cpp will put every byte for ``config`` on ``gpus`` and ``host``.
 
+    The steps, in llama.cpp's order: the layers' devices (:func:`_place_layers`), the context
+    sizes (:func:`_context_sizes`), the KV cache per layer (:func:`_kv_layers`) and per cache
+    (:func:`_kv_caches`), the recurrent state (:func:`_recurrent_state`), the compute buffers
+    (:func:`_compute_buffers`), then each device's total (:func:`_gpu_plans`, :func:`_host_plan`).
+
     Args:
         model: the model profile.
         config: the configuration.
@@ -425,14 +431,85 @@ def plan_memory(
     Raises:
         ConfigError: the configuration cannot work with this model (says what to change).
     """
-    n_layer = model.n_layer
     cfg = config
     split = split or DeviceSplit()
     gpus = order_devices(gpus)
     tk, tv = kv_type(cfg.type_k), kv_type(cfg.type_v)
     warnings: list[str] = list(model.warnings)
 
-    # --- offload ------------------------------------------------------------------------------
+    layout = _place_layers(model, cfg, gpus, split, warnings)
+    ctx = _context_sizes(model, cfg, exact, warnings)
+    layers, swa_cells = _kv_layers(model, cfg, ctx, layout, tk, tv)
+    if exact is not None and exact.kv is not None:
+        layers = _apply_exact_kv(layers, exact.kv, warnings)
+    caches = _kv_caches(model, cfg, ctx, layers, tk, tv)
+    recurrent_by_device, recurrent_cache = _recurrent_state(model, cfg, layout, exact, warnings)
+    if recurrent_cache is not None:
+        caches.append(recurrent_cache)
+    compute = _compute_buffers(
+        model, cfg, ctx, layout, layers, swa_cells, gpus, tk, tv, compute_override, exact, rules, warnings
+    )
+    output_bytes, output_exact = _output_bytes(model, cfg, exact)
+    devices = _gpu_plans(
+        model, gpus, layout, layers, recurrent_by_device, compute, output_exact, gpu_overhead_bytes
+    ) + [
+        _host_plan(
+            model, cfg, gpus, host, layout, layers, recurrent_by_device, compute, output_bytes, host_overhead_bytes
+        )
+    ]
+
+    return MemoryPlan(
+        model=model,
+        config=cfg,
+        **asdict(ctx),
+        n_gpu_layers=layout.n_gpu_layers,
+        n_gpu_repeating=layout.n_gpu_repeating,
+        output_on_gpu=layout.output_on_gpu,
+        kv_gpu_layers=len(layout.kv_on_gpu) if layout.offload_kqv else 0,
+        devices=tuple(devices),
+        kv_layers=tuple(layers),
+        kv_caches=tuple(caches),
+        compute=compute,
+        layer_devices=tuple(layout.devs),
+        placement=layout.placement,
+        warnings=tuple(warnings),
+        verified=exact is not None,
+        split=split,
+        moves=layout.moves,
+        rules=rules,
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a plan's layers, their KV and the overridden tensors go (:func:`_place_layers`).
+
+    Attributes:
+        n_gpu_layers: effective ``-ngl`` (output layer included; 0 without a GPU).
+        devs: device of layers ``0..n_layer`` (index ``n_layer``: the output layer).
+        kept: the GPUs llama.cpp keeps (``-sm none`` keeps one).
+        n_gpu_repeating: repeating layers offloaded.
+        output_on_gpu: whether the output layer is offloaded.
+        placement: the placement llama.cpp is given (None without a GPU).
+        offload_kqv: KV on the layers' devices (llama.cpp's ``offload_kqv``).
+        kv_on_gpu: repeating layers whose KV is in VRAM when ``offload_kqv``.
+        moves: what ``-ot`` / ``--n-cpu-moe`` / ``--cpu-moe`` move (:mod:`.overrides`).
+    """
+
+    n_gpu_layers: int
+    devs: list[str]
+    kept: list[GpuSpec]
+    n_gpu_repeating: int
+    output_on_gpu: bool
+    placement: LayerPlacement | None
+    offload_kqv: bool
+    kv_on_gpu: set[int]
+    moves: TensorMoves
+
+
+def _effective_ngl(n_layer: int, cfg: PlanConfig, gpus: Sequence[GpuSpec], warnings: list[str]) -> int:
+    """``-ngl`` as llama.cpp applies it: clamped to ``n_layer + 1`` (``act_gpu_layers =
+    min(n_gpu_layers, n_layer + 1)``), 0 without a GPU (``devices.empty() ? 0 : ...``)."""
     ngl = n_layer + 1 if cfg.n_gpu_layers == ALL_LAYERS else cfg.n_gpu_layers
     if ngl > n_layer + 1:
         # llama.cpp clamps (act_gpu_layers = min(n_gpu_layers, n_layer + 1)): -ngl 99 means "all"
@@ -440,14 +517,27 @@ def plan_memory(
             f"-ngl {ngl} is more than the {n_layer} layers + output layer: llama.cpp offloads all {n_layer + 1}"
         )
         ngl = n_layer + 1
-    if not gpus:
-        if ngl > 0 and cfg.n_gpu_layers != ALL_LAYERS:
-            warnings.append(
-                "no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)"
-            )
-        ngl_eff = 0
-    else:
-        ngl_eff = ngl
+    if gpus:
+        return ngl
+    if ngl > 0 and cfg.n_gpu_layers != ALL_LAYERS:
+        warnings.append(
+            "no GPU: n_gpu_layers is accepted but every layer stays on the CPU (give --gpu-mem to plan a what-if GPU)"
+        )
+    return 0
+
+
+def _place_layers(
+    model: ModelProfile, cfg: PlanConfig, gpus: list[GpuSpec], split: DeviceSplit, warnings: list[str]
+) -> _Layout:
+    """Layer placement (src/llama-model.cpp ``load_tensors``), which layers keep KV in VRAM
+    (:func:`~kvtuner.core.plan.placement.placement_for`) and the tensor overrides, with their
+    warnings; ``gpus`` in :func:`order_devices` order.
+
+    Raises:
+        ConfigError: ``--kv-gpu-layers`` asks for a GPU and none is planned for.
+    """
+    n_layer = model.n_layer
+    ngl_eff = _effective_ngl(n_layer, cfg, gpus, warnings)
     devs, kept = _layer_devices(n_layer, ngl_eff, gpus, split)
     if split.split_mode == "row" and len(kept) > 1:
         warnings.append(
@@ -456,7 +546,6 @@ def plan_memory(
             "(and, per its -mg help, KV) on -mg: not modelled"
         )
     n_gpu_repeating = sum(1 for d in devs[:n_layer] if d != HOST)
-    output_on_gpu = devs[n_layer] != HOST
 
     placement = None
     if cfg.kv_gpu_layers is not None and cfg.kv_gpu_layers > n_gpu_repeating and not gpus:
@@ -503,22 +592,44 @@ def plan_memory(
     # KV in VRAM for the last kv_gpu repeating layers: llama.cpp's -ngl range; the offloaded
     # layers before them got their weights moved by tensor override and keep KV on the host
     kv_on_gpu = set(range(n_layer - kv_gpu, n_layer)) if kv_gpu else set()
+    return _Layout(
+        ngl_eff, devs, kept, n_gpu_repeating, devs[n_layer] != HOST, placement, offload_kqv, kv_on_gpu, moves
+    )
 
-    # --- context --------------------------------------------------------------------------------
-    st = model.structure
+
+@dataclass(frozen=True)
+class _Context:
+    """The context as llama.cpp sets it up (:func:`_context_sizes`): ``flash_attn`` after forced
+    changes, ``n_ctx`` padded (all streams), ``n_ctx_seq`` cells per stream, ``n_stream``
+    streams and the effective ``n_ubatch`` (the :class:`MemoryPlan` fields of those names)."""
+
+    flash_attn: bool
+    n_ctx: int
+    n_ctx_seq: int
+    n_stream: int
+    n_ubatch: int
+
+
+def _context_sizes(model: ModelProfile, cfg: PlanConfig, exact: ExactFigures | None, warnings: list[str]) -> _Context:
+    """Flash attention, context and batch sizes as the context constructor sets them
+    (src/llama-context.cpp), after :func:`~kvtuner.core.plan.context_checks.check_context`.
+
+    Raises:
+        ConfigError: what ``llama_init_from_model`` would refuse.
+    """
     flash_attn = cfg.flash_attn != "off"
     if flash_attn and model.architecture == "grok":
         # llama-context.cpp llama_init_from_model: "flash_attn is not compatible with Grok - forcing off"
         warnings.append("grok: llama.cpp turns flash attention off for this architecture")
         flash_attn = False
     check_context(model, cfg, flash_attn)
-    n_ctx = pad_to(cfg.n_ctx, 256)
+    n_ctx = pad_ctx(cfg.n_ctx)
     if cfg.kv_unified:
         n_stream, n_ctx_seq = 1, n_ctx
     else:
         n_stream = cfg.n_seq
-        n_ctx_seq = pad_to(n_ctx // cfg.n_seq, 256)
-        if n_ctx_seq == 0:  # pragma: no cover - pad_to of a positive number is >= 256
+        n_ctx_seq = pad_ctx(n_ctx // cfg.n_seq)
+        if n_ctx_seq == 0:  # pragma: no cover - the padding of a positive number is positive
             raise ConfigError("n_ctx / n_seq rounds to 0: raise --ctx or lower --parallel")
         n_ctx = n_ctx_seq * cfg.n_seq
     # llama-context.cpp: n_batch = min(n_ctx, n_batch) with the context as asked, before it is padded
@@ -528,39 +639,57 @@ def plan_memory(
         warnings.append(
             f"n_ctx_seq {n_ctx_seq} exceeds the trained context {model.n_ctx_train}: quality may fall apart"
         )
+    st = model.structure
     if st.is_approximate and exact is None:
         warnings.append(f"approximate: {st.note} (plan --verify reads the real structure from llama.cpp)")
+    return _Context(flash_attn, n_ctx, n_ctx_seq, n_stream, n_ubatch)
 
-    # --- KV cache (llama-kv-cache.cpp constructor, per layer with its own KV) --------------------
-    v_trans = not flash_attn
-    swa_cells = n_ctx_seq
+
+def _kv_layers(
+    model: ModelProfile, cfg: PlanConfig, ctx: _Context, layout: _Layout, tk: GgmlType, tv: GgmlType
+) -> tuple[list[LayerKV], int]:
+    """The KV cache of each layer with its own KV (src/llama-kv-cache.cpp constructor) and the
+    sliding-window cells (src/llama-kv-cache-iswa.cpp).
+
+    Raises:
+        ConfigError: a K or V row that does not hold whole blocks of its type.
+    """
+    st = model.structure
+    v_trans = not ctx.flash_attn
+    swa_cells = ctx.n_ctx_seq
     if st.is_iswa and not cfg.swa_full:
         # llama-kv-cache-iswa.cpp: GGML_PAD(min(size_base, n_swa * (unified ? n_seq_max : 1) + n_ubatch), 256)
-        swa_cells = pad_to(min(n_ctx_seq, st.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + n_ubatch), 256)
+        swa_cells = pad_ctx(min(ctx.n_ctx_seq, st.n_swa * (cfg.n_seq if cfg.kv_unified else 1) + ctx.n_ubatch))
 
     layers: list[LayerKV] = []
     for role in st.kv_layers:
         il = role.il
         # a plain (non-iSWA) cache holds every layer at full size, SWA-masked or not
         swa = role.swa and st.is_iswa
-        cells = swa_cells if swa else n_ctx_seq
+        cells = swa_cells if swa else ctx.n_ctx_seq
         k_width = role.k_width
         v_width = 0 if st.is_mla else (st.v_width_max if v_trans else role.v_width)
         for t, w, what in ((tk, k_width, "K"), (tv, v_width, "V")):
-            if w % t.block_size:
+            if not t.divides(w):
                 raise ConfigError(
                     f"{what} rows of layer {il} are {w} wide, not a multiple of {t.name}'s block of {t.block_size}: "
                     f"choose another --cache-type-{what.lower()} (e.g. f16)"
                 )
-        k_bytes = row_size(tk, k_width) * cells * n_stream
-        v_bytes = row_size(tv, v_width) * cells * n_stream if v_width else 0
-        device = devs[il] if (offload_kqv and il in kv_on_gpu) else HOST
+        k_bytes = row_size(tk, k_width) * cells * ctx.n_stream
+        v_bytes = row_size(tv, v_width) * cells * ctx.n_stream if v_width else 0
+        device = layout.devs[il] if (layout.offload_kqv and il in layout.kv_on_gpu) else HOST
         layers.append(LayerKV(il, device, swa, cells, k_bytes, v_bytes))
+    return layers, swa_cells
 
-    if exact is not None and exact.kv is not None:
-        layers = _apply_exact_kv(layers, exact.kv, warnings)
+
+def _kv_caches(
+    model: ModelProfile, cfg: PlanConfig, ctx: _Context, layers: list[LayerKV], tk: GgmlType, tv: GgmlType
+) -> list[KvCacheSummary]:
+    """llama.cpp's KV caches as its log lists them: the full cache, then the sliding-window or
+    chunked one."""
     caches: list[KvCacheSummary] = []
-    for kind, sel in (("full", [l for l in layers if not l.swa]), (st.swa_label, [l for l in layers if l.swa])):
+    label = model.structure.swa_label
+    for kind, sel in (("full", [l for l in layers if not l.swa]), (label, [l for l in layers if l.swa])):
         if sel:
             caches.append(
                 KvCacheSummary(
@@ -568,16 +697,26 @@ def plan_memory(
                     sel[0].cells,
                     len(sel),
                     cfg.n_seq,
-                    n_stream,
+                    ctx.n_stream,
                     tk.name,
                     tv.name,
                     sum(l.k_bytes for l in sel),
                     sum(l.v_bytes for l in sel),
                 )
             )
-    # recurrent state (llama-memory-recurrent.cpp constructor): per recurrent layer an f32 row of
-    # n_embd_r (R) and of n_embd_s (S) for each of max(1, n_seq_max) cells (x (1 + n_rs_seq),
-    # n_rs_seq = 0 by default); on the layer's device when offload_kqv, else the host
+    return caches
+
+
+def _recurrent_state(
+    model: ModelProfile, cfg: PlanConfig, layout: _Layout, exact: ExactFigures | None, warnings: list[str]
+) -> tuple[dict[str, int], KvCacheSummary | None]:
+    """Recurrent state bytes per device and its cache entry (None without one).
+
+    llama-memory-recurrent.cpp constructor: per recurrent layer an f32 row of n_embd_r (R) and
+    of n_embd_s (S) for each of max(1, n_seq_max) cells (x (1 + n_rs_seq), n_rs_seq = 0 by
+    default); on the layer's device when offload_kqv, else the host.
+    """
+    st = model.structure
     recurrent_by_device: dict[str, int] = {}
     rec = st.recurrent_layers
     if rec:
@@ -592,33 +731,56 @@ def plan_memory(
                 )
                 r_total, s_total = er, es
         for i, role in enumerate(rec):
-            dev = devs[role.il] if offload_kqv else HOST
+            dev = layout.devs[role.il] if layout.offload_kqv else HOST
             share = _share(r_total + s_total, i, len(rec))
             recurrent_by_device[dev] = recurrent_by_device.get(dev, 0) + share
-        caches.append(KvCacheSummary("recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32", r_total, s_total))
-    elif exact is not None and exact.recurrent is not None:
+        return recurrent_by_device, KvCacheSummary(
+            "recurrent", rows, len(rec), cfg.n_seq, 1, "f32", "f32", r_total, s_total
+        )
+    if exact is not None and exact.recurrent is not None:
         _, er, es = exact.recurrent
         warnings.append(
             f"llama.cpp keeps {(er + es) / MiB:.2f} MiB of recurrent state that kvtuner's structure has no "
             "layer for: counted on the host"
         )
         recurrent_by_device[HOST] = er + es
-        caches.append(KvCacheSummary("recurrent", max(1, cfg.n_seq), 0, cfg.n_seq, 1, "f32", "f32", er, es))
+        return recurrent_by_device, KvCacheSummary(
+            "recurrent", max(1, cfg.n_seq), 0, cfg.n_seq, 1, "f32", "f32", er, es
+        )
+    return recurrent_by_device, None
 
-    # --- compute buffers --------------------------------------------------------------------
+
+def _compute_buffers(
+    model: ModelProfile,
+    cfg: PlanConfig,
+    ctx: _Context,
+    layout: _Layout,
+    layers: list[LayerKV],
+    swa_cells: int,
+    gpus: list[GpuSpec],
+    tk: GgmlType,
+    tv: GgmlType,
+    compute_override: dict[str, int] | None,
+    exact: ExactFigures | None,
+    rules: BuildRules,
+    warnings: list[str],
+) -> ComputeEstimate:
+    """The compute buffer per device: :func:`~kvtuner.core.plan.compute_buffer.estimate_compute`,
+    plus the expert tensors host layers copy to a GPU, or llama.cpp's own figures."""
+    devs = layout.devs
     compute = estimate_compute(
         model,
-        n_ubatch=n_ubatch,
+        n_ubatch=ctx.n_ubatch,
         n_seq=cfg.n_seq,
-        n_ctx_seq=n_ctx_seq,
+        n_ctx_seq=ctx.n_ctx_seq,
         swa_cells=swa_cells,
-        flash_attn=flash_attn,
+        flash_attn=ctx.flash_attn,
         layer_devices=devs,
         kv_layers=layers,
-        gpu_devices=[g.device for g in kept],
+        gpu_devices=[g.device for g in layout.kept],
         host=HOST,
         kv_f16=tk.name == "f16" and tv.name == "f16",
-        n_stream=n_stream,
+        n_stream=ctx.n_stream,
         type_k=tk.name,
         type_v=tv.name,
         rules=rules,
@@ -627,25 +789,46 @@ def plan_memory(
         warnings.append(rules.approximate_line)
     if exact is not None and exact.compute:
         compute_override = exact.compute
-    moved_to_host = moves.largest_moved(HOST)
-    if moved_to_host and n_ubatch >= GPU_OP_OFFLOAD_MIN_BATCH and not compute_override:
-        # a ubatch of >= 32 tokens runs host experts' MUL_MAT_ID on the GPU (ggml-cuda.cu
+    moved_to_host = layout.moves.largest_moved(HOST)
+    if moved_to_host and ctx.n_ubatch >= OFFLOAD_MIN_BATCH and not compute_override:
+        # a ubatch of >= OFFLOAD_MIN_BATCH tokens runs host experts' MUL_MAT_ID on the GPU (ggml-cuda.cu
         # ggml_backend_cuda_device_offload_op); ggml_backend_sched gives each such weight a split
         # of its own and copies it into that split's compute buffer ("by starting a new split, the
         # memory of the previously offloaded weights can be reused", ggml-backend.cpp
         # ggml_backend_sched_split_graph): one whole expert tensor on top of the layer's activations
         for g in gpus:
             # never on an RPC device: ggml-rpc's device has no offload_op (ggml-rpc.cpp)
-            if g.kind == "gpu" and any(d == g.device for d in devs[:n_layer]):
+            if g.kind == "gpu" and any(d == g.device for d in devs[: model.n_layer]):
                 compute = compute.plus(g.device, moved_to_host)
     if compute_override:
         compute = compute.with_exact(compute_override)
+    return compute
 
-    # --- per device -----------------------------------------------------------------------------
-    output_bytes = model.n_vocab * max(1, cfg.n_seq) * 4
+
+def _output_bytes(
+    model: ModelProfile, cfg: PlanConfig, exact: ExactFigures | None
+) -> tuple[int, dict[str, int] | None]:
+    """The host's output buffer (:func:`~kvtuner.core.plan.llama_constants.output_buffer_bytes`)
+    and llama.cpp's output buffers of the other devices (None without figures)."""
+    output_bytes = output_buffer_bytes(model.n_vocab, cfg.n_seq)
     output_exact = dict(exact.output) if (exact is not None and exact.output) else None
     if output_exact is not None:
         output_bytes = output_exact.pop(HOST, 0)
+    return output_bytes, output_exact
+
+
+def _gpu_plans(
+    model: ModelProfile,
+    gpus: list[GpuSpec],
+    layout: _Layout,
+    layers: list[LayerKV],
+    recurrent_by_device: dict[str, int],
+    compute: ComputeEstimate,
+    output_exact: dict[str, int] | None,
+    gpu_overhead_bytes: int,
+) -> list[DevicePlan]:
+    """Each offload device's weights, KV, compute, output and overhead."""
+    n_layer, devs, moves = model.n_layer, layout.devs, layout.moves
     out: list[DevicePlan] = []
     for g in gpus:
         ids = [il for il in range(n_layer) if devs[il] == g.device]
@@ -656,7 +839,7 @@ def plan_memory(
             w += model.output_bytes
         w += moves.delta(g.device)
         kv = sum(l.kv_bytes for l in layers if l.device == g.device) + recurrent_by_device.get(g.device, 0)
-        used = g in kept
+        used = g in layout.kept
         out.append(
             DevicePlan(
                 device=g.device,
@@ -683,6 +866,24 @@ def plan_memory(
                 flags=g.flags,
             )
         )
+    return out
+
+
+def _host_plan(
+    model: ModelProfile,
+    cfg: PlanConfig,
+    gpus: list[GpuSpec],
+    host: HostSpec | None,
+    layout: _Layout,
+    layers: list[LayerKV],
+    recurrent_by_device: dict[str, int],
+    compute: ComputeEstimate,
+    output_bytes: int,
+    host_overhead_bytes: int,
+) -> DevicePlan:
+    """The host's weights (with the ``CPU_REPACK`` copy), KV, compute, output and overhead."""
+    n_layer, devs, moves = model.n_layer, layout.devs, layout.moves
+    output_on_gpu = layout.output_on_gpu
     host_ids = [il for il in range(n_layer) if devs[il] == HOST]
     host_w = model.input_bytes + sum(model.layer_bytes[il] for il in host_ids)
     if not output_on_gpu:
@@ -698,50 +899,23 @@ def plan_memory(
         host_w -= repack
     host_w += moves.delta(HOST)
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
-    out.append(
-        DevicePlan(
-            device=HOST,
-            kind="host",
-            name="host RAM",
-            weights_bytes=host_w,
-            kv_bytes=host_kv,
-            compute_bytes=compute.bytes_on(HOST),
-            output_bytes=output_bytes,
-            overhead_bytes=host_overhead_bytes,
-            capacity_bytes=host.total_bytes if host else None,
-            free_bytes=host.available_bytes if host else None,
-            n_layers=len(host_ids),
-            has_output=not output_on_gpu,
-            weights_mapped=cfg.use_mmap,
-            repack_bytes=repack,
-            expert_bytes=moves.expert_bytes.get(HOST, 0),
-            expert_layers=len(moves.expert_layers.get(HOST, ())),
-        )
-    )
-
-    return MemoryPlan(
-        model=model,
-        config=cfg,
-        n_ctx=n_ctx,
-        n_ctx_seq=n_ctx_seq,
-        n_stream=n_stream,
-        n_ubatch=n_ubatch,
-        flash_attn=flash_attn,
-        n_gpu_layers=ngl_eff,
-        n_gpu_repeating=n_gpu_repeating,
-        output_on_gpu=output_on_gpu,
-        kv_gpu_layers=len(kv_on_gpu) if offload_kqv else 0,
-        devices=tuple(out),
-        kv_layers=tuple(layers),
-        kv_caches=tuple(caches),
-        compute=compute,
-        layer_devices=tuple(devs),
-        placement=placement,
-        warnings=tuple(warnings),
-        verified=exact is not None,
-        split=split,
-        moves=moves,
-        rules=rules,
+    return DevicePlan(
+        device=HOST,
+        kind="host",
+        name="host RAM",
+        weights_bytes=host_w,
+        kv_bytes=host_kv,
+        compute_bytes=compute.bytes_on(HOST),
+        output_bytes=output_bytes,
+        overhead_bytes=host_overhead_bytes,
+        capacity_bytes=host.total_bytes if host else None,
+        free_bytes=host.available_bytes if host else None,
+        n_layers=len(host_ids),
+        has_output=not output_on_gpu,
+        weights_mapped=cfg.use_mmap,
+        repack_bytes=repack,
+        expert_bytes=moves.expert_bytes.get(HOST, 0),
+        expert_layers=len(moves.expert_layers.get(HOST, ())),
     )
 
 

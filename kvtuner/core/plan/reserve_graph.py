@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from .build_rules import VENDORED, BuildRules
 from .ggml_graph import Graph, Tensor, allocate
+from .llama_constants import CTX_PAD_CELLS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model.profile import ModelProfile
@@ -977,7 +978,7 @@ def _template(
     rules: BuildRules = VENDORED,
 ) -> Graph:
     """The reserve graph of ``shape`` (cell counts 0) with placeholder KV sizes, to be resized."""
-    shape = replace(shape, layers=tuple(replace(L, n_kv=256) for L in shape.layers))
+    shape = replace(shape, layers=tuple(replace(L, n_kv=CTX_PAD_CELLS) for L in shape.layers))
     return _build(shape, n_tokens, n_stream, flash_attn, n_seqs, n_outputs, rules)
 
 

@@ -40,7 +40,7 @@ class WorkloadError(ValueError):
 
 
 @dataclass(frozen=True)
-class Workload:
+class ServingWorkload:
     """What the user expects to serve.
 
     Attributes:
@@ -138,7 +138,7 @@ class WorkloadKV:
 
 def workload_kv(
     kv_bytes_per_token: int,
-    workload: Workload,
+    workload: ServingWorkload,
     *,
     engine: str = "llama.cpp",
     unified: bool = True,

@@ -49,6 +49,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
 from ..plan.memory_plan import MemoryPlan
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
+from .measurement import Measurement
 from .speed_model import (
     PREFILL_TYPE_PARAM,
     DeviceRates,
@@ -179,33 +180,29 @@ class MeasuredRun:
 
 
 def measured_run(
-    plan: MemoryPlan,
-    inputs: SpeedInputs,
-    *,
-    n_threads: int,
-    n_depth: int,
-    n_prompt: int,
-    n_gen: int,
-    prefill_tok_s: float | None,
-    decode_tok_s: float | None,
-    machine: str | None = None,
+    plan: MemoryPlan, inputs: SpeedInputs, measurement: Measurement, *, machine: str | None = None
 ) -> MeasuredRun:
     """A :class:`MeasuredRun` for a bench of ``plan`` (llama-bench style, as
     :func:`kvtuner.runner.bench.run_bench` does it: fill ``n_depth`` tokens, prefill ``n_prompt``
     at that depth, decode ``n_gen`` after it, so decode runs at the mean depth
-    ``n_depth + n_prompt + (n_gen - 1) / 2``).
+    ``n_depth + n_prompt + (n_gen - 1) / 2``), from the ``measurement``'s tokens, threads and
+    median rates.
 
     Raises:
         CalibrationError: a speed that is not a positive number, or nothing measured.
     """
+    m = measurement
+    prefill_tok_s, decode_tok_s = m.prefill_tok_s, m.decode_tok_s
     for name, v in (("prefill_tok_s", prefill_tok_s), ("decode_tok_s", decode_tok_s)):
         if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise CalibrationError(f"{name} must be a positive number of tokens/s, not {v!r}")
     if prefill_tok_s is None and decode_tok_s is None:
         raise CalibrationError("a measured run needs prefill_tok_s or decode_tok_s")
     try:
-        pre_w = prefill_workload(plan, n_prompt, n_depth, inputs.constants) if (prefill_tok_s and n_prompt) else None
-        depth = min(plan.n_ctx_seq - 1, n_depth + n_prompt + max(0, n_gen - 1) // 2)
+        pre_w = (
+            prefill_workload(plan, m.n_prompt, m.n_depth, inputs.constants) if (prefill_tok_s and m.n_prompt) else None
+        )
+        depth = min(plan.n_ctx_seq - 1, m.n_depth + m.n_prompt + max(0, m.n_gen - 1) // 2)
         dec_w = decode_workload(plan, depth, inputs.constants) if decode_tok_s else None
     except SpeedModelError as exc:
         raise CalibrationError(str(exc)) from None
@@ -213,7 +210,7 @@ def measured_run(
         machine=machine or machine_id(),
         family=model_family(plan.model),
         model_sha256=plan.model.header_sha256,
-        n_threads=n_threads,
+        n_threads=m.n_threads,
         config=plan.config.to_dict(),
         rates=dict(inputs.rates),
         decode_work=dec_w,
@@ -481,15 +478,10 @@ def _probe_key(n_threads: int, kv_type: str) -> str:
 
 def record_bench(
     plan: MemoryPlan,
+    measurement: Measurement,
     *,
     gpus: Sequence[GpuSpec] = (),
     host: HostSpec | None = None,
-    n_threads: int,
-    n_depth: int,
-    n_prompt: int,
-    n_gen: int,
-    prefill_tok_s: float | None,
-    decode_tok_s: float | None,
     store: CalibrationStore | None = None,
     machine: str | None = None,
 ) -> MeasuredRun:
@@ -516,22 +508,19 @@ def record_bench(
     def positive(v: float | None) -> float | None:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
-    cpu = store.cpu_rates(max(1, int(n_threads)), machine=mid)
+    n_threads = max(1, int(measurement.n_threads))
+    cpu = store.cpu_rates(n_threads, machine=mid)
     try:
-        inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=max(1, int(n_threads)), cpu=cpu)
+        inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=n_threads, cpu=cpu)
     except SpeedModelError as exc:
         raise CalibrationError(str(exc)) from None
-    run = measured_run(
-        plan,
-        inputs,
-        n_threads=max(1, int(n_threads)),
-        n_depth=n_depth,
-        n_prompt=n_prompt,
-        n_gen=n_gen,
-        prefill_tok_s=positive(prefill_tok_s),
-        decode_tok_s=positive(decode_tok_s),
-        machine=mid,
+    measured = replace(
+        measurement,
+        n_threads=n_threads,
+        prefill_tok_s=positive(measurement.prefill_tok_s),
+        decode_tok_s=positive(measurement.decode_tok_s),
     )
+    run = measured_run(plan, inputs, measured, machine=mid)
     store.add(run)
     return run
 

@@ -72,6 +72,7 @@ import numpy as np
 
 from ..model.ggml_types import KV_CACHE_TYPES
 from ..model.gguf_write import write_sparse_gguf
+from ..plan.llama_constants import pad_ctx
 from ..plan.reserve_graph import last_layer_rows_only
 from .expert_shapes import expert_key, model_expert_keys, parse_expert_key
 
@@ -226,9 +227,9 @@ class ProbeModel:
 
     @property
     def n_ctx(self) -> int:
-        """Context for its deepest run, padded to 256."""
+        """Context for its deepest run, padded as llama.cpp pads it."""
         need = max(d + p + g for d, p, g in self.runs) + 16
-        return -(-need // 256) * 256
+        return pad_ctx(need)
 
     def tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
         """(name, ggml shape, type) of every tensor (src/models/llama.cpp ``load_arch_tensors``; an

@@ -86,9 +86,10 @@ from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name, p
 from ..hardware.host import physical_cores
 from ..hardware.specs import GpuSpec, HostSpec
 from ..plan.buffers import HOST
+from ..plan.llama_constants import OFFLOAD_MIN_BATCH, pad_ctx
 from ..plan.memory_plan import MemoryPlan
 from ..plan.reserve_graph import last_layer_rows_only
-from ..units import GiB, pad_to
+from ..units import GiB
 from .cpu_probe import CpuRates, ProbeError, layer_attn_key, nearest
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
@@ -108,9 +109,6 @@ GENERIC_CARDS: dict[int, str] = {
 }
 #: Depths at which the decode curve is evaluated (fractions of n_ctx_seq).
 CURVE_POINTS = 17
-#: Ubatch size from which ops run on the GPU whatever holds their data (ggml-cuda.cu
-#: ``GGML_OP_OFFLOAD_MIN_BATCH`` default).
-OFFLOAD_MIN_BATCH = 32
 #: Without a CPU probe: per-thread rates from this project's earlier measurements on a 2-core
 #: AVX2/AVX-512 VM (benchmarks/speed_accuracy.py): 5 GB/s of weights per decode
 #: thread, 30 GFLOP/s per prefill thread, 40 us per layer, 0.5 ms per token, and the flash-attention
@@ -930,7 +928,7 @@ def prefill_workload(
     # ops of host layers go to the first device whose backend offers offload_op; ggml-rpc's is NULL
     # (ggml-rpc.cpp device interface), so never an RPC device
     gpu0 = next((g.device for g in plan.gpus if g.kind == "gpu"), None)
-    offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of >= 32 rows run on the GPU
+    offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of that many rows run on the GPU
     acc = _Acc(plan)
     pcie = crossings = 0.0
     moved = moved_weights(m, plan.moves.device_of())
@@ -969,7 +967,7 @@ def prefill_workload(
             if plan.flash_attn:  # causal: token p reads min(p + 1, window) cells
                 cells += _sum_min_range(a + 1, b, window)
             else:  # the whole padded n_kv for every token of the ubatch
-                cells += (b - a) * min(pad_to(b, 256), lk.cells)
+                cells += (b - a) * min(pad_ctx(b), lk.cells)
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         kv_read = per_cell * min(depth + n_prompt, window) * n_calls
         run_on = gpu0 if (gpu0 is not None and offload and lk.device == HOST) else lk.device

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan.config import PlanConfig
+from ..speed.measurement import Measurement
 
 #: Most real loads one tune may use (at most 3 short real loads: each costs a model load and a
 #: prefill at the top of the context).
@@ -28,28 +29,6 @@ CONFIRM_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
-class Measured:
-    """What one real load measured (the runner's bench, 1 repetition).
-
-    Attributes:
-        n_depth: cached tokens before the prompt; n_prompt, n_gen: tokens; n_threads: CPU threads.
-        prefill_tok_s, decode_tok_s: medians (tokens/s; None if not measured).
-        other_cores: cores other processes kept busy during it (None: not measured).
-        kept: whether it may calibrate: False when the machine was busy and the user did not
-            ask to keep it (:meth:`kvtuner.core.monitor.contention.Contention.counts`).
-    """
-
-    n_depth: int
-    n_prompt: int
-    n_gen: int
-    n_threads: int
-    prefill_tok_s: float | None
-    decode_tok_s: float | None
-    other_cores: float | None = None
-    kept: bool = True
-
-
-@dataclass(frozen=True)
 class RealLoad:
     """One confirming load: the configuration, the prediction made before it (at the bench's
     depths, with the calibration known then) and the measurement.
@@ -58,7 +37,7 @@ class RealLoad:
     """
 
     config: PlanConfig
-    measured: Measured
+    measured: Measurement
     predicted_decode_tok_s: float
     predicted_prefill_tok_s: float
 
@@ -86,7 +65,7 @@ class RealLoad:
             "decode_error": self.decode_error,
             "prefill_error": self.prefill_error,
             "other_cores": m.other_cores,
-            "recorded": m.kept,
+            "recorded": m.keep.calibrate,
         }
 
 
@@ -96,4 +75,6 @@ def confirm_depth(n_ctx: int, n_prompt: int = CONFIRM_PROMPT_TOKENS, n_gen: int 
     return max(0, n_ctx - n_prompt - n_gen - 64)
 
 
-Measure = Callable[[PlanConfig], Measured]
+#: One real load of a configuration: the bench's :class:`Measurement` (its ``keep`` says whether
+#: it may calibrate: :class:`kvtuner.core.monitor.measurement.RunRecorder`).
+Measure = Callable[[PlanConfig], Measurement]

@@ -28,6 +28,7 @@ from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
 from ..plan.build_rules import VENDORED, BuildRules
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.llama_constants import round_down_ctx
 from ..plan.memory_plan import MemoryPlan, order_devices, plan_memory
 from ..plan.placement import DeviceSplit
 from ..plan.verdict import FIT_TARGET_MIB, FitMargins, fit_verdict
@@ -35,9 +36,6 @@ from ..units import MiB
 
 #: ``--fit-ctx`` default: the smallest context ``--fit`` reduces to (common/common.h ``fit_params_min_ctx``).
 FIT_MIN_CTX = 4096
-#: ``llama_params_fit`` rounds a reduced context down to a multiple of 256 per stream (common/fit.cpp,
-#: "round down context for CUDA backend").
-CTX_ALIGN = 256
 
 METHOD_BINARY = "llama-fit-params"
 METHOD_PORT = "port"
@@ -309,39 +307,88 @@ def port_fit_choice(
         def plan(cfg: PlanConfig, split: DeviceSplit | None) -> MemoryPlan:
             return plan_memory(model, cfg, gpus, host, split=split)
 
-    devs = order_devices(gpus)
-    nd = len(devs)
-    margin = request.target_mib * MiB
-    hp_ngl = model.n_layer
-    hp_nex = model.n_expert or 0
-    n_streams = 1 if base.kv_unified else max(1, base.n_seq)
-    n_ctx_auto = request.n_ctx == 0
-    n_ctx_max = (model.n_ctx_train or 0) * n_streams
-    n_ctx_min_total = request.n_ctx_min * n_streams
-    if n_ctx_auto and not n_ctx_max:
-        raise FitChoiceError("the model states no training context: give --ctx N")
-    n_ctx = n_ctx_max if n_ctx_auto else request.n_ctx
-    blockers = fit_blockers(base)
-    source = ", ".join(g.name for g in devs) if devs else "CPU only"
+    port = _FitPort(request, plan, model, base, gpus, host)
+    done = port.step_defaults()
+    if done is None:
+        done = port.step_context()
+    if done is not None:
+        return done
+    port.check_gives_up()
+    moe = port.step_fill_back_to_front()
+    if moe is None:
+        return port.choice(*port.layout(port.ngl_pd, port.overflow))
+    return port.step_moe_front_to_back(moe)
 
-    def measure(ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), ctx: int | None = None) -> MemoryPlan:
-        cfg = base.with_(
-            n_ctx=max(1, ctx if ctx is not None else n_ctx),
+
+@dataclass
+class _MoeFill:
+    """The state of common/fit.cpp's MoE step: the layers per device, their measured use, the
+    overflow buffer of each device's partial layer and the first device holding dense layers."""
+
+    ngl_pd: list[_Ngl]
+    mem: list[int]
+    overflow: list[str]
+    id_dense_start: int
+
+
+class _FitPort:
+    """The measurements and steps of :func:`port_fit_choice` (common/fit.cpp
+    ``common_params_fit_impl``), one method per step."""
+
+    def __init__(
+        self,
+        request: FitRequest,
+        plan: Callable[[PlanConfig, DeviceSplit | None], MemoryPlan],
+        model: ModelProfile,
+        base: PlanConfig,
+        gpus: Sequence[GpuSpec],
+        host: HostSpec | None,
+    ) -> None:
+        self.base, self.host, self.plan = base, host, plan
+        self.devs = order_devices(gpus)
+        self.nd = len(self.devs)
+        self.margin = request.target_mib * MiB
+        self.hp_ngl = model.n_layer
+        self.hp_nex = model.n_expert or 0
+        self.n_streams = 1 if base.kv_unified else max(1, base.n_seq)
+        self.n_ctx_auto = request.n_ctx == 0
+        self.n_ctx_max = (model.n_ctx_train or 0) * self.n_streams
+        self.n_ctx_min_total = request.n_ctx_min * self.n_streams
+        if self.n_ctx_auto and not self.n_ctx_max:
+            raise FitChoiceError("the model states no training context: give --ctx N")
+        self.n_ctx = self.n_ctx_max if self.n_ctx_auto else request.n_ctx
+        self.blockers = fit_blockers(base)
+        self.source = ", ".join(g.name for g in self.devs) if self.devs else "CPU only"
+        # set by the steps
+        self.sum_used = self.sum_free = self.surplus = self.sum_model = 0
+        self.targets: list[int] = []
+        self.names: list[str] = []
+        self.overflow: list[str] = []
+        self.ngl_pd: list[_Ngl] = []
+
+    # -- measurements ------------------------------------------------------------------------
+
+    def measure(
+        self, ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), ctx: int | None = None
+    ) -> MemoryPlan:
+        cfg = self.base.with_(
+            n_ctx=max(1, ctx if ctx is not None else self.n_ctx),
             kv_gpu_layers=None,
             n_gpu_layers=ALL_LAYERS if ngl < 0 else ngl,
-            tensor_overrides=tuple(ot) if ot else base.tensor_overrides,
+            tensor_overrides=tuple(ot) if ot else self.base.tensor_overrides,
         )
-        full_ts = [float(x) for x in ts] + [0.0] * (nd - len(ts))
-        return plan(cfg, DeviceSplit(tensor_split=tuple(full_ts)) if any(full_ts) and nd > 1 else None)
+        full_ts = [float(x) for x in ts] + [0.0] * (self.nd - len(ts))
+        return self.plan(cfg, DeviceSplit(tensor_split=tuple(full_ts)) if any(full_ts) and self.nd > 1 else None)
 
-    def free_of(i: int) -> int:
-        g = devs[i]
+    def free_of(self, i: int) -> int:
+        g = self.devs[i]
         return g.free_bytes if g.free_bytes is not None else g.total_bytes
 
-    def used(p: MemoryPlan) -> list[int]:
+    def used(self, p: MemoryPlan) -> list[int]:
         by = {d.device: d.total_bytes for d in p.gpus}
-        return [by.get(g.device, 0) for g in devs]
+        return [by.get(g.device, 0) for g in self.devs]
 
+    @staticmethod
     def host_used(p: MemoryPlan) -> int:
         # llama.cpp sums the host buffer types only: the CPU_REPACK copy is an extra buffer type
         # that is neither host nor a device's, so the weights it holds are not counted
@@ -349,66 +396,16 @@ def port_fit_choice(
         h = p.host
         return h.weights_bytes - h.repack_bytes + h.kv_bytes + h.compute_bytes + h.output_bytes
 
-    def choice(ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), note: str = "") -> FitChoice:
-        return FitChoice(METHOD_PORT, n_ctx, ngl, ts, ot, source=source, note=note)
+    def choice(self, ngl: int, ts: tuple[int, ...] = (), ot: tuple[str, ...] = (), note: str = "") -> FitChoice:
+        return FitChoice(METHOD_PORT, self.n_ctx, ngl, ts, ot, source=self.source, note=note)
 
-    # step 1: the default parameters
-    full = measure(-1)
-    if nd == 0:
-        host_total = host.total_bytes if host is not None else None
-        if host_total is None:
-            return choice(-1, note="host RAM unknown: nothing checked")
-        sum_used = host_used(full)
-        sum_free = host_total
-        if sum_free - sum_used >= margin:
-            return choice(-1)
-        surplus = sum_free - sum_used - margin
-        sum_model = full.host.weights_bytes
-    else:
-        per_used = used(full)
-        free = [free_of(i) for i in range(nd)]
-        if all(free[i] - per_used[i] >= margin for i in range(nd)):
-            return choice(-1)
-        sum_used, sum_free = sum(per_used), sum(free)
-        surplus = sum_free - sum_used - margin * nd
-        sum_model = sum(d.weights_bytes for d in full.gpus)
-
-    # step 2: a smaller context, when the context was left to the model
-    if surplus < 0 and n_ctx_auto and n_ctx_max > n_ctx_min_total:
-        target_sum = sum_free - margin * max(1, nd)
-        if nd > 1:
-            per_layer = sum_model // hp_ngl
-            target_sum -= (nd + 1) * per_layer // (2 if hp_nex == 0 else 6)
-        n_ctx = n_ctx_min_total
-        at_min = measure(-1)
-        used_min = host_used(at_min) if nd == 0 else sum(used(at_min))
-        if target_sum > used_min:
-            n_ctx += (n_ctx_max - n_ctx_min_total) * (target_sum - used_min) // (sum_used - used_min)
-            align = CTX_ALIGN * n_streams
-            n_ctx = max(n_ctx - n_ctx % align, n_ctx_min_total)
-            if nd <= 1:
-                return choice(-1)
-    if nd == 0:
-        raise FitChoiceError(
-            "--fit: the model does not fit into system memory by reducing the context "
-            "(common/fit.cpp: 'was unable to fit model into system memory by reducing context')"
-        )
-    if blockers:
-        raise FitChoiceError(
-            f"--fit gives up: {', '.join(blockers)} set by the user (common/fit.cpp: 'already set by user, abort')"
-        )
-
-    # step 3: fill the devices back to front
-    names = [g.device for g in devs]
-    targets = [free_of(i) - margin for i in range(nd)]
-
-    def layout(ngl_pd: list[_Ngl], overflow_bufts: list[str]) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
-        # common/fit.cpp set_ngl_tensor_split_tbo
+    def layout(self, ngl_pd: list[_Ngl], overflow_bufts: list[str]) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+        """``(-ngl, -ts, -ot)`` of a layout (common/fit.cpp ``set_ngl_tensor_split_tbo``)."""
         ngl = sum(x.n_layer for x in ngl_pd)
-        ts = [x.n_layer for x in ngl_pd] if nd > 1 else []
+        ts = [x.n_layer for x in ngl_pd] if self.nd > 1 else []
         while ts and ts[-1] == 0:  # as fit-params.cpp prints it: trailing zeros dropped
             ts.pop()
-        il0 = hp_ngl + 1 - ngl
+        il0 = self.hp_ngl + 1 - ngl
         ot: list[str] = []
         for i, x in enumerate(ngl_pd):
             il0 += x.n_full
@@ -420,29 +417,117 @@ def port_fit_choice(
             il0 += x.n_part
         return ngl, tuple(ts), tuple(ot)
 
-    def mem_for(ngl_pd: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
-        ngl, ts, ot = layout(ngl_pd, overflow_bufts)
+    def mem_for(self, ngl_pd: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
+        ngl, ts, ot = self.layout(ngl_pd, overflow_bufts)
         if ngl == 0:
             ts = ()
-        return used(measure(ngl, ts, ot))
+        return self.used(self.measure(ngl, ts, ot))
 
-    surplus_cpu_moe = 0
-    if hp_nex > 0:
-        cpu_moe = measure(-1, (), (f"{MOE_ALL_PATTERN}=CPU",))
-        u = used(cpu_moe)
-        surplus_cpu_moe = sum(free_of(i) - u[i] - margin for i in range(nd))
+    # -- steps -------------------------------------------------------------------------------
 
-    overflow = ["CPU"] * nd
-    ngl_pd = [_Ngl() for _ in range(nd)]
-    mem = mem_for(ngl_pd, overflow)
-    for id_ in range(nd - 1, -1, -1):
-        n_unassigned = hp_ngl + 1 - sum(ngl_pd[j].n_layer for j in range(id_ + 1, nd))
+    def step_defaults(self) -> FitChoice | None:
+        """Step 1: the default parameters; the choice when every device keeps the margin."""
+        full = self.measure(-1)
+        nd, margin = self.nd, self.margin
+        if nd == 0:
+            host_total = self.host.total_bytes if self.host is not None else None
+            if host_total is None:
+                return self.choice(-1, note="host RAM unknown: nothing checked")
+            self.sum_used = self.host_used(full)
+            self.sum_free = host_total
+            if self.sum_free - self.sum_used >= margin:
+                return self.choice(-1)
+            self.surplus = self.sum_free - self.sum_used - margin
+            self.sum_model = full.host.weights_bytes
+        else:
+            per_used = self.used(full)
+            free = [self.free_of(i) for i in range(nd)]
+            if all(free[i] - per_used[i] >= margin for i in range(nd)):
+                return self.choice(-1)
+            self.sum_used, self.sum_free = sum(per_used), sum(free)
+            self.surplus = self.sum_free - self.sum_used - margin * nd
+            self.sum_model = sum(d.weights_bytes for d in full.gpus)
+        return None
+
+    def step_context(self) -> FitChoice | None:
+        """Step 2: a smaller context, when the context was left to the model; the choice when
+        that alone fits one device (or the host)."""
+        nd = self.nd
+        if self.surplus < 0 and self.n_ctx_auto and self.n_ctx_max > self.n_ctx_min_total:
+            target_sum = self.sum_free - self.margin * max(1, nd)
+            if nd > 1:
+                per_layer = self.sum_model // self.hp_ngl
+                target_sum -= (nd + 1) * per_layer // (2 if self.hp_nex == 0 else 6)
+            self.n_ctx = self.n_ctx_min_total
+            at_min = self.measure(-1)
+            used_min = self.host_used(at_min) if nd == 0 else sum(self.used(at_min))
+            if target_sum > used_min:
+                self.n_ctx += (
+                    (self.n_ctx_max - self.n_ctx_min_total) * (target_sum - used_min) // (self.sum_used - used_min)
+                )
+                self.n_ctx = max(round_down_ctx(self.n_ctx, self.n_streams), self.n_ctx_min_total)
+                if nd <= 1:
+                    return self.choice(-1)
+        return None
+
+    def check_gives_up(self) -> None:
+        """Where ``--fit`` stops before placing layers.
+
+        Raises:
+            FitChoiceError: a CPU-only model that reducing the context did not fit, or a
+                placement the user set.
+        """
+        if self.nd == 0:
+            raise FitChoiceError(
+                "--fit: the model does not fit into system memory by reducing the context "
+                "(common/fit.cpp: 'was unable to fit model into system memory by reducing context')"
+            )
+        if self.blockers:
+            raise FitChoiceError(
+                f"--fit gives up: {', '.join(self.blockers)} set by the user (common/fit.cpp: 'already set by user, abort')"
+            )
+
+    def step_fill_back_to_front(self) -> _MoeFill | None:
+        """Step 3: fill the devices back to front by false position (MoE: experts in RAM).
+        Leaves the layout in :attr:`ngl_pd` / :attr:`overflow`; returns the MoE step's start
+        when step 4 applies, else None."""
+        nd = self.nd
+        self.names = [g.device for g in self.devs]
+        self.targets = [self.free_of(i) - self.margin for i in range(nd)]
+        surplus_cpu_moe = 0
+        if self.hp_nex > 0:
+            cpu_moe = self.measure(-1, (), (f"{MOE_ALL_PATTERN}=CPU",))
+            u = self.used(cpu_moe)
+            surplus_cpu_moe = sum(self.free_of(i) - u[i] - self.margin for i in range(nd))
+
+        self.overflow = ["CPU"] * nd
+        ngl_pd = [_Ngl() for _ in range(nd)]
+        mem = self.mem_for(ngl_pd, self.overflow)
+        for id_ in range(nd - 1, -1, -1):
+            ngl_pd, mem = self._fill_device(id_, ngl_pd, mem)
+        self.ngl_pd = ngl_pd
+        if self.hp_nex == 0 or surplus_cpu_moe <= 0:
+            return None
+        id_dense_start = nd
+        for id_ in range(nd - 1, -1, -1):
+            if ngl_pd[id_].n_layer > 0:
+                id_dense_start = id_
+                continue
+            break
+        if id_dense_start >= nd:
+            return None
+        return _MoeFill(ngl_pd, mem, self.overflow, id_dense_start)
+
+    def _fill_device(self, id_: int, ngl_pd: list[_Ngl], mem: list[int]) -> tuple[list[_Ngl], list[int]]:
+        """Step 3 for device ``id_``: as many of the unassigned layers as fit its target."""
+        nd, targets, overflow = self.nd, self.targets, self.overflow
+        n_unassigned = self.hp_ngl + 1 - sum(ngl_pd[j].n_layer for j in range(id_ + 1, nd))
         high = _copy(ngl_pd)
         high[id_].n_layer = n_unassigned
-        if hp_nex > 0:
+        if self.hp_nex > 0:
             high[id_].n_part = high[id_].n_layer if id_ < nd - 1 else high[id_].n_layer - 1
         if high[id_].n_layer > 0:
-            mem_high = mem_for(high, overflow)
+            mem_high = self.mem_for(high, overflow)
             if mem_high[id_] > targets[id_]:
                 delta = high[id_].n_layer - ngl_pd[id_].n_layer
                 while delta > 1:
@@ -450,9 +535,9 @@ def port_fit_choice(
                     step = min(max(step, 1), delta - 1)
                     test = _copy(ngl_pd)
                     test[id_].n_layer += step
-                    if hp_nex:
+                    if self.hp_nex:
                         test[id_].n_part += step - 1 if id_ == nd - 1 and test[id_].n_part == 0 else step
-                    mem_test = mem_for(test, overflow)
+                    mem_test = self.mem_for(test, overflow)
                     if mem_test[id_] <= targets[id_]:
                         ngl_pd, mem = test, mem_test
                     else:
@@ -460,83 +545,88 @@ def port_fit_choice(
                     delta = high[id_].n_layer - ngl_pd[id_].n_layer
             else:
                 ngl_pd, mem = high, mem_high
-    if hp_nex == 0 or surplus_cpu_moe <= 0:
-        return choice(*layout(ngl_pd, overflow))
+        return ngl_pd, mem
 
-    # step 4 (MoE, every dense tensor fits): whole layers in front, front to back
-    id_dense_start = nd
-    for id_ in range(nd - 1, -1, -1):
-        if ngl_pd[id_].n_layer > 0:
-            id_dense_start = id_
-            continue
-        break
-    if id_dense_start >= nd:
-        return choice(*layout(ngl_pd, overflow))
-    id_ = 0
-    while id_ <= id_dense_start and id_dense_start < nd:
-        high = _copy(ngl_pd)
-        for jd in range(id_dense_start, nd):
+    def step_moe_front_to_back(self, st: _MoeFill) -> FitChoice:
+        """Step 4 (MoE, every dense tensor fits): whole layers in front, front to back."""
+        id_ = 0
+        while id_ <= st.id_dense_start and st.id_dense_start < self.nd:
+            self._whole_layers_to(id_, st)
+            self._one_more_part(id_, st)
+            id_ += 1
+        return self.choice(*self.layout(st.ngl_pd, st.overflow))
+
+    def _whole_layers_to(self, id_: int, st: _MoeFill) -> None:
+        """Step 4 for device ``id_``: convert the partial layers of the devices from
+        ``id_dense_start`` on into whole layers on ``id_``, as many as fit (false position)."""
+        nd, targets, overflow = self.nd, self.targets, st.overflow
+        high = _copy(st.ngl_pd)
+        for jd in range(st.id_dense_start, nd):
             move = high[jd].n_layer if jd < nd - 1 else high[jd].n_layer - 1
             high[id_].n_layer += move
             high[jd].n_layer -= move
             high[jd].n_part = 0
         dense_high = nd - 1
-        mem_high = mem_for(high, overflow)
-        if mem_high[id_] > targets[id_]:
-            delta = high[id_].n_full - ngl_pd[id_].n_full
-            while delta > 1:
-                step = _u32(int(delta * (targets[id_] - mem[id_]) / (mem_high[id_] - mem[id_])))
-                step = min(max(step, 1), delta - 1)
-                test = _copy(ngl_pd)
-                dense_test = id_dense_start
-                converted = 0
-                while dense_test < nd:
-                    n_conv = min(step - converted, test[dense_test].n_part)
-                    test[dense_test].n_layer -= n_conv
-                    test[dense_test].n_part -= n_conv
-                    test[id_].n_layer += n_conv
-                    converted += n_conv
-                    if test[dense_test].n_part > 0:
-                        break
-                    dense_test += 1
-                mem_test = mem_for(test, overflow)
-                if mem_test[id_] <= targets[id_]:
-                    ngl_pd, mem, id_dense_start = test, mem_test, dense_test
-                else:
-                    high, mem_high, dense_high = test, mem_test, dense_test
-                delta = high[id_].n_full - ngl_pd[id_].n_full
-        else:
-            ngl_pd, mem, id_dense_start = high, mem_high, dense_high
-        # try to fit at least part of one more layer
-        if id_dense_start < nd and ngl_pd[id_dense_start].n_layer > (0 if id_ < nd - 1 else 1):
-            test = _copy(ngl_pd)
-            dense_test = id_dense_start
-            test[dense_test].n_layer -= 1
-            test[dense_test].n_part -= 1
-            test[id_].n_layer += 1
-            test[id_].n_part += 1
-            if test[dense_test].n_part == 0:
-                dense_test += 1
-            overflow_test = list(overflow)
-            if id_ < nd - 1:
-                overflow_test[id_] = names[id_ + 1]
-
-            def ok(m: list[int], id_: int = id_) -> bool:
-                return m[id_] < targets[id_] and (id_ + 1 == nd or m[id_ + 1] < targets[id_ + 1])
-
-            for fraction in (_UP, _GATE):
-                test[id_].overflow = fraction
-                m = mem_for(test, overflow_test)
-                if not ok(m):
-                    if fraction == _UP:
-                        test[id_].overflow = _ATTN
-                        m = mem_for(test, overflow_test)
-                        if ok(m):
-                            ngl_pd, overflow, mem, id_dense_start = _copy(test), overflow_test, m, dense_test
+        mem_high = self.mem_for(high, overflow)
+        if mem_high[id_] <= targets[id_]:
+            st.ngl_pd, st.mem, st.id_dense_start = high, mem_high, dense_high
+            return
+        delta = high[id_].n_full - st.ngl_pd[id_].n_full
+        while delta > 1:
+            mem = st.mem
+            step = _u32(int(delta * (targets[id_] - mem[id_]) / (mem_high[id_] - mem[id_])))
+            step = min(max(step, 1), delta - 1)
+            test = _copy(st.ngl_pd)
+            dense_test = st.id_dense_start
+            converted = 0
+            while dense_test < nd:
+                n_conv = min(step - converted, test[dense_test].n_part)
+                test[dense_test].n_layer -= n_conv
+                test[dense_test].n_part -= n_conv
+                test[id_].n_layer += n_conv
+                converted += n_conv
+                if test[dense_test].n_part > 0:
                     break
-                ngl_pd, overflow, mem, id_dense_start = _copy(test), overflow_test, m, dense_test
-        id_ += 1
-    return choice(*layout(ngl_pd, overflow))
+                dense_test += 1
+            mem_test = self.mem_for(test, overflow)
+            if mem_test[id_] <= targets[id_]:
+                st.ngl_pd, st.mem, st.id_dense_start = test, mem_test, dense_test
+            else:
+                high, mem_high, dense_high = test, mem_test, dense_test
+            delta = high[id_].n_full - st.ngl_pd[id_].n_full
+
+    def _one_more_part(self, id_: int, st: _MoeFill) -> None:
+        """Step 4's "try to fit at least part of one more layer" on device ``id_``: its FFN up to
+        the up, gate or attention fraction, the rest overflowing to the next device."""
+        nd, targets = self.nd, self.targets
+        if not (st.id_dense_start < nd and st.ngl_pd[st.id_dense_start].n_layer > (0 if id_ < nd - 1 else 1)):
+            return
+        test = _copy(st.ngl_pd)
+        dense_test = st.id_dense_start
+        test[dense_test].n_layer -= 1
+        test[dense_test].n_part -= 1
+        test[id_].n_layer += 1
+        test[id_].n_part += 1
+        if test[dense_test].n_part == 0:
+            dense_test += 1
+        overflow_test = list(st.overflow)
+        if id_ < nd - 1:
+            overflow_test[id_] = self.names[id_ + 1]
+
+        def ok(m: list[int]) -> bool:
+            return m[id_] < targets[id_] and (id_ + 1 == nd or m[id_ + 1] < targets[id_ + 1])
+
+        for fraction in (_UP, _GATE):
+            test[id_].overflow = fraction
+            m = self.mem_for(test, overflow_test)
+            if not ok(m):
+                if fraction == _UP:
+                    test[id_].overflow = _ATTN
+                    m = self.mem_for(test, overflow_test)
+                    if ok(m):
+                        st.ngl_pd, st.overflow, st.mem, st.id_dense_start = _copy(test), overflow_test, m, dense_test
+                break
+            st.ngl_pd, st.overflow, st.mem, st.id_dense_start = _copy(test), overflow_test, m, dense_test
 
 
 def predict_choice(

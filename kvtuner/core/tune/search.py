@@ -50,10 +50,12 @@ from ..model.ggml_types import kv_type
 from ..model.profile import ModelProfile
 from ..plan.build_rules import VENDORED, BuildRules
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
+from ..plan.llama_constants import CTX_PAD_CELLS, pad_ctx
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import FIT_TARGET_MIB, RAM_HEADROOM_FRACTION, FitMargins, FitVerdict, fit_verdict
 from ..speed.speed_model import SpeedInputs, SpeedModelError, decode_tok_s, prefill_tok_s
-from ..units import GiB, MiB, pad_to
+from ..units import GiB, MiB
+from .bisection import largest_true
 
 #: VRAM kept free per GPU and host RAM kept free: the fit verdict's defaults
 #: (:class:`~kvtuner.core.plan.verdict.FitMargins`: llama.cpp's ``--fit-target`` 1024 MiB, 20 % of
@@ -82,7 +84,7 @@ DECODE_TIE = 0.01
 #: compute buffer, llama-context.cpp ``graph_reserve`` sizes it by n_ubatch).
 UBATCH_CHOICES = (512, 256, 128)
 #: Physical batch sizes also tried for a MoE model with a GPU, whose experts may live in RAM
-#: (``--n-cpu-moe``): a ubatch of at least ``GGML_OP_OFFLOAD_MIN_BATCH`` (32) rows runs the host
+#: (``--n-cpu-moe``): a ubatch of at least :data:`~kvtuner.core.plan.llama_constants.OFFLOAD_MIN_BATCH` rows runs the host
 #: experts' matmuls on the GPU (ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``), and the
 #: scheduler copies those host weights over PCIe once per ubatch (ggml-backend.cpp
 #: ``ggml_backend_sched_compute_splits``), so a larger ``-ub`` divides that copy among more prompt
@@ -93,7 +95,8 @@ UBATCH_CHOICES_HOST_EXPERTS = (4096, 2048, 1024)
 LONG_PREFILL_TOKENS = 4096
 #: Grid points of a sampled (non-last) integer knob before refinement.
 GRID_POINTS = 9
-#: Context granularity of the ``min_tok_s`` search (tokens; llama.cpp pads n_ctx to 256).
+#: Context granularity of the ``min_tok_s`` search (tokens; a multiple of llama.cpp's padding,
+#: :data:`~kvtuner.core.plan.llama_constants.CTX_PAD_CELLS`).
 CTX_STEP = 1024
 
 
@@ -139,8 +142,8 @@ class TuneGoal:
                 + (f" (got {', '.join(given)})" if given else "")
             )
         for name, v in (("--ctx", self.n_ctx), ("--ctx-min", self.n_ctx_min)):
-            if v is not None and (not isinstance(v, int) or v < 256):
-                raise TuneError(f"{name} must be a number of tokens of at least 256, not {v}")
+            if v is not None and (not isinstance(v, int) or v < CTX_PAD_CELLS):
+                raise TuneError(f"{name} must be a number of tokens of at least {CTX_PAD_CELLS}, not {v}")
         if self.min_tok_s is not None and not (math.isfinite(self.min_tok_s) and self.min_tok_s > 0):
             raise TuneError(f"--min-tok-s must be a positive number of tokens/s, not {self.min_tok_s}")
         if self.kv_quality not in KV_QUALITY_ORDER:
@@ -365,7 +368,7 @@ def kv_type_pairs(model: ModelProfile, quality: str, *, gpu: bool) -> list[tuple
     heads_v = {model.head_dim_v_at(l.il) for l in layers}
 
     def fits(t: str, dims: set[int]) -> bool:
-        return all(d % kv_type(t).block_size == 0 for d in dims)
+        return all(kv_type(t).divides(d) for d in dims)
 
     pairs = []
     for k in allowed:
@@ -738,13 +741,7 @@ def _largest_true(ok: Callable[[int], bool], hi: int, guess: int | None = None) 
         if hi == 0 or not ok(0):
             return None  # not even the bottom fits: no binary search
         lo_b, hi_b, best = 1, hi - 1, 0
-    while lo_b <= hi_b:
-        mid = (lo_b + hi_b) // 2
-        if ok(mid):
-            best, lo_b = mid, mid + 1
-        else:
-            hi_b = mid - 1
-    return best
+    return largest_true(ok, lo_b, hi_b, default=best)
 
 
 def _at_top(model: ModelProfile, cfg: PlanConfig, knobs: Sequence[IntKnob]) -> PlanConfig:
@@ -862,7 +859,9 @@ def fit_equivalent(
         The candidate, or None when not even ``-ngl 0`` fits.
     """
     goal = TuneGoal(
-        n_ctx=max(256, n_ctx), vram_margin_bytes=vram_margin_bytes, ram_headroom_fraction=ram_headroom_fraction
+        n_ctx=max(CTX_PAD_CELLS, n_ctx),
+        vram_margin_bytes=vram_margin_bytes,
+        ram_headroom_fraction=ram_headroom_fraction,
     )
     s = _Searcher(model, base, gpus, host, inputs, goal, rules)
     try:
@@ -918,22 +917,21 @@ def tune(
         best_top: list[Candidate] = []
         ok = s.at_ctx(lo * CTX_STEP, exhaustive)
         if not ok or ok[0].decode_tok_s < goal.min_tok_s:
-            small = s.at_ctx(256, exhaustive)
+            small = s.at_ctx(CTX_PAD_CELLS, exhaustive)
             if small and small[0].decode_tok_s >= goal.min_tok_s:
                 best_top = small
             notes.append(
                 f"no configuration reaches {goal.min_tok_s:g} tok/s at {CTX_STEP} tokens"
-                + ("; shown at 256 tokens" if best_top else "")
+                + (f"; shown at {CTX_PAD_CELLS} tokens" if best_top else "")
             )
         else:
             best_top = ok
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                got = s.at_ctx(mid * CTX_STEP, exhaustive, target=goal.min_tok_s)
-                if got and max(c.decode_tok_s for c in got) >= goal.min_tok_s:
-                    lo = mid
-                else:
-                    hi = mid - 1
+
+            def reaches(k: int, target: float = goal.min_tok_s) -> bool:
+                got = s.at_ctx(k * CTX_STEP, exhaustive, target=target)
+                return bool(got) and max(c.decode_tok_s for c in got) >= target
+
+            lo = largest_true(reaches, lo + 1, hi, default=lo) or lo
             if lo > 1:
                 best_top = s.at_ctx(lo * CTX_STEP, exhaustive)
         n_ctx = best_top[0].config.n_ctx if best_top else CTX_STEP
@@ -978,19 +976,20 @@ def tune(
 
 
 def _extend_ctx(s: _Searcher, c: Candidate, ctx_train: int) -> Candidate:
-    """``c`` with the longest context (multiple of 256, up to the training context) that still
-    fits with the same knobs (memory is monotone in n_ctx: binary search)."""
+    """``c`` with the longest context (a multiple of llama.cpp's padding, up to the training
+    context) that still fits with the same knobs (memory is monotone in n_ctx: binary search)."""
     top = max(c.config.n_ctx, ctx_train or c.config.n_ctx)
-    lo, hi = c.config.n_ctx // 256, top // 256
-    best = c
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        cand = s.candidate(c.config.with_(n_ctx=mid * 256))
+    found: dict[int, Candidate] = {}
+
+    def fits(k: int) -> bool:
+        cand = s.candidate(c.config.with_(n_ctx=k * CTX_PAD_CELLS))
         if cand is not None and cand.fits:
-            lo, best = mid, cand
-        else:
-            hi = mid - 1
-    return best
+            found[k] = cand
+            return True
+        return False
+
+    k = largest_true(fits, c.config.n_ctx // CTX_PAD_CELLS + 1, top // CTX_PAD_CELLS)
+    return c if k is None else found[k]
 
 
 def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
@@ -1013,11 +1012,6 @@ def _why_nothing_fits(s: _Searcher, n_ctx: int) -> str:
         f"{hv.need_bytes / GiB:.2f} GiB of the {hv.limit_bytes / GiB:.2f} GiB allowed and the GPUs hold no more; "
         f"lower the context, allow --kv-quality q4_0, or plan a larger card"
     )
-
-
-def ctx_round(n: int) -> int:
-    """``n`` rounded up to llama.cpp's 256-cell padding (llama-context.cpp ``GGML_PAD(n_ctx, 256)``)."""
-    return pad_to(n, 256)
 
 
 @dataclass(frozen=True)
@@ -1057,11 +1051,11 @@ def knee_curves(
     top = max_ctx or max(max(c.n_ctx for c in configs) * 2, 4096)
     lo = 1024
     xs = sorted(
-        {pad_to(int(round(lo * (top / lo) ** (i / max(1, n_points - 1)))), 256) for i in range(n_points)}
+        {pad_ctx(int(round(lo * (top / lo) ** (i / max(1, n_points - 1))))) for i in range(n_points)}
         | {c.n_ctx for c in configs}
     )
     goal = TuneGoal(
-        n_ctx=max(256, configs[0].n_ctx),
+        n_ctx=max(CTX_PAD_CELLS, configs[0].n_ctx),
         vram_margin_bytes=vram_margin_bytes,
         ram_headroom_fraction=ram_headroom_fraction,
     )
@@ -1073,13 +1067,11 @@ def knee_curves(
             c = s.candidate(cfg.with_(n_ctx=x))
             if c is not None:
                 pts.append((x, c.decode_tok_s, c.fits))
-        a, b, best = 1, max(1, top // 256), 0
-        while a <= b:
-            mid = (a + b) // 2
-            c = s.candidate(cfg.with_(n_ctx=mid * 256))
-            if c is not None and c.fits:
-                best, a = mid * 256, mid + 1
-            else:
-                b = mid - 1
+
+        def fits(k: int, cfg: PlanConfig = cfg) -> bool:
+            c = s.candidate(cfg.with_(n_ctx=k * CTX_PAD_CELLS))
+            return c is not None and c.fits
+
+        best = (largest_true(fits, 1, max(1, top // CTX_PAD_CELLS)) or 0) * CTX_PAD_CELLS
         out.append(KneeCurve(cfg, tuple(pts), best))
     return out

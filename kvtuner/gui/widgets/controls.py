@@ -18,6 +18,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ...core.model.ggml_types import KV_CACHE_TYPES
 from ...core.plan.config import ALL_LAYERS, PlanConfig, resolve_server_defaults
 from ...core.plan.fields import config_field
+from ...core.plan.llama_constants import CTX_PAD_CELLS, LLAMA_MAX_SEQ, pad_ctx
 from ...core.plan.placement import offloaded_repeating_layers
 
 #: The context slider's bounds: 512 tokens .. max(trained context, 1M).
@@ -29,16 +30,15 @@ CTX_STEPS_PER_OCTAVE = 8
 
 def ctx_slider_values(n_ctx_train: int) -> list[int]:
     """The context sizes the slider stops at, ascending: per octave ``2**k * (1 + i/8)``,
-    i.e. every power of two and log-spaced multiples of 256 between them, from 512 to
-    ``max(n_ctx_train, 1M)`` (the top rounded up to a multiple of 256)."""
-    top = max(n_ctx_train, CTX_MAX_FLOOR)
-    top = -(-top // 256) * 256
+    i.e. every power of two and log-spaced multiples of llama.cpp's context padding (256) between
+    them, from 512 to ``max(n_ctx_train, 1M)`` (the top padded as llama.cpp pads it)."""
+    top = pad_ctx(max(n_ctx_train, CTX_MAX_FLOOR))
     values = set()
     k = CTX_MIN.bit_length() - 1
     while (1 << k) <= top:
         for i in range(CTX_STEPS_PER_OCTAVE):
             v = (1 << k) + (1 << k) * i // CTX_STEPS_PER_OCTAVE
-            v = round(v / 256) * 256 if v % (1 << k) else v  # powers of two stay exact
+            v = round(v / CTX_PAD_CELLS) * CTX_PAD_CELLS if v % (1 << k) else v  # powers of two stay exact
             if CTX_MIN <= v <= top:
                 values.add(v)
         k += 1
@@ -165,11 +165,11 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.ctx = _SliderEntry()
         self.ctx.spin.setRange(0, 1 << 24)
         self.ctx.spin.setSpecialValueText("training")  # llama-server's -c 0: the training context
-        self.ctx.spin.setSingleStep(256)
+        self.ctx.spin.setSingleStep(CTX_PAD_CELLS)
         self.ctx.spin.setSuffix(" tok")
         self.ctx.setToolTip(
             config_field("n_ctx").tooltip() + "\nThe slider is logarithmic and snaps to powers of two "
-            "and multiples of 256; type any value."
+            f"and multiples of {CTX_PAD_CELLS}; type any value."
         )
         # the ctx slider indexes ctx_slider_values(); the spin box holds the tokens
         self.ctx.slider.valueChanged.disconnect(self.ctx._on_slider_value_changed)
@@ -200,7 +200,7 @@ class ConfigControls(QtWidgets.QGroupBox):
         self.flash.setToolTip(config_field("flash_attn").tooltip())
         self.parallel = _SliderEntry()
         self.parallel.setRange(1, 16)
-        self.parallel.spin.setRange(-1, 256)
+        self.parallel.spin.setRange(-1, LLAMA_MAX_SEQ)
         self.parallel.spin.setSpecialValueText("auto")  # llama-server's -np -1: 4 slots, unified KV
         self.parallel.setToolTip(config_field("n_seq").tooltip())
         self.ubatch = QtWidgets.QSpinBox()

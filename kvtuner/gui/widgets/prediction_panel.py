@@ -7,6 +7,7 @@ from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
+from ...core.llama_report import DryRunResult
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
@@ -121,7 +122,7 @@ class PredictionPanel(QtWidgets.QGroupBox):
         self,
         plan: Any | None,
         speed: Any | None = None,
-        verified: dict | None = None,
+        verified: DryRunResult | None = None,
         badge: str | None = None,
         speed_error: str = "",
         margins: Any | None = None,
@@ -129,8 +130,8 @@ class PredictionPanel(QtWidgets.QGroupBox):
     ) -> None:
         """Show a :class:`~kvtuner.core.plan.memory_plan.MemoryPlan` (None: nothing to show), its
         :class:`~kvtuner.core.speed.speed_model.SpeedPrediction` (None: no prediction, for the
-        reason ``speed_error``) and the dry-run figures
-        (:meth:`kvtuner.core.session.Assessment.to_dict`'s ``"verified"``, or None); ``margins``:
+        reason ``speed_error``) and the dry run's report
+        (:class:`~kvtuner.core.llama_report.DryRunResult`, or None); ``margins``:
         the fit verdict's (:class:`~kvtuner.core.plan.verdict.FitMargins`, None: the defaults);
         ``extras``: the projector / draft / LoRA (:class:`~kvtuner.core.plan.extras.ExtrasPlan`),
         drawn as segments of their own."""
@@ -149,9 +150,9 @@ class PredictionPanel(QtWidgets.QGroupBox):
             f"{'s' if plan.n_stream > 1 else ''}); {plan.n_gpu_layers} layers on GPU"
         )
         if verified is not None:
-            who = verified.get("engine") or "llama.cpp"
-            how = verified.get("method") or "dry-run"
-            text += f"\nVerified by {who} ({how}): KV {fmt_bytes(verified.get('kv_bytes'))}" + (
+            who = verified.engine or "llama.cpp"
+            how = verified.method or "dry-run"
+            text += f"\nVerified by {who} ({how}): KV {fmt_bytes(verified.kv_bytes)}" + (
                 ", compute buffers exact" if plan.compute.source == "dry-run" else ""
             )
         self.kv_label.setText(text)

@@ -7,7 +7,7 @@ from typing import Any
 
 from PySide6 import QtCore, QtWidgets
 
-from ...core.plan.workload import Workload, WorkloadError, workload_advice, workload_kv
+from ...core.plan.workload import ServingWorkload, WorkloadError, workload_advice, workload_kv
 from ...core.units import fmt_bytes
 
 
@@ -78,7 +78,9 @@ class WorkloadPanel(QtWidgets.QGroupBox):
         cfg = plan.config
         window = plan.n_ctx if cfg.kv_unified else plan.n_ctx_seq
         try:
-            w = Workload(cfg.n_seq, window, self.avg.value() or None, self.p95.value() or None, self.prefix.value())
+            w = ServingWorkload(
+                cfg.n_seq, window, self.avg.value() or None, self.p95.value() or None, self.prefix.value()
+            )
         except WorkloadError as exc:
             self.summary.setText(str(exc))
             return
