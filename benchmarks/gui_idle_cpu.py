@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: The goal: under 1% of one core.
 GOAL_PERCENT = 1.0

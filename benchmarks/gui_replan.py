@@ -17,18 +17,15 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from PySide6 import QtCore, QtWidgets
 
-from gui_support import IdleSampler
 from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.gui.main_window import MainWindow
+from kvtuner.testing.gui_support import IdleSampler
 
 FRAME_MS = 1000 / 60
 GiB = 1 << 30

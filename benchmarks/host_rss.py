@@ -28,13 +28,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import gguf
 
-import gguf_families as F
-from gguf_factory import LLAMA2_7B, LLAMA31_8B, ModelSpec, _tensors, write_model
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import LLAMA2_7B, LLAMA31_8B, ModelSpec, _tensors, write_model
 
 GQT = gguf.GGMLQuantizationType
 

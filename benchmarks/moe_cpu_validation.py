@@ -23,7 +23,7 @@ calibration), like benchmarks/speed_validation.py, whose stored runs this reuses
                     quiet-machine speed is stored)
 
 Every extra file carries routing data (random token embeddings and routers, unit norms; see
-tests/gguf_factory.py above ``RealShape``), so each token picks its own experts as in a real model:
+kvtuner/testing/gguf_factory.py above ``RealShape``), so each token picks its own experts as in a real model:
 ``--check-routing`` shows it, from the routers in the file and by timing a prefill with and without
 that data. Their MXFP4 blocks carry a normal scale (``write_mxfp4_scales``: a zero exponent byte is
 a subnormal float, and the MXFP4 kernels ran 2.7x slower on it). Errors are ``predicted / measured
@@ -54,16 +54,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import speed_validation as SV
 
@@ -83,7 +79,7 @@ LABELS = {
     "gpt-oss-20b-6l": "gpt-oss-20b shapes, 6 of 24 layers,",
     "deepseek-v2-lite-6l": "DeepSeek-V2-Lite shapes, 6 of 27 layers,",
 }
-#: shapes laid out by tests/gguf_families.py (architectures the RealShape writer does not know)
+#: shapes laid out by kvtuner/testing/gguf_families.py (architectures the RealShape writer does not know)
 FAMILY_SHAPES = ("gpt-oss-20b", "deepseek-v2-lite")
 
 
@@ -95,7 +91,7 @@ def family_spec(shape: str, n_layer: int, ftype: str):
     llama.cpp load log reads "type f32: 289, q8_0: 98, mxfp4: 72 tensors, 11.27 GiB": the 72 expert
     matrices MXFP4, the other 98 matrices (attn_q/k/v/output of 24 layers, token_embd, output) Q8_0,
     and 12 F32 tensors per layer (2 norms, attn_sinks, attn_q/k/v/output biases, the router's weight
-    and bias, 3 expert biases) plus output_norm; tests/gguf_families.py ``gpt_oss`` lacks the optional
+    and bias, 3 expert biases) plus output_norm; kvtuner/testing/gguf_families.py ``gpt_oss`` lacks the optional
     attn_q/k/v biases (openai-moe.cpp loads them through ``create_tensor_qkv``), added here.
 
     DeepSeek-V2-Lite ``Q4_K_M`` (15): llama-quantize's choice in the llama.cpp that llama-cpp-python
@@ -113,8 +109,8 @@ def family_spec(shape: str, n_layer: int, ftype: str):
 
     import gguf
 
-    import gguf_families as F
-    from gguf_factory import _use_more_bits as use_more_bits
+    from kvtuner.testing import gguf_families as F
+    from kvtuner.testing.gguf_factory import _use_more_bits as use_more_bits
 
     Q, FT = gguf.GGMLQuantizationType, gguf.LlamaFileType
     if shape == "gpt-oss-20b" and ftype == "MXFP4_MOE":
@@ -154,7 +150,7 @@ def family_spec(shape: str, n_layer: int, ftype: str):
 
 
 def _real_shape(key: str):
-    from gguf_factory import REAL_SHAPES, RealShape
+    from kvtuner.testing.gguf_factory import REAL_SHAPES, RealShape
 
     if key == "qwen3-30b-a3b":
         # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
@@ -192,7 +188,12 @@ def fixture(key: str, ftype: str, directory: Path, *, routing: bool = True) -> P
     """
     for k, shape, n_layer, ft in EXTRA_SHAPES:
         if k == key:
-            from gguf_factory import write_model, write_mxfp4_scales, write_real_shape, write_routing_data
+            from kvtuner.testing.gguf_factory import (
+                write_model,
+                write_mxfp4_scales,
+                write_real_shape,
+                write_routing_data,
+            )
 
             path = directory / f"{key}-{ft}{'' if routing else '-norouting'}.r2.gguf"
             if path.exists():

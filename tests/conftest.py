@@ -1,14 +1,12 @@
-"""Shared fixtures: the embedded default model, synthetic GGUF models, isolated user dirs."""
+"""Shared fixtures: the embedded default model, a window factory, isolated user dirs, the llama marker
+guard. Synthetic GGUF models, stand-ins and helpers come from :mod:`kvtuner.testing`."""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # gguf_factory
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -27,6 +25,20 @@ def default_profile(default_model):
     from kvtuner.core.model.profile import ModelProfile
 
     return ModelProfile.from_gguf(default_model)
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path):
+    """Open a MainWindow for this test: :func:`kvtuner.testing.gui_support.open_window` with this
+    test's ``qtbot`` and, unless ``settings`` are given, settings in an INI file under ``tmp_path``;
+    the default model is opened unless ``model`` says otherwise."""
+    from kvtuner.testing.gui_support import open_window
+
+    def make(config=None, **options):
+        options.setdefault("settings", tmp_path)
+        return open_window(qtbot, config, **options)
+
+    return make
 
 
 @pytest.fixture(autouse=True)

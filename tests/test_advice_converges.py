@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from gguf_factory import write_real_shape
 from kvtuner.cli import build_parser, main
 from kvtuner.cli.args import config_from_args, session_from_args
 from kvtuner.core.model.profile import ModelProfile
+from kvtuner.testing.gguf_factory import write_real_shape
 from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixture)
 
 pytestmark = pytest.mark.slow
@@ -98,28 +98,21 @@ def test_tune_shows_the_quality_trade(llama8b, capsys):
     assert "q4_0" in line and "tok/s" in line
 
 
-def test_the_windows_advisor_shows_the_q4_0_option(llama8b, qtbot, tmp_path):
+def test_the_windows_advisor_shows_the_q4_0_option(llama8b, qtbot, tmp_path, make_window):
     """The window planned for the RTX 3060 12GB at 128K: the advice pane's vram-oom row names the
     q4_0 option with its speed, the same advice as ``plan``."""
     pytest.importorskip("PySide6")
-    from gui_support import HOST, IdleSampler, ini_settings
     from kvtuner.core.hardware.specs import catalogue_gpu
     from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
 
-    make_app()
     card = catalogue_gpu("RTX 3060 12GB")
-    w = MainWindow(
+    w = make_window(
         PlanConfig(n_ctx=131072),
-        settings=ini_settings(tmp_path),
-        hardware=([], HOST, "test: no NVML"),
-        sampler=IdleSampler(),
         plan_for=("card:" + card.catalogue, None),
+        model=llama8b,
+        wait=lambda w: w.model is not None and w.assessment is not None,
+        timeout_ms=60_000,
     )
-    qtbot.addWidget(w)
-    w.open_model(llama8b)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=60_000)
     (oom,) = [a for a in w.advice if a.id == "vram-oom"]
     q4 = next(t for t in oom.trade if t["kv_quality"] == "q4_0")
     assert q4["fits"] and f"q4_0 {q4['decode_tok_s_at_full_ctx']:.3g} tok/s" in oom.message

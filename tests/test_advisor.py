@@ -1,6 +1,6 @@
 """Advisor rules (kvtuner.core.advice.advisor): one row that must fire and one that must not, per rule,
 on real plans of real profiles (the embedded Gemma 3 270M, and sparse synthetic GGUF models
-written by tests/gguf_factory.py with the shapes of real models)."""
+written by kvtuner/testing/gguf_factory.py with the shapes of real models)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from gguf_factory import LLAMA2_7B, ModelSpec, write_model
 from kvtuner.core.advice.advisor import Advice, AdvisorError, AdvisorSettings, advise, fix_flags, should_auto_stop
 from kvtuner.core.hardware.nvml import GpuProcess
 from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
@@ -19,6 +18,7 @@ from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.speed.speed_model import SpeedConstants, predict_speed, speed_inputs
 from kvtuner.core.units import GiB, MiB
+from kvtuner.testing.gguf_factory import LLAMA2_7B, ModelSpec, write_model
 
 # A 2B-class MHA model (32 layers, 2048 wide, 16 heads = 16 KV heads, F16): 256 KiB of KV per token.
 MHA_2B = ModelSpec(
@@ -403,8 +403,8 @@ def test_a_7b_that_measures_over_1_tok_s_is_not_abandoned(tmp_path):
     import json
     from pathlib import Path
 
-    from gguf_factory import write_real_shape
     from kvtuner.core.speed.cpu_probe import CpuRates
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     data = json.loads((Path(__file__).parents[1] / "benchmarks" / "speed_cpu_runs.json").read_text())
     measured = {r["depth"]: r["decode_tok_s"] for r in data["runs"] if r["key"] == "llama-2-7b"}

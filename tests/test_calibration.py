@@ -180,8 +180,8 @@ def test_a_run_corrects_the_prefill_kernels_it_ran(plan, tmp_path):
     """A bench of the default model (Q4_K_M: mostly Q5_0 matmuls in prefill, some Q4_K/Q6_K/Q8_0)
     measured 25% slower than predicted moves those types' prefill scales in proportion to their
     time; an F16 model, whose matmuls the run never exercised, keeps its prefill prediction."""
-    from gguf_factory import write_real_shape
     from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     cold = speed_inputs([], HOST, n_threads=2)
     predicted = prefill_tok_s(plan, cold, 64, 0)

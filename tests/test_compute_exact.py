@@ -1,7 +1,7 @@
 """The compute buffer of plain transformers on the CPU, rebuilt node by node (core/plan/reserve_graph.py)
 and placed by a model of ggml-alloc (core/plan/ggml_graph.py), against llama.cpp's own dry run.
 
-``REAL`` are real-size shapes (tests/gguf_factory.py ``write_real_shape``, sparse Q4_K_M files)
+``REAL`` are real-size shapes (kvtuner/testing/gguf_factory.py ``write_real_shape``, sparse Q4_K_M files)
 on the CPU alone, with flash attention auto/on/off, n_ubatch 512/1024/2048, contexts from 300 tokens
 to 128K, 1-4 streams and quantized or f32 caches; among them the phase estimate's known miss
 (LLaMA-2-7B, fa auto, n_ubatch 512, ctx 4096: llama.cpp 100.51 MiB, the phase estimate 84.51). Architectures the graph model rebuilds must match
@@ -13,76 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_factory import RealShape
 from kvtuner.core.plan.reserve_graph import LayerShape, TransformerShape, transformer_reserve_bytes
 from kvtuner.core.units import MiB
-
-#: MoE shapes not in gguf_factory.REAL_SHAPES (layers cut to 8: the reserve graph repeats per layer)
-EXTRA_SHAPES = {
-    "qwen3-30b-a3b": RealShape(
-        "qwen3-30b-a3b",
-        "qwen3moe",
-        8,
-        2048,
-        32,
-        4,
-        6144,
-        151936,
-        40960,
-        False,
-        "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
-        head_dim=128,
-        qk_norm="head",
-        n_expert=128,
-        n_expert_used=8,
-        n_ff_exp=768,
-    ),
-    "mixtral-8x7b": RealShape(
-        "mixtral-8x7b",
-        "llama",
-        8,
-        4096,
-        32,
-        8,
-        14336,
-        32000,
-        32768,
-        False,
-        "https://huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
-        n_expert=8,
-        n_expert_used=2,
-        n_ff_exp=14336,
-    ),
-}
-
-REAL = [
-    ("llama-2-7b", dict(n_ctx=4096)),  # the phase estimate's counterexample: fa auto, n_ubatch 512
-    ("llama-2-7b", dict(n_ctx=4096, flash_attn="off")),
-    ("llama-2-7b", dict(n_ctx=2048, flash_attn="off", n_ubatch=2048)),
-    ("llama-2-7b", dict(n_ctx=16384, flash_attn="on", n_ubatch=1024)),
-    ("llama-3.1-8b", dict(n_ctx=32768)),
-    ("llama-3.1-8b", dict(n_ctx=8192, flash_attn="off", n_ubatch=1024)),
-    ("llama-3.1-8b", dict(n_ctx=131072, flash_attn="on", n_ubatch=2048)),
-    ("llama-3.1-8b", dict(n_ctx=16384, n_seq=4)),
-    ("llama-2-7b", dict(n_ctx=6144, n_seq=3)),  # 512 tokens over 3 streams: 171 each, 513 in all
-    ("llama-2-7b", dict(n_ctx=300)),  # n_batch = min(n_ctx as asked, n_batch) = 300 tokens, 512 cells
-    ("llama-3.1-8b", dict(n_ctx=32768, type_k="q8_0", type_v="q8_0", flash_attn="on")),  # Hadamard rotations
-    ("llama-2-7b", dict(n_ctx=8192, type_k="q4_0", flash_attn="off", n_ubatch=1024)),  # K rotation only
-    ("mistral-7b-v0.3", dict(n_ctx=32768, flash_attn="on", n_ubatch=2048)),
-    ("qwen2.5-3b", dict(n_ctx=32768, n_seq=4, kv_unified=True)),
-    ("qwen2.5-3b", dict(n_ctx=8192, flash_attn="off")),
-    ("llama-3.2-1b", dict(n_ctx=65536, n_ubatch=1024)),
-    ("gemma-2-9b", dict(n_ctx=8192)),
-    ("gemma-2-9b", dict(n_ctx=4096, flash_attn="off", n_ubatch=1024)),
-    ("phi-3-mini-4k", dict(n_ctx=4096)),
-    ("phi-3-mini-4k", dict(n_ctx=4096, flash_attn="off", n_ubatch=2048)),
-    ("olmoe-1b-7b", dict(n_ctx=4096, n_ubatch=1024)),
-    ("olmoe-1b-7b", dict(n_ctx=16384, flash_attn="off")),
-    ("qwen1.5-moe-a2.7b", dict(n_ctx=8192)),
-    ("qwen3-30b-a3b", dict(n_ctx=32768, n_ubatch=1024)),
-    ("qwen3-30b-a3b", dict(n_ctx=8192, flash_attn="off", type_k="q8_0")),
-    ("mixtral-8x7b", dict(n_ctx=32768)),
-]
+from kvtuner.testing.compute_cases import EXTRA_SHAPES, REAL
 
 
 def test_allocator_reuses_in_place_frees_at_last_use_and_merges_blocks():
@@ -116,11 +49,11 @@ def test_tiny_llama_figures():
 @pytest.mark.parametrize("shape,kwargs", REAL, ids=[f"{s}-{i}" for i, (s, _) in enumerate(REAL)])
 def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     dryrun = pytest.importorskip("kvtuner.runner.dryrun")
-    from gguf_factory import write_real_shape
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.plan.reserve_graph import transformer_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     d = tmp_path_factory.getbasetemp() / "real_shapes"
     d.mkdir(exist_ok=True)
@@ -141,7 +74,7 @@ def test_real_shapes_against_llama_cpp(shape, kwargs, tmp_path_factory):
     assert ours >= 0.98 * theirs - 8 * MiB
 
 
-#: the rebuilt graphs of Gemma 4, Gemma 3n, LFM2, Llama 4, Nemotron-H, Falcon-H1, gpt-oss, GLM-4.5 and DeepSeek-V2 (tests/gguf_families.py shapes) against
+#: the rebuilt graphs of Gemma 4, Gemma 3n, LFM2, Llama 4, Nemotron-H, Falcon-H1, gpt-oss, GLM-4.5 and DeepSeek-V2 (kvtuner/testing/gguf_families.py shapes) against
 #: the figures llama.cpp's dry run printed for them (tests/test_model_families.py asserts the same
 #: equalities against a live dry run; this pins them without llama.cpp)
 PINNED = [
@@ -169,12 +102,12 @@ PINNED = [
 
 @pytest.mark.parametrize("family,kwargs,mib", PINNED, ids=[f"{f}-{i}" for i, (f, _, _) in enumerate(PINNED)])
 def test_rebuilt_families_pinned(family, kwargs, mib, tmp_path_factory):
-    import gguf_families as F
-    from gguf_factory import write_model
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.plan.reserve_graph import transformer_shape
+    from kvtuner.testing import gguf_families as F
+    from kvtuner.testing.gguf_factory import write_model
 
     make = {
         "gemma4": F.gemma4,

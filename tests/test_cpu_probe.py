@@ -30,6 +30,7 @@ from kvtuner.core.speed.cpu_probe import (
     rates_from_runs,
     write_probe_model,
 )
+from kvtuner.testing.cli import run_kvtuner
 
 
 def test_rates_from_runs_by_hand():
@@ -158,22 +159,10 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     assert 1e8 < rates.decode_bytes_s["Q4_K"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_K"] < 1e14
     assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_K"] >= 0
     assert 0 < rates.attn_decode_s["8/2/64@q8_0"] < 1e-5 and 0 < rates.attn_prefill_s["8/2/64@q8_0"] < 1e-5
-    plan = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "plan", "-t", "1", "--no-gpu", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    plan = run_kvtuner("plan", "-t", "1", "--no-gpu", "--json", env=env, timeout=120)
     doc = json.loads(plan.stdout)
     assert any("llama.cpp probe" in s for s in doc["speed"]["sources"])
-    bad = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "Q9_9"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    bad = run_kvtuner("probe", "--types", "Q9_9", env=env, timeout=60)
     assert bad.returncode == 2 and "cannot probe Q9_9" in bad.stderr
 
 
@@ -217,9 +206,9 @@ def test_a_tune_probes_the_attention_of_every_kv_pair_it_ranks(default_profile):
 def test_kv_pairs_whose_block_does_not_divide_the_head_are_never_probed(tmp_path):
     """llama.cpp refuses a q8_0 cache for 80-wide heads (block of 32): a tune of such a model must
     not put that pair in the probe, which is all-or-nothing (StableLM-3B, phi-2)."""
-    import gguf_families as F
-    from gguf_factory import write_model
     from kvtuner.core.tune import kv_type_pairs
+    from kvtuner.testing import gguf_families as F
+    from kvtuner.testing.gguf_factory import write_model
 
     prof = ModelProfile.from_gguf(write_model(tmp_path / "s.gguf", F.stablelm(n_layer=2)))
     pairs = kv_type_pairs(prof, "q4_0", gpu=False)
@@ -275,8 +264,8 @@ def test_expert_keys_and_probe_models(tmp_path):
 def test_model_expert_keys_follow_the_tensor_table(tmp_path):
     """Per layer the expert shape and the gate/up/down types of its tensors (llama-quantize's
     Q4_K_M gives some layers' ffn_down_exps Q6_K: another key)."""
-    from gguf_factory import ModelSpec, write_model
     from kvtuner.core.speed.cpu_probe import model_expert_keys, probe_expert_needs
+    from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
     dense = ModelProfile.from_gguf(write_model(tmp_path / "d.gguf", ModelSpec(n_layer=2)))
     assert model_expert_keys(dense) == (None, None) and probe_expert_needs(dense) == ()
@@ -331,8 +320,8 @@ def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
     """DeepSeek-V2's MLA (one KV head: a latent of kv_lora_rank plus RoPE as K, the latent as V) gets
     its own key and a deepseek2 probe model with that cache, which llama.cpp loads and times, and a
     plan of an MLA model then reads that cost rather than the nearest GQA shape's."""
-    import gguf_families as F
-    from gguf_factory import write_model
+    from kvtuner.testing import gguf_families as F
+    from kvtuner.testing.gguf_factory import write_model
 
     path = write_model(
         tmp_path / "mla.gguf",
@@ -358,13 +347,7 @@ def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
         with pytest.raises(ProbeError, match="MLA"):
             attention_model(bad)
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "probe", "--types", "F16", "--attn", "4/1/576/512", "-t", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    out = run_kvtuner("probe", "--types", "F16", "--attn", "4/1/576/512", "-t", "1", "--json", env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     assert 0 < rates.attn_decode_s["4/1/576/512"] < 1e-5 and 0 < rates.attn_prefill_s["4/1/576/512"] < 1e-5
@@ -376,7 +359,7 @@ def test_an_mla_attention_is_probed_with_its_own_latent_cache(tmp_path):
 def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):
     """``kvtuner probe MODEL`` on a MoE file times its expert shape through llama.cpp (MUL_MAT_ID
     on a probe model of that shape), and the next plan of that file probes nothing more."""
-    from gguf_factory import ModelSpec, write_model
+    from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
     # Q4_K experts: a type that is no KV cache type (an expert key is never read as an attention K/V pair)
     spec = ModelSpec(
@@ -394,24 +377,12 @@ def test_real_expert_probe_of_a_moe_model_is_used_by_its_plan(tmp_path):
     )
     path = write_model(tmp_path / "moe.gguf", spec)
     env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "probe", str(path), "-t", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    out = run_kvtuner("probe", str(path), "-t", "1", "--json", env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
     key = "256/256/8/2@Q4_K"
     assert set(rates.expert_decode_bytes_s) == {key} and 1e8 < rates.expert_decode_bytes_s[key] < 1e12
-    plan = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "plan", str(path), "-t", "1", "--no-gpu", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    plan = run_kvtuner("plan", str(path), "-t", "1", "--no-gpu", "--json", env=env, timeout=120)
     assert plan.returncode == 0, plan.stderr
     assert "timing llama.cpp" not in plan.stderr  # nothing left to probe
     assert any("llama.cpp probe" in s for s in json.loads(plan.stdout)["speed"]["sources"])

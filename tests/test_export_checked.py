@@ -4,14 +4,13 @@ line and exit 2 from the CLI; older spellings are written where a build lacks th
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from gguf_factory import write_real_shape
 from kvtuner.core.export import ExportError, export
 from kvtuner.core.export.checked import BuildFlags, check_export, flags_of
 from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
@@ -19,6 +18,8 @@ from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.units import GiB
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_real_shape
 
 pytestmark = [pytest.mark.llama]
 
@@ -63,14 +64,7 @@ def test_every_flag_of_the_export_is_in_the_real_llama_server_help(engine, defau
     assert cli.limitations[0].startswith("Checked against llama-cli b11434")
 
 
-def kvtuner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
+kvtuner = functools.partial(run_kvtuner, timeout=300)
 
 
 def test_cli_export_with_a_flag_the_binary_lacks_is_one_line_and_exit_2(engine, default_model):
@@ -84,7 +78,7 @@ def test_cli_export_with_a_flag_the_binary_lacks_is_one_line_and_exit_2(engine, 
         "-np",
         "4",
         "--kv-unified",
-        env={"KVTUNER_LLAMA_SERVER": cli},
+        extra_env={"KVTUNER_LLAMA_SERVER": cli},
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
@@ -100,7 +94,7 @@ def test_cli_export_with_a_flag_the_binary_lacks_is_one_line_and_exit_2(engine, 
         "-np",
         "4",
         "--kv-unified",
-        env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
+        extra_env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
     )
     assert ok.returncode == 0 and " -kvu" in ok.stdout
     assert f"kvtuner: note: Checked against llama-server b11434 (CPU) ({engine.server})" in ok.stderr
@@ -110,7 +104,7 @@ def test_cli_export_with_a_flag_the_binary_lacks_is_one_line_and_exit_2(engine, 
         str(default_model),
         "--format",
         "llama-server",
-        env={"KVTUNER_LLAMA_SERVER": "", "PATH": os.path.dirname(sys.executable)},
+        extra_env={"KVTUNER_LLAMA_SERVER": "", "PATH": os.path.dirname(sys.executable)},
     )
     assert none.returncode == 0 and "kvtuner: note: Not checked against a llama-server build" in none.stderr
 

@@ -20,7 +20,7 @@ import pytest
 
 from kvtuner.core.export import export
 from kvtuner.core.plan.config import PlanConfig
-from server_support import free_port, health, stop_group, wait_healthy
+from kvtuner.testing.server_support import free_port, health, stop_group, wait_healthy
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -142,7 +142,7 @@ SERVER_CONFIGS = {
 
 @pytest.fixture(scope="module")
 def small_moe_model(tmp_path_factory):
-    from gguf_factory import write_real_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     # IBM Granite 3.0 1B-A400M's shapes (32 experts, 8 used), zero weights with a tokenizer
     return write_real_shape(tmp_path_factory.mktemp("moe") / "granite-moe.gguf", "granite-3.0-1b-a400m", "Q4_0")

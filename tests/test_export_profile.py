@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from gguf_factory import ModelSpec, write_model
 from kvtuner.cli import main
 from kvtuner.core.export import (
     GpuFingerprint,
@@ -21,6 +20,7 @@ from kvtuner.core.export import (
     write_text_atomic,
 )
 from kvtuner.core.plan.config import PlanConfig
+from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
 HERE = MachineFingerprint(
     "Linux 6.8.0", "x86_64", "AMD Ryzen 7 5800X", 32 * 2**30, (GpuFingerprint("NVIDIA GeForce RTX 3060", 12 * 2**30),)

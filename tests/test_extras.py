@@ -2,37 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gguf_extras import write_lora, write_not_gguf
-from gguf_factory import write_real_shape
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ALL_LAYERS, PlanConfig
 from kvtuner.core.plan.extras import ExtrasConfig, plan_extras
 from kvtuner.core.plan.memory_plan import plan_memory
-from server_support import start_llama_server, stop_group
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_extras import write_lora, write_not_gguf
+from kvtuner.testing.gguf_factory import write_real_shape
+from kvtuner.testing.server_support import start_llama_server, stop_group
 
 MiB = 1 << 20
-REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+_cli = functools.partial(run_kvtuner, checkout=True)
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +152,8 @@ def test_lora_and_draft_real_load(tmp_path, default_model, default_profile):
 def test_projector_real_load(tmp_path, default_model, default_profile):
     """A sparse SigLIP/Gemma 3 projector: llama-server loads it (/health); its model size to the
     printed byte and its compute buffer within 2% or 8 MiB of the plan."""
-    from gguf_extras import write_projector
     from kvtuner.runner.extras_verify import extras_argv
+    from kvtuner.testing.gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     extras = ExtrasConfig(mmproj=str(proj))
@@ -183,7 +172,7 @@ def test_projector_real_load(tmp_path, default_model, default_profile):
 
 
 def test_projector_for_another_model_is_refused(tmp_path, default_model):
-    from gguf_extras import write_projector
+    from kvtuner.testing.gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", 4096)
     cp = _cli("plan", str(default_model), "--no-gpu", "--mmproj", str(proj))
@@ -204,7 +193,7 @@ def test_speculative_range():
 
 
 def test_plan_json_names_speed_assumptions(tmp_path, default_model, default_profile):
-    from gguf_extras import write_projector
+    from kvtuner.testing.gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     cp = _cli(
@@ -226,7 +215,7 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
     flags are in the command and the real llama-server started from it answers /health."""
     import shlex
 
-    from gguf_extras import write_projector
+    from kvtuner.testing.gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     lora = write_lora(tmp_path / "a.gguf", default_model)
@@ -268,7 +257,7 @@ def test_export_with_extras_reaches_health(tmp_path, default_model, default_prof
 def test_verdict_and_advice_count_them(tmp_path, default_model, default_profile):
     """On a 2 GiB what-if card the model alone fits; with a projector and a draft it does not, and
     the advice names what --no-mmproj-offload and dropping the draft free."""
-    from gguf_extras import write_projector
+    from kvtuner.testing.gguf_extras import write_projector
 
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     base = ["plan", str(default_model), "--gpu-mem", "3G", "-c", "4096", "-np", "1", "--json"]

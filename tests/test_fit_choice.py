@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from gguf_factory import write_real_shape
 from kvtuner.core.advice.advisor import advise
 from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
@@ -34,6 +33,8 @@ from kvtuner.core.tune.fit_choice import (
     predict_choice,
 )
 from kvtuner.core.units import GiB, MiB
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_real_shape
 
 HOST = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
 
@@ -117,8 +118,8 @@ def test_port_moe_keeps_experts_in_ram_first(tmp_path):
     """A MoE model on a card too small for its experts: every layer offloaded (-ngl n_layer + 1),
     the experts of the first layers in RAM (common/fit.cpp step 4: whole layers front to back, one
     partly offloaded layer), within the card less 1 GiB."""
-    from gguf_factory import write_model
-    from gguf_families import gpt_oss
+    from kvtuner.testing.gguf_factory import write_model
+    from kvtuner.testing.gguf_families import gpt_oss
 
     model = ModelProfile.from_gguf(write_model(tmp_path / "moe.gguf", gpt_oss()))
     gpus = [what_if_gpu(10 * GiB)]
@@ -213,14 +214,7 @@ def test_llama_fit_params_refuses_kvu_and_kvtuner_does_not_pass_it(engine):
     assert out.returncode != 0
 
 
-def kvtuner(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+kvtuner = functools.partial(run_kvtuner, timeout=300)
 
 
 def test_cli_tune_json_has_the_fit_choice_for_a_what_if_card(llama8b_path):
@@ -262,7 +256,7 @@ def test_cli_tune_runs_the_engines_llama_fit_params(engine, default_model):
         "--no-probe",
         "-t",
         "2",
-        env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
+        extra_env={"KVTUNER_LLAMA_SERVER": str(engine.server)},
     )
     assert out.returncode == 0, out.stderr
     row = [l for l in out.stdout.splitlines() if l.startswith("--fit:")]

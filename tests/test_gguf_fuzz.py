@@ -25,11 +25,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gguf_families as F
-from gguf_factory import ModelSpec, write_model
 from kvtuner.core.model import gguf_header as H
 from kvtuner.core.model.gguf_header import GGUFError
+from kvtuner.core.model.gguf_write import write_sparse_gguf
 from kvtuner.core.model.profile import ModelProfile, _build
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
 FAST = settings(
     deadline=timedelta(seconds=2),
@@ -55,22 +56,11 @@ def _write(tmp: Path, name: str, spec: ModelSpec, *, big: bool = False) -> bytes
         w.add_vocab_size(spec.n_vocab)
         w.add_array(f"{spec.arch}.attention.sliding_window_pattern", [True, False])
         w.add_string("general.name", "big-endian")
-        import numpy as np
-
-        for n, shape, t in [
-            ("token_embd.weight", (spec.n_embd, spec.n_vocab), 0),
-            ("output_norm.weight", (spec.n_embd,), 0),
-        ]:
-            w.add_tensor_info(
-                n, shape[::-1], np.dtype(np.float32), int(np.prod(shape)) * 4, raw_dtype=gguf.GGMLQuantizationType(t)
-            )
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        w.close()
-        size = path.stat().st_size
-        with open(path, "r+b") as f:
-            f.truncate(-(-size // 32) * 32 + (spec.n_embd * spec.n_vocab + spec.n_embd) * 4 + 64)
+        write_sparse_gguf(
+            path,
+            w,
+            [("token_embd.weight", (spec.n_embd, spec.n_vocab), "F32"), ("output_norm.weight", (spec.n_embd,), "F32")],
+        )
     else:
         write_model(path, spec)
     return path.read_bytes()
@@ -331,16 +321,8 @@ def test_wrong_value_types(tmp_path_factory, case):
             w.add_array(key, value)
         else:
             adders[kind](key, value)
-    import numpy as np
-
-    w.add_tensor_info(
-        "token_embd.weight", (64, 32), np.dtype(np.float32), 64 * 32 * 4, raw_dtype=gguf.GGMLQuantizationType.F32
-    )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    data = path.read_bytes() + bytes(64 * 32 * 4 + 64)
+    write_sparse_gguf(path, w, [("token_embd.weight", (32, 64), "F32")])
+    data = path.read_bytes()
     _read(data)
 
 

@@ -4,8 +4,6 @@ NVML's, the what-if card it builds, NVML-derived bandwidth (stand-in NVML), and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +18,8 @@ from kvtuner.core.hardware.gpu_catalogue import (
 from kvtuner.core.hardware.specs import catalogue_gpu
 from kvtuner.core.speed.speed_model import gpu_rates
 from kvtuner.core.units import GiB
-from nvml_standin import fake_nvml
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.nvml_standin import fake_nvml
 
 
 @pytest.mark.parametrize(
@@ -140,33 +139,29 @@ def test_nvml_bandwidth_and_catalogue_entry():
     assert "nearest catalogue card" in rb.source
 
 
-def kvtuner(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_cli_gpus_lists_the_catalogue():
-    out = kvtuner("gpus")
+    out = run_kvtuner("gpus")
     assert out.returncode == 0
     assert "RTX 3060 12GB" in out.stdout and "H200" in out.stdout and "936" in out.stdout
-    doc = json.loads(kvtuner("gpus", "--json").stdout)
+    doc = json.loads(run_kvtuner("gpus", "--json").stdout)
     assert {e["name"] for e in doc["catalogue"]} == set(GPU_CATALOGUE)
     assert all(e["source"] for e in doc["catalogue"])
 
 
 @pytest.mark.slow
 def test_cli_plan_for_a_named_card_and_bad_names():
-    doc = json.loads(kvtuner("plan", "--gpu", "RTX 4090", "--gpu", "RTX 3060 12GB", "--json").stdout)
+    doc = json.loads(run_kvtuner("plan", "--gpu", "RTX 4090", "--gpu", "RTX 3060 12GB", "--json").stdout)
     names = [d["name"] for d in doc["devices"] if d["kind"] == "gpu"]
     assert names == ["RTX 4090 (what-if)", "RTX 3060 12GB (what-if)"]
     assert any("tensor rates of the RTX 4090" in s for s in doc["speed"]["sources"])
-    bad = kvtuner("plan", "--gpu", "RTX 3060")
+    bad = run_kvtuner("plan", "--gpu", "RTX 3060")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "matches several catalogue entries: RTX 3060 8GB, RTX 3060 12GB" in bad.stderr
-    unknown = kvtuner("plan", "--gpu", "RTX 2090")
+    unknown = run_kvtuner("plan", "--gpu", "RTX 2090")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "nearest: " in unknown.stderr
     assert "RTX 2080" in unknown.stderr and "Traceback" not in unknown.stderr
-    assert kvtuner("plan", "--gpu", "Voodoo").returncode == 2
+    assert run_kvtuner("plan", "--gpu", "Voodoo").returncode == 2
     # an exact name: the 8 GB RTX 2080, never the 11 GB RTX 2080 Ti
-    doc = json.loads(kvtuner("plan", "--gpu", "RTX 2080", "--json").stdout)
+    doc = json.loads(run_kvtuner("plan", "--gpu", "RTX 2080", "--json").stdout)
     gpu = next(d for d in doc["devices"] if d["kind"] == "gpu")
     assert gpu["name"] == "RTX 2080 (what-if)" and gpu["capacity_bytes"] == 8 * GiB

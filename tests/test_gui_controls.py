@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -19,13 +20,12 @@ pytest.importorskip("pyqtgraph")
 
 from PySide6 import QtCore
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.units import GiB
-from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index
 from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
+from kvtuner.testing.gui_support import HOST, NO_MODEL, ini_settings
 
 
 @pytest.fixture
@@ -33,18 +33,10 @@ def settings(tmp_path: Path) -> QtCore.QSettings:
     return ini_settings(tmp_path)
 
 
-def _window(qtbot, settings, config: PlanConfig | None = None, *, what_if: bool = True) -> MainWindow:
-    """A window on a machine without GPU; ``what_if``: planning for the what-if RTX 3060 12GB."""
-    make_app()
-    w = MainWindow(
-        config or PlanConfig(), settings=settings, hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
-    if what_if:
-        w.hardware.set_choice(DEFAULT_WHAT_IF)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window, settings):
+    """A window on a machine without GPU, planning for the what-if RTX 3060 12GB, the default model open."""
+    return functools.partial(make_window, settings=settings, what_if=DEFAULT_WHAT_IF)
 
 
 def _snapshot(w: MainWindow) -> dict:
@@ -70,8 +62,8 @@ def test_ctx_slider_stops_are_log_spaced_multiples_of_256_with_every_power_of_tw
     assert values[nearest_index(values, 4096)] == 4096
 
 
-def test_each_control_changes_the_prediction(qtbot, settings):
-    w = _window(qtbot, settings)
+def test_each_control_changes_the_prediction(qtbot, settings, window):
+    w = window()
     c = w.controls
     n_layer = w.model.n_layer
 
@@ -114,10 +106,10 @@ def test_each_control_changes_the_prediction(qtbot, settings):
     assert w.plan.gpus[0].capacity_bytes == 3 * GiB
 
 
-def test_slider_moves_replan_without_hanging(qtbot, settings):
+def test_slider_moves_replan_without_hanging(qtbot, settings, window):
     """Each move replans at once (functional). The speed goal, well under a 16.7 ms frame, is
     measured by benchmarks/gui_replan.py, not asserted here: a loaded machine would fail it."""
-    w = _window(qtbot, settings)
+    w = window()
     values = set()
     for i in range(20):
         t0 = time.perf_counter()
@@ -129,8 +121,8 @@ def test_slider_moves_replan_without_hanging(qtbot, settings):
     assert len(values) == 20  # every stop is a new context size, each planned
 
 
-def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings):
-    w = _window(qtbot, settings)
+def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings, window):
+    w = window()
     w.controls.link_kv.setChecked(False)
     w.controls.type_v.setCurrentText("q8_0")
     before = w.config
@@ -142,8 +134,8 @@ def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, sett
     assert w.controls.error_label.isHidden()
 
 
-def test_advice_fix_applies_with_one_click(qtbot, settings):
-    w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
+def test_advice_fix_applies_with_one_click(qtbot, settings, window):
+    w = window(PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
     assert w.advice, "expected advice for a 1M context on a 12 GB GPU"
     assert w.advisor.buttons, "expected a one-click fix"
     before = w.config
@@ -152,8 +144,8 @@ def test_advice_fix_applies_with_one_click(qtbot, settings):
     assert w.controls.config() == w.config  # the controls show the fixed config
 
 
-def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qtbot, settings, tmp_path):
-    w = _window(qtbot, settings)
+def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qtbot, settings, tmp_path, window):
+    w = window()
     good = w.model
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
@@ -168,8 +160,8 @@ def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qt
     assert w.plan.config.n_ctx == w.config.n_ctx  # still planning
 
 
-def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_path):
-    w = _window(qtbot, settings)
+def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_path, window):
+    w = window()
     good = w.model
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo)  # opening it for reading would block the loader thread forever
@@ -179,7 +171,7 @@ def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_
     assert w.model is good
 
 
-def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot, settings):
+def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot, settings, window):
     """--ctx up to llama.cpp's 2**32 - 256 is a valid config; the spin box holds a C int."""
     errors: list = []
     import sys
@@ -187,7 +179,7 @@ def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot,
     old_hook = sys.excepthook
     sys.excepthook = lambda *exc: errors.append(exc)
     try:
-        w = _window(qtbot, settings, PlanConfig(n_ctx=3_000_000_000))
+        w = window(PlanConfig(n_ctx=3_000_000_000))
         qtbot.wait(50)
     finally:
         sys.excepthook = old_hook
@@ -197,12 +189,12 @@ def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot,
     assert w.plan.config.n_ctx == 512  # still usable
 
 
-def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings):
+def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings, window):
     """``--screenshot`` only calls processEvents(): rows of older advice must not paint under
     the new ones while their deleteLater is pending."""
     from PySide6 import QtWidgets
 
-    w = _window(qtbot, settings, PlanConfig(n_ctx=1 << 20))
+    w = window(PlanConfig(n_ctx=1 << 20))
     first = list(w.advisor.items)
     assert first
     w.controls.ctx.spin.setValue(4096)
@@ -219,8 +211,8 @@ def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(q
     assert sorted(shown) == sorted(expected)
 
 
-def test_gguf_text_is_shown_as_plain_text(qtbot, settings):
-    w = _window(qtbot, settings)
+def test_gguf_text_is_shown_as_plain_text(qtbot, settings, window):
+    w = window()
     hostile = dataclasses.replace(w.model, name='<b>bold</b><img src="http://x/y.png">')
     w.model_card.set_model(hostile)
     label = w.model_card.fields["name"]
@@ -228,15 +220,13 @@ def test_gguf_text_is_shown_as_plain_text(qtbot, settings):
     assert label.text() == hostile.name
 
 
-def test_settings_persist(qtbot, settings):
-    w = _window(qtbot, settings)
+def test_settings_persist(qtbot, settings, window, make_window):
+    w = window()
     w.controls.ctx.spin.setValue(16384)
     w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("24 GB"))
     w.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
-    make_app()
-    w2 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w2)
+    w2 = make_window(settings=settings, hardware=([], HOST, ""), model=NO_MODEL)
     assert w2.config.n_ctx == 16384
     assert w2.hardware.current_choice() == "24 GB"
     assert w2.last_model() == w.model_path
@@ -252,19 +242,17 @@ def test_settings_persist(qtbot, settings):
         ("config", '{"n_ctx": 1e20}'),
     ],
 )
-def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, settings, key, value):
+def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, settings, key, value, make_window):
     settings.setValue("hardware/choice", "custom")
     settings.setValue(key, value)
     settings.sync()
-    make_app()
-    w = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w)
+    w = make_window(settings=settings, hardware=([], HOST, ""), model=NO_MODEL)
     assert isinstance(w.recent_models(), list)
     assert w.config.n_ctx == PlanConfig().n_ctx
 
 
-def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):
-    w = _window(qtbot, settings)
+def test_controls_are_keyboard_reachable_and_explained(qtbot, settings, window):
+    w = window()
     c = w.controls
     for widget, flag in (
         (c.ngl.slider, "-ngl"),
@@ -285,8 +273,8 @@ def test_controls_are_keyboard_reachable_and_explained(qtbot, settings):
     assert w.run_action.shortcut().toString() == "Ctrl+R"
 
 
-def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path):
-    w = _window(qtbot, settings)
+def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path, window):
+    w = window()
     dlg = w.open_export()
     assert dlg is not None
     qtbot.addWidget(dlg)
@@ -298,12 +286,12 @@ def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path):
     assert dlg.save_to(str(tmp_path / "run.sh"), confirm_overwrite=lambda p: False) is None
 
 
-def test_what_if_list_is_the_gpu_catalogue(qtbot, settings):
+def test_what_if_list_is_the_gpu_catalogue(qtbot, settings, window):
     """The what-if list names real cards with their figures; the chosen card's rates drive the
     prediction (a bigger card decodes faster), and the generic sizes and a custom size remain."""
     from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
 
-    w = _window(qtbot, settings, what_if=False)
+    w = window(what_if=None)
     hw = w.hardware
     assert hw.current_choice() == "cpu"  # no GPU found: this machine, CPU only
     hw.choice.setCurrentIndex(hw.choice.findData(DEFAULT_WHAT_IF))  # a what-if card: an explicit choice

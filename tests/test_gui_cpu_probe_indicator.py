@@ -42,27 +42,17 @@ def test_indicator_shows_kernel_k_of_n_then_reports_the_end(qtbot):
 
 
 @pytest.mark.llama
-def test_the_window_starts_the_background_probe_and_shows_it(qtbot, tmp_path, monkeypatch):
+def test_the_window_starts_the_background_probe_and_shows_it(qtbot, tmp_path, monkeypatch, make_window):
     """A CPU-only window on a machine without a probe: the model opens at once (assumed rates),
     the background job starts and the status bar follows it."""
     import signal
 
-    from gui_support import HOST, IdleSampler, ini_settings
     from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
 
     monkeypatch.delenv("KVTUNER_CPU_PROBE", raising=False)
-    make_app()
-    w = MainWindow(
-        PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64),
-        settings=ini_settings(tmp_path),
-        hardware=([], HOST, "test: no NVML"),
-        sampler=IdleSampler(),
+    w = make_window(
+        PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64), wait=lambda w: w.model is not None and w.assessment is not None
     )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
     pid = probe_job.read_status().get("pid")
     try:
         assert pid and w.cpu_probe.following and w.cpu_probe.isVisibleTo(w)

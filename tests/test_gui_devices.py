@@ -7,39 +7,25 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings
-from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 
 SCREENSHOT = os.environ.get("KVTUNER_DEVICES_SCREENSHOT", "")
 
 
-def _window(qtbot, tmp_path: Path) -> MainWindow:
-    make_app()
-    w = MainWindow(
-        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    w.hardware.choice.setCurrentIndex(
-        w.hardware.choice.findData(DEFAULT_WHAT_IF)
-    )  # no GPU here: plan for the what-if card (CPU only is the default)
-    qtbot.waitUntil(lambda: len(w.plan.gpus) == 1, timeout=10_000)
-    return w
+@pytest.fixture
+def window(make_window):
+    """The default model planned for the what-if card (no GPU here: CPU only is the default)."""
+    return lambda: make_window(what_if=DEFAULT_WHAT_IF, wait=lambda w: w.plan is not None and len(w.plan.gpus) == 1)
 
 
-def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path)
+def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path, window):
+    w = window()
     panel = w.devices
     assert len(w.plan.gpus) == 1  # the Hardware panel's what-if card
     # add a second local card: two GPUs, split by their (what-if: total) memory
@@ -79,8 +65,8 @@ def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path):
     qtbot.waitUntil(lambda: len(w.plan.gpus) == 2, timeout=10_000)
 
 
-def test_export_dialog_carries_the_split_and_rpc(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path)
+def test_export_dialog_carries_the_split_and_rpc(qtbot, tmp_path, window):
+    w = window()
     panel = w.devices
     assert panel.add_rpc("127.0.0.1:50052=4G")
     panel.by_memory.setChecked(False)

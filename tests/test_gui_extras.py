@@ -13,26 +13,16 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gguf_extras import write_lora, write_not_gguf, write_projector
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
+from kvtuner.testing.gguf_extras import write_lora, write_not_gguf, write_projector
 
 SHOT = os.environ.get("KVTUNER_EXTRAS_SCREENSHOT")
 
 
-def test_window_takes_the_files_and_draws_their_segments(qtbot, tmp_path: Path, default_model, default_profile):
-    make_app()
-    w = MainWindow(
-        PlanConfig(n_ctx=4096, n_seq=1),
-        settings=ini_settings(tmp_path),
-        hardware=([], HOST, "test: no NVML"),
-        sampler=IdleSampler(),
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+def test_window_takes_the_files_and_draws_their_segments(
+    qtbot, tmp_path: Path, default_model, default_profile, make_window
+):
+    w = make_window(PlanConfig(n_ctx=4096, n_seq=1), wait=lambda w: w.model is not None and w.assessment is not None)
     host_before = w.prediction.bars.rows[-1].total_bytes
     proj = write_projector(tmp_path / "mmproj.gguf", default_profile.n_embd)
     lora = write_lora(tmp_path / "a.gguf", default_model)

@@ -4,7 +4,7 @@ graph, no card chosen for the user, Run only with a model, Open in the user's fo
 First steps page.
 
 Real widgets offscreen at the default 1440x920; the real default model and the sparse
-Llama-3.1-8B shape (tests/gguf_factory.py); runner events are the real protocol messages fed to
+Llama-3.1-8B shape (kvtuner/testing/gguf_factory.py); runner events are the real protocol messages fed to
 the window's real handler."""
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ pytest.importorskip("pyqtgraph")
 
 from PySide6 import QtCore, QtWidgets
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.monitor.rolling import RollingRate
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.fields import FIELDS
-from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.widgets.device_list import ADD_CARD_PLACEHOLDER
 from kvtuner.gui.widgets.run_controls import NO_MODEL_TIP
 from kvtuner.runner import protocol as P
+from kvtuner.testing.gui_support import HOST, NO_MODEL
 
 GiB = 1 << 30
 RAM_32G = HostSpec(total_bytes=32 * GiB, available_bytes=32 * GiB, swap_total_bytes=0)
@@ -42,40 +41,28 @@ RTX_3060 = ("card:RTX 3060 12GB", None)
 @pytest.fixture(scope="module")
 def llama8b(tmp_path_factory) -> Path:
     """The sparse Llama-3.1-8B Q4_K_M shape (zero weights)."""
-    from gguf_factory import write_real_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     return write_real_shape(tmp_path_factory.mktemp("llama8b") / "llama-3.1-8b.gguf", "llama-3.1-8b")
 
 
-def _window(
-    qtbot,
-    tmp_path: Path,
-    config: PlanConfig | None = None,
-    model: Path | None = None,
-    *,
-    plan_for=RTX_3060,
-    host=RAM_32G,
-    open_model: bool = True,
-) -> MainWindow:
+@pytest.fixture
+def window(make_window):
     """A window at the default size, shown, planned for the RTX 3060 12GB with 32 GiB RAM (as
     ``kvtuner gui FILE --gpu "RTX 3060 12GB" --ram 32G``)."""
-    make_app()
-    w = MainWindow(
-        config,
-        settings=ini_settings(tmp_path),
-        hardware=([], host, "test: no NVML"),
-        sampler=IdleSampler(),
-        plan_for=plan_for,
-        host=host,
-    )
-    qtbot.addWidget(w)
-    w.resize(1440, 920)
-    w.show()
-    if open_model:
-        w.open_path(model)
-        qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
-    QtWidgets.QApplication.processEvents()
-    return w
+
+    def make(config=None, model=None, *, plan_for=RTX_3060, host=RAM_32G, open_model=True):
+        return make_window(
+            config,
+            hardware=([], host, "test: no NVML"),
+            plan_for=plan_for,
+            host=host,
+            size=(1440, 920),
+            model=model if open_model else NO_MODEL,
+            wait=lambda w: w.model is not None and w.assessment is not None,
+        )
+
+    return make
 
 
 def _shown_whole(widget: QtWidgets.QWidget, viewport: QtWidgets.QWidget) -> bool:
@@ -99,10 +86,10 @@ def _row_labels(w: MainWindow) -> list[QtWidgets.QLabel]:
 # -- the advice pane ---------------------------------------------------------------------------------
 
 
-def test_three_advice_items_and_their_fixes_show_whole_at_the_default_size(qtbot, tmp_path, llama8b):
+def test_three_advice_items_and_their_fixes_show_whole_at_the_default_size(qtbot, tmp_path, llama8b, window):
     """8B at 128K on a 12 GB card with 20 GPU layers: does not fit, too slow, --fit off. Every
     sentence and both fix buttons are inside the pane, none clipped, without scrolling."""
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
+    w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
     qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
     QtWidgets.QApplication.processEvents()
     viewport = w.advisor._scroll.viewport()
@@ -113,12 +100,10 @@ def test_three_advice_items_and_their_fixes_show_whole_at_the_default_size(qtbot
     assert w.right_split.sizes()[0] > w.right_split.sizes()[1] / 2  # the graphs keep their room
 
 
-def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llama8b):
+def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llama8b, window):
     """Six items: the pane takes at most 60% of the column and scrolls; each fix, scrolled to,
     shows whole (never wider than the pane)."""
-    w = _window(
-        qtbot,
-        tmp_path,
+    w = window(
         PlanConfig(n_ctx=131072, n_gpu_layers=32, n_seq=4, type_k="q8_0", type_v="q4_0", flash_attn="on"),
         llama8b,
     )
@@ -132,8 +117,8 @@ def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llam
         assert _shown_whole(button, viewport), (button.text(), button.geometry(), viewport.size())
 
 
-def test_the_pane_shrinks_back_when_the_advice_goes(qtbot, tmp_path, llama8b):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
+def test_the_pane_shrinks_back_when_the_advice_goes(qtbot, tmp_path, llama8b, window):
+    w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
     qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
     grown = w.right_split.sizes()[1]
     w.set_config(PlanConfig(n_ctx=8192))
@@ -149,8 +134,8 @@ LABELS = sorted((f.label.replace("&", "") for f in FIELDS), key=len, reverse=Tru
 FLAG = re.compile(r"(?<![\w-])(" + "|".join(re.escape(s) for f in FIELDS for s in (f.flag, *f.aliases)) + r")(?![\w-])")
 
 
-def test_advice_and_fixes_are_worded_in_control_names(qtbot, tmp_path, llama8b):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
+def test_advice_and_fixes_are_worded_in_control_names(qtbot, tmp_path, llama8b, window):
+    w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
     qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
     shown = [lab.text() for lab in _row_labels(w)] + [b.text() for b in w.advisor.buttons]
     shown += [b.toolTip() for b in w.advisor.buttons]
@@ -168,8 +153,8 @@ def test_advice_and_fixes_are_worded_in_control_names(qtbot, tmp_path, llama8b):
 # -- the Plan for box, the device list, Run and Open -------------------------------------------------
 
 
-def test_the_plan_for_choice_reads_whole(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, open_model=False)
+def test_the_plan_for_choice_reads_whole(qtbot, tmp_path, window):
+    w = window(open_model=False)
     box = w.hardware.choice
     assert box.displayed_text() == "RTX 3060 12GB (what-if)"
     for i in range(box.count()):
@@ -180,8 +165,8 @@ def test_the_plan_for_choice_reads_whole(qtbot, tmp_path):
     assert "GB/s" in box.itemText(box.findData("card:RTX 4090"))  # the list keeps the figures
 
 
-def test_no_card_is_chosen_in_the_device_list(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, open_model=False)
+def test_no_card_is_chosen_in_the_device_list(qtbot, tmp_path, window):
+    w = window(open_model=False)
     d = w.devices
     assert d.card.currentText() == ADD_CARD_PLACEHOLDER and not d.add_card_button.isEnabled()
     before = len(d.devices())
@@ -192,8 +177,8 @@ def test_no_card_is_chosen_in_the_device_list(qtbot, tmp_path):
     assert d.card.currentText() == ADD_CARD_PLACEHOLDER and not d.add_card_button.isEnabled()
 
 
-def test_run_verify_and_export_wait_for_a_model(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, open_model=False, plan_for=None, host=HOST)
+def test_run_verify_and_export_wait_for_a_model(qtbot, tmp_path, window):
+    w = window(open_model=False, plan_for=None, host=HOST)
     rc = w.run_controls
     assert not rc.run_button.isEnabled() and not rc.verify_button.isEnabled()
     assert rc.run_button.toolTip() == NO_MODEL_TIP
@@ -206,8 +191,8 @@ def test_run_verify_and_export_wait_for_a_model(qtbot, tmp_path):
     assert rc.run_button.toolTip() != NO_MODEL_TIP
 
 
-def test_open_starts_in_the_last_folder_or_home_never_the_cache(qtbot, tmp_path, default_model):
-    w = _window(qtbot, tmp_path, open_model=False, plan_for=None, host=HOST)
+def test_open_starts_in_the_last_folder_or_home_never_the_cache(qtbot, tmp_path, default_model, window):
+    w = window(open_model=False, plan_for=None, host=HOST)
     assert w.app_settings.open_dir() == Path.home()
     w.open_path(default_model)  # the embedded default model lives in kvtuner's cache
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
@@ -227,14 +212,14 @@ def test_open_starts_in_the_last_folder_or_home_never_the_cache(qtbot, tmp_path,
     orig = QtWidgets.QFileDialog.getOpenFileName
     QtWidgets.QFileDialog.getOpenFileName = staticmethod(fake_dialog)
     try:
-        w._on_open_triggered()
+        w.open_action.trigger()  # File > Open
     finally:
         QtWidgets.QFileDialog.getOpenFileName = orig
     assert seen == [str(mine)]
 
 
-def test_help_has_first_steps(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, open_model=False)
+def test_help_has_first_steps(qtbot, tmp_path, window):
+    w = window(open_model=False)
     help_menu = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Help")
     assert [a.text() for a in help_menu.actions() if a.text()][:2] == ["&First steps", "&About kvtuner"]
     w.first_steps_action.trigger()
@@ -264,12 +249,12 @@ def test_rolling_rate_smooths_a_stalled_token():
         RollingRate(window_s=0)
 
 
-def test_the_live_graph_draws_the_rolling_rate_per_repetition(qtbot, tmp_path):
+def test_the_live_graph_draws_the_rolling_rate_per_repetition(qtbot, tmp_path, window):
     """Token events of two repetitions through the window's handler: the decode curve holds the
     rolling rate (never a single token's 0.33 tok/s) and breaks between repetitions."""
     import time
 
-    w = _window(qtbot, tmp_path, open_model=False, plan_for=None, host=HOST)
+    w = window(open_model=False, plan_for=None, host=HOST)
     now = time.monotonic()
     w.graphs.begin_run(now)
     for rep in range(2):

@@ -15,27 +15,19 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
+from kvtuner.testing.gui_support import HOST
 
 
-def test_plan_for_host_part(qtbot, tmp_path: Path):
-    make_app()
-    w = MainWindow(
-        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.speed is not None, timeout=30_000)
+def test_plan_for_host_part(qtbot, tmp_path: Path, make_window):
+    w = make_window(PlanConfig(), wait=lambda w: w.model is not None and w.speed is not None)
     hw = w.hardware
     assert w.speed.host is not None and not w.speed.host["what_if"]  # this machine by default
     hw.choice.setCurrentIndex(hw.choice.findData(DEFAULT_WHAT_IF))
     qtbot.waitUntil(lambda: len(w.plan.gpus) == 1, timeout=10_000)
     # every layer on the CPU, so the host's RAM is what decode streams from
-    w.set_config(w._wanted.with_(n_gpu_layers=0))
+    w.set_config(w.wanted_config.with_(n_gpu_layers=0))
     hw.host_mem.setCurrentIndex(hw.host_mem.findData("DDR4-3200x2"))
     hw.host_cores.setValue(6)
     hw.host_pcie.setCurrentIndex(hw.host_pcie.findData("3x4"))

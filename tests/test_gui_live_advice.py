@@ -24,7 +24,6 @@ from PySide6 import QtCore
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.monitor.sampler import HostSample, Sampler
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import BenchSettings
 
@@ -42,15 +41,23 @@ def _settings(tmp_path: Path) -> QtCore.QSettings:
     return QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
 
 
-def _window(qtbot, settings: QtCore.QSettings, bench: BenchSettings = SLOW_BENCH) -> MainWindow:
-    make_app()
-    # the real sampler; a long interval so the synthetic samples recorded below stay the latest
-    sampler = Sampler(interval_s=60.0, capacity=600, gpus=False)
-    w = MainWindow(SMALL_CONFIG, settings=settings, hardware=([], detect_host(), "test"), bench=bench, sampler=sampler)
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.plan is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window):
+    """The default model at a small configuration on this machine's host, with the real sampler at
+    a long interval so the synthetic samples recorded by the tests stay the latest."""
+
+    def make(settings, bench=SLOW_BENCH):
+        sampler = Sampler(interval_s=60.0, capacity=600, gpus=False)
+        hardware = ([], detect_host(), "test")
+        return make_window(
+            SMALL_CONFIG, settings=settings, hardware=hardware, bench=bench, sampler=sampler, wait=_planned
+        )
+
+    return make
+
+
+def _planned(w: MainWindow) -> bool:
+    return w.model is not None and w.plan is not None
 
 
 def _feed_slow_decode(w: MainWindow, now: float) -> None:
@@ -63,22 +70,22 @@ def _ids(w: MainWindow) -> list[str]:
     return [a.id for a in w.advisor.items]
 
 
-def test_auto_stop_choice_persists(qtbot, tmp_path):
+def test_auto_stop_choice_persists(qtbot, tmp_path, window):
     settings = _settings(tmp_path)
-    w = _window(qtbot, settings)
+    w = window(settings)
     assert not w.advisor.auto_stop.isChecked()
     w.advisor.auto_stop.setChecked(True)
     assert str(settings.value("advisor/auto_stop")).lower() == "true"
     w.shutdown()
-    w2 = _window(qtbot, _settings(tmp_path))
+    w2 = window(_settings(tmp_path))
     try:
         assert w2.advisor.auto_stop.isChecked()
     finally:
         w2.shutdown()
 
 
-def test_no_live_advice_without_a_run(qtbot, tmp_path):
-    w = _window(qtbot, _settings(tmp_path))
+def test_no_live_advice_without_a_run(qtbot, tmp_path, window):
+    w = window(_settings(tmp_path))
     try:
         now = time.monotonic()
         _feed_slow_decode(w, now)
@@ -93,8 +100,8 @@ def test_no_live_advice_without_a_run(qtbot, tmp_path):
 @needs_llama
 @pytest.mark.llama
 @pytest.mark.slow
-def test_live_advice_offers_to_stop_a_slow_run(qtbot, tmp_path):
-    w = _window(qtbot, _settings(tmp_path))
+def test_live_advice_offers_to_stop_a_slow_run(qtbot, tmp_path, window):
+    w = window(_settings(tmp_path))
     try:
         assert w.start_run()
         now = time.monotonic()
@@ -125,8 +132,8 @@ def test_live_advice_offers_to_stop_a_slow_run(qtbot, tmp_path):
 @needs_llama
 @pytest.mark.llama
 @pytest.mark.slow
-def test_auto_stop_stops_a_slow_run_by_itself(qtbot, tmp_path):
-    w = _window(qtbot, _settings(tmp_path))
+def test_auto_stop_stops_a_slow_run_by_itself(qtbot, tmp_path, window):
+    w = window(_settings(tmp_path))
     try:
         w.advisor.auto_stop.setChecked(True)
         assert w.start_run()

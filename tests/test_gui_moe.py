@@ -11,22 +11,13 @@ import pytest
 
 pytest.importorskip("PySide6")
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
+from kvtuner.testing.gui_support import NO_MODEL
 from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped fixture)
 
 
-def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_oss):  # noqa: F811
-    make_app()
-    w = MainWindow(
-        PlanConfig(flash_attn="on"),
-        settings=ini_settings(tmp_path),
-        hardware=([], HOST, "test: no NVML"),
-        sampler=IdleSampler(),
-    )
-    qtbot.addWidget(w)
+def test_moe_slider_moves_experts_and_the_bars_show_them(qtbot, tmp_path, gpt_oss, make_window):  # noqa: F811
+    w = make_window(PlanConfig(flash_attn="on"), model=NO_MODEL)
     w.show()
     w.open_model(None)  # the default model is dense: no slider
     qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)

@@ -22,33 +22,33 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.export import export
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.speed.speed_model import speed_band
-from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import BenchSettings
 from kvtuner.gui.widgets.hardware_panel import CPU_ONLY, DEFAULT_WHAT_IF
 from kvtuner.gui.widgets.prediction_panel import verdict
+from kvtuner.testing.gui_support import HOST, NO_MODEL, IdleSampler
 
 SMALL = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
 
 
-def _window(qtbot, tmp_path: Path, config: PlanConfig = SMALL, *, host=HOST, bench=None, sampler=None) -> MainWindow:
-    make_app()
-    w = MainWindow(
-        config,
-        settings=ini_settings(tmp_path),
-        hardware=([], host, "test: no NVML"),
-        bench=bench,
-        sampler=sampler or IdleSampler(),
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window):
+    """The default model planned for ``host`` without GPU."""
+
+    def make(config=SMALL, *, host=HOST, bench=None, sampler=None):
+        return make_window(
+            config,
+            hardware=([], host, "test: no NVML"),
+            bench=bench,
+            sampler=sampler or IdleSampler,
+            wait=lambda w: w.model is not None and w.assessment is not None,
+        )
+
+    return make
 
 
 def _choose(qtbot, w: MainWindow, choice: str) -> None:
@@ -68,8 +68,8 @@ def _server_line(w: MainWindow) -> str:
         dlg.close()
 
 
-def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path)
+def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path, window):
+    w = window()
     assert w.hardware.current_choice() == CPU_ONLY
     assert "this machine plans CPU only" in w.hardware.detected_label.text()
     assert w.hardware.gpus() == [] and w.plan.n_gpu_layers == 0 and w.config.n_gpu_layers == 0
@@ -90,8 +90,8 @@ def test_no_gpu_plans_for_this_machine_by_default(qtbot, tmp_path):
     assert "no predicted lines: the plan is for RTX 3060 12GB (what-if)" in w.graphs_box.title()
 
 
-def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on"))
+def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbot, tmp_path, window):
+    w = window(PlanConfig(n_ctx=4096, type_k="q8_0", type_v="q8_0", flash_attn="on"))
     before = w.assessment
     w.controls.flash.setCurrentText("off")  # quantized V needs flash attention: llama.cpp refuses
     assert w.stale and w.assessment is before and w.config.flash_attn == "on"
@@ -108,8 +108,8 @@ def test_a_refused_combination_keeps_the_last_plan_stale_and_offers_the_fix(qtbo
 
 
 @pytest.mark.slow
-def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=1 << 22, type_k="f32", type_v="f32"))
+def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path, window):
+    w = window(PlanConfig(n_ctx=1 << 22, type_k="f32", type_v="f32"))
     _choose(qtbot, w, DEFAULT_WHAT_IF)  # 4M tokens of f32 KV do not fit a 12 GB card ...
     assert not w.assessment.fits
     assert speed_band(min(w.speed.decode_tok_s, w.speed.decode_tok_s_at_full_ctx)) == "fluent"  # ... at any speed
@@ -129,16 +129,14 @@ def test_the_badge_is_the_worse_of_fit_and_both_speeds(qtbot, tmp_path):
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
-def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path):
+def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path, window):
     """What-if 16 GB card, KV layers on GPU 5, then "Plan for" CPU only: the KV control reads
     n/a and its 5 is not used; prediction, badge and advice replan; Export and Run take exactly
     the configuration shown; the run calibrates this machine, never the what-if card."""
     from kvtuner.core.monitor.sampler import Sampler
 
     bench = BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False)
-    w = _window(
-        qtbot,
-        tmp_path,
+    w = window(
         SMALL,
         host=detect_host(),
         bench=bench,
@@ -172,7 +170,7 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
 
         assert not w.sampling_fast  # nothing running: 1 Hz (idle under 1% of a core)
         assert w.start_run()
-        assert w.sampling_fast and w._pull_timer.interval() == 100  # a run: 10 Hz
+        assert w.sampling_fast and w.feed.timer.interval() == 100  # a run: 10 Hz
         qtbot.waitUntil(lambda: not w.runner.running and w.last_run is not None, timeout=240_000)
         w.pull()
         assert w.last_error == "", w.last_error
@@ -188,12 +186,12 @@ def test_finding_1_shows_runs_and_exports_the_same_configuration(qtbot, tmp_path
         assert w.config.kv_gpu_layers == 5  # asked for before, not used on the CPU: back again
         assert w.controls.kv.spin.text() == "5"
         qtbot.waitUntil(lambda: not w.sampling_fast, timeout=15_000)  # idle again after the run
-        assert w._pull_timer.interval() == 1000
+        assert w.feed.timer.interval() == 1000
     finally:
         w.shutdown()
 
 
-def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
+def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path, window):
     """Under X11 a QLineEdit takes Ctrl+E for itself ("end of line", Qt's X11 key bindings: its
     ShortcutOverride is accepted) and Export never fired. Offscreen Qt has no X11 key bindings,
     so a filter on the number box accepts the override the way X11's QLineEdit
@@ -208,7 +206,7 @@ def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
                 return True
             return False
 
-    w = _window(qtbot, tmp_path)
+    w = window()
     edit = w.controls.ctx.spin  # QAbstractSpinBox::event passes ShortcutOverride to its line edit's event()
     x11 = AcceptsCtrlE(w)
     edit.removeEventFilter(w._shortcuts)
@@ -228,8 +226,8 @@ def test_ctrl_e_exports_while_a_number_box_has_focus(qtbot, tmp_path):
         dlg.close()
 
 
-def test_quantized_kv_advice_says_how_much_it_saves(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=4096, type_k="q4_0", type_v="q5_1", flash_attn="on"))
+def test_quantized_kv_advice_says_how_much_it_saves(qtbot, tmp_path, window):
+    w = window(PlanConfig(n_ctx=4096, type_k="q4_0", type_v="q5_1", flash_attn="on"))
     text = next(a.message for a in w.advice if a.id == "kv-quant-quality")
     assert "q4_0 0.281x, q5_1 0.375x of f16" in text and "halve" not in text
 
@@ -237,7 +235,7 @@ def test_quantized_kv_advice_says_how_much_it_saves(qtbot, tmp_path):
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
-def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot, tmp_path):
+def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot, tmp_path, window):
     """Runs made while the machine was busy measured the other load. Two
     busy-loop processes (as many as this VM has cores) run beside a short bench: the run is
     flagged, its figures are shown but neither calibrate nor enter Known good."""
@@ -246,9 +244,7 @@ def test_a_run_on_a_busy_machine_is_kept_out_of_calibration_and_known_good(qtbot
     from kvtuner.core.store.library import ConfigLibrary
 
     bench = BenchSettings(n_prompt=32, n_gen=16, repetitions=1, warmup=False)
-    w = _window(
-        qtbot,
-        tmp_path,
+    w = window(
         SMALL,
         host=detect_host(),
         bench=bench,
@@ -283,10 +279,10 @@ def _mnemonic(text: str) -> str | None:
     return text.replace("&&", "")[i + 1].lower() if 0 <= i < len(text.replace("&&", "")) - 1 else None
 
 
-def test_alt_letters_are_unique_and_go_to_the_number_box(qtbot, tmp_path):
+def test_alt_letters_are_unique_and_go_to_the_number_box(qtbot, tmp_path, window):
     from PySide6 import QtWidgets
 
-    w = _window(qtbot, tmp_path)
+    w = window()
     owners: dict[str, list[str]] = {}
     texts = [a.text() for a in w.menuBar().actions()]
     for widget in w.findChildren(QtWidgets.QAbstractButton) + w.findChildren(QtWidgets.QLabel):
@@ -302,10 +298,10 @@ def test_alt_letters_are_unique_and_go_to_the_number_box(qtbot, tmp_path):
         assert w.controls._labels[name].buddy() is entry.spin
 
 
-def test_export_wraps_and_saves_where_the_last_export_went(qtbot, tmp_path):
+def test_export_wraps_and_saves_where_the_last_export_went(qtbot, tmp_path, window):
     from PySide6 import QtWidgets
 
-    w = _window(qtbot, tmp_path)
+    w = window()
     dlg = w.open_export()
     assert dlg.preview.lineWrapMode() == QtWidgets.QPlainTextEdit.LineWrapMode.WidgetWidth
     assert Path(dlg.suggested_path()).parent == Path.home()  # not the model cache folder
@@ -318,8 +314,8 @@ def test_export_wraps_and_saves_where_the_last_export_went(qtbot, tmp_path):
     dlg2.close()
 
 
-def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"))
+def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path, window):
+    w = window(PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"))
     w.open_model(tmp_path / "missing.gguf")
     qtbot.waitUntil(lambda: "missing.gguf" in w.last_error, timeout=10_000)
     assert not w.banner_row.isHidden()
@@ -335,13 +331,14 @@ def test_error_banner_dismisses_reset_and_about(qtbot, tmp_path):
 
 
 @pytest.mark.llama
-def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
+def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path, window):
     """The plan's RAM headroom follows the RAM available now (the test host says 12 GiB; the
     real sampler reads this machine), and "verified by llama.cpp" does not outlive a change."""
     from kvtuner.core.monitor.sampler import Sampler
-    from kvtuner.gui.main_window import RAM_REPLAN_BYTES, VERIFIED_TEXT
+    from kvtuner.gui.live_feed import RAM_REPLAN_BYTES
+    from kvtuner.gui.verify import VERIFIED_TEXT
 
-    w = _window(qtbot, tmp_path, sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
+    w = window(sampler=Sampler(interval_s=0.1, capacity=600, gpus=False))
     try:
         real = detect_host().available_bytes
         if abs(real - HOST.available_bytes) < 2 * RAM_REPLAN_BYTES:
@@ -361,10 +358,10 @@ def test_available_ram_is_read_live_and_verified_goes_stale(qtbot, tmp_path):
         w.shutdown()
 
 
-def test_at_1280x720_nothing_is_clipped(qtbot, tmp_path):
+def test_at_1280x720_nothing_is_clipped(qtbot, tmp_path, window):
     """The window fits a 1280x720 screen (no minimum size above it), the prediction's wrapped
     lines and the advice notes show whole."""
-    w = _window(qtbot, tmp_path)
+    w = window()
     w.resize(1280, 720)
     w.show()
     qtbot.waitExposed(w)
@@ -404,8 +401,8 @@ def test_refusals_and_warnings_name_controls_not_flags():
     )
 
 
-def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, bench=BenchSettings(n_prompt=256, n_gen=64, repetitions=2))
+def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path, window):
+    w = window(bench=BenchSettings(n_prompt=256, n_gen=64, repetitions=2))
     b = w.run_controls.bench
     assert b.text().strip() == "256+64 tok x2, auto threads"
     b.n_gen.setValue(16)
@@ -418,20 +415,18 @@ def test_bench_length_and_threads_are_set_in_the_run_controls(qtbot, tmp_path):
     assert w.runner.settings.n_threads is None and b.n_threads.text() == "auto"
 
 
-def test_the_windows_own_sampler_idles_at_1_hz(qtbot, tmp_path):
-    make_app()
-    w = MainWindow(SMALL, settings=ini_settings(tmp_path), hardware=([], HOST, "test"))
-    qtbot.addWidget(w)
+def test_the_windows_own_sampler_idles_at_1_hz(qtbot, tmp_path, make_window):
+    w = make_window(SMALL, hardware=([], HOST, "test"), sampler=None, model=NO_MODEL)  # the window's own sampler
     try:
-        assert w.sampler.interval_s == pytest.approx(1.0) and w._pull_timer.interval() == 1000
-        w._set_sampling(fast=True)  # what Run does
-        assert w.sampler.interval_s == pytest.approx(0.1) and w._pull_timer.interval() == 100
+        assert w.sampler.interval_s == pytest.approx(1.0) and w.feed.timer.interval() == 1000
+        w.feed.set_sampling(fast=True)  # what Run does
+        assert w.sampler.interval_s == pytest.approx(0.1) and w.feed.timer.interval() == 100
     finally:
         w.shutdown()
 
 
-def test_parallel_advice_offers_one_sequence_only_when_it_saves_memory(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, PlanConfig(n_ctx=16384, n_seq=4))
+def test_parallel_advice_offers_one_sequence_only_when_it_saves_memory(qtbot, tmp_path, window):
+    w = window(PlanConfig(n_ctx=16384, n_seq=4))
     adv = next(a for a in w.advice if a.id == "parallel-multiplies-kv")
     one = w.session.plan().kv_bytes  # the 4-sequence plan's KV ...
     w.set_config(PlanConfig(n_ctx=16384, n_seq=1))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from kvtuner.gui.platform_check import (
     uses_xcb,
     xcb_plugin_files,
 )
+from kvtuner.testing.cli import run_kvtuner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,9 +62,7 @@ def test_kvtuner_prints_the_install_line_and_exits_2():
         pytest.skip("this machine has every library Qt's X11 plugin links")
     env = {k: v for k, v in os.environ.items() if k not in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY")}
     env.update(DISPLAY=":97", PYTHONPATH=str(ROOT))
-    res = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "gui"], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    res = run_kvtuner("gui", env=env, timeout=120)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr

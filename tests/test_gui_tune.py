@@ -12,27 +12,21 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gguf_factory import write_real_shape
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.speed.speed_model import speed_inputs
 from kvtuner.core.units import GiB
-from kvtuner.gui.app import make_app
-from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.tune_panel import TunePanel
+from kvtuner.testing.gguf_factory import write_real_shape
+from kvtuner.testing.gui_support import HOST
 
 
-def test_window_tune_dialog_applies_to_the_controls(qtbot, tmp_path):
-    make_app()
-    w = MainWindow(
-        PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path), hardware=([], HOST, ""), sampler=IdleSampler()
+def test_window_tune_dialog_applies_to_the_controls(qtbot, tmp_path, make_window):
+    w = make_window(
+        PlanConfig(n_ctx=4096), hardware=([], HOST, ""), wait=lambda w: w.plan is not None and w.tasks.pending == 0
     )
-    qtbot.addWidget(w)
     try:
-        w.open_model(None)
-        qtbot.waitUntil(lambda: w.plan is not None and w.tasks.pending == 0, timeout=30_000)
         dlg = w.open_tune()
         qtbot.addWidget(dlg)
         dlg.ctx_spin.setValue(8192)
@@ -73,23 +67,19 @@ def test_knee_chart_of_the_issue_case(qtbot, tmp_path):
     assert got == [r.best.config]
 
 
-def test_apply_puts_the_ffn_split_on_the_controls(qtbot, tmp_path):
+def test_apply_puts_the_ffn_split_on_the_controls(qtbot, tmp_path, make_window):
     """The issue's case with the default q8_0 floor on a 12 GB what-if card: the tuned
     configuration keeps the dense FFN of some layers in RAM (--n-cpu-ffn); the dialog says what
     that trades and Apply shows it on the "Dense FFN on CPU" slider of the controls."""
-    make_app()
     path = write_real_shape(tmp_path / "l8.gguf", "llama-3.1-8b", "Q4_K_M")
     host = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
-    w = MainWindow(
+    w = make_window(
         PlanConfig(n_ctx=131072),
-        settings=ini_settings(tmp_path),
         hardware=([what_if_gpu(12 * GiB)], host, "test"),
-        sampler=IdleSampler(),
+        model=path,
+        wait=lambda w: w.plan is not None and w.model_path == path and w.tasks.pending == 0,
     )
-    qtbot.addWidget(w)
     try:
-        w.open_model(path)
-        qtbot.waitUntil(lambda: w.plan is not None and w.model_path == path and w.tasks.pending == 0, timeout=30_000)
         c = w.controls
         assert c.ffn.isHidden() and c._labels["n_cpu_ffn"].isHidden()  # a dense model without the split
         dlg = w.open_tune()

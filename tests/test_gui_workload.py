@@ -13,24 +13,18 @@ import pytest
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
-from gui_support import HOST, IdleSampler, ini_settings
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.units import fmt_bytes
-from kvtuner.gui.app import make_app
 from kvtuner.gui.main_window import MainWindow
+from kvtuner.testing.gui_support import HOST
 
 
-def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path):
-    make_app()
-    w = MainWindow(
-        PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True),
-        settings=ini_settings(tmp_path),
-        hardware=([], HOST, "test: no NVML"),
-        sampler=IdleSampler(),
-    )
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+def _assessed(w: MainWindow) -> bool:
+    return w.model is not None and w.assessment is not None
+
+
+def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path, make_window):
+    w = make_window(PlanConfig(n_ctx=8192, n_seq=4, kv_unified=True), wait=_assessed)
     plan = w.assessment.plan
     per = plan.kv_bytes_per_token()
     assert "give an average" in w.workload.text()
@@ -46,18 +40,14 @@ def test_workload_fields_show_worst_and_expected(qtbot, tmp_path: Path):
     assert "--avg-tokens" in w.workload.text()
 
 
-def test_decision_table_dialog_on_a_what_if_card(qtbot, tmp_path: Path):
+def test_decision_table_dialog_on_a_what_if_card(qtbot, tmp_path: Path, make_window):
     from kvtuner.core.hardware.specs import catalogue_gpu
     from kvtuner.core.plan.decision_table import kv_bytes_per_token
     from kvtuner.core.plan.vllm import VllmModel
     from kvtuner.core.units import GiB
 
-    make_app()
     gpu = catalogue_gpu("RTX 3090")
-    w = MainWindow(PlanConfig(), settings=ini_settings(tmp_path), hardware=([gpu], HOST, "test"), sampler=IdleSampler())
-    qtbot.addWidget(w)
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
+    w = make_window(PlanConfig(), hardware=([gpu], HOST, "test"), wait=_assessed)
     w.workload.table_button.click()
     d = w.workload.table_dialog
     assert d is not None and len(d.cells) == 4 * 3 * 3

@@ -13,13 +13,13 @@ import gguf
 import psutil
 import pytest
 
-from gguf_factory import LLAMA2_7B, ModelSpec, _tensors, write_model
 from kvtuner.core.hardware.specs import HostSpec, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.repack import repack_rows
 from kvtuner.core.units import GiB, MiB
+from kvtuner.testing.gguf_factory import LLAMA2_7B, ModelSpec, _tensors, write_model
 
 GQT = gguf.GGMLQuantizationType
 AVX2 = frozenset({"avx2"})

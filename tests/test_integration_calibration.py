@@ -7,10 +7,11 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from kvtuner.testing.cli import run_kvtuner
 
 # find_spec, not importorskip: the test process itself must never load llama_cpp
 if importlib.util.find_spec("llama_cpp") is None:
@@ -22,10 +23,8 @@ BENCH = ("bench", "-p", "64", "-n", "16", "-r", "1", "-t", "1")
 
 
 def kvtuner(data_dir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KVTUNER_DATA_DIR": str(data_dir)}
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    """``python -m kvtuner.cli ARGS`` with its data in ``data_dir``."""
+    return run_kvtuner(*args, extra_env={"KVTUNER_DATA_DIR": str(data_dir)}, timeout=timeout)
 
 
 def plan_speed(data_dir: Path) -> dict:
@@ -80,30 +79,25 @@ def test_no_record_leaves_calibration_alone(tmp_path):
     assert _records(tmp_path) == []
 
 
-def test_a_gui_run_records_a_run_and_the_prediction_uses_it(qtbot, tmp_path, monkeypatch):
+def test_a_gui_run_records_a_run_and_the_prediction_uses_it(qtbot, tmp_path, monkeypatch, make_window):
     pytest.importorskip("PySide6")
     pytest.importorskip("pyqtgraph")
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6 import QtCore
 
     from kvtuner.core.hardware.host import detect_host
     from kvtuner.core.monitor.sampler import Sampler
     from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings
+    from kvtuner.testing.gui_support import NO_MODEL
 
     monkeypatch.setenv("KVTUNER_DATA_DIR", str(tmp_path / "data"))
-    make_app()
-    settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(
+    w = make_window(
         PlanConfig(n_ctx=512, n_ubatch=64, n_batch=64),
-        settings=settings,
         hardware=([], detect_host(), "test"),
         bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1),
         sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+        model=NO_MODEL,
     )
-    qtbot.addWidget(w)
     # count the run whatever else loads this shared machine (the quiet-machine rule has its own
     # test: tests/test_gui_one_truth.py)
     w.run_events.quiet_max_other_cores = float("inf")

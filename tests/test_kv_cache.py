@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_factory import LLAMA2_7B, LLAMA31_8B, QWEN25_CODER_32B, ModelSpec, write_model
 from kvtuner.core.hardware.specs import what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.units import GiB, KiB, MiB
+from kvtuner.testing.gguf_factory import LLAMA2_7B, LLAMA31_8B, QWEN25_CODER_32B, ModelSpec, write_model
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from kvtuner.testing.cli import run_kvtuner
 
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("needs llama-cpp-python", allow_module_level=True)
@@ -25,15 +25,10 @@ SMALL_CONFIG = {"n_ctx": 512, "n_ubatch": 64, "n_batch": 64}
 MEASURED_KEYS = ("decode_tok_s", "prefill_tok_s", "load_s", "peak_rss_bytes", "kv_bytes")
 
 
-def _kvtuner(
-    *args: str, data_dir: Path, extra_env: dict | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("KVTUNER_LIBRARY", None)
-    env.update(KVTUNER_DATA_DIR=str(data_dir), **(extra_env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+def _kvtuner(*args: str, data_dir: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m kvtuner ARGS`` with its data in ``data_dir`` and the library on."""
+    env = {"KVTUNER_DATA_DIR": str(data_dir), **(extra_env or {})}
+    return run_kvtuner(*args, extra_env=env, unset=["KVTUNER_LIBRARY"], timeout=300, module="kvtuner")
 
 
 def test_bench_saves_one_row_that_kvtuner_library_lists(tmp_path):
@@ -74,42 +69,37 @@ def test_bench_opt_out_saves_nothing(tmp_path, how):
 # -- the desktop app --------------------------------------------------------------------------------
 
 
-def _window(qtbot, tmp_path: Path):
+@pytest.fixture
+def window(make_window):
+    """The default model at a small configuration on this machine, with a short bench; every run
+    counts as quiet (tests/test_gui_one_truth.py checks the busy-machine rule itself)."""
     pytest.importorskip("PySide6")
     pytest.importorskip("pyqtgraph")
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6 import QtCore
 
-    from kvtuner.core.hardware.host import detect_host
-    from kvtuner.core.monitor.sampler import Sampler
-    from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
-    from kvtuner.gui.run_controller import BenchSettings
+    def make():
+        from kvtuner.core.hardware.host import detect_host
+        from kvtuner.core.monitor.sampler import Sampler
+        from kvtuner.core.plan.config import PlanConfig
+        from kvtuner.gui.run_controller import BenchSettings
 
-    make_app()
-    settings = QtCore.QSettings(str(tmp_path / "kvtuner.ini"), QtCore.QSettings.Format.IniFormat)
-    w = MainWindow(
-        PlanConfig(**SMALL_CONFIG),
-        settings=settings,
-        hardware=([], detect_host(), "test"),
-        bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1, n_threads=1),
-        sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
-    )
-    qtbot.addWidget(w)
-    # the tests run beside other work: every run counts as quiet (tests/test_gui_one_truth.py
-    # checks the busy-machine rule itself)
-    w.run_events.quiet_max_other_cores = float("inf")
-    w.open_model(None)
-    qtbot.waitUntil(lambda: w.model is not None and w.tasks.pending == 0, timeout=30_000)
-    return w
+        w = make_window(
+            PlanConfig(**SMALL_CONFIG),
+            hardware=([], detect_host(), "test"),
+            bench=BenchSettings(n_prompt=32, n_gen=8, repetitions=1, n_threads=1),
+            sampler=Sampler(interval_s=0.1, capacity=600, gpus=False),
+            wait=lambda w: w.model is not None and w.tasks.pending == 0,
+        )
+        w.run_events.quiet_max_other_cores = float("inf")
+        return w
+
+    return make
 
 
-def test_a_completed_gui_run_appears_in_known_good_and_restores(qtbot, tmp_path):
+def test_a_completed_gui_run_appears_in_known_good_and_restores(qtbot, tmp_path, window):
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.store.library import ConfigLibrary
 
-    w = _window(qtbot, tmp_path)
+    w = window()
     try:
         assert w.known_good.runs == []
         assert w.start_run()
@@ -139,10 +129,10 @@ def test_a_completed_gui_run_appears_in_known_good_and_restores(qtbot, tmp_path)
         w.shutdown()
 
 
-def test_a_gui_run_with_remember_off_saves_nothing(qtbot, tmp_path):
+def test_a_gui_run_with_remember_off_saves_nothing(qtbot, tmp_path, window):
     from kvtuner.core.store.library import ConfigLibrary
 
-    w = _window(qtbot, tmp_path)
+    w = window()
     try:
         w.known_good.remember.setChecked(False)
         assert w.settings.value("library/remember") in (False, "false")

@@ -1,7 +1,7 @@
 """Today's model families against llama.cpp's own dry run (no_alloc, a child process).
 
 Each family is a sparse GGUF with the published shapes of a model people download
-(tests/gguf_families.py). For each, kvtuner's plan must equal llama.cpp's report:
+(kvtuner/testing/gguf_families.py). For each, kvtuner's plan must equal llama.cpp's report:
 
 - every KV cache (full, sliding-window, chunked): cells, layers, streams, types and the K, V
   and total MiB as printed; and the bytes per cell *to the byte* at >= 65536 cells, where the
@@ -18,14 +18,14 @@ import importlib.util
 
 import pytest
 
-import gguf_families as F
-from gguf_factory import write_model
 from kvtuner.core.model.probed_structure import report_structure
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.reserve_graph import transformer_shape
 from kvtuner.core.units import MiB
+from kvtuner.testing.compute_cases import CONFIGS, FAMILIES, LONG, LONG_FAMILIES
+from kvtuner.testing.gguf_factory import write_model
 
 pytestmark = [
     pytest.mark.llama,
@@ -33,41 +33,6 @@ pytestmark = [
 ]
 dryrun = pytest.importorskip("kvtuner.runner.dryrun")
 from kvtuner.runner.structure_probe import differences  # noqa: E402
-
-FAMILIES = {
-    "qwen35": lambda: F.qwen35(),
-    "qwen35-mtp": lambda: F.qwen35(
-        n_layer=8,
-        E=1024,
-        n_head=8,
-        n_head_kv=2,
-        n_ff=2048,
-        V=8192,
-        d_inner=1024,
-        n_group=4,
-        dt_rank=8,
-        n_mtp=1,
-        name="qwen35 small with an MTP block",
-    ),
-    "qwen35moe": lambda: F.qwen35moe(),
-    "qwen3next": lambda: F.qwen3next(),
-    "falcon-h1": lambda: F.falcon_h1(),
-    "nemotron_h": lambda: F.nemotron_h(),
-    "granitehybrid": lambda: F.granite_hybrid(),
-    "lfm2": lambda: F.lfm2(),
-    "lfm2-swa": lambda: F.lfm2(window=512, name="LFM2 shape with a sliding window"),
-    "llama4": lambda: F.llama4(),
-    "llama4-no-chunks": lambda: F.llama4(n_layer=8, window_key=0, name="llama4 with sliding_window = 0"),
-    "gemma3n": lambda: F.gemma3n(),
-    "gemma4": lambda: F.gemma4(),
-    "glm4moe": lambda: F.glm4moe(),
-    "gpt-oss": lambda: F.gpt_oss(),
-    "qwen2": lambda: F.qwen2(),
-    "qwen3": lambda: F.qwen3(),
-    "stablelm": lambda: F.stablelm(),
-    "deepseek2": lambda: F.deepseek2(),
-    "mamba": lambda: F.mamba(),
-}
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +62,6 @@ def _compare(plan, got):
         assert (f"{rec[0].k_bytes / MiB:.2f}", f"{rec[0].v_bytes / MiB:.2f}") == (f"{r.r_mib:.2f}", f"{r.s_mib:.2f}")
     else:
         assert not rec
-
-
-CONFIGS = [
-    dict(n_ctx=8192, flash_attn="on", type_k="q8_0", type_v="q8_0", n_seq=2),
-    dict(n_ctx=4096, flash_attn="off", n_seq=1),
-    dict(n_ctx=16384, flash_attn="on", n_seq=4, kv_unified=True, n_ubatch=256),
-]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -140,14 +98,7 @@ def _compute_never_under(plan, got, family, kwargs):
         assert f"{ours / MiB:.2f}" == f"{theirs / MiB:.2f}"  # rebuilt reserve graph: exact
 
 
-LONG = [
-    dict(n_ctx=131072, flash_attn="on"),
-    dict(n_ctx=32768, flash_attn="on", swa_full=True),
-    dict(n_ctx=8192, flash_attn="off", n_ubatch=1024),
-]
-
-
-@pytest.mark.parametrize("family", ["llama4", "gemma4", "gpt-oss", "qwen35", "deepseek2", "qwen3", "falcon-h1"])
+@pytest.mark.parametrize("family", LONG_FAMILIES)
 @pytest.mark.parametrize("li", range(len(LONG)))
 def test_long_context_compute_never_under(family, li, family_files):
     """Long contexts and large ubatches, where masks and scores outgrow the logits."""

@@ -10,8 +10,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from gguf_factory import LLAMA2_7B, ModelSpec, tensor_bytes, write_model
 from kvtuner.core.model.profile import GGUFError, ModelProfile
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import LLAMA2_7B, ModelSpec, tensor_bytes, write_model
 
 
 def test_default_model_profile(default_profile):
@@ -73,7 +74,7 @@ def test_split_model_reads_as_one(tmp_path):
     # write the same model through gguf's split writer (random weights so data exists)
     import numpy as np
 
-    from gguf_factory import _tensors
+    from kvtuner.testing.gguf_factory import _tensors
 
     w.add_block_count(2)
     w.add_context_length(4096)
@@ -206,13 +207,9 @@ def test_embedding_only_model_refused(tmp_path):
 @pytest.mark.parametrize("case", ["missing", "fifo.gguf", "not_gguf.gguf", "truncated_header.gguf", "wrong_type.gguf"])
 def test_cli_bad_file_exit_2_no_traceback(tmp_path, good, case):
     import re
-    import subprocess
-    import sys
 
     path, match = _bad_cases(tmp_path, good)[case]
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "plan", str(path)], capture_output=True, text=True, timeout=60
-    )
+    out = run_kvtuner("plan", str(path), timeout=60)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_factory import ModelSpec, write_model
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
+from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
 
 def test_mla_caches_k_only(tmp_path):

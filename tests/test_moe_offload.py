@@ -14,8 +14,6 @@ import re
 import gguf
 import pytest
 
-import gguf_families as F
-from gguf_factory import ModelSpec, write_model
 from kvtuner.cli import main
 from kvtuner.core.advice.advisor import advise
 from kvtuner.core.export import export
@@ -25,6 +23,8 @@ from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.placement import FFN_EXPS_REGEX, placement_for, tensor_overrides
 from kvtuner.core.units import GiB
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
@@ -202,7 +202,7 @@ def test_runner_passes_the_overrides_to_llama_cpp(small_moe):
 @pytest.fixture(scope="module")
 def granite_moe(tmp_path_factory):
     """A small real MoE shape with a tokenizer (IBM Granite 3.0 1B-A400M: 32 experts, 8 used)."""
-    from gguf_factory import write_real_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     return write_real_shape(tmp_path_factory.mktemp("granite") / "granite-moe.gguf", "granite-3.0-1b-a400m", "Q4_0")
 
@@ -234,7 +234,7 @@ def test_llama_cpp_python_snippet_with_overrides_runs(tmp_path, granite_moe):
 # ---------------------------------------------------------------- --n-cpu-ffn
 @pytest.fixture(scope="module")
 def llama8b(tmp_path_factory):
-    from gguf_factory import write_real_shape
+    from kvtuner.testing.gguf_factory import write_real_shape
 
     return write_real_shape(tmp_path_factory.mktemp("dense") / "llama-3.1-8b.gguf", "llama-3.1-8b", "Q4_K_M")
 

@@ -1,4 +1,4 @@
-"""Routing data in zero-weight MoE fixtures (tests/gguf_factory.py ``write_routing_data``): the
+"""Routing data in zero-weight MoE fixtures (kvtuner/testing/gguf_factory.py ``write_routing_data``): the
 tensors a router's choice depends on carry data, every other weight stays a hole, and the routers
 computed from the file send different tokens to different experts."""
 
@@ -9,8 +9,14 @@ import dataclasses
 import gguf
 import numpy as np
 
-import gguf_families as F
-from gguf_factory import MXFP4_NORMAL_EXPONENT, is_routing_tensor, write_model, write_mxfp4_scales, write_routing_data
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import (
+    MXFP4_NORMAL_EXPONENT,
+    is_routing_tensor,
+    write_model,
+    write_mxfp4_scales,
+    write_routing_data,
+)
 
 Q = gguf.GGMLQuantizationType
 

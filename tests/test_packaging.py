@@ -5,6 +5,7 @@ is checked by packaging/smoke.py (`make package package-smoke`, see docs/getting
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -27,21 +28,12 @@ from kvtuner.resources import (
     read_bytes,
 )
 from kvtuner.runner import client as runner_client
+from kvtuner.testing.cli import run_kvtuner
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _kvtuner(*argv: str, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=kw.pop("cwd", ROOT),
-        env=env,
-        **kw,
-    )
+_kvtuner = functools.partial(run_kvtuner, module="kvtuner", checkout=True)
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -212,21 +204,17 @@ def test_bundle_entry_script_is_the_command_line_otherwise():
     assert out.returncode == 0 and out.stdout.startswith(f"kvtuner {kvtuner.__version__}")
 
 
-def test_help_about_shows_the_version_and_the_planned_llama_cpp_build(qtbot, tmp_path):
+def test_help_about_shows_the_version_and_the_planned_llama_cpp_build(qtbot, tmp_path, make_window):
     """The real main window offscreen: Help > About opens a box naming the version, the
     llama.cpp build planned for and the installed one; the window carries the app icon."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     pytest.importorskip("PySide6")
-    from gui_support import HOST, IdleSampler, ini_settings
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
+    from kvtuner.testing.gui_support import NO_MODEL
 
     app = make_app()
-    w = MainWindow(
-        PlanConfig(), settings=ini_settings(tmp_path), hardware=([], HOST, "test: no NVML"), sampler=IdleSampler()
-    )
-    qtbot.addWidget(w)
+    w = make_window(PlanConfig(), model=NO_MODEL)
     help_menu = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Help")
     about = next(a for a in help_menu.actions() if a.text() == "&About kvtuner")
     about.trigger()

@@ -13,44 +13,20 @@ from __future__ import annotations
 
 import pytest
 
-from gguf_factory import ModelSpec, write_model
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.reserve_graph import transformer_shape
 from kvtuner.core.units import MiB
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.compute_cases import CASES, SYNTHETIC
+from kvtuner.testing.gguf_factory import write_model
 
 pytestmark = pytest.mark.llama
 dryrun = pytest.importorskip("kvtuner.runner.dryrun")
 
 COMPUTE_TOLERANCE = 0.02
 SYNTHETIC_COMPUTE_SLACK_BYTES = 8 * MiB
-
-SYNTHETIC = {
-    # a MHA llama: 8 heads, 8 KV heads of 32
-    "llama-mha": ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=4096),
-    # a GQA llama: 8 heads, 2 KV heads of 64
-    "llama-gqa": ModelSpec(n_layer=6, n_embd=512, n_head=8, n_head_kv=2, n_ff=1024, n_vocab=8192),
-    # per-layer KV head counts, one attention-free layer (DeciLM; llama itself needs equal counts).
-    # V is sized by the largest row when transposed (flash attention off).
-    "llama-per-layer-kv": ModelSpec(
-        arch="deci", n_layer=4, n_embd=256, n_head=8, n_head_kv=[8, 2, 0, 4], n_ff=512, n_vocab=4096
-    ),
-    # a sliding-window architecture: gemma3 pattern 6 (layers 5, 11 global), window 256, head size 128
-    "gemma3-swa": ModelSpec(
-        arch="gemma3",
-        n_layer=12,
-        n_embd=256,
-        n_head=4,
-        n_head_kv=2,
-        head_dim=128,
-        n_ff=512,
-        n_vocab=4096,
-        n_ctx_train=32768,
-        sliding_window=256,
-        tied_output=True,
-    ),
-}
 
 
 @pytest.fixture(scope="module")
@@ -61,25 +37,6 @@ def synthetic(tmp_path_factory):
 
 def _model_path(name, synthetic, default_model):
     return default_model if name == "default" else synthetic[name]
-
-
-CASES = [
-    # (model, config kwargs)  -- the first is the example of docs/getting-started/first-plan.md
-    ("default", dict(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")),
-    ("default", dict(n_ctx=4096, flash_attn="off")),
-    ("default", dict(n_ctx=32768, n_seq=2)),
-    ("default", dict(n_ctx=8192, swa_full=True, type_k="q4_0", type_v="q4_0", flash_attn="on")),
-    ("default", dict(n_ctx=3000, n_ubatch=256)),
-    ("default", dict(n_ctx=16384, n_seq=4, kv_unified=True)),
-    ("llama-mha", dict(n_ctx=4096, flash_attn="off")),
-    ("llama-mha", dict(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on")),
-    ("llama-gqa", dict(n_ctx=16384, n_seq=4)),
-    ("llama-gqa", dict(n_ctx=4096, type_k="q5_1", type_v="iq4_nl", flash_attn="on", n_ubatch=128)),
-    ("llama-per-layer-kv", dict(n_ctx=4096, flash_attn="off")),
-    ("llama-per-layer-kv", dict(n_ctx=4096, flash_attn="on", type_k="bf16", type_v="f32")),
-    ("gemma3-swa", dict(n_ctx=8192, flash_attn="on")),
-    ("gemma3-swa", dict(n_ctx=8192, n_seq=2, kv_unified=True, flash_attn="off")),
-]
 
 
 @pytest.mark.parametrize("name,kwargs", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
@@ -157,17 +114,16 @@ def test_verify_makes_compute_exact_and_remembers_it(default_model, tmp_path):
     """``plan --verify --json`` shows analytic and llama.cpp figures side by side; afterwards a
     plain ``plan`` of the same configuration uses the remembered exact compute buffer."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    env = {**os.environ, "KVTUNER_DATA_DIR": str(tmp_path)}
-    args = [sys.executable, "-m", "kvtuner.cli", "plan", "--ctx", "2048", "--ubatch", "128", "--json"]
-    first = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=True).stdout)
+    data = {"KVTUNER_DATA_DIR": str(tmp_path)}
+    args = ("plan", "--ctx", "2048", "--ubatch", "128", "--json")
+    out = run_kvtuner(*args, extra_env=data)
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout)
     assert first["compute_source"] == "estimate" and first["verified"] is None
-    verified = json.loads(
-        subprocess.run(args + ["--verify"], capture_output=True, text=True, timeout=120, env=env, check=True).stdout
-    )
+    out = run_kvtuner(*args, "--verify", extra_env=data)
+    assert out.returncode == 0, out.stderr
+    verified = json.loads(out.stdout)
     assert verified["compute_source"] == "dry-run"
     host = next(d for d in verified["devices"] if d["device"] == "CPU")
     assert host["compute_bytes"] == verified["verified"]["compute_bytes"]["CPU"]
@@ -175,5 +131,7 @@ def test_verify_makes_compute_exact_and_remembers_it(default_model, tmp_path):
     assert [round(c["kv_bytes"] / MiB, 2) for c in verified["kv_caches"]] == [
         c["kv_mib"] for c in verified["verified"]["kv_caches"]
     ]
-    again = json.loads(subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=True).stdout)
+    out = run_kvtuner(*args, extra_env=data)
+    assert out.returncode == 0, out.stderr
+    again = json.loads(out.stdout)
     assert again["compute_source"] == "dry-run"

@@ -27,7 +27,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import PRINT_TOLERANCE_BYTES, plan_memory
 from kvtuner.core.plan.placement import DeviceSplit
 from kvtuner.core.units import MiB
-from server_support import free_port, stop_group, wait_healthy
+from kvtuner.testing.server_support import free_port, stop_group, wait_healthy
 
 pytestmark = [pytest.mark.llama, pytest.mark.slow]
 

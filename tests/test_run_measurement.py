@@ -218,25 +218,21 @@ def cli_bench(default_model, tmp_path_factory) -> CliBench:
 def _window_handles(qtbot, tmp_path: Path, bench: CliBench, wait_s: float = 0.0):
     """A real window (offscreen) with the bench's model open is handed ``bench``'s events as the
     run controller hands them, then the run's end; returns the window."""
-    from gui_support import IdleSampler, ini_settings
     from kvtuner.core.hardware.host import detect_host
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
     from kvtuner.gui.run_controller import BenchSettings, RunFinished
+    from kvtuner.testing.gui_support import open_window
 
-    make_app()
     config = bench.measurement.config
-    w = MainWindow(
+    w = open_window(
+        qtbot,
         config,
-        settings=ini_settings(tmp_path),
+        settings=tmp_path,
         hardware=([], detect_host(), "test: no NVML"),
         bench=BenchSettings(n_prompt=N_PROMPT, n_gen=N_GEN, repetitions=REPS),
-        sampler=IdleSampler(),
+        model=Path(bench.measurement.model_path),
+        wait=lambda w: w.model is not None and w.assessment is not None,
     )
-    qtbot.addWidget(w)
     w.runner.settings = BenchSettings(n_prompt=N_PROMPT, n_gen=N_GEN, repetitions=REPS)  # the Run controls' bench
-    w.open_model(Path(bench.measurement.model_path))
-    qtbot.waitUntil(lambda: w.model is not None and w.assessment is not None, timeout=30_000)
     w.run_events.begin(w.model_path, config)
     qtbot.wait(int(wait_s * 1000))
     t = time.monotonic()

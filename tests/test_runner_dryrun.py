@@ -106,7 +106,7 @@ def test_too_many_kv_gpu_layers(default_model):
 
 
 def test_llama_cpp_refuses_the_context(tmp_path):
-    from gguf_factory import ModelSpec, write_model
+    from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
     # head dim 48: q8_0's block of 32 does not divide it, and llama.cpp refuses with FA on
     path = write_model(

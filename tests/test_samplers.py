@@ -12,7 +12,7 @@ import pytest
 from kvtuner.core.hardware import host as H
 from kvtuner.core.hardware import nvml as N
 from kvtuner.core.monitor import sampler as S
-from nvml_standin import FakeNVMLError, fake_nvml
+from kvtuner.testing.nvml_standin import FakeNVMLError, fake_nvml
 
 
 @pytest.fixture

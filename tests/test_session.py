@@ -1,6 +1,6 @@
 """The Session the CLI and the app share: one machine identity for recording and reading
 calibration, and a dry run's buffer names mapped to devices. Both bugs showed only on a machine
-with an NVIDIA GPU, so a stand-in for the driver (tests/nvml_standin.py) plays one here."""
+with an NVIDIA GPU, so a stand-in for the driver (kvtuner/testing/nvml_standin.py) plays one here."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from kvtuner.core.session import Session
 from kvtuner.core.speed.calibration import CalibrationStore
 from kvtuner.core.speed.measurement import Measurement
 from kvtuner.core.units import MiB
-from llama_report_support import dry_run_result
-from nvml_standin import fake_nvml
+from kvtuner.testing.llama_report_support import dry_run_result
+from kvtuner.testing.nvml_standin import fake_nvml
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Speed model formulas (kvtuner.core.speed.speed_model), with hand-computed expected values.
 
-The tiny synthetic model (``TINY``, written sparse with tests/gguf_factory.py) has, by the
+The tiny synthetic model (``TINY``, written sparse with kvtuner/testing/gguf_factory.py) has, by the
 factory's tensor list (F16 weights, F32 norms):
 
     token_embd 256 x 1024 x 2 B = 524288 B; output.weight 524288 B; output_norm 256 x 4 = 1024 B
@@ -20,7 +20,6 @@ from dataclasses import replace
 
 import pytest
 
-from gguf_factory import ModelSpec, RealShape, write_model, write_real_shape
 from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
 from kvtuner.core.hardware.specs import GpuSpec, HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
@@ -48,6 +47,7 @@ from kvtuner.core.speed.speed_model import (
     workload_time_s,
 )
 from kvtuner.core.speed.weights import summary_from_profile, weight_summary
+from kvtuner.testing.gguf_factory import ModelSpec, RealShape, write_model, write_real_shape
 
 TINY = ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=1024, n_ctx_train=4096, name="tiny")
 LAYER_BYTES = 1312768

@@ -13,21 +13,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
-import subprocess
-import sys
 import time
 
 import pytest
 
-import gguf_families as F
-from gguf_factory import write_model
 from kvtuner.core.hardware.specs import HostSpec
 from kvtuner.core.llama_report import KvCacheReport, RecurrentStateReport
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.session import Session
 from kvtuner.core.units import GiB, MiB
-from llama_report_support import dry_run_result
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_model
+from kvtuner.testing.llama_report_support import dry_run_result
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 
@@ -86,17 +85,13 @@ def test_probe_gives_llama_cpp_structure_and_is_remembered(gswa):
     assert median < 0.005  # generous for a shared 2-core machine; measured ~0.2 ms
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.llama
 @needs_llama
 def test_cli_plan_probes_once_and_no_probe_stays_approximate(gswa):
-    off = json.loads(_cli("plan", str(gswa), "--ctx", "8192", "--json", "--no-probe").stdout)
+    off = json.loads(run_kvtuner("plan", str(gswa), "--ctx", "8192", "--json", "--no-probe").stdout)
     assert off["structure"]["source"] == "approximate"
     assert sum(w.startswith("approximate") for w in off["warnings"]) == 1
-    on = json.loads(_cli("plan", str(gswa), "--ctx", "8192", "--json").stdout)
+    on = json.loads(run_kvtuner("plan", str(gswa), "--ctx", "8192", "--json").stdout)
     assert on["structure"]["source"] == "probe"
     assert not any(w.startswith("approximate") for w in on["warnings"])
     assert [(c["kind"], c["cells"], c["layers"]) for c in on["kv_caches"]] == [("full", 8192, 2), ("swa", 1024, 6)]
@@ -107,7 +102,7 @@ def test_cli_plan_probes_once_and_no_probe_stays_approximate(gswa):
 def test_cli_verify_flows_through(gswa):
     """--verify on an approximate plan: llama.cpp's caches (SWA row included), compute and
     output are the plan's figures, and the approximation note is gone."""
-    doc = json.loads(_cli("plan", str(gswa), "--ctx", "8192", "--json", "--no-probe", "--verify").stdout)
+    doc = json.loads(run_kvtuner("plan", str(gswa), "--ctx", "8192", "--json", "--no-probe", "--verify").stdout)
     assert doc["figures_source"] == "llama.cpp dry-run" and doc["compute_source"] == "dry-run"
     assert not any(w.startswith("approximate") for w in doc["warnings"])
     v = doc["verified"]
@@ -116,7 +111,7 @@ def test_cli_verify_flows_through(gswa):
     assert host["kv_bytes"] == doc["kv_bytes"]
     assert host["compute_bytes"] == v["compute_bytes"]["CPU"]
     assert host["output_bytes"] == v["output_bytes"]["CPU"]
-    text = _cli("plan", str(gswa), "--ctx", "8192", "--no-probe", "--verify").stdout
+    text = run_kvtuner("plan", str(gswa), "--ctx", "8192", "--no-probe", "--verify").stdout
     assert "KV swa" in text and "verified by embedded llama-cpp-python" in text
 
 

@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import gguf
 import pytest
 
-import gguf_families as F
-from gguf_factory import write_model
 from kvtuner.core.hardware.specs import what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.session import Session
 from kvtuner.core.units import GiB, MiB
+from kvtuner.testing import gguf_families as F
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_model
 
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 
@@ -100,18 +99,14 @@ def test_qwen36_q8_fits_a_24g_card(files):
     assert a.plan.gpus[0].kv_bytes == 2176 * MiB + 48 * 817152 * 4
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_head_size_80_q8_k_refused_first(files):
     """StableLM-Zephyr-3B (head size 80): llama.cpp refuses -ctk q8_0 with flash attention auto;
     kvtuner says so in one line, exit 2, and what to choose."""
-    r = _cli("plan", str(files["stablelm"]), "--ctx", "4096", "-ctk", "q8_0")
+    r = run_kvtuner("plan", str(files["stablelm"]), "--ctx", "4096", "-ctk", "q8_0")
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not divide the K head size 80" in lines[0] and "-ctk f16" in lines[0]
-    assert _cli("plan", str(files["stablelm"]), "--ctx", "4096", "-ctk", "q8_0", "-fa", "off").returncode == 0
+    assert run_kvtuner("plan", str(files["stablelm"]), "--ctx", "4096", "-ctk", "q8_0", "-fa", "off").returncode == 0
 
 
 @pytest.mark.llama
@@ -127,7 +122,7 @@ def test_llama_cpp_refuses_head_size_80_q8_k(files):
 @pytest.mark.slow
 def test_server_defaults_resolved(files):
     """--ctx 0 is the training context and -np -1 llama-server's auto (4 slots, unified KV)."""
-    r = _cli("plan", str(files["gemma4"]), "--ctx", "0", "-np", "-1", "-fa", "on", "--json")
+    r = run_kvtuner("plan", str(files["gemma4"]), "--ctx", "0", "-np", "-1", "-fa", "on", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["resolved"] == [
@@ -135,5 +130,5 @@ def test_server_defaults_resolved(files):
         "ctx 0 -> 131072 (training context)",
     ]
     assert doc["config"]["n_ctx"] == 131072 and doc["config"]["n_seq"] == 4 and doc["config"]["kv_unified"]
-    text = _cli("plan", str(files["gemma4"]), "--ctx", "0").stdout
+    text = run_kvtuner("plan", str(files["gemma4"]), "--ctx", "0").stdout
     assert text.splitlines()[0] == "resolved: ctx 0 -> 131072 (training context)"

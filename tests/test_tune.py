@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
-from gguf_factory import write_real_shape
 from kvtuner.core.advice.advisor import advise
 from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
 from kvtuner.core.model.profile import ModelProfile
@@ -19,6 +17,8 @@ from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.speed.speed_model import decode_tok_s, predict_speed, speed_inputs
 from kvtuner.core.tune import TuneError, TuneGoal, fit_equivalent, kv_type_pairs, tune
 from kvtuner.core.units import GiB
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_real_shape
 
 HOST = HostSpec(total_bytes=64 * GiB, available_bytes=64 * GiB, mem_bandwidth_bytes_s=50e9)
 
@@ -165,8 +165,7 @@ def test_fit_equivalent_needs_no_change_when_it_fits(llama8b):
     assert f is not None and f.config.n_gpu_layers == -1 and f.config.type_k == "f16"
 
 
-def kvtuner(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout)
+kvtuner = functools.partial(run_kvtuner, timeout=300)
 
 
 @pytest.mark.slow

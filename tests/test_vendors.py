@@ -10,11 +10,10 @@ write, and a ``llama-server`` of a Vulkan build that answers ``--version``, ``--
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ import pytest
 from kvtuner.core.hardware import vendors as V
 from kvtuner.core.hardware.specs import GpuSpec, catalogue_gpu, metal_working_set_bytes, unified_gpu_spec
 from kvtuner.core.units import GiB, MiB
-
-ROOT = Path(__file__).resolve().parents[1]
+from kvtuner.testing.cli import run_kvtuner
 
 # RX 7900 XTX: amdgpu's mem_info_vram_total of a 24 GB Navi 31 card (25753026560 bytes = 24560
 # MiB, the figure rocm-smi prints as "VRAM Total Memory"); GTT is TTM's default page limit,
@@ -152,16 +150,12 @@ class _NoNvml:
         raise self.NVMLError("NVML Shared Library Not Found")
 
 
-def _kvtuner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), KVTUNER_CPU_PROBE="off", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=180, env=e, cwd=ROOT
-    )
+_kvtuner = functools.partial(run_kvtuner, checkout=True, timeout=180)
 
 
 @pytest.mark.slow
 def test_plan_shows_and_plans_for_amd_from_sysfs(amd_sysfs, default_model):
-    out = _kvtuner("plan", str(default_model), "-c", "4096", "--json", env={V.SYSFS_ROOT_ENV: str(amd_sysfs)})
+    out = _kvtuner("plan", str(default_model), "-c", "4096", "--json", extra_env={V.SYSFS_ROOT_ENV: str(amd_sysfs)})
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     gpus = [d for d in doc["devices"] if d["kind"] == "gpu"]
@@ -210,7 +204,7 @@ esac
 @pytest.fixture(scope="module")
 def qwen3_30b_a3b(tmp_path_factory) -> Path:
     """A sparse Qwen3-30B-A3B Q8_0 file (the model of llama.cpp issue 15009)."""
-    from gguf_factory import QWEN3_30B_A3B, q8_0, write_model
+    from kvtuner.testing.gguf_factory import QWEN3_30B_A3B, q8_0, write_model
 
     return write_model(tmp_path_factory.mktemp("q3") / "qwen3-30b-a3b-q8_0.gguf", q8_0(QWEN3_30B_A3B))
 
@@ -220,7 +214,7 @@ def test_vulkan_allocation_limit_on_the_15009_case(vulkan_server, qwen3_30b_a3b,
     empty = tmp_path / "nosys"
     args = ("plan", str(qwen3_30b_a3b), "--engine", str(vulkan_server), "-c", "70000", "--json")
     env = {V.SYSFS_ROOT_ENV: str(empty), "KVTUNER_CACHE_DIR": str(tmp_path / "cache")}
-    out = _kvtuner(*args, "-fa", "off", env=env)
+    out = _kvtuner(*args, "-fa", "off", extra_env=env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     gpus = [d for d in doc["devices"] if d["kind"] == "gpu"]
@@ -232,7 +226,7 @@ def test_vulkan_allocation_limit_on_the_15009_case(vulkan_server, qwen3_30b_a3b,
     assert "4.28 GiB" in adv["message"] or "4384" in adv["message"], adv["message"]
     assert adv["fix"] == {"flash_attn": "on"}
     # the KV cache itself (6564 MiB in issue 15009's log) is split per layer: no tensor over the limit
-    on = json.loads(_kvtuner(*args, "-fa", "on", env=env).stdout)
+    on = json.loads(_kvtuner(*args, "-fa", "on", extra_env=env).stdout)
     assert not [a for a in on["advice"] if a["id"] == "vulkan-allocation-limit"]
 
 
@@ -305,21 +299,17 @@ def test_gpu_spec_defaults_stay_cuda():
 
 
 @pytest.mark.slow
-def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, monkeypatch, tmp_path):
+def test_window_shows_amd_vram_and_gtt_live_and_plans_for_it(qtbot, amd_sysfs, monkeypatch, tmp_path, make_window):
     pytest.importorskip("PySide6")
     pytest.importorskip("pyqtgraph")
-    from gui_support import ini_settings
     from kvtuner.core.hardware.nvml import use_nvml_module
     from kvtuner.core.plan.config import PlanConfig
-    from kvtuner.gui.app import make_app
-    from kvtuner.gui.main_window import MainWindow
+    from kvtuner.testing.gui_support import NO_MODEL
 
     monkeypatch.setenv(V.SYSFS_ROOT_ENV, str(amd_sysfs))
     use_nvml_module(_NoNvml())
     try:
-        make_app()
-        w = MainWindow(PlanConfig(n_ctx=4096), settings=ini_settings(tmp_path))
-        qtbot.addWidget(w)
+        w = make_window(PlanConfig(n_ctx=4096), hardware=None, sampler=None, model=NO_MODEL)  # as detected here
         text = w.hardware.detected_label.text()
         assert "ROCm0 AMD Radeon RX 7900 XTX, 23.98 GiB (sysfs)" in text, text
         assert "ROCm1 AMD Strix Halo iGPU" in text and "one pool with the CPU" in text

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gguf_factory import write_real_shape
 from kvtuner.core.export.vllm import render, settings_from_config
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.decision_table import decision_table, kv_bytes_per_token
@@ -29,6 +26,8 @@ from kvtuner.core.plan.vllm import (
 )
 from kvtuner.core.plan.workload import ServingWorkload, WorkloadError, workload_advice, workload_kv
 from kvtuner.core.units import GiB, MiB
+from kvtuner.testing.cli import run_kvtuner
+from kvtuner.testing.gguf_factory import write_real_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,10 +88,6 @@ CONFIGS = {
 
 def model(name: str) -> VllmModel:
     return VllmModel.from_hf_config(CONFIGS[name], name=name)
-
-
-def kvtuner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvtuner.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 # --- vLLM budget -------------------------------------------------------------------------------------
@@ -249,7 +244,7 @@ def test_reserved_profile_qwen_gptq_by_hand():
 def test_export_cli_gptq_mem_get_info(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(QWEN15_GPTQ))
-    out = kvtuner(
+    out = run_kvtuner(
         "export",
         "--format",
         "vllm",
@@ -269,7 +264,7 @@ def test_export_cli_gptq_mem_get_info(tmp_path):
     s = VllmSettings(max_model_len=32768, max_num_seqs=1, engine="v0", memory_profiling="mem_get_info")
     p = plan_vllm(m, s, cuda_reported_total(24 * GiB))
     assert f"# GPU blocks: {p.num_blocks}\n" in out.stdout and "GPTQ 4-bit tensors" in out.stderr
-    bad = kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--vllm-memory-profiling", "free")
+    bad = run_kvtuner("export", "--format", "vllm", "--hf-config", str(cfg), "--vllm-memory-profiling", "free")
     assert bad.returncode == 2 and "--vllm-memory-profiling" in bad.stderr
 
 
@@ -301,7 +296,7 @@ def test_multimodal_plan_says_blocks_unknown(tmp_path):
     assert "Maximum concurrency for 65,536 tokens per request: unknown" in r.text
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(MLLAMA))
-    out = kvtuner(
+    out = run_kvtuner(
         "export", "--format", "vllm", "--hf-config", str(cfg), "--gpu", "H100 SXM", "--max-model-len", "65536"
     )
     assert out.returncode == 0, out.stderr
@@ -355,7 +350,7 @@ def llama8b(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_plan_cli_workload_section(llama8b):
-    out = kvtuner(
+    out = run_kvtuner(
         "plan",
         str(llama8b),
         "--ctx",
@@ -383,7 +378,7 @@ def test_plan_cli_workload_section(llama8b):
     items = {a["id"]: a for a in w["advice_items"]}
     assert items["workload-not-worst-safe"]["fix"] == {"n_ctx": 131072}
     # split streams: one unified pool sized for the P95 total (4 x 20000, padded to 256) would do
-    split = kvtuner(
+    split = run_kvtuner(
         "plan",
         str(llama8b),
         "--ctx",
@@ -406,7 +401,7 @@ def test_plan_cli_workload_section(llama8b):
         adv["fix"] == {"kv_unified": True, "n_ctx": 80128}
         and f"{(131072 - 80000) * 131072 // (1 << 20)} MiB" in adv["message"]
     )
-    text = kvtuner(
+    text = run_kvtuner(
         "plan",
         str(llama8b),
         "--ctx",
@@ -428,7 +423,7 @@ def test_plan_cli_workload_section(llama8b):
         and "llama-server shares no prefix" in text.stdout
     )
     assert "[warning] workload-not-worst-safe" in text.stdout and "fix: --ctx 131072" in text.stdout
-    bad = kvtuner("plan", str(llama8b), "--window", "1000", "--avg-tokens", "5000", "--no-gpu", "--no-probe")
+    bad = run_kvtuner("plan", str(llama8b), "--window", "1000", "--avg-tokens", "5000", "--no-gpu", "--no-probe")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--avg-tokens" in bad.stderr
 
 
@@ -477,7 +472,7 @@ def test_decision_table_24gib_four_by_32k(name):
 def test_table_cli_hf_config_and_gguf(tmp_path, llama8b):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CONFIGS["Qwen2.5-14B"]))
-    out = kvtuner(
+    out = run_kvtuner(
         "plan",
         "--table",
         "--hf-config",
@@ -497,11 +492,13 @@ def test_table_cli_hf_config_and_gguf(tmp_path, llama8b):
     kv = {c["kv_type"]: c["kv_bytes"] for c in d["cells"]}
     assert kv == {"f16": 24 * GiB, "q8_0": int(12.75 * GiB), "fp8": 12 * GiB}
     # the GGUF path: the file's own weights, the same KV arithmetic
-    g = kvtuner("plan", str(llama8b), "--table", "--gpu", "RTX 3090", "--table-seqs", "4", "--table-windows", "32768")
+    g = run_kvtuner(
+        "plan", str(llama8b), "--table", "--gpu", "RTX 3090", "--table-seqs", "4", "--table-windows", "32768"
+    )
     assert g.returncode == 0, g.stderr
     assert "16.00 GiB" in g.stdout and "8.50 GiB" in g.stdout and "fits" in g.stdout
-    assert kvtuner("plan", "--table", "--no-gpu").returncode == 2
-    bad = kvtuner("plan", "--table", "--gpu-mem", "24G", "--table-seqs", "four")
+    assert run_kvtuner("plan", "--table", "--no-gpu").returncode == 2
+    bad = run_kvtuner("plan", "--table", "--gpu-mem", "24G", "--table-seqs", "four")
     assert bad.returncode == 2 and "--table-seqs" in bad.stderr
 
 
@@ -525,7 +522,7 @@ def test_vllm_export_render_and_cli(llama8b):
     assert f"Maximum concurrency for 32,768 tokens per request: {p.max_concurrency:.2f}x" in r.text
     assert "LLM(model='meta-llama/Llama-3.1-8B-Instruct', max_model_len=32768" in r.text
     assert any("GGUF" in x for x in r.limitations) and any("prefix caching" in x for x in r.limitations)
-    out = kvtuner(
+    out = run_kvtuner(
         "export",
         str(llama8b),
         "--format",
@@ -542,5 +539,5 @@ def test_vllm_export_render_and_cli(llama8b):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768")
     assert "GPU KV cache size" in out.stdout and "kvtuner: note:" in out.stderr
-    bad = kvtuner("export", "--format", "vllm", "--gpu-memory-utilization", "0")
+    bad = run_kvtuner("export", "--format", "vllm", "--gpu-memory-utilization", "0")
     assert bad.returncode == 2 and "--gpu-memory-utilization" in bad.stderr and "Traceback" not in bad.stderr

@@ -2,7 +2,7 @@
 
 Each row of ``rows.json`` is a llama.cpp CUDA run whose buffer lines were pasted in a public
 issue or published by ggml-org's CI. For every plannable row this script writes a sparse GGUF
-with the printed shapes (``tests/gguf_factory.py``), runs ``python -m kvtuner.cli plan ... --json``
+with the printed shapes (``kvtuner/testing/gguf_factory.py``), runs ``python -m kvtuner.cli plan ... --json``
 with the row's settings and a what-if GPU of the printed free memory, and compares per buffer:
 
     model   weights per device (CUDAn; host = CPU/CPU_Mapped/CUDA_Host/CPU_AARCH64 summed)
@@ -40,7 +40,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 MiB = 1 << 20
 HOST_DEVICES = {"CPU", "CPU_Mapped", "CUDA_Host", "CPU_AARCH64", "CPU_REPACK"}
@@ -56,7 +55,7 @@ def spec_from_fixture(fx: dict):
     """A gguf_factory.ModelSpec from a row's ``fixture`` (type names as strings)."""
     import gguf
 
-    from gguf_factory import ModelSpec
+    from kvtuner.testing.gguf_factory import ModelSpec
 
     q = gguf.GGMLQuantizationType
     kw = dict(fx)
@@ -70,7 +69,7 @@ def spec_from_fixture(fx: dict):
 
 def output_layer_bytes(spec) -> int:
     """Bytes of the output layer as llama.cpp places it (output.weight or the tied copy, output_norm*)."""
-    from gguf_factory import tensor_bytes
+    from kvtuner.testing.gguf_factory import tensor_bytes
 
     tb = tensor_bytes(spec)
     out = sum(v for k, v in tb.items() if k.startswith("output"))
@@ -190,7 +189,7 @@ def compare_row(row: dict, workdir: Path) -> dict:
         res["status"] = "not plannable yet"
         res["reason"] = row.get("not_plannable_reason", "")
         return res
-    from gguf_factory import tensor_bytes, write_model
+    from kvtuner.testing.gguf_factory import tensor_bytes, write_model
 
     spec = spec_from_fixture(row["fixture"])
     model = workdir / f"{row['id']}.gguf"

@@ -654,8 +654,7 @@ def mxfp4_experts(spec: Any) -> Any:
 
 
 def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
-    import gguf_factory as gf  # the tests' generator
+    from kvtuner.testing import gguf_factory as gf  # the tests' generator
 
     fdir = ctx.work / "fixtures"
     fdir.mkdir(parents=True, exist_ok=True)
@@ -667,13 +666,13 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
         rec: dict[str, Any] = {"key": key, "shape": fx.shape, "small": fx.small, "path": str(path)}
         try:
             if fx.kind == "factory" and fx.spec.startswith("families:"):
-                import gguf_families as fam
+                from kvtuner.testing import gguf_families as fam
 
                 spec = getattr(fam, fx.spec.split(":", 1)[1])()
                 if fx.quant == "mxfp4-experts":  # gpt-oss's published file: MXFP4 experts, Q8_0 elsewhere
                     spec = mxfp4_experts(spec)
                 gf.write_model(path, spec)
-                rec["source"] = f"tests/gguf_families.py {fx.spec.split(':', 1)[1]}()" + (
+                rec["source"] = f"kvtuner/testing/gguf_families.py {fx.spec.split(':', 1)[1]}()" + (
                     f" as {fx.quant}" if fx.quant else ""
                 )
             elif fx.kind == "factory":
@@ -683,8 +682,9 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
                 elif fx.quant == "q8_0":
                     spec = gf.q8_0(spec)
                 gf.write_model(path, spec)
-                rec["source"] = f"tests/gguf_factory.py {fx.spec if fx.spec.isidentifier() else spec.name}" + (
-                    f" as {fx.quant}" if fx.quant else ""
+                rec["source"] = (
+                    f"kvtuner/testing/gguf_factory.py {fx.spec if fx.spec.isidentifier() else spec.name}"
+                    + (f" as {fx.quant}" if fx.quant else "")
                 )
             else:
                 rec.update(_default_fixture(ctx, gf, path))

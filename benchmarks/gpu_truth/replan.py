@@ -2,7 +2,7 @@
 
 The device run (``run.sh``) wrote llama.cpp's per-device buffers for each configuration into a
 results JSON. This script writes the same fixtures locally (zero-weight sparse files from
-tests/gguf_factory.py, a few KiB on disk), plans each row with kvtuner's Session on a what-if card
+kvtuner/testing/gguf_factory.py, a few KiB on disk), plans each row with kvtuner's Session on a what-if card
 of the measured GPU's size, and prints planned vs measured compute buffers (CUDA0 and the host's
 CUDA_Host + CPU), GPU weights and KV, with the relative error and medians. Nothing here was fitted
 on rows that are marked ``held_out`` below (the second tier of the run).
@@ -20,10 +20,6 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(HERE))
 
 MiB = 1 << 20
 DEFAULT_RESULTS = HERE / "results" / "2026-11-30-h200.json"
@@ -55,7 +51,7 @@ def _fixture_path(key: str, work: Path, cache: dict[str, Path]) -> Path:
         return cache[key]
     from gpu_truth import FIXTURES_GPU
 
-    import gguf_factory as gf
+    from kvtuner.testing import gguf_factory as gf
 
     fx = {f.key: f for f in FIXTURES_GPU}[key]
     path = work / f"{key}.gguf"

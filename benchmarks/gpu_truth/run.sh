@@ -289,7 +289,7 @@ phase_measure() {
   [[ $QUICK -eq 1 ]] && extra+=(--quick)
   [[ -n "$JOBS" ]] && extra+=(--jobs "$JOBS")
   GPU_TRUTH_SHELL_PHASES="{${PHASES_JSON}}" GPU_TRUTH_BUILD_INFO="$SITE/.llama_build.json" \
-  PYTHONPATH="$SITE:$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" \
+  PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" "$HERE/gpu_truth.py" --mode "$DEVICE" --budget-s "$left" --out "$OUT" --work "$WORK" \
       --carry "$CARRY" --phases "$PHASES" --command "$CMDLINE" "${extra[@]}"
 }

@@ -27,9 +27,6 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
 from kvtuner.core.export.vllm import render
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.plan.vllm import VllmModel, VllmSettings, plan_vllm, pool_from_available

@@ -71,6 +71,7 @@ import gguf
 import numpy as np
 
 from ..model.ggml_types import KV_CACHE_TYPES
+from ..model.gguf_write import write_sparse_gguf
 from ..plan.llama_constants import pad_ctx
 from ..plan.reserve_graph import last_layer_rows_only
 from .expert_shapes import expert_key, model_expert_keys, parse_expert_key
@@ -571,27 +572,9 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
         w.add_tokenizer_model("none")
         w.add_vocab_size(PROBE_VOCAB)
         tensors = m.tensors()
-        for name, shape, t in tensors:
-            w.add_tensor_info(
-                name, shape[::-1], np.dtype(np.float32), _nbytes(shape, t), raw_dtype=gguf.GGMLQuantizationType[t]
-            )
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        w.close()
-        align = gguf.GGUF_DEFAULT_ALIGNMENT
-        start = -(-path.stat().st_size // align) * align
-        total = sum(-(-_nbytes(s, t) // align) * align for _, s, t in tensors)
-        with open(path, "r+b") as f:
-            f.truncate(start + total)
-            offset = start
-            for name, shape, t in tensors:
-                data = _probe_data(m, name, shape, t)
-                if data is not None:
-                    f.seek(offset)
-                    for chunk in data:
-                        f.write(chunk)
-                offset += -(-_nbytes(shape, t) // align) * align
+        for _, shape, t in tensors:
+            _nbytes(shape, t)  # every row whole blocks of its type
+        write_sparse_gguf(path, w, tensors, lambda name, shape, t: _probe_data(m, name, shape, t))
     except OSError as exc:
         raise ProbeError(f"cannot write the CPU probe model {path}: {exc.strerror or exc}") from None
     return path

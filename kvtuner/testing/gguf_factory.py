@@ -24,6 +24,7 @@ import gguf
 import numpy as np
 
 # the E8M0 exponent write_mxfp4_scales writes and its block writer: the CPU probe's own
+from kvtuner.core.model.gguf_write import tensor_nbytes, write_sparse_gguf
 from kvtuner.core.speed.cpu_probe import MXFP4_NORMAL_EXPONENT, mxfp4_blocks
 
 GQT = gguf.GGMLQuantizationType
@@ -62,7 +63,7 @@ class ModelSpec:
     file_type: int | None = None  # general.file_type (LlamaFileType); default from weight_type
     qkv_bias: bool = False  # Q/K/V bias tensors (qwen2 has them; off by default to keep older fixtures)
     #: explicit tensor table ``[(name, ggml shape (ne0 first), ggml type)]`` for architectures
-    #: this module does not lay out itself (tests/gguf_families.py builds them)
+    #: this module does not lay out itself (kvtuner/testing/gguf_families.py builds them)
     tensors: list | None = None
 
 
@@ -190,15 +191,9 @@ def hd_rot(spec: ModelSpec) -> int:
     return spec.head_dim or spec.n_embd // max(max(heads), 1)
 
 
-def _nbytes(shape: tuple[int, ...], t: int) -> int:
-    block, size = gguf.GGML_QUANT_SIZES[GQT(t)]
-    n = int(np.prod(shape))
-    return n // block * size
-
-
 def tensor_bytes(spec: ModelSpec) -> dict[str, int]:
     """Exact bytes of every tensor the factory writes (for expected values in tests)."""
-    return {name: _nbytes(shape, t) for name, shape, t in _tensors(spec)}
+    return {name: tensor_nbytes(shape, t) for name, shape, t in _tensors(spec)}
 
 
 def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = False, seed: int = 0) -> Path:
@@ -263,35 +258,22 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
             w.add_array(k, list(v))
 
     tensors = _tensors(spec)
+    if not random_weights:
+        write_sparse_gguf(path, w, tensors)
+        return path
     rng = np.random.default_rng(seed)
     for name, shape, t in tensors:
-        nbytes = _nbytes(shape, t)
-        if random_weights:
-            if t == GQT.F32:
-                data = rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02
-            elif t == GQT.F16:
-                data = (rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02).astype(np.float16)
-            else:
-                data = gguf.quantize(rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02, GQT(t))
-            w.add_tensor(name, data, raw_dtype=None if t in (GQT.F32, GQT.F16) else GQT(t))
+        if t == GQT.F32:
+            data = rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02
+        elif t == GQT.F16:
+            data = (rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02).astype(np.float16)
         else:
-            w.add_tensor_info(name, shape[::-1], np.dtype(np.float32), nbytes, raw_dtype=GQT(t))
-    if random_weights:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path
+            data = gguf.quantize(rng.standard_normal(shape[::-1], dtype=np.float32) * 0.02, GQT(t))
+        w.add_tensor(name, data, raw_dtype=None if t in (GQT.F32, GQT.F16) else GQT(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
+    w.write_tensors_to_file()
     w.close()
-    align = gguf.GGUF_DEFAULT_ALIGNMENT
-    size = path.stat().st_size
-    data_start = -(-size // align) * align
-    total = sum(-(-_nbytes(s, t) // align) * align for _, s, t in tensors)
-    with open(path, "r+b") as f:
-        f.truncate(data_start + total)
     return path
 
 
@@ -802,26 +784,14 @@ def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_
         w.add_float32(k, v) if isinstance(v, float) else w.add_uint32(k, v)
     w.add_tokenizer_model("none")
     w.add_vocab_size(s.n_vocab)
-    for name, shape_, t in tensors:
-        w.add_tensor_info(name, shape_[::-1], np.dtype(np.float32), _nbytes(shape_, t), raw_dtype=GQT(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    align = gguf.GGUF_DEFAULT_ALIGNMENT
-    data_start = -(-path.stat().st_size // align) * align
-    offsets, off = {}, 0
-    for name, shape_, t in tensors:
-        offsets[name] = off
-        off += -(-_nbytes(shape_, t) // align) * align
-    with open(path, "r+b") as f:
-        f.truncate(data_start + off)
-        if s.n_expert:  # routing data (see above)
-            rng = np.random.default_rng(seed)
-            for name, shape_, t in tensors:
-                if is_routing_tensor(name):
-                    f.seek(data_start + offsets[name])
-                    f.write(_random_data(shape_, t, rng, ones=name.endswith("_norm.weight")))
+    rng = np.random.default_rng(seed)
+
+    def routing_data(name: str, shape_: tuple[int, ...], t: int) -> list[bytes] | None:
+        if not (s.n_expert and is_routing_tensor(name)):
+            return None
+        return [_random_data(shape_, t, rng, ones=name.endswith("_norm.weight"))]
+
+    write_sparse_gguf(path, w, tensors, routing_data)
     return path
 
 
@@ -837,7 +807,7 @@ def is_routing_tensor(name: str) -> bool:
 
 def write_routing_data(path: str | Path, *, seed: int = 0) -> Path:
     """Write real data into the routing tensors (:func:`is_routing_tensor`) of a sparse GGUF written
-    by :func:`write_model` (any architecture, e.g. a ``tests/gguf_families.py`` spec): random token
+    by :func:`write_model` (any architecture, e.g. a ``kvtuner/testing/gguf_families.py`` spec): random token
     embeddings and routers, unit norms, all other weights left zero, so that every token of a
     zero-weight MoE file picks its own experts as :func:`write_real_shape` files do. The residual
     stream stays each token's embedding (attention and experts add zeros), so each layer's router

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import gguf
 
-from gguf_factory import ModelSpec
+from kvtuner.testing.gguf_factory import ModelSpec
 
 GQT = gguf.GGMLQuantizationType
 F32, F16 = GQT.F32, GQT.F16

@@ -16,6 +16,7 @@ import gguf
 import numpy as np
 
 from kvtuner.core.model.gguf_header import read_header
+from kvtuner.core.model.gguf_write import write_sparse_gguf
 
 LORA_TARGETS = ("attn_q", "attn_v")
 
@@ -112,21 +113,6 @@ def write_projector(path: str | Path, text_n_embd: int, v: dict = SIGLIP_GEMMA3)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     w.add_bool("clip.use_gelu", True)
-    tensors = projector_tensors(text_n_embd, v)
-    types = {"f16": (np.float16, gguf.GGMLQuantizationType.F16), "f32": (np.float32, gguf.GGMLQuantizationType.F32)}
-    sizes = []
-    for name, shape, t in tensors:
-        dt, q = types[t]
-        nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
-        sizes.append(nbytes)
-        w.add_tensor_info(name, shape[::-1], np.dtype(dt), nbytes, raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    align = gguf.GGUF_DEFAULT_ALIGNMENT
-    data_start = -(-path.stat().st_size // align) * align
-    total = sum(-(-n // align) * align for n in sizes)
-    with open(path, "r+b") as fh:
-        fh.truncate(data_start + total)
+    tensors = [(name, shape, t.upper()) for name, shape, t in projector_tensors(text_n_embd, v)]  # "F16" / "F32"
+    write_sparse_gguf(path, w, tensors)
     return path
