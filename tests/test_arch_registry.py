@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from gguf_factory import ModelSpec, write_model
 from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu
 from kvtuner.core.model import arch
 from kvtuner.core.model.arch import REGISTRY, Family, GraphRules, families_markdown, family_of, register
@@ -29,6 +28,7 @@ from kvtuner.core.plan.config import ConfigError, PlanConfig
 from kvtuner.core.plan.memory_plan import plan_memory
 from kvtuner.core.plan.reserve_graph import last_layer_rows_only, transformer_shape
 from kvtuner.core.speed.speed_model import fallback_cpu_rates, predict_speed, speed_inputs
+from kvtuner.testing.gguf_factory import ModelSpec, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
