@@ -1089,7 +1089,7 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
                 rate = cpu.expert_decode_bytes_s.get(key) if key else None
                 t += b / ((rate or nearest(cpu.decode_bytes_s, base_type(typ))) * c.host_decode_scale)
             stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
-            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd) for hd, n in d.head_cells)
+            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd, decode=True) for hd, n in d.head_cells)
             t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:
