@@ -740,10 +740,9 @@ def print_report(recs: list[dict], markdown: bool) -> None:
                 cells = [f"{r['pred']:.2f}", f"{err:+.0%}"]
             else:
                 host, cells = r.get("host_cpu") or "", ["skipped", r["skip"]]
-            print(
-                f"| {r['id']} | {r['set']} | {r['regime']} | {r['gpu']} | {host} | {r['model']} {r.get('quant') or ''} "
-                f"| {' '.join(flags)} | {r['test']} | {r['tps']:g} | {cells[0]} | {cells[1]} |"
-            )
+            cols = [r["id"], r["set"], r["regime"], r["gpu"], host, f"{r['model']} {r.get('quant') or ''}".strip()]
+            cols += [" ".join(flags), r["test"], f"{r['tps']:g}", *cells]
+            print("| " + " | ".join(str(c).replace("|", "\\|") for c in cols) + " |")
 
 
 def print_h200(rows: list[dict], markdown: bool) -> None:
