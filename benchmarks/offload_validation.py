@@ -112,33 +112,11 @@ def _shapes() -> list[tuple[str, str, Callable]]:
     import gguf_factory as gf
     import gguf_families as F
 
-    M = gf.ModelSpec
+    def llama(name: str, **dims: int) -> Callable:
+        return lambda: dataclasses.replace(gf.LLAMA31_8B, name=name, n_ctx_train=32768, **dims)
 
-    def llama(n_layer, E, n_head, n_head_kv, n_ff, V, name, head_dim=None):
-        return lambda: M(
-            n_layer=n_layer,
-            n_embd=E,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            n_ff=n_ff,
-            n_vocab=V,
-            n_ctx_train=32768,
-            name=name,
-        )
-
-    def qwen3moe(n_layer, E, n_head, n_head_kv, n_expert, n_used, n_ff_exp, name):
-        return lambda: dataclasses.replace(
-            gf.QWEN3_30B_A3B,
-            n_layer=n_layer,
-            n_embd=E,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            n_expert=n_expert,
-            n_expert_used=n_used,
-            n_ff_exp=n_ff_exp,
-            name=name,
-        )
+    def qwen3moe(name: str, **dims: int) -> Callable:
+        return lambda: dataclasses.replace(gf.QWEN3_30B_A3B, name=name, **dims)
 
     hf = "config.json of "
     return [
@@ -148,7 +126,16 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (
             r"qwen3-235b-a22b",
             hf + "Qwen/Qwen3-235B-A22B",
-            qwen3moe(94, 4096, 64, 4, 128, 8, 1536, "Qwen3-235B-A22B shape"),
+            qwen3moe(
+                "Qwen3-235B-A22B shape",
+                n_layer=94,
+                n_embd=4096,
+                n_head=64,
+                n_head_kv=4,
+                n_expert=128,
+                n_expert_used=8,
+                n_ff_exp=1536,
+            ),
         ),
         (r"qwen3\.[56]-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B", F.qwen35moe),
         # a fine-tune of Qwen3.5/3.6-35B-A3B (the row's family: qwen35moe), same shape
@@ -175,7 +162,7 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (
             r"llama-3\.[13]-70b",
             hf + "meta-llama/Llama-3.3-70B-Instruct",
-            llama(80, 8192, 64, 8, 28672, 128256, "Llama-3.3-70B shape"),
+            llama("Llama-3.3-70B shape", n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=28672, n_vocab=128256),
         ),
         (r"qwen2\.5(-coder|-math)?-7b|deepseek-r1-distill-qwen-7b", hf + "Qwen/Qwen2.5-7B", F.qwen2),
         (
@@ -214,7 +201,16 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (
             r"mistral-small(-3\.\d)?-24b",
             hf + "mistralai/Mistral-Small-24B-Instruct-2501",
-            llama(40, 5120, 32, 8, 32768, 131072, "Mistral-Small-24B shape", head_dim=128),
+            llama(
+                "Mistral-Small-24B shape",
+                n_layer=40,
+                n_embd=5120,
+                n_head=32,
+                n_head_kv=8,
+                head_dim=128,
+                n_ff=32768,
+                n_vocab=131072,
+            ),
         ),
         ("mistral-7b", hf + "mistralai/Mistral-7B-v0.3", "real:mistral-7b-v0.3"),
         # phi-4: the phi3 architecture (fused QKV and gate+up), 40 layers, 5120 wide, 40 heads, 10 KV heads
