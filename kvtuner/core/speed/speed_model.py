@@ -131,8 +131,8 @@ THREAD_EFFICIENCY = 0.55
 #: decode 15.2 GB/s of MXFP4 weights (Q5_0 15.6, Q4_K 23.0, Q8_0 25.8), prefill 130 GFLOP/s
 #: (Q5_0; Q8_0 184, Q4_K 260), flash attention 40 ns per (query head x cell) in decode and 8.3 ns
 #: per (token x head x cell) in prefill (GQA 32/4/128). The 5 GB/s and 1280 B-equivalent per
-#: thread of the ``FALLBACK_*`` figures came from an older 2-vCPU VM and put every public host
-#: row's CPU decode 25-70% low (benchmarks/offload_validation.py, fitting rows).
+#: thread of the ``FALLBACK_*`` figures came from an older 2-vCPU VM and put the CPU decode of
+#: public rows on desktop hosts 25-70% low (benchmarks/offload_validation.py).
 REFERENCE_CORE_DECODE_BYTES_S = 15e9
 REFERENCE_CORE_PREFILL_FLOP_S = 130e9
 REFERENCE_CORE_ATTN_DECODE_S = 4.0e-8
