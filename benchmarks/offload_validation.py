@@ -463,7 +463,7 @@ def host_spec(h: dict, ram_bytes: int = 128 << 30):
         try:
             mem = parse_host_memory(h["memory"])
         except HostMemoryError:  # a rate outside what the type is sold at (DDR5 run at 2000 MT/s)
-            k, mt, ch = re.fullmatch(r"(\w+)-(\d+)x(\d+)", h["memory"]).groups()  # type: ignore[union-attr]
+            k, mt, ch = re.split(r"[-x]", h["memory"])
             mem = HostMemory(k, int(mt), int(ch))
         bw, theo, name = mem.typical_bytes_s, mem.theoretical_bytes_s, mem.name
     else:
