@@ -452,3 +452,17 @@ def test_cpu_attention_is_keyed_by_the_kv_pair_flash_attention_runs(default_prof
         keys[fa] = {h for d in prefill_workload(plan, 64, 1024).devices for h, _ in d.head_cells}
         assert keys[fa] == {h for d in decode_workload(plan, 1024).devices for h, _ in d.head_cells}
     assert keys == {"on": {"4/1/256@q8_0+f16"}, "off": {"4/1/256"}}
+
+
+def test_assumed_cpu_attention_decode_scales_with_the_kv_rows_bytes():
+    from kvtuner.core.speed.cpu_probe import attn_decode_kv_factor
+
+    assert attn_decode_kv_factor("f16", "f16") == 1.0
+    assert attn_decode_kv_factor("q8_0", "q8_0") == pytest.approx(0.1 + 0.9 * (34 / 32 * 2) / 4)
+    assert attn_decode_kv_factor("q4_0", "q4_0") == pytest.approx(0.1 + 0.9 * (18 / 32 * 2) / 4)
+    fb = fallback_cpu_rates(2, 100e9)
+    f16 = fb.attn_cost(fb.attn_decode_s, "32/8/128", decode=True)
+    assert fb.attn_cost(fb.attn_decode_s, "32/8/128@q4_0", decode=True) == pytest.approx(f16 * 0.353125)
+    # prefill (the one-row path is slower there than f16's tiled path) and a probed table keep f16's cost
+    assert fb.attn_cost(fb.attn_prefill_s, "32/8/128@q4_0") == fb.attn_cost(fb.attn_prefill_s, "32/8/128")
+    assert RATES.attn_cost(RATES.attn_decode_s, "8/8/32@q4_0", decode=True) == RATES.attn_decode_s["8/8/32"]

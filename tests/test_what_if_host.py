@@ -149,3 +149,21 @@ def test_bad_host_flags_are_one_line_and_exit_2(argv, message, capsys):
     assert main(cmd) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_what_if_host_without_a_probe_has_its_cores_of_the_reference_core():
+    from kvtuner.core.hardware.specs import HostSpec
+    from kvtuner.core.speed.speed_model import REFERENCE_CORE_ATTN_DECODE_S, host_rates, reference_core_rates
+
+    # six cores stream 6 x 15 GB/s: DDR5-6000x2's typical 69.1 GB/s caps the decode; two cores do not reach it
+    six = reference_core_rates(6, 69.12e9)
+    assert six.decode_bytes_s == {"*": pytest.approx(69.12e9)}
+    assert reference_core_rates(2, 69.12e9).decode_bytes_s == {"*": pytest.approx(30e9)}
+    assert six.attn_decode_s == {"*": pytest.approx(REFERENCE_CORE_ATTN_DECODE_S / 6)}
+    assert six.prefill_flop_s == {"*": pytest.approx(6 * 130e9)}
+    host = HostSpec(total_bytes=64 << 30, what_if=True, memory="DDR5-6000x2", mem_bandwidth_bytes_s=69.12e9, n_cores=6)
+    r = host_rates(host, measure=False, n_threads=6)
+    assert r.cpu.decode_bytes_s == {"*": pytest.approx(69.12e9)} and "6 reference cores" in r.source
+    # this machine (not a what-if host) without a probe keeps the per-thread fallback
+    here = host_rates(HostSpec(total_bytes=64 << 30, mem_bandwidth_bytes_s=69.12e9), measure=False, n_threads=6)
+    assert here.cpu.decode_bytes_s == {"*": pytest.approx((1 + 5 * 0.55) * 5e9)}

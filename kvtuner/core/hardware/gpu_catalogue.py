@@ -52,8 +52,9 @@ class GpuModel:
     """One catalogue entry (units in the module docstring).
 
     ``name``: the catalogue's name (``"RTX 3090"``); ``nvml_names``: the names NVML reports for it
-    (``nvmlDeviceGetName``); ``arch``: ``pascal``, ``turing``, ``ampere``, ``ada``, ``hopper`` or
-    ``blackwell``; ``source``: where the figures come from.
+    (``nvmlDeviceGetName``); ``arch``: ``pascal``, ``turing``, ``turing-gtx`` (the GTX 16 series:
+    Turing SMs without tensor cores), ``ampere``, ``ada``, ``hopper`` or ``blackwell``; ``source``:
+    where the figures come from.
     """
 
     name: str
@@ -89,8 +90,9 @@ class GpuModel:
 
     @property
     def has_int8_tensor_cores(self) -> bool:
-        """NVIDIA Turing and newer: MMQ runs on int8 ``mma`` tensor-core instructions."""
-        return self.vendor == "NVIDIA" and self.arch != "pascal"
+        """NVIDIA Turing and newer with tensor cores: MMQ runs on int8 ``mma`` tensor-core
+        instructions (not Pascal, not the GTX 16 series)."""
+        return self.vendor == "NVIDIA" and self.arch not in ("pascal", "turing-gtx")
 
     def describe(self) -> str:
         """One line: ``RTX 3090: 24 GiB, 936 GB/s, FP16 tensor 142 TFLOPS, INT8 285 TOPS, PCIe 4.0 x16``."""
@@ -254,6 +256,22 @@ _CATALOGUE: tuple[GpuModel, ...] = (
         "NVIDIA Tesla P40 datasheet (https://images.nvidia.com/content/pdf/tesla/184427-Tesla-P40-Datasheet-NV-Final-Letter-Web.pdf): "
         "346 GB/s, 11.76 TFLOPS FP32, 47 TOPS INT8; FP16 1/64 of FP32 on GP102",
         ("Tesla P40",),
+    ),
+    GpuModel(
+        "GTX 1660 Ti",
+        6 * GiB,
+        288e9,
+        10.87e12,
+        21.7e12,
+        5.437e12,
+        3,
+        16,
+        "turing-gtx",
+        "NVIDIA GeForce GTX 1660 Ti specifications (https://www.nvidia.com/en-us/geforce/graphics-cards/gtx-1660-ti/): "
+        "TU116, 1536 CUDA cores, 1770 MHz boost, 12 Gbps x 192-bit GDDR6 (288 GB/s), PCIe 3.0 x16; no tensor cores: "
+        "FP32 1536 x 2 x 1.77 GHz = 5.44 TFLOPS, FP16 twice that (Turing whitepaper: TU116's dedicated FP16 units), "
+        "INT8 by DP4A 4 x FP32",
+        ("NVIDIA GeForce GTX 1660 Ti",),
     ),
     GpuModel(
         "Tesla T4",

@@ -111,6 +111,30 @@ MLA_NOPE, MLA_V = 128, 128
 ATTN_FAST_KV = ("f16", "f32")
 
 
+#: Without a probe of a K/V pair (the assumed ``"*"`` cost only), the share of the CPU
+#: flash-attention decode cost per head and cell that does not scale with the bytes of the K and
+#: V rows; the rest scales with them. The one-row path reads one K row (a dot product in K's type,
+#: ``kq_vec_dot``) and one V row (``v_to_float`` then ``ggml_vec_mad_f32``) per cell
+#: (ggml-cpu/ops.cpp ``ggml_compute_forward_flash_attn_ext_f16_one_chunk``), so a q4_0 cache
+#: reads 18/64 of f16's bytes. Fitted (least squares of the log error) on the fitting rows of
+#: benchmarks/offload_public_rows.json (regime long_depth: GTX 1660 Ti + Ryzen 5 7600X, -nkvo,
+#: R1-Distill-Qwen-7B at depths 8192 and 16384 with f16, q8_0 and q4_0 K/V, whose decode times
+#: above depth 0 give 6.5, 4.2 and 2.9 ns per head and cell on 6 threads).
+ATTN_DECODE_FIXED_SHARE = 0.10
+
+
+def attn_decode_kv_factor(type_k: str, type_v: str) -> float:
+    """The assumed CPU flash-attention decode cost of a K/V pair relative to f16/f16:
+    ``ATTN_DECODE_FIXED_SHARE + (1 - share) * (bytes per element of K + V) / 4`` (f16: 1, q8_0:
+    0.58, q4_0: 0.35); 1 for a type not in :data:`KV_CACHE_TYPES`."""
+    try:
+        k, v = KV_CACHE_TYPES[str(type_k).lower()], KV_CACHE_TYPES[str(type_v).lower()]
+    except KeyError:
+        return 1.0
+    ratio = (k.type_size / k.block_size + v.type_size / v.block_size) / 4.0
+    return ATTN_DECODE_FIXED_SHARE + (1.0 - ATTN_DECODE_FIXED_SHARE) * ratio
+
+
 def attn_kv_suffix(type_k: str = "f16", type_v: str = "f16") -> str:
     """The K/V part of an attention key: ``""`` for the fast pairs (:data:`ATTN_FAST_KV`, one type
     for K and V), else ``"@q8_0"`` (K and V of one type) or ``"@q8_0+f16"`` (K, V)."""
@@ -651,17 +675,21 @@ class CpuRates:
         b = max(1.0, float(batch))
         return peak * b / (b + half)
 
-    def attn_cost(self, table: dict[str, float], shape: str) -> float:
+    def attn_cost(self, table: dict[str, float], shape: str, *, decode: bool = False) -> float:
         """Cost per head and cell of an attention shape (:func:`attn_key`) from ``table``
         (``attn_decode_s`` or ``attn_prefill_s``): the measured shape, else for another K/V pair
         than f16 the same shape with f16 K/V (what was used before K/V pairs were probed), else
         the f16 shape nearest in head size and then in query heads per KV head, scaled by the
-        head size; else the fallback ``"*"`` (for 128-wide heads) scaled by the head size."""
+        head size; else the fallback ``"*"`` (for 128-wide heads) scaled by the head size, and
+        in decode (``decode``) by the K/V pair's bytes (:func:`attn_decode_kv_factor`)."""
         if shape in table:
             return table[shape]
-        base, _, _ = attn_key_kv(shape)
+        base, k, v = attn_key_kv(shape)
         if base != shape:
-            return self.attn_cost(table, base)
+            cost = self.attn_cost(table, base)
+            if decode and all(key == "*" for key in table):
+                cost *= attn_decode_kv_factor(k, v)
+            return cost
         want = _parse_attn_key(shape) or (32, 8, 128)
         known = [(k, p) for k, p in ((k, _parse_attn_key(k)) for k in table if "@" not in k) if p is not None]
         if not known:  # only other K/V pairs probed: the nearest of those rather than nothing

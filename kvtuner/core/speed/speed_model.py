@@ -63,8 +63,9 @@ along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
 
 A what-if host (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``;
 :class:`~kvtuner.core.hardware.specs.HostSpec` ``what_if``) is this machine's probed CPU kernels
-moved to its cores, every host decode rate capped at its RAM's achieved bandwidth
-(:func:`cap_cpu_rates`), and its PCIe link for every local GPU (:func:`gpu_rates`).
+moved to its cores, or without a probe its cores of a reference core (:func:`reference_core_rates`),
+every host decode rate capped at its RAM's achieved bandwidth (:func:`cap_cpu_rates`), and its
+PCIe link for every local GPU (:func:`gpu_rates`).
 
 Where each constant comes from: the CPU rates from the probe (:mod:`.cpu_probe`, run by the
 runner and stored per machine), the GPU figures from the catalogue
@@ -122,6 +123,18 @@ FALLBACK_ATTN_PREFILL_FLOPS = 1024.0
 #: What each CPU thread after the first adds (measured 1.36-1.67x for 2 threads on that VM); used
 #: only to move probe rates to another thread count than they were measured at.
 THREAD_EFFICIENCY = 0.55
+#: One physical core of a what-if host that has no CPU probe (``--host-mem``/``--host-bw`` with
+#: ``--host-cores``): this project's CPU probe at one thread on an AMD EPYC vCPU (AVX-512, VNNI;
+#: benchmarks/moe_cpu_runs.json, ``here.probe``), the slowest quantized type of each figure:
+#: decode 15.2 GB/s of MXFP4 weights (Q5_0 15.6, Q4_K 23.0, Q8_0 25.8), prefill 130 GFLOP/s
+#: (Q5_0; Q8_0 184, Q4_K 260), flash attention 40 ns per (query head x cell) in decode and 8.3 ns
+#: per (token x head x cell) in prefill (GQA 32/4/128). The 5 GB/s and 1280 B-equivalent per
+#: thread of the ``FALLBACK_*`` figures came from an older 2-vCPU VM and put the CPU decode of
+#: public rows on desktop hosts 25-70% low (benchmarks/offload_validation.py).
+REFERENCE_CORE_DECODE_BYTES_S = 15e9
+REFERENCE_CORE_PREFILL_FLOP_S = 130e9
+REFERENCE_CORE_ATTN_DECODE_S = 4.0e-8
+REFERENCE_CORE_ATTN_PREFILL_S = 8.3e-9
 
 
 #: Calibration parameter name prefix for one weight type's host prefill scale.
@@ -406,6 +419,28 @@ def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRate
     )
 
 
+def reference_core_rates(n_cores: int, bandwidth_bytes_s: float) -> CpuRates:
+    """CPU rates of a what-if host without a probe: ``n_cores`` physical cores of the
+    ``REFERENCE_CORE_*`` figures, added linearly, every decode rate capped at the RAM's
+    ``bandwidth_bytes_s``. Linear because ggml-cpu splits each matmul's rows (and each attention's
+    heads) into chunks the threads take in turn (ggml-cpu.c ``ggml_compute_forward_mul_mat``,
+    ``ggml_compute_forward_mul_mat_id``): on physical cores their streams add until the RAM's
+    bandwidth caps a decode (the roofline's memory roof; llama.cpp PR #6915: "generation is
+    generally limited by memory bandwidth"; issue #12966: a 20-core i7-14700K gains nothing
+    past 3-4 threads)."""
+    n = max(1, int(n_cores))
+    return CpuRates(
+        n,
+        {"*": min(bandwidth_bytes_s, n * REFERENCE_CORE_DECODE_BYTES_S)},
+        {"*": n * REFERENCE_CORE_PREFILL_FLOP_S},
+        FALLBACK_LAYER_S,
+        FALLBACK_TOKEN_S,
+        {"*": REFERENCE_CORE_ATTN_DECODE_S / n},
+        {"*": REFERENCE_CORE_ATTN_PREFILL_S / n},
+        source=f"assumed (no CPU probe): {n} reference cores",
+    )
+
+
 def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
     """``rates`` moved to ``n_threads`` threads by :func:`effective_threads` (identity when equal)."""
     if rates.n_threads == n_threads:
@@ -523,7 +558,8 @@ def host_rates(
     ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`.
 
     A what-if host (``host.what_if`` with a bandwidth: ``--host-mem``/``--host-bw``) is this
-    machine's CPU kernels moved to its cores (:func:`rates_for_threads`) with every decode rate
+    machine's CPU kernels moved to its cores (:func:`rates_for_threads`), or without a probe
+    its cores of the reference core (:func:`reference_core_rates`), with every decode rate
     capped at its RAM's achieved bandwidth (:func:`cap_cpu_rates`)."""
     what_if = host is not None and host.what_if and bool(host.mem_bandwidth_bytes_s)
     if host is not None and host.mem_bandwidth_bytes_s:
@@ -542,7 +578,12 @@ def host_rates(
         or (host.n_cores if host is not None and host.n_cores else None)
         or (cpu.n_threads if cpu else physical_cores())
     )
-    rates = rates_for_threads(cpu, threads) if cpu is not None else fallback_cpu_rates(threads, bw)
+    if cpu is not None:
+        rates = rates_for_threads(cpu, threads)
+    elif what_if:
+        rates = reference_core_rates(threads, bw)
+    else:
+        rates = fallback_cpu_rates(threads, bw)
     if what_if:
         rates = cap_cpu_rates(rates, bw)
     return DeviceRates(HOST, bw, source=f"{src}; CPU kernels: {rates.source}", cpu=rates)
@@ -1046,7 +1087,7 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
                 rate = cpu.expert_decode_bytes_s.get(key) if key else None
                 t += b / ((rate or nearest(cpu.decode_bytes_s, base_type(typ))) * c.host_decode_scale)
             stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
-            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd) for hd, n in d.head_cells)
+            attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd, decode=True) for hd, n in d.head_cells)
             t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
         else:

@@ -1,0 +1,87 @@
+"""benchmarks/offload_validation.py: its loader reads the public offload rows, and every row maps
+to a fixture shape of tests/gguf_families.py / tests/gguf_factory.py or to a stated skip reason;
+two rows are predicted end to end (a partial -ngl row and an --n-cpu-moe row). Fast: the fixtures
+are sparse GGUF headers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import offload_validation as ov  # noqa: E402  (benchmarks/offload_validation.py)
+
+ROWS = ov.load_rows(ov.ROWS)
+
+
+def test_loader_reads_every_row_with_its_split_and_regime():
+    assert len(ROWS) >= 20
+    for r in ROWS:
+        assert r["set"] in ov.SETS and r["regime"] in ov.REGIMES, r["id"]
+        assert r["source"] and r["tps"] > 0, r["id"]
+    # the split: fit and validate rows exist, and no regime's fit rows share a source with its validate rows
+    for regime in ov.REGIMES:
+        fit = {r["source_key"] for r in ROWS if r["regime"] == regime and r["set"] == "fit"}
+        val = {r["source_key"] for r in ROWS if r["regime"] == regime and r["set"] == "validate"}
+        assert not fit & val, regime
+    assert {r["set"] for r in ROWS} >= {"fit", "validate"}
+
+
+def test_every_row_maps_to_a_fixture_shape_or_a_stated_reason():
+    mapped = 0
+    for r in ROWS:
+        note, why = ov.classify(r)
+        assert (note is None) != (why == ""), r["id"]
+        if note is None:
+            assert len(why) > 20, r["id"]
+        else:
+            mapped += 1
+            assert "config.json" in note, r["id"]  # each shape names its published config
+    assert mapped >= len(ROWS) // 2
+
+
+def test_load_rows_rejects_a_row_without_a_measurement(tmp_path):
+    p = tmp_path / "rows.json"
+    p.write_text(
+        '{"rows": [{"id": "x", "set": "fit", "regime": "full", "gpu": "RTX 3090", "model": "m", "test": "tg128", "tps": 0}]}'
+    )
+    with pytest.raises(ValueError, match="tps"):
+        ov.load_rows(p)
+
+
+def test_host_rules_read_the_pages_words():
+    h, assumed = ov.host_of(
+        {
+            "host_ram": "64 GB DDR4-2400 (4 x 16 GB)",
+            "host_ram_channels": 2,
+            "host_cpu": "Intel Core i7-8700 (6C/12T)",
+            "pcie": "3.0 x8",
+        }
+    )
+    assert (h["memory"], h["cores"], h["pcie"]) == ("DDR4-2400x2", 6, (3, 8))
+    assert assumed == ["6 threads (the CPU's physical cores)"]
+    h, assumed = ov.host_of(
+        {
+            "host_ram": "62 GB (DDR4, quad-channel; 'measured ~102 GB/s quad-channel DDR4')",
+            "host_cpu": "i9-10900X (10C/20T)",
+            "host_threads": 10,
+        }
+    )
+    assert (h["memory"], h["bw_gbs"], h["cores"]) == (None, 102.0, 10)
+    h, assumed = ov.host_of({"host_ram": None, "host_cpu": "AMD Ryzen 5 7600X (6C/12T)"})
+    assert h["memory"] == "DDR5-5200x2" and "RAM not stated: the CPU's rated DDR5-5200" in assumed
+    with pytest.raises(ValueError, match="RAM is not stated"):
+        ov.host_of({"host_ram": "lots", "host_cpu": "some CPU (4C/8T)"})
+
+
+def test_two_rows_are_predicted(tmp_path):
+    rows = [{**r} for r in ROWS if r["id"] in ("iv-5060ti-qwen25c14b-ngl16", "lf-2080-gptoss20b-ncmoe12")]
+    out = ov.run_rows(rows, tmp_path)
+    assert len(out) == 2
+    for r in out:
+        assert "pred" in r, r.get("skip")
+        assert 0.2 < r["pred"] / r["tps"] < 5, (r["id"], r["pred"], r["tps"])
