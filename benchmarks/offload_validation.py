@@ -49,9 +49,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_truth"))
 
 ROWS = ROOT / "benchmarks" / "offload_public_rows.json"
 H200_RESULTS = ROOT / "benchmarks" / "gpu_truth" / "results" / "2026-11-30-h200.json"
@@ -109,8 +106,8 @@ H200_HOST = {"memory": "DDR5-4800x8", "cores": 16, "pcie": (5, 16), "ram_gib": 1
 
 def _shapes() -> list[tuple[str, str, Callable]]:
     """(pattern on the normalised model name, shape note, builder of the F16 ModelSpec)."""
-    import gguf_factory as gf
-    import gguf_families as F
+    from kvtuner.testing import gguf_factory as gf
+    from kvtuner.testing import gguf_families as F
 
     def llama(name: str, **dims: int) -> Callable:
         return lambda: dataclasses.replace(gf.LLAMA31_8B, name=name, n_ctx_train=32768, **dims)
@@ -245,7 +242,7 @@ def find_shape(row: dict) -> tuple[str, Callable | str] | None:
 
 
 def _phi4():
-    import gguf_factory as gf
+    from kvtuner.testing import gguf_factory as gf
 
     s = dataclasses.replace(
         gf.REAL_SHAPES["phi-3-mini-4k"],
@@ -277,7 +274,7 @@ def quantize(tensors: list, quant: str, n_layer: int, family: str, tied: bool) -
     (UD-*_XL) are priced as their base k-quant."""
     import gguf
 
-    from gguf_factory import _K_FALLBACK, _use_more_bits
+    from kvtuner.testing.gguf_factory import _K_FALLBACK, _use_more_bits
 
     Q = gguf.GGMLQuantizationType
     q = quant_name(quant)
@@ -352,7 +349,7 @@ def classify(row: dict) -> tuple[str | None, str]:
 
 def write_fixture(row: dict, directory: Path) -> tuple[Path | None, str, list[str]]:
     """(path, shape note, assumptions) of a row's model file, or (None, why, []) when skipped."""
-    import gguf_factory as gf
+    from kvtuner.testing import gguf_factory as gf
 
     found = find_shape(row)
     assumed: list[str] = []
@@ -599,7 +596,9 @@ def run_rows(rows: list[dict], directory: Path) -> list[dict]:
 def h200_rows(results: dict, directory: Path) -> list[dict]:
     """Every speed row of a GPU truth results JSON predicted for :data:`H200_HOST` and the H200
     of the catalogue: prefill of the row's prompt at its depth, decode averaged over its tokens."""
-    from replan import _fixture_path
+    from kvtuner.testing.scripts import load_script
+
+    _fixture_path = load_script("benchmarks/gpu_truth/replan.py")._fixture_path
 
     from kvtuner.cli import build_parser
     from kvtuner.cli.args import config_from_args

@@ -1,19 +1,15 @@
 """benchmarks/offload_validation.py: its loader reads the public offload rows, and every row maps
-to a fixture shape of tests/gguf_families.py / tests/gguf_factory.py or to a stated skip reason;
+to a fixture shape of kvtuner/testing/gguf_families.py / gguf_factory.py or to a stated skip reason;
 two rows are predicted end to end (a partial -ngl row and an --n-cpu-moe row). Fast: the fixtures
 are sparse GGUF headers."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvtuner.testing.scripts import load_script
 
-import offload_validation as ov  # noqa: E402  (benchmarks/offload_validation.py)
+ov = load_script("benchmarks/offload_validation.py")
 
 ROWS = ov.load_rows(ov.ROWS)
 

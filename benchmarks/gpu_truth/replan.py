@@ -49,9 +49,10 @@ FIT_ROWS = {
 def _fixture_path(key: str, work: Path, cache: dict[str, Path]) -> Path:
     if key in cache:
         return cache[key]
-    from gpu_truth import FIXTURES_GPU
-
     from kvtuner.testing import gguf_factory as gf
+    from kvtuner.testing.scripts import load_script
+
+    FIXTURES_GPU = load_script("benchmarks/gpu_truth/gpu_truth.py").FIXTURES_GPU
 
     fx = {f.key: f for f in FIXTURES_GPU}[key]
     path = work / f"{key}.gguf"
