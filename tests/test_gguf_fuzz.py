@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from kvtuner.core.model import gguf_header as H
 from kvtuner.core.model.gguf_header import GGUFError
-from kvtuner.core.model.gguf_write import write_sparse_gguf
+from kvtuner.core.model.gguf_write import add_transformer_keys, write_sparse_gguf
 from kvtuner.core.model.profile import ModelProfile, _build
 from kvtuner.testing import gguf_families as F
 from kvtuner.testing.gguf_factory import ModelSpec, write_model
@@ -47,12 +47,7 @@ def _write(tmp: Path, name: str, spec: ModelSpec, *, big: bool = False) -> bytes
     if big:
         # gguf's writer in big-endian: the whole file byte-swapped after the magic
         w = gguf.GGUFWriter(str(path), spec.arch, endianess=gguf.GGUFEndian.BIG)
-        w.add_block_count(spec.n_layer)
-        w.add_context_length(spec.n_ctx_train)
-        w.add_embedding_length(spec.n_embd)
-        w.add_feed_forward_length(spec.n_ff)
-        w.add_head_count(spec.n_head)
-        w.add_head_count_kv(spec.n_head_kv)
+        add_transformer_keys(w, spec.n_layer, spec.n_ctx_train, spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv)
         w.add_vocab_size(spec.n_vocab)
         w.add_array(f"{spec.arch}.attention.sliding_window_pattern", [True, False])
         w.add_string("general.name", "big-endian")

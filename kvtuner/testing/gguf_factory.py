@@ -24,7 +24,7 @@ import gguf
 import numpy as np
 
 # the E8M0 exponent write_mxfp4_scales writes and its block writer: the CPU probe's own
-from kvtuner.core.model.gguf_write import tensor_nbytes, write_sparse_gguf
+from kvtuner.core.model.gguf_write import add_transformer_keys, tensor_nbytes, write_sparse_gguf
 from kvtuner.core.speed.cpu_probe import MXFP4_NORMAL_EXPONENT, mxfp4_blocks
 
 GQT = gguf.GGMLQuantizationType
@@ -202,14 +202,7 @@ def write_model(path: str | Path, spec: ModelSpec, *, random_weights: bool = Fal
     w = gguf.GGUFWriter(str(path), spec.arch)
     a = spec.arch
     w.add_name(spec.name)
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(spec.n_ff)
-    heads = spec.n_head
-    w.add_head_count(heads if isinstance(heads, int) else list(heads))
-    kvh = spec.n_head_kv
-    w.add_head_count_kv(kvh if isinstance(kvh, int) else list(kvh))
+    add_transformer_keys(w, spec.n_layer, spec.n_ctx_train, spec.n_embd, spec.n_ff, spec.n_head, spec.n_head_kv)
     if spec.head_dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
@@ -759,12 +752,7 @@ def write_real_shape(path: str | Path, shape: str | RealShape, ftype: str = "Q4_
     tensors = real_shape_tensors(s, ftype)
     w = gguf.GGUFWriter(str(path), s.arch)
     w.add_name(f"{s.key} shape (zero weights)")
-    w.add_block_count(s.n_layer)
-    w.add_context_length(s.n_ctx_train)
-    w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
+    add_transformer_keys(w, s.n_layer, s.n_ctx_train, s.n_embd, s.n_ff, s.n_head, s.n_head_kv)
     if s.head_dim:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)

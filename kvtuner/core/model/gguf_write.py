@@ -37,6 +37,27 @@ def tensor_nbytes(shape: Sequence[int], t: gguf.GGMLQuantizationType | int | str
     return int(np.prod(shape)) // block * size
 
 
+def add_transformer_keys(
+    writer: gguf.GGUFWriter,
+    n_layer: int,
+    n_ctx_train: int,
+    n_embd: int,
+    n_ff: int | Sequence[int],
+    n_head: int | Sequence[int],
+    n_head_kv: int | Sequence[int],
+) -> None:
+    """The six hyper-parameters every transformer's ``llama_model::load_hparams`` reads
+    (src/llama-model.cpp: ``{arch}.block_count``, ``context_length``, ``embedding_length``,
+    ``feed_forward_length``, ``attention.head_count``, ``attention.head_count_kv``); a per-layer
+    sequence is written as an array, as llama.cpp's ``get_key_or_arr`` accepts."""
+    writer.add_block_count(n_layer)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff if isinstance(n_ff, int) else list(n_ff))
+    writer.add_head_count(n_head if isinstance(n_head, int) else list(n_head))
+    writer.add_head_count_kv(n_head_kv if isinstance(n_head_kv, int) else list(n_head_kv))
+
+
 def _aligned(n_bytes: int) -> int:
     align = gguf.GGUF_DEFAULT_ALIGNMENT
     return -(-n_bytes // align) * align

@@ -71,7 +71,7 @@ import gguf
 import numpy as np
 
 from ..model.ggml_types import KV_CACHE_TYPES
-from ..model.gguf_write import write_sparse_gguf
+from ..model.gguf_write import add_transformer_keys, write_sparse_gguf
 from ..plan.llama_constants import pad_ctx
 from ..plan.reserve_graph import last_layer_rows_only
 from .expert_shapes import expert_key, model_expert_keys, parse_expert_key
@@ -566,12 +566,7 @@ def write_probe_model(path: str | Path, m: ProbeModel) -> Path:
     try:
         w = gguf.GGUFWriter(str(path), m.arch)
         w.add_name(f"kvtuner CPU probe {m.key}")
-        w.add_block_count(m.n_layer)
-        w.add_context_length(m.n_ctx)
-        w.add_embedding_length(m.n_embd)
-        w.add_feed_forward_length(m.n_ff)
-        w.add_head_count(m.n_head)
-        w.add_head_count_kv(m.n_head_kv)
+        add_transformer_keys(w, m.n_layer, m.n_ctx, m.n_embd, m.n_ff, m.n_head, m.n_head_kv)
         w.add_key_length(m.head_dim)
         if m.mla_rank:  # deepseek2.cpp load_arch_hparams: MLA with an absorbed K-only cache
             rope = m.mla_rope
