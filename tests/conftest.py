@@ -41,6 +41,25 @@ def make_window(qtbot, tmp_path):
     return make
 
 
+@pytest.fixture
+def settings(tmp_path):
+    """The window's QSettings in an INI file under ``tmp_path`` (a test may read back what it saved)."""
+    from kvtuner.testing.gui_support import ini_settings
+
+    return ini_settings(tmp_path)
+
+
+@pytest.fixture
+def what_if_window(make_window, settings):
+    """:func:`make_window` on a machine without GPU, planning for the what-if RTX 3060 12GB
+    (the hardware panel's default what-if card), with :func:`settings`."""
+    import functools
+
+    from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
+
+    return functools.partial(make_window, settings=settings, what_if=DEFAULT_WHAT_IF)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path_factory, monkeypatch):
     """Keep settings, calibration and the configs library out of the real user directories."""

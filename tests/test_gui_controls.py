@@ -8,7 +8,6 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import dataclasses
-import functools
 import json
 import time
 from pathlib import Path
@@ -25,18 +24,7 @@ from kvtuner.core.units import GiB
 from kvtuner.gui.main_window import MainWindow
 from kvtuner.gui.widgets.controls import ctx_slider_values, nearest_index
 from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
-from kvtuner.testing.gui_support import HOST, NO_MODEL, ini_settings
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> QtCore.QSettings:
-    return ini_settings(tmp_path)
-
-
-@pytest.fixture
-def window(make_window, settings):
-    """A window on a machine without GPU, planning for the what-if RTX 3060 12GB, the default model open."""
-    return functools.partial(make_window, settings=settings, what_if=DEFAULT_WHAT_IF)
+from kvtuner.testing.gui_support import HOST, NO_MODEL
 
 
 def _snapshot(w: MainWindow) -> dict:
@@ -62,8 +50,8 @@ def test_ctx_slider_stops_are_log_spaced_multiples_of_256_with_every_power_of_tw
     assert values[nearest_index(values, 4096)] == 4096
 
 
-def test_each_control_changes_the_prediction(qtbot, settings, window):
-    w = window()
+def test_each_control_changes_the_prediction(qtbot, settings, what_if_window):
+    w = what_if_window()
     c = w.controls
     n_layer = w.model.n_layer
 
@@ -106,10 +94,10 @@ def test_each_control_changes_the_prediction(qtbot, settings, window):
     assert w.plan.gpus[0].capacity_bytes == 3 * GiB
 
 
-def test_slider_moves_replan_without_hanging(qtbot, settings, window):
+def test_slider_moves_replan_without_hanging(qtbot, settings, what_if_window):
     """Each move replans at once (functional). The speed goal, well under a 16.7 ms frame, is
     measured by benchmarks/gui_replan.py, not asserted here: a loaded machine would fail it."""
-    w = window()
+    w = what_if_window()
     values = set()
     for i in range(20):
         t0 = time.perf_counter()
@@ -121,8 +109,8 @@ def test_slider_moves_replan_without_hanging(qtbot, settings, window):
     assert len(values) == 20  # every stop is a new context size, each planned
 
 
-def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings, window):
-    w = window()
+def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, settings, what_if_window):
+    w = what_if_window()
     w.controls.link_kv.setChecked(False)
     w.controls.type_v.setCurrentText("q8_0")
     before = w.config
@@ -134,8 +122,8 @@ def test_a_refused_combination_is_explained_and_nothing_else_changes(qtbot, sett
     assert w.controls.error_label.isHidden()
 
 
-def test_advice_fix_applies_with_one_click(qtbot, settings, window):
-    w = window(PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
+def test_advice_fix_applies_with_one_click(qtbot, settings, what_if_window):
+    w = what_if_window(PlanConfig(n_ctx=1 << 20))  # 1M context on a 12 GB what-if GPU
     assert w.advice, "expected advice for a 1M context on a 12 GB GPU"
     assert w.advisor.buttons, "expected a one-click fix"
     before = w.config
@@ -144,8 +132,10 @@ def test_advice_fix_applies_with_one_click(qtbot, settings, window):
     assert w.controls.config() == w.config  # the controls show the fixed config
 
 
-def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qtbot, settings, tmp_path, window):
-    w = window()
+def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(
+    qtbot, settings, tmp_path, what_if_window
+):
+    w = what_if_window()
     good = w.model
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
@@ -160,8 +150,8 @@ def test_a_model_that_fails_to_load_shows_the_error_and_the_app_keeps_working(qt
     assert w.plan.config.n_ctx == w.config.n_ctx  # still planning
 
 
-def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_path, window):
-    w = window()
+def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_path, what_if_window):
+    w = what_if_window()
     good = w.model
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo)  # opening it for reading would block the loader thread forever
@@ -171,7 +161,7 @@ def test_a_fifo_opened_as_a_model_fails_instead_of_hanging(qtbot, settings, tmp_
     assert w.model is good
 
 
-def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot, settings, window):
+def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot, settings, what_if_window):
     """--ctx up to llama.cpp's 2**32 - 256 is a valid config; the spin box holds a C int."""
     errors: list = []
     import sys
@@ -179,7 +169,7 @@ def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot,
     old_hook = sys.excepthook
     sys.excepthook = lambda *exc: errors.append(exc)
     try:
-        w = window(PlanConfig(n_ctx=3_000_000_000))
+        w = what_if_window(PlanConfig(n_ctx=3_000_000_000))
         qtbot.wait(50)
     finally:
         sys.excepthook = old_hook
@@ -189,12 +179,12 @@ def test_a_context_beyond_the_spin_box_shows_its_maximum_without_overflow(qtbot,
     assert w.plan.config.n_ctx == 512  # still usable
 
 
-def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings, window):
+def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(qtbot, settings, what_if_window):
     """``--screenshot`` only calls processEvents(): rows of older advice must not paint under
     the new ones while their deleteLater is pending."""
     from PySide6 import QtWidgets
 
-    w = window(PlanConfig(n_ctx=1 << 20))
+    w = what_if_window(PlanConfig(n_ctx=1 << 20))
     first = list(w.advisor.items)
     assert first
     w.controls.ctx.spin.setValue(4096)
@@ -211,8 +201,8 @@ def test_advice_rows_replaced_without_a_running_event_loop_do_not_stay_painted(q
     assert sorted(shown) == sorted(expected)
 
 
-def test_gguf_text_is_shown_as_plain_text(qtbot, settings, window):
-    w = window()
+def test_gguf_text_is_shown_as_plain_text(qtbot, settings, what_if_window):
+    w = what_if_window()
     hostile = dataclasses.replace(w.model, name='<b>bold</b><img src="http://x/y.png">')
     w.model_card.set_model(hostile)
     label = w.model_card.fields["name"]
@@ -220,8 +210,8 @@ def test_gguf_text_is_shown_as_plain_text(qtbot, settings, window):
     assert label.text() == hostile.name
 
 
-def test_settings_persist(qtbot, settings, window, make_window):
-    w = window()
+def test_settings_persist(qtbot, settings, what_if_window, make_window):
+    w = what_if_window()
     w.controls.ctx.spin.setValue(16384)
     w.hardware.choice.setCurrentIndex(w.hardware.choice.findData("24 GB"))
     w.close()
@@ -251,8 +241,8 @@ def test_a_damaged_settings_file_does_not_keep_the_app_from_starting(qtbot, sett
     assert w.config.n_ctx == PlanConfig().n_ctx
 
 
-def test_controls_are_keyboard_reachable_and_explained(qtbot, settings, window):
-    w = window()
+def test_controls_are_keyboard_reachable_and_explained(qtbot, settings, what_if_window):
+    w = what_if_window()
     c = w.controls
     for widget, flag in (
         (c.ngl.slider, "-ngl"),
@@ -273,8 +263,8 @@ def test_controls_are_keyboard_reachable_and_explained(qtbot, settings, window):
     assert w.run_action.shortcut().toString() == "Ctrl+R"
 
 
-def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path, window):
-    w = window()
+def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path, what_if_window):
+    w = what_if_window()
     dlg = w.open_export()
     assert dlg is not None
     qtbot.addWidget(dlg)
@@ -286,12 +276,12 @@ def test_export_dialog_previews_and_saves(qtbot, settings, tmp_path, window):
     assert dlg.save_to(str(tmp_path / "run.sh"), confirm_overwrite=lambda p: False) is None
 
 
-def test_what_if_list_is_the_gpu_catalogue(qtbot, settings, window):
+def test_what_if_list_is_the_gpu_catalogue(qtbot, settings, what_if_window):
     """The what-if list names real cards with their figures; the chosen card's rates drive the
     prediction (a bigger card decodes faster), and the generic sizes and a custom size remain."""
     from kvtuner.core.hardware.gpu_catalogue import GPU_CATALOGUE
 
-    w = window(what_if=None)
+    w = what_if_window(what_if=None)
     hw = w.hardware
     assert hw.current_choice() == "cpu"  # no GPU found: this machine, CPU only
     hw.choice.setCurrentIndex(hw.choice.findData(DEFAULT_WHAT_IF))  # a what-if card: an explicit choice

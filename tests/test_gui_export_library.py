@@ -8,7 +8,6 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import functools
 import json
 from pathlib import Path
 
@@ -23,9 +22,8 @@ from kvtuner.core.export import TARGETS, MachineFingerprint, ModelIdentity, expo
 from kvtuner.core.plan.config import PlanConfig
 from kvtuner.core.store.library import ConfigLibrary
 from kvtuner.core.units import GiB
-from kvtuner.gui.widgets.hardware_panel import DEFAULT_WHAT_IF
 from kvtuner.testing.cli import run_kvtuner
-from kvtuner.testing.gui_support import HOST, NO_MODEL, ini_settings
+from kvtuner.testing.gui_support import HOST, NO_MODEL
 
 MEASURED = {
     "decode_tok_s": 41.5,
@@ -34,17 +32,6 @@ MEASURED = {
     "peak_rss_bytes": 600 << 20,
     "kv_bytes": 3 << 20,
 }
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> QtCore.QSettings:
-    return ini_settings(tmp_path)
-
-
-@pytest.fixture
-def window(make_window, settings):
-    """A window on a machine without GPU, planning for the what-if RTX 3060 12GB, the default model open."""
-    return functools.partial(make_window, settings=settings, what_if=DEFAULT_WHAT_IF)
 
 
 def _without_time(text: str) -> str:
@@ -60,9 +47,9 @@ def _without_time(text: str) -> str:
 # -- export dialog ----------------------------------------------------------------------------------
 
 
-def test_export_action_opens_the_dialog_and_every_target_matches_the_export_api(qtbot, settings, window):
+def test_export_action_opens_the_dialog_and_every_target_matches_the_export_api(qtbot, settings, what_if_window):
     config = PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on", n_gpu_layers=10)
-    w = window(config)
+    w = what_if_window(config)
     assert w.export_action.isEnabled()
     w.export_action.trigger()
     dialogs = [d for d in w.findChildren(QtWidgets.QDialog) if d.isVisible()]
@@ -92,8 +79,8 @@ def test_export_action_opens_the_dialog_and_every_target_matches_the_export_api(
     assert QtWidgets.QApplication.clipboard().text() == dlg.result.text
 
 
-def test_a_partial_kv_split_shows_the_experimental_badge(qtbot, settings, window):
-    w = window(PlanConfig(n_gpu_layers=10, kv_gpu_layers=4))
+def test_a_partial_kv_split_shows_the_experimental_badge(qtbot, settings, what_if_window):
+    w = what_if_window(PlanConfig(n_gpu_layers=10, kv_gpu_layers=4))
     dlg = w.open_export()
     qtbot.addWidget(dlg)
     dlg.target.setCurrentText("llama-server")
@@ -103,8 +90,8 @@ def test_a_partial_kv_split_shows_the_experimental_badge(qtbot, settings, window
     assert dlg.limitation_lines() and dlg.limitation_lines() != ["Nothing: this export is exact."]
 
 
-def test_save_writes_atomically_and_asks_before_replacing(qtbot, settings, tmp_path, window):
-    w = window()
+def test_save_writes_atomically_and_asks_before_replacing(qtbot, settings, tmp_path, what_if_window):
+    w = what_if_window()
     dlg = w.open_export()
     qtbot.addWidget(dlg)
     dlg.target.setCurrentText("koboldcpp")
@@ -128,8 +115,8 @@ def test_save_writes_atomically_and_asks_before_replacing(qtbot, settings, tmp_p
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_the_default_overwrite_question_is_a_real_message_box(qtbot, settings, tmp_path, window):
-    w = window()
+def test_the_default_overwrite_question_is_a_real_message_box(qtbot, settings, tmp_path, what_if_window):
+    w = what_if_window()
     dlg = w.open_export()
     qtbot.addWidget(dlg)
     out = tmp_path / "run.sh"
@@ -153,8 +140,10 @@ def test_the_default_overwrite_question_is_a_real_message_box(qtbot, settings, t
     assert out.stat().st_mode & 0o100
 
 
-def test_profile_export_carries_the_last_runs_measured_numbers_only_for_that_configuration(qtbot, settings, window):
-    w = window()
+def test_profile_export_carries_the_last_runs_measured_numbers_only_for_that_configuration(
+    qtbot, settings, what_if_window
+):
+    w = what_if_window()
     w.last_run = (w.model_path, w.config, dict(MEASURED))  # as a completed run leaves it
     dlg = w.open_export()
     qtbot.addWidget(dlg)
@@ -186,10 +175,12 @@ def _profile(
     return write_text_atomic(tmp_path / name, result.text)
 
 
-def test_file_open_accepts_a_profile_and_applies_its_configuration(qtbot, settings, tmp_path, default_model, window):
+def test_file_open_accepts_a_profile_and_applies_its_configuration(
+    qtbot, settings, tmp_path, default_model, what_if_window
+):
     config = PlanConfig(n_ctx=16384, type_k="q8_0", type_v="q8_0", flash_attn="on", n_gpu_layers=7)
     path = _profile(tmp_path, default_model, config, machine=MachineFingerprint.current(gpus=[]))
-    w = window(model=NO_MODEL)
+    w = what_if_window(model=NO_MODEL)
     w.open_path(path)
     qtbot.waitUntil(lambda: w.model is not None and w.plan is not None, timeout=30_000)
     assert w.config == config
@@ -199,11 +190,13 @@ def test_file_open_accepts_a_profile_and_applies_its_configuration(qtbot, settin
     assert w.last_error == ""
 
 
-def test_a_profile_from_another_machine_opens_with_its_warnings_shown(qtbot, settings, tmp_path, default_model, window):
+def test_a_profile_from_another_machine_opens_with_its_warnings_shown(
+    qtbot, settings, tmp_path, default_model, what_if_window
+):
     other = MachineFingerprint(os="Linux 6.1", arch="x86_64", cpu="Some Other CPU", ram_total_bytes=64 * GiB, gpus=())
     config = PlanConfig(n_ctx=2048)
     path = _profile(tmp_path, default_model, config, machine=other)
-    w = window()
+    w = what_if_window()
     w.open_path(path)
     qtbot.waitUntil(lambda: bool(w.profile_warnings) and w.config == config, timeout=30_000)
     assert any("another machine" in x for x in w.profile_warnings)
@@ -217,8 +210,8 @@ def test_a_profile_from_another_machine_opens_with_its_warnings_shown(qtbot, set
     "content",
     [b"{not json", b"[]", b'{"kvtuner_profile": 1, "model": 3}', b"\xff\xfe\x00junk", b'{"kvtuner_profile": 99}'],
 )
-def test_a_malformed_profile_shows_one_line_and_changes_nothing(qtbot, settings, tmp_path, content, window):
-    w = window(PlanConfig(n_ctx=4096))
+def test_a_malformed_profile_shows_one_line_and_changes_nothing(qtbot, settings, tmp_path, content, what_if_window):
+    w = what_if_window(PlanConfig(n_ctx=4096))
     before_model, before_config = w.model_path, w.config
     bad = tmp_path / "broken.json"
     bad.write_bytes(content)
@@ -262,14 +255,16 @@ def _save(model, config: PlanConfig, decode: float | None, machine: MachineFinge
         return lib.save(ModelIdentity.from_profile(model), config, measured, model_path=model.path, machine=machine)
 
 
-def test_known_good_lists_this_models_runs_best_first_and_restore_applies_one(qtbot, settings, default_profile, window):
+def test_known_good_lists_this_models_runs_best_first_and_restore_applies_one(
+    qtbot, settings, default_profile, what_if_window
+):
     here = MachineFingerprint.current(gpus=[])
     elsewhere = MachineFingerprint(os="Linux", arch="x86_64", cpu="Other", ram_total_bytes=1 << 30, gpus=())
     slow = _save(default_profile, PlanConfig(n_ctx=1024), 5.0, here)
     fast = _save(default_profile, PlanConfig(n_ctx=8192, type_k="q8_0", type_v="q8_0", flash_attn="on"), 50.0, here)
     _save(default_profile, PlanConfig(n_ctx=2048), None, here)
     _save(default_profile, PlanConfig(n_ctx=512), 99.0, elsewhere)  # another machine: not listed
-    w = window()
+    w = what_if_window()
     panel = w.known_good
     qtbot.waitUntil(lambda: len(panel.runs) == 3, timeout=10_000)
     assert [r.id for r in panel.runs][:2] == [fast, slow]
@@ -284,13 +279,13 @@ def test_known_good_lists_this_models_runs_best_first_and_restore_applies_one(qt
     assert w.config == PlanConfig(n_ctx=1024)
 
 
-def test_known_good_merges_duplicates_shows_every_knob_and_deletes(qtbot, settings, default_profile, window):
+def test_known_good_merges_duplicates_shows_every_knob_and_deletes(qtbot, settings, default_profile, what_if_window):
     here = MachineFingerprint.current(gpus=[])
     same = PlanConfig(n_ctx=2048, n_seq=2, n_ubatch=256)
     _save(default_profile, same, 20.0, here)
     _save(default_profile, same, 30.0, here)
     other = _save(default_profile, PlanConfig(n_ctx=1024), 10.0, here)
-    w = window()
+    w = what_if_window()
     panel = w.known_good
     qtbot.waitUntil(lambda: len(panel.runs) == 3, timeout=10_000)
     headers = [panel.table.horizontalHeaderItem(i).text() for i in range(panel.table.columnCount())]
@@ -307,8 +302,8 @@ def test_known_good_merges_duplicates_shows_every_knob_and_deletes(qtbot, settin
         assert [r.id for r in lib.known_good(ModelIdentity.from_profile(default_profile), here)] == [other]
 
 
-def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot, settings, window, make_window):
-    w = window()
+def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot, settings, what_if_window, make_window):
+    w = what_if_window()
     qtbot.waitUntil(lambda: w.tasks.pending == 0, timeout=10_000)
     assert w.known_good.runs == [] and "Nothing saved" in w.known_good.message.text()
     assert w.known_good.remember.isChecked() and w.remember_working_configs
@@ -318,8 +313,8 @@ def test_known_good_is_empty_with_an_explanation_and_the_setting_persists(qtbot,
     assert not w2.known_good.remember.isChecked()
 
 
-def test_library_off_in_the_environment_disables_the_setting(qtbot, settings, monkeypatch, window):
+def test_library_off_in_the_environment_disables_the_setting(qtbot, settings, monkeypatch, what_if_window):
     monkeypatch.setenv("KVTUNER_LIBRARY", "off")
-    w = window(model=NO_MODEL)
+    w = what_if_window(model=NO_MODEL)
     assert not w.known_good.remember.isEnabled()
     assert "KVTUNER_LIBRARY=off" in w.known_good.remember.toolTip()

@@ -109,3 +109,22 @@ def open_window(
     if size is not None:
         QtCore.QCoreApplication.processEvents()
     return w
+
+
+def assert_run_drawn(w: Any) -> None:
+    """After a finished run: pull once more and check the window drew it whole -- no error, the load
+    at 100%, prefill, decode and the runner's RSS (the child's or the server's pid) graphed, every
+    phase named, the measured rates kept and the decode rate in the status bar.
+
+    Raises:
+        AssertionError: the first of these that does not hold."""
+    w.pull()
+    assert w.last_error == "", w.last_error
+    assert abs(w.last_load_progress - 1.0) < 1e-9, w.last_load_progress
+    for curve in ("prefill", "decode", "runner_rss"):
+        assert w.graphs.point_count(curve) >= 1, curve
+    names = w.graphs.phase_names()
+    for phase in ("weights", "KV", "compute", "prefill", "decode"):
+        assert phase in names, phase
+    assert "decode_tok_s" in w.measured and "prefill_tok_s" in w.measured
+    assert "tok/s" in w.status.fields["decode"].text()
