@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.llama_report import DryRunResult
 from ..core.plan.config import PlanConfig
 from ..runner.dryrun import dry_run
 from ..runner.server_verify import verify_with_engine
@@ -37,7 +38,7 @@ def start_verify(w: Any) -> None:
     w.run_controls.verify_button.setEnabled(False)
     w.run_controls.set_progress(None, f"verifying with {engine_name(engine)} ...")
 
-    def work() -> Any:
+    def work() -> DryRunResult:
         if engine is None or engine.kind == "embedded":
             return dry_run(path, config)
         return verify_with_engine(engine, path, config, split=split)
@@ -45,15 +46,14 @@ def start_verify(w: Any) -> None:
     w.tasks.submit(work, lambda r: _on_verified(w, model, config, gpus, r), lambda exc: _on_failed(w, exc))
 
 
-def _on_verified(w: Any, model: Any, config: PlanConfig, gpus: tuple, result: Any) -> None:
+def _on_verified(w: Any, model: Any, config: PlanConfig, gpus: tuple, result: DryRunResult) -> None:
     w.run_controls.verify_button.setEnabled(True)
     if model is not w.model or gpus != tuple(w.hardware.gpus()):
         w.run_controls.set_progress(0.0, "model or hardware changed: verify again")
         return
     w.run_controls.set_progress(1.0, VERIFIED_TEXT)
-    who = getattr(result, "engine", "") or "llama.cpp"
-    how = getattr(result, "method", "")
-    w.status.showMessage(f"verified by {who}" + (f" ({how})" if how else ""), 10000)
+    who = result.engine or "llama.cpp"
+    w.status.showMessage(f"verified by {who}" + (f" ({result.method})" if result.method else ""), 10000)
     w.planner.sync_session().set_verified(result, config)
     w.replan()
 
