@@ -9,8 +9,8 @@ the split, fixed before any prediction was made: per regime the rows of one desi
 
 Each row is predicted from what its page states and nothing measured:
 
-- the model: a zero-weight GGUF of the model's published shape (tests/gguf_families.py,
-  tests/gguf_factory.py; :data:`SHAPES`) with the quant's per-tensor types (:func:`quantize`);
+- the model: a zero-weight GGUF of the model's published shape (kvtuner/testing/gguf_families.py,
+  kvtuner/testing/gguf_factory.py; :data:`SHAPES`) with the quant's per-tensor types (:func:`quantize`);
   a family the fixtures cannot write is listed as skipped with the reason;
 - the GPU: the catalogue card of that name (kvtuner.core.hardware.gpu_catalogue);
 - the host: a what-if host (kvtuner.core.hardware.specs.HostSpec ``what_if``) with the RAM's
