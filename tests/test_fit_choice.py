@@ -198,8 +198,9 @@ def test_port_matches_llama_fit_params_reducing_the_context(engine, llama8b_path
     from kvtuner.runner.fit_params import FitParamsError
 
     tight = FitRequest(n_ctx=0, n_ctx_min=8192, target_mib=(host.total_bytes - used_min) // MiB)
-    # (llama.cpp's log thread may not flush the reason before exit(1): then only the status tells)
-    with pytest.raises(FitParamsError, match=r"failed to fit|\(exit 1\): no output"):
+    # (llama.cpp's log thread may not flush the reason before exit(1): then only the status tells,
+    # and what did get out may be a bare timestamp prefix)
+    with pytest.raises(FitParamsError, match=r"failed to fit|\(exit 1\)"):
         _binary(engine, llama8b_path, base, tight)
     with pytest.raises(FitChoiceError, match="system memory"):
         port_fit_choice(llama8b, base, [], host, tight)
