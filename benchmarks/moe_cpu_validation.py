@@ -150,28 +150,12 @@ def family_spec(shape: str, n_layer: int, ftype: str):
 
 
 def _real_shape(key: str):
-    from kvtuner.testing.gguf_factory import REAL_SHAPES, RealShape
+    from kvtuner.testing.compute_cases import EXTRA_SHAPES
+    from kvtuner.testing.gguf_factory import REAL_SHAPES
 
     if key == "qwen3-30b-a3b":
-        # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
-        return RealShape(
-            "qwen3-30b-a3b",
-            "qwen3moe",
-            48,
-            2048,
-            32,
-            4,
-            6144,
-            151936,
-            40960,
-            False,
-            "https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json",
-            head_dim=128,
-            qk_norm="head",
-            n_expert=128,
-            n_expert_used=8,
-            n_ff_exp=768,
-        )
+        # the published 48 layers (compute_cases keeps 8 for the reserve graph)
+        return replace(EXTRA_SHAPES["qwen3-30b-a3b"], n_layer=48)
     return REAL_SHAPES[key]
 
 
