@@ -99,7 +99,11 @@ def test_plan_for_a_what_if_host_names_it(gpt_oss, capsys):  # noqa: F811
         host["name"] == "what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, PCIe 4.0 x16"
     )
     assert d["speed"]["n_threads"] == 6
-    assert any("decode capped at 45.1 GB/s" in s for s in d["speed"]["sources"])
+    # the decode streams at llama.cpp's share of the achieved figure (HOST_DECODE_BW_SHARE, fitted on CPU rows)
+    assert any(
+        "decode capped at 36.5 GB/s (0.81 of 45.1 GB/s: llama.cpp's CPU decode share)" in s
+        for s in d["speed"]["sources"]
+    )
     assert any("PCIe 4.0 x16 (the what-if host's slot)" in s for s in d["speed"]["sources"])
     assert 1 < d["speed"]["decode_tok_s"] < 200
     assert main(["plan", str(gpt_oss), "--no-probe", *argv]) in (0, 1)
@@ -163,7 +167,12 @@ def test_a_what_if_host_without_a_probe_has_its_cores_of_the_reference_core():
     assert six.prefill_flop_s == {"*": pytest.approx(6 * 130e9)}
     host = HostSpec(total_bytes=64 << 30, what_if=True, memory="DDR5-6000x2", mem_bandwidth_bytes_s=69.12e9, n_cores=6)
     r = host_rates(host, measure=False, n_threads=6)
-    assert r.cpu.decode_bytes_s == {"*": pytest.approx(69.12e9)} and "6 reference cores" in r.source
+    assert r.cpu.decode_bytes_s == {"*": pytest.approx(0.81 * 69.12e9)} and "6 reference cores" in r.source
+    # share 1: the RAM's achieved figure itself; the share moves nothing but a what-if host's decode cap
+    assert host_rates(host, measure=False, n_threads=6, decode_bw_share=1.0).cpu.decode_bytes_s == {
+        "*": pytest.approx(69.12e9)
+    }
+    assert r.cpu.prefill_flop_s == {"*": pytest.approx(6 * 130e9)}
     # this machine (not a what-if host) without a probe keeps the per-thread fallback
     here = host_rates(HostSpec(total_bytes=64 << 30, mem_bandwidth_bytes_s=69.12e9), measure=False, n_threads=6)
     assert here.cpu.decode_bytes_s == {"*": pytest.approx((1 + 5 * 0.55) * 5e9)}

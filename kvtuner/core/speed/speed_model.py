@@ -64,7 +64,8 @@ along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
 A what-if host (``--host-mem``, ``--host-bw``, ``--host-cores``, ``--pcie``;
 :class:`~kvtuner.core.hardware.specs.HostSpec` ``what_if``) is this machine's probed CPU kernels
 moved to its cores, or without a probe its cores of a reference core (:func:`reference_core_rates`),
-every host decode rate capped at its RAM's achieved bandwidth (:func:`cap_cpu_rates`), and its
+every host decode rate capped at the share of its RAM's achieved bandwidth that llama.cpp's
+CPU decode reaches (:func:`cap_cpu_rates`, :data:`HOST_DECODE_BW_SHARE`), and its
 PCIe link for every local GPU (:func:`gpu_rates`).
 
 Where each constant comes from: the CPU rates from the probe (:mod:`.cpu_probe`, run by the
@@ -135,6 +136,15 @@ REFERENCE_CORE_DECODE_BYTES_S = 15e9
 REFERENCE_CORE_PREFILL_FLOP_S = 130e9
 REFERENCE_CORE_ATTN_DECODE_S = 4.0e-8
 REFERENCE_CORE_ATTN_PREFILL_S = 8.3e-9
+#: Share of a what-if host's achieved RAM bandwidth (the memory catalogue's typical read figure,
+#: or ``--host-bw``) that llama.cpp's CPU decode reaches where it is memory-bound. A read benchmark
+#: streams with every core and nothing else; a decode token runs hundreds of ops one after another,
+#: each split into row chunks the threads take and end at a barrier (ggml-cpu.c
+#: ``ggml_graph_compute_thread``, ``ggml_barrier``), and the quantized dot products
+#: (ggml-cpu/quants.c ``ggml_vec_dot_*``) interleave decoding with the loads. Fitted
+#: (``benchmarks/host_decode_fit.py``) as the median over the CPU-only public llama-bench rows of
+#: ``benchmarks/cpu_decode_public_rows.json``, none of which is a row of the offload validation.
+HOST_DECODE_BW_SHARE = 0.81
 
 
 #: Calibration parameter name prefix for one weight type's host prefill scale.
@@ -458,12 +468,12 @@ def rates_for_threads(rates: CpuRates, n_threads: int) -> CpuRates:
     )
 
 
-def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float) -> CpuRates:
+def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float, why: str = "") -> CpuRates:
     """``rates`` on a host whose RAM reaches ``bandwidth_bytes_s``: every decode rate (bytes of
     weights per second, dense and expert) at most that bandwidth. A decode token streams each
     host-resident weight once (ggml-cpu's MUL_MAT / MUL_MAT_ID read every row of ``src0``), so
     the RAM's achieved bandwidth bounds it whatever the cores could compute (the roofline's
-    memory roof; Williams et al. 2009)."""
+    memory roof; Williams et al. 2009). ``why``: appended to the source line (where the cap comes from)."""
 
     def cap(table: dict[str, float]) -> dict[str, float]:
         return {t: min(v, bandwidth_bytes_s) for t, v in table.items()}
@@ -472,7 +482,7 @@ def cap_cpu_rates(rates: CpuRates, bandwidth_bytes_s: float) -> CpuRates:
         rates,
         decode_bytes_s=cap(rates.decode_bytes_s),
         expert_decode_bytes_s=cap(rates.expert_decode_bytes_s),
-        source=f"{rates.source}, decode capped at {bandwidth_bytes_s / 1e9:.1f} GB/s",
+        source=f"{rates.source}, decode capped at {bandwidth_bytes_s / 1e9:.1f} GB/s{why}",
     )
 
 
@@ -552,7 +562,12 @@ def gpu_rates(gpu: GpuSpec, pcie_link: tuple[int, int] | None = None) -> DeviceR
 
 
 def host_rates(
-    host: HostSpec | None = None, *, measure: bool = True, cpu: CpuRates | None = None, n_threads: int | None = None
+    host: HostSpec | None = None,
+    *,
+    measure: bool = True,
+    cpu: CpuRates | None = None,
+    n_threads: int | None = None,
+    decode_bw_share: float = HOST_DECODE_BW_SHARE,
 ) -> DeviceRates:
     """Rates of the host: bandwidth from the HostSpec, else the numpy probe, else the default;
     ``cpu``: the CPU probe's rates (moved to ``n_threads``), else :func:`fallback_cpu_rates`.
@@ -560,7 +575,8 @@ def host_rates(
     A what-if host (``host.what_if`` with a bandwidth: ``--host-mem``/``--host-bw``) is this
     machine's CPU kernels moved to its cores (:func:`rates_for_threads`), or without a probe
     its cores of the reference core (:func:`reference_core_rates`), with every decode rate
-    capped at its RAM's achieved bandwidth (:func:`cap_cpu_rates`)."""
+    capped at ``decode_bw_share`` of its RAM's achieved bandwidth (:func:`cap_cpu_rates`,
+    :data:`HOST_DECODE_BW_SHARE`)."""
     what_if = host is not None and host.what_if and bool(host.mem_bandwidth_bytes_s)
     if host is not None and host.mem_bandwidth_bytes_s:
         bw = float(host.mem_bandwidth_bytes_s)
@@ -578,14 +594,20 @@ def host_rates(
         or (host.n_cores if host is not None and host.n_cores else None)
         or (cpu.n_threads if cpu else physical_cores())
     )
+    decode_bw = bw * decode_bw_share
     if cpu is not None:
         rates = rates_for_threads(cpu, threads)
     elif what_if:
-        rates = reference_core_rates(threads, bw)
+        rates = reference_core_rates(threads, decode_bw)
     else:
         rates = fallback_cpu_rates(threads, bw)
     if what_if:
-        rates = cap_cpu_rates(rates, bw)
+        share = (
+            f" ({decode_bw_share:g} of {bw / 1e9:.1f} GB/s: llama.cpp's CPU decode share)"
+            if decode_bw_share != 1
+            else ""
+        )
+        rates = cap_cpu_rates(rates, decode_bw, share)
     return DeviceRates(HOST, bw, source=f"{src}; CPU kernels: {rates.source}", cpu=rates)
 
 
@@ -599,8 +621,10 @@ def speed_inputs(
     n_calibration_runs: int = 0,
     measure: bool = True,
     cpu: CpuRates | None = None,
+    decode_bw_share: float = HOST_DECODE_BW_SHARE,
 ) -> SpeedInputs:
-    """Build :class:`SpeedInputs` for the given hardware; ``cpu``: the CPU probe's rates.
+    """Build :class:`SpeedInputs` for the given hardware; ``cpu``: the CPU probe's rates;
+    ``decode_bw_share``: :func:`host_rates`' share of a what-if host's RAM bandwidth.
 
     Raises:
         SpeedModelError: ``n_threads`` below 1.
@@ -610,7 +634,7 @@ def speed_inputs(
         raise SpeedModelError(f"n_threads must be 1 or more, not {n_threads}")
     link = host.pcie_link if host is not None else None
     rates = {g.device: gpu_rates(g, link) for g in gpus}
-    rates[HOST] = host_rates(host, measure=measure, cpu=cpu, n_threads=threads)
+    rates[HOST] = host_rates(host, measure=measure, cpu=cpu, n_threads=threads, decode_bw_share=decode_bw_share)
     return SpeedInputs(
         rates,
         threads,
