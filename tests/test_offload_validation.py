@@ -5,6 +5,8 @@ are sparse GGUF headers."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvtuner.testing.scripts import load_script
@@ -81,3 +83,50 @@ def test_two_rows_are_predicted(tmp_path):
     for r in out:
         assert "pred" in r, r.get("skip")
         assert 0.2 < r["pred"] / r["tps"] < 5, (r["id"], r["pred"], r["tps"])
+
+
+def test_the_second_rows_file_holds_validation_rows_with_ids_of_their_own(tmp_path):
+    more = ov.load_all_rows([ov.ROWS, ov.ROWS_MORE])
+    assert len(more) > len(ROWS)
+    assert {r["set"] for r in more[len(ROWS) :]} <= {"validate", "reference"}
+    row = {"id": "x", "set": "fit", "regime": "full", "gpu": "RTX 3090", "model": "m", "test": "tg128", "tps": 1.0}
+    (tmp_path / "a.json").write_text(json.dumps({"rows": [row]}))
+    with pytest.raises(ValueError, match="two rows files"):
+        ov.load_all_rows([tmp_path / "a.json", tmp_path / "a.json"])
+    (tmp_path / ov.ROWS_MORE.name).write_text(json.dumps({"rows": [row]}))
+    with pytest.raises(ValueError, match="validation rows only"):
+        ov.load_all_rows([tmp_path / ov.ROWS_MORE.name])
+
+
+def test_host_rules_read_a_worded_link_and_cores_from_the_notes():
+    h, assumed = ov.host_of(
+        {
+            "host_ram": "32 GB LPDDR5-6400",
+            "host_cpu": "Intel Core i7-1360P (laptop)",
+            "pcie": "PCIe 3.0 x4 via Thunderbolt eGPU enclosure",
+            "notes": "4P+8E cores/16 threads per Intel spec, not on the page",
+        }
+    )
+    assert (h["memory"], h["cores"], h["pcie"]) == ("LPDDR5-6400x2", 4, (3, 4))
+    assert "4 threads (the CPU's physical performance cores)" in assumed
+    h, assumed = ov.host_of({"host_ram": "64 GB DDR5", "host_cpu": "Intel Core Ultra 9 285K (8P+16E)"})
+    assert h["memory"] == "DDR5-6400x2" and "RAM speed not stated: the CPU's rated DDR5-6400" in assumed
+
+
+def test_rows_kvtuner_cannot_price_are_skipped_with_the_reason(tmp_path):
+    by_id = {r["id"]: r for r in ov.load_all_rows([ov.ROWS, ov.ROWS_MORE])}
+    # experts on the CPU without -ncmoe/--cpu-moe/-ot: the placement is unknown
+    unplaced = {**by_id["lf-2080-gptoss20b-ncmoe12"], "id": "unplaced", "n_cpu_moe": None}
+    # all of gpt-oss-120b's experts on a 24 GB card: kvtuner's answer is "does not fit", not a speed
+    too_big = {**by_id["hc-3090-120b-ncmoe27-pp85"], "id": "too-big", "n_cpu_moe": 0, "regime": "full"}
+    out = {r["id"]: r for r in ov.run_rows([unplaced, too_big], tmp_path)}
+    assert out["unplaced"]["skip"].startswith("experts on the CPU, but the page does not say which")
+    assert out["too-big"]["skip"].startswith("kvtuner: does not fit (")
+
+
+def test_a_bandwidth_the_page_does_not_call_measured_is_theoretical():
+    h, assumed = ov.host_of({"host_ram": "32GB DDR5, ~96 GB/s bandwidth", "host_cpu": "Ryzen 7 9700X (8C/16T)"})
+    assert h["bw_gbs"] == pytest.approx(96 * 0.72)
+    assert "96 GB/s not called measured: theoretical, x 0.72 (DDR5)" in assumed
+    h, _ = ov.host_of({"host_ram": "DDR4, quad-channel; 'measured ~102 GB/s'", "host_cpu": "i9-10900X (10C/20T)"})
+    assert h["bw_gbs"] == 102.0
