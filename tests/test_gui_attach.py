@@ -138,6 +138,7 @@ def test_window_survives_bad_answers_and_a_dying_server(qtbot, tmp_path, window)
             pass
 
 
+@pytest.mark.llama  # the window looks for llama.cpp engines (llama-server --version, --help)
 def test_attach_dialog_lists_found_servers_and_takes_a_url(qtbot, tmp_path, window):
     from kvtuner.gui.attach import AttachDialog
     from kvtuner.runner.attach import FoundServer
