@@ -48,7 +48,9 @@ def monitor_json(target: str, duration_s: int) -> list[dict]:
 @pytest.mark.parametrize("metrics", [True, False], ids=["metrics", "no-metrics"])
 def test_decode_speed_is_the_servers_own(metrics, default_model, tmp_path):
     proc, port, _ = start_server(default_model, tmp_path, *(["--metrics"] if metrics else []))
-    client = Client(port)
+    # 80 tokens: each request spans 2-4 one-second samples, so samples fall within one task
+    # (40-token requests of about 1.5 s left none on a loaded 2-core machine)
+    client = Client(port, n_predict=80)
     try:
         client.start()
         while not client.timings:  # warm: one request done before the window opens
