@@ -182,6 +182,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
         :mod:`kvtuner.core.hardware.memory_catalogue`), its physical cores (0: this machine's) and
         the GPUs' PCIe link (the card's own, or a slot such as 3.0 x4 for a Thunderbolt eGPU)."""
         from ...core.hardware.memory_catalogue import EXAMPLE_CONFIGS, parse_host_memory
+        from ...core.speed.speed_model import HOST_DECODE_BW_SHARE
 
         self.host_mem = QtWidgets.QComboBox()
         self.host_mem.addItem("this machine's RAM", None)
@@ -196,7 +197,7 @@ class HardwarePanel(QtWidgets.QGroupBox):
             )
         self.host_mem.setToolTip(
             "The host RAM the speed is predicted for (--host-mem): CPU-side weights, experts\n"
-            "and KV stream at its achieved bandwidth."
+            f"and KV stream at {HOST_DECODE_BW_SHARE:g} of its achieved bandwidth (llama.cpp's CPU decode share)."
         )
         self.host_cores = QtWidgets.QSpinBox()
         self.host_cores.setRange(0, 1024)
