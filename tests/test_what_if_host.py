@@ -176,3 +176,35 @@ def test_a_what_if_host_without_a_probe_has_its_cores_of_the_reference_core():
     # this machine (not a what-if host) without a probe keeps the per-thread fallback
     here = host_rates(HostSpec(total_bytes=64 << 30, mem_bandwidth_bytes_s=69.12e9), measure=False, n_threads=6)
     assert here.cpu.decode_bytes_s == {"*": pytest.approx((1 + 5 * 0.55) * 5e9)}
+
+
+def test_memory_mapped_host_weights_copied_per_ubatch_are_noted(gpt_oss):  # noqa: F811
+    """``mmap-host-weights``: experts in RAM are copied to the GPU for every prompt ubatch (op
+    offload) from pageable memory while mmap is on; the fix turns mmap off, the figure kvtuner's
+    prefill assumes. No note without mmap, below the 32-token offload batch, or with nothing in RAM."""
+    import dataclasses
+
+    from kvtuner.core.advice.advisor import advise
+    from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+
+    model = ModelProfile.from_gguf(gpt_oss)
+    host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=45e9)
+
+    def notes(gpu: str, **cfg: object) -> list:
+        plan = plan_memory(model, PlanConfig(n_ctx=8192, **cfg), [catalogue_gpu(gpu)], host)
+        return [a for a in advise(plan) if a.id == "mmap-host-weights"]
+
+    (note,) = notes("RTX 3060 12GB", n_cpu_moe=20)
+    assert note.severity == "info" and note.fix == {"use_mmap": False}
+    assert "copies 7.90 GiB of the weights kept in RAM to CUDA0" in note.message
+    assert "avoid using a host buffer when using mmap" in note.reason
+    assert notes("RTX 3060 12GB", n_cpu_moe=20, use_mmap=False) == []
+    assert notes("RTX 3060 12GB", n_cpu_moe=20, n_ubatch=16, n_batch=16) == []
+    assert notes("RTX 3090") == []  # all of it in VRAM: nothing to copy
+    # a plan whose fix is applied no longer carries the note
+    plan = plan_memory(model, PlanConfig(n_ctx=8192, n_cpu_moe=20), [catalogue_gpu("RTX 3060 12GB")], host)
+    fixed = plan_memory(model, dataclasses.replace(plan.config, **note.fix), [catalogue_gpu("RTX 3060 12GB")], host)
+    assert "mmap-host-weights" not in {a.id for a in advise(fixed)}

@@ -10,7 +10,7 @@ Rule ids (stable, the GUI keys on them): ``vram-oom``, ``ram-oom``, ``fragmentat
 ``swap-risk``, ``vram-tight``, ``below-abandon-threshold``, ``v-cache-needs-flash-attn``, ``kv-type-slow-path``,
 ``ctx-exceeds-train``, ``first-layer-on-host``, ``mha-long-context``, ``parallel-multiplies-kv``,
 ``kv-quant-quality``, ``kv-type-not-applied``, ``other-processes-hold-vram``, ``offload-knee``,
-``fit-off``.
+``fit-off``, ``mmap-host-weights``.
 
 A fix is applied with ``dataclasses.replace(plan.config, **advice.fix)``; every fix offered
 here is checked to build a valid :class:`PlanConfig`. ``fix`` is ``{}`` when no configuration
@@ -49,7 +49,7 @@ from ..tune import (
 )
 from ..tune.bisection import largest_true, smallest_true
 from ..tune.fit_choice import fit_blockers
-from ..units import MiB, fmt_bytes
+from ..units import GiB, MiB, fmt_bytes
 
 __all__ = [
     "Advice",
@@ -1214,6 +1214,54 @@ def _rule_fit_off(c: _Ctx) -> list[Advice]:
     ]
 
 
+#: Weights copied per prompt ubatch below which the mmap note is not worth a line (bytes): a
+#: quarter of a GiB, a few milliseconds even from pageable memory.
+MMAP_NOTE_MIN_BYTES = GiB // 4
+
+
+def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
+    """``mmap-host-weights`` (info): a prompt's ubatches copy weights kept in RAM to the GPU (op
+    offload, ``OFFLOAD_MIN_BATCH`` tokens and more), and with mmap those weights sit in pageable
+    memory: llama.cpp keeps memory-mapped host weights in a plain CPU buffer, not the GPU's pinned
+    host buffer (src/llama-model-loader.cpp "avoid using a host buffer when using mmap"), so each
+    copy goes through the CUDA driver's staging buffer. kvtuner's prefill prices the copies at the
+    pinned PCIe rate; ``-lm none`` (``--no-mmap``) is what that figure assumes."""
+    from ..plan.llama_constants import OFFLOAD_MIN_BATCH
+    from ..speed.speed_model import prefill_workload
+
+    p = c.plan
+    # ggml-cuda (CUDA and, built for HIP, ROCm) offloads ops and copies from pageable memory
+    # through the driver; a Metal GPU shares the host's memory
+    gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
+    if gpu is not None and gpu.backend not in ("", "CUDA", "ROCm"):
+        return []
+    u = min(p.n_ubatch, p.n_ctx_seq)
+    if not p.config.use_mmap or gpu is None or u < OFFLOAD_MIN_BATCH:
+        return []
+    try:
+        work = prefill_workload(p, u, 0)
+    except SpeedModelError:
+        return []
+    copied = work.pcie_bytes - 4.0 * p.model.n_embd * u  # less the ubatch's input embeddings
+    if copied < MMAP_NOTE_MIN_BYTES:
+        return []
+    return [
+        _adv(
+            "mmap-host-weights",
+            "info",
+            f"Each prompt ubatch of {u} tokens copies {fmt_bytes(copied)} of the weights kept in RAM to "
+            f"{gpu.backend_device}; memory-mapped (the default) they sit in pageable memory, and the copy goes "
+            "through the driver's staging buffer. Without mmap (-lm none, --no-mmap) they are loaded into "
+            "pinned memory, the rate kvtuner's prefill figure assumes; the load takes longer.",
+            "src/llama-model-loader.cpp: memory-mapped host weights stay in a plain CPU buffer ('avoid using a "
+            "host buffer when using mmap') and llama.cpp warns 'tensor overrides to CPU are used with mmap "
+            "enabled - consider using --load-mode none for better performance'; ggml-backend.cpp "
+            "ggml_backend_sched_compute_splits copies them for every ubatch that op offload moves to the GPU",
+            {"use_mmap": False},
+        )
+    ]
+
+
 def _rule_extras(c: _Ctx) -> list[Advice]:
     """``extras-over`` (warning) when a device the fit verdict does not call "fits" holds part of a
     projector, a draft model or a LoRA adapter: what ``--no-mmproj-offload``, a lower ``-ngld`` and
@@ -1315,6 +1363,7 @@ _RULES = (
     _rule_other_processes,
     _rule_offload_knee,
     _rule_fit_off,
+    _rule_mmap_host_weights,
     _rule_extras,
 )
 
