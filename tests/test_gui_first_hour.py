@@ -118,12 +118,20 @@ def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llam
 
 
 def test_the_pane_shrinks_back_when_the_advice_goes(qtbot, tmp_path, llama8b, window):
+    """Also when the layout gave the pane less than it asked (the graphs' least height); not after
+    the user dragged the splitter."""
     w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
     qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
     grown = w.right_split.sizes()[1]
     w.set_config(PlanConfig(n_ctx=8192))
     QtWidgets.QApplication.processEvents()
     assert w.right_split.sizes()[1] < grown
+    w.set_config(PlanConfig(n_ctx=131072, n_gpu_layers=20))
+    qtbot.waitUntil(lambda: w.right_split.sizes()[1] == grown, timeout=10_000)
+    w.right_split.splitterMoved.emit(w.right_split.sizes()[0], 1)  # as a drag by the user says
+    w.set_config(PlanConfig(n_ctx=8192))
+    QtWidgets.QApplication.processEvents()
+    assert w.right_split.sizes()[1] == grown
 
 
 # -- control names, not flags or field names ---------------------------------------------------------

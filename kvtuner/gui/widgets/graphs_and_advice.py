@@ -55,14 +55,20 @@ class GraphsAndAdvice(QtWidgets.QSplitter):
         self.setStretchFactor(1, 0)
         self.setChildrenCollapsible(False)
         self._split_done = False  # the graphs/advice split is set at the first show
-        self._advice_auto_px = 0  # the advice height last set here (0: none yet)
+        self._dragged = False  # the user moved the splitter since the advice was last sized here
+        # only a user's drag emits splitterMoved (setSizes does not); a height the layout clamps
+        # (the graphs' least height) is still the pane's own
+        self.splitterMoved.connect(self._on_dragged)
         advisor.content_changed.connect(self.make_room_for_advice)
+
+    def _on_dragged(self, _pos: int, _index: int) -> None:
+        self._dragged = True
 
     def first_show(self) -> None:
         """The window is shown for the first time: the graphs get the height, the advice what its rows need."""
         if not self._split_done:
             self._split_done = True
-            self._advice_auto_px = 0
+            self._dragged = False
             self.make_room_for_advice()
 
     def make_room_for_advice(self) -> None:
@@ -77,6 +83,6 @@ class GraphsAndAdvice(QtWidgets.QSplitter):
         if total <= 0:
             return
         want = max(ADVICE_HEIGHT_PX, min(self.advisor.needed_height(), int(total * ADVICE_MAX_SHARE)))
-        if advice < want or (advice > want and advice == self._advice_auto_px):
+        if advice < want or (advice > want and not self._dragged):
             self.setSizes([total - want, want])
-            self._advice_auto_px = self.sizes()[1]
+            self._dragged = False
