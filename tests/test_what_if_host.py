@@ -208,3 +208,9 @@ def test_memory_mapped_host_weights_copied_per_ubatch_are_noted(gpt_oss):  # noq
     plan = plan_memory(model, PlanConfig(n_ctx=8192, n_cpu_moe=20), [catalogue_gpu("RTX 3060 12GB")], host)
     fixed = plan_memory(model, dataclasses.replace(plan.config, **note.fix), [catalogue_gpu("RTX 3060 12GB")], host)
     assert "mmap-host-weights" not in {a.id for a in advise(fixed)}
+    # the figure is the prefill workload's copied weights, a part of its PCIe bytes (kept through JSON)
+    from kvtuner.core.speed.speed_model import Workload, prefill_workload
+
+    work = prefill_workload(plan, 512, 0)
+    assert 7.89 * (1 << 30) < work.weight_copy_bytes < work.pcie_bytes
+    assert Workload.from_dict(work.to_dict()) == work

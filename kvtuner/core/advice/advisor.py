@@ -1230,19 +1230,17 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     from ..speed.speed_model import prefill_workload
 
     p = c.plan
+    gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
+    u = min(p.n_ubatch, p.n_ctx_seq)
     # ggml-cuda (CUDA and, built for HIP, ROCm) offloads ops and copies from pageable memory
     # through the driver; a Metal GPU shares the host's memory
-    gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
-    if gpu is not None and gpu.backend not in ("", "CUDA", "ROCm"):
-        return []
-    u = min(p.n_ubatch, p.n_ctx_seq)
-    if not p.config.use_mmap or gpu is None or u < OFFLOAD_MIN_BATCH:
+    if not p.config.use_mmap or gpu is None or gpu.backend not in ("", "CUDA", "ROCm") or u < OFFLOAD_MIN_BATCH:
         return []
     try:
         work = prefill_workload(p, u, 0)
     except SpeedModelError:
         return []
-    copied = work.pcie_bytes - 4.0 * p.model.n_embd * u  # less the ubatch's input embeddings
+    copied = work.weight_copy_bytes
     if copied < MMAP_NOTE_MIN_BYTES:
         return []
     return [

@@ -719,7 +719,9 @@ class Workload:
 
     ``n_crossings``: device crossings; ``pcie_bytes``: bytes over PCIe; ``n_calls``: llama_decode
     graph evaluations (ubatches); ``n_layer``: repeating layers; ``net``: per RPC device
-    ``(device, crossings, bytes)`` sent over the network to or from it.
+    ``(device, crossings, bytes)`` sent over the network to or from it; ``weight_copy_bytes``:
+    the part of ``pcie_bytes`` that is host-resident weights copied to the GPU for the ubatches
+    op offload moves there (a prefill's; 0 in a decode).
     """
 
     phase: str  # "decode" | "prefill"
@@ -730,6 +732,7 @@ class Workload:
     n_calls: int
     n_layer: int
     net: tuple[tuple[str, float, float], ...] = ()
+    weight_copy_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
@@ -742,6 +745,7 @@ class Workload:
             "n_calls": self.n_calls,
             "n_layer": self.n_layer,
             "net": [list(x) for x in self.net],
+            "weight_copy_bytes": self.weight_copy_bytes,
         }
 
     @classmethod
@@ -756,6 +760,7 @@ class Workload:
             int(d["n_calls"]),
             int(d["n_layer"]),
             tuple((str(a), float(b), float(c)) for a, b, c in d.get("net", ())),
+            float(d.get("weight_copy_bytes", 0.0)),
         )
 
 
@@ -995,7 +1000,7 @@ def prefill_workload(
     gpu0 = next((g.device for g in plan.gpus if g.kind == "gpu"), None)
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of that many rows run on the GPU
     acc = _Acc(plan)
-    pcie = crossings = 0.0
+    pcie = crossings = weight_copy = 0.0
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
     for il in range(m.n_layer):
@@ -1013,7 +1018,7 @@ def prefill_workload(
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
-                pcie += b * n_calls
+                weight_copy += b * n_calls
             elif dev and dev != wdev[il] and not offload:
                 crossings += 2 * n_calls
                 pcie += 2 * 4.0 * m.n_embd * n_prompt
@@ -1060,10 +1065,11 @@ def prefill_workload(
         n_prompt,
         acc.devices(),
         crossings,
-        pcie,
+        pcie + weight_copy,
         n_calls,
         m.n_layer,
         tuple((d, c, b) for d, (c, b) in net.items()),
+        weight_copy,
     )
 
 
