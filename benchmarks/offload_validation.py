@@ -60,6 +60,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 ROWS = ROOT / "benchmarks" / "offload_public_rows.json"
+#: A memory type as pages write it (DDR4, DDR5, LPDDR5X ...).
+RAM_TYPE = r"(?:LP)?DDR\dX?"
 #: Rows collected after the speed model's host terms were fixed, from sources not in :data:`ROWS`:
 #: validation (and same-host reference) rows only.
 ROWS_MORE = ROOT / "benchmarks" / "offload_public_rows_more.json"
@@ -460,7 +462,7 @@ def host_of(row: dict) -> tuple[dict, list[str]]:
     m_bw = re.search(r"(\d+(?:\.\d+)?)\s*GB/s", ram)
     if m_bw:
         bw = float(m_bw.group(1))
-        kind = re.search(r"(?:LP)?DDR\dX?", ram, re.I)
+        kind = re.search(RAM_TYPE, ram, re.I)
         if not re.search(r"measured", ram, re.I) and kind:
             # a figure the page does not call measured is the RAM's theoretical one (dual-channel
             # DDR5-6000 is "~96 GB/s"): its type's typical share of it is what a read reaches
@@ -469,15 +471,15 @@ def host_of(row: dict) -> tuple[dict, list[str]]:
             eff = MEMORY_TYPES[kind.group(0).upper()].efficiency
             assumed.append(f"{bw:g} GB/s not called measured: theoretical, x {eff:g} ({kind.group(0).upper()})")
             bw *= eff
-    m = re.search(r"((?:LP)?DDR\dX?)[- @]*(\d{4,5})", ram, re.I) or re.search(
-        r"((?:LP)?DDR\dX?)\b.*?(\d{4,5})\s*MT/s", ram, re.I
+    m = re.search(rf"({RAM_TYPE})[- @]*(\d{{4,5}})", ram, re.I) or re.search(
+        rf"({RAM_TYPE})\b.*?(\d{{4,5}})\s*MT/s", ram, re.I
     )
     memory = None
     if not m and not bw:
         for pattern, rated, n in CPU_RATED_MEMORY:
             if re.search(pattern, cpu):
                 m = re.match(r"(DDR\d)-(\d+)", rated)
-                stated = re.search(r"(?:LP)?DDR\dX?", ram, re.I)
+                stated = re.search(RAM_TYPE, ram, re.I)
                 if stated and stated.group(0).upper() != m.group(1):
                     raise ValueError(f"the page's {stated.group(0)} is not the CPU's rated {rated}")
                 row = {**row, "host_ram_channels": row.get("host_ram_channels") or n}
@@ -654,7 +656,6 @@ def run_rows(rows: list[dict], directory: Path) -> list[dict]:
             host = host_spec(h)
             prof = ModelProfile.from_gguf(path)
             plan = plan_memory(prof, config_of(r, phase, n, depth), [gpu], host)
-            inputs = speed_inputs([gpu], host, n_threads=h["cores"], measure=False)
             if not fit_verdict(plan).loads:
                 # kvtuner's answer for this configuration is "does not fit", not a speed
                 rec["skip"] = (
@@ -662,6 +663,7 @@ def run_rows(rows: list[dict], directory: Path) -> list[dict]:
                 )
                 out.append(rec)
                 continue
+            inputs = speed_inputs([gpu], host, n_threads=h["cores"], measure=False)
             rec.update(
                 pred=predict(plan, inputs, phase, n, depth),
                 host_name=h["name"],
