@@ -86,6 +86,15 @@ def test_an_implausible_type_is_the_suspect():
     assert implausible_types({"Q4_K": 6.05e9, "Q5_0": 5.32e9, "Q6_K": 6.49e9, "Q8_0": 6.8e9}) == []
 
 
+def test_a_lookup_type_is_never_the_suspect():
+    """The table-lookup kernels (i-quants, ternary) decode at what their lookups allow: readings
+    of an idle probe at one thread (benchmarks/results/2026-12-03-lookup-type-rates.md) are kept,
+    and they are no evidence against a streaming type either."""
+    idle = {"MXFP4": 5.30e9, "Q4_K": 8.45e9, "IQ3_XXS": 2.39e9, "IQ2_XXS": 1.37e9, "IQ4_XS": 4.34e9}
+    assert implausible_types(idle) == []
+    assert implausible_types({**idle, "Q4_K": 2.0e9}) == ["Q4_K"]  # a busy Q4_K is still caught
+
+
 @pytest.mark.llama
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")

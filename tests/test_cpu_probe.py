@@ -26,6 +26,7 @@ from kvtuner.core.speed.cpu_probe import (
     attn_key_kv,
     layer_attn_key,
     matrix_model,
+    nearest,
     probe_needs,
     probe_plan,
     rates_from_runs,
@@ -88,8 +89,8 @@ def test_bad_records_and_types():
         CpuRates.from_dict({"n_threads": 1})
     with pytest.raises(ProbeError, match="rates must be finite"):
         CpuRates.from_dict({**CpuRates(1, {"Q8_0": -1.0}, {}, 0, 0, {}, {}).to_dict()})
-    with pytest.raises(ProbeError, match="no CPU probe for weight type IQ1_S"):
-        matrix_model("IQ1_S")
+    with pytest.raises(ProbeError, match="no CPU probe for weight type Q8_K"):
+        matrix_model("Q8_K")
     assert [m.key for m in probe_plan(["Q6_K", "F32x", "q4_k"], ["16/8/256", "32/8/64", "4/4/7"])] == [
         "overhead:24",
         "overhead:6",
@@ -102,6 +103,18 @@ def test_bad_records_and_types():
         attention_model("4/4/7")
     with pytest.raises(ProbeError, match="query heads a multiple of KV heads"):
         attention_model("32/5/128")
+
+
+def test_an_unprobed_type_takes_the_nearest_of_its_kind():
+    """A table-lookup type (i-quant) reads the nearest probed lookup type, a streaming type the
+    nearest streaming one or the fallback: their kernels are bound by different work."""
+    table = {"Q4_K": 8.45e9, "Q3_K": 7.63e9, "IQ4_XS": 4.34e9}
+    assert nearest(table, "IQ3_XXS") == 4.34e9  # not Q3_K, the nearest in bits
+    assert nearest(table, "Q2_K") == 7.63e9
+    assert nearest({"Q4_K": 8.45e9}, "IQ3_XXS") == 8.45e9  # no lookup type probed: the nearest in bits
+    assert nearest({"*": 15e9, "IQ3_XXS": 6.8e9}, "Q4_K") == 15e9  # the fallback, not a lookup type's rate
+    with pytest.raises(ProbeError, match="run the CPU probe"):
+        nearest({}, "Q4_K")
 
 
 def test_probe_models_are_sparse_llama_files(tmp_path):
@@ -139,9 +152,10 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
             "kvtuner.cli",
             "probe",
             # the default model's kernels (a plan uses a stored probe only when it covers the
-            # model: kvtuner.core.session.probe_covers), and a K/V pair of another shape
+            # model: kvtuner.core.session.probe_covers), a table-lookup type, and a K/V pair of
+            # another shape
             "--types",
-            "Q4_K,Q5_0,Q6_K,Q8_0",
+            "Q4_K,Q5_0,Q6_K,Q8_0,IQ3_XXS",
             "--attn",
             "4/1/256,8/2/64,8/2/64@q8_0",
             "-t",
@@ -155,8 +169,9 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     rates = CpuRates.from_dict(json.loads(out.stdout))
-    assert set(rates.decode_bytes_s) <= {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} and rates.n_threads == 1
+    assert set(rates.decode_bytes_s) <= {"Q4_K", "Q5_0", "Q6_K", "Q8_0", "IQ3_XXS"} and rates.n_threads == 1
     assert "Q4_K" in rates.decode_bytes_s  # an implausible type may be left out, not the main one
+    assert "IQ3_XXS" in rates.decode_bytes_s  # a lookup type's slow kernel is never taken for a busy reading
     assert 1e8 < rates.decode_bytes_s["Q4_K"] < 1e12 and 1e8 < rates.prefill_flop_s["Q4_K"] < 1e14
     assert 0 < rates.attn_decode_s["8/2/64"] < 1e-5 and 0 < rates.token_s < 0.1 and rates.half_batch["Q4_K"] >= 0
     assert 0 < rates.attn_decode_s["8/2/64@q8_0"] < 1e-5 and 0 < rates.attn_prefill_s["8/2/64@q8_0"] < 1e-5

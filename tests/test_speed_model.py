@@ -393,7 +393,8 @@ def test_threads_move_probe_rates():
     assert one.decode_bytes_s["F16"] == pytest.approx(1e9 / 1.55)
     assert one.attn_decode_s["8/8/32"] == pytest.approx(1e-9 * 1.55)
     fb = fallback_cpu_rates(2, 100e9)
-    assert fb.decode_bytes_s == {"*": pytest.approx(1.55 * 5e9)} and "no CPU probe" in fb.source
+    assert fb.decode_bytes_s["*"] == pytest.approx(1.55 * 5e9) and "no CPU probe" in fb.source
+    assert fb.decode_bytes_s["IQ3_XXS"] == pytest.approx(1.55 * 5e9 * 0.44)  # a table-lookup type's share
 
 
 @pytest.mark.parametrize(

@@ -157,25 +157,32 @@ def test_bad_host_flags_are_one_line_and_exit_2(argv, message, capsys):
 
 def test_a_what_if_host_without_a_probe_has_its_cores_of_the_reference_core():
     from kvtuner.core.hardware.specs import HostSpec
-    from kvtuner.core.speed.speed_model import REFERENCE_CORE_ATTN_DECODE_S, host_rates, reference_core_rates
+    from kvtuner.core.speed.speed_model import REFERENCE_CORE_ATTN_DECODE_S, cpu_rate, host_rates, reference_core_rates
 
     # six cores stream 6 x 15 GB/s: DDR5-6000x2's typical 69.1 GB/s caps the decode; two cores do not reach it
     six = reference_core_rates(6, 69.12e9)
-    assert six.decode_bytes_s == {"*": pytest.approx(69.12e9)}
-    assert reference_core_rates(2, 69.12e9).decode_bytes_s == {"*": pytest.approx(30e9)}
+    assert six.decode_bytes_s["*"] == pytest.approx(69.12e9)
+    assert reference_core_rates(2, 69.12e9).decode_bytes_s["*"] == pytest.approx(30e9)
+    # a table-lookup type at its measured share of the cores' figure: six cores of IQ3_XXS
+    # (0.44) do not reach the RAM's cap; IQ4_NL (as fast as MXFP4 or faster) does
+    assert six.decode_bytes_s["IQ3_XXS"] == pytest.approx(6 * 15e9 * 0.44)
+    assert six.decode_bytes_s["IQ4_NL"] == pytest.approx(69.12e9)
+    assert cpu_rate(six.decode_bytes_s, "Q4_K") == pytest.approx(69.12e9)  # a streaming type: the "*" figure
     assert six.attn_decode_s == {"*": pytest.approx(REFERENCE_CORE_ATTN_DECODE_S / 6)}
     assert six.prefill_flop_s == {"*": pytest.approx(6 * 130e9)}
     host = HostSpec(total_bytes=64 << 30, what_if=True, memory="DDR5-6000x2", mem_bandwidth_bytes_s=69.12e9, n_cores=6)
     r = host_rates(host, measure=False, n_threads=6)
-    assert r.cpu.decode_bytes_s == {"*": pytest.approx(0.81 * 69.12e9)} and "6 reference cores" in r.source
+    assert r.cpu.decode_bytes_s["*"] == pytest.approx(0.81 * 69.12e9) and "6 reference cores" in r.source
+    assert r.cpu.decode_bytes_s["IQ3_XXS"] == pytest.approx(6 * 15e9 * 0.44)  # under the 56 GB/s cap
     # share 1: the RAM's achieved figure itself; the share moves nothing but a what-if host's decode cap
-    assert host_rates(host, measure=False, n_threads=6, decode_bw_share=1.0).cpu.decode_bytes_s == {
-        "*": pytest.approx(69.12e9)
-    }
+    assert host_rates(host, measure=False, n_threads=6, decode_bw_share=1.0).cpu.decode_bytes_s["*"] == pytest.approx(
+        69.12e9
+    )
     assert r.cpu.prefill_flop_s == {"*": pytest.approx(6 * 130e9)}
     # this machine (not a what-if host) without a probe keeps the per-thread fallback
     here = host_rates(HostSpec(total_bytes=64 << 30, mem_bandwidth_bytes_s=69.12e9), measure=False, n_threads=6)
-    assert here.cpu.decode_bytes_s == {"*": pytest.approx((1 + 5 * 0.55) * 5e9)}
+    assert here.cpu.decode_bytes_s["*"] == pytest.approx((1 + 5 * 0.55) * 5e9)
+    assert here.cpu.decode_bytes_s["IQ2_XXS"] == pytest.approx((1 + 5 * 0.55) * 5e9 * 0.26)
 
 
 def test_memory_mapped_host_weights_copied_per_ubatch_are_noted(gpt_oss):  # noqa: F811

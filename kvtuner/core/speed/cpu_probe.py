@@ -202,10 +202,38 @@ PROBE_TYPES = (
     "Q4_K",
     "Q5_K",
     "Q6_K",
+    "IQ1_S",
+    "IQ1_M",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
     "IQ4_NL",
     "IQ4_XS",
+    "TQ1_0",
+    "TQ2_0",
     "MXFP4",
 )
+#: Weight types whose CPU dot product decodes each group of weights through a lookup table rather
+#: than from the block's bits by arithmetic: the i-quants (ggml-cpu/arch/x86/quants.c
+#: ``ggml_vec_dot_iq3_xxs_q8_K`` gathers ``iq3xxs_grid`` entries and ``keven_signs_q2xs`` sign
+#: masks for every 4 or 8 weights; ``iq1s_grid``, ``iq2xxs_grid``, ``iq2xs_grid``, ``iq2s_grid``,
+#: ``iq3s_grid`` likewise; IQ4_NL/IQ4_XS map 4-bit codes through ``kvalues_iq4nl``) and the ternary
+#: TQ1_0/TQ2_0 (base-3 unpacking). Their decode is bound by that work, not by the bytes they stream:
+#: measured by this probe at one thread on an AVX-512 Xeon, IQ3_XXS 2.3 GB/s and IQ2_XXS 1.3 beside
+#: Q4_K 8.2 and MXFP4 5.2 (benchmarks/results/2026-12-03-lookup-type-rates.md). So a rate of one
+#: kind says nothing about the other (:func:`implausible_types`, :func:`nearest`).
+LOOKUP_TYPES = frozenset(
+    ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0")
+)
+
+
+def is_lookup_type(type_name: str) -> bool:
+    """Whether ``type_name`` (a ggml type name) is one of :data:`LOOKUP_TYPES`."""
+    return type_name.upper() in LOOKUP_TYPES
+
+
 #: A stored probe is re-measured after this long, seconds (hardware and kernels change rarely).
 PROBE_MAX_AGE_S = 7 * 24 * 3600.0
 
@@ -818,9 +846,13 @@ def implausible_types(decode_bytes_s: dict[str, float], factor: float = PLAUSIBL
     """The weight types whose decode rate (bytes/s per type, :attr:`CpuRates.decode_bytes_s`) is
     too low against another type's for what their bits per weight allow (see
     :data:`PLAUSIBLE_RATE_FACTOR`): other load only ever slows a reading, so the slower one of an
-    implausible pair is the suspect. Sorted."""
+    implausible pair is the suspect. Only types whose kernels stream their bytes are compared: a
+    :data:`LOOKUP_TYPES` rate is bound by its table lookups (IQ3_XXS decodes under half of Q4_K's
+    weights per second on an idle machine), so it is neither suspect nor evidence. Sorted."""
     bad: set[str] = set()
-    items = [(t, v, _bits_per_weight(t)) for t, v in decode_bytes_s.items() if t != "*" and v > 0]
+    items = [
+        (t, v, _bits_per_weight(t)) for t, v in decode_bytes_s.items() if t != "*" and v > 0 and not is_lookup_type(t)
+    ]
     for a, va, bits_a in items:
         for b, vb, bits_b in items:
             if bits_a >= bits_b:
@@ -842,8 +874,10 @@ def _bits_per_weight(type_name: str) -> float:
 
 
 def nearest(table: dict[str, float], type_name: str) -> float:
-    """The value of ``type_name`` in a per-type table: its own, else the probed type nearest in
-    bits per weight (kernels of a family run alike), else ``table["*"]`` (a fallback).
+    """The value of ``type_name`` in a per-type table: its own, else the probed type of the same
+    kind (:func:`is_lookup_type`: table-lookup or streaming kernels) nearest in bits per weight
+    (kernels of a family run alike), else ``table["*"]`` (a fallback), else the probed type of the
+    other kind nearest in bits.
 
     Raises:
         ProbeError: an empty table.
@@ -851,12 +885,14 @@ def nearest(table: dict[str, float], type_name: str) -> float:
     if type_name in table:
         return table[type_name]
     probed = [t for t in table if t != "*"]
-    if not probed:
-        try:
-            return table["*"]
-        except KeyError:
-            raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)") from None
     bits = _bits_per_weight(type_name)
+    same = [t for t in probed if is_lookup_type(t) == is_lookup_type(type_name)]
+    if same:
+        return table[min(same, key=lambda t: abs(_bits_per_weight(t) - bits))]
+    if "*" in table:
+        return table["*"]
+    if not probed:
+        raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)")
     return table[min(probed, key=lambda t: abs(_bits_per_weight(t) - bits))]
 
 

@@ -133,6 +133,25 @@ THREAD_EFFICIENCY = 0.55
 #: thread of the ``FALLBACK_*`` figures came from an older 2-vCPU VM and put the CPU decode of
 #: public rows on desktop hosts 25-70% low (benchmarks/offload_validation.py).
 REFERENCE_CORE_DECODE_BYTES_S = 15e9
+#: A table-lookup weight type's decode rate on a CPU without a probe, as a share of the reference
+#: core's (the slowest streaming type, MXFP4): the i-quants and ternary types decode through
+#: lookup tables and are bound by that work (:data:`~kvtuner.core.speed.cpu_probe.LOOKUP_TYPES`).
+#: Measured by kvtuner's CPU probe at one thread against MXFP4 on an AVX-512 Xeon
+#: (``benchmarks/lookup_type_rates.py``, benchmarks/results/2026-12-03-lookup-type-rates.md), capped
+#: at 1 (a type faster than MXFP4 gets the reference figure, as every streaming type does).
+LOOKUP_TYPE_DECODE_FACTOR: dict[str, float] = {
+    "IQ1_S": 0.35,
+    "IQ1_M": 0.33,
+    "IQ2_XXS": 0.26,
+    "IQ2_XS": 0.53,
+    "IQ2_S": 0.70,
+    "IQ3_XXS": 0.44,
+    "IQ3_S": 0.52,
+    "IQ4_NL": 1.0,
+    "IQ4_XS": 0.80,
+    "TQ1_0": 0.69,
+    "TQ2_0": 1.0,
+}
 REFERENCE_CORE_PREFILL_FLOP_S = 130e9
 REFERENCE_CORE_ATTN_DECODE_S = 4.0e-8
 REFERENCE_CORE_ATTN_PREFILL_S = 8.3e-9
@@ -411,15 +430,26 @@ def effective_threads(n_threads: int) -> float:
     return 1.0 + max(0, n_threads - 1) * THREAD_EFFICIENCY
 
 
+def _decode_table(cores_bytes_s: float, bandwidth_bytes_s: float) -> dict[str, float]:
+    """Decode bytes/s per weight type of a CPU without a probe whose cores stream
+    ``cores_bytes_s``: ``"*"`` for every streaming type, each table-lookup type at its
+    :data:`LOOKUP_TYPE_DECODE_FACTOR` share of the cores' figure; all capped at ``bandwidth_bytes_s``."""
+    table = {"*": min(bandwidth_bytes_s, cores_bytes_s)}
+    for t, f in LOOKUP_TYPE_DECODE_FACTOR.items():
+        table[t] = min(bandwidth_bytes_s, cores_bytes_s * min(1.0, f))
+    return table
+
+
 def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRates:
-    """CPU rates without a probe (the ``FALLBACK_*`` constants): every weight type decodes at
-    ``min(copy bandwidth, threads * 5 GB/s)`` and prefills at ``threads * 30 GFLOP/s``."""
+    """CPU rates without a probe (the ``FALLBACK_*`` constants): every streaming weight type decodes
+    at ``min(copy bandwidth, threads * 5 GB/s)``, a table-lookup type at its
+    :data:`LOOKUP_TYPE_DECODE_FACTOR` share of the threads' figure, and all prefill at
+    ``threads * 30 GFLOP/s``."""
     thr = effective_threads(n_threads)
-    bw = min(host_bandwidth_bytes_s, thr * FALLBACK_DECODE_BYTES_S_PER_THREAD)
     flop = thr * FALLBACK_PREFILL_FLOP_S_PER_THREAD
     return CpuRates(
         n_threads,
-        {"*": bw},
+        _decode_table(thr * FALLBACK_DECODE_BYTES_S_PER_THREAD, host_bandwidth_bytes_s),
         {"*": flop},
         FALLBACK_LAYER_S,
         FALLBACK_TOKEN_S,
@@ -431,7 +461,8 @@ def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRate
 
 def reference_core_rates(n_cores: int, bandwidth_bytes_s: float) -> CpuRates:
     """CPU rates of a what-if host without a probe: ``n_cores`` physical cores of the
-    ``REFERENCE_CORE_*`` figures, added linearly, every decode rate capped at the RAM's
+    ``REFERENCE_CORE_*`` figures (a table-lookup type at its :data:`LOOKUP_TYPE_DECODE_FACTOR`
+    share), added linearly, every decode rate capped at the RAM's
     ``bandwidth_bytes_s``. Linear because ggml-cpu splits each matmul's rows (and each attention's
     heads) into chunks the threads take in turn (ggml-cpu.c ``ggml_compute_forward_mul_mat``,
     ``ggml_compute_forward_mul_mat_id``): on physical cores their streams add until the RAM's
@@ -441,7 +472,7 @@ def reference_core_rates(n_cores: int, bandwidth_bytes_s: float) -> CpuRates:
     n = max(1, int(n_cores))
     return CpuRates(
         n,
-        {"*": min(bandwidth_bytes_s, n * REFERENCE_CORE_DECODE_BYTES_S)},
+        _decode_table(n * REFERENCE_CORE_DECODE_BYTES_S, bandwidth_bytes_s),
         {"*": n * REFERENCE_CORE_PREFILL_FLOP_S},
         FALLBACK_LAYER_S,
         FALLBACK_TOKEN_S,
