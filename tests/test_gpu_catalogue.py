@@ -4,6 +4,7 @@ NVML's, the what-if card it builds, NVML-derived bandwidth (stand-in NVML), and 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -105,6 +106,19 @@ def test_catalogue_figures_are_the_datasheets():
         assert e.source and e.vram_bytes > 0 and e.mem_bandwidth_bytes_s > 0 and e.int8_op_s > 0
 
 
+def test_workstation_boards_by_name_and_nvml_name():
+    """RTX professional boards: their own entries (not a GeForce of a similar number), by the
+    name a user types and by the name NVML reports."""
+    a1000 = find_gpu("RTX A1000")
+    assert (a1000.vram_bytes, a1000.mem_bandwidth_bytes_s, a1000.pcie_gen, a1000.pcie_lanes) == (8 * GiB, 192e9, 4, 8)
+    assert a1000.fp16_tensor_flop_s == pytest.approx(53.8e12 / 2, rel=0.01)  # the datasheet's 53.8 is with sparsity
+    assert match_nvml_name("NVIDIA RTX 4000 Ada Generation").name == "RTX 4000 Ada"
+    assert match_nvml_name("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").vram_bytes == 96 * GiB
+    assert find_gpu("nvidia rtx a2000 12gb").name == "RTX A2000 12GB"
+    with pytest.raises(UnknownGpuError, match="not in the catalogue"):
+        find_gpu("RTX 4000")  # the Quadro RTX 4000 (Turing) is not the RTX 4000 Ada
+
+
 def test_catalogue_gpu_is_a_what_if_card_with_its_figures():
     g = catalogue_gpu("rtx 4090", index=1)
     assert (g.name, g.device, g.total_bytes, g.what_if, g.catalogue) == (
@@ -133,8 +147,11 @@ def test_nvml_bandwidth_and_catalogue_entry():
     assert a.catalogue == "RTX 3060 12GB"
     r = gpu_rates(a)
     assert r.bandwidth_bytes_s == pytest.approx(360.048e9) and "NVML" in r.source
-    assert b.mem_bandwidth_bytes_s is None and b.catalogue is None  # RTX A2000: unsupported query, not catalogued
-    rb = gpu_rates(b)
+    # RTX A2000 12GB: NVML cannot tell its bus width; the catalogue's workstation entry gives 288 GB/s
+    assert b.mem_bandwidth_bytes_s is None and b.catalogue == "RTX A2000 12GB"
+    assert gpu_rates(b).bandwidth_bytes_s == pytest.approx(288e9)
+    unknown = replace(b, name="NVIDIA Quadro Unlisted", catalogue=None)  # a card the catalogue lacks
+    rb = gpu_rates(unknown)
     assert rb.bandwidth_bytes_s == GPU_CATALOGUE["RTX 3060 12GB"].mem_bandwidth_bytes_s
     assert "nearest catalogue card" in rb.source
 

@@ -27,7 +27,7 @@ datasheets' dense figures. Each entry names its source.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..units import GiB
 
@@ -240,6 +240,84 @@ _GEFORCE_50 = (
     _geforce("RTX 5090 Laptop", 24, 28, 256, 82, 2160, _G5X16, "blackwell"),
 )
 
+_WORKSTATION_PAGES = {
+    "ampere": "https://www.nvidia.com/en-us/design-visualization/desktop-graphics/",
+    "ada": "https://www.nvidia.com/en-us/design-visualization/desktop-graphics/",
+    "blackwell": "https://www.nvidia.com/en-us/products/workstations/professional-desktop-gpus/",
+}
+
+
+def _workstation(
+    name: str,
+    vram_gib: int,
+    gbps: float,
+    bus_bits: int,
+    sms: int,
+    boost_mhz: int,
+    pcie: tuple[int, int],
+    arch: str,
+    nvml: str,
+) -> GpuModel:
+    """An NVIDIA RTX professional (workstation) board, built as :func:`_geforce` builds a GeForce
+    card: memory from its data rate and bus width, tensor and FP32 rates from SMs x per-SM
+    figures x boost clock. NVIDIA's datasheets give memory, bandwidth, CUDA cores and PCIe but no
+    clock; the boost clock is TechPowerUp GPU database's (https://www.techpowerup.com/gpu-specs/),
+    and the result matches the datasheets' tensor figures (RTX A1000: 18 SMs x 4 x 256 x
+    1.46 GHz = 26.9 dense FP16 TFLOPS, 53.8 with sparsity)."""
+    card = _geforce(name, vram_gib, gbps, bus_bits, sms, boost_mhz, pcie, arch)
+    return replace(
+        card,
+        source=f"NVIDIA RTX professional GPUs ({_WORKSTATION_PAGES[arch]}); TechPowerUp GPU database: "
+        f"{sms} SMs, {boost_mhz} MHz boost, {gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}",
+        nvml_names=(nvml,),
+    )
+
+
+#: NVIDIA RTX professional desktop boards (Ampere RTX A, RTX Ada Generation, RTX PRO Blackwell).
+_WORKSTATION = (
+    _workstation("RTX A400", 4, 12, 64, 6, 1762, _G4X8, "ampere", "NVIDIA RTX A400"),
+    _workstation("RTX A1000", 8, 12, 128, 18, 1460, _G4X8, "ampere", "NVIDIA RTX A1000"),
+    _workstation("RTX A2000", 6, 12, 192, 26, 1200, _G4X16, "ampere", "NVIDIA RTX A2000"),
+    _workstation("RTX A2000 12GB", 12, 12, 192, 26, 1200, _G4X16, "ampere", "NVIDIA RTX A2000 12GB"),
+    _workstation("RTX A4000", 16, 14, 256, 48, 1560, _G4X16, "ampere", "NVIDIA RTX A4000"),
+    _workstation("RTX A4500", 20, 16, 320, 56, 1650, _G4X16, "ampere", "NVIDIA RTX A4500"),
+    _workstation("RTX A5000", 24, 16, 384, 64, 1695, _G4X16, "ampere", "NVIDIA RTX A5000"),
+    _workstation("RTX A5500", 24, 16, 384, 80, 1665, _G4X16, "ampere", "NVIDIA RTX A5500"),
+    _workstation("RTX 2000 Ada", 16, 14, 128, 22, 2130, _G4X8, "ada", "NVIDIA RTX 2000 Ada Generation"),
+    _workstation("RTX 4000 SFF Ada", 20, 14, 160, 48, 1560, _G4X16, "ada", "NVIDIA RTX 4000 SFF Ada Generation"),
+    _workstation("RTX 4000 Ada", 20, 18, 160, 48, 2175, _G4X16, "ada", "NVIDIA RTX 4000 Ada Generation"),
+    _workstation("RTX 4500 Ada", 24, 18, 192, 60, 2580, _G4X16, "ada", "NVIDIA RTX 4500 Ada Generation"),
+    _workstation("RTX 5000 Ada", 32, 18, 256, 100, 2550, _G4X16, "ada", "NVIDIA RTX 5000 Ada Generation"),
+    _workstation("RTX 6000 Ada", 48, 20, 384, 142, 2505, _G4X16, "ada", "NVIDIA RTX 6000 Ada Generation"),
+    _workstation("RTX PRO 4000 Blackwell", 24, 28, 192, 70, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 4000 Blackwell"),
+    _workstation("RTX PRO 4500 Blackwell", 32, 28, 256, 82, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 4500 Blackwell"),
+    _workstation(
+        "RTX PRO 5000 Blackwell", 48, 28, 384, 110, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 5000 Blackwell"
+    ),
+    _workstation(
+        "RTX PRO 6000 Blackwell",
+        96,
+        28,
+        512,
+        188,
+        2617,
+        _G5X16,
+        "blackwell",
+        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    ),
+    _workstation(
+        "RTX PRO 6000 Blackwell Max-Q",
+        96,
+        28,
+        512,
+        188,
+        2288,
+        _G5X16,
+        "blackwell",
+        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+    ),
+)
+
 # Dense FP16 (FP16 accumulate) FLOP per clock per tensor core: Turing 128, Ampere GA10x 256,
 # Ada 256, Blackwell GB20x 256; INT8 ops twice that (the whitepapers' tables).
 _CATALOGUE: tuple[GpuModel, ...] = (
@@ -303,6 +381,7 @@ _CATALOGUE: tuple[GpuModel, ...] = (
     *_GEFORCE_30,
     *_GEFORCE_40,
     *_GEFORCE_50,
+    *_WORKSTATION,
     GpuModel(
         "RTX 3060 12GB",
         12 * GiB,
