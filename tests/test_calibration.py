@@ -195,3 +195,25 @@ def test_a_run_corrects_the_prefill_kernels_it_ran(plan, tmp_path):
     after = speed_inputs([], HOST, n_threads=2, constants=cal.constants)
     # within 0.1%: only its few F32 ops ran in the calibrating bench too
     assert prefill_tok_s(f16_plan, after, 64, 0) == pytest.approx(prefill_tok_s(f16_plan, cold, 64, 0), rel=1e-3)
+
+
+def test_a_run_is_priced_with_the_rates_its_predictions_use(tmp_path, plan):
+    """A stored CPU probe that does not cover the model (here: only Q8_0, and far faster than the
+    assumed rates) is left out of the recorded run as it is of the prediction
+    (cpu_probe.probe_covers), so one recorded run calibrates the prediction onto what it measured,
+    not onto a base the prediction never uses."""
+    import time
+
+    from kvtuner.core.speed.calibration import record_bench
+    from kvtuner.core.speed.cpu_probe import CpuRates, probe_covers
+
+    store = CalibrationStore(tmp_path / "cal.json")
+    other = CpuRates(2, {"Q8_0": 200e9}, {"Q8_0": 900e9}, 1e-6, 1e-5, {"64": 1e-9}, {"64": 1e-10}, t_unix=time.time())
+    store.set_cpu_rates(other, "m1")
+    assert not probe_covers(other, plan.model)
+    cold = speed_inputs([], HOST, n_threads=2)
+    measured = 0.5 * decode_tok_s(plan, cold, 71)
+    run = record_bench(plan, Measurement(0, 64, 16, 2, None, measured), host=HOST, store=store, machine="m1")
+    assert run.rates["CPU"].cpu is not None and run.rates["CPU"].cpu.source == cold.rates["CPU"].cpu.source
+    after = calibrated_inputs(speed_inputs([], HOST, n_threads=2), plan.model, store, "m1")
+    assert decode_tok_s(plan, after, 71) == pytest.approx(measured, rel=0.02)

@@ -43,7 +43,7 @@ from .speed.calibration import (
     calibrated_inputs,
     record_bench,
 )
-from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
+from .speed.cpu_probe import CpuRates, probe_covers, probe_expert_needs, probe_needs
 from .speed.measurement import Measurement
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache, structure_cache
@@ -75,18 +75,6 @@ def exact_figures(v: DryRunResult, *, device_figures: bool) -> ExactFigures:
         recurrent=recurrent,
         compute=bytes_by_device(v.compute_mib) if device_figures and v.compute_mib else None,
         output=bytes_by_device(v.output_mib) if device_figures and v.output_mib else None,
-    )
-
-
-def probe_covers(rates: CpuRates, model: ModelProfile) -> bool:
-    """A stored CPU probe measured every kernel ``model`` needs: its weight types, its attention
-    shapes with f16 K/V and its MoE expert shapes (:func:`~kvtuner.core.speed.cpu_probe.probe_needs`,
-    :func:`~kvtuner.core.speed.cpu_probe.probe_expert_needs`)."""
-    types, dims = probe_needs(model, [("f16", "f16")])
-    return (
-        all(t in rates.decode_bytes_s for t in types)
-        and all(d in rates.attn_decode_s for d in dims)
-        and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model))
     )
 
 

@@ -48,7 +48,7 @@ from ..hardware.identity import machine_id
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.profile import ModelProfile
 from ..plan.memory_plan import MemoryPlan
-from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError
+from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError, probe_covers
 from .measurement import Measurement
 from .speed_model import (
     PREFILL_TYPE_PARAM,
@@ -63,7 +63,10 @@ from .speed_model import (
     workload_time_s,
 )
 
-SCHEMA_VERSION = 4
+#: The stored runs' form: a change that makes stored runs' workloads or rates differ from what
+#: predictions now use raises it, and a file of another version keeps its CPU probes but drops
+#: its runs (:meth:`CalibrationStore._load`).
+SCHEMA_VERSION = 5
 FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500
@@ -490,8 +493,9 @@ def record_bench(
 
     ``gpus`` are the GPUs planned for; ``machine`` is this machine's id
     (:func:`kvtuner.core.hardware.identity.machine_id`, default: from the non-what-if ``gpus``); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
-    prediction, so the recorded device rates are the ones later predictions use. Speeds that
-    are missing or not positive count as not measured.
+    prediction, and the stored CPU probe only where it covers the model
+    (:func:`~kvtuner.core.speed.cpu_probe.probe_covers`), so the recorded device rates are the
+    ones later predictions use. Speeds that are missing or not positive count as not measured.
 
     Raises:
         CalibrationError: nothing measured, or the store cannot be written.
@@ -510,6 +514,8 @@ def record_bench(
 
     n_threads = max(1, int(measurement.n_threads))
     cpu = store.cpu_rates(n_threads, machine=mid)
+    if cpu is not None and not probe_covers(cpu, plan.model):
+        cpu = None  # the assumed rates, as the predictions for this model use them
     try:
         inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=n_threads, cpu=cpu)
     except SpeedModelError as exc:

@@ -546,6 +546,21 @@ def probe_expert_needs(model: Any) -> tuple[str, ...]:
     return tuple(k for k, _ in _buildable([k for k in model_expert_keys(model) if k], expert_model))
 
 
+def probe_covers(rates: CpuRates, model: Any) -> bool:
+    """A stored CPU probe measured every kernel ``model`` (a
+    :class:`~kvtuner.core.model.profile.ModelProfile`) needs: its weight types, its attention
+    shapes with f16 K/V and its MoE expert shapes (:func:`probe_needs`, :func:`probe_expert_needs`).
+    A prediction and a recorded run both use the probe only when it covers the model, else the
+    assumed rates: a run priced with other rates than the predictions would calibrate the wrong
+    base."""
+    types, dims = probe_needs(model, [("f16", "f16")])
+    return (
+        all(t in rates.decode_bytes_s for t in types)
+        and all(d in rates.attn_decode_s for d in dims)
+        and all(e in rates.expert_decode_bytes_s for e in probe_expert_needs(model))
+    )
+
+
 #: The scale byte every probe model writes into its MXFP4 blocks: 127 (x 0.5, ggml-impl.h
 #: ``GGML_E8M0_TO_FP32_HALF``). A hole's 0 is 2^-128, a subnormal float, and x86 runs arithmetic on
 #: subnormals through a slow path: zero-weight MXFP4 experts with nonzero activations prefilled
