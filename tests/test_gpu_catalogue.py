@@ -114,6 +114,9 @@ def test_workstation_boards_by_name_and_nvml_name():
     assert a1000.fp16_tensor_flop_s == pytest.approx(53.8e12 / 2, rel=0.01)  # the datasheet's 53.8 is with sparsity
     assert match_nvml_name("NVIDIA RTX 4000 Ada Generation").name == "RTX 4000 Ada"
     assert match_nvml_name("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").vram_bytes == 96 * GiB
+    server = match_nvml_name("NVIDIA RTX PRO 6000 Blackwell Server Edition")  # the cloud's board
+    assert server.name == "RTX PRO 6000 Blackwell Server Edition" and server.vram_bytes == 96 * GiB
+    assert find_gpu("RTX PRO 5000 Blackwell").fp32_flop_s == pytest.approx(65e12, rel=0.01)  # NVIDIA's figure
     assert find_gpu("nvidia rtx a2000 12gb").name == "RTX A2000 12GB"
     with pytest.raises(UnknownGpuError, match="not in the catalogue"):
         find_gpu("RTX 4000")  # the Quadro RTX 4000 (Turing) is not the RTX 4000 Ada

@@ -157,9 +157,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rates.to_dict())
         return 0
+    width = max((len(t) for t in rates.decode_bytes_s), default=6)
     for t in sorted(rates.decode_bytes_s):
         print(
-            f"{t:<6} decode {rates.decode_bytes_s[t] / 1e9:6.2f} GB/s   prefill {rates.prefill_flop_s[t] / 1e9:7.1f} GFLOP/s "
+            f"{t:<{width}} decode {rates.decode_bytes_s[t] / 1e9:6.2f} GB/s   prefill {rates.prefill_flop_s[t] / 1e9:7.1f} GFLOP/s "
             f"(half of it at a {rates.half_batch.get(t, 0):.0f}-token batch)"
         )
     for d in sorted(rates.attn_decode_s):

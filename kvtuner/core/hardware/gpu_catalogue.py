@@ -257,18 +257,21 @@ def _workstation(
     pcie: tuple[int, int],
     arch: str,
     nvml: str,
+    clock_source: str = "",
 ) -> GpuModel:
     """An NVIDIA RTX professional (workstation) board, built as :func:`_geforce` builds a GeForce
     card: memory from its data rate and bus width, tensor and FP32 rates from SMs x per-SM
     figures x boost clock. NVIDIA's datasheets give memory, bandwidth, CUDA cores and PCIe but no
     clock; the boost clock is TechPowerUp GPU database's (https://www.techpowerup.com/gpu-specs/),
     and the result matches the datasheets' tensor figures (RTX A1000: 18 SMs x 4 x 256 x
-    1.46 GHz = 26.9 dense FP16 TFLOPS, 53.8 with sparsity)."""
+    1.46 GHz = 26.9 dense FP16 TFLOPS, 53.8 with sparsity). ``clock_source``: where the clock
+    comes from instead, when TechPowerUp's disagrees with NVIDIA's own FP32 figure or has none."""
     card = _geforce(name, vram_gib, gbps, bus_bits, sms, boost_mhz, pcie, arch)
+    clock = f"{boost_mhz} MHz boost ({clock_source})" if clock_source else f"{boost_mhz} MHz boost"
     return replace(
         card,
         source=f"NVIDIA RTX professional GPUs ({_WORKSTATION_PAGES[arch]}); TechPowerUp GPU database: "
-        f"{sms} SMs, {boost_mhz} MHz boost, {gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}",
+        f"{sms} SMs, {clock}, {gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}",
         nvml_names=(nvml,),
     )
 
@@ -292,7 +295,16 @@ _WORKSTATION = (
     _workstation("RTX PRO 4000 Blackwell", 24, 28, 192, 70, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 4000 Blackwell"),
     _workstation("RTX PRO 4500 Blackwell", 32, 28, 256, 82, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 4500 Blackwell"),
     _workstation(
-        "RTX PRO 5000 Blackwell", 48, 28, 384, 110, 2617, _G5X16, "blackwell", "NVIDIA RTX PRO 5000 Blackwell"
+        "RTX PRO 5000 Blackwell",
+        48,
+        28,
+        384,
+        110,
+        2308,
+        _G5X16,
+        "blackwell",
+        "NVIDIA RTX PRO 5000 Blackwell",
+        "NVIDIA's 65 TFLOPS FP32 / (14,080 CUDA cores x 2 FLOP); TechPowerUp's 2617 MHz would give 73.7",
     ),
     _workstation(
         "RTX PRO 6000 Blackwell",
@@ -304,6 +316,19 @@ _WORKSTATION = (
         _G5X16,
         "blackwell",
         "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+    ),
+    _workstation(
+        "RTX PRO 6000 Blackwell Server Edition",
+        96,
+        28,
+        512,
+        188,
+        2617,
+        _G5X16,
+        "blackwell",
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "the Workstation Edition's: NVIDIA gives the three RTX PRO 6000 boards the same 188 SMs and "
+        "96 GB at 28 Gbps and publishes no clock for any of them",
     ),
     _workstation(
         "RTX PRO 6000 Blackwell Max-Q",
