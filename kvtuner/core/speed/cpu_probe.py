@@ -882,7 +882,7 @@ def implausible_types(decode_bytes_s: dict[str, float], factor: float = PLAUSIBL
 
 def _bits_per_weight(type_name: str) -> float:
     try:
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name.upper()]]
     except KeyError:
         return 16.0
     return 8.0 * size / block
@@ -892,11 +892,12 @@ def nearest(table: dict[str, float], type_name: str) -> float:
     """The value of ``type_name`` in a per-type table: its own, else the probed type of the same
     kind (:func:`is_lookup_type`: table-lookup or streaming kernels) nearest in bits per weight
     (kernels of a family run alike), else ``table["*"]`` (a fallback), else the probed type of the
-    other kind nearest in bits.
+    other kind nearest in bits. Type names in any case (``"iq2_xxs"`` is ``"IQ2_XXS"``).
 
     Raises:
         ProbeError: an empty table.
     """
+    type_name = type_name.upper()
     if type_name in table:
         return table[type_name]
     probed = [t for t in table if t != "*"]

@@ -92,7 +92,7 @@ from ..plan.llama_constants import OFFLOAD_MIN_BATCH, pad_ctx
 from ..plan.memory_plan import MemoryPlan
 from ..plan.reserve_graph import last_layer_rows_only
 from ..units import GiB
-from .cpu_probe import CpuRates, ProbeError, layer_attn_key, nearest
+from .cpu_probe import CpuRates, ProbeError, is_lookup_type, layer_attn_key, nearest
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -438,6 +438,22 @@ def _decode_table(cores_bytes_s: float, bandwidth_bytes_s: float) -> dict[str, f
     for t, f in LOOKUP_TYPE_DECODE_FACTOR.items():
         table[t] = min(bandwidth_bytes_s, cores_bytes_s * min(1.0, f))
     return table
+
+
+def kv_stream_rate(decode_bytes_s: dict[str, float]) -> float:
+    """Bytes/s at which the CPU reads KV cache rows in decode: the fastest streaming type of a
+    decode table (the K/V rows go through ``vec_dot`` of f16 or q8_0, streaming kernels). A
+    table holding only table-lookup types (a probe of an all-i-quant model) gives each its
+    streaming equivalent, its rate over its :data:`LOOKUP_TYPE_DECODE_FACTOR` share.
+
+    Raises:
+        ProbeError: an empty table."""
+    if not decode_bytes_s:
+        raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)")
+    streaming = [v for t, v in decode_bytes_s.items() if not is_lookup_type(t)]
+    if streaming:
+        return max(streaming)
+    return max(v / min(1.0, LOOKUP_TYPE_DECODE_FACTOR.get(t, 1.0)) for t, v in decode_bytes_s.items())
 
 
 def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRates:
@@ -1147,7 +1163,7 @@ def _host_time_s(d: DeviceWork, r: DeviceRates, phase: str, c: SpeedConstants, n
                 key = tagged_expert_key(typ)
                 rate = cpu.expert_decode_bytes_s.get(key) if key else None
                 t += b / ((rate or nearest(cpu.decode_bytes_s, base_type(typ))) * c.host_decode_scale)
-            stream = max(cpu.decode_bytes_s.values()) * c.host_decode_scale
+            stream = kv_stream_rate(cpu.decode_bytes_s) * c.host_decode_scale
             attn = sum(n * cpu.attn_cost(cpu.attn_decode_s, hd, decode=True) for hd, n in d.head_cells)
             t += max(attn / c.host_attn_scale, d.kv_bytes / stream)
             t += d.n_layers * cpu.layer_s / c.host_overhead_scale
