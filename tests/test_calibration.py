@@ -217,3 +217,33 @@ def test_a_run_is_priced_with_the_rates_its_predictions_use(tmp_path, plan):
     assert run.rates["CPU"].cpu is not None and run.rates["CPU"].cpu.source == cold.rates["CPU"].cpu.source
     after = calibrated_inputs(speed_inputs([], HOST, n_threads=2), plan.model, store, "m1")
     assert decode_tok_s(plan, after, 71) == pytest.approx(measured, rel=0.02)
+
+
+def test_a_run_at_other_threads_is_priced_with_the_probe_the_predictions_read(tmp_path, plan):
+    """The window predicts at 2 threads from the probe stored at 2; a run at 1 thread is priced
+    with that probe moved to 1 thread (not with the assumed rates for want of a 1-thread probe),
+    so its calibration corrects the base the predictions use."""
+    import time
+
+    from kvtuner.core.speed.calibration import record_bench
+    from kvtuner.core.speed.cpu_probe import CpuRates, probe_covers, probe_needs
+
+    types, dims = probe_needs(plan.model)
+    probe = CpuRates(
+        2,
+        dict.fromkeys(types, 10e9),
+        dict.fromkeys(types, 100e9),
+        40e-6,
+        5e-4,
+        dict.fromkeys(dims, 1e-8),
+        dict.fromkeys(dims, 1e-9),
+        t_unix=time.time(),
+    )
+    assert probe_covers(probe, plan.model)
+    store = CalibrationStore(tmp_path / "cal.json")
+    store.set_cpu_rates(probe, "m1")
+    m = Measurement(0, 64, 16, 1, None, 20.0)
+    run = record_bench(plan, m, host=HOST, store=store, machine="m1", probe_threads=2)
+    assert "moved from 2 to 1 threads" in run.rates["CPU"].cpu.source
+    alone = record_bench(plan, m, host=HOST, store=CalibrationStore(tmp_path / "other.json"), machine="m1")
+    assert alone.rates["CPU"].cpu.source.startswith("assumed")  # no probe at 1 thread, none asked for

@@ -152,7 +152,7 @@ def test_real_probe_is_stored_and_used_by_the_next_plan(tmp_path):
             "kvtuner.cli",
             "probe",
             # the default model's kernels (a plan uses a stored probe only when it covers the
-            # model: kvtuner.core.session.probe_covers), a table-lookup type, and a K/V pair of
+            # model: kvtuner.core.speed.cpu_probe.probe_covers), a table-lookup type, and a K/V pair of
             # another shape
             "--types",
             "Q4_K,Q5_0,Q6_K,Q8_0,IQ3_XXS",

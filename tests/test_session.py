@@ -89,3 +89,26 @@ def test_a_cpu_only_dry_run_never_replaces_a_gpu_plan(default_profile, one_gpu, 
     a = s.assess()
     assert a.verified is not None  # shown side by side ...
     assert a.plan.compute.source == "estimate"  # ... but the plan keeps its GPU estimate
+
+
+def test_a_run_is_recorded_for_this_machine_when_a_what_if_host_is_planned(default_profile, tmp_path):
+    """A run always ran here: recorded while a what-if host (64 cores at 500 GB/s) is planned
+    for, it is priced with this machine's host and probe, and calibrates this machine's next
+    prediction exactly as the same run recorded without the what-if host does."""
+    from dataclasses import replace as _replace
+
+    def recorded(directory, what_if: bool) -> float:
+        s = _session(default_profile, [], directory)
+        s.calibration_store().host_bandwidth_bytes_s(s.machine_id)  # this machine's, measured once
+        plan = s.assess().plan
+        if what_if:
+            s.host = _replace(detect_host(), what_if=True, mem_bandwidth_bytes_s=500e9, n_cores=64)
+            s.n_threads = 2
+        s.record_run(plan, Measurement(0, 512, 128, 2, 900.0, 40.0))
+        run = s.calibration_store().runs(s.machine_id)[0]
+        assert run.rates["CPU"].bandwidth_bytes_s != 500e9 and "what-if" not in run.rates["CPU"].source
+        after = _session(default_profile, [], directory).assess()
+        assert after.speed.n_calibration_runs == 1
+        return after.speed.decode_tok_s
+
+    assert recorded(tmp_path / "what-if", True) == pytest.approx(recorded(tmp_path / "here", False), rel=0.03)

@@ -212,6 +212,7 @@ def test_cli_tune_json_and_errors(tmp_path):
         (["--ctx", "4096", "--min-tok-s", "3"], "exactly one goal"),
         (["--ctx", "4096", "--runs", "4"], "--runs"),
         (["--ctx", "4096", "--gpu-mem", "12G", "--runs", "1"], "what-if"),
+        (["--ctx", "4096", "--host-bw", "500", "--runs", "1"], "what-if host"),
     ):
         r = kvtuner("tune", str(path), "--no-probe", *bad)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr

@@ -89,6 +89,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(
             "--runs loads the model on this machine: it cannot confirm a what-if card (--gpu/--gpu-mem); use --runs 0"
         )
+    if args.runs and session.host is not None and session.host.what_if:
+        raise UserError(
+            "--runs loads the model on this machine: it cannot confirm a what-if host "
+            "(--host-mem/--host-bw/--host-cores/--pcie); use --runs 0"
+        )
     from ..core.tune import kv_type_pairs
 
     # the tune ranks every K/V pair its quality floor allows: probe the CPU attention with each

@@ -22,7 +22,7 @@ from typing import Any
 
 from .advice.advisor import SEVERITIES, Advice, AdvisorSettings, advise
 from .advice.backends import advise_backends
-from .hardware.host import physical_cores
+from .hardware.host import detect_host, physical_cores
 from .hardware.identity import machine_id
 from .hardware.specs import GpuSpec, HostSpec
 from .llama_report import METHOD_EMBEDDED, DryRunResult, mib_to_bytes
@@ -642,7 +642,10 @@ class Session:
         call it off the GUI thread); returns a one-line note for the user.
 
         ``gpus``: the devices the run really used (default: :attr:`machine_gpus`, never a what-if
-        card: a run on this machine says nothing about a card it does not have).
+        card: a run on this machine says nothing about a card it does not have); the host is this
+        machine's too (:func:`~kvtuner.core.hardware.host.detect_host` where a what-if host is
+        planned for), and the CPU probe the one this session's predictions read
+        (:meth:`probe_threads`).
 
         Raises:
             BusyMeasurementError: the measurement may not calibrate because the machine was busy
@@ -655,7 +658,17 @@ class Session:
             raise error(measurement.keep.reason or "this measurement may not calibrate")
         store = self.calibration_store()
         used = tuple(self.machine_gpus if gpus is None else gpus)
-        run = record_bench(plan, measurement, gpus=used, host=self.host, store=store, machine=self.machine_id)
+        # the run ran here: priced with this machine's host, never a what-if host planned for
+        host = detect_host() if self.host is not None and self.host.what_if else self.host
+        run = record_bench(
+            plan,
+            measurement,
+            gpus=used,
+            host=host,
+            store=store,
+            machine=self.machine_id,
+            probe_threads=self.probe_threads(),
+        )
         self.invalidate_speed()
         n = sum(1 for r in store.runs(run.machine) if r.family == run.family)
         return f"recorded for speed calibration ({run.family}: {n} run{'s' if n != 1 else ''} on this machine)"

@@ -487,6 +487,7 @@ def record_bench(
     host: HostSpec | None = None,
     store: CalibrationStore | None = None,
     machine: str | None = None,
+    probe_threads: int | None = None,
 ) -> MeasuredRun:
     """Record one measured bench of ``plan`` in ``store`` (default: the user's), so later
     predictions for this machine and model family are calibrated.
@@ -495,7 +496,10 @@ def record_bench(
     (:func:`kvtuner.core.hardware.identity.machine_id`, default: from the non-what-if ``gpus``); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
     prediction, and the stored CPU probe only where it covers the model
     (:func:`~kvtuner.core.speed.cpu_probe.probe_covers`), so the recorded device rates are the
-    ones later predictions use. Speeds that are missing or not positive count as not measured.
+    ones later predictions use. ``probe_threads``: the thread count of the stored probe those
+    predictions read (:meth:`kvtuner.core.session.Session.probe_threads`; default: the run's),
+    its rates moved to the run's threads: a run at other threads than the window predicts for
+    then corrects the same base. Speeds that are missing or not positive count as not measured.
 
     Raises:
         CalibrationError: nothing measured, or the store cannot be written.
@@ -513,7 +517,7 @@ def record_bench(
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
     n_threads = max(1, int(measurement.n_threads))
-    cpu = store.cpu_rates(n_threads, machine=mid)
+    cpu = store.cpu_rates(max(1, int(probe_threads or n_threads)), machine=mid)
     if cpu is not None and not probe_covers(cpu, plan.model):
         cpu = None  # the assumed rates, as the predictions for this model use them
     try:
