@@ -189,10 +189,15 @@ def test_kv_rows_are_read_at_a_streaming_rate():
     """The KV cache's rows go through streaming kernels: a probe table's fastest streaming type,
     or, in a table of table-lookup types only, a lookup type's streaming equivalent (its rate over
     its measured share); type names in any case."""
+    from kvtuner.core.speed.cpu_probe import ProbeError
     from kvtuner.core.speed.speed_model import cpu_rate, fallback_cpu_rates, kv_stream_rate
 
     assert kv_stream_rate({"Q4_K": 20e9, "IQ4_NL": 25e9, "IQ2_XXS": 5e9}) == 20e9
     assert kv_stream_rate({"IQ2_XXS": 2.6e9, "IQ3_XXS": 4.0e9}) == pytest.approx(10e9)  # 2.6 / 0.26
+    assert kv_stream_rate({"iq2_xxs": 2.6e9}) == pytest.approx(10e9)
+    assert kv_stream_rate({"Q4_K": 0.0, "IQ2_XXS": 2.6e9}) == pytest.approx(10e9)  # a 0 is no reading
+    with pytest.raises(ProbeError):
+        kv_stream_rate({"Q4_K": 0.0})
     table = fallback_cpu_rates(1, 100e9).decode_bytes_s
     assert cpu_rate(table, "iq2_xxs") == cpu_rate(table, "IQ2_XXS") == pytest.approx(5e9 * 0.26)
 

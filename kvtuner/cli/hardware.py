@@ -86,10 +86,11 @@ def cmd_gpus(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    print(f"{'GPU':<18}{'memory':>8}{'GB/s':>7}{'FP16 TF':>9}{'INT8 TOPS':>11}{'FP32 TF':>9}  PCIe")
+    width = max(18, *(len(g.name) + 1 for g in GPU_CATALOGUE.values()))
+    print(f"{'GPU':<{width}}{'memory':>8}{'GB/s':>7}{'FP16 TF':>9}{'INT8 TOPS':>11}{'FP32 TF':>9}  PCIe")
     for g in GPU_CATALOGUE.values():
         print(
-            f"{g.name:<18}{g.vram_bytes / 2**30:>6.0f} G{g.mem_bandwidth_bytes_s / 1e9:>7.0f}"
+            f"{g.name:<{width}}{g.vram_bytes / 2**30:>6.0f} G{g.mem_bandwidth_bytes_s / 1e9:>7.0f}"
             f"{g.fp16_tensor_flop_s / 1e12:>9.1f}{g.int8_op_s / 1e12:>11.1f}{g.fp32_flop_s / 1e12:>9.1f}"
             f"  {g.pcie_gen}.0 x{g.pcie_lanes}"
         )

@@ -267,13 +267,13 @@ def _workstation(
     1.46 GHz = 26.9 dense FP16 TFLOPS, 53.8 with sparsity). ``clock_source``: where the clock
     comes from instead, when TechPowerUp's disagrees with NVIDIA's own FP32 figure or has none."""
     card = _geforce(name, vram_gib, gbps, bus_bits, sms, boost_mhz, pcie, arch)
-    clock = f"{boost_mhz} MHz boost ({clock_source})" if clock_source else f"{boost_mhz} MHz boost"
-    return replace(
-        card,
-        source=f"NVIDIA RTX professional GPUs ({_WORKSTATION_PAGES[arch]}); TechPowerUp GPU database: "
-        f"{sms} SMs, {clock}, {gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}",
-        nvml_names=(nvml,),
-    )
+    board = f"{gbps:g} Gbps x {bus_bits}-bit, PCIe {pcie[0]}.0 x{pcie[1]}"
+    source = f"NVIDIA RTX professional GPUs ({_WORKSTATION_PAGES[arch]}); TechPowerUp GPU database: {sms} SMs, "
+    if clock_source:
+        source += f"{board}; {boost_mhz} MHz boost: {clock_source}"
+    else:
+        source += f"{boost_mhz} MHz boost, {board}"
+    return replace(card, source=source, nvml_names=(nvml,))
 
 
 #: NVIDIA RTX professional desktop boards (Ampere RTX A, RTX Ada Generation, RTX PRO Blackwell).

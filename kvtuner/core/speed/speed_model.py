@@ -444,16 +444,18 @@ def kv_stream_rate(decode_bytes_s: dict[str, float]) -> float:
     """Bytes/s at which the CPU reads KV cache rows in decode: the fastest streaming type of a
     decode table (the K/V rows go through ``vec_dot`` of f16 or q8_0, streaming kernels). A
     table holding only table-lookup types (a probe of an all-i-quant model) gives each its
-    streaming equivalent, its rate over its :data:`LOOKUP_TYPE_DECODE_FACTOR` share.
+    streaming equivalent, its rate over its :data:`LOOKUP_TYPE_DECODE_FACTOR` share. Rates that
+    are not positive are no reading.
 
     Raises:
-        ProbeError: an empty table."""
-    if not decode_bytes_s:
+        ProbeError: no positive rate in the table."""
+    rates = {t: v for t, v in decode_bytes_s.items() if v > 0}
+    if not rates:
         raise ProbeError("no CPU rates: run the CPU probe (kvtuner probe)")
-    streaming = [v for t, v in decode_bytes_s.items() if not is_lookup_type(t)]
+    streaming = [v for t, v in rates.items() if not is_lookup_type(t)]
     if streaming:
         return max(streaming)
-    return max(v / min(1.0, LOOKUP_TYPE_DECODE_FACTOR.get(t, 1.0)) for t, v in decode_bytes_s.items())
+    return max(v / min(1.0, LOOKUP_TYPE_DECODE_FACTOR.get(t.upper(), 1.0)) for t, v in rates.items())
 
 
 def fallback_cpu_rates(n_threads: int, host_bandwidth_bytes_s: float) -> CpuRates:
