@@ -43,7 +43,7 @@ from .speed.calibration import (
     calibrated_inputs,
     record_bench,
 )
-from .speed.cpu_probe import CpuRates, probe_covers, probe_expert_needs, probe_needs
+from .speed.cpu_probe import CpuRates, probe_expert_needs, probe_needs
 from .speed.measurement import Measurement
 from .speed.speed_model import SpeedInputs, SpeedModelError, SpeedPrediction, predict_speed, speed_inputs
 from .store import compute_cache, structure_cache
@@ -515,12 +515,7 @@ class Session:
                 bw = store.host_bandwidth_bytes_s(self.machine_id, measure=self.measure_host_bandwidth)
                 if bw:
                     host = replace(host, mem_bandwidth_bytes_s=bw)
-            cpu = store.cpu_rates(self.probe_threads(), "f16", self.machine_id)
-            if cpu is not None and self.model is not None and not probe_covers(cpu, self.model):
-                # a probe of other models' kernels (say only the default model's) would mix
-                # measured and assumed rates, and the advice would depend on which models were
-                # probed before: the assumed rates, all of them, until this model's are measured
-                cpu = None
+            cpu = store.model_cpu_rates(self.model, self.probe_threads(), self.machine_id)
             inputs = speed_inputs(
                 list(self.gpus), host, measure=self.measure_host_bandwidth, n_threads=self.threads(), cpu=cpu
             )

@@ -276,6 +276,13 @@ def _workstation(
     return replace(card, source=source, nvml_names=(nvml,))
 
 
+def _pro6000(name: str, boost_mhz: int, nvml: str, clock_source: str = "") -> GpuModel:
+    """One of the three RTX PRO 6000 Blackwell boards (Workstation, Server, Max-Q Workstation
+    Edition): NVIDIA gives them the same 188 SMs and 96 GB at 28 Gbps on 512 bits, PCIe 5.0 x16;
+    they differ in clock (power limit)."""
+    return _workstation(name, 96, 28, 512, 188, boost_mhz, _G5X16, "blackwell", nvml, clock_source)
+
+
 #: NVIDIA RTX professional desktop boards (Ampere RTX A, RTX Ada Generation, RTX PRO Blackwell).
 _WORKSTATION = (
     _workstation("RTX A400", 4, 12, 64, 6, 1762, _G4X8, "ampere", "NVIDIA RTX A400"),
@@ -306,41 +313,14 @@ _WORKSTATION = (
         "NVIDIA RTX PRO 5000 Blackwell",
         "NVIDIA's 65 TFLOPS FP32 / (14,080 CUDA cores x 2 FLOP); TechPowerUp's 2617 MHz would give 73.7",
     ),
-    _workstation(
-        "RTX PRO 6000 Blackwell",
-        96,
-        28,
-        512,
-        188,
-        2617,
-        _G5X16,
-        "blackwell",
-        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
-    ),
-    _workstation(
+    _pro6000("RTX PRO 6000 Blackwell", 2617, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"),
+    _pro6000(
         "RTX PRO 6000 Blackwell Server Edition",
-        96,
-        28,
-        512,
-        188,
         2617,
-        _G5X16,
-        "blackwell",
         "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-        "the Workstation Edition's: NVIDIA gives the three RTX PRO 6000 boards the same 188 SMs and "
-        "96 GB at 28 Gbps and publishes no clock for any of them",
+        "the Workstation Edition's: NVIDIA publishes no clock for any of the three boards",
     ),
-    _workstation(
-        "RTX PRO 6000 Blackwell Max-Q",
-        96,
-        28,
-        512,
-        188,
-        2288,
-        _G5X16,
-        "blackwell",
-        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
-    ),
+    _pro6000("RTX PRO 6000 Blackwell Max-Q", 2288, "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"),
 )
 
 # Dense FP16 (FP16 accumulate) FLOP per clock per tensor core: Turing 128, Ampere GA10x 256,

@@ -432,6 +432,20 @@ class CalibrationStore:
             return None
         return rates
 
+    def model_cpu_rates(
+        self, model: ModelProfile | None, n_threads: int, machine: str | None = None
+    ) -> CpuRates | None:
+        """The stored f16-KV CPU probe of ``machine`` at ``n_threads`` threads (:meth:`cpu_rates`)
+        when it covers ``model`` (:func:`~kvtuner.core.speed.cpu_probe.probe_covers`), else None:
+        the assumed rates, all of them, until this model's kernels are measured. A probe of other
+        models' kernels would mix measured and assumed rates, and a prediction would depend on
+        which models were probed before. Predictions and recorded runs both read it, so a run is
+        priced with the rates the predictions it calibrates use."""
+        cpu = self.cpu_rates(n_threads, "f16", machine)
+        if cpu is not None and model is not None and not probe_covers(cpu, model):
+            return None
+        return cpu
+
     def set_cpu_rates(self, rates: CpuRates, machine: str | None = None, *, record_anyway: bool = False) -> CpuRates:
         """Keep a CPU probe (merged with the stored weight types of the same thread count and KV
         type) and save; returns what is now stored. A probe measured on a busy machine
@@ -495,8 +509,8 @@ def record_bench(
     ``gpus`` are the GPUs planned for; ``machine`` is this machine's id
     (:func:`kvtuner.core.hardware.identity.machine_id`, default: from the non-what-if ``gpus``); ``host`` gets the stored host bandwidth probe (re-measured weekly) like the plan's
     prediction, and the stored CPU probe only where it covers the model
-    (:func:`~kvtuner.core.speed.cpu_probe.probe_covers`), so the recorded device rates are the
-    ones later predictions use. ``probe_threads``: the thread count of the stored probe those
+    (:meth:`CalibrationStore.model_cpu_rates`), so the recorded device rates are the ones later
+    predictions use. ``probe_threads``: the thread count of the stored probe those
     predictions read (:meth:`kvtuner.core.session.Session.probe_threads`; default: the run's),
     its rates moved to the run's threads: a run at other threads than the window predicts for
     then corrects the same base. Speeds that are missing or not positive count as not measured.
@@ -517,9 +531,7 @@ def record_bench(
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
     n_threads = max(1, int(measurement.n_threads))
-    cpu = store.cpu_rates(max(1, int(probe_threads or n_threads)), machine=mid)
-    if cpu is not None and not probe_covers(cpu, plan.model):
-        cpu = None  # the assumed rates, as the predictions for this model use them
+    cpu = store.model_cpu_rates(plan.model, max(1, int(probe_threads or n_threads)), mid)
     try:
         inputs = speed_inputs(list(gpus) if plan.gpus else [], host, n_threads=n_threads, cpu=cpu)
     except SpeedModelError as exc:
