@@ -467,3 +467,39 @@ def test_assumed_cpu_attention_decode_scales_with_the_kv_rows_bytes():
     # prefill (the one-row path is slower there than f16's tiled path) and a probed table keep f16's cost
     assert fb.attn_cost(fb.attn_prefill_s, "32/8/128@q4_0") == fb.attn_cost(fb.attn_prefill_s, "32/8/128")
     assert RATES.attn_cost(RATES.attn_decode_s, "8/8/32@q4_0", decode=True) == RATES.attn_decode_s["8/8/32"]
+
+
+def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
+    """Qwen3.5/3.6 files carry an MTP block after the trunk (block_count 41, nextn_predict_layers 1)
+    that llama.cpp neither loads nor runs: the weight summary reads the tensor table with that block
+    empty (not the profile estimate, which typed every weight as the file type's main type), and a
+    token runs the trunk's layers only."""
+    from kvtuner.testing import gguf_families as F
+
+    spec = F.qwen35moe(
+        n_layer=4,
+        E=256,
+        n_head=4,
+        n_head_kv=2,
+        head=64,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=64,
+        n_ff_shexp=64,
+        V=512,
+        d_inner=256,
+        d_state=16,
+        n_group=2,
+        dt_rank=4,
+    )
+    m = ModelProfile.from_gguf(write_model(tmp_path / "q35moe.gguf", spec))
+    assert m.n_layer == 5 and m.structure.n_layer == 4 and m.layer_bytes[4] == 0
+    s = weight_summary(m)
+    assert s.source == "tensor table"
+    assert s.layers[4] == () and all(s.layers[il] for il in range(4))
+    assert sum(w.bytes_ for w in s.layers[0] if w.expert) == 3 * 256 * 64 * 8 * 2  # gate, up, down in F16
+    plan = plan_memory(m, PlanConfig(n_ctx=512, flash_attn="on"))
+    d = decode_workload(plan, 0)
+    (host,) = d.devices
+    assert d.n_layer == 4 and host.n_layers == 4
+    assert prefill_workload(plan, 64, 0).n_layer == 4

@@ -864,6 +864,13 @@ def _devices_of(plan: MemoryPlan) -> tuple[list[str], str]:
     return devs, out
 
 
+def _graph_layers(plan: MemoryPlan) -> int:
+    """Repeating layers a token runs through: the trunk's ``n_layer``, without the MTP/NextN
+    blocks at the end of the file (the architectures' graphs loop over ``n_layer -
+    nextn_predict_layers``, e.g. src/models/qwen35moe.cpp, src/models/glm4-moe.cpp)."""
+    return min(plan.model.n_layer, plan.model.structure.n_layer or plan.model.n_layer)
+
+
 def _window(plan: MemoryPlan, swa: bool) -> int:
     return plan.model.n_swa if (swa and plan.model.n_swa) else plan.n_ctx_seq
 
@@ -935,7 +942,8 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
     acc = _Acc(plan)
     moved = moved_weights(m, plan.moves.device_of())
     crossings = pcie = 0.0
-    for il in range(m.n_layer):
+    n_run = _graph_layers(plan)
+    for il in range(n_run):
         away = set()
         for dev, t, b, f, _, expert in _layer_weights(s, il, 1, moved):
             acc.weight(dev or wdev[il], expert_tag(t, s.expert_key(il)) if expert else t, b, f)
@@ -968,7 +976,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
             crossings += 2
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
             pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv)
-    seq = [HOST] + wdev + [out_dev]  # input embedding (host) -> layers -> output
+    seq = [HOST] + wdev[:n_run] + [out_dev]  # input embedding (host) -> layers -> output
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
         if a_dev != b_dev:
@@ -1008,7 +1016,7 @@ def _assemble_decode(plan: MemoryPlan, parts: _DecodeParts, depth: int) -> Workl
         dw = replace(base, kv_bytes=kv, attn_flops=af, head_cells=tuple(sorted(hc.items())))
         if dw.bytes_read or dw.flops or dw.head_cells:
             devs.append(dw)
-    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, plan.model.n_layer, parts.net)
+    return Workload("decode", 1, tuple(devs), parts.crossings, parts.pcie, 1, _graph_layers(plan), parts.net)
 
 
 def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | None = None) -> Workload:
@@ -1052,7 +1060,8 @@ def prefill_workload(
     pcie = crossings = weight_copy = 0.0
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
-    for il in range(m.n_layer):
+    n_run = _graph_layers(plan)
+    for il in range(n_run):
         run_on = gpu0 if (gpu0 is not None and offload and wdev[il] == HOST) else wdev[il]
         for dev, t, b, f, rows, expert in _layer_weights(s, il, u, moved):
             home = dev or wdev[il]
@@ -1062,7 +1071,7 @@ def prefill_workload(
             # (_host_prefill_rate), and calibrated apart from the dense MUL_MAT of their type (one
             # scale per kernel: kernel_tag); the last layer's experts run for the output token
             # only where llama.cpp skips the unused rows there (last_layer_rows_only)
-            tokens = 1 if (expert and il == m.n_layer - 1 and rows_only) else n_prompt
+            tokens = 1 if (expert and il == n_run - 1 and rows_only) else n_prompt
             acc.weight(run, expert_tag(t, s.expert_key(il)) if expert else t, b * n_calls, f * tokens, rows)
             if run != home:
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
@@ -1095,7 +1104,7 @@ def prefill_workload(
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
         acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)
-    seq = [HOST] + wdev + [out_dev]
+    seq = [HOST] + wdev[:n_run] + [out_dev]
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
         rpc = _rpc_side(a_dev, b_dev) if a_dev != b_dev else None
@@ -1116,7 +1125,7 @@ def prefill_workload(
         crossings,
         pcie + weight_copy,
         n_calls,
-        m.n_layer,
+        n_run,
         tuple((d, c, b) for d, (c, b) in net.items()),
         weight_copy,
     )

@@ -127,7 +127,12 @@ def _group(items: dict[tuple[str, bool], list[int]]) -> tuple[TypedWeights, ...]
 
 @functools.lru_cache(maxsize=16)
 def _summary_cached(
-    paths: tuple[str, ...], header_sha256: str, n_layer: int, n_expert: int, n_expert_used: int
+    paths: tuple[str, ...],
+    header_sha256: str,
+    n_layer: int,
+    n_expert: int,
+    n_expert_used: int,
+    skipped: tuple[bool, ...] = (),
 ) -> WeightSummary:
     layers: list[dict[tuple[str, bool], list[int]]] = [{} for _ in range(n_layer)]
     output: dict[tuple[str, bool], list[int]] = {}
@@ -137,6 +142,8 @@ def _summary_cached(
     for t in table:
         name = _type_name(t.ggml_type)
         m = _BLK.match(t.name)
+        if m and int(m.group(1)) < len(skipped) and skipped[int(m.group(1))]:
+            continue  # an MTP/NextN block the loader skips: never in memory, never run
         if m and int(m.group(1)) < n_layer:
             key = (name, "_exps." in t.name)
             acc = layers[int(m.group(1))].setdefault(key, [0, 0])
@@ -186,7 +193,9 @@ def summary_from_profile(model: ModelProfile) -> WeightSummary:
 def weight_summary(model: ModelProfile) -> WeightSummary:
     """The model's :class:`WeightSummary` from its tensor table (cached per file and header hash;
     about as long as reading the header once), or :func:`summary_from_profile` when the file
-    cannot be read or does not match the profile."""
+    cannot be read or does not match the profile. The MTP/NextN blocks llama.cpp's loader skips
+    (``structure.skipped_layer_bytes``, as the profile's ``layer_bytes`` leaves them out) are
+    empty layers of the summary."""
     try:
         s = _summary_cached(
             tuple(str(p) for p in (model.parts or (model.path,))),
@@ -194,6 +203,7 @@ def weight_summary(model: ModelProfile) -> WeightSummary:
             model.n_layer,
             model.n_expert,
             model.n_expert_used,
+            tuple(b > 0 for b in model.structure.skipped_layer_bytes),
         )
     except (GGUFError, OSError, ValueError):
         return summary_from_profile(model)
