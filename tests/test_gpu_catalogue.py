@@ -59,6 +59,12 @@ def test_find_gpu(text, name):
         ("RTX 2090", r"not in the catalogue \(nearest: .*RTX 2080"),
         ("RTX 4060 Ti", "matches several catalogue entries: RTX 4060 Ti 8GB, RTX 4060 Ti 16GB"),
         ("Voodoo 5", "is not in the catalogue"),
+        (
+            "RTX PRO 6000",
+            "is not a catalogue name, only the start of RTX PRO 6000 Blackwell, RTX PRO 6000 Blackwell "
+            "Server Edition, RTX PRO 6000 Blackwell Max-Q: name yours exactly",
+        ),
+        ("rtx pro 5000", "only the start of RTX PRO 5000 Blackwell: name yours exactly"),
         ("  ", "empty GPU name"),
     ],
 )
@@ -118,7 +124,7 @@ def test_workstation_boards_by_name_and_nvml_name():
     assert server.name == "RTX PRO 6000 Blackwell Server Edition" and server.vram_bytes == 96 * GiB
     assert find_gpu("RTX PRO 5000 Blackwell").fp32_flop_s == pytest.approx(65e12, rel=0.01)  # NVIDIA's figure
     assert find_gpu("nvidia rtx a2000 12gb").name == "RTX A2000 12GB"
-    with pytest.raises(UnknownGpuError, match="not in the catalogue"):
+    with pytest.raises(UnknownGpuError, match="not a catalogue name, only the start of RTX 4000 SFF Ada, RTX 4000 Ada"):
         find_gpu("RTX 4000")  # the Quadro RTX 4000 (Turing) is not the RTX 4000 Ada
 
 

@@ -857,6 +857,12 @@ def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", t)
 
 
+def _words(text: str) -> list[str]:
+    """:func:`_norm`'s words kept apart (``"RTX PRO 6000"`` -> ``["rtx", "pro", "6000"]``)."""
+    t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple|gpu)\b", " ", text.lower())
+    return re.findall(r"[a-z0-9]+", t)
+
+
 def _keys(g: GpuModel) -> set[str]:
     """The spellings that name ``g`` exactly: its name, its NVML names (each normalised, :func:`_norm`)
     and the name without its leading ``rtx`` (``"5090"``, ``"2080 Ti"``)."""
@@ -901,6 +907,13 @@ def find_gpu(name: str) -> GpuModel:
     if hits:
         raise UnknownGpuError(
             f"GPU {name!r} matches several catalogue entries: {', '.join(g.name for g in hits)}; name one of them"
+        )
+    words = _words(name)
+    longer = [g.name for g in _CATALOGUE if words and _words(g.name)[: len(words)] == words]
+    if longer:
+        raise UnknownGpuError(
+            f"GPU {name!r} is not a catalogue name, only the start of {', '.join(longer)}: name yours "
+            "exactly (a name that starts another card's is not that card), or give its memory size with --gpu-mem"
         )
     near = nearest_gpu_names(name)
     hint = f"nearest: {', '.join(near)}" if near else "'kvtuner gpus' lists the catalogue"
