@@ -503,3 +503,39 @@ def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
     (host,) = d.devices
     assert d.n_layer == 4 and host.n_layers == 4
     assert prefill_workload(plan, 64, 0).n_layer == 4
+    # the block is in no buffer: moving every expert to the CPU moves the trunk's only, and the
+    # expert probe is not asked for the block's experts
+    from kvtuner.core.speed.expert_shapes import model_expert_keys
+
+    gpu = catalogue_gpu("RTX 3060 12GB")
+    trunk, every = (plan_memory(m, PlanConfig(n_ctx=512, n_cpu_moe=n), [gpu]) for n in (4, 99))
+    assert every.gpus[0].weights_bytes == trunk.gpus[0].weights_bytes
+    assert every.host.weights_bytes == trunk.host.weights_bytes
+    keys = model_expert_keys(m)
+    assert keys[4] is None and all(keys[:4])
+
+
+def test_a_file_whose_every_block_is_mtp_is_refused(tmp_path):
+    """llama.cpp asserts nextn_predict_layers < block_count: a file with no trunk is one clear error."""
+    from kvtuner.core.model.gguf_header import GGUFError
+    from kvtuner.testing import gguf_families as F
+
+    spec = F.qwen35moe(
+        n_layer=0,
+        n_mtp=2,
+        E=256,
+        n_head=4,
+        n_head_kv=2,
+        head=64,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=64,
+        n_ff_shexp=64,
+        V=512,
+        d_inner=256,
+        d_state=16,
+        n_group=2,
+        dt_rank=4,
+    )
+    with pytest.raises(GGUFError, match="leaves no layer of block_count 2"):
+        ModelProfile.from_gguf(write_model(tmp_path / "all-mtp.gguf", spec))

@@ -37,8 +37,11 @@ def read_hparams(m: Meta, n_layer_all: int, n_embd: int) -> Hparams:
         GGUFError: malformed keys (one line).
     """
     n_nextn = m.int("{arch}.nextn_predict_layers", 0)
-    if n_nextn > n_layer_all:
-        raise GGUFError(f"{m.path}: {m.key('{arch}.nextn_predict_layers')} {n_nextn} exceeds block_count {n_layer_all}")
+    if n_nextn >= n_layer_all:  # llama.cpp asserts "nextn_predict_layers must be < n_layer" (llama-model.cpp)
+        raise GGUFError(
+            f"{m.path}: {m.key('{arch}.nextn_predict_layers')} {n_nextn} leaves no layer of block_count {n_layer_all} "
+            "to the model (llama.cpp requires fewer)"
+        )
     n_head = m.per_layer("{arch}.attention.head_count", n_layer_all, 0)
     assert n_head is not None
     n_head_kv = m.per_layer("{arch}.attention.head_count_kv", n_layer_all, n_head)

@@ -45,20 +45,27 @@ def model_expert_keys(model: Any) -> tuple[str | None, ...]:
     """Per repeating layer of ``model`` (a :class:`~kvtuner.core.model.profile.ModelProfile`) the
     :func:`expert_key` of its experts, from its tensor table (``blk.N.ffn_{gate,up,down}_exps``:
     ggml shapes ``[n_embd, n_ff_exp, n_expert]`` and ``[n_ff_exp, n_embd, n_expert]``); None for
-    a layer without them (dense layers, fused gate/up experts, a profile without a tensor table)."""
+    a layer without them (dense layers, fused gate/up experts, a profile without a tensor table,
+    an MTP/NextN block the loader skips: ``structure.skipped_layer_bytes``)."""
+    structure = getattr(model, "structure", None)
     return expert_keys_of(
         getattr(model, "tensors", ()) or (),
         int(getattr(model, "n_layer", 0) or 0),
         int(getattr(model, "n_expert_used", 0) or 0),
+        tuple(b > 0 for b in getattr(structure, "skipped_layer_bytes", ()) or ()),
     )
 
 
-def expert_keys_of(tensors: Sequence[Any], n_layer: int, n_expert_used: int) -> tuple[str | None, ...]:
-    """:func:`model_expert_keys` from a tensor table (``TensorInfo``: ``name``, ``shape``, ``ggml_type``)."""
+def expert_keys_of(
+    tensors: Sequence[Any], n_layer: int, n_expert_used: int, skipped: tuple[bool, ...] = ()
+) -> tuple[str | None, ...]:
+    """:func:`model_expert_keys` from a tensor table (``TensorInfo``: ``name``, ``shape``, ``ggml_type``);
+    ``skipped``: per layer, whether the loader skips it (None for those)."""
     found: list[dict[str, tuple[tuple[int, ...], str]]] = [{} for _ in range(n_layer)]
     for t in tensors:
         m = _EXPS.match(t.name)
-        if m and int(m.group(1)) < n_layer and len(t.shape) == 3:
+        il = int(m.group(1)) if m else -1
+        if m and il < n_layer and not (il < len(skipped) and skipped[il]) and len(t.shape) == 3:
             try:
                 name = gguf.GGMLQuantizationType(t.ggml_type).name
             except ValueError:

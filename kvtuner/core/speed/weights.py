@@ -165,7 +165,7 @@ def _summary_cached(
         _group(output),
         n_expert,
         n_expert_used,
-        expert_keys=expert_keys_of(table, n_layer, n_expert_used),
+        expert_keys=expert_keys_of(table, n_layer, n_expert_used, skipped),
     )
 
 
