@@ -75,7 +75,9 @@ SETS = ("fit", "validate", "reference")
 #: bandwidth was fitted (on other rows: HOST_DECODE_BW_SHARE); carteakey-4070's blog was read to
 #: find why its prefill rows miss; compiledthoughts-5060ti-9700x and jordanfablefur-5090-285k are
 #: why rows with an unstated placement, a plan kvtuner says does not fit and a bandwidth not called
-#: measured are read as they are now (:func:`run_rows`, :func:`host_of`).
+#: measured are read as they are now (:func:`run_rows`, :func:`host_of`); reddit-3050-egpu-1360p's
+#: decode workload is where the weight summary's MTP/NextN fallback was found
+#: (kvtuner/core/speed/weights.py).
 CONSULTED_SOURCES = frozenset(
     {
         "kratos-7800xt",
@@ -84,6 +86,7 @@ CONSULTED_SOURCES = frozenset(
         "carteakey-4070",
         "compiledthoughts-5060ti-9700x",
         "jordanfablefur-5090-285k",
+        "reddit-3050-egpu-1360p",
     }
 )
 #: The issue's bar on validation rows: median |error| per regime with at least 5 rows.
@@ -746,6 +749,46 @@ def summary(recs: list[dict]) -> dict:
     return {k: (len(v), _median_abs(v)) for k, v in sorted(groups.items())}
 
 
+def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, list[tuple[str, int, float]]]]:
+    """How much each barred verdict hangs on one source: per regime and phase with at least
+    ``BAR_MIN_ROWS`` validation rows, ``(regime, phase, rows, median |error|, [(source, rows left,
+    median |error| without that source)])``."""
+    groups: dict = {}
+    for r in recs:
+        if "pred" in r and r["set"] == "validate":
+            groups.setdefault((r["regime"], r["phase"]), []).append(
+                (r.get("source_key") or "?", abs(r["pred"] / r["tps"] - 1))
+            )
+    out = []
+    for (regime, phase), v in sorted(groups.items()):
+        if len(v) < BAR_MIN_ROWS:
+            continue
+        without = []
+        for src in sorted({k for k, _ in v}):
+            rest = [e for k, e in v if k != src]
+            if rest:
+                without.append((src, len(rest), statistics.median(rest)))
+        out.append((regime, phase, len(v), statistics.median(e for _, e in v), without))
+    return out
+
+
+def print_leave_one_source_out(recs: list[dict], markdown: bool) -> None:
+    """The validation medians with each source left out in turn; a source whose absence moves the
+    median across the bar is marked."""
+    print("\nLeave one source out (validation rows; median |error| without the source, rows left; * = across the bar)")
+    lines = []
+    for regime, phase, n, med, without in leave_one_source_out(recs):
+        bar = BAR[phase]
+        cells = [f"{src} {m:.1%} ({k}){' *' if (m <= bar) != (med <= bar) else ''}" for src, k, m in without]
+        print(f"{regime:12s} {phase:7s} all {med:.1%} ({n}): " + "; ".join(cells))
+        lines.append((regime, phase, f"{med:.1%} ({n})", "; ".join(cells)))
+    if markdown:
+        print("\n| regime | phase | all validation rows | without one source (* = the verdict flips) |")
+        print("|---|---|---:|---|")
+        for row in lines:
+            print("| " + " | ".join(row) + " |")
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -927,7 +970,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_public:
         sets = tuple(x for x in a.sets.split(",") if x in SETS)
         rows = [r for r in load_all_rows([Path(x) for x in a.rows]) if r["set"] in sets]
-        print_report(run_rows(rows, directory), a.markdown)
+        recs = run_rows(rows, directory)
+        print_report(recs, a.markdown)
+        print_leave_one_source_out(recs, a.markdown)
     if a.h200:
         print_h200(h200_rows(json.loads(H200_RESULTS.read_text()), directory), a.markdown)
     return 0

@@ -130,3 +130,25 @@ def test_a_bandwidth_the_page_does_not_call_measured_is_theoretical():
     assert "96 GB/s not called measured: theoretical, x 0.72 (DDR5)" in assumed
     h, _ = ov.host_of({"host_ram": "DDR4, quad-channel; 'measured ~102 GB/s'", "host_cpu": "i9-10900X (10C/20T)"})
     assert h["bw_gbs"] == 102.0
+
+
+def test_leave_one_source_out_names_the_sources_a_verdict_hangs_on(capsys):
+    """Five prefill rows of source a (10% off) and three of b (50% off): the median is 10%, 50% with
+    a left out (a flip, marked), 10% without b; a regime with fewer than five rows is not listed."""
+
+    def rec(src, err, phase="prefill", regime="experts_cpu"):
+        return {
+            "pred": 100.0 * (1 + err),
+            "tps": 100.0,
+            "set": "validate",
+            "source_key": src,
+            "phase": phase,
+            "regime": regime,
+        }
+
+    recs = [rec("a", 0.1)] * 5 + [rec("b", 0.5)] * 3 + [rec("c", 0.2, "decode")] * 4
+    ((regime, phase, n, med, without),) = ov.leave_one_source_out(recs)
+    assert (regime, phase, n) == ("experts_cpu", "prefill", 8) and med == pytest.approx(0.1)
+    assert without == [("a", 3, pytest.approx(0.5)), ("b", 5, pytest.approx(0.1))]
+    ov.print_leave_one_source_out(recs, markdown=False)
+    assert "a 50.0% (3) *; b 10.0% (5)" in capsys.readouterr().out
