@@ -469,15 +469,13 @@ def test_assumed_cpu_attention_decode_scales_with_the_kv_rows_bytes():
     assert RATES.attn_cost(RATES.attn_decode_s, "8/8/32@q4_0", decode=True) == RATES.attn_decode_s["8/8/32"]
 
 
-def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
-    """Qwen3.5/3.6 files carry an MTP block after the trunk (block_count 41, nextn_predict_layers 1)
-    that llama.cpp neither loads nor runs: the weight summary reads the tensor table with that block
-    empty (not the profile estimate, which typed every weight as the file type's main type), and a
-    token runs the trunk's layers only."""
+def _small_qwen35moe(**layers) -> ModelSpec:
+    """A Qwen3.6-35B-A3B-shaped fixture (``gguf_families.qwen35moe``, one MTP block unless
+    ``n_mtp`` says otherwise) at a few KiB: 256 wide, 8 experts of 64, a 512-token vocabulary."""
     from kvtuner.testing import gguf_families as F
 
-    spec = F.qwen35moe(
-        n_layer=4,
+    return F.qwen35moe(
+        **layers,
         E=256,
         n_head=4,
         n_head_kv=2,
@@ -492,6 +490,14 @@ def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
         n_group=2,
         dt_rank=4,
     )
+
+
+def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
+    """Qwen3.5/3.6 files carry an MTP block after the trunk (block_count 41, nextn_predict_layers 1)
+    that llama.cpp neither loads nor runs: the weight summary reads the tensor table with that block
+    empty (not the profile estimate, which typed every weight as the file type's main type), and a
+    token runs the trunk's layers only."""
+    spec = _small_qwen35moe(n_layer=4)
     m = ModelProfile.from_gguf(write_model(tmp_path / "q35moe.gguf", spec))
     assert m.n_layer == 5 and m.structure.n_layer == 4 and m.layer_bytes[4] == 0
     s = weight_summary(m)
@@ -518,24 +524,7 @@ def test_an_mtp_block_the_loader_skips_is_neither_read_nor_run(tmp_path):
 def test_a_file_whose_every_block_is_mtp_is_refused(tmp_path):
     """llama.cpp asserts nextn_predict_layers < block_count: a file with no trunk is one clear error."""
     from kvtuner.core.model.gguf_header import GGUFError
-    from kvtuner.testing import gguf_families as F
 
-    spec = F.qwen35moe(
-        n_layer=0,
-        n_mtp=2,
-        E=256,
-        n_head=4,
-        n_head_kv=2,
-        head=64,
-        n_expert=8,
-        n_expert_used=2,
-        n_ff_exp=64,
-        n_ff_shexp=64,
-        V=512,
-        d_inner=256,
-        d_state=16,
-        n_group=2,
-        dt_rank=4,
-    )
+    spec = _small_qwen35moe(n_layer=0, n_mtp=2)
     with pytest.raises(GGUFError, match="leaves no layer of block_count 2"):
         ModelProfile.from_gguf(write_model(tmp_path / "all-mtp.gguf", spec))

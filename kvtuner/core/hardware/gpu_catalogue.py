@@ -850,17 +850,17 @@ _CATALOGUE = _CATALOGUE + _OTHER_VENDORS
 GPU_CATALOGUE: dict[str, GpuModel] = {g.name: g for g in _CATALOGUE}
 
 
-def _norm(text: str) -> str:
-    """Lower case, vendor words (nvidia, geforce, tesla, amd, radeon, intel, apple, gpu) and every
-    non-alphanumeric dropped."""
-    t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple|gpu)\b", " ", text.lower())
-    return re.sub(r"[^a-z0-9]", "", t)
-
-
 def _words(text: str) -> list[str]:
-    """:func:`_norm`'s words kept apart (``"RTX PRO 6000"`` -> ``["rtx", "pro", "6000"]``)."""
+    """The words of a GPU name: lower case, vendor words (nvidia, geforce, tesla, amd, radeon,
+    intel, apple, gpu) dropped, split at every non-alphanumeric (``"NVIDIA RTX PRO 6000"`` ->
+    ``["rtx", "pro", "6000"]``)."""
     t = re.sub(r"\b(nvidia|geforce|tesla|amd|radeon|intel|apple|gpu)\b", " ", text.lower())
     return re.findall(r"[a-z0-9]+", t)
+
+
+def _norm(text: str) -> str:
+    """:func:`_words` run together (``"RTX 3090"`` -> ``"rtx3090"``)."""
+    return "".join(_words(text))
 
 
 def _keys(g: GpuModel) -> set[str]:

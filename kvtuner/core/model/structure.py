@@ -127,6 +127,11 @@ class ModelStructure:
         """Blocks in the file (``block_count``)."""
         return len(self.layers)
 
+    def is_skipped(self, il: int) -> bool:
+        """Whether block ``il``'s weights are never loaded (:attr:`skipped_layer_bytes` above 0):
+        such a block is in no buffer and no graph."""
+        return 0 <= il < len(self.skipped_layer_bytes) and self.skipped_layer_bytes[il] > 0
+
     @property
     def kv_layers(self) -> tuple[LayerRole, ...]:
         """Layers with their own KV in the main context, in order."""

@@ -96,7 +96,6 @@ def apply_overrides(
         ConfigError: an override names a GPU that is not planned (``CUDA1`` with one GPU).
     """
     n_layer = model.n_layer
-    skipped = model.structure.skipped_layer_bytes
     moved: list[tuple[str, str, str, int]] = []
     expert: dict[str, int] = {}
     layers: dict[str, set[int]] = {}
@@ -106,7 +105,7 @@ def apply_overrides(
         il = int(m.group(1)) if m else None
         if il is not None and il >= n_layer:
             continue  # MTP / NextN blocks beyond n_layer: the profile counts them as input
-        if il is not None and il < len(skipped) and skipped[il]:
+        if il is not None and model.structure.is_skipped(il):
             continue  # an MTP/NextN block the loader skips: in no buffer, so nothing to move
         default = (
             layer_devices[il] if il is not None else (layer_devices[n_layer] if t.name.startswith("output") else host)

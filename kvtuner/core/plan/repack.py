@@ -127,7 +127,7 @@ def repack_bytes(
     """
     if gpu_present or not features or not model.tensors:
         return 0
-    skipped = tuple(b > 0 for b in model.structure.skipped_layer_bytes) or (False,) * model.n_layer
+    skipped = tuple(model.structure.is_skipped(il) for il in range(model.n_layer))
     per_layer, other, output = _per_layer(
         (model.header_sha256, str(model.path), model.n_layer),
         model.tensors,

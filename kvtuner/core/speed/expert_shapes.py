@@ -48,11 +48,12 @@ def model_expert_keys(model: Any) -> tuple[str | None, ...]:
     a layer without them (dense layers, fused gate/up experts, a profile without a tensor table,
     an MTP/NextN block the loader skips: ``structure.skipped_layer_bytes``)."""
     structure = getattr(model, "structure", None)
+    n_layer = int(getattr(model, "n_layer", 0) or 0)
     return expert_keys_of(
         getattr(model, "tensors", ()) or (),
-        int(getattr(model, "n_layer", 0) or 0),
+        n_layer,
         int(getattr(model, "n_expert_used", 0) or 0),
-        tuple(b > 0 for b in getattr(structure, "skipped_layer_bytes", ()) or ()),
+        tuple(structure.is_skipped(il) for il in range(n_layer)) if structure is not None else (),
     )
 
 

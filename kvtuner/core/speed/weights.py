@@ -142,11 +142,12 @@ def _summary_cached(
     for t in table:
         name = _type_name(t.ggml_type)
         m = _BLK.match(t.name)
-        if m and int(m.group(1)) < len(skipped) and skipped[int(m.group(1))]:
+        il = int(m.group(1)) if m else -1
+        if 0 <= il < len(skipped) and skipped[il]:
             continue  # an MTP/NextN block the loader skips: never in memory, never run
-        if m and int(m.group(1)) < n_layer:
+        if 0 <= il < n_layer:
             key = (name, "_exps." in t.name)
-            acc = layers[int(m.group(1))].setdefault(key, [0, 0])
+            acc = layers[il].setdefault(key, [0, 0])
         elif t.name.startswith("output"):
             has_output = has_output or t.name == "output.weight"
             acc = output.setdefault((name, False), [0, 0])
@@ -203,7 +204,7 @@ def weight_summary(model: ModelProfile) -> WeightSummary:
             model.n_layer,
             model.n_expert,
             model.n_expert_used,
-            tuple(b > 0 for b in model.structure.skipped_layer_bytes),
+            tuple(model.structure.is_skipped(il) for il in range(model.n_layer)),
         )
     except (GGUFError, OSError, ValueError):
         return summary_from_profile(model)
