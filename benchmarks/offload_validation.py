@@ -617,6 +617,9 @@ def config_of(row: dict, phase: str, n: int, depth: int):
         n_cpu_moe=int(row.get("n_cpu_moe") or 0),
         cpu_moe=bool(row.get("cpu_moe")),
         tensor_overrides=tuple(x for x in re.split(r"[,\s]+", row.get("ot") or "") if x),
+        # the row's "use_mmap": false where its command says -mmp 0, --no-mmap or -lm none (or the
+        # mapping is pinned); else the tools' default, a memory-mapped model
+        use_mmap=row.get("use_mmap") is not False,
     )
 
 
