@@ -152,3 +152,27 @@ def test_leave_one_source_out_names_the_sources_a_verdict_hangs_on(capsys):
     assert without == [("a", 3, pytest.approx(0.5)), ("b", 5, pytest.approx(0.1))]
     ov.print_leave_one_source_out(recs, markdown=False)
     assert "a 50.0% (3) *; b 10.0% (5)" in capsys.readouterr().out
+
+
+def test_a_row_command_without_mmap_plans_pinned_host_weights():
+    """A row whose command says ``-mmp 0`` / ``--no-mmap`` carries ``use_mmap: false`` and is
+    planned so; a row that does not say runs the tools' default, a memory-mapped model."""
+    rows = {r["id"]: r for r in ov.load_all_rows([ov.ROWS, ov.ROWS_MORE])}
+    assert "-mmp 0" in rows["ck-4070-gptoss120b-ot31-f16-pp512"]["tool"]
+    assert ov.config_of(rows["ck-4070-gptoss120b-ot31-f16-pp512"], "prefill", 512, 0).use_mmap is False
+    assert "use_mmap" not in rows["hc-3090-120b-ncmoe27-pp500"]
+    assert ov.config_of(rows["hc-3090-120b-ncmoe27-pp500"], "prefill", 500, 0).use_mmap is True
+    for r in rows.values():  # the field is false or absent, never a guess of true
+        assert r.get("use_mmap", False) is False
+
+
+def test_the_fitting_scripts_print_the_constants_the_model_uses(capsys):
+    """``h2d_fit.py`` and ``routing_fit.py`` fit the pageable copy share and the routed pool from
+    their own public rows (no offload validation row): their medians are the constants."""
+    from kvtuner.core.speed.speed_model import SpeedConstants
+    from kvtuner.core.speed.weights import ROUTED_POOL_SHARE
+
+    assert load_script("benchmarks/h2d_fit.py").main([]) == 0
+    assert f"median over 12 PCIe systems: {SpeedConstants().pageable_h2d_share:.2f}" in capsys.readouterr().out
+    assert load_script("benchmarks/routing_fit.py").main([]) == 0
+    assert f"median share: {ROUTED_POOL_SHARE:.2f}" in capsys.readouterr().out

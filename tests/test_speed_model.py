@@ -48,6 +48,7 @@ from kvtuner.core.speed.speed_model import (
 )
 from kvtuner.core.speed.weights import summary_from_profile, weight_summary
 from kvtuner.testing.gguf_factory import ModelSpec, RealShape, write_model, write_real_shape
+from test_moe_offload import gpt_oss  # noqa: F401  (the gpt-oss-20b-shaped MXFP4 fixture)
 
 TINY = ModelSpec(n_layer=4, n_embd=256, n_head=8, n_head_kv=8, n_ff=512, n_vocab=1024, n_ctx_train=4096, name="tiny")
 LAYER_BYTES = 1312768
@@ -528,3 +529,44 @@ def test_a_file_whose_every_block_is_mtp_is_refused(tmp_path):
     spec = _small_qwen35moe(n_layer=0, n_mtp=2)
     with pytest.raises(GGUFError, match="leaves no layer of block_count 2"):
         ModelProfile.from_gguf(write_model(tmp_path / "all-mtp.gguf", spec))
+
+
+def test_a_ubatch_reads_the_routed_pool_of_a_many_expert_layer():
+    """:meth:`WeightSummary.expert_share`: one token reads ``k / n`` of the experts; a long ubatch
+    the routed pool (:data:`ROUTED_POOL_SHARE`) from 32 experts on, all of them below."""
+    from kvtuner.core.speed.weights import ROUTED_POOL_MIN_EXPERTS, ROUTED_POOL_SHARE, WeightSummary
+
+    many = WeightSummary((), (), n_expert=128, n_expert_used=4)
+    assert many.expert_share(1) == pytest.approx(4 / 128)
+    assert many.expert_share(2048) == pytest.approx(ROUTED_POOL_SHARE)
+    # a short ubatch: almost every pick a new expert (32 picks of 93 pooled experts)
+    assert 0.8 * 32 / 128 < many.expert_share(8) < 32 / 128
+    assert many.expert_share(64) < many.expert_share(512) < ROUTED_POOL_SHARE
+    few = WeightSummary((), (), n_expert=8, n_expert_used=2)
+    assert few.n_expert < ROUTED_POOL_MIN_EXPERTS
+    assert few.expert_share(512) == pytest.approx(1.0)
+    assert WeightSummary((), ()).expert_share(512) == 1.0  # dense
+
+
+def test_op_offload_copies_from_a_memory_mapped_model_at_the_pageable_share(gpt_oss):  # noqa: F811
+    """A prefill with experts in RAM copies them to the GPU per ubatch (op offload): from pinned
+    memory without mmap, from pageable memory with it, which costs ``1 / pageable_h2d_share`` as
+    long per byte; the copied bytes are the same."""
+    from dataclasses import replace as dc_replace
+
+    from kvtuner.core.hardware.specs import HostSpec, catalogue_gpu
+    from kvtuner.core.speed.speed_model import SpeedConstants, prefill_workload, speed_inputs, workload_time_s
+
+    model = ModelProfile.from_gguf(gpt_oss)
+    host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=45e9, n_cores=8)
+    gpu = catalogue_gpu("RTX 3060 12GB")
+    mapped = plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [gpu], host)
+    pinned = plan_memory(model, dc_replace(mapped.config, use_mmap=False), [gpu], host)
+    wm, wp = prefill_workload(mapped, 512, 0), prefill_workload(pinned, 512, 0)
+    assert wm.weight_copy_bytes == wp.weight_copy_bytes > 1 << 30
+    assert wm.pageable_bytes == wm.weight_copy_bytes and wp.pageable_bytes == 0
+    inputs = speed_inputs([gpu], host, n_threads=8, measure=False)
+    c = SpeedConstants()
+    link = inputs.rate(gpu.device).pcie_bandwidth_bytes_s * c.pcie_efficiency
+    extra = wm.weight_copy_bytes / link * (1 / c.pageable_h2d_share - 1)
+    assert workload_time_s(wm, inputs) - workload_time_s(wp, inputs) == pytest.approx(extra, rel=1e-9)

@@ -36,7 +36,14 @@ from ..plan.extras import replan_extras
 from ..plan.fields import cli_flags, config_field
 from ..plan.memory_plan import MemoryPlan, plan_memory
 from ..plan.verdict import DOES_NOT_FIT, TIGHT, FitMargins, FitVerdict, fit_verdict
-from ..speed.speed_model import ABANDON_TOK_S, SpeedModelError, SpeedPrediction, decode_tok_s, speed_band
+from ..speed.speed_model import (
+    ABANDON_TOK_S,
+    SpeedConstants,
+    SpeedModelError,
+    SpeedPrediction,
+    decode_tok_s,
+    speed_band,
+)
 from ..tune import (
     DEFAULT_KV_QUALITY,
     KV_QUALITY_NOTES,
@@ -1224,8 +1231,9 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     offload, ``OFFLOAD_MIN_BATCH`` tokens and more), and with mmap those weights sit in pageable
     memory: llama.cpp keeps memory-mapped host weights in a plain CPU buffer, not the GPU's pinned
     host buffer (src/llama-model-loader.cpp "avoid using a host buffer when using mmap"), so each
-    copy goes through the CUDA driver's staging buffer. kvtuner's prefill prices the copies at the
-    pinned PCIe rate; ``-lm none`` (``--no-mmap``) is what that figure assumes."""
+    copy goes through the CUDA driver's staging buffer. kvtuner's prefill prices such copies at
+    :attr:`SpeedConstants.pageable_h2d_share` of the pinned rate; ``-lm none`` (``--no-mmap``)
+    loads the weights into pinned memory, copied at the full rate."""
     from ..plan.llama_constants import OFFLOAD_MIN_BATCH
     from ..speed.speed_model import prefill_workload
 
@@ -1249,8 +1257,10 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
             "info",
             f"Each prompt ubatch of {u} tokens copies {fmt_bytes(copied)} of the weights kept in RAM to "
             f"{gpu.backend_device}; memory-mapped (the default) they sit in pageable memory, and the copy goes "
-            "through the driver's staging buffer. Without mmap (-lm none, --no-mmap) they are loaded into "
-            "pinned memory, the rate kvtuner's prefill figure assumes; the load takes longer.",
+            "through the driver's staging buffer at about "
+            f"{SpeedConstants().pageable_h2d_share:.0%} of the pinned rate (the prefill figure counts this). "
+            "Without mmap (-lm none, --no-mmap) they are loaded into pinned memory and copied at the full "
+            "rate; the load takes longer.",
             "src/llama-model-loader.cpp: memory-mapped host weights stay in a plain CPU buffer ('avoid using a "
             "host buffer when using mmap') and llama.cpp warns 'tensor overrides to CPU are used with mmap "
             "enabled - consider using --load-mode none for better performance'; ggml-backend.cpp "

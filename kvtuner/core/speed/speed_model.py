@@ -241,6 +241,15 @@ class SpeedConstants:
         gpu_layer_overhead_s: per offloaded layer per call (kernel launches), s; fitted 71 us.
         pcie_efficiency: share of the PCIe link rate a copy reaches (PCIe 4.0 x16 copies reach
             about 26 of 31.5 GB/s: NVIDIA bandwidthTest, pinned memory).
+        pageable_h2d_share: share of the pinned copy rate a host-to-device copy from pageable
+            memory reaches. CUDA stages such a copy through a pinned buffer of its own (CUDA C++
+            Programming Guide, "Page-Locked Host Memory"; NVIDIA's "How to Optimize Data
+            Transfers in CUDA C/C++"), and llama.cpp leaves two kinds of host data pageable: weights
+            of a memory-mapped model (llama-model.cpp: "avoid using a host buffer when using
+            mmap", the default ``--load-mode auto``) and a KV cache kept on the host
+            (llama-kv-cache.cpp: ``ggml_backend_cpu_buffer_type``). 0.57 is the median per
+            system of pageable / pinned bandwidthTest rates on 12 PCIe systems
+            (benchmarks/h2d_public_rows.json, ``benchmarks/h2d_fit.py``); the spread is 0.19-0.94.
         crossing_latency_s: fixed cost of one device crossing in a decode (copy, synchronise, the
             CPU op on the way), s; fitted 91 us to the -nkvo row of llama.cpp PR #4812 (RTX 3090 Ti,
             llama 7B Q4_0: tg128 127.4 -> 60.0 tok/s with the KV on the host).
@@ -264,6 +273,7 @@ class SpeedConstants:
     gpu_token_overhead_s: float = 0.68e-3
     gpu_layer_overhead_s: float = 71e-6
     pcie_efficiency: float = 0.8
+    pageable_h2d_share: float = 0.57
     crossing_latency_s: float = 91e-6
     host_moe_prefill_efficiency: float = 0.45
     #: RPC link defaults (no measurement, no --rpc-link): 1 Gbit/s Ethernet at ~94% goodput
@@ -770,7 +780,9 @@ class Workload:
     graph evaluations (ubatches); ``n_layer``: repeating layers; ``net``: per RPC device
     ``(device, crossings, bytes)`` sent over the network to or from it; ``weight_copy_bytes``:
     the part of ``pcie_bytes`` that is host-resident weights copied to the GPU for the ubatches
-    op offload moves there (a prefill's; 0 in a decode).
+    op offload moves there (a prefill's; 0 in a decode); ``pageable_bytes``: the part of
+    ``pcie_bytes`` copied from pageable host memory (memory-mapped weights, a host KV cache),
+    at :attr:`SpeedConstants.pageable_h2d_share` of the pinned rate.
     """
 
     phase: str  # "decode" | "prefill"
@@ -782,6 +794,7 @@ class Workload:
     n_layer: int
     net: tuple[tuple[str, float, float], ...] = ()
     weight_copy_bytes: float = 0.0
+    pageable_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (stored with calibration runs)."""
@@ -795,6 +808,7 @@ class Workload:
             "n_layer": self.n_layer,
             "net": [list(x) for x in self.net],
             "weight_copy_bytes": self.weight_copy_bytes,
+            "pageable_bytes": self.pageable_bytes,
         }
 
     @classmethod
@@ -810,6 +824,7 @@ class Workload:
             int(d["n_layer"]),
             tuple((str(a), float(b), float(c)) for a, b, c in d.get("net", ())),
             float(d.get("weight_copy_bytes", 0.0)),
+            float(d.get("pageable_bytes", 0.0)),
         )
 
 
@@ -1057,7 +1072,11 @@ def prefill_workload(
     gpu0 = next((g.device for g in plan.gpus if g.kind == "gpu"), None)
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of that many rows run on the GPU
     acc = _Acc(plan)
-    pcie = crossings = weight_copy = 0.0
+    pcie = crossings = weight_copy = pageable = 0.0
+    # host weights of a memory-mapped model stay in the mapping, pageable; without mmap they are in
+    # the GPU's pinned host buffer (llama-model.cpp ``make_cpu_buft_list`` and "avoid using a host
+    # buffer when using mmap"); a host KV cache is always a plain CPU buffer (llama-kv-cache.cpp)
+    host_mapped = any(d.weights_mapped for d in plan.devices if d.device == HOST)
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
     n_run = _graph_layers(plan)
@@ -1077,6 +1096,8 @@ def prefill_workload(
                 # host weights copied to the GPU for every ubatch; of expert tensors only the
                 # experts the ubatch uses (ggml-backend.cpp ggml_backend_sched_compute_splits)
                 weight_copy += b * n_calls
+                if host_mapped:
+                    pageable += b * n_calls
             elif dev and dev != wdev[il] and not offload:
                 crossings += 2 * n_calls
                 pcie += 2 * 4.0 * m.n_embd * n_prompt
@@ -1101,6 +1122,7 @@ def prefill_workload(
         run_on = gpu0 if (gpu0 is not None and offload and lk.device == HOST) else lk.device
         if run_on != lk.device:
             pcie += kv_read  # host KV copied to the GPU for every ubatch
+            pageable += kv_read
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
         acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)
@@ -1128,6 +1150,7 @@ def prefill_workload(
         n_run,
         tuple((d, c, b) for d, (c, b) in net.items()),
         weight_copy,
+        pageable,
     )
 
 
@@ -1218,7 +1241,10 @@ def workload_time_s(work: Workload, inputs: SpeedInputs) -> float:
             (r.pcie_bandwidth_bytes_s for r in inputs.rates.values() if r.pcie_bandwidth_bytes_s),
             default=DEFAULT_PCIE_BANDWIDTH_BYTES_S,
         )
-        t += work.pcie_bytes / (pcie * c.pcie_efficiency)
+        pinned = work.pcie_bytes - work.pageable_bytes
+        t += pinned / (pcie * c.pcie_efficiency)
+        if work.pageable_bytes:
+            t += work.pageable_bytes / (pcie * c.pcie_efficiency * max(c.pageable_h2d_share, 1e-9))
     t += work.n_crossings * c.crossing_latency_s
     for dev, n, b in work.net:
         lr = inputs.rates.get(dev)

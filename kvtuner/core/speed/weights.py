@@ -10,8 +10,8 @@ Which tensors a token reads (llama.cpp's graphs, src/models/*.cpp):
 - of the expert tensors (``*_exps``, 3-D: ``[n_embd, n_ff_exp, n_expert]``), a token reads
   ``n_expert_used`` of ``n_expert`` slices (``ggml_mul_mat_id`` over the selected experts,
   src/llama-graph.cpp ``build_moe_ffn``); a ubatch of ``u`` tokens reads the union of its tokens'
-  experts, ``n_expert * (1 - (1 - n_expert_used / n_expert) ** u)`` in expectation for
-  independent uniform routing;
+  experts: uniform routing over the share of them a prompt routes to at all
+  (:data:`ROUTED_POOL_SHARE`), ``f * n_expert * (1 - (1 - n_expert_used / (f * n_expert)) ** u)``;
 - the input embedding one row per token (``ggml_get_rows``: not counted);
 - the output matrix once per token that needs logits (decode: 1; a prompt: its last token,
   ``llama_batch_get_one`` asks for the last token's logits only).
@@ -33,6 +33,18 @@ from ..model.profile import ModelProfile
 from .expert_shapes import expert_keys_of
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
+#: Share of a layer's experts that the tokens of one prompt route to at all: a ubatch reads its
+#: tokens' experts as if routing were uniform over this share of them (:meth:`WeightSummary.expert_share`).
+#: Real routing is far from uniform: in llama.cpp PR #15346 (the change that copies only the used
+#: experts, ggml-backend.cpp ``ggml_backend_sched_compute_splits``) gpt-oss-20b with every expert
+#: on the CPU took 0.61-0.86 of the time of copying all experts at -ub 128 to 2048 (llama-bench,
+#: pp2048), where uniform routing of 32 experts, 4 per token, uses all of them from about 40
+#: tokens on. 0.73 is the median of those five ratios (an upper bound on the share: the ratio
+#: counts the GPU's compute, which is the same in both columns); ``benchmarks/routing_fit.py``.
+ROUTED_POOL_SHARE = 0.73
+#: Fewest experts per layer the routed pool applies to: the measurements are of 32 and 128
+#: experts; with fewer (Mixtral's 8) routing stays uniform, for want of one.
+ROUTED_POOL_MIN_EXPERTS = 32
 
 #: The tensor type most of a file type's weights have (llama-quantize's default type per file
 #: type, src/llama-quant.cpp ``llama_ftype_get_default_type``); used only without a tensor table.
@@ -100,12 +112,16 @@ class WeightSummary:
         return out
 
     def expert_share(self, n_tokens: int = 1) -> float:
-        """Share of the expert weights a batch of ``n_tokens`` reads: ``1 - (1 - k / n) ** n_tokens``
-        (1 for dense models)."""
+        """Share of the expert weights a batch of ``n_tokens`` reads (1 for dense models): with
+        ``p = k / n`` (``n_expert_used / n_expert``) and the routed pool ``f``
+        (:data:`ROUTED_POOL_SHARE`, at least ``p``; 1 below :data:`ROUTED_POOL_MIN_EXPERTS`
+        experts), ``f * (1 - (1 - p / f) ** n_tokens)``: ``p`` for one token, ``f`` for a long
+        ubatch."""
         if not self.n_expert or not self.n_expert_used:
             return 1.0
         p = min(1.0, self.n_expert_used / self.n_expert)
-        return 1.0 - (1.0 - p) ** max(1, n_tokens)
+        f = max(p, ROUTED_POOL_SHARE) if self.n_expert >= ROUTED_POOL_MIN_EXPERTS else 1.0
+        return f * (1.0 - (1.0 - p / f) ** max(1, n_tokens))
 
     def active_fraction(self) -> float:
         """Share of one token's expert compute over the expert weights: ``n_expert_used / n_expert``."""
