@@ -77,7 +77,9 @@ SETS = ("fit", "validate", "reference")
 #: why rows with an unstated placement, a plan kvtuner says does not fit and a bandwidth not called
 #: measured are read as they are now (:func:`run_rows`, :func:`host_of`); reddit-3050-egpu-1360p's
 #: decode workload is where the weight summary's MTP/NextN fallback was found
-#: (kvtuner/core/speed/weights.py).
+#: (kvtuner/core/speed/weights.py); the experts-on-CPU prefill rows of hardware-corner,
+#: tanhaien-3060-5800x, castlen3-3060-e5-2666v3 and ik2199-a1000 were broken down (copy against
+#: compute time) while the pageable copy rate and gpt-oss's measured expert share were added.
 CONSULTED_SOURCES = frozenset(
     {
         "kratos-7800xt",
@@ -87,6 +89,10 @@ CONSULTED_SOURCES = frozenset(
         "compiledthoughts-5060ti-9700x",
         "jordanfablefur-5090-285k",
         "reddit-3050-egpu-1360p",
+        "hardware-corner",
+        "tanhaien-3060-5800x",
+        "castlen3-3060-e5-2666v3",
+        "ik2199-a1000",
     }
 )
 #: The issue's bar on validation rows: median |error| per regime with at least 5 rows.
@@ -563,15 +569,20 @@ def gpu_of(row: dict):
 
     name = re.sub(r"\s*\(.*?\)", "", row["gpu"]).strip()  # the page's notes in parentheses
     try:
-        return catalogue_gpu(name)
+        gpu = catalogue_gpu(name)
     except UnknownGpuError as exc:
         bare = re.sub(r"\s*\d+\s*GB\b", "", name)
         for name in (bare, f"{bare} {row.get('gpu_mem_gib')}GB"):
             try:
-                return catalogue_gpu(name)
+                gpu = catalogue_gpu(name)
+                break
             except UnknownGpuError:
                 pass
-        raise ValueError(f"{row['gpu']} is not in kvtuner's GPU catalogue") from exc
+        else:
+            raise ValueError(f"{row['gpu']} is not in kvtuner's GPU catalogue") from exc
+    # the backend the row ran (a catalogue card is planned as CUDA): ROCm and Vulkan rows as such
+    backend = next((b for b in ("ROCm", "Vulkan") if (row.get("backend") or "").startswith(b)), None)
+    return dataclasses.replace(gpu, backend=backend) if backend else gpu
 
 
 def test_of(row: dict) -> tuple[str, int, int]:

@@ -1,13 +1,13 @@
-"""Fit the routed pool share (``kvtuner.core.speed.weights.ROUTED_POOL_SHARE``) from public data.
+"""The measured share of gpt-oss's experts a ubatch uses (``kvtuner.core.speed.weights.GPT_OSS_ROUTED_SHARE``).
 
 A ubatch of ``u`` tokens copies, of a host-resident expert tensor, only the experts its tokens
 route to (ggml-backend.cpp ``ggml_backend_sched_compute_splits``). ``benchmarks/routing_public_rows.json``
 holds llama.cpp PR #15346's own speed table, the same run copying every expert and copying the
 used ones: per ubatch size, time(used) / time(all) = (s * copy + compute) / (copy + compute) is
-an upper bound on the share ``s`` of experts the ubatch used. This script prints those ratios,
-the share uniform routing would give, their median (the constant) and the partly readable
-per-layer dump of the same PR for comparison. Fitting data only: none of it is an offload
-validation row.
+an upper bound on the share ``s`` of experts the ubatch used. This script prints those ratios
+(rounded to two places: the table kvtuner uses), the share uniform routing would give, and the
+partly readable per-layer dump of the same PR for comparison. Fitting data only: none of it is
+an offload validation row.
 
 Usage::
 
@@ -24,19 +24,22 @@ from pathlib import Path
 ROWS = Path(__file__).with_name("routing_public_rows.json")
 
 
+def shares(doc: dict) -> tuple[tuple[int, float], ...]:
+    """``((ubatch tokens, time(used) / time(all) rounded to 0.01), ...)`` of the rows, by ubatch."""
+    return tuple(sorted((r["n_ubatch"], round(r["tps_copy_all"] / r["tps_copy_used"], 2)) for r in doc["ratio_rows"]))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the per-ubatch shares and their median; exit 0."""
+    """Print the per-ubatch shares; exit 0."""
     del argv
     doc = json.loads(ROWS.read_text())
-    shares = []
     print("ubatch  time(used)/time(all)  uniform routing")
     for r in doc["ratio_rows"]:
         ratio = r["tps_copy_all"] / r["tps_copy_used"]
         p = r["n_expert_used"] / r["n_expert"]
         uniform = 1 - (1 - p) ** r["n_ubatch"]
-        shares.append(ratio)
         print(f"{r['n_ubatch']:6d}  {ratio:20.2f}  {uniform:15.2f}   {r['model']}")
-    print(f"median share: {statistics.median(shares):.2f} (upper bound; range {min(shares):.2f}-{max(shares):.2f})")
+    print("table: " + ", ".join(f"({u}, {s:.2f})" for u, s in shares(doc)))
     for d in doc["dumps"]:
         mean = statistics.mean(d["used"]) / d["n_expert"]
         print(

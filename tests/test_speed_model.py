@@ -531,20 +531,22 @@ def test_a_file_whose_every_block_is_mtp_is_refused(tmp_path):
         ModelProfile.from_gguf(write_model(tmp_path / "all-mtp.gguf", spec))
 
 
-def test_a_ubatch_reads_the_routed_pool_of_a_many_expert_layer():
-    """:meth:`WeightSummary.expert_share`: one token reads ``k / n`` of the experts; a long ubatch
-    the routed pool (:data:`ROUTED_POOL_SHARE`) from 32 experts on, all of them below."""
-    from kvtuner.core.speed.weights import ROUTED_POOL_MIN_EXPERTS, ROUTED_POOL_SHARE, WeightSummary
+def test_a_gpt_oss_ubatch_reads_no_more_experts_than_llama_cpp_measured(gpt_oss):  # noqa: F811
+    """:meth:`WeightSummary.expert_share`: one token reads ``k / n`` of the experts; uniform routing
+    for other architectures; for gpt-oss no more than llama.cpp PR #15346's measured share of that
+    ubatch size (:data:`GPT_OSS_ROUTED_SHARE`, between its points linear in log2 tokens)."""
+    from kvtuner.core.speed.weights import GPT_OSS_ROUTED_SHARE, WeightSummary, routed_share, weight_summary
 
-    many = WeightSummary((), (), n_expert=128, n_expert_used=4)
-    assert many.expert_share(1) == pytest.approx(4 / 128)
-    assert many.expert_share(2048) == pytest.approx(ROUTED_POOL_SHARE)
-    # a short ubatch: almost every pick a new expert (32 picks of 93 pooled experts)
-    assert 0.8 * 32 / 128 < many.expert_share(8) < 32 / 128
-    assert many.expert_share(64) < many.expert_share(512) < ROUTED_POOL_SHARE
-    few = WeightSummary((), (), n_expert=8, n_expert_used=2)
-    assert few.n_expert < ROUTED_POOL_MIN_EXPERTS
-    assert few.expert_share(512) == pytest.approx(1.0)
+    s = weight_summary(ModelProfile.from_gguf(gpt_oss))
+    assert (s.n_expert, s.n_expert_used, s.routed) == (32, 4, GPT_OSS_ROUTED_SHARE)
+    assert s.expert_share(1) == pytest.approx(4 / 32)
+    assert s.expert_share(128) == pytest.approx(0.61) and s.expert_share(512) == pytest.approx(0.73)
+    assert s.expert_share(362) == pytest.approx((0.68 + 0.73) / 2, rel=1e-3)  # 2^8.5 tokens
+    assert s.expert_share(8192) == pytest.approx(0.78)  # the last point beyond the table
+    assert s.expert_share(4) == pytest.approx(1 - (28 / 32) ** 4)  # uniform below the measured share
+    assert routed_share(GPT_OSS_ROUTED_SHARE, 16) == 0.61
+    uniform = WeightSummary((), (), n_expert=128, n_expert_used=8)  # another architecture
+    assert uniform.expert_share(512) == pytest.approx(1 - (120 / 128) ** 512)
     assert WeightSummary((), ()).expert_share(512) == 1.0  # dense
 
 
@@ -570,3 +572,51 @@ def test_op_offload_copies_from_a_memory_mapped_model_at_the_pageable_share(gpt_
     link = inputs.rate(gpu.device).pcie_bandwidth_bytes_s * c.pcie_efficiency
     extra = wm.weight_copy_bytes / link * (1 / c.pageable_h2d_share - 1)
     assert workload_time_s(wm, inputs) - workload_time_s(wp, inputs) == pytest.approx(extra, rel=1e-9)
+
+
+def test_a_gpu_without_staged_copies_pays_no_pageable_share(gpt_oss):  # noqa: F811
+    """Only a backend whose driver stages pageable copies (CUDA, ROCm) pays the pageable share:
+    the same plan on a Vulkan card copies the same bytes, none of them priced as pageable."""
+    from dataclasses import replace as dc_replace
+
+    from kvtuner.core.hardware.specs import catalogue_gpu
+    from kvtuner.core.speed.speed_model import prefill_workload, stages_pageable_copies
+
+    model = ModelProfile.from_gguf(gpt_oss)
+    host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=45e9)
+    cuda = catalogue_gpu("RTX 3060 12GB")
+    vulkan = dc_replace(cuda, backend="Vulkan")
+    assert stages_pageable_copies(cuda.backend) and not stages_pageable_copies("Vulkan")
+    wc = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [cuda], host), 512, 0)
+    wv = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [vulkan], host), 512, 0)
+    assert wc.weight_copy_bytes == wv.weight_copy_bytes > 0
+    assert wc.pageable_bytes == wc.weight_copy_bytes and wv.pageable_bytes == 0
+
+
+def test_without_flash_attention_a_host_kv_is_attended_on_the_cpu(tmp_path):
+    """``-nkvo`` with flash attention off: llama.cpp pins the attention to the CPU
+    (llama-graph.cpp build_attn_mha), so a prefill copies no KV to the GPU and the attention's
+    FLOPs are the host's; with flash attention on, op offload copies the host KV once per ubatch,
+    the cells each ubatch's attention reads (growing ubatch by ubatch)."""
+    from kvtuner.core.plan.buffers import HOST
+    from kvtuner.core.speed.speed_model import prefill_workload
+
+    shape = RealShape("mini", "llama", 8, 256, 4, 4, 512, 512, 8192, False, "test")
+    m = ModelProfile.from_gguf(write_real_shape(tmp_path / "mini.gguf", shape, "Q4_K_M"))
+    gpu = catalogue_gpu("RTX 4090")
+    host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=60e9)
+
+    def work(fa: str):
+        plan = plan_memory(m, PlanConfig(n_ctx=4096, kv_gpu_layers=0, flash_attn=fa, n_ubatch=512), [gpu], host)
+        w = prefill_workload(plan, 2048, 0)
+        return plan, w, {d.device: d.attn_flops for d in w.devices}
+
+    plan, on, dev_on = work("on")
+    per_cell = sum(lk.kv_bytes / lk.cells for lk in plan.kv_layers)
+    assert on.pcie_bytes - on.weight_copy_bytes > per_cell * (512 + 1024 + 1536 + 2048) * 0.99
+    assert dev_on.get(HOST, 0.0) == 0 and dev_on["CUDA0"] > 0
+    _, off, dev_off = work("off")
+    # no KV crosses: per layer and token Q, K, V (4 x 64-dim heads, f32) down and the result up,
+    # and the input embeddings
+    assert off.pcie_bytes == 8 * 4.0 * (4 * 64 + 2 * 4 * 64 + 4 * 64) * 2048 + 4.0 * 256 * 2048
+    assert dev_off[HOST] > 0 and dev_off.get("CUDA0", 0.0) == 0

@@ -43,6 +43,7 @@ from ..speed.speed_model import (
     SpeedPrediction,
     decode_tok_s,
     speed_band,
+    stages_pageable_copies,
 )
 from ..tune import (
     DEFAULT_KV_QUALITY,
@@ -1240,9 +1241,8 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     p = c.plan
     gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
     u = min(p.n_ubatch, p.n_ctx_seq)
-    # ggml-cuda (CUDA and, built for HIP, ROCm) offloads ops and copies from pageable memory
-    # through the driver; a Metal GPU shares the host's memory
-    if not p.config.use_mmap or gpu is None or gpu.backend not in ("", "CUDA", "ROCm") or u < OFFLOAD_MIN_BATCH:
+    # the backends whose copies from pageable memory the driver stages (the speed model's rule)
+    if not p.config.use_mmap or gpu is None or not stages_pageable_copies(gpu.backend) or u < OFFLOAD_MIN_BATCH:
         return []
     try:
         work = prefill_workload(p, u, 0)

@@ -56,7 +56,12 @@ Prefill (``n_prompt`` tokens after ``D0`` cached ones, in ubatches of ``u = min(
 With a GPU, an op of 32 or more rows runs on the GPU whatever device its weights or KV live on
 (ggml-cuda.cu ``ggml_backend_cuda_device_offload_op``, ``GGML_OP_OFFLOAD_MIN_BATCH`` default 32):
 in such a prefill, host-resident weights and KV cross PCIe once per ubatch and their FLOPs run
-at the GPU's rates. A one-token decode runs each op where its weights or KV live: a layer whose
+at the GPU's rates. The copies run at ``pcie_bw * pcie_efficiency`` from pinned memory and at
+:attr:`SpeedConstants.pageable_h2d_share` of that from pageable memory (a memory-mapped model's
+host weights, a KV cache in RAM) on a backend that stages such copies (:func:`stages_pageable_copies`);
+of an expert tensor only the experts the ubatch uses cross (:meth:`.weights.WeightSummary.expert_share`).
+With ``-nkvo`` and flash attention off llama.cpp keeps the attention on the CPU instead
+(llama-graph.cpp ``build_attn_mha``): the host KV does not cross, the activations do. A one-token decode runs each op where its weights or KV live: a layer whose
 KV stays on the host (``-nkvo``, ``kv_gpu_layers``) computes its attention on the CPU, and the
 activations cross PCIe twice per such layer (Q/K/V down, the result up); each change of device
 along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
@@ -245,11 +250,15 @@ class SpeedConstants:
             memory reaches. CUDA stages such a copy through a pinned buffer of its own (CUDA C++
             Programming Guide, "Page-Locked Host Memory"; NVIDIA's "How to Optimize Data
             Transfers in CUDA C/C++"), and llama.cpp leaves two kinds of host data pageable: weights
-            of a memory-mapped model (llama-model.cpp: "avoid using a host buffer when using
-            mmap", the default ``--load-mode auto``) and a KV cache kept on the host
-            (llama-kv-cache.cpp: ``ggml_backend_cpu_buffer_type``). 0.57 is the median per
-            system of pageable / pinned bandwidthTest rates on 12 PCIe systems
-            (benchmarks/h2d_public_rows.json, ``benchmarks/h2d_fit.py``); the spread is 0.19-0.94.
+            of a memory-mapped model (src/llama-model.cpp or, in older builds,
+            src/llama-model-loader.cpp: "avoid using a host buffer when using mmap"; mmap is the
+            default ``--load-mode auto``) and a KV cache kept on the host (src/llama-kv-cache.cpp:
+            ``ggml_backend_cpu_buffer_type``). Without mmap the weights are in the GPU's pinned
+            host buffer, unless ``--no-host`` or a failed pinned allocation leaves them plain.
+            0.57 is the median per system of pageable / pinned bandwidthTest rates on 12 PCIe
+            systems (benchmarks/h2d_public_rows.json, ``benchmarks/h2d_fit.py``); the spread is
+            0.19-0.94 (single 16 MiB copies below the link's peak, a server likely reading remote
+            NUMA memory and laptops among them).
         crossing_latency_s: fixed cost of one device crossing in a decode (copy, synchronise, the
             CPU op on the way), s; fitted 91 us to the -nkvo row of llama.cpp PR #4812 (RTX 3090 Ti,
             llama 7B Q4_0: tg128 127.4 -> 60.0 tok/s with the KV on the host).
@@ -1046,6 +1055,68 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
     return _assemble_decode(plan, _decode_parts(plan), depth)
 
 
+#: GPU backends whose host-to-device copies from pageable memory the driver stages through a
+#: pinned buffer of its own: ggml-cuda (CUDA, and ROCm/HIP built from the same source) copies with
+#: ``cudaMemcpyAsync`` (ggml-cuda.cu ``ggml_backend_cuda_set_tensor_async``); ``""`` is a card
+#: planned without a named backend (the catalogue's NVIDIA cards). Metal shares the host's memory
+#: and Vulkan's own staging is not measured here: their copies are priced at the link's rate.
+STAGED_COPY_BACKENDS = ("", "CUDA", "ROCm")
+
+
+def stages_pageable_copies(backend: str) -> bool:
+    """Whether a GPU of ``backend`` copies pageable host memory through a staging buffer
+    (:data:`STAGED_COPY_BACKENDS`), at :attr:`SpeedConstants.pageable_h2d_share` of the pinned rate."""
+    return backend in STAGED_COPY_BACKENDS
+
+
+def _prefill_attention(
+    plan: MemoryPlan, acc: _Acc, n_prompt: int, depth: int, gpu0: str | None, staged: bool
+) -> tuple[float, float, float]:
+    """Each KV layer's attention in a prefill added to ``acc`` (its cache reads, FLOPs and head
+    cells, on the device it runs on); ``gpu0``: the GPU op offload moves host attention to (None:
+    no op offload). Returns ``(pcie bytes, of them pageable, crossings)``."""
+    m = plan.model
+    n_ub = max(1, plan.n_ubatch)
+    n_calls = math.ceil(n_prompt / n_ub)
+    pcie = pageable = crossings = 0.0
+    n_stream = max(1, plan.n_stream)
+    kv_pair = _attn_kv_pair(plan)
+    offload_kqv = plan.placement.offload_kqv if plan.placement is not None else True
+    for lk in plan.kv_layers:
+        window = min(_window(plan, lk.swa), lk.cells)
+        heads, dims = _attn_dims(plan, lk.il)
+        cells = 0.0
+        kv_cells = 0.0  # cells of the cache each ubatch's attention reads, summed over the ubatches
+        for c in range(n_calls):
+            a = depth + c * n_ub
+            b = min(depth + n_prompt, a + n_ub)
+            kv_cells += min(b, window)
+            if plan.flash_attn:  # causal: token p reads min(p + 1, window) cells
+                cells += _sum_min_range(a + 1, b, window)
+            else:  # the whole padded n_kv for every token of the ubatch
+                cells += (b - a) * min(pad_ctx(b), lk.cells)
+        per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
+        kv_read = per_cell * kv_cells
+        # without offload_kqv (-nkvo) and without flash attention llama.cpp pins a layer's
+        # attention to the CPU (llama-graph.cpp build_attn_mha: "all nodes between the KV store and
+        # the attention output are run on the CPU"); with flash attention the op follows its
+        # neighbours, to the GPU under op offload, and the host KV is copied there
+        pinned = lk.device == HOST and not offload_kqv and not plan.flash_attn
+        run_on = gpu0 if (gpu0 is not None and lk.device == HOST and not pinned) else lk.device
+        if run_on != lk.device:
+            pcie += kv_read  # host KV copied to the GPU for every ubatch
+            if staged:
+                pageable += kv_read
+        elif pinned and gpu0 is not None:  # Q, K, V down to the host, the result back
+            hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
+            crossings += 2 * n_calls
+            pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv) * n_prompt
+        acc.kv[run_on] += kv_read
+        acc.af[run_on] += 2.0 * heads * dims * cells
+        acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)
+    return pcie, pageable, crossings
+
+
 def prefill_workload(
     plan: MemoryPlan, n_prompt: int, depth: int = 0, constants: SpeedConstants | None = None
 ) -> Workload:
@@ -1069,14 +1140,17 @@ def prefill_workload(
     u = min(n_ub, n_prompt)
     # ops of host layers go to the first device whose backend offers offload_op; ggml-rpc's is NULL
     # (ggml-rpc.cpp device interface), so never an RPC device
-    gpu0 = next((g.device for g in plan.gpus if g.kind == "gpu"), None)
+    gpu0_plan = next((g for g in plan.gpus if g.kind == "gpu"), None)
+    gpu0 = gpu0_plan.device if gpu0_plan is not None else None
     offload = gpu0 is not None and u >= OFFLOAD_MIN_BATCH  # ops of that many rows run on the GPU
+    staged = gpu0_plan is not None and stages_pageable_copies(gpu0_plan.backend)
     acc = _Acc(plan)
     pcie = crossings = weight_copy = pageable = 0.0
     # host weights of a memory-mapped model stay in the mapping, pageable; without mmap they are in
     # the GPU's pinned host buffer (llama-model.cpp ``make_cpu_buft_list`` and "avoid using a host
-    # buffer when using mmap"); a host KV cache is always a plain CPU buffer (llama-kv-cache.cpp)
-    host_mapped = any(d.weights_mapped for d in plan.devices if d.device == HOST)
+    # buffer when using mmap"); a host KV cache is a plain CPU buffer (llama-kv-cache.cpp
+    # ``ggml_backend_cpu_buffer_type``); only a staging backend pays for it (stages_pageable_copies)
+    host_mapped = staged and any(d.weights_mapped for d in plan.devices if d.device == HOST)
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
     n_run = _graph_layers(plan)
@@ -1104,28 +1178,12 @@ def prefill_workload(
         acc.nl[run_on] += 1
     for w in s.output:  # logits of the last token only
         acc.weight(out_dev, w.ggml_type, w.bytes_, 2.0 * w.params)
-    n_stream = max(1, plan.n_stream)
-    kv_pair = _attn_kv_pair(plan)
-    for lk in plan.kv_layers:
-        window = min(_window(plan, lk.swa), lk.cells)
-        heads, dims = _attn_dims(plan, lk.il)
-        cells = 0.0
-        for c in range(n_calls):
-            a = depth + c * n_ub
-            b = min(depth + n_prompt, a + n_ub)
-            if plan.flash_attn:  # causal: token p reads min(p + 1, window) cells
-                cells += _sum_min_range(a + 1, b, window)
-            else:  # the whole padded n_kv for every token of the ubatch
-                cells += (b - a) * min(pad_ctx(b), lk.cells)
-        per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
-        kv_read = per_cell * min(depth + n_prompt, window) * n_calls
-        run_on = gpu0 if (gpu0 is not None and offload and lk.device == HOST) else lk.device
-        if run_on != lk.device:
-            pcie += kv_read  # host KV copied to the GPU for every ubatch
-            pageable += kv_read
-        acc.kv[run_on] += kv_read
-        acc.af[run_on] += 2.0 * heads * dims * cells
-        acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)
+    kv_pcie, kv_pageable, kv_crossings = _prefill_attention(
+        plan, acc, n_prompt, depth, gpu0 if offload else None, staged
+    )
+    pcie += kv_pcie
+    pageable += kv_pageable
+    crossings += kv_crossings
     seq = [HOST] + wdev[:n_run] + [out_dev]
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):

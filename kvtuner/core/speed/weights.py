@@ -10,8 +10,9 @@ Which tensors a token reads (llama.cpp's graphs, src/models/*.cpp):
 - of the expert tensors (``*_exps``, 3-D: ``[n_embd, n_ff_exp, n_expert]``), a token reads
   ``n_expert_used`` of ``n_expert`` slices (``ggml_mul_mat_id`` over the selected experts,
   src/llama-graph.cpp ``build_moe_ffn``); a ubatch of ``u`` tokens reads the union of its tokens'
-  experts: uniform routing over the share of them a prompt routes to at all
-  (:data:`ROUTED_POOL_SHARE`), ``f * n_expert * (1 - (1 - n_expert_used / (f * n_expert)) ** u)``;
+  experts, ``n_expert * (1 - (1 - n_expert_used / n_expert) ** u)`` in expectation for
+  independent uniform routing, and for gpt-oss no more than the share llama.cpp measured
+  (:data:`GPT_OSS_ROUTED_SHARE`);
 - the input embedding one row per token (``ggml_get_rows``: not counted);
 - the output matrix once per token that needs logits (decode: 1; a prompt: its last token,
   ``llama_batch_get_one`` asks for the last token's logits only).
@@ -22,7 +23,9 @@ the profile's per-layer bytes with the file type's main tensor type (:func:`summ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import re
 from dataclasses import dataclass
 
@@ -33,18 +36,37 @@ from ..model.profile import ModelProfile
 from .expert_shapes import expert_keys_of
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
-#: Share of a layer's experts that the tokens of one prompt route to at all: a ubatch reads its
-#: tokens' experts as if routing were uniform over this share of them (:meth:`WeightSummary.expert_share`).
-#: Real routing is far from uniform: in llama.cpp PR #15346 (the change that copies only the used
-#: experts, ggml-backend.cpp ``ggml_backend_sched_compute_splits``) gpt-oss-20b with every expert
-#: on the CPU took 0.61-0.86 of the time of copying all experts at -ub 128 to 2048 (llama-bench,
-#: pp2048), where uniform routing of 32 experts, 4 per token, uses all of them from about 40
-#: tokens on. 0.73 is the median of those five ratios (an upper bound on the share: the ratio
-#: counts the GPU's compute, which is the same in both columns); ``benchmarks/routing_fit.py``.
-ROUTED_POOL_SHARE = 0.73
-#: Fewest experts per layer the routed pool applies to: the measurements are of 32 and 128
-#: experts; with fewer (Mixtral's 8) routing stays uniform, for want of one.
-ROUTED_POOL_MIN_EXPERTS = 32
+#: Measured share of a layer's experts a ubatch of gpt-oss uses, by ubatch tokens:
+#: ``((tokens, share), ...)``. In llama.cpp PR #15346 (the change that copies only the used experts,
+#: ggml-backend.cpp ``ggml_backend_sched_compute_splits``) gpt-oss-20b with every expert on the CPU
+#: took these shares of the time of copying all of them (llama-bench pp2048, random tokens), where
+#: uniform routing of 32 experts, 4 per token, uses all of them from about 40 tokens on. Each is an
+#: upper bound of the share (the ratio counts the GPU's compute too); ``benchmarks/routing_fit.py``
+#: prints them from ``benchmarks/routing_public_rows.json``. Other architectures route uniformly
+#: here: ik_llama.cpp's author, who built the same copy, found "for many models ... basically all
+#: experts are active" at batches that offload, gpt-oss being the exception (ik_llama.cpp PR #698).
+GPT_OSS_ROUTED_SHARE: tuple[tuple[int, float], ...] = (
+    (128, 0.61),
+    (256, 0.68),
+    (512, 0.73),
+    (1024, 0.86),
+    (2048, 0.78),
+)
+#: Architectures :data:`GPT_OSS_ROUTED_SHARE` was measured on (the GGUF ``general.architecture``).
+ROUTED_SHARE_ARCHITECTURES = frozenset({"gpt-oss"})
+
+
+def routed_share(table: tuple[tuple[int, float], ...], n_tokens: int) -> float:
+    """The measured share of ``table`` at ``n_tokens``: linear in log2(tokens) between its points,
+    its first share below them and its last above (dimensionless, 0-1)."""
+    if n_tokens <= table[0][0]:
+        return table[0][1]
+    for (u0, s0), (u1, s1) in zip(table, table[1:]):
+        if n_tokens <= u1:
+            x = (math.log2(n_tokens) - math.log2(u0)) / (math.log2(u1) - math.log2(u0))
+            return s0 + (s1 - s0) * x
+    return table[-1][1]
+
 
 #: The tensor type most of a file type's weights have (llama-quantize's default type per file
 #: type, src/llama-quant.cpp ``llama_ftype_get_default_type``); used only without a tensor table.
@@ -90,7 +112,9 @@ class WeightSummary:
     the output matrix and norm (the duplicated ``token_embd`` when tied), ``n_expert`` and
     ``n_expert_used`` (0 for dense), ``source``: ``"tensor table"`` or ``"profile estimate"``,
     ``expert_keys``: per layer the shape of its experts
-    (:func:`kvtuner.core.speed.expert_shapes.expert_key`, None without; empty for a profile estimate)."""
+    (:func:`kvtuner.core.speed.expert_shapes.expert_key`, None without; empty for a profile estimate);
+    ``routed``: a measured ``((tokens, share), ...)`` of the experts a ubatch uses
+    (:data:`GPT_OSS_ROUTED_SHARE`), empty for uniform routing."""
 
     layers: tuple[tuple[TypedWeights, ...], ...]
     output: tuple[TypedWeights, ...]
@@ -98,6 +122,7 @@ class WeightSummary:
     n_expert_used: int = 0
     source: str = "tensor table"
     expert_keys: tuple[str | None, ...] = ()
+    routed: tuple[tuple[int, float], ...] = ()
 
     def expert_key(self, il: int) -> str | None:
         """The expert shape of layer ``il`` (None: no experts, or not known)."""
@@ -112,16 +137,14 @@ class WeightSummary:
         return out
 
     def expert_share(self, n_tokens: int = 1) -> float:
-        """Share of the expert weights a batch of ``n_tokens`` reads (1 for dense models): with
-        ``p = k / n`` (``n_expert_used / n_expert``) and the routed pool ``f``
-        (:data:`ROUTED_POOL_SHARE`, at least ``p``; 1 below :data:`ROUTED_POOL_MIN_EXPERTS`
-        experts), ``f * (1 - (1 - p / f) ** n_tokens)``: ``p`` for one token, ``f`` for a long
-        ubatch."""
+        """Share of the expert weights a batch of ``n_tokens`` reads (1 for dense models): for
+        uniform routing ``1 - (1 - k / n) ** n_tokens`` (``k / n``: ``n_expert_used / n_expert``),
+        and where a measured share exists (``routed``) no more than it (:func:`routed_share`)."""
         if not self.n_expert or not self.n_expert_used:
             return 1.0
         p = min(1.0, self.n_expert_used / self.n_expert)
-        f = max(p, ROUTED_POOL_SHARE) if self.n_expert >= ROUTED_POOL_MIN_EXPERTS else 1.0
-        return f * (1.0 - (1.0 - p / f) ** max(1, n_tokens))
+        uniform = 1.0 - (1.0 - p) ** max(1, n_tokens)
+        return min(uniform, routed_share(self.routed, n_tokens)) if self.routed else uniform
 
     def active_fraction(self) -> float:
         """Share of one token's expert compute over the expert weights: ``n_expert_used / n_expert``."""
@@ -212,7 +235,14 @@ def weight_summary(model: ModelProfile) -> WeightSummary:
     about as long as reading the header once), or :func:`summary_from_profile` when the file
     cannot be read or does not match the profile. The MTP/NextN blocks llama.cpp's loader skips
     (``structure.skipped_layer_bytes``, as the profile's ``layer_bytes`` leaves them out) are
-    empty layers of the summary."""
+    empty layers of the summary. For gpt-oss, ``routed`` is :data:`GPT_OSS_ROUTED_SHARE`."""
+    s = _table_summary(model)
+    if model.architecture in ROUTED_SHARE_ARCHITECTURES and s.n_expert:
+        s = dataclasses.replace(s, routed=GPT_OSS_ROUTED_SHARE)
+    return s
+
+
+def _table_summary(model: ModelProfile) -> WeightSummary:
     try:
         s = _summary_cached(
             tuple(str(p) for p in (model.parts or (model.path,))),
