@@ -5,7 +5,8 @@ route to (ggml-backend.cpp ``ggml_backend_sched_compute_splits``). ``benchmarks/
 holds llama.cpp PR #15346's own speed table, the same run copying every expert and copying the
 used ones: per ubatch size, time(used) / time(all) = (s * copy + compute) / (copy + compute) is
 an upper bound on the share ``s`` of experts the ubatch used. This script prints those ratios
-(rounded to two places: the table kvtuner uses), the share uniform routing would give, and the
+(rounded to two places), the share uniform routing would give, the table kvtuner uses (each
+ratio lowered to the least of the later ones: a bound at more tokens holds at fewer), and the
 partly readable per-layer dump of the same PR for comparison. Fitting data only: none of it is
 an offload validation row.
 
@@ -25,8 +26,10 @@ ROWS = Path(__file__).with_name("routing_public_rows.json")
 
 
 def shares(doc: dict) -> tuple[tuple[int, float], ...]:
-    """``((ubatch tokens, time(used) / time(all) rounded to 0.01), ...)`` of the rows, by ubatch."""
-    return tuple(sorted((r["n_ubatch"], round(r["tps_copy_all"] / r["tps_copy_used"], 2)) for r in doc["ratio_rows"]))
+    """``((ubatch tokens, share), ...)`` by ubatch: each row's time(used) / time(all) rounded to
+    0.01, lowered to the least of the later rows' (a bound at more tokens holds at fewer)."""
+    ratios = sorted((r["n_ubatch"], round(r["tps_copy_all"] / r["tps_copy_used"], 2)) for r in doc["ratio_rows"])
+    return tuple((u, min(s for _, s in ratios[i:])) for i, (u, _) in enumerate(ratios))
 
 
 def main(argv: list[str] | None = None) -> int:

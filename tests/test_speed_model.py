@@ -597,7 +597,7 @@ def test_without_flash_attention_a_host_kv_is_attended_on_the_cpu(tmp_path):
     """``-nkvo`` with flash attention off: llama.cpp pins the attention to the CPU
     (llama-graph.cpp build_attn_mha), so a prefill copies no KV to the GPU and the attention's
     FLOPs are the host's; with flash attention on, op offload copies the host KV once per ubatch,
-    the cells each ubatch's attention reads (growing ubatch by ubatch)."""
+    the cache view each ubatch's attention takes (growing ubatch by ubatch)."""
     from kvtuner.core.plan.buffers import HOST
     from kvtuner.core.speed.speed_model import prefill_workload
 
@@ -613,10 +613,19 @@ def test_without_flash_attention_a_host_kv_is_attended_on_the_cpu(tmp_path):
 
     plan, on, dev_on = work("on")
     per_cell = sum(lk.kv_bytes / lk.cells for lk in plan.kv_layers)
-    assert on.pcie_bytes - on.weight_copy_bytes > per_cell * (512 + 1024 + 1536 + 2048) * 0.99
+    # the n_kv view of each ubatch (512, 1024, 1536, 2048 cells), not the final 2048 four times,
+    # and the input embeddings; all of the KV copy from pageable memory
+    assert on.pcie_bytes == pytest.approx(per_cell * (512 + 1024 + 1536 + 2048) + 4.0 * 256 * 2048, rel=1e-12)
+    assert on.pageable_bytes == pytest.approx(per_cell * (512 + 1024 + 1536 + 2048), rel=1e-12)
     assert dev_on.get(HOST, 0.0) == 0 and dev_on["CUDA0"] > 0
     _, off, dev_off = work("off")
     # no KV crosses: per layer and token Q, K, V (4 x 64-dim heads, f32) down and the result up,
     # and the input embeddings
     assert off.pcie_bytes == 8 * 4.0 * (4 * 64 + 2 * 4 * 64 + 4 * 64) * 2048 + 4.0 * 256 * 2048
     assert dev_off[HOST] > 0 and dev_off.get("CUDA0", 0.0) == 0
+    # a 16-token prompt is not offloaded: with flash attention on too, the host KV's attention runs
+    # on the CPU and only the activations cross, two crossings per layer, and the input embeddings
+    # go up once
+    short = prefill_workload(plan, 16, 0)
+    assert short.pcie_bytes == 8 * 4.0 * (4 * 64 + 2 * 4 * 64 + 4 * 64) * 16 + 4.0 * 256 * 16
+    assert short.n_crossings == 2 * 8 + 1

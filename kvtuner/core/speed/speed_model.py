@@ -999,7 +999,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
-            pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv)
+            pcie += 4.0 * (m.n_head[lk.il] * hk + m.n_head_kv[lk.il] * (hk + hv) + m.n_head[lk.il] * hv)
     seq = [HOST] + wdev[:n_run] + [out_dev]  # input embedding (host) -> layers -> output
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
@@ -1076,6 +1076,7 @@ def _prefill_attention(
     cells, on the device it runs on); ``gpu0``: the GPU op offload moves host attention to (None:
     no op offload). Returns ``(pcie bytes, of them pageable, crossings)``."""
     m = plan.model
+    wdev, _ = _devices_of(plan)
     n_ub = max(1, plan.n_ubatch)
     n_calls = math.ceil(n_prompt / n_ub)
     pcie = pageable = crossings = 0.0
@@ -1086,11 +1087,11 @@ def _prefill_attention(
         window = min(_window(plan, lk.swa), lk.cells)
         heads, dims = _attn_dims(plan, lk.il)
         cells = 0.0
-        kv_cells = 0.0  # cells of the cache each ubatch's attention reads, summed over the ubatches
+        kv_cells = 0.0  # cells of the cache view each ubatch's attention takes (n_kv), summed over the ubatches
         for c in range(n_calls):
             a = depth + c * n_ub
             b = min(depth + n_prompt, a + n_ub)
-            kv_cells += min(b, window)
+            kv_cells += min(pad_ctx(b), lk.cells)
             if plan.flash_attn:  # causal: token p reads min(p + 1, window) cells
                 cells += _sum_min_range(a + 1, b, window)
             else:  # the whole padded n_kv for every token of the ubatch
@@ -1107,10 +1108,10 @@ def _prefill_attention(
             pcie += kv_read  # host KV copied to the GPU for every ubatch
             if staged:
                 pageable += kv_read
-        elif pinned and gpu0 is not None:  # Q, K, V down to the host, the result back
+        elif run_on != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V there, the result back
             hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
             crossings += 2 * n_calls
-            pcie += 4.0 * (m.n_head[lk.il] * hk + 2 * m.n_head_kv[lk.il] * hk + m.n_head[lk.il] * hv) * n_prompt
+            pcie += 4.0 * (m.n_head[lk.il] * hk + m.n_head_kv[lk.il] * (hk + hv) + m.n_head[lk.il] * hv) * n_prompt
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
         acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)

@@ -39,17 +39,19 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 #: Measured share of a layer's experts a ubatch of gpt-oss uses, by ubatch tokens:
 #: ``((tokens, share), ...)``. In llama.cpp PR #15346 (the change that copies only the used experts,
 #: ggml-backend.cpp ``ggml_backend_sched_compute_splits``) gpt-oss-20b with every expert on the CPU
-#: took these shares of the time of copying all of them (llama-bench pp2048, random tokens), where
-#: uniform routing of 32 experts, 4 per token, uses all of them from about 40 tokens on. Each is an
-#: upper bound of the share (the ratio counts the GPU's compute too); ``benchmarks/routing_fit.py``
-#: prints them from ``benchmarks/routing_public_rows.json``. Other architectures route uniformly
+#: took 0.61, 0.68, 0.73, 0.86 and 0.78 of the time of copying all of them at ubatches of 128 to
+#: 2048 tokens (llama-bench pp2048, random tokens), where uniform routing of 32 experts, 4 per
+#: token, uses all of them from about 40 tokens on. Each ratio is an upper bound of the share (it
+#: counts the GPU's compute too), and a bound at more tokens holds at fewer (fewer tokens use no
+#: more experts), so each entry is the least of its own and the later ratios: 1024 takes 2048's
+#: 0.78. ``benchmarks/routing_fit.py`` prints them from ``benchmarks/routing_public_rows.json``. Other architectures route uniformly
 #: here: ik_llama.cpp's author, who built the same copy, found "for many models ... basically all
 #: experts are active" at batches that offload, gpt-oss being the exception (ik_llama.cpp PR #698).
 GPT_OSS_ROUTED_SHARE: tuple[tuple[int, float], ...] = (
     (128, 0.61),
     (256, 0.68),
     (512, 0.73),
-    (1024, 0.86),
+    (1024, 0.78),
     (2048, 0.78),
 )
 #: Architectures :data:`GPT_OSS_ROUTED_SHARE` was measured on (the GGUF ``general.architecture``).
