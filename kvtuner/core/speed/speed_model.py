@@ -58,10 +58,11 @@ With a GPU, an op of 32 or more rows runs on the GPU whatever device its weights
 in such a prefill, host-resident weights and KV cross PCIe once per ubatch and their FLOPs run
 at the GPU's rates. The copies run at ``pcie_bw * pcie_efficiency`` from pinned memory and at
 :attr:`SpeedConstants.pageable_h2d_share` of that from pageable memory (a memory-mapped model's
-host weights, a KV cache in RAM) on a backend that stages such copies (:func:`stages_pageable_copies`);
-of an expert tensor only the experts the ubatch uses cross (:meth:`.weights.WeightSummary.expert_share`).
-With ``-nkvo`` and flash attention off llama.cpp keeps the attention on the CPU instead
-(llama-graph.cpp ``build_attn_mha``): the host KV does not cross, the activations do. A one-token decode runs each op where its weights or KV live: a layer whose
+host weights, a KV cache in RAM) on a backend that stages such copies
+(:func:`stages_pageable_copies`); of an expert tensor only the experts the ubatch uses cross
+(:meth:`.weights.WeightSummary.expert_share`). With ``-nkvo`` and flash attention off llama.cpp
+keeps the attention on the CPU instead (llama-graph.cpp ``build_attn_mha``): the host KV does not
+cross, the activations do. A one-token decode runs each op where its weights or KV live: a layer whose
 KV stays on the host (``-nkvo``, ``kv_gpu_layers``) computes its attention on the CPU, and the
 activations cross PCIe twice per such layer (Q/K/V down, the result up); each change of device
 along the layer sequence is one more crossing of ``n_embd * 4`` bytes.
@@ -92,6 +93,7 @@ from typing import Any
 from ..hardware.gpu_catalogue import GPU_CATALOGUE, GpuModel, match_nvml_name, pcie_bandwidth_bytes_s
 from ..hardware.host import physical_cores
 from ..hardware.specs import GpuSpec, HostSpec
+from ..model.profile import ModelProfile
 from ..plan.buffers import HOST
 from ..plan.llama_constants import OFFLOAD_MIN_BATCH, pad_ctx
 from ..plan.memory_plan import MemoryPlan
@@ -940,6 +942,13 @@ def _layer_weights(
     ]
 
 
+def _attn_crossing_bytes(m: ModelProfile, il: int) -> float:
+    """Bytes per token that cross between devices when layer ``il``'s attention runs away from its
+    weights: Q, K and V (f32) to the attention's device and its result back."""
+    hk, hv = m.head_dim_k_at(il), m.head_dim_v_at(il)
+    return 4.0 * (m.n_head[il] * hk + m.n_head_kv[il] * (hk + hv) + m.n_head[il] * hv)
+
+
 @dataclass(frozen=True)
 class _DecodeParts:
     """Depth-independent part of a decode workload and, per KV layer, (device, bytes per cell,
@@ -998,8 +1007,7 @@ def _decode_parts(plan: MemoryPlan) -> _DecodeParts:
         )
         if lk.device != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V out, result back
             crossings += 2
-            hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
-            pcie += 4.0 * (m.n_head[lk.il] * hk + m.n_head_kv[lk.il] * (hk + hv) + m.n_head[lk.il] * hv)
+            pcie += _attn_crossing_bytes(m, lk.il)
     seq = [HOST] + wdev[:n_run] + [out_dev]  # input embedding (host) -> layers -> output
     net: dict[str, list[float]] = {}
     for a_dev, b_dev in zip(seq, seq[1:]):
@@ -1091,11 +1099,12 @@ def _prefill_attention(
         for c in range(n_calls):
             a = depth + c * n_ub
             b = min(depth + n_prompt, a + n_ub)
-            kv_cells += min(pad_ctx(b), lk.cells)
+            n_kv = min(pad_ctx(b), lk.cells)
+            kv_cells += n_kv
             if plan.flash_attn:  # causal: token p reads min(p + 1, window) cells
                 cells += _sum_min_range(a + 1, b, window)
             else:  # the whole padded n_kv for every token of the ubatch
-                cells += (b - a) * min(pad_ctx(b), lk.cells)
+                cells += (b - a) * n_kv
         per_cell = lk.kv_bytes / (lk.cells * n_stream) if lk.cells else 0.0
         kv_read = per_cell * kv_cells
         # without offload_kqv (-nkvo) and without flash attention llama.cpp pins a layer's
@@ -1109,9 +1118,8 @@ def _prefill_attention(
             if staged:
                 pageable += kv_read
         elif run_on != wdev[lk.il]:  # attention away from the layer's weights: Q, K, V there, the result back
-            hk, hv = m.head_dim_k_at(lk.il), m.head_dim_v_at(lk.il)
             crossings += 2 * n_calls
-            pcie += 4.0 * (m.n_head[lk.il] * hk + m.n_head_kv[lk.il] * (hk + hv) + m.n_head[lk.il] * hv) * n_prompt
+            pcie += _attn_crossing_bytes(m, lk.il) * n_prompt
         acc.kv[run_on] += kv_read
         acc.af[run_on] += 2.0 * heads * dims * cells
         acc.cells(run_on, layer_attn_key(m, lk.il, *kv_pair), heads * cells)

@@ -44,9 +44,10 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 #: token, uses all of them from about 40 tokens on. Each ratio is an upper bound of the share (it
 #: counts the GPU's compute too), and a bound at more tokens holds at fewer (fewer tokens use no
 #: more experts), so each entry is the least of its own and the later ratios: 1024 takes 2048's
-#: 0.78. ``benchmarks/routing_fit.py`` prints them from ``benchmarks/routing_public_rows.json``. Other architectures route uniformly
-#: here: ik_llama.cpp's author, who built the same copy, found "for many models ... basically all
-#: experts are active" at batches that offload, gpt-oss being the exception (ik_llama.cpp PR #698).
+#: 0.78. ``benchmarks/routing_fit.py`` prints them from ``benchmarks/routing_public_rows.json``.
+#: Other architectures route uniformly here: ik_llama.cpp's author, who built the same copy, found
+#: "for many models ... basically all experts are active" at batches that offload, gpt-oss being
+#: the exception (ik_llama.cpp PR #698).
 GPT_OSS_ROUTED_SHARE: tuple[tuple[int, float], ...] = (
     (128, 0.61),
     (256, 0.68),
