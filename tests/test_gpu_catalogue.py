@@ -142,6 +142,23 @@ def test_catalogue_gpu_is_a_what_if_card_with_its_figures():
     assert r.int8_op_s == GPU_CATALOGUE["RTX 4090"].int8_op_s and "bandwidth of the RTX 4090" in r.source
 
 
+def test_catalogue_cards_are_planned_under_their_vendors_backend(tmp_path):
+    """An AMD card of the catalogue is a ROCm device and an Intel one a SYCL device, as when sysfs
+    finds them; the plan and its fit verdict name the device as that backend's log does."""
+    from kvtuner.core.model.profile import ModelProfile
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.plan.verdict import fit_verdict
+    from kvtuner.testing.gguf_factory import ModelSpec, write_model
+
+    assert [catalogue_gpu(n).backend for n in ("RTX 3090", "RX 7900 XTX", "Arc B580")] == ["CUDA", "ROCm", "SYCL"]
+    assert catalogue_gpu("M2 Max").backend == "Metal"
+    model = ModelProfile.from_gguf(write_model(tmp_path / "m.gguf", ModelSpec()))
+    plan = plan_memory(model, PlanConfig(n_ctx=1024), [catalogue_gpu("RX 7900 XTX")])
+    assert (plan.gpus[0].device, plan.gpus[0].backend_device) == ("CUDA0", "ROCm0")
+    assert fit_verdict(plan).why.startswith("Fits: ROCm0 needs ")
+
+
 def test_nvml_bandwidth_and_catalogue_entry():
     """Stand-in NVML: an RTX 3060 reporting 7501 MHz memory clock and a 192-bit bus is
     7501e6 x 2 x 192 / 8 = 360 GB/s; its name picks the catalogue entry; a card NVML cannot tell

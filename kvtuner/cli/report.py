@@ -122,7 +122,7 @@ def plan_text(assessment: Assessment) -> str:
         left = d.headroom_bytes
         rows.append(
             [
-                d.device if d.kind != "host" else "host",
+                d.backend_device if d.kind != "host" else "host",
                 fmt_bytes(d.weights_bytes) + (" (mmap)" if d.weights_mapped and d.weights_bytes else ""),
                 fmt_bytes(d.kv_bytes),
                 fmt_bytes(d.compute_bytes),
@@ -148,7 +148,7 @@ def plan_text(assessment: Assessment) -> str:
         )
     if plan.model.n_expert and any(d.expert_bytes for d in plan.devices):
         where = ", ".join(
-            f"{'host' if d.kind == 'host' else d.device} {fmt_bytes(d.expert_bytes)} ({d.expert_layers} layers)"
+            f"{'host' if d.kind == 'host' else d.backend_device} {fmt_bytes(d.expert_bytes)} ({d.expert_layers} layers)"
             for d in plan.devices
             if d.expert_bytes
         )
@@ -443,7 +443,9 @@ def extras_text(plan: object, xp: object) -> list[str]:
             "" if cap is None else (" fits" if total <= cap else f" DOES NOT FIT (over by {fmt_bytes(total - cap)})")
         )
         lines.append(
-            f"  {d.device} with them: {fmt_bytes(total)}" + ("" if cap is None else f" of {fmt_bytes(cap)}") + verdict
+            f"  {d.backend_device} with them: {fmt_bytes(total)}"
+            + ("" if cap is None else f" of {fmt_bytes(cap)}")
+            + verdict
         )
     lines += [f"  note: {n}" for n in xp.notes]
     return lines

@@ -355,7 +355,7 @@ def _where(c: Candidate) -> str:
     parts = []
     for d in p.devices:
         cap = f" of {fmt_bytes(d.capacity_bytes)}" if d.capacity_bytes else ""
-        parts.append(f"{d.device} {fmt_bytes(d.total_bytes)}{cap}")
+        parts.append(f"{d.backend_device} {fmt_bytes(d.total_bytes)}{cap}")
     return ", ".join(parts)
 
 

@@ -559,7 +559,7 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
         lim = c.vram_limit(d)
         fix = _tuned_or(c, c.fits, gpu=True)
         parts = (
-            f"{d.device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
+            f"{d.backend_device} needs {fmt_bytes(d.total_bytes)} (weights {fmt_bytes(d.weights_bytes)}, KV "
             f"{fmt_bytes(d.kv_bytes)}, compute {fmt_bytes(d.compute_bytes)})"
         )
         note = _moe_note(c, fix)
@@ -674,7 +674,7 @@ def _frag_risk(c: _Ctx, d: Any) -> str | None:
     floor = max(c.s.frag_min_fraction * d.capacity_bytes, c.s.frag_min_bytes)
     if 0 <= headroom < floor:
         return (
-            f"{d.device} keeps only {fmt_bytes(headroom)} free after every buffer, under "
+            f"{d.backend_device} keeps only {fmt_bytes(headroom)} free after every buffer, under "
             f"max({c.s.frag_min_fraction:.0%} of {fmt_bytes(d.capacity_bytes)}, {fmt_bytes(c.s.frag_min_bytes)}) = {fmt_bytes(floor)}"
         )
     free_then = d.capacity_bytes - (d.overhead_bytes + d.weights_bytes + d.kv_bytes)
@@ -685,7 +685,7 @@ def _frag_risk(c: _Ctx, d: Any) -> str | None:
         and headroom >= 0
     ):
         return (
-            f"the {fmt_bytes(d.compute_bytes)} compute buffer of {d.device}, allocated last, needs "
+            f"the {fmt_bytes(d.compute_bytes)} compute buffer of {d.backend_device}, allocated last, needs "
             f"{d.compute_bytes / free_then:.0%} of the {fmt_bytes(free_then)} left after weights and KV"
         )
     return None
@@ -1157,7 +1157,7 @@ def _rule_other_processes(c: _Ctx) -> list[Advice]:
             _adv(
                 "other-processes-hold-vram",
                 sev,
-                f"{fmt_bytes(held)} of {d.device} is already in use by other processes; the plan needs "
+                f"{fmt_bytes(held)} of {d.backend_device} is already in use by other processes; the plan needs "
                 f"{fmt_bytes(d.total_bytes)} of the {fmt_bytes(d.free_bytes)} free.",
                 reason + "; NVML free memory",
                 {},
@@ -1310,7 +1310,7 @@ def _rule_extras(c: _Ctx) -> list[Advice]:
 
     options: list[str] = []
     cfg = xp.config
-    devs = ", ".join(d.device for d in bad)
+    devs = ", ".join(d.backend_device for d in bad)
     if cfg.mmproj and cfg.mmproj_offload and any(d.kind != "host" for d in bad):
         t = trial(_replace(cfg, mmproj_offload=False))
         if t is not None:

@@ -35,9 +35,9 @@ class GpuSpec:
         link_bytes_s: network throughput to that server, bytes/s (RPC devices; None: the speed
             model's default link).
         link_rtt_s: network round trip to that server, s (measured by kvtuner's RPC query, or None).
-        backend: the ggml backend that drives it: ``"CUDA"`` (NVML-detected cards and what-if
+        backend: the ggml backend that drives it: ``"CUDA"`` (NVML-detected cards, generic what-if
             cards), ``"ROCm"``, ``"Vulkan"``, ``"Metal"``, ``"SYCL"`` (from sysfs, an engine's
-            ``--list-devices`` or a catalogue chip). Backend rules (:mod:`kvtuner.core.plan.backend_rules`)
+            ``--list-devices`` or a catalogue card's vendor). Backend rules (:mod:`kvtuner.core.advice.backends`)
             key on it; the plan's device names stay ``CUDA<i>``-style indices.
         unified: the GPU shares one memory pool with the CPU (Apple M-series, AMD APUs):
             ``total_bytes`` is the part the GPU may use, taken from the same RAM as the host's.
@@ -163,9 +163,16 @@ def what_if_gpu(total_bytes: int, index: int = 0) -> GpuSpec:
     return GpuSpec(name=f"what-if {total_bytes / GiB:g} GiB GPU", total_bytes=total_bytes, index=index, what_if=True)
 
 
+#: The ggml backend a discrete card of each vendor is planned under (llama.cpp's build for it:
+#: ggml-cuda, ggml-cuda compiled by HIP, ggml-sycl).
+DISCRETE_BACKEND_BY_VENDOR: dict[str, str] = {"NVIDIA": "CUDA", "AMD": "ROCm", "Intel": "SYCL"}
+
+
 def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
     """A what-if GPU that is a named card of :mod:`kvtuner.core.hardware.gpu_catalogue`
-    (``--gpu "RTX 3090"``): its memory, bandwidth and PCIe link from the catalogue.
+    (``--gpu "RTX 3090"``): its memory, bandwidth and PCIe link from the catalogue, driven by the
+    backend llama.cpp builds for its vendor: CUDA on NVIDIA, ROCm (HIP) on AMD, SYCL on Intel, as
+    for a card found in sysfs (:func:`kvtuner.core.hardware.vendors.sysfs_gpu_specs`).
 
     Raises:
         UnknownGpuError: the catalogue does not know ``name`` (the message lists what it knows).
@@ -183,6 +190,7 @@ def catalogue_gpu(name: str, index: int = 0) -> GpuSpec:
         pcie_bandwidth_bytes_s=g.pcie_bandwidth_bytes_s,
         what_if=True,
         catalogue=g.name,
+        backend=DISCRETE_BACKEND_BY_VENDOR.get(g.vendor, "CUDA"),
     )
 
 

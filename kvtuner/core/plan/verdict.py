@@ -198,7 +198,7 @@ class FitVerdict:
 
 def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
     cap, need = d.capacity_bytes, d.total_bytes
-    label = d.device
+    label = getattr(d, "backend_device", d.device)
     if cap is None:
         return DeviceVerdict(d.device, d.kind, d.name, None, need, None, None, f"{label}: capacity unknown")
     limit = cap - m.vram_margin_bytes

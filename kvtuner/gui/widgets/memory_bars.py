@@ -61,7 +61,7 @@ def row_from_device(device: object, verified: frozenset[str] = frozenset(), extr
     (:class:`~kvtuner.core.plan.extras.ExtrasPlan`, or None) adds the projector, draft and LoRA
     bytes on this device as their own segments, counted in the total and the free space."""
     d = device
-    name = "RAM (host)" if d.kind == "host" else f"{d.device} {d.name}"
+    name = "RAM (host)" if d.kind == "host" else f"{d.backend_device} {d.name}"
     experts = getattr(d, "expert_bytes", 0)
     parts = {
         p: (extras.part_bytes(p, device=d.device) if extras is not None else 0) for p in ("mmproj", "draft", "lora")
