@@ -122,6 +122,7 @@ CPU_RATED_MEMORY = (
     (r"Ryzen \d 9\d\d\d", "DDR5-5600", 2),
     (r"Ryzen \d 7\d\d\d", "DDR5-5200", 2),
     (r"Ryzen \d 5\d\d\d", "DDR4-3200", 2),
+    (r"i\d-10\d\d\dH", "DDR4-2933", 2),
     (r"i\d-9\d\d\d", "DDR4-2666", 2),
     (r"i\d-8\d\d\d", "DDR4-2666", 2),
     (r"i\d-1[23]\d\d\d", "DDR5-4800", 2),
@@ -174,6 +175,14 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (r"qwen3\.[56]-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B", F.qwen35moe),
         # a fine-tune of Qwen3.5/3.6-35B-A3B (the row's family: qwen35moe), same shape
         (r"ornith-1\.5-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
+        (r"qwen3\.6-35b-a3b-uncensored-hauhaucs-aggressive", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
+        # its page: "qwen35moe architecture", "40 layers, 256 experts, 8 active per token (plus
+        # always-on shared expert)", "Gated DeltaNet + attention hybrid": the 35B-A3B shape
+        (
+            r"kwaipilot-kat-coder-v2\.5-dev",
+            "the row's page (qwen35moe, 40 layers, 256 experts, 8 active) = " + hf + "Qwen/Qwen3.6-35B-A3B",
+            F.qwen35moe,
+        ),
         (
             r"glm-4\.5-air",
             hf + "zai-org/GLM-4.5-Air",
@@ -580,7 +589,7 @@ def gpu_of(row: dict):
                 pass
         else:
             raise ValueError(f"{row['gpu']} is not in kvtuner's GPU catalogue") from exc
-    # the backend the row ran (a catalogue card is planned as CUDA): ROCm and Vulkan rows as such
+    # the backend the row ran (a catalogue card is planned under its vendor's): ROCm and Vulkan rows as such
     backend = next((b for b in ("ROCm", "Vulkan") if (row.get("backend") or "").startswith(b)), None)
     return dataclasses.replace(gpu, backend=backend) if backend else gpu
 
