@@ -575,8 +575,8 @@ def test_op_offload_copies_from_a_memory_mapped_model_at_the_pageable_share(gpt_
 
 
 def test_a_gpu_without_staged_copies_pays_no_pageable_share(gpt_oss):  # noqa: F811
-    """Only a backend whose driver stages pageable copies (CUDA, ROCm) pays the pageable share:
-    the same plan on a Vulkan card copies the same bytes, none of them priced as pageable."""
+    """Only a backend that stages pageable copies (CUDA, ROCm, Vulkan) pays the pageable share:
+    the same plan with a Metal device copies the same bytes, none of them priced as pageable."""
     from dataclasses import replace as dc_replace
 
     from kvtuner.core.hardware.specs import catalogue_gpu
@@ -585,12 +585,12 @@ def test_a_gpu_without_staged_copies_pays_no_pageable_share(gpt_oss):  # noqa: F
     model = ModelProfile.from_gguf(gpt_oss)
     host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=45e9)
     cuda = catalogue_gpu("RTX 3060 12GB")
-    vulkan = dc_replace(cuda, backend="Vulkan")
-    assert stages_pageable_copies(cuda.backend) and not stages_pageable_copies("Vulkan")
+    metal = dc_replace(cuda, backend="Metal")
+    assert [stages_pageable_copies(b) for b in ("CUDA", "ROCm", "Vulkan", "Metal")] == [True, True, True, False]
     wc = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [cuda], host), 512, 0)
-    wv = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [vulkan], host), 512, 0)
-    assert wc.weight_copy_bytes == wv.weight_copy_bytes > 0
-    assert wc.pageable_bytes == wc.weight_copy_bytes and wv.pageable_bytes == 0
+    wm = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [metal], host), 512, 0)
+    assert wc.weight_copy_bytes == wm.weight_copy_bytes > 0
+    assert wc.pageable_bytes == wc.weight_copy_bytes and wm.pageable_bytes == 0
 
 
 def test_without_flash_attention_a_host_kv_is_attended_on_the_cpu(tmp_path):

@@ -1232,7 +1232,8 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     offload, ``OFFLOAD_MIN_BATCH`` tokens and more), and with mmap those weights sit in pageable
     memory: llama.cpp keeps memory-mapped host weights in a plain CPU buffer, not the GPU's pinned
     host buffer (src/llama-model-loader.cpp "avoid using a host buffer when using mmap"), so each
-    copy goes through the CUDA driver's staging buffer. kvtuner's prefill prices such copies at
+    copy goes through a staging buffer (the CUDA driver's, or ggml-vulkan's own memcpy and wait:
+    :data:`~kvtuner.core.speed.speed_model.STAGED_COPY_BACKENDS`). kvtuner's prefill prices such copies at
     :attr:`SpeedConstants.pageable_h2d_share` of the pinned rate; ``-lm none`` (``--no-mmap``)
     loads the weights into pinned memory, copied at the full rate."""
     from ..plan.llama_constants import OFFLOAD_MIN_BATCH
@@ -1241,7 +1242,7 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     p = c.plan
     gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
     u = min(p.n_ubatch, p.n_ctx_seq)
-    # the backends whose copies from pageable memory the driver stages (the speed model's rule)
+    # the backends that stage copies from pageable memory (the speed model's rule)
     if not p.config.use_mmap or gpu is None or not stages_pageable_copies(gpu.backend) or u < OFFLOAD_MIN_BATCH:
         return []
     try:
@@ -1257,7 +1258,7 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
             "info",
             f"Each prompt ubatch of {u} tokens copies {fmt_bytes(copied)} of the weights kept in RAM to "
             f"{gpu.backend_device}; memory-mapped (the default) they sit in pageable memory, and the copy goes "
-            "through the driver's staging buffer at about "
+            "through a staging buffer at about "
             f"{SpeedConstants().pageable_h2d_share:.0%} of the pinned rate (the prefill figure counts this). "
             "Without mmap (-lm none, --no-mmap) they are loaded into pinned memory and copied at the full "
             "rate; the load takes longer.",

@@ -66,7 +66,7 @@ from .speed_model import (
 #: The stored runs' form: a change that makes stored runs' workloads or rates differ from what
 #: predictions now use raises it, and a file of another version keeps its CPU probes but drops
 #: its runs (:meth:`CalibrationStore._load`).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 FILE_NAME = "calibration.json"
 #: Runs kept per machine (oldest dropped first).
 MAX_RUNS_PER_MACHINE = 500

@@ -1063,12 +1063,15 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
     return _assemble_decode(plan, _decode_parts(plan), depth)
 
 
-#: GPU backends whose host-to-device copies from pageable memory the driver stages through a
-#: pinned buffer of its own: ggml-cuda (CUDA, and ROCm/HIP built from the same source) copies with
-#: ``cudaMemcpyAsync`` (ggml-cuda.cu ``ggml_backend_cuda_set_tensor_async``); ``""`` is a card
-#: planned without a named backend (the catalogue's NVIDIA cards). Metal shares the host's memory
-#: and Vulkan's own staging is not measured here: their copies are priced at the link's rate.
-STAGED_COPY_BACKENDS = ("", "CUDA", "ROCm")
+#: GPU backends whose host-to-device copies from pageable memory go through a pinned staging
+#: buffer: ggml-cuda (CUDA, and ROCm/HIP built from the same source) copies with
+#: ``cudaMemcpyAsync``, which the driver stages (ggml-cuda.cu ``ggml_backend_cuda_set_tensor_async``);
+#: ggml-vulkan copies a source outside its pinned host buffers by a CPU memcpy into its staging
+#: buffer, a buffer copy and a wait (ggml-vulkan.cpp ``ggml_backend_vk_set_tensor_2d_async``, when
+#: ``ggml_vk_buffer_write_2d_async`` finds no pinned source), a path no faster than the driver's
+#: pipelined one, so priced at the same measured share. ``""`` is a card planned without a named
+#: backend (the catalogue's NVIDIA cards). Metal shares the host's memory: no copy is staged.
+STAGED_COPY_BACKENDS = ("", "CUDA", "ROCm", "Vulkan")
 
 
 def stages_pageable_copies(backend: str) -> bool:
