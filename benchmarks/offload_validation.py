@@ -79,7 +79,9 @@ SETS = ("fit", "validate", "reference")
 #: decode workload is where the weight summary's MTP/NextN fallback was found
 #: (kvtuner/core/speed/weights.py); the experts-on-CPU prefill rows of hardware-corner,
 #: tanhaien-3060-5800x, castlen3-3060-e5-2666v3 and ik2199-a1000 were broken down (copy against
-#: compute time) while the pageable copy rate and gpt-oss's measured expert share were added.
+#: compute time) while the pageable copy rate and gpt-oss's measured expert share were added;
+#: pl-rtx3060-r5-5600-qwen36's Vulkan prefill rows, 76-104 % high, and kat-coder-rx9070xt-i9-14900k's
+#: page (its mmap remark) are why ggml-vulkan's staging of pageable copies was read and priced.
 CONSULTED_SOURCES = frozenset(
     {
         "kratos-7800xt",
@@ -93,6 +95,8 @@ CONSULTED_SOURCES = frozenset(
         "tanhaien-3060-5800x",
         "castlen3-3060-e5-2666v3",
         "ik2199-a1000",
+        "pl-rtx3060-r5-5600-qwen36",
+        "kat-coder-rx9070xt-i9-14900k",
     }
 )
 #: The issue's bar on validation rows: median |error| per regime with at least 5 rows.
@@ -254,6 +258,11 @@ def _shapes() -> list[tuple[str, str, Callable]]:
             hf + "Qwen/Qwen3-32B",
             lambda: F.qwen3(n_layer=64, E=5120, n_head=64, n_head_kv=8, n_ff=25600, name="Qwen3-32B shape"),
         ),
+        (
+            r"gemma-4-26b-a4b(-uncensored)?",
+            "kvtuner/testing/gguf_families.gemma4_moe (google/gemma-4-26b-a4b)",
+            F.gemma4_moe,
+        ),
         (r"gemma-3-12b", hf + "google/gemma-3-12b-it", lambda: gf.GEMMA3_12B),
         (
             r"gemma-3-27b",
@@ -292,7 +301,6 @@ def _shapes() -> list[tuple[str, str, Callable]]:
 
 #: Models whose fixtures this script cannot write, and why (pattern on the normalised name).
 UNWRITABLE = (
-    (r"gemma-4-26b-a4b", "tests/gguf_families.gemma4 has no MoE layer (Gemma 4 26B-A4B's experts)"),
     (r"gemma-4-12b", "Gemma 4 12B's shape is not in the fixtures (gguf_families.gemma4 is E4B's) nor on the row"),
     (r"qwen3\.8-27b", "Qwen3.8-27B's shape (layers, hybrid layout) is not published on the row or in the fixtures"),
     (r"qwythos-9b", "a 9B qwen35 fine-tune whose shape (layers, widths) is not stated"),
