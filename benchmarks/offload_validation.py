@@ -260,7 +260,7 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         ),
         (
             r"gemma-4-26b-a4b(-uncensored)?",
-            "kvtuner/testing/gguf_families.gemma4_moe (google/gemma-4-26b-a4b)",
+            hf + "google/gemma-4-26b-a4b (gguf_families.gemma4_moe)",
             F.gemma4_moe,
         ),
         (r"gemma-3-12b", hf + "google/gemma-3-12b-it", lambda: gf.GEMMA3_12B),
@@ -351,13 +351,14 @@ def quantize(tensors: list, quant: str, n_layer: int, family: str, tied: bool) -
     """The F16 tensor table ``[(name, shape, type)]`` with the types llama-quantize gives for
     ``quant`` (src/llama-quant.cpp ``llama_tensor_get_type_impl``, main classes): the quant's base
     type for matrices; Q6_K for the output matrix (the token embedding when tied); in Q*_K_M,
-    Q6_K for ``attn_v`` and ``ffn_down`` in the ``use_more_bits`` layers; the legacy fallback
-    for rows that are not a multiple of a k-quant's 256 (``tensor_type_fallback``); gpt-oss's
+    Q6_K for ``attn_v`` and ``ffn_down`` in the ``use_more_bits`` layers; llama-quantize's
+    fallback for rows its block does not divide (``tensor_type_fallback``, as
+    :func:`kvtuner.testing.gguf_factory.fallback_type`); gpt-oss's
     experts stay MXFP4 in every release (the ggml-org and unsloth files). Unsloth's dynamic quants
     (UD-*_XL) are priced as their base k-quant."""
     import gguf
 
-    from kvtuner.testing.gguf_factory import _K_FALLBACK, _use_more_bits
+    from kvtuner.testing.gguf_factory import _use_more_bits, fallback_type
 
     Q = gguf.GGMLQuantizationType
     q = quant_name(quant)
@@ -412,11 +413,7 @@ def quantize(tensors: list, quant: str, n_layer: int, family: str, tied: bool) -
         elif more_bits and ".ffn_down" in name and "shexp" not in name:
             tt = Q.Q6_K if _use_more_bits(counters["ffn_down"] * n_layer // max(1, n_down), n_layer) else base
             counters["ffn_down"] += 1
-        block = gguf.GGML_QUANT_SIZES[tt][0]
-        while shape[0] % block:
-            tt = _K_FALLBACK.get(tt, Q.F16 if shape[0] % 32 else Q.Q8_0)
-            block = gguf.GGML_QUANT_SIZES[tt][0]
-        out.append((name, shape, tt))
+        out.append((name, shape, fallback_type(tt, shape[0])))
     return out
 
 

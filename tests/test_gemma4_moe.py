@@ -199,3 +199,26 @@ def test_small_variant_runs_in_llama_bench(tmp_path):
     assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [(32, 0), (0, 8)]
     assert all(r["model_n_params"] == n_params and r["model_type"].startswith("gemma4") for r in rows)
     assert all(r["avg_ts"] > 0 for r in rows)
+
+
+@pytest.mark.llama
+@needs_bin
+@pytest.mark.parametrize("ftype", ["IQ4_XS", "Q2_K", "Q4_K_M", "IQ3_XXS"])
+def test_fallback_types_are_llama_quantizes(tmp_path, ftype):
+    """The fixtures' fallback for rows a type's block does not divide (gguf_factory.fallback_type)
+    is llama-quantize's own: its dry run on Gemma 4 26B-A4B's widths (2112 and 704, neither a
+    multiple of 256) prints each fallback, and every one is what fallback_type gives."""
+    from kvtuner.testing.gguf_factory import fallback_type
+
+    path = write_model(tmp_path / "g4.gguf", F.gemma4_moe(n_layer=6, V=4096))
+    argv = [str(BIN.with_name("llama-quantize")), "--dry-run", str(path), str(tmp_path / "q.gguf"), ftype]
+    out = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = re.findall(
+        r"ncols\s+(\d+) not divisible by\s+\d+ \(required for type\s+(\w+)\) (?:\(WARNING[^)]*\) )?-> falling back to\s+(\w+)",
+        out.stdout + out.stderr,
+    )
+    assert seen, (out.stdout + out.stderr)[-3000:]
+    for n_cols, target, written in set(seen):
+        mine = gguf.GGMLQuantizationType(fallback_type(gguf.GGMLQuantizationType[target.upper()], int(n_cols)))
+        assert mine.name.lower() == written.lower(), (n_cols, target, written)

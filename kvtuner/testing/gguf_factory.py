@@ -603,7 +603,30 @@ REAL_SHAPES: dict[str, RealShape] = {
 }
 
 
-_K_FALLBACK = {GQT.Q4_K: GQT.Q5_0, GQT.Q5_K: GQT.Q5_1, GQT.Q6_K: GQT.Q8_0, GQT.Q3_K: GQT.Q4_0}
+#: llama-quantize's type for a tensor whose rows (``ne[0]``) are not a multiple of the target
+#: type's block (src/llama-quant.cpp ``tensor_type_fallback``): the 256-block i-quants take IQ4_NL,
+#: the low k-quants Q4_0, Q4_K Q5_0, Q5_K Q5_1, Q6_K Q8_0; a 32-block type keeps itself. Where the
+#: fallback's block does not divide the rows either, the tensor is F16 (:func:`fallback_type`).
+_K_FALLBACK = {
+    **dict.fromkeys(
+        (GQT.IQ1_S, GQT.IQ1_M, GQT.IQ2_XXS, GQT.IQ2_XS, GQT.IQ2_S, GQT.IQ3_XXS, GQT.IQ3_S, GQT.IQ4_XS), GQT.IQ4_NL
+    ),
+    **dict.fromkeys((GQT.Q2_K, GQT.Q3_K, GQT.TQ1_0, GQT.TQ2_0), GQT.Q4_0),
+    GQT.Q4_K: GQT.Q5_0,
+    GQT.Q5_K: GQT.Q5_1,
+    GQT.Q6_K: GQT.Q8_0,
+}
+
+
+def fallback_type(t: int, n_cols: int) -> int:
+    """The type llama-quantize writes for a tensor of target type ``t`` with ``n_cols`` elements
+    per row (``ne[0]``): ``t`` when its block divides the rows, else its :data:`_K_FALLBACK`, else
+    F16 (src/llama-quant.cpp ``tensor_type_fallback``)."""
+    if n_cols % gguf.GGML_QUANT_SIZES[GQT(t)][0] == 0:
+        return t
+    f = _K_FALLBACK.get(GQT(t), GQT(t))
+    return f if n_cols % gguf.GGML_QUANT_SIZES[f][0] == 0 else GQT.F16
+
 
 #: File types the factory writes: (default tensor type, gguf.LlamaFileType).
 REAL_FTYPES = {
@@ -649,10 +672,7 @@ def _real_type(name: str, shape: tuple[int, ...], ftype: str, s: RealShape, coun
         i = il if s.n_expert > 1 else counters["ffn_down"]
         t = GQT.Q6_K if _use_more_bits(i, n_down) else GQT.Q4_K
         counters["ffn_down"] += 1
-    block = gguf.GGML_QUANT_SIZES[GQT(t)][0]
-    if shape[0] % block:
-        t = _K_FALLBACK.get(GQT(t), GQT.F16)
-    return t
+    return fallback_type(t, shape[0])
 
 
 def _real_tensors(s: RealShape) -> list[tuple[str, tuple[int, ...]]]:
