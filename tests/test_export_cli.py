@@ -73,3 +73,14 @@ def test_empty_output_name_is_an_error_not_stdout(capsys):
     assert main(["export", "--format", "ollama", "-o", ""]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == "kvtuner: empty file name: give the file to write\n"
+
+
+@pytest.mark.parametrize("gpu, buft", [("RX 7900 XTX", "ROCm0"), ("RTX 4090", "CUDA0"), ("Arc B580", "SYCL0")])
+def test_partial_kv_split_names_the_gpu_as_its_backend_does(default_model, capsys, gpu, buft):
+    """The partial KV split's -ot names the planned card's buffer as its llama.cpp build does
+    (a HIP build's "ROCm0"), unless --gpu-buffer-type says otherwise."""
+    argv = ["export", str(default_model), "--format", "llama-server", "--kv-gpu-layers", "4", "--gpu", gpu]
+    assert main(argv) == 0
+    assert f"={buft}'" in capsys.readouterr().out
+    assert main([*argv, "--gpu-buffer-type", "Vulkan0"]) == 0
+    assert "=Vulkan0'" in capsys.readouterr().out

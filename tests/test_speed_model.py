@@ -575,7 +575,7 @@ def test_op_offload_copies_from_a_memory_mapped_model_at_the_pageable_share(gpt_
 
 
 def test_a_gpu_without_staged_copies_pays_no_pageable_share(gpt_oss):  # noqa: F811
-    """Only a backend that stages pageable copies (CUDA, ROCm, Vulkan) pays the pageable share:
+    """Only a backend that stages pageable copies (CUDA, ROCm, SYCL, Vulkan) pays the pageable share:
     the same plan with a Metal device copies the same bytes, none of them priced as pageable."""
     from dataclasses import replace as dc_replace
 
@@ -586,11 +586,37 @@ def test_a_gpu_without_staged_copies_pays_no_pageable_share(gpt_oss):  # noqa: F
     host = HostSpec(total_bytes=64 << 30, available_bytes=64 << 30, mem_bandwidth_bytes_s=45e9)
     cuda = catalogue_gpu("RTX 3060 12GB")
     metal = dc_replace(cuda, backend="Metal")
-    assert [stages_pageable_copies(b) for b in ("CUDA", "ROCm", "Vulkan", "Metal")] == [True, True, True, False]
+    assert [stages_pageable_copies(b) for b in ("CUDA", "ROCm", "SYCL", "Vulkan", "Metal")] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
     wc = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [cuda], host), 512, 0)
     wm = prefill_workload(plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=20), [metal], host), 512, 0)
     assert wc.weight_copy_bytes == wm.weight_copy_bytes > 0
     assert wc.pageable_bytes == wc.weight_copy_bytes and wm.pageable_bytes == 0
+
+
+def test_an_integrated_gpu_loads_without_mmap(gpt_oss):  # noqa: F811
+    """llama.cpp's default load mode maps the file unless a device cannot, and integrated GPUs
+    (ggml-vulkan, ggml-cuda/HIP) cannot: with a Strix Halo the host's experts are committed, not
+    mapped, and a prompt's copies of them are pinned; Metal maps, and so does a discrete card."""
+    from kvtuner.core.hardware.specs import catalogue_gpu
+    from kvtuner.core.plan.memory_plan import mmap_in_effect
+    from kvtuner.core.speed.speed_model import prefill_workload
+
+    model = ModelProfile.from_gguf(gpt_oss)
+    host = HostSpec(total_bytes=128 << 30, available_bytes=128 << 30, mem_bandwidth_bytes_s=200e9)
+    apu, mac, card = catalogue_gpu("Strix Halo 128GB"), catalogue_gpu("M2 Max"), catalogue_gpu("RTX 3060 12GB")
+    assert [mmap_in_effect(True, [g]) for g in (apu, mac, card)] == [False, True, True]
+    assert not mmap_in_effect(False, [card])
+    plan = plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=10), [apu], host)
+    assert not plan.host.weights_mapped and plan.host.mapped_bytes == 0
+    w = prefill_workload(plan, 512, 0)
+    assert w.weight_copy_bytes > 0 and w.pageable_bytes == 0
+    assert plan_memory(model, PlanConfig(n_ctx=4096, n_cpu_moe=10), [card], host).host.weights_mapped
 
 
 def test_without_flash_attention_a_host_kv_is_attended_on_the_cpu(tmp_path):

@@ -90,9 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gpu-buffer-type",
-        default="CUDA0",
+        default=None,
         metavar="BUFT",
-        help="llama.cpp GPU buffer name for the partial KV split's -ot (default CUDA0; Vulkan0, ROCm0, Metal ...)",
+        help="llama.cpp GPU buffer name for the partial KV split's -ot (default: the first GPU's, as its "
+        "backend names it: CUDA0, ROCm0, Vulkan0 ...)",
     )
     p.add_argument(
         "--binary", default=None, metavar="PATH", help="llama-server / llama-cli executable to write in the command"
@@ -192,6 +193,17 @@ def _export_vllm(args: argparse.Namespace, model_path: object, config: object) -
     )
 
 
+def _gpu_buffer_type(args: argparse.Namespace) -> str:
+    """The first planned GPU's buffer name as its backend gives it (ggml-cuda ``GGML_CUDA_NAME``:
+    "CUDA0", or "ROCm0" in a HIP build; ggml-vulkan "Vulkan0"; ggml-sycl "SYCL0"), "CUDA0" without
+    a GPU or for a remote (RPC) one."""
+    gpus, _host = hardware_from_args(args)
+    g = gpus[0] if gpus else None
+    if g is None or g.endpoint is not None or g.backend in ("", "CUDA"):
+        return "CUDA0"
+    return f"{'MTL' if g.backend == 'Metal' else g.backend}{g.index}"
+
+
 def _export_llama(args: argparse.Namespace, model_path: object, config: object, measured: object) -> object:
     """The llama.cpp-family exports (every format but vllm)."""
     from ..core.export import ExportError, ModelIdentity, export
@@ -211,7 +223,7 @@ def _export_llama(args: argparse.Namespace, model_path: object, config: object, 
             config,
             model=model,
             measured=measured,  # type: ignore[arg-type]
-            gpu_buffer_type=args.gpu_buffer_type,
+            gpu_buffer_type=args.gpu_buffer_type or _gpu_buffer_type(args),
             binary=args.binary,
             note=args.note,
             split=split_from_args(args),

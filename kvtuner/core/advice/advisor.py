@@ -1235,7 +1235,8 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     copy goes through a staging buffer (the CUDA driver's, or ggml-vulkan's own memcpy and wait:
     :data:`~kvtuner.core.speed.speed_model.STAGED_COPY_BACKENDS`). kvtuner's prefill prices such copies at
     :attr:`SpeedConstants.pageable_h2d_share` of the pinned rate; ``-lm none`` (``--no-mmap``)
-    loads the weights into pinned memory, copied at the full rate."""
+    loads the weights into pinned memory, copied at the full rate (as llama.cpp does by itself with an
+    integrated GPU: :func:`~kvtuner.core.plan.memory_plan.mmap_in_effect`)."""
     from ..plan.llama_constants import OFFLOAD_MIN_BATCH
     from ..speed.speed_model import prefill_workload
 
@@ -1243,7 +1244,7 @@ def _rule_mmap_host_weights(c: _Ctx) -> list[Advice]:
     gpu = next((g for g in p.gpus if g.kind == "gpu"), None)
     u = min(p.n_ubatch, p.n_ctx_seq)
     # the backends that stage copies from pageable memory (the speed model's rule)
-    if not p.config.use_mmap or gpu is None or not stages_pageable_copies(gpu.backend) or u < OFFLOAD_MIN_BATCH:
+    if not p.host.weights_mapped or gpu is None or not stages_pageable_copies(gpu.backend) or u < OFFLOAD_MIN_BATCH:
         return []
     try:
         work = prefill_workload(p, u, 0)

@@ -387,6 +387,16 @@ def _layer_devices(
     return [HOST if i is None else kept[i].device for i in idx], kept
 
 
+def mmap_in_effect(use_mmap: bool, gpus: Sequence[GpuSpec]) -> bool:
+    """Whether llama.cpp memory-maps the model: ``use_mmap`` (kvtuner's default, llama.cpp's
+    ``--load-mode auto``) unless a device cannot map, which llama.cpp then loads the file for
+    without mmap (src/llama-model.cpp ``load_tensors``: ``props.caps.mmap_support``). Integrated
+    GPUs cannot: ggml-vulkan reports ``!is_integrated_gpu``, ggml-cuda (and HIP) ``props->type !=
+    GGML_BACKEND_DEVICE_TYPE_IGPU``; Metal maps (ggml-metal.cpp). So a unified GPU of any backend
+    but Metal turns mmap off."""
+    return use_mmap and not any(g.unified and g.backend != "Metal" for g in gpus if g.endpoint is None)
+
+
 def plan_memory(
     model: ModelProfile,
     config: PlanConfig,
@@ -895,7 +905,7 @@ def _host_plan(
     repack = repack_bytes(
         model, host_ids, not output_on_gpu, host.cpu_features if host else None, gpu_present=bool(gpus)
     )
-    if repack and not cfg.use_mmap:
+    if repack and not mmap_in_effect(cfg.use_mmap, gpus):
         host_w -= repack
     host_w += moves.delta(HOST)
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
@@ -912,7 +922,7 @@ def _host_plan(
         free_bytes=host.available_bytes if host else None,
         n_layers=len(host_ids),
         has_output=not output_on_gpu,
-        weights_mapped=cfg.use_mmap,
+        weights_mapped=mmap_in_effect(cfg.use_mmap, gpus),
         repack_bytes=repack,
         expert_bytes=moves.expert_bytes.get(HOST, 0),
         expert_layers=len(moves.expert_layers.get(HOST, ())),

@@ -1066,12 +1066,15 @@ def decode_workload(plan: MemoryPlan, depth: int, constants: SpeedConstants | No
 #: GPU backends whose host-to-device copies from pageable memory go through a pinned staging
 #: buffer: ggml-cuda (CUDA, and ROCm/HIP built from the same source) copies with
 #: ``cudaMemcpyAsync``, which the driver stages (ggml-cuda.cu ``ggml_backend_cuda_set_tensor_async``);
+#: ggml-sycl with ``queue::memcpy`` from the host pointer, which the SYCL runtime stages likewise
+#: (ggml-sycl.cpp ``ggml_backend_sycl_set_tensor_async``; its pinned host buffer is the other path);
 #: ggml-vulkan copies a source outside its pinned host buffers by a CPU memcpy into its staging
 #: buffer, a buffer copy and a wait (ggml-vulkan.cpp ``ggml_backend_vk_set_tensor_2d_async``, when
-#: ``ggml_vk_buffer_write_2d_async`` finds no pinned source), a path no faster than the driver's
-#: pipelined one, so priced at the same measured share. ``""`` is a card planned without a named
-#: backend (the catalogue's NVIDIA cards). Metal shares the host's memory: no copy is staged.
-STAGED_COPY_BACKENDS = ("", "CUDA", "ROCm", "Vulkan")
+#: ``ggml_vk_buffer_write_2d_async`` finds no pinned source), a serial path, so the share measured
+#: for the driver's pipelined one is at best its rate. ``""`` is a card planned without a named
+#: backend. Metal shares the host's memory: no copy is staged. Integrated GPUs load without mmap
+#: (:func:`kvtuner.core.plan.memory_plan.mmap_in_effect`), so they have no pageable weights.
+STAGED_COPY_BACKENDS = ("", "CUDA", "ROCm", "SYCL", "Vulkan")
 
 
 def stages_pageable_copies(backend: str) -> bool:
