@@ -196,12 +196,9 @@ def _export_vllm(args: argparse.Namespace, model_path: object, config: object) -
 def _gpu_buffer_type(args: argparse.Namespace) -> str:
     """The first planned GPU's buffer name as its backend gives it (ggml-cuda ``GGML_CUDA_NAME``:
     "CUDA0", or "ROCm0" in a HIP build; ggml-vulkan "Vulkan0"; ggml-sycl "SYCL0"), "CUDA0" without
-    a GPU or for a remote (RPC) one."""
+    a GPU."""
     gpus, _host = hardware_from_args(args)
-    g = gpus[0] if gpus else None
-    if g is None or g.endpoint is not None or g.backend in ("", "CUDA"):
-        return "CUDA0"
-    return f"{'MTL' if g.backend == 'Metal' else g.backend}{g.index}"
+    return gpus[0].backend_device if gpus else "CUDA0"
 
 
 def _export_llama(args: argparse.Namespace, model_path: object, config: object, measured: object) -> object:

@@ -74,6 +74,12 @@ class GpuSpec:
         return f"CUDA{self.index}"
 
     @property
+    def backend_device(self) -> str:
+        """The device as its own backend names it (:func:`backend_device_name`): ``CUDA0``,
+        ``ROCm0``, ``Vulkan0``, ``SYCL0``, ``MTL0``, ``RPC0[host:port]``."""
+        return backend_device_name(self.backend, self.device)
+
+    @property
     def kind(self) -> str:
         """``"rpc"`` for a device behind an ``rpc-server``, else ``"gpu"``."""
         return "rpc" if self.endpoint is not None else "gpu"
@@ -145,6 +151,16 @@ class HostSpec:
     def speed_key(self) -> tuple:
         """What of the host a speed prediction depends on (the cache key of the speed inputs)."""
         return (self.what_if, self.mem_bandwidth_bytes_s if self.what_if else None, self.n_cores, self.pcie_link)
+
+
+def backend_device_name(backend: str, device: str) -> str:
+    """A planned device's name as its backend's log gives it: the planner's ``CUDA<i>`` slot for
+    CUDA and unnamed backends, an RPC device as it is, else the backend's own name with the index
+    (ggml-cuda ``GGML_CUDA_NAME``, "ROCm" in a HIP build; ggml-vulkan ``GGML_VK_NAME``; ggml-sycl
+    ``GGML_SYCL_NAME``; ggml-metal.cpp ``GGML_METAL_NAME`` "MTL")."""
+    if backend in ("", "CUDA") or not device.startswith("CUDA"):
+        return device
+    return f"{'MTL' if backend == 'Metal' else backend}{device[4:]}"
 
 
 #: What-if presets offered by the GUI and ``--gpu-mem`` (decimal "GB" cards hold binary GiB).

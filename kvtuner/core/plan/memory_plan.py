@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..hardware.specs import GpuSpec, HostSpec
+from ..hardware.specs import GpuSpec, HostSpec, backend_device_name
 from ..model.ggml_types import GgmlType, kv_type, row_size
 from ..model.profile import ModelProfile
 from ..units import MiB
@@ -125,9 +125,7 @@ class DevicePlan:
         ``ROCm0``, ``Vulkan0``, ``MTL0`` for a GPU of another backend (ggml-metal.cpp
         ``GGML_METAL_NAME "MTL"``; ggml-vulkan.cpp ``GGML_VK_NAME``; the plan's ``device`` keeps
         the ``CUDA<i>`` slot name every consumer keys on)."""
-        if self.kind != "gpu" or self.backend in ("", "CUDA") or not self.device.startswith("CUDA"):
-            return self.device
-        return f"{'MTL' if self.backend == 'Metal' else self.backend}{self.device[4:]}"
+        return self.device if self.kind != "gpu" else backend_device_name(self.backend, self.device)
 
     @property
     def total_bytes(self) -> int:

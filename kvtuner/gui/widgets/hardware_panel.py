@@ -61,7 +61,7 @@ class ChoiceBox(QtWidgets.QComboBox):
 def _gpu_text(g: GpuSpec) -> str:
     """One detected GPU: ``CUDA0 NVIDIA ..., 24.00 GiB`` or ``ROCm1 AMD Strix Halo iGPU, 120.50 GiB
     (one pool with the CPU; sysfs)``, with a contradictory reading said so."""
-    device = g.device if g.backend == "CUDA" else f"{g.backend}{g.index}"
+    device = g.backend_device
     notes = [
         n
         for n in (
