@@ -223,7 +223,7 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         self.list.clear()
         for i, g in enumerate(devs):
             kind = "RPC" if g.endpoint else "GPU"
-            self.list.addItem(f"{i}: {g.device}  {kind}  {g.name}, {fmt_bytes(g.total_bytes)}")
+            self.list.addItem(f"{i}: {g.backend_device}  {kind}  {g.name}, {fmt_bytes(g.total_bytes)}")
         # a device keeps its share when others are added (an RPC host goes first: indices move)
         old = {d: s.value() for d, s in zip(self._slider_devices, self.sliders)}
         self._slider_devices = [g.device for g in devs]
@@ -235,7 +235,7 @@ class DeviceListPanel(QtWidgets.QGroupBox):
             s.setRange(0, SLIDER_MAX)
             s.setValue(old.get(g.device, SLIDER_MAX // 2))
             s.setEnabled(not self.by_memory.isChecked())
-            s.setToolTip(f"-ts share of device {i} ({g.device})")
+            s.setToolTip(f"-ts share of device {i} ({g.backend_device})")
             s.valueChanged.connect(self._emit)
             self.sliders.append(s)
             self.sliders_layout.addRow(f"-ts {i}", s)
