@@ -89,6 +89,20 @@ CASES: dict[str, list[tuple[str, object, object]]] = {
             ),
             Case(cfg={"n_ctx": 4096}, gpu_gib=12, live=LiveState()),
         ),
+        # the same failure in a HIP build's log, which names the device ROCm0
+        (
+            "live-alloc-rocm",
+            Case(
+                cfg={"n_ctx": 4096},
+                gpu_gib=12,
+                live=LiveState(allocation_failure=AllocationFailure("ROCm0", 900 * MiB, 300 * MiB)),
+            ),
+            Case(
+                cfg={"n_ctx": 4096},
+                gpu_gib=12,
+                live=LiveState(allocation_failure=AllocationFailure("CPU", 900 * MiB, 300 * MiB)),
+            ),
+        ),
     ],
     "ram-oom": [
         (

@@ -31,6 +31,7 @@ from ..hardware.nvml import GpuProcess
 from ..hardware.specs import GpuSpec, HostSpec
 from ..model.ggml_types import kv_type
 from ..monitor.live import AllocationFailure, LiveState
+from ..plan.buffers import HOST, buffer_device
 from ..plan.config import ALL_LAYERS, ConfigError, PlanConfig
 from ..plan.extras import replan_extras
 from ..plan.fields import cli_flags, config_field
@@ -596,7 +597,7 @@ def _rule_vram_oom(c: _Ctx) -> list[Advice]:
     fail = c.live.allocation_failure if c.live else None
     if (
         fail is not None
-        and fail.device.startswith("CUDA")
+        and buffer_device(fail.device) != HOST
         and not (
             fail.free_bytes is not None and fail.requested_bytes is not None and fail.free_bytes >= fail.requested_bytes
         )
@@ -717,7 +718,7 @@ def _rule_fragmentation(c: _Ctx) -> list[Advice]:
         and fail.requested_bytes is not None
         and fail.free_bytes >= fail.requested_bytes
     ):
-        fix = c.first_fix(_memory_candidates(c, no_risk, gpu=fail.device.startswith("CUDA")), no_risk)
+        fix = c.first_fix(_memory_candidates(c, no_risk, gpu=buffer_device(fail.device) != HOST), no_risk)
         out.append(
             _adv(
                 "fragmentation-risk",
