@@ -145,6 +145,23 @@ def test_override_to_a_gpu_that_is_not_planned(small_moe, capsys):
     assert "no such GPU is planned" in capsys.readouterr().err
 
 
+def test_an_override_may_name_the_gpu_as_its_backend_does(small_moe, capsys):
+    """A ROCm card's buffer is "ROCm0" in a HIP build's -ot (what an attached server's command
+    says): it plans as the card's slot; on a CUDA card the same name is no planned GPU."""
+    from kvtuner.core.hardware.specs import catalogue_gpu
+
+    model = ModelProfile.from_gguf(small_moe)
+    rocm = plan_memory(
+        model, PlanConfig(n_cpu_moe=99, tensor_overrides=(r"blk\.0\.=ROCm0",)), [catalogue_gpu("RX 7900 XTX")]
+    )
+    slot = plan_memory(
+        model, PlanConfig(n_cpu_moe=99, tensor_overrides=(r"blk\.0\.=CUDA0",)), [catalogue_gpu("RX 7900 XTX")]
+    )
+    assert rocm.gpus[0].expert_bytes == slot.gpus[0].expert_bytes > 0
+    assert main(["plan", str(small_moe), "--no-probe", "--gpu", "RTX 4090", "-ot", "exps=ROCm0"]) == 2
+    assert "no such GPU is planned (planned: CUDA0)" in capsys.readouterr().err
+
+
 def test_overrides_are_in_llama_cpp_order_and_comma_lists_split():
     cfg = PlanConfig(tensor_overrides=("a=CPU", "b=CUDA0"), cpu_moe=True, n_cpu_moe=2, kv_gpu_layers=3)
     ot = tensor_overrides(cfg)

@@ -152,11 +152,13 @@ class PlanConfig:
         return replace(self, **changes)
 
 
-#: Buffer type names kvtuner plans for in ``-ot PATTERN=BUFFER``: the names llama.cpp's CPU and
-#: CUDA backends give their device buffer types (ggml-cpu.cpp ``ggml_backend_cpu_buffer_type``
-#: "CPU", ggml-cuda.cu ``GGML_CUDA_NAME`` + device index, "CUDA0"); common/arg.cpp
-#: ``parse_tensor_buffer_overrides`` refuses any other name with "unknown buffer type".
-OVERRIDE_BUFFER_RE = re.compile(r"^(CPU|CUDA\d+)$")
+#: Buffer type names kvtuner plans for in ``-ot PATTERN=BUFFER``: the names llama.cpp's backends
+#: give their device buffer types (ggml-cpu.cpp ``ggml_backend_cpu_buffer_type`` "CPU"; the device
+#: name and index: ggml-cuda.cu ``GGML_CUDA_NAME`` "CUDA0", "ROCm0" in a HIP build, ggml-vulkan
+#: "Vulkan0", ggml-sycl "SYCL0", ggml-metal "MTL0"); common/arg.cpp ``parse_tensor_buffer_overrides``
+#: refuses any other name with "unknown buffer type". Which GPU a name is, and whether the planned
+#: card's backend gives that name, is :func:`kvtuner.core.plan.overrides.apply_overrides`'s check.
+OVERRIDE_BUFFER_RE = re.compile(r"^(CPU|(?:CUDA|ROCm|Vulkan|SYCL|MTL)\d+)$")
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -171,7 +173,8 @@ def parse_override(text: str) -> tuple[str, str]:
         ``(pattern, buffer)``.
 
     Raises:
-        ConfigError: no ``=``, an empty or invalid pattern, or a buffer that is not ``CPU`` / ``CUDA<n>``.
+        ConfigError: no ``=``, an empty or invalid pattern, or a buffer that is not ``CPU`` or a GPU
+            buffer name (``CUDA<n>``, ``ROCm<n>``, ``Vulkan<n>``, ``SYCL<n>``, ``MTL<n>``).
     """
     pattern, eq, buffer = text.partition("=")
     if not eq or not pattern:
@@ -181,7 +184,9 @@ def parse_override(text: str) -> tuple[str, str]:
     except re.error as exc:
         raise ConfigError(f"--override-tensor {text!r}: invalid regular expression ({exc}): fix the pattern") from None
     if not OVERRIDE_BUFFER_RE.match(buffer):
-        raise ConfigError(f"--override-tensor {text!r}: unknown buffer type {buffer!r}: use CPU or CUDA0, CUDA1 ...")
+        raise ConfigError(
+            f"--override-tensor {text!r}: unknown buffer type {buffer!r}: use CPU or a GPU's name (CUDA0, ROCm0, Vulkan0 ...)"
+        )
     return pattern, buffer
 
 

@@ -589,7 +589,9 @@ def _place_layers(
         )
     # tensor overrides (-ot, --cpu-moe, --n-cpu-moe): tensor by tensor from the tensor table
     ot = tensor_overrides(cfg)
-    moves = apply_overrides(model, devs, ot, [g.device for g in gpus], HOST)
+    # an override may name a GPU as its backend does (ROCm0) or by the planner's slot (CUDA0)
+    names = {n: g.device for g in gpus for n in (g.device, g.backend_device)}
+    moves = apply_overrides(model, devs, ot, names, HOST)
     if ot and not gpus:
         warnings.append(
             "no GPU: tensor overrides (--n-cpu-moe, --cpu-moe, -ot) change nothing on a CPU-only run "

@@ -20,7 +20,7 @@ buffer when using mmap"), so moved weights stay memory-mapped and are not repack
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -76,7 +76,7 @@ def apply_overrides(
     model: ModelProfile,
     layer_devices: Sequence[str],
     overrides: tuple[tuple[str, str], ...],
-    gpu_devices: Sequence[str],
+    gpu_devices: Sequence[str] | Mapping[str, str],
     host: str,
 ) -> TensorMoves:
     """Apply ``overrides`` (``(regex, buffer)``, first match wins) to every tensor of the model.
@@ -85,7 +85,8 @@ def apply_overrides(
         model: the profile (its tensor table).
         layer_devices: device of layers ``0..n_layer`` (the last entry: the output layer).
         overrides: from :func:`kvtuner.core.plan.placement.tensor_overrides`.
-        gpu_devices: the planned GPUs' device names (``CUDA0`` ...); empty: CPU-only (no moves).
+        gpu_devices: the planned GPUs' device names (``CUDA0`` ...), or a mapping from the names
+            an override may give (``ROCm0``, the card's backend name) to them; empty: CPU-only (no moves).
         host: the host device name (buffer ``CPU``).
 
     Returns:
@@ -93,13 +94,15 @@ def apply_overrides(
         the host, ``output*`` tensors on the output layer's device, ``blk.N`` on layer N's.
 
     Raises:
-        ConfigError: an override names a GPU that is not planned (``CUDA1`` with one GPU).
+        ConfigError: an override names a GPU that is not planned (``CUDA1`` with one GPU, ``ROCm0``
+            with a CUDA card).
     """
     n_layer = model.n_layer
     moved: list[tuple[str, str, str, int]] = []
     expert: dict[str, int] = {}
     layers: dict[str, set[int]] = {}
     lookup = override_lookup(overrides) if gpu_devices and overrides else None
+    names = dict(gpu_devices) if isinstance(gpu_devices, Mapping) else {d: d for d in gpu_devices}
     for t in model.tensors:
         m = _BLK.match(t.name)
         il = int(m.group(1)) if m else None
@@ -114,11 +117,11 @@ def apply_overrides(
         if lookup is not None:
             buf = lookup(t.name)
             if buf:
-                dev = host if buf == "CPU" else buf
-                if dev != host and dev not in gpu_devices:
+                dev = host if buf == "CPU" else names.get(buf, "")
+                if not dev:
                     raise ConfigError(
                         f"--override-tensor sends {t.name} to {buf}, and no such GPU is planned "
-                        f"(planned: {', '.join(gpu_devices)}): use one of them or CPU"
+                        f"(planned: {', '.join(sorted(names))}): use one of them or CPU"
                     )
         if dev != default:
             moved.append((t.name, default, dev, t.n_bytes))
