@@ -785,7 +785,7 @@ def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, l
     for r in recs:
         if "pred" in r and r["set"] == "validate":
             groups.setdefault((r["regime"], r["phase"]), []).append(
-                (r.get("source_key") or "?", abs(r["pred"] / r["tps"] - 1))
+                (r.get("source_key") or "?", r["pred"] / r["tps"] - 1)
             )
     out = []
     for (regime, phase), v in sorted(groups.items()):
@@ -795,8 +795,8 @@ def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, l
         for src in sorted({k for k, _ in v}):
             rest = [e for k, e in v if k != src]
             if rest:
-                without.append((src, len(rest), statistics.median(rest)))
-        out.append((regime, phase, len(v), statistics.median(e for _, e in v), without))
+                without.append((src, len(rest), _median_abs(rest)))
+        out.append((regime, phase, len(v), _median_abs([e for _, e in v]), without))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .args import (
     UserError,
@@ -31,6 +32,10 @@ from .args import (
     vllm_settings_from_args,
     vllm_weights_from_args,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hardware.specs import GpuSpec
+    from ..core.plan.config import PlanConfig
 
 _EXPORT_FORMATS = (
     "llama-server",
@@ -154,9 +159,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.export_format == "vllm":
         result = _export_vllm(args, model_path, config)
     else:
+        gpus = None
         if any_hardware_flag(args):
-            config = _check_fits(args, model_path, config)
-        result = _export_llama(args, model_path, config, measured)
+            config, gpus = _check_fits(args, model_path, config)
+        result = _export_llama(args, model_path, config, measured, gpus)
     if args.output is not None:  # -o '' is a mistake, not "stdout"
         try:
             written = write_export(result, args.output, force=args.force)
@@ -193,15 +199,25 @@ def _export_vllm(args: argparse.Namespace, model_path: object, config: object) -
     )
 
 
-def _gpu_buffer_type(args: argparse.Namespace) -> str:
+def _gpu_buffer_type(args: argparse.Namespace, config: PlanConfig, gpus: list[GpuSpec] | None) -> str:
     """The first planned GPU's buffer name as its backend gives it (ggml-cuda ``GGML_CUDA_NAME``:
     "CUDA0", or "ROCm0" in a HIP build; ggml-vulkan "Vulkan0"; ggml-sycl "SYCL0"), "CUDA0" without
-    a GPU."""
-    gpus, _host = hardware_from_args(args)
+    a GPU. Only a partial KV split (``--kv-gpu-layers``) writes the name, so only then are the GPUs
+    detected when ``gpus`` (those :func:`_check_fits` planned on) is None."""
+    if config.kv_gpu_layers is None:
+        return "CUDA0"
+    if gpus is None:
+        gpus, _host = hardware_from_args(args)
     return gpus[0].backend_device if gpus else "CUDA0"
 
 
-def _export_llama(args: argparse.Namespace, model_path: object, config: object, measured: object) -> object:
+def _export_llama(
+    args: argparse.Namespace,
+    model_path: object,
+    config: PlanConfig,
+    measured: object,
+    gpus: list[GpuSpec] | None = None,
+) -> object:
     """The llama.cpp-family exports (every format but vllm)."""
     from ..core.export import ExportError, ModelIdentity, export
 
@@ -220,7 +236,7 @@ def _export_llama(args: argparse.Namespace, model_path: object, config: object, 
             config,
             model=model,
             measured=measured,  # type: ignore[arg-type]
-            gpu_buffer_type=args.gpu_buffer_type or _gpu_buffer_type(args),
+            gpu_buffer_type=args.gpu_buffer_type or _gpu_buffer_type(args, config, gpus),
             binary=args.binary,
             note=args.note,
             split=split_from_args(args),
@@ -338,13 +354,13 @@ def cmd_library(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fits(args: argparse.Namespace, model_path: object, config: object) -> object:
+def _check_fits(args: argparse.Namespace, model_path: object, config: object) -> tuple[PlanConfig, list[GpuSpec]]:
     """With hardware flags, plan what the target will run (:func:`kvtuner.core.export.fit.check_export`)
     on that hardware and say on stderr what the one fit verdict says when it is not "fits"; a
     target that cannot express the placement (Ollama: whole layers only) gets the nearest
     whole-layer placement that fits, with its predicted speed, or a "cannot express" warning.
     Returns the configuration to write (the export is still written when it does not fit: the
-    target may be another machine)."""
+    target may be another machine) and the GPUs it was planned on."""
     from ..core.export.fit import check_export
     from ..core.plan.config import ConfigError
 
@@ -370,4 +386,4 @@ def _check_fits(args: argparse.Namespace, model_path: object, config: object) ->
         raise UserError(str(exc)) from None
     for w in fit.warnings:
         print(f"kvtuner: warning: {w}", file=sys.stderr)
-    return fit.config if fit.config is not None else config
+    return (fit.config if fit.config is not None else config), list(session.gpus)

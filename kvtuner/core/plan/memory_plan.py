@@ -905,7 +905,8 @@ def _host_plan(
     repack = repack_bytes(
         model, host_ids, not output_on_gpu, host.cpu_features if host else None, gpu_present=bool(gpus)
     )
-    if repack and not mmap_in_effect(cfg.use_mmap, gpus):
+    mapped = mmap_in_effect(cfg.use_mmap, gpus)
+    if repack and not mapped:
         host_w -= repack
     host_w += moves.delta(HOST)
     host_kv = sum(l.kv_bytes for l in layers if l.device == HOST) + recurrent_by_device.get(HOST, 0)
@@ -922,7 +923,7 @@ def _host_plan(
         free_bytes=host.available_bytes if host else None,
         n_layers=len(host_ids),
         has_output=not output_on_gpu,
-        weights_mapped=mmap_in_effect(cfg.use_mmap, gpus),
+        weights_mapped=mapped,
         repack_bytes=repack,
         expert_bytes=moves.expert_bytes.get(HOST, 0),
         expert_layers=len(moves.expert_layers.get(HOST, ())),

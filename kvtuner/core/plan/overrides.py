@@ -76,7 +76,7 @@ def apply_overrides(
     model: ModelProfile,
     layer_devices: Sequence[str],
     overrides: tuple[tuple[str, str], ...],
-    gpu_devices: Sequence[str] | Mapping[str, str],
+    gpu_devices: Mapping[str, str],
     host: str,
 ) -> TensorMoves:
     """Apply ``overrides`` (``(regex, buffer)``, first match wins) to every tensor of the model.
@@ -85,8 +85,8 @@ def apply_overrides(
         model: the profile (its tensor table).
         layer_devices: device of layers ``0..n_layer`` (the last entry: the output layer).
         overrides: from :func:`kvtuner.core.plan.placement.tensor_overrides`.
-        gpu_devices: the planned GPUs' device names (``CUDA0`` ...), or a mapping from the names
-            an override may give (``ROCm0``, the card's backend name) to them; empty: CPU-only (no moves).
+        gpu_devices: each name an override may give a planned GPU (its slot ``CUDA0``, its backend's
+            ``ROCm0``) -> the planner's device name; empty: CPU-only (no moves).
         host: the host device name (buffer ``CPU``).
 
     Returns:
@@ -102,7 +102,6 @@ def apply_overrides(
     expert: dict[str, int] = {}
     layers: dict[str, set[int]] = {}
     lookup = override_lookup(overrides) if gpu_devices and overrides else None
-    names = dict(gpu_devices) if isinstance(gpu_devices, Mapping) else {d: d for d in gpu_devices}
     for t in model.tensors:
         m = _BLK.match(t.name)
         il = int(m.group(1)) if m else None
@@ -117,11 +116,11 @@ def apply_overrides(
         if lookup is not None:
             buf = lookup(t.name)
             if buf:
-                dev = host if buf == "CPU" else names.get(buf, "")
+                dev = host if buf == "CPU" else gpu_devices.get(buf, "")
                 if not dev:
                     raise ConfigError(
                         f"--override-tensor sends {t.name} to {buf}, and no such GPU is planned "
-                        f"(planned: {', '.join(sorted(names))}): use one of them or CPU"
+                        f"(planned: {', '.join(sorted(gpu_devices))}): use one of them or CPU"
                     )
         if dev != default:
             moved.append((t.name, default, dev, t.n_bytes))

@@ -1165,7 +1165,7 @@ def prefill_workload(
     # the GPU's pinned host buffer (llama-model.cpp ``make_cpu_buft_list`` and "avoid using a host
     # buffer when using mmap"); a host KV cache is a plain CPU buffer (llama-kv-cache.cpp
     # ``ggml_backend_cpu_buffer_type``); only a staging backend pays for it (stages_pageable_copies)
-    host_mapped = staged and any(d.weights_mapped for d in plan.devices if d.device == HOST)
+    host_mapped = staged and plan.host.weights_mapped
     moved = moved_weights(m, plan.moves.device_of())
     rows_only = last_layer_rows_only(m.architecture)
     n_run = _graph_layers(plan)
