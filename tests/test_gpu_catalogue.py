@@ -159,6 +159,19 @@ def test_catalogue_cards_are_planned_under_their_vendors_backend(tmp_path):
     assert fit_verdict(plan).why.startswith("Fits: ROCm0 needs ")
 
 
+def test_cli_json_names_a_rocm_card_as_rocm0():
+    """``plan --json`` and ``tune --json`` keep the ``CUDA0`` slot in ``device`` and name the card
+    as its backend does in ``backend_device``; the speed sources and verdicts say ``ROCm0``."""
+    doc = json.loads(run_kvtuner("plan", "--gpu", "RX 7900 XTX", "--no-probe", "--json").stdout)
+    gpu = doc["fit"]["devices"][0]
+    assert (gpu["device"], gpu["backend_device"]) == ("CUDA0", "ROCm0")
+    assert doc["fit"]["devices"][1]["backend_device"] == "CPU"
+    assert doc["speed"]["sources"][0].startswith("ROCm0: bandwidth of the RX 7900 XTX")
+    tune = json.loads(run_kvtuner("tune", "--gpu", "RX 7900 XTX", "--ctx", "4096", "--no-probe", "--json").stdout)
+    assert [d["backend_device"] for d in tune["best"]["plan"]["devices"]] == ["ROCm0", "CPU"]
+    assert tune["given_fit"]["devices"][0]["backend_device"] == "ROCm0"
+
+
 def test_nvml_bandwidth_and_catalogue_entry():
     """Stand-in NVML: an RTX 3060 reporting 7501 MHz memory clock and a 192-bit bus is
     7501e6 x 2 x 192 / 8 = 360 GB/s; its name picks the catalogue entry; a card NVML cannot tell

@@ -104,6 +104,8 @@ class DeviceVerdict:
             RAM, else its installed RAM (None: unknown).
         limit_bytes: the most the device may need and still ``fit``: capacity less the margin.
         why: one sentence with the numbers.
+        backend_device: the device as its backend names it (``ROCm0``, ``Vulkan0``); "" means
+            the same as ``device``.
     """
 
     device: str
@@ -114,6 +116,7 @@ class DeviceVerdict:
     capacity_bytes: int | None
     limit_bytes: int | None
     why: str
+    backend_device: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (keys as the attributes)."""
@@ -126,6 +129,7 @@ class DeviceVerdict:
             "capacity_bytes": self.capacity_bytes,
             "limit_bytes": self.limit_bytes,
             "why": self.why,
+            "backend_device": self.backend_device or self.device,
         }
 
 
@@ -200,7 +204,7 @@ def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
     cap, need = d.capacity_bytes, d.total_bytes
     label = getattr(d, "backend_device", d.device)
     if cap is None:
-        return DeviceVerdict(d.device, d.kind, d.name, None, need, None, None, f"{label}: capacity unknown")
+        return DeviceVerdict(d.device, d.kind, d.name, None, need, None, None, f"{label}: capacity unknown", label)
     limit = cap - m.vram_margin_bytes
     if need > cap:
         level, why = DOES_NOT_FIT, f"{label} needs {fmt_bytes(need)} of {fmt_bytes(cap)}, {fmt_bytes(need - cap)} over"
@@ -220,7 +224,7 @@ def _gpu(d: Any, m: FitMargins) -> DeviceVerdict:
                 f"{fmt_bytes(m.vram_margin_bytes)} margin"
             ),
         )
-    return DeviceVerdict(d.device, d.kind, d.name, level, need, cap, limit, why)
+    return DeviceVerdict(d.device, d.kind, d.name, level, need, cap, limit, why, label)
 
 
 def _host(h: Any, m: FitMargins) -> DeviceVerdict:

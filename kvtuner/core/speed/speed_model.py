@@ -1444,7 +1444,8 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     pre = prefill_tok_s(plan, inputs, n_p, 0)
     k = math.exp(inputs.sigma_log)
     kp = math.exp(inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log)
-    sources = tuple(f"{r.device}: {r.source}" for r in inputs.rates.values() if r.source)
+    names = {d.device: d.backend_device for d in plan.devices}
+    sources = tuple(f"{names.get(r.device, r.device)}: {r.source}" for r in inputs.rates.values() if r.source)
     return SpeedPrediction(
         decode_tok_s=dec0,
         decode_tok_s_at_full_ctx=dec_full,

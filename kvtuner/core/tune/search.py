@@ -213,6 +213,7 @@ class Candidate:
             "devices": [
                 {
                     "device": d.device,
+                    "backend_device": d.backend_device,
                     "total_bytes": d.total_bytes,
                     "capacity_bytes": d.capacity_bytes,
                     "kv_bytes": d.kv_bytes,
