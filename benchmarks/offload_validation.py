@@ -177,6 +177,8 @@ def _shapes() -> list[tuple[str, str, Callable]]:
             ),
         ),
         (r"qwen3\.[56]-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B", F.qwen35moe),
+        # the dense hybrid: 64 layers, every 4th full attention, 24 heads / 4 KV heads of 256
+        (r"qwen3\.[56]-27b", hf + "Qwen/Qwen3.5-27B (gguf_families.qwen35)", F.qwen35),
         # a fine-tune of Qwen3.5/3.6-35B-A3B (the row's family: qwen35moe), same shape
         (r"ornith-1\.5-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
         (r"qwen3\.6-35b-a3b-uncensored-hauhaucs-aggressive", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
