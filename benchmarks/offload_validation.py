@@ -121,7 +121,8 @@ PLATFORM_CHANNELS = (
 )
 #: Memory a CPU is rated for (vendor specifications: AMD product pages "Max. Memory Speed",
 #: Intel ARK "Memory Types"), used when a page names the CPU but not its RAM: two channels on a
-#: desktop platform, the platform's channels on a server.
+#: desktop platform, the platform's channels on a server, four 64-bit channels for the Ryzen AI
+#: MAX's 256-bit LPDDR5X bus.
 CPU_RATED_MEMORY = (
     (r"Ryzen \d 9\d\d\d", "DDR5-5600", 2),
     (r"Ryzen \d 7\d\d\d", "DDR5-5200", 2),
@@ -132,7 +133,8 @@ CPU_RATED_MEMORY = (
     (r"i\d-1[23]\d\d\d", "DDR5-4800", 2),
     (r"i\d-14\d\d\d", "DDR5-5600", 2),
     (r"Core Ultra \d 2\d\d", "DDR5-6400", 2),
-    (r"EPYC 7\d\d3", "DDR4-3200", 8),
+    (r"EPYC 7\d\d[23]", "DDR4-3200", 8),
+    (r"Ryzen AI MAX\+? 3\d\d", "LPDDR5X-8000", 4),
     (r"Xeon E5-26\d\d v4", "DDR4-2400", 4),
 )
 #: The GPU truth machine: 16 vCPUs of an "Intel(R) Xeon(R) Processor" (the VM hides the model;
@@ -179,6 +181,11 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (r"qwen3\.[56]-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B", F.qwen35moe),
         # the dense hybrid: 64 layers, every 4th full attention, 24 heads / 4 KV heads of 256
         (r"qwen3\.[56]-27b", hf + "Qwen/Qwen3.5-27B (gguf_families.qwen35)", F.qwen35),
+        # Qwen3.8-27B: the same geometry in public copies of its config (64 layers, 3 Gated
+        # DeltaNet to 1 full attention, 24 heads, 4 KV heads x 256, hidden 5120, vocab 248320,
+        # 16 key / 48 value linear heads of 128), and llama-bench labels it "qwen35 27B" with the
+        # 26.9 B parameters this shape has
+        (r"qwen3\.8-27b(-abliterated)?", "public copies of Qwen3.8-27B's config (the qwen35 27B shape)", F.qwen35),
         # a fine-tune of Qwen3.5/3.6-35B-A3B (the row's family: qwen35moe), same shape
         (r"ornith-1\.5-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
         (r"qwen3\.6-35b-a3b-uncensored-hauhaucs-aggressive", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
@@ -282,7 +289,7 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         ),
         ("gemma-2-9b", hf + "google/gemma-2-9b", "real:gemma-2-9b"),
         (
-            r"mistral-small(-3\.\d)?-24b",
+            r"mistral-small-3(\.\d)?(-24b)?|mistral-small-24b",
             hf + "mistralai/Mistral-Small-24B-Instruct-2501",
             llama(
                 "Mistral-Small-24B shape",
@@ -304,7 +311,6 @@ def _shapes() -> list[tuple[str, str, Callable]]:
 #: Models whose fixtures this script cannot write, and why (pattern on the normalised name).
 UNWRITABLE = (
     (r"gemma-4-12b", "Gemma 4 12B's shape is not in the fixtures (gguf_families.gemma4 is E4B's) nor on the row"),
-    (r"qwen3\.8-27b", "Qwen3.8-27B's shape (layers, hybrid layout) is not published on the row or in the fixtures"),
     (r"qwythos-9b", "a 9B qwen35 fine-tune whose shape (layers, widths) is not stated"),
 )
 
@@ -503,7 +509,7 @@ def host_of(row: dict) -> tuple[dict, list[str]]:
     if not m and not bw:
         for pattern, rated, n in CPU_RATED_MEMORY:
             if re.search(pattern, cpu):
-                m = re.match(r"(DDR\d)-(\d+)", rated)
+                m = re.match(rf"({RAM_TYPE})-(\d+)", rated)
                 stated = re.search(RAM_TYPE, ram, re.I)
                 if stated and stated.group(0).upper() != m.group(1):
                     raise ValueError(f"the page's {stated.group(0)} is not the CPU's rated {rated}")
