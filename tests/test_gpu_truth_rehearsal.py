@@ -222,8 +222,8 @@ def test_sweep_rows_cover_the_regimes_and_translate_for_the_probe():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
 def test_sweep_rehearsal_quick(tmp_path):
-    """``run.sh measure --cpu --quick --phases sweep``: the tiny MoE with experts on the CPU at
-    depths 0 and 256, and a dense row with op offload off, timed by probe.py and predicted by
+    """``run.sh measure --cpu --quick --phases sweep``: the tiny MoE (random routing data) with
+    experts on the CPU at depths 0 and 256, and a dense row with op offload off, timed by probe.py and predicted by
     ``plan --prompt``."""
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(out), GPU_TRUTH_WORK=str(work), KVTUNER_CPU_PROBE="off")
@@ -238,6 +238,8 @@ def test_sweep_rehearsal_quick(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((out / "gpu_truth.json").read_text())
     assert not doc["errors"] and not doc["skipped"] and doc["final"] is True
+    fixtures = {f["key"]: f for f in doc["fixtures"]}
+    assert fixtures["tiny-moe-f16"]["routing"].startswith("random token embeddings")  # routes like a real MoE
     rows = {x["key"]: x for x in doc["sweep"]}
     moe = rows["tiny-moe-cpumoe2"]
     assert moe.get("error") is None and "--n-cpu-moe 2" in moe["llama_server"]

@@ -653,6 +653,27 @@ def mxfp4_experts(spec: Any) -> Any:
     return dataclasses.replace(spec, tensors=rows)
 
 
+def routing_data(gf: Any, path: Path) -> dict[str, Any]:
+    """Make a zero-weight MoE file route as a real one does (``gguf_factory.write_routing_data``:
+    random token embeddings and routers, unit norms), so that llama-bench's random prompt tokens
+    spread over the experts instead of all taking the same ``n_expert_used``: the expert copies of
+    op offload, the GPU's grouped expert matmuls and the CPU's expert work then follow real routing.
+    MXFP4 blocks get a normal scale (``write_mxfp4_scales``): once activations are not zero a zero
+    exponent byte is a subnormal scale, which sends ggml-cpu's MXFP4 kernels down the CPU's slow
+    path. The MXFP4 tensors are then written in full (the file is no longer sparse there)."""
+    import gguf
+
+    gf.write_routing_data(path)
+    out: dict[str, Any] = {"routing": "random token embeddings and routers, unit norms (write_routing_data)"}
+    reader = gguf.GGUFReader(str(path))
+    has_mxfp4 = any(int(t.tensor_type) == int(gguf.GGMLQuantizationType.MXFP4) for t in reader.tensors)
+    del reader
+    if has_mxfp4:
+        gf.write_mxfp4_scales(path)
+        out["mxfp4_exponent"] = gf.MXFP4_NORMAL_EXPONENT
+    return out
+
+
 def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
     from kvtuner.testing import gguf_factory as gf  # the tests' generator
 
@@ -688,6 +709,8 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
                 )
             else:
                 rec.update(_default_fixture(ctx, gf, path))
+            if fx.shape == "MoE":
+                rec.update(routing_data(gf, path))
             rec["file_bytes"] = path.stat().st_size
             rec["disk_bytes"] = path.stat().st_blocks * 512
             ctx.fixtures[key] = rec
