@@ -133,8 +133,8 @@ CPU_RATED_MEMORY = (
     (r"i\d-1[23]\d\d\d", "DDR5-4800", 2),
     (r"i\d-14\d\d\d", "DDR5-5600", 2),
     (r"Core Ultra \d 2\d\d", "DDR5-6400", 2),
-    (r"EPYC 7\d\d[23]", "DDR4-3200", 8),
-    (r"Ryzen AI MAX\+? 3\d\d", "LPDDR5X-8000", 4),
+    (r"EPYC 7[0-9A-Z]{2}[23]\b", "DDR4-3200", 8),
+    (r"(?i)Ryzen AI MAX\+?(?: PRO)? 3\d\d", "LPDDR5X-8000", 4),
     (r"Xeon E5-26\d\d v4", "DDR4-2400", 4),
 )
 #: The GPU truth machine: 16 vCPUs of an "Intel(R) Xeon(R) Processor" (the VM hides the model;
@@ -181,11 +181,15 @@ def _shapes() -> list[tuple[str, str, Callable]]:
         (r"qwen3\.[56]-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B", F.qwen35moe),
         # the dense hybrid: 64 layers, every 4th full attention, 24 heads / 4 KV heads of 256
         (r"qwen3\.[56]-27b", hf + "Qwen/Qwen3.5-27B (gguf_families.qwen35)", F.qwen35),
-        # Qwen3.8-27B: the same geometry in public copies of its config (64 layers, 3 Gated
-        # DeltaNet to 1 full attention, 24 heads, 4 KV heads x 256, hidden 5120, vocab 248320,
-        # 16 key / 48 value linear heads of 128), and llama-bench labels it "qwen35 27B" with the
-        # 26.9 B parameters this shape has
-        (r"qwen3\.8-27b(-abliterated)?", "public copies of Qwen3.8-27B's config (the qwen35 27B shape)", F.qwen35),
+        # Qwen3.8-27B: the same geometry as public code copies it from its config (vLLM-Omni's
+        # kv_budget tests: 64 layers, 3 Gated DeltaNet to 1 full attention, 24 heads, 4 KV heads
+        # of 256, hidden 5120, 16 key / 48 value linear heads of 128), and llama-bench labels the
+        # file "qwen35 27B" with the 26.9 B parameters this shape has
+        (
+            r"qwen3\.8-27b(-abliterated)?",
+            hf + "Qwen/Qwen3.8-27B as public code copies it (the qwen35 27B shape)",
+            F.qwen35,
+        ),
         # a fine-tune of Qwen3.5/3.6-35B-A3B (the row's family: qwen35moe), same shape
         (r"ornith-1\.5-35b-a3b", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),
         (r"qwen3\.6-35b-a3b-uncensored-hauhaucs-aggressive", hf + "Qwen/Qwen3.6-35B-A3B (its base)", F.qwen35moe),

@@ -262,3 +262,19 @@ def test_cli_tune_runs_the_engines_llama_fit_params(engine, default_model):
     assert out.returncode == 0, out.stderr
     row = [l for l in out.stdout.splitlines() if l.startswith("--fit:")]
     assert row and "-c 8192 -ngl -1" in row[0] and "(llama-fit-params, llama-server b" in row[0], out.stdout
+
+
+def test_port_names_an_amd_cards_buffers_as_rocm_does(tmp_path):
+    """Two ROCm cards: the partly offloaded layer's overflow goes to the next card's buffer, named
+    as a ROCm build names it (ROCm1: a CUDA1 would be an unknown buffer type there), and kvtuner
+    plans the choice it prints."""
+    from kvtuner.testing.gguf_factory import write_model
+    from kvtuner.testing.gguf_families import gpt_oss
+
+    model = ModelProfile.from_gguf(write_model(tmp_path / "moe.gguf", gpt_oss()))
+    gpus = [catalogue_gpu("RX 7600"), catalogue_gpu("RX 7600", index=1)]
+    c = port_fit_choice(model, PlanConfig(), gpus, HOST, FitRequest(n_ctx=8192))
+    assert any(o.endswith("=ROCm1") for o in c.overrides) and not any("=CUDA" in o for o in c.overrides)
+    cfg, split = c.config(PlanConfig(), 2)
+    p = plan_memory(model, cfg, gpus, HOST, split=split)
+    assert all(d.total_bytes <= d.capacity_bytes - 1024 * MiB for d in p.gpus)

@@ -182,7 +182,9 @@ def _header_text(h: dict[str, Any]) -> str:
         lines.append("  not understood " + "; ".join(h["not_understood"]))
     plan = h.get("plan")
     if plan:
-        devs = ", ".join(f"{d['device']} {d['total_bytes'] / (1 << 20):.0f} MiB" for d in plan["devices"])
+        devs = ", ".join(
+            f"{d.get('backend_device') or d['device']} {d['total_bytes'] / (1 << 20):.0f} MiB" for d in plan["devices"]
+        )
         lines.append(f"  kvtuner's plan {devs} (KV {plan['kv_bytes'] / (1 << 20):.0f} MiB)")
         sp = plan.get("speed")
         if sp:

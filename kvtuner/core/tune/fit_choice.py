@@ -492,7 +492,7 @@ class _FitPort:
         Leaves the layout in :attr:`ngl_pd` / :attr:`overflow`; returns the MoE step's start
         when step 4 applies, else None."""
         nd = self.nd
-        self.names = [g.device for g in self.devs]
+        self.names = [g.backend_device for g in self.devs]  # as the build names its buffers (ROCm1)
         self.targets = [self.free_of(i) - self.margin for i in range(nd)]
         surplus_cpu_moe = 0
         if self.hp_nex > 0:
