@@ -392,3 +392,16 @@ def test_host_facts_without_proc(monkeypatch):
     total, avail, _swap, _sin, _sout = host.read_host_counters()
     assert total == psutil.virtual_memory().total and 0 < avail <= total
     assert host.process_rss_bytes(os.getpid()) == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
+
+
+def test_cli_gpus_lists_the_cards_plan_finds(amd_sysfs):
+    """``kvtuner gpus`` detects what ``plan`` plans on (NVML, then sysfs, then Apple): an AMD card
+    found in sysfs is listed as ROCm0 with the catalogue entry it matched, not "no GPU detected"."""
+    out = _kvtuner("gpus", extra_env={V.SYSFS_ROOT_ENV: str(amd_sysfs)})
+    assert out.returncode == 0, out.stderr
+    assert "detected ROCm0: AMD Radeon RX 7900 XTX (sysfs" in out.stdout and "-> RX 7900 XTX" in out.stdout
+    assert "no GPU detected" not in out.stdout
+    doc = json.loads(_kvtuner("gpus", "--json", extra_env={V.SYSFS_ROOT_ENV: str(amd_sysfs)}).stdout)
+    amd = [d for d in doc["detected"] if d["backend"] == "ROCm"]
+    assert [d["name"] for d in amd] == ["AMD Radeon RX 7900 XTX", "AMD Strix Halo iGPU"]
+    assert amd[0]["catalogue"] == "RX 7900 XTX" and amd[0]["backend_device"].startswith("ROCm")

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_gpus(args: argparse.Namespace) -> int:
     """``kvtuner gpus``."""
     from ..core.hardware.gpu_catalogue import GPU_CATALOGUE, match_nvml_name
-    from ..core.hardware.nvml import detect_gpus
+    from .args import detect_gpus
 
     detected = detect_gpus()
     if args.json:
@@ -76,10 +76,13 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                 "detected": [
                     {
                         "device": d.device,
+                        "backend": d.backend,
+                        "backend_device": d.backend_device,
                         "name": d.name,
                         "total_bytes": d.total_bytes,
                         "mem_bandwidth_bytes_s": d.mem_bandwidth_bytes_s,
                         "catalogue": d.catalogue,
+                        "source": d.source,
                     }
                     for d in detected
                 ],
@@ -97,9 +100,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     print("\ntensor rates dense (no sparsity), FP16 with FP16 accumulate; sources: kvtuner gpus --json")
     if detected:
         for d in detected:
-            hit = match_nvml_name(d.name, d.total_bytes)
+            hit = d.catalogue or (m.name if (m := match_nvml_name(d.name, d.total_bytes)) else None)
             print(
-                f"detected {d.device}: {d.name} -> {hit.name if hit else 'not in the catalogue (rates of the nearest card)'}"
+                f"detected {d.backend_device}: {d.name} ({d.source or d.backend}) -> "
+                f"{hit or 'not in the catalogue (rates of the nearest card)'}"
             )
     else:
         print("no GPU detected: plan for a card with --gpu NAME, or a generic one with --gpu-mem SIZE")
