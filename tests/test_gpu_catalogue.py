@@ -221,3 +221,32 @@ def test_cli_plan_for_a_named_card_and_bad_names():
     doc = json.loads(run_kvtuner("plan", "--gpu", "RTX 2080", "--json").stdout)
     gpu = next(d for d in doc["devices"] if d["kind"] == "gpu")
     assert gpu["name"] == "RTX 2080 (what-if)" and gpu["capacity_bytes"] == 8 * GiB
+
+
+def test_export_from_a_tune_plans_for_the_tunes_card(tmp_path):
+    """A tune for a named card records its hardware flags; an export of that result plans for them
+    (not for this machine), so a partial KV split moves layers to that card's buffer (ROCm0), and
+    the export says which hardware it planned for. A flag given to the export wins."""
+    tune = run_kvtuner("tune", "--gpu", "RX 7600", "--ctx", "4096", "--no-probe", "--json")
+    assert tune.returncode == 0, tune.stderr
+    doc = json.loads(tune.stdout)
+    assert doc["hardware"] == {"gpu_name": ["RX 7600"]}
+    (tmp_path / "t.json").write_text(tune.stdout)
+    exp = run_kvtuner(
+        "export", "--from-tune", str(tmp_path / "t.json"), "--kv-gpu-layers", "4", "--format", "llama-server"
+    )
+    assert exp.returncode == 0, exp.stderr
+    assert "planned for the tune's hardware: --gpu 'RX 7600'" in exp.stderr
+    assert "=ROCm0" in exp.stdout
+    own = run_kvtuner(
+        "export",
+        "--from-tune",
+        str(tmp_path / "t.json"),
+        "--gpu",
+        "RTX 3060 12GB",
+        "--kv-gpu-layers",
+        "4",
+        "--format",
+        "llama-server",
+    )
+    assert own.returncode == 0 and "=CUDA0" in own.stdout and "tune's hardware" not in own.stderr

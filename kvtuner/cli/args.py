@@ -285,6 +285,30 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The ``add_hardware_args`` destinations that say which hardware a command planned for.
+HARDWARE_DESTS = (
+    "gpu_name",
+    "gpu_mem",
+    "no_gpu",
+    "ram",
+    "host_mem",
+    "host_bw",
+    "host_cores",
+    "pcie",
+    "rpc",
+    "rpc_link",
+    "split_mode",
+    "tensor_split",
+    "main_gpu",
+)
+
+
+def hardware_flags(args: argparse.Namespace) -> dict[str, typing.Any]:
+    """The hardware flags given (:data:`HARDWARE_DESTS` that are set), as parsed: what a tune
+    result records so that an export from it plans for the same hardware."""
+    return {k: v for k in HARDWARE_DESTS if (v := getattr(args, k, None)) not in (None, False, [])}
+
+
 def any_hardware_flag(args: argparse.Namespace) -> bool:
     """Whether a hardware flag was given."""
     return bool(

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (
+    HARDWARE_DESTS,
     UserError,
     add_config_args,
     add_engine_arg,
@@ -130,9 +131,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     model_path = None
     try:
         if args.from_tune:
-            model_path, base = _from_tune(args.from_tune)
+            model_path, base, hardware = _from_tune(args.from_tune)
             if args.model:
                 model_path = resolve_model(args.model)
+            if hardware and not any_hardware_flag(args):
+                # plan the export for the hardware the tune planned for, as given to it
+                for k, v in hardware.items():
+                    setattr(args, k, v)
+                print(f"kvtuner: planned for the tune's hardware: {_describe_hardware(hardware)}", file=sys.stderr)
         elif args.profile:
             model_path, base, warnings = load_profile(args.profile, model_path=args.model)
         elif args.from_library is not None:
@@ -277,8 +283,23 @@ def _with_extras(args: argparse.Namespace, result: object, flags: object, model_
     return with_extras(result, extras, getattr(flags, "flags", None))
 
 
-def _from_tune(path: str) -> tuple[object, object]:
-    """The model path and best configuration of a ``kvtuner tune --json`` file.
+def _describe_hardware(hardware: dict[str, object]) -> str:
+    """The recorded hardware flags as a command line would give them (``--gpu "RX 7600"``)."""
+    import shlex
+
+    flag = {"gpu_name": "--gpu", "gpu_mem": "--gpu-mem", "rpc": "--rpc"}
+    parts: list[str] = []
+    for k, v in hardware.items():
+        name = flag.get(k, "--" + k.replace("_", "-"))
+        for x in v if isinstance(v, list) else [v]:
+            parts.append(name if x is True else f"{name} {shlex.quote(str(x))}")
+    return " ".join(parts)
+
+
+def _from_tune(path: str) -> tuple[object, object, dict[str, object]]:
+    """The model path, best configuration and hardware flags (``hardware``: the tune's own
+    ``--gpu``, ``--host-mem`` ..., as parsed; empty for an older file) of a ``kvtuner tune --json``
+    file.
 
     Raises:
         UserError: unreadable, not a tune result, or a result where nothing fit.
@@ -301,7 +322,10 @@ def _from_tune(path: str) -> tuple[object, object]:
         config = PlanConfig.from_dict(best["config"])
     except (ConfigError, KeyError, TypeError) as exc:
         raise UserError(f"--from-tune {path}: its configuration is invalid ({exc})") from None
-    return Path(doc.get("model_path", "")), config
+    hardware = doc.get("hardware") or {}
+    if not isinstance(hardware, dict) or not set(hardware) <= set(HARDWARE_DESTS):
+        raise UserError(f"--from-tune {path}: its 'hardware' is not a tune's hardware flags")
+    return Path(doc.get("model_path", "")), config, hardware
 
 
 def cmd_library(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from .args import (
     emit_json,
     engine_from_args,
     ensure_cpu_probe,
+    hardware_flags,
     load_model,
     session_from_args,
 )
@@ -140,6 +141,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         doc["fit_choice"] = fit.to_dict() if fit is not None else None
         doc["fit_choice_error"] = fit_error
         doc["model_path"] = str(model.path)
+        doc["hardware"] = hardware_flags(args)
         doc["real_loads"] = [l.to_dict() for l in loads]
         doc["dry_run"] = dry or None
         doc["explanation"] = explain(result, fit, fit_error)
