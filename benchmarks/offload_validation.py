@@ -127,6 +127,7 @@ CPU_RATED_MEMORY = (
     (r"Ryzen \d 9\d\d\d", "DDR5-5600", 2),
     (r"Ryzen \d 7\d\d\d", "DDR5-5200", 2),
     (r"Ryzen \d 5\d\d\d", "DDR4-3200", 2),
+    (r"Ryzen \d 2\d\d\d", "DDR4-2933", 2),
     (r"i\d-10\d\d\dH", "DDR4-2933", 2),
     (r"i\d-9\d\d\d", "DDR4-2666", 2),
     (r"i\d-8\d\d\d", "DDR4-2666", 2),
@@ -307,6 +308,7 @@ def _shapes() -> list[tuple[str, str, Callable]]:
             ),
         ),
         ("mistral-7b", hf + "mistralai/Mistral-7B-v0.3", "real:mistral-7b-v0.3"),
+        (r"olmoe-1b-7b(-0924)?", hf + "allenai/OLMoE-1B-7B-0924", "real:olmoe-1b-7b"),
         # phi-4: the phi3 architecture (fused QKV and gate+up), 40 layers, 5120 wide, 40 heads, 10 KV heads
         (r"(microsoft-)?phi-4(-14b)?", hf + "microsoft/phi-4", "phi4"),
     ]
