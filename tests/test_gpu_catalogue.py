@@ -250,3 +250,29 @@ def test_export_from_a_tune_plans_for_the_tunes_card(tmp_path):
         "llama-server",
     )
     assert own.returncode == 0 and "=CUDA0" in own.stdout and "tune's hardware" not in own.stderr
+
+
+def test_export_from_a_tune_takes_each_hardware_group_the_export_leaves_unset(tmp_path):
+    """The tune's devices, their split and its host are taken group by group: an export's own
+    -ts keeps the tune's cards with the export's split; its own --gpu drops the tune's split too;
+    its own --host-cores keeps the tune's cards. A hand-edited 'hardware' of the wrong types is one
+    line, exit 2."""
+    from kvtuner.cli import build_parser
+    from kvtuner.cli.args import apply_hardware_flags
+
+    hw = {"gpu_name": ["RX 7600", "RX 7600"], "tensor_split": "2,1", "host_mem": "DDR5-6000x2"}
+
+    def taken(*argv: str) -> dict:
+        args = build_parser().parse_args(["export", "--format", "llama-server", *argv])
+        return apply_hardware_flags(args, hw)
+
+    assert taken() == hw
+    assert taken("-ts", "1,1") == {"gpu_name": ["RX 7600", "RX 7600"], "host_mem": "DDR5-6000x2"}
+    assert taken("--gpu", "RTX 3090") == {"host_mem": "DDR5-6000x2"}
+    assert taken("--host-cores", "8") == {"gpu_name": ["RX 7600", "RX 7600"], "tensor_split": "2,1"}
+    doc = json.loads(run_kvtuner("tune", "--gpu", "RX 7600", "--ctx", "4096", "--no-probe", "--json").stdout)
+    for bad in ({"gpu_name": "RX 7600"}, {"host_cores": "x"}, {"no_gpu": False}, {"ram": 32}, {"gpu": ["x"]}):
+        (tmp_path / "bad.json").write_text(json.dumps({**doc, "hardware": bad}))
+        r = run_kvtuner("export", "--from-tune", str(tmp_path / "bad.json"), "--format", "llama-server")
+        assert r.returncode == 2 and "'hardware' has" in r.stderr and "Traceback" not in r.stderr, bad
+        assert len(r.stderr.strip().splitlines()) == 1

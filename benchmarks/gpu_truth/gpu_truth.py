@@ -10,7 +10,8 @@ zero-weight fixtures with the tests' ``gguf_factory``. Phases, each timed:
 
 - ``fixtures``: the zero-weight GGUF files (real shapes: Llama-3.1-8B and Llama-2-7B Q4_K_M,
   Llama-3.1-8B Q8_0, Gemma-3-12B Q4_K_M, Qwen3-30B-A3B Q4_K_M, and the default model Gemma 3
-  270M from its real header), a few KiB of disk each.
+  270M from its real header), a few KiB of disk each but for the MoE files' routing tensors and
+  the gpt-oss file's MXFP4 blocks (:func:`routing_data`).
 - ``overhead`` (serial, nothing else on the GPU): one probe per configuration reading NVML and
   cudaMemGetInfo at each stage (process start, CUDA context, model, context, after a 512-token
   batch and one token, freed): the real per-process overhead kvtuner assumes to be 400 MiB per GPU
@@ -654,10 +655,11 @@ def mxfp4_experts(spec: Any) -> Any:
 
 
 def routing_data(gf: Any, path: Path) -> dict[str, Any]:
-    """Make a zero-weight MoE file route as a real one does (``gguf_factory.write_routing_data``:
-    random token embeddings and routers, unit norms), so that llama-bench's random prompt tokens
-    spread over the experts instead of all taking the same ``n_expert_used``: the expert copies of
-    op offload, the GPU's grouped expert matmuls and the CPU's expert work then follow real routing.
+    """Make a zero-weight MoE file route its tokens to different experts
+    (``gguf_factory.write_routing_data``: random token embeddings and routers, unit norms), so that
+    the random prompt tokens spread evenly over the experts instead of all taking the same
+    ``n_expert_used``: op offload's expert copies, the GPU's grouped expert matmuls and the CPU's
+    expert work then follow even routing (a real gpt-oss prompt uses fewer of its experts).
     MXFP4 blocks get a normal scale (``write_mxfp4_scales``): once activations are not zero a zero
     exponent byte is a subnormal scale, which sends ggml-cpu's MXFP4 kernels down the CPU's slow
     path. The MXFP4 tensors are then written in full (the file is no longer sparse there)."""

@@ -285,21 +285,29 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: The ``add_hardware_args`` destinations that say which hardware a command planned for.
-HARDWARE_DESTS = (
-    "gpu_name",
-    "gpu_mem",
-    "no_gpu",
-    "ram",
-    "host_mem",
-    "host_bw",
-    "host_cores",
-    "pcie",
-    "rpc",
-    "rpc_link",
-    "split_mode",
-    "tensor_split",
-    "main_gpu",
+#: The ``add_hardware_args`` destinations that say which hardware a command planned for, with the
+#: type argparse gives each, in three groups: the devices (GPUs, RPC servers), the split over them
+#: and the host. A tune result records them (``hardware``); an export of it takes a group only
+#: when the export sets none of that group's flags itself, and the split only with the devices.
+HARDWARE_DESTS: dict[str, type] = {
+    "gpu_name": list,
+    "gpu_mem": list,
+    "no_gpu": bool,
+    "rpc": list,
+    "rpc_link": float,
+    "split_mode": str,
+    "tensor_split": str,
+    "main_gpu": int,
+    "ram": str,
+    "host_mem": str,
+    "host_bw": float,
+    "host_cores": int,
+    "pcie": str,
+}
+HARDWARE_GROUPS = (
+    ("gpu_name", "gpu_mem", "no_gpu", "rpc", "rpc_link"),
+    ("split_mode", "tensor_split", "main_gpu"),
+    ("ram", "host_mem", "host_bw", "host_cores", "pcie"),
 )
 
 
@@ -307,6 +315,50 @@ def hardware_flags(args: argparse.Namespace) -> dict[str, typing.Any]:
     """The hardware flags given (:data:`HARDWARE_DESTS` that are set), as parsed: what a tune
     result records so that an export from it plans for the same hardware."""
     return {k: v for k in HARDWARE_DESTS if (v := getattr(args, k, None)) not in (None, False, [])}
+
+
+def _hardware_value_ok(want: type | None, v: object) -> bool:
+    if want is bool:
+        return v is True
+    if want is list:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v)
+    if want is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if want is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return want is str and isinstance(v, str)
+
+
+def check_hardware_flags(hardware: object, where: str) -> dict[str, typing.Any]:
+    """``hardware`` (a recorded :func:`hardware_flags` dict) checked key by key against the types
+    argparse gives (:data:`HARDWARE_DESTS`; lists of strings, ``no_gpu`` only ``true``).
+
+    Raises:
+        UserError: not a dict, an unknown key or a value of the wrong type, naming ``where``.
+    """
+    if not isinstance(hardware, dict):
+        raise UserError(f"{where}: 'hardware' is not a mapping of hardware flags")
+    for k, v in hardware.items():
+        if not _hardware_value_ok(HARDWARE_DESTS.get(k), v):
+            raise UserError(f"{where}: 'hardware' has {k}={v!r}, not a hardware flag kvtuner tune records")
+    return dict(hardware)
+
+
+def apply_hardware_flags(args: argparse.Namespace, hardware: dict[str, typing.Any]) -> dict[str, typing.Any]:
+    """Set on ``args`` each group of ``hardware`` (:data:`HARDWARE_GROUPS`) of which ``args`` sets
+    no flag itself (the split: nor a device flag, since a split belongs to its devices); returns
+    what was set."""
+    given = hardware_flags(args)
+    taken: dict[str, typing.Any] = {}
+    devices, split, _host = HARDWARE_GROUPS
+    for group in HARDWARE_GROUPS:
+        if any(k in given for k in (group + devices if group is split else group)):
+            continue
+        for k in group:
+            if k in hardware:
+                setattr(args, k, hardware[k])
+                taken[k] = hardware[k]
+    return taken
 
 
 def any_hardware_flag(args: argparse.Namespace) -> bool:

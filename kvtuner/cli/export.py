@@ -8,7 +8,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from .args import (
-    HARDWARE_DESTS,
     UserError,
     add_config_args,
     add_engine_arg,
@@ -17,6 +16,8 @@ from .args import (
     add_model_arg,
     add_vllm_args,
     any_hardware_flag,
+    apply_hardware_flags,
+    check_hardware_flags,
     config_from_args,
     emit_json,
     engine_from_args,
@@ -134,11 +135,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             model_path, base, hardware = _from_tune(args.from_tune)
             if args.model:
                 model_path = resolve_model(args.model)
-            if hardware and not any_hardware_flag(args):
-                # plan the export for the hardware the tune planned for, as given to it
-                for k, v in hardware.items():
-                    setattr(args, k, v)
-                print(f"kvtuner: planned for the tune's hardware: {_describe_hardware(hardware)}", file=sys.stderr)
+            # plan the export for the hardware the tune planned for, but for what the export sets itself
+            taken = apply_hardware_flags(args, hardware)
+            if taken:
+                print(f"kvtuner: planned for the tune's hardware: {_describe_hardware(taken)}", file=sys.stderr)
         elif args.profile:
             model_path, base, warnings = load_profile(args.profile, model_path=args.model)
         elif args.from_library is not None:
@@ -322,9 +322,7 @@ def _from_tune(path: str) -> tuple[object, object, dict[str, object]]:
         config = PlanConfig.from_dict(best["config"])
     except (ConfigError, KeyError, TypeError) as exc:
         raise UserError(f"--from-tune {path}: its configuration is invalid ({exc})") from None
-    hardware = doc.get("hardware") or {}
-    if not isinstance(hardware, dict) or not set(hardware) <= set(HARDWARE_DESTS):
-        raise UserError(f"--from-tune {path}: its 'hardware' is not a tune's hardware flags")
+    hardware = check_hardware_flags(doc.get("hardware") or {}, f"--from-tune {path}")
     return Path(doc.get("model_path", "")), config, hardware
 
 
