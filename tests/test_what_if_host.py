@@ -111,6 +111,17 @@ def test_plan_for_a_what_if_host_names_it(gpt_oss, capsys):  # noqa: F811
     assert "for what-if host: DDR4-3200x2 (51.2 GB/s theoretical, 45.1 GB/s achieved), 6 cores, PCIe 4.0 x16" in text
 
 
+def test_a_unified_gpu_has_no_pcie_link(gpt_oss, capsys):  # noqa: F811
+    """An APU or Apple silicon shares one memory pool with the CPU: --pcie does not apply to it
+    (it gave no prediction at all: "PCIe 0.0 x0 is not a PCIe link"), and its speed sources say
+    so instead of "PCIe 0.0 x0"."""
+    with_slot = _plan(capsys, gpt_oss, "--gpu", "Strix Halo 128GB", "--host-mem", "DDR5-5600x2", "--pcie", "4x16")
+    without = _plan(capsys, gpt_oss, "--gpu", "Strix Halo 128GB", "--host-mem", "DDR5-5600x2")
+    assert with_slot["speed"]["decode_tok_s"] == without["speed"]["decode_tok_s"] > 0
+    assert "one memory pool with the CPU (no PCIe link)" in with_slot["speed"]["sources"][0]
+    assert all("PCIe 0.0" not in x for x in with_slot["speed"]["sources"])
+
+
 def test_each_host_flag_moves_the_prediction(gpt_oss, capsys):  # noqa: F811
     """Experts on the CPU: a slower RAM (--host-bw) slows decode, a narrow eGPU link (--pcie 3x4)
     slows prefill (op offload copies the host experts to the GPU per ubatch), more cores

@@ -589,7 +589,8 @@ def gpu_rates(gpu: GpuSpec, pcie_link: tuple[int, int] | None = None) -> DeviceR
     (:func:`catalogue_entry`). ``pcie_link``: the host slot's ``(generation, lanes)``
     (``--pcie``); a link trains to the lower generation and the fewer lanes of card and slot
     (PCI Express Base Specification, link training), so a card of the catalogue gets
-    ``min(gen) x min(lanes)`` and any other card the slot's link."""
+    ``min(gen) x min(lanes)`` and any other card the slot's link; a unified-memory GPU (an APU,
+    Apple silicon) has no link and keeps its own figure."""
     entry = catalogue_entry(gpu)
     own = gpu.catalogue == entry.name or (not gpu.what_if and match_nvml_name(gpu.name, gpu.total_bytes) is entry)
     src = []
@@ -599,7 +600,10 @@ def gpu_rates(gpu: GpuSpec, pcie_link: tuple[int, int] | None = None) -> DeviceR
     else:
         src.append(f"bandwidth of the {entry.name} (catalogue)")
     pcie = gpu.pcie_bandwidth_bytes_s or entry.pcie_bandwidth_bytes_s
-    if pcie_link is not None and gpu.endpoint is None:
+    if gpu.unified or entry.pcie_gen == 0:
+        # one memory pool with the CPU: no link to train, whatever slot the host has
+        src.append("one memory pool with the CPU (no PCIe link)")
+    elif pcie_link is not None and gpu.endpoint is None:
         gen, lanes = pcie_link
         if own:
             gen, lanes = min(gen, entry.pcie_gen), min(lanes, entry.pcie_lanes)
