@@ -276,3 +276,19 @@ def test_export_from_a_tune_takes_each_hardware_group_the_export_leaves_unset(tm
         r = run_kvtuner("export", "--from-tune", str(tmp_path / "bad.json"), "--format", "llama-server")
         assert r.returncode == 2 and "'hardware' has" in r.stderr and "Traceback" not in r.stderr, bad
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_each_backend_numbers_its_own_devices():
+    """An NVIDIA card and an AMD one are CUDA0 and ROCm0, as each ggml backend numbers its devices
+    from 0 (not ROCm1 after the CUDA card's slot); the AMD card keeps its CUDA1 slot as the plan's
+    key, and an -ot override names it ROCm0 (ROCm1 is one line, exit 2)."""
+    doc = json.loads(run_kvtuner("plan", "--gpu", "RTX 3090", "--gpu", "RX 7900 XTX", "--no-probe", "--json").stdout)
+    assert [(d["device"], d["backend_device"]) for d in doc["devices"]] == [
+        ("CUDA0", "CUDA0"),
+        ("CUDA1", "ROCm0"),
+        ("CPU", "CPU"),
+    ]
+    ok = run_kvtuner("plan", "--gpu", "RTX 3090", "--gpu", "RX 7900 XTX", "-ot", "token_embd=ROCm0", "--no-probe")
+    assert ok.returncode == 0, ok.stderr
+    bad = run_kvtuner("plan", "--gpu", "RTX 3090", "--gpu", "RX 7900 XTX", "-ot", "token_embd=ROCm1", "--no-probe")
+    assert bad.returncode == 2 and "ROCm1" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

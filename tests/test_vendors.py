@@ -345,7 +345,7 @@ def test_plan_json_names_each_device_by_its_backend(amd_sysfs):
     assert rows == [
         ("CUDA0", "ROCm", "ROCm0", False),
         ("CUDA1", "ROCm", "ROCm1", True),
-        ("CUDA2", "Metal", "MTL2", True),
+        ("CUDA2", "Metal", "MTL0", True),  # each backend numbers its own devices from 0
     ]
 
 

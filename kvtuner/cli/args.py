@@ -537,7 +537,7 @@ def hardware_from_args(
     """
     from ..core.hardware.gpu_catalogue import UnknownGpuError
     from ..core.hardware.host import detect_host
-    from ..core.hardware.specs import HostSpec, catalogue_gpu, what_if_gpu
+    from ..core.hardware.specs import HostSpec, catalogue_gpu, index_by_backend, what_if_gpu
     from ..core.units import parse_size
 
     def size(flag: str, text: str) -> int:
@@ -577,7 +577,7 @@ def hardware_from_args(
     if getattr(args, "ram", None):
         total = size("--ram", args.ram)
         host = HostSpec(total_bytes=total, available_bytes=total, cpu_features=host.cpu_features)
-    return gpus, what_if_host(host, args)
+    return index_by_backend(gpus), what_if_host(host, args)
 
 
 def session_from_args(args: argparse.Namespace, model: ModelProfile, config: PlanConfig) -> Session:

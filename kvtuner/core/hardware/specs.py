@@ -5,7 +5,8 @@ Detection lives in :mod:`kvtuner.core.hardware.nvml` and :mod:`kvtuner.core.hard
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..units import GiB, MiB
@@ -45,6 +46,8 @@ class GpuSpec:
         source: where ``total_bytes`` / ``free_bytes`` were read (``"nvml"``, ``"sysfs"``,
             ``"llama-server --list-devices"``, ``"catalogue"``; "" for what-if cards).
         flags: contradictions found in the reading (:func:`kvtuner.core.hardware.vendors.check_reading`).
+        backend_index: the device's index among its own backend's devices, which each ggml backend
+            numbers from 0 (:func:`index_by_backend`); None: the ``CUDA<i>`` slot's index.
     """
 
     name: str
@@ -63,6 +66,7 @@ class GpuSpec:
     ram_bytes: int | None = None
     source: str = ""
     flags: tuple[str, ...] = ()
+    backend_index: int | None = None
 
     @property
     def device(self) -> str:
@@ -77,7 +81,7 @@ class GpuSpec:
     def backend_device(self) -> str:
         """The device as its own backend names it (:func:`backend_device_name`): ``CUDA0``,
         ``ROCm0``, ``Vulkan0``, ``SYCL0``, ``MTL0``, ``RPC0[host:port]``."""
-        return backend_device_name(self.backend, self.device)
+        return backend_device_name(self.backend, self.device, self.backend_index)
 
     @property
     def kind(self) -> str:
@@ -153,14 +157,31 @@ class HostSpec:
         return (self.what_if, self.mem_bandwidth_bytes_s if self.what_if else None, self.n_cores, self.pcie_link)
 
 
-def backend_device_name(backend: str, device: str) -> str:
+def backend_device_name(backend: str, device: str, index: int | None = None) -> str:
     """A planned device's name as its backend's log gives it: the planner's ``CUDA<i>`` slot for
-    CUDA and unnamed backends, an RPC device as it is, else the backend's own name with the index
+    CUDA and unnamed backends, an RPC device as it is, else the backend's own name with ``index``
+    (its index among that backend's devices, each backend numbering from 0; None: the slot's)
     (ggml-cuda ``GGML_CUDA_NAME``, "ROCm" in a HIP build; ggml-vulkan ``GGML_VK_NAME``; ggml-sycl
     ``GGML_SYCL_NAME``; ggml-metal.cpp ``GGML_METAL_NAME`` "MTL")."""
     if backend in ("", "CUDA") or not device.startswith("CUDA"):
         return device
-    return f"{'MTL' if backend == 'Metal' else backend}{device[4:]}"
+    return f"{'MTL' if backend == 'Metal' else backend}{device[4:] if index is None else index}"
+
+
+def index_by_backend(gpus: Sequence[GpuSpec]) -> list[GpuSpec]:
+    """``gpus`` with each non-CUDA local GPU's ``backend_index``: how many GPUs of its backend come
+    before it, as each ggml backend numbers its own devices from 0 (an NVIDIA card and an AMD one
+    are ``CUDA0`` and ``ROCm0``, not ``ROCm1``). CUDA cards keep their ``CUDA<i>`` slot name, the
+    key every consumer plans on; RPC devices are unchanged."""
+    seen: dict[str, int] = {}
+    out = []
+    for g in gpus:
+        if g.endpoint is None and g.backend not in ("", "CUDA"):
+            out.append(replace(g, backend_index=seen.get(g.backend, 0)))
+            seen[g.backend] = seen.get(g.backend, 0) + 1
+        else:
+            out.append(g)
+    return out
 
 
 #: What-if presets offered by the GUI and ``--gpu-mem`` (decimal "GB" cards hold binary GiB).

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..units import MiB
-from .specs import GpuSpec, metal_working_set_bytes
+from .specs import GpuSpec, index_by_backend, metal_working_set_bytes
 
 if TYPE_CHECKING:
     pass
@@ -437,9 +437,10 @@ def apple_gpu_specs(index: int = 0) -> list[GpuSpec]:
 def detect_all_gpus() -> list[GpuSpec]:
     """Every GPU this machine shows: NVIDIA's through NVML, then AMD's and Intel's through sysfs
     (:func:`sysfs_gpu_specs`), then Apple silicon's (:func:`apple_gpu_specs`), indexed in that
-    order. Empty when there is none (a normal state)."""
+    order, each named by its backend's own index (:func:`~kvtuner.core.hardware.specs.index_by_backend`).
+    Empty when there is none (a normal state)."""
     from .nvml import detect_gpus
 
     gpus = detect_gpus()
     gpus += sysfs_gpu_specs(first_index=len(gpus))
-    return [*gpus, *apple_gpu_specs(index=len(gpus))]
+    return index_by_backend([*gpus, *apple_gpu_specs(index=len(gpus))])

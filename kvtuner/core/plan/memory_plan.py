@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..hardware.specs import GpuSpec, HostSpec, backend_device_name
+from ..hardware.specs import GpuSpec, HostSpec, backend_device_name, index_by_backend
 from ..model.ggml_types import GgmlType, kv_type, row_size
 from ..model.profile import ModelProfile
 from ..units import MiB
@@ -90,6 +90,8 @@ class DevicePlan:
     (:mod:`kvtuner.core.plan.repack`): committed memory on top of the mapped file pages.
     ``extras_bytes`` is what a projector, a draft model and LoRA adapters add here
     (:func:`kvtuner.core.plan.extras.with_extras`; 0 without them).
+    ``backend_index`` is a non-CUDA GPU's index among its backend's devices (``ROCm0`` beside
+    ``CUDA0``; :func:`~kvtuner.core.hardware.specs.index_by_backend`), None: the slot's.
 
     As the OS sees the host: :attr:`mapped_bytes` are file pages (reclaimable page cache, read
     again from disk when evicted), :attr:`committed_bytes` everything else (anonymous memory
@@ -118,6 +120,7 @@ class DevicePlan:
     unified: bool = False
     source: str = ""
     flags: tuple[str, ...] = ()
+    backend_index: int | None = None
 
     @property
     def backend_device(self) -> str:
@@ -125,7 +128,7 @@ class DevicePlan:
         ``ROCm0``, ``Vulkan0``, ``MTL0`` for a GPU of another backend (ggml-metal.cpp
         ``GGML_METAL_NAME "MTL"``; ggml-vulkan.cpp ``GGML_VK_NAME``; the plan's ``device`` keeps
         the ``CUDA<i>`` slot name every consumer keys on)."""
-        return self.device if self.kind != "gpu" else backend_device_name(self.backend, self.device)
+        return self.device if self.kind != "gpu" else backend_device_name(self.backend, self.device, self.backend_index)
 
     @property
     def total_bytes(self) -> int:
@@ -358,8 +361,9 @@ class MemoryPlan:
 def order_devices(gpus: Sequence[GpuSpec]) -> list[GpuSpec]:
     """The devices in llama.cpp's order (src/llama.cpp ``llama_prepare_model_devices``: "add RPC
     servers at the front of the list to minimize network transfers", in ``--rpc`` order, then the
-    local GPUs); ``-ts`` and ``-mg`` index this order."""
-    return [g for g in gpus if g.kind == "rpc"] + [g for g in gpus if g.kind != "rpc"]
+    local GPUs); ``-ts`` and ``-mg`` index this order. Each local GPU of a backend other than CUDA
+    gets its index among that backend's devices (:func:`~kvtuner.core.hardware.specs.index_by_backend`)."""
+    return index_by_backend([g for g in gpus if g.kind == "rpc"] + [g for g in gpus if g.kind != "rpc"])
 
 
 def _layer_devices(
@@ -874,6 +878,7 @@ def _gpu_plans(
                 unified=g.unified,
                 source=g.source,
                 flags=g.flags,
+                backend_index=g.backend_index,
             )
         )
     return out

@@ -8,6 +8,8 @@ itself is :func:`kvtuner.core.plan.placement.device_layer_split`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6 import QtCore, QtWidgets
 
 from ...core.hardware.gpu_catalogue import GPU_CATALOGUE
@@ -129,18 +131,8 @@ class DeviceListPanel(QtWidgets.QGroupBox):
         local = list(self._base)
         for g in self._extra:
             if g.endpoint is None:
-                local.append(
-                    GpuSpec(
-                        g.name,
-                        g.total_bytes,
-                        g.free_bytes,
-                        len(local),
-                        g.mem_bandwidth_bytes_s,
-                        g.pcie_bandwidth_bytes_s,
-                        g.what_if,
-                        g.catalogue,
-                    )
-                )
+                # the next slot, the card's own backend and figures kept (an AMD card stays ROCm)
+                local.append(replace(g, index=len(local)))
         return order_devices([g for g in self._extra if g.endpoint is not None] + local)
 
     def split(self) -> DeviceSplit:
