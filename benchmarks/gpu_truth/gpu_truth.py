@@ -654,23 +654,19 @@ def mxfp4_experts(spec: Any) -> Any:
     return dataclasses.replace(spec, tensors=rows)
 
 
-def routing_data(gf: Any, path: Path) -> dict[str, Any]:
+def routing_data(gf: Any, path: Path, mxfp4: bool) -> dict[str, Any]:
     """Make a zero-weight MoE file route its tokens to different experts
     (``gguf_factory.write_routing_data``: random token embeddings and routers, unit norms), so that
     the random prompt tokens spread evenly over the experts instead of all taking the same
     ``n_expert_used``: op offload's expert copies, the GPU's grouped expert matmuls and the CPU's
     expert work then follow even routing (a real gpt-oss prompt uses fewer of its experts).
-    MXFP4 blocks get a normal scale (``write_mxfp4_scales``): once activations are not zero a zero
-    exponent byte is a subnormal scale, which sends ggml-cpu's MXFP4 kernels down the CPU's slow
-    path. The MXFP4 tensors are then written in full (the file is no longer sparse there)."""
-    import gguf
-
+    ``mxfp4`` (a file written with MXFP4 experts): its blocks get a normal scale
+    (``write_mxfp4_scales``): once activations are not zero a zero exponent byte is a subnormal
+    scale, which sends ggml-cpu's MXFP4 kernels down the CPU's slow path. The MXFP4 tensors are
+    then written in full (the file is no longer sparse there)."""
     gf.write_routing_data(path)
     out: dict[str, Any] = {"routing": "random token embeddings and routers, unit norms (write_routing_data)"}
-    reader = gguf.GGUFReader(str(path))
-    has_mxfp4 = any(int(t.tensor_type) == int(gguf.GGMLQuantizationType.MXFP4) for t in reader.tensors)
-    del reader
-    if has_mxfp4:
+    if mxfp4:
         gf.write_mxfp4_scales(path)
         out["mxfp4_exponent"] = gf.MXFP4_NORMAL_EXPONENT
     return out
@@ -712,7 +708,7 @@ def write_fixtures(ctx: Ctx, wanted: set[str]) -> None:
             else:
                 rec.update(_default_fixture(ctx, gf, path))
             if fx.shape == "MoE":
-                rec.update(routing_data(gf, path))
+                rec.update(routing_data(gf, path, mxfp4=fx.quant == "mxfp4-experts"))
             rec["file_bytes"] = path.stat().st_size
             rec["disk_bytes"] = path.stat().st_blocks * 512
             ctx.fixtures[key] = rec

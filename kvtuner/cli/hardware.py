@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_gpus(args: argparse.Namespace) -> int:
     """``kvtuner gpus``."""
-    from ..core.hardware.gpu_catalogue import GPU_CATALOGUE, match_nvml_name
+    from ..core.hardware.gpu_catalogue import GPU_CATALOGUE
     from .args import detect_gpus
 
     detected = detect_gpus()
@@ -100,10 +100,10 @@ def cmd_gpus(args: argparse.Namespace) -> int:
     print("\ntensor rates dense (no sparsity), FP16 with FP16 accumulate; sources: kvtuner gpus --json")
     if detected:
         for d in detected:
-            hit = d.catalogue or (m.name if (m := match_nvml_name(d.name, d.total_bytes)) else None)
+            # detection matched each card to its catalogue entry (NVML names, sysfs ids, Apple chips)
             print(
                 f"detected {d.backend_device}: {d.name} ({d.source or d.backend}) -> "
-                f"{hit or 'not in the catalogue (rates of the nearest card)'}"
+                f"{d.catalogue or 'not in the catalogue (rates of the nearest card)'}"
             )
     else:
         print("no GPU detected: plan for a card with --gpu NAME, or a generic one with --gpu-mem SIZE")
