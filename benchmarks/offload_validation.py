@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import statistics
 import sys
@@ -679,6 +680,7 @@ def run_rows(rows: list[dict], directory: Path) -> list[dict]:
     from kvtuner.core.model.profile import ModelProfile
     from kvtuner.core.plan.memory_plan import plan_memory
     from kvtuner.core.plan.verdict import fit_verdict
+    from kvtuner.core.speed.regime import placement_regime
     from kvtuner.core.speed.speed_model import speed_inputs
 
     out = []
@@ -716,6 +718,7 @@ def run_rows(rows: list[dict], directory: Path) -> list[dict]:
                 fixture_gib=prof.file_bytes / (1 << 30),
                 gpu_name=gpu.catalogue,
                 vram_planned_gib=plan.gpus[0].total_bytes / (1 << 30),
+                placement=placement_regime(plan),
             )
         except Exception as exc:
             rec["skip"] = f"{type(exc).__name__}: {exc}"
@@ -812,6 +815,61 @@ def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, l
                 without.append((src, len(rest), _median_abs(rest)))
         out.append((regime, phase, len(v), _median_abs([e for _, e in v]), without))
     return out
+
+
+def bands(recs: list[dict]) -> dict[str, dict[str, tuple[int, float, bool]]]:
+    """The prediction bands of kvtuner's offload regimes: per regime of
+    :func:`kvtuner.core.speed.regime.placement_regime` and phase, ``(rows, band)`` over the
+    validation rows (long-depth rows, whose error mixes in the depth, left out), the band being
+    :func:`kvtuner.core.speed.regime.band_log` of their ``ln(predicted / measured)``; a regime
+    with under ``BAND_MIN_ROWS`` rows of a phase takes the band of all offload rows of that phase
+    (``pooled``; ``rows`` then counts those). :data:`kvtuner.core.speed.regime.REGIME_BAND_LOG` holds these."""
+    from kvtuner.core.speed.regime import BAND_MIN_ROWS, band_log
+
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in recs:
+        if (
+            "pred" in r
+            and r["set"] == "validate"
+            and r["regime"] != "long_depth"
+            and r["placement"] not in ("cpu", "full")
+        ):
+            e = math.log(r["pred"] / r["tps"])
+            groups.setdefault((r["placement"], r["phase"]), []).append(e)
+            groups.setdefault(("offload", r["phase"]), []).append(e)
+    out: dict[str, dict[str, tuple[int, float, bool]]] = {}
+    for regime in ("partial_ngl", "experts_cpu", "kv_ram"):
+        for phase in ("decode", "prefill"):
+            errs = groups.get((regime, phase), [])
+            pooled = len(errs) < BAND_MIN_ROWS
+            if pooled:
+                errs = groups.get(("offload", phase), [])
+            if errs:
+                out.setdefault(regime, {})[phase] = (len(errs), round(band_log(errs), 3), pooled)
+    return out
+
+
+def print_bands(recs: list[dict], markdown: bool) -> None:
+    """Print :func:`bands` and the ``REGIME_BAND_LOG`` literal they make."""
+    b = bands(recs)
+    print("\nPrediction band per placement regime: |ln(predicted / measured)| two of three validation rows")
+    print("stay within (rows; under 5 rows of a phase: all offload rows)")
+    for regime, v in b.items():
+        cells = "  ".join(
+            f"{ph} x{math.exp(x):.2f} ({'all ' if pooled else ''}{n} {'offload ' if pooled else ''}rows)"
+            for ph, (n, x, pooled) in v.items()
+        )
+        print(f"{regime:12s} {cells}")
+    literal = ", ".join(f'"{k}": ({v["decode"][1]}, {v["prefill"][1]})' for k, v in b.items())
+    print(f"REGIME_BAND_LOG = {{{literal}}}")
+    if markdown:
+        print("\n| regime | decode band (rows) | prefill band (rows) |\n|---|---|---|")
+        for regime, v in b.items():
+            d, p = (
+                f"x{math.exp(x):.2f} ({'all ' if pooled else ''}{n}{' offload' if pooled else ''})"
+                for n, x, pooled in (v["decode"], v["prefill"])
+            )
+            print(f"| {regime} | {d} | {p} |")
 
 
 def print_leave_one_source_out(recs: list[dict], markdown: bool) -> None:
@@ -1015,6 +1073,8 @@ def main(argv: list[str] | None = None) -> int:
         recs = run_rows(rows, directory)
         print_report(recs, a.markdown)
         print_leave_one_source_out(recs, a.markdown)
+        if "validate" in sets:
+            print_bands(recs, a.markdown)
     if a.h200:
         print_h200(h200_rows(json.loads(H200_RESULTS.read_text()), directory), a.markdown)
     return 0

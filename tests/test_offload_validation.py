@@ -178,3 +178,23 @@ def test_the_fitting_scripts_print_the_constants_the_model_uses(capsys):
     routing = load_script("benchmarks/routing_fit.py")
     assert routing.main([]) == 0
     assert routing.shares(json.loads(routing.ROWS.read_text())) == GPT_OSS_ROUTED_SHARE
+
+
+@pytest.mark.slow
+def test_the_regime_bands_the_model_uses_are_the_validation_rows_spread(tmp_path):
+    """REGIME_BAND_LOG is what ``--bands`` computes from every validation row (about 6 s of sparse
+    fixtures), and kvtuner's own regime of each row's plan is the regime the row was collected
+    under; a row of layers in RAM run with -nkvo, filed under kv_ram, counts as layers in RAM."""
+    from kvtuner.core.speed.regime import REGIME_BAND_LOG
+
+    rows = [r for r in ov.load_all_rows([ov.ROWS, ov.ROWS_MORE]) if r["set"] == "validate"]
+    recs = [r for r in ov.run_rows(rows, tmp_path) if "pred" in r]
+    assert len(recs) > 150
+    bands = ov.bands(recs)
+    assert {k: (v["decode"][1], v["prefill"][1]) for k, v in bands.items()} == REGIME_BAND_LOG
+    for r in recs:
+        if r["regime"] == "long_depth":
+            continue
+        if r["regime"] == "kv_ram" and r.get("ngl") is not None and r["placement"] == "partial_ngl":
+            continue
+        assert r["placement"] == r["regime"], r["id"]

@@ -283,9 +283,11 @@ def _structure_source(plan: MemoryPlan) -> str:
 
 def _speed_text(speed: SpeedPrediction) -> str:
     """Predicted speed lines: decode at depth 0 and full context with their speed badges, prefill."""
+    from ..core.speed.regime import band_note
     from ..core.speed.speed_model import speed_band
 
     lo, hi = speed.band
+    plo, phi = speed.prefill_band
     cal = (
         f"calibrated on {speed.n_calibration_runs} run{'s' if speed.n_calibration_runs != 1 else ''}"
         if speed.n_calibration_runs
@@ -300,7 +302,9 @@ def _speed_text(speed: SpeedPrediction) -> str:
             f"  decode   {speed.decode_tok_s:8.2f} tok/s empty cache [{speed_band(speed.decode_tok_s)}]"
             f"  (band {lo:.2f}-{hi:.2f}),  {speed.decode_tok_s_at_full_ctx:.2f} tok/s at full context "
             f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",
-            f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)",
+            f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)"
+            + (f"  (band {plo:.1f}-{phi:.1f})" if phi > 0 else ""),
+            *([f"  {note}"] if (note := band_note(speed.regime)) else []),
         ]
     )
 

@@ -100,6 +100,7 @@ from ..plan.memory_plan import MemoryPlan
 from ..plan.reserve_graph import last_layer_rows_only
 from ..units import GiB
 from .cpu_probe import CpuRates, ProbeError, is_lookup_type, layer_attn_key, nearest
+from .regime import placement_regime, regime_band_log
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -1365,6 +1366,9 @@ class SpeedPrediction:
         sources: where the rates came from.
         inputs: the inputs used (for re-predicting variants; not serialised).
         host: the host predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`).
+        regime: where the plan keeps weights and KV (:func:`.regime.placement_regime`); in an
+            offload regime the bands are at least that regime's measured spread
+            (:data:`.regime.REGIME_BAND_LOG`).
     """
 
     decode_tok_s: float
@@ -1379,6 +1383,7 @@ class SpeedPrediction:
     sources: tuple[str, ...] = ()
     inputs: SpeedInputs | None = field(default=None, repr=False, compare=False)
     host: dict[str, Any] | None = None
+    regime: str = "full"
 
     @property
     def badge(self) -> str:
@@ -1401,6 +1406,7 @@ class SpeedPrediction:
             "curve": [[d, v] for d, v in self.curve],
             "sources": list(self.sources),
             "host": self.host,
+            "regime": self.regime,
         }
 
 
@@ -1432,8 +1438,10 @@ def speed_band(decode_tok_s: float) -> str:
 def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int = 512) -> SpeedPrediction:
     """Predict decode (depth 0, full context, curve) and prefill speed for ``plan``.
 
-    ``prefill_tokens`` is clamped to the context. The band is
-    ``value * exp(-/+ inputs.sigma_log)``.
+    ``prefill_tokens`` is clamped to the context. The band is ``value * exp(-/+ sigma)``, sigma
+    being ``inputs.sigma_log`` (``inputs.prefill_sigma_log`` for prefill), or where the plan keeps
+    layers, experts or KV in RAM the larger of that and the regime's spread on public rows
+    (:data:`.regime.REGIME_BAND_LOG`): the calibration spread comes from CPU and full-offload runs.
 
     Raises:
         SpeedModelError: a device of the plan has no rates in ``inputs``.
@@ -1446,8 +1454,14 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     dec_full = curve[-1][1]
     n_p = max(1, min(prefill_tokens, plan.n_ctx_seq))
     pre = prefill_tok_s(plan, inputs, n_p, 0)
-    k = math.exp(inputs.sigma_log)
-    kp = math.exp(inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log)
+    regime = placement_regime(plan)
+    sigma = inputs.sigma_log
+    sigma_p = inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log
+    spread = regime_band_log(regime)
+    if spread is not None:
+        sigma, sigma_p = max(sigma, spread[0]), max(sigma_p, spread[1])
+    k = math.exp(sigma)
+    kp = math.exp(sigma_p)
     names = {d.device: d.backend_device for d in plan.devices}
     sources = tuple(f"{names.get(r.device, r.device)}: {r.source}" for r in inputs.rates.values() if r.source)
     return SpeedPrediction(
@@ -1463,4 +1477,5 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
         sources=sources,
         inputs=inputs,
         host=inputs.host,
+        regime=regime,
     )
