@@ -407,3 +407,26 @@ def test_cli_gpus_lists_the_cards_plan_finds(amd_sysfs):
     amd = [d for d in doc["detected"] if d["backend"] == "ROCm"]
     assert [d["name"] for d in amd] == ["AMD Radeon RX 7900 XTX", "AMD Strix Halo iGPU"]
     assert amd[0]["catalogue"] == "RX 7900 XTX" and amd[0]["backend_device"].startswith("ROCm")
+
+
+def test_an_nvidia_and_an_amd_card_need_two_backends_no_build_holds(default_profile):
+    """CUDA and ROCm cannot share a llama-server (ggml-hip builds ggml-cuda's sources): the plan
+    says so and names each card as its backend does; two cards of one vendor, or a card beside an
+    rpc-server, raise nothing."""
+    from kvtuner.core.advice.backends import advise_backends
+    from kvtuner.core.plan.config import PlanConfig
+    from kvtuner.core.plan.memory_plan import plan_memory
+
+    def ids(*names: str) -> list[str]:
+        gpus = [catalogue_gpu(n) for n in names]
+        return [a.id for a in advise_backends(plan_memory(default_profile, PlanConfig(n_ctx=1024), gpus), gpus)]
+
+    assert ids("RTX 3090", "RTX 3060 12GB") == [] and ids("RX 7900 XTX", "RX 7600") == []
+    assert ids("RX 7600", "RTX 3060 12GB") == ["mixed-backends"]
+    cp = run_kvtuner("plan", "--gpu", "RTX 3090", "--gpu", "RX 7900 XTX", "--gpu", "RX 7600", "--no-probe", "--json")
+    assert cp.returncode == 0, cp.stderr
+    (adv,) = [a for a in json.loads(cp.stdout)["advice"] if a["id"] == "mixed-backends"]
+    assert adv["severity"] == "warning" and not adv["fix"]
+    assert adv["message"].startswith("CUDA0 RTX 3090 (what-if) and ROCm0 RX 7900 XTX (what-if) and ROCm1 RX 7600")
+    assert "Vulkan build" in adv["message"] and "rpc-server" in adv["message"]
+    assert "llama.cpp#29048" in adv["reason"]
