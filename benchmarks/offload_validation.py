@@ -817,59 +817,59 @@ def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, l
     return out
 
 
-def bands(recs: list[dict]) -> dict[str, dict[str, tuple[int, float, bool]]]:
-    """The prediction bands of kvtuner's offload regimes: per regime of
-    :func:`kvtuner.core.speed.regime.placement_regime` and phase, ``(rows, band)`` over the
-    validation rows (long-depth rows, whose error mixes in the depth, left out), the band being
-    :func:`kvtuner.core.speed.regime.band_log` of their ``ln(predicted / measured)``; a regime
-    with under ``BAND_MIN_ROWS`` rows of a phase takes the band of all offload rows of that phase
-    (``pooled``; ``rows`` then counts those). :data:`kvtuner.core.speed.regime.REGIME_BAND_LOG` holds these."""
-    from kvtuner.core.speed.regime import BAND_MIN_ROWS, band_log
+def likely_ranges(recs: list[dict]) -> dict[str, dict[str, tuple[int, float, float, bool]]]:
+    """The likely ranges of kvtuner's offload regimes: per regime of
+    :func:`kvtuner.core.speed.regime.placement_regime` and phase, ``(rows, low, high, pooled)``
+    over the validation rows (long-depth rows, whose error mixes in the depth, left out), ``low``
+    and ``high`` being :func:`kvtuner.core.speed.regime.percentile_range` of their
+    ``ln(measured / predicted)``, rounded to 3 places; a regime with under ``RANGE_MIN_ROWS`` rows
+    of a phase takes all offload rows of that phase (``pooled``; ``rows`` then counts those).
+    :data:`kvtuner.core.speed.regime.REGIME_RANGE_LOG` holds these."""
+    from kvtuner.core.speed.regime import OFFLOAD_REGIMES, RANGE_MIN_ROWS, percentile_range
 
     groups: dict[tuple[str, str], list[float]] = {}
     for r in recs:
-        if (
-            "pred" in r
-            and r["set"] == "validate"
-            and r["regime"] != "long_depth"
-            and r["placement"] not in ("cpu", "full")
-        ):
-            e = math.log(r["pred"] / r["tps"])
+        if "pred" in r and r["set"] == "validate" and r["regime"] != "long_depth" and r["placement"] in OFFLOAD_REGIMES:
+            e = math.log(r["tps"] / r["pred"])
             groups.setdefault((r["placement"], r["phase"]), []).append(e)
             groups.setdefault(("offload", r["phase"]), []).append(e)
-    out: dict[str, dict[str, tuple[int, float, bool]]] = {}
-    for regime in ("partial_ngl", "experts_cpu", "kv_ram"):
+    out: dict[str, dict[str, tuple[int, float, float, bool]]] = {}
+    for regime in OFFLOAD_REGIMES:
         for phase in ("decode", "prefill"):
             errs = groups.get((regime, phase), [])
-            pooled = len(errs) < BAND_MIN_ROWS
+            pooled = len(errs) < RANGE_MIN_ROWS
             if pooled:
                 errs = groups.get(("offload", phase), [])
             if errs:
-                out.setdefault(regime, {})[phase] = (len(errs), round(band_log(errs), 3), pooled)
+                lo, hi = percentile_range(errs)
+                out.setdefault(regime, {})[phase] = (len(errs), round(lo, 3), round(hi, 3), pooled)
     return out
 
 
-def print_bands(recs: list[dict], markdown: bool) -> None:
-    """Print :func:`bands` and the ``REGIME_BAND_LOG`` literal they make."""
-    b = bands(recs)
-    print("\nPrediction band per placement regime: |ln(predicted / measured)| two of three validation rows")
-    print("stay within (rows; under 5 rows of a phase: all offload rows)")
-    for regime, v in b.items():
-        cells = "  ".join(
-            f"{ph} x{math.exp(x):.2f} ({'all ' if pooled else ''}{n} {'offload ' if pooled else ''}rows)"
-            for ph, (n, x, pooled) in v.items()
+def print_likely_ranges(recs: list[dict], markdown: bool) -> None:
+    """Print :func:`likely_ranges` and the ``REGIME_RANGE_LOG`` literal they make."""
+    ranges = likely_ranges(recs)
+
+    def cell(v: tuple[int, float, float, bool]) -> str:
+        n, lo, hi, pooled = v
+        return (
+            f"{math.exp(lo):.2f}-{math.exp(hi):.2f}x ({'all ' if pooled else ''}{n}{' offload' if pooled else ''} rows)"
         )
-        print(f"{regime:12s} {cells}")
-    literal = ", ".join(f'"{k}": ({v["decode"][1]}, {v["prefill"][1]})' for k, v in b.items())
-    print(f"REGIME_BAND_LOG = {{{literal}}}")
+
+    print("\nLikely range per placement regime: measured / predicted of the central two thirds of the")
+    print("validation rows (15.87th-84.13th percentile; under 5 rows of a phase: all offload rows)")
+    for regime, v in ranges.items():
+        print(f"{regime:12s} " + "  ".join(f"{ph} {cell(x)}" for ph, x in v.items()))
+    literal = ", ".join(
+        f'"{k}": {{' + ", ".join(f'"{ph}": ({x[1]}, {x[2]})' for ph, x in v.items()) + "}" for k, v in ranges.items()
+    )
+    print(f"REGIME_RANGE_LOG = {{{literal}}}")
     if markdown:
-        print("\n| regime | decode band (rows) | prefill band (rows) |\n|---|---|---|")
-        for regime, v in b.items():
-            d, p = (
-                f"x{math.exp(x):.2f} ({'all ' if pooled else ''}{n}{' offload' if pooled else ''})"
-                for n, x, pooled in (v["decode"], v["prefill"])
-            )
-            print(f"| {regime} | {d} | {p} |")
+        print(
+            "\n| regime | decode: measured / predicted (rows) | prefill: measured / predicted (rows) |\n|---|---|---|"
+        )
+        for regime, v in ranges.items():
+            print(f"| {regime} | " + " | ".join(cell(v[ph]) if ph in v else "-" for ph in ("decode", "prefill")) + " |")
 
 
 def print_leave_one_source_out(recs: list[dict], markdown: bool) -> None:
@@ -1074,7 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
         print_report(recs, a.markdown)
         print_leave_one_source_out(recs, a.markdown)
         if "validate" in sets:
-            print_bands(recs, a.markdown)
+            print_likely_ranges(recs, a.markdown)
     if a.h200:
         print_h200(h200_rows(json.loads(H200_RESULTS.read_text()), directory), a.markdown)
     return 0

@@ -247,3 +247,26 @@ def test_a_run_at_other_threads_is_priced_with_the_probe_the_predictions_read(tm
     assert "moved from 2 to 1 threads" in run.rates["CPU"].cpu.source
     alone = record_bench(plan, m, host=HOST, store=CalibrationStore(tmp_path / "other.json"), machine="m1")
     assert alone.rates["CPU"].cpu.source.startswith("assumed")  # no probe at 1 thread, none asked for
+
+
+def test_a_run_records_its_regime_and_counts_as_an_offload_run(tmp_path, default_profile, plan):
+    """A run with layers in RAM beside a GPU is an offload run: the calibration counts it, and the
+    regime survives the store; a run stored before kvtuner recorded regimes counts as none."""
+    from kvtuner.core.hardware.specs import catalogue_gpu
+
+    gpus = [catalogue_gpu("RTX 3060 12GB")]
+    gplan = plan_memory(default_profile, PlanConfig(n_ctx=4096, n_gpu_layers=6), gpus, HOST)
+    run = measured_run(
+        gplan, speed_inputs(gpus, HOST, n_threads=2), Measurement(0, 64, 16, 2, 500.0, 40.0), machine="m1"
+    )
+    assert run.regime == "partial_ngl"
+    store = CalibrationStore(tmp_path / "cal.json")
+    store.add(run)
+    store.add(run_of(plan, 2, 10.0, 80.0))
+    runs = CalibrationStore(tmp_path / "cal.json").runs("m1")
+    assert sorted(r.regime for r in runs) == ["cpu", "partial_ngl"]
+    assert fit_calibration(runs).n_offload_runs == 1
+    inp = calibrated_inputs(speed_inputs(gpus, HOST, n_threads=2), gplan.model, store, "m1")
+    assert inp.n_offload_runs == 1
+    old = {k: v for k, v in run.to_dict().items() if k != "regime"}
+    assert type(run).from_dict(old).regime == ""

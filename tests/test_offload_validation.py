@@ -181,20 +181,37 @@ def test_the_fitting_scripts_print_the_constants_the_model_uses(capsys):
 
 
 @pytest.mark.slow
-def test_the_regime_bands_the_model_uses_are_the_validation_rows_spread(tmp_path):
-    """REGIME_BAND_LOG is what ``--bands`` computes from every validation row (about 6 s of sparse
+def test_the_likely_ranges_the_model_uses_are_the_validation_rows(tmp_path):
+    """REGIME_RANGE_LOG is what the script computes from every validation row (about 6 s of sparse
     fixtures), and kvtuner's own regime of each row's plan is the regime the row was collected
     under; a row of layers in RAM run with -nkvo, filed under kv_ram, counts as layers in RAM."""
-    from kvtuner.core.speed.regime import REGIME_BAND_LOG
+    from kvtuner.core.speed.regime import REGIME_RANGE_LOG
 
     rows = [r for r in ov.load_all_rows([ov.ROWS, ov.ROWS_MORE]) if r["set"] == "validate"]
     recs = [r for r in ov.run_rows(rows, tmp_path) if "pred" in r]
     assert len(recs) > 150
-    bands = ov.bands(recs)
-    assert {k: (v["decode"][1], v["prefill"][1]) for k, v in bands.items()} == REGIME_BAND_LOG
+    ranges = ov.likely_ranges(recs)
+    assert {k: {ph: (x[1], x[2]) for ph, x in v.items()} for k, v in ranges.items()} == REGIME_RANGE_LOG
+    assert ranges["kv_ram"]["decode"][3] and not ranges["experts_cpu"]["decode"][3]  # pooled / its own rows
     for r in recs:
         if r["regime"] == "long_depth":
             continue
         if r["regime"] == "kv_ram" and r.get("ngl") is not None and r["placement"] == "partial_ngl":
             continue
         assert r["placement"] == r["regime"], r["id"]
+
+
+def test_the_ranges_print_for_a_rows_file_of_one_phase(capsys):
+    recs = [
+        {
+            "pred": 10.0,
+            "tps": 9.0,
+            "set": "validate",
+            "regime": "experts_cpu",
+            "placement": "experts_cpu",
+            "phase": "decode",
+        }
+    ] * 6
+    ov.print_likely_ranges(recs, markdown=True)
+    out = capsys.readouterr().out
+    assert "experts_cpu  decode 0.90-0.90x (6 rows)" in out and "| experts_cpu | 0.90-0.90x (6 rows) | - |" in out

@@ -283,7 +283,7 @@ def _structure_source(plan: MemoryPlan) -> str:
 
 def _speed_text(speed: SpeedPrediction) -> str:
     """Predicted speed lines: decode at depth 0 and full context with their speed badges, prefill."""
-    from ..core.speed.regime import band_note
+    from ..core.speed.regime import range_note
     from ..core.speed.speed_model import speed_band
 
     lo, hi = speed.band
@@ -300,11 +300,11 @@ def _speed_text(speed: SpeedPrediction) -> str:
             f"predicted speed ({speed.n_threads} thread{'s' if speed.n_threads != 1 else ''}, {cal}"
             f"{', for ' + str(speed.host['name']) if speed.host and speed.host.get('what_if') else ''}):",
             f"  decode   {speed.decode_tok_s:8.2f} tok/s empty cache [{speed_band(speed.decode_tok_s)}]"
-            f"  (band {lo:.2f}-{hi:.2f}),  {speed.decode_tok_s_at_full_ctx:.2f} tok/s at full context "
+            f"  (likely {lo:.2f}-{hi:.2f}),  {speed.decode_tok_s_at_full_ctx:.2f} tok/s at full context "
             f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",
             f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)"
-            + (f"  (band {plo:.1f}-{phi:.1f})" if phi > 0 else ""),
-            *([f"  {note}"] if (note := band_note(speed.regime)) else []),
+            + (f"  (likely {plo:.1f}-{phi:.1f})" if phi > 0 else ""),
+            *([f"  {note}"] if speed.band_from == "public_runs" and (note := range_note(speed.regime)) else []),
         ]
     )
 

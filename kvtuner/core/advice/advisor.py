@@ -811,14 +811,16 @@ def _rule_swap(c: _Ctx) -> list[Advice]:
 def _rule_abandon(c: _Ctx) -> list[Advice]:
     """Under the abandon line only when even the optimistic end of the prediction's band is: the
     band is the measured spread of the speed model's errors (kvtuner.core.speed.calibration
-    PRIOR_SIGMA_DECODE, from benchmarks/speed_validation.py), so a model predicted at 0.9 tok/s
-    that may well run at 1.1 is not called hopeless. The fix offered is the first candidate whose
+    PRIOR_SIGMA_DECODE, from benchmarks/speed_validation.py; with weights or KV in RAM beside a
+    GPU, the range public runs of that regime measured, kvtuner.core.speed.regime
+    REGIME_RANGE_LOG), so a model predicted at 0.9 tok/s that may well run at 1.1 is not called
+    hopeless. The fix offered is the first candidate whose
     predicted full-context decode clears the line, and the message says what it predicts."""
     out = []
     reason = (
         "below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "
         "bands: < 1 abandon, 1-5 offline, 5-10 interactive, >= 10 fluent; the line is compared with the "
-        "optimistic end of the prediction's band (the measured spread of the speed model's errors)"
+        "top of the prediction's likely range (the measured spread of the speed model's errors)"
     )
     sp = c.speed
     line = c.s.abandon_tok_s

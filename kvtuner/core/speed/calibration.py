@@ -50,6 +50,7 @@ from ..model.profile import ModelProfile
 from ..plan.memory_plan import MemoryPlan
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError, probe_covers
 from .measurement import Measurement
+from .regime import OFFLOAD_REGIMES, placement_regime
 from .speed_model import (
     PREFILL_TYPE_PARAM,
     DeviceRates,
@@ -134,6 +135,8 @@ class MeasuredRun:
             and measured decode tokens/s (None if not measured).
         prefill_work, prefill_tok_s: the same for the prefill.
         t_unix: when it was recorded, Unix seconds.
+        regime: where the run's plan kept weights and KV (:func:`.regime.placement_regime`;
+            empty for runs recorded before kvtuner stored it).
     """
 
     machine: str
@@ -147,6 +150,7 @@ class MeasuredRun:
     prefill_work: Workload | None
     prefill_tok_s: float | None
     t_unix: float = 0.0
+    regime: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (the stored form)."""
@@ -162,6 +166,7 @@ class MeasuredRun:
             "prefill_work": self.prefill_work.to_dict() if self.prefill_work else None,
             "prefill_tok_s": self.prefill_tok_s,
             "t_unix": self.t_unix,
+            "regime": self.regime,
         }
 
     @classmethod
@@ -179,6 +184,7 @@ class MeasuredRun:
             prefill_work=Workload.from_dict(d["prefill_work"]) if d.get("prefill_work") else None,
             prefill_tok_s=float(d["prefill_tok_s"]) if d.get("prefill_tok_s") else None,
             t_unix=float(d.get("t_unix", 0.0)),
+            regime=str(d.get("regime", "")),
         )
 
 
@@ -221,18 +227,21 @@ def measured_run(
         prefill_work=pre_w,
         prefill_tok_s=prefill_tok_s if pre_w else None,
         t_unix=time.time(),
+        regime=placement_regime(plan),
     )
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """A fit: constants and 1-sigma log uncertainty for decode and prefill, and run counts."""
+    """A fit: constants and 1-sigma log uncertainty for decode and prefill, and run counts
+    (``n_offload_runs``: the runs with weights or KV in RAM beside a GPU)."""
 
     constants: SpeedConstants
     decode_sigma_log: float = PRIOR_SIGMA_DECODE
     prefill_sigma_log: float = PRIOR_SIGMA_PREFILL
     n_runs: int = 0
     n_family_runs: int = 0
+    n_offload_runs: int = 0
 
 
 def _run_time_s(work: Workload, run: MeasuredRun, constants: SpeedConstants) -> float:
@@ -313,11 +322,12 @@ def fit_calibration(
     machine_c, dec_res = _fit(runs, base, "decode")
     machine_c2, pre_res = _fit(runs, machine_c, "prefill")
     fam_runs = [r for r in runs if family is not None and r.family == family]
+    n_offload = sum(1 for r in runs if r.regime in OFFLOAD_REGIMES)
     if fam_runs:
         c, fdec = _fit(fam_runs, machine_c2, "decode")
         c, fpre = _fit(fam_runs, c, "prefill")
         return Calibration(
-            c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs), len(fam_runs)
+            c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs), len(fam_runs), n_offload
         )
     extra = FAMILY_TRANSFER_SIGMA if (family is not None and runs) else 0.0
     return Calibration(
@@ -326,6 +336,7 @@ def fit_calibration(
         math.hypot(_sigma(pre_res, PRIOR_SIGMA_PREFILL), extra),
         len(runs),
         0,
+        n_offload,
     )
 
 
@@ -559,6 +570,7 @@ def calibrated_inputs(
         sigma_log=cal.decode_sigma_log,
         prefill_sigma_log=cal.prefill_sigma_log,
         n_calibration_runs=cal.n_runs,
+        n_offload_runs=cal.n_offload_runs,
     )
 
 

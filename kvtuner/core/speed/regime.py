@@ -1,20 +1,23 @@
-"""Where a plan keeps its weights and KV, as a speed regime, and how far predictions in that
-regime have been from public measurements.
+"""Where a plan keeps its weights and KV, as a speed regime, and how far measurements in that
+regime have landed from kvtuner's predictions.
 
 The regimes are those of ``benchmarks/offload_validation.py`` (docs/accuracy/offload.md), told
 apart from the plan the way llama.cpp places tensors:
 
 - ``cpu``: no GPU in the plan;
-- ``partial_ngl``: a layer's weights (a repeating layer or the output layer) stay in RAM, as with
-  ``-ngl`` below the layer count (``llama_model_loader``'s per-layer buffer types);
-- ``experts_cpu``: every layer is offloaded but MoE expert tensors are kept in RAM
-  (``--n-cpu-moe``, ``--cpu-moe``, ``-ot exps=CPU``: ``tensor_buft_overrides``);
-- ``kv_ram``: weights offloaded, some layers' KV in RAM (``-nkvo``: ``offload_kqv = false``,
-  or kvtuner's KV split);
-- ``full``: weights and KV on the GPUs.
+- ``partial_ngl``: weights other than MoE experts stay in RAM: a layer (``-ngl`` below the layer
+  count + 1 leaves the first layers there: llama-model.cpp ``load_tensors``, ``i_gpu_start``), the
+  output layer, or tensors an override sends there (``--n-cpu-ffn``, ``-ot ffn=CPU``,
+  ``-ot attn=CPU``, shared experts);
+- ``experts_cpu``: only MoE expert tensors are kept in RAM (``--n-cpu-moe``, ``--cpu-moe``,
+  ``-ot exps=CPU``: ``tensor_buft_overrides``);
+- ``kv_ram``: weights offloaded, some layers' KV in RAM (``-nkvo``: ``offload_kqv = false``, or
+  kvtuner's KV split);
+- ``full``: weights and KV on the GPUs (RPC servers' devices count as GPUs; no validation row
+  covers them).
 
 A plan in more than one of these (layers and experts in RAM) is the first of the list above that
-applies: layers in RAM dominate its speed.
+applies: weights in RAM dominate its speed.
 """
 
 from __future__ import annotations
@@ -22,34 +25,39 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..plan.overrides import is_expert
+
 if TYPE_CHECKING:
     from ..plan.memory_plan import MemoryPlan
 
 REGIMES = ("cpu", "full", "partial_ngl", "experts_cpu", "kv_ram")
+#: The regimes with weights or KV in RAM beside a GPU.
+OFFLOAD_REGIMES = ("partial_ngl", "experts_cpu", "kv_ram")
 
-#: Per regime, ``(decode, prefill)``: the ``ln(predicted / measured)`` that two of three
-#: validation rows stay within (the 68.27th percentile of its absolute value; a normal error's
-#: 1-sigma), over the public validation rows of ``benchmarks/offload_validation.py`` grouped by
-#: :func:`placement_regime` (``--bands`` prints these figures; ``kv_ram``, with under
-#: :data:`BAND_MIN_ROWS` rows of a phase, takes the figure of all offload rows together).
-#: Percentiles rather than a root mean square, which a few rows 5-30x off would set alone.
-REGIME_BAND_LOG: dict[str, tuple[float, float]] = {
-    "partial_ngl": (0.307, 0.677),
-    "experts_cpu": (0.516, 0.416),
-    "kv_ram": (0.390, 0.429),
+#: Per offload regime, ``{phase: (low, high)}``: ``ln(measured / predicted)`` at the 15.87th and
+#: 84.13th percentiles (the central two thirds, a normal error's +/- 1 sigma) over the public
+#: validation rows of ``benchmarks/offload_validation.py`` grouped by :func:`placement_regime`
+#: (``python benchmarks/offload_validation.py --sets validate`` prints them); ``kv_ram``, with
+#: under :data:`RANGE_MIN_ROWS` rows of a phase, takes the rows of every offload regime. Signed
+#: percentiles, as kvtuner's errors there lean one way (most rows are over-predicted).
+REGIME_RANGE_LOG: dict[str, dict[str, tuple[float, float]]] = {
+    "partial_ngl": {"decode": (-0.464, 0.057), "prefill": (-1.007, 0.583)},
+    "experts_cpu": {"decode": (-0.703, 0.123), "prefill": (-0.552, 0.222)},
+    "kv_ram": {"decode": (-0.668, 0.128), "prefill": (-0.564, 0.222)},
 }
-#: A regime in words, for "measurements with ... were within".
+#: Fewer validation rows than this in a regime and phase: that regime uses all offload rows (the
+#: minimum the validation table of offload_validation.py judges a regime on, ``BAR_MIN_ROWS``).
+RANGE_MIN_ROWS = 5
+#: The percentiles of :data:`REGIME_RANGE_LOG`: a normal distribution's -1 and +1 sigma.
+RANGE_PERCENTILES = (0.1587, 0.8413)
+#: A regime in words, for "public runs with ... measured".
 REGIME_WORDS = {
     "cpu": "no GPU",
     "full": "everything on the GPU",
-    "partial_ngl": "layers in RAM",
+    "partial_ngl": "layers or other non-expert weights in RAM",
     "experts_cpu": "MoE experts in RAM",
-    "kv_ram": "the KV cache in RAM",
+    "kv_ram": "weights or the KV cache in RAM (few runs keep only the KV cache there)",
 }
-#: Fewer validation rows than this in a regime and phase: that regime uses all offload rows.
-BAND_MIN_ROWS = 5
-#: The share of rows a band holds: a normal distribution's within one sigma.
-BAND_COVERAGE = 0.6827
 
 
 def placement_regime(plan: MemoryPlan) -> str:
@@ -57,7 +65,7 @@ def placement_regime(plan: MemoryPlan) -> str:
     if not plan.gpus:
         return "cpu"
     host = plan.host.device
-    if host in plan.layer_devices:
+    if host in plan.layer_devices or any(to == host and not is_expert(name) for name, _, to, _ in plan.moves.moved):
         return "partial_ngl"
     if plan.moves.expert_bytes.get(host, 0) > 0:
         return "experts_cpu"
@@ -66,45 +74,50 @@ def placement_regime(plan: MemoryPlan) -> str:
     return "full"
 
 
-def band_log(errors_log: list[float]) -> float:
-    """The ``|ln(predicted / measured)|`` that :data:`BAND_COVERAGE` of ``errors_log`` stay within
-    (the smallest such value of the list).
+def percentile_range(errors_log: list[float]) -> tuple[float, float]:
+    """``(low, high)``: the :data:`RANGE_PERCENTILES` of ``errors_log`` (nearest rank: the
+    ``ceil(p * n)``-th smallest).
 
     Raises:
         ValueError: no errors.
     """
     if not errors_log:
-        raise ValueError("no errors to take a band from")
-    ordered = sorted(abs(e) for e in errors_log)
-    return ordered[max(0, math.ceil(BAND_COVERAGE * len(ordered)) - 1)]
+        raise ValueError("no errors to take a range from")
+    ordered = sorted(errors_log)
+    lo, hi = (ordered[max(0, math.ceil(p * len(ordered)) - 1)] for p in RANGE_PERCENTILES)
+    return lo, hi
 
 
-def band_note(regime: str) -> str | None:
-    """One line saying where an offload regime's bands come from, None outside them."""
-    spread = REGIME_BAND_LOG.get(regime)
-    if spread is None:
+def regime_range(regime: str, phase: str) -> tuple[float, float] | None:
+    """``(low, high)`` factors on a ``phase`` (``"decode"`` / ``"prefill"``) prediction that two of
+    three public runs of ``regime`` measured within; None outside the offload regimes."""
+    r = REGIME_RANGE_LOG.get(regime)
+    if r is None:
         return None
-    d, p = (math.exp(x) for x in spread)
+    lo, hi = r[phase]
+    return math.exp(lo), math.exp(hi)
+
+
+def range_note(regime: str) -> str | None:
+    """One line saying where an offload regime's likely ranges come from, None outside them."""
+    if regime not in REGIME_RANGE_LOG:
+        return None
+    (dl, dh), (pl, ph) = (regime_range(regime, p) or (0.0, 0.0) for p in ("decode", "prefill"))
     return (
-        f"bands: two of three public measurements with {REGIME_WORDS[regime]} were within x{d:.2f} (decode) "
-        f"and x{p:.2f} (prefill) of kvtuner's prediction (docs/accuracy/offload.md)"
+        f"likely ranges: two of three public runs with {REGIME_WORDS[regime]} measured {dl:.2f}-{dh:.2f}x "
+        f"kvtuner's decode and {pl:.2f}-{ph:.2f}x its prefill prediction (docs/accuracy/offload.md)"
     )
 
 
-def regime_band_log(regime: str) -> tuple[float, float] | None:
-    """``(decode, prefill)`` band of ``regime`` (:data:`REGIME_BAND_LOG`), None where the model's
-    calibration spread applies (``cpu``, ``full``)."""
-    return REGIME_BAND_LOG.get(regime)
-
-
 __all__ = [
-    "BAND_COVERAGE",
-    "BAND_MIN_ROWS",
+    "OFFLOAD_REGIMES",
+    "RANGE_MIN_ROWS",
+    "RANGE_PERCENTILES",
     "REGIMES",
-    "REGIME_BAND_LOG",
+    "REGIME_RANGE_LOG",
     "REGIME_WORDS",
-    "band_log",
-    "band_note",
+    "percentile_range",
     "placement_regime",
-    "regime_band_log",
+    "range_note",
+    "regime_range",
 ]

@@ -100,7 +100,7 @@ from ..plan.memory_plan import MemoryPlan
 from ..plan.reserve_graph import last_layer_rows_only
 from ..units import GiB
 from .cpu_probe import CpuRates, ProbeError, is_lookup_type, layer_attn_key, nearest
-from .regime import placement_regime, regime_band_log
+from .regime import placement_regime, regime_range
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -387,8 +387,9 @@ class SpeedInputs:
     ``rates``: per device (``CUDA0`` ..., ``CPU``); ``n_threads``: CPU threads;
     ``constants``: effective constants; ``sigma_log``: 1-sigma relative uncertainty (natural log)
     of a decode prediction, ``prefill_sigma_log`` of a prefill one (None: ``sigma_log``);
-    ``n_calibration_runs``: measured runs behind ``constants``; ``host``: the host predicted for
-    (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`; None: not said).
+    ``n_calibration_runs``: measured runs behind ``constants``, ``n_offload_runs`` those of them
+    with weights or KV in RAM beside a GPU (:data:`.regime.OFFLOAD_REGIMES`); ``host``: the host
+    predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`; None: not said).
     """
 
     rates: dict[str, DeviceRates]
@@ -398,6 +399,7 @@ class SpeedInputs:
     n_calibration_runs: int = 0
     prefill_sigma_log: float | None = None
     host: dict[str, Any] | None = None
+    n_offload_runs: int = 0
 
     def rate(self, device: str) -> DeviceRates:
         """Rates of ``device``.
@@ -1366,9 +1368,10 @@ class SpeedPrediction:
         sources: where the rates came from.
         inputs: the inputs used (for re-predicting variants; not serialised).
         host: the host predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`).
-        regime: where the plan keeps weights and KV (:func:`.regime.placement_regime`); in an
-            offload regime the bands are at least that regime's measured spread
-            (:data:`.regime.REGIME_BAND_LOG`).
+        regime: where the plan keeps weights and KV (:func:`.regime.placement_regime`).
+        n_offload_runs: calibration runs behind the constants with weights or KV in RAM beside a
+            GPU; with none, an offload regime's bands are the range public runs of that regime
+            measured (:func:`.regime.regime_range`).
     """
 
     decode_tok_s: float
@@ -1384,6 +1387,14 @@ class SpeedPrediction:
     inputs: SpeedInputs | None = field(default=None, repr=False, compare=False)
     host: dict[str, Any] | None = None
     regime: str = "full"
+    n_offload_runs: int = 0
+
+    @property
+    def band_from(self) -> str:
+        """Where the bands come from: ``"public_runs"`` (an offload regime's range,
+        :func:`.regime.regime_range`) or ``"calibration"`` (the model's validation spread,
+        narrowed by this machine's runs)."""
+        return "public_runs" if self.n_offload_runs == 0 and regime_range(self.regime, "decode") else "calibration"
 
     @property
     def badge(self) -> str:
@@ -1407,6 +1418,7 @@ class SpeedPrediction:
             "sources": list(self.sources),
             "host": self.host,
             "regime": self.regime,
+            "band_from": self.band_from,
         }
 
 
@@ -1439,9 +1451,11 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     """Predict decode (depth 0, full context, curve) and prefill speed for ``plan``.
 
     ``prefill_tokens`` is clamped to the context. The band is ``value * exp(-/+ sigma)``, sigma
-    being ``inputs.sigma_log`` (``inputs.prefill_sigma_log`` for prefill), or where the plan keeps
-    layers, experts or KV in RAM the larger of that and the regime's spread on public rows
-    (:data:`.regime.REGIME_BAND_LOG`): the calibration spread comes from CPU and full-offload runs.
+    being ``inputs.sigma_log`` (``inputs.prefill_sigma_log`` for prefill), a spread measured on CPU
+    and full-offload runs; where the plan keeps weights or KV in RAM beside a GPU and no
+    calibration run of this machine did (``inputs.n_offload_runs == 0``), it is the range that two
+    of three public runs of that regime measured within (:func:`.regime.regime_range`), which is
+    not symmetric: kvtuner over-predicts most of them.
 
     Raises:
         SpeedModelError: a device of the plan has no rates in ``inputs``.
@@ -1455,22 +1469,23 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     n_p = max(1, min(prefill_tokens, plan.n_ctx_seq))
     pre = prefill_tok_s(plan, inputs, n_p, 0)
     regime = placement_regime(plan)
-    sigma = inputs.sigma_log
-    sigma_p = inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log
-    spread = regime_band_log(regime)
-    if spread is not None:
-        sigma, sigma_p = max(sigma, spread[0]), max(sigma_p, spread[1])
-    k = math.exp(sigma)
-    kp = math.exp(sigma_p)
+    k = math.exp(inputs.sigma_log)
+    kp = math.exp(inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log)
+    band, prefill_band = (dec0 / k, dec0 * k), (pre / kp, pre * kp)
+    public = inputs.n_offload_runs == 0
+    if public and (r := regime_range(regime, "decode")) is not None:
+        band = (dec0 * r[0], dec0 * r[1])
+    if public and (r := regime_range(regime, "prefill")) is not None:
+        prefill_band = (pre * r[0], pre * r[1])
     names = {d.device: d.backend_device for d in plan.devices}
     sources = tuple(f"{names.get(r.device, r.device)}: {r.source}" for r in inputs.rates.values() if r.source)
     return SpeedPrediction(
         decode_tok_s=dec0,
         decode_tok_s_at_full_ctx=dec_full,
         prefill_tok_s=pre,
-        band=(dec0 / k, dec0 * k),
+        band=band,
         curve=curve,
-        prefill_band=(pre / kp, pre * kp),
+        prefill_band=prefill_band,
         prefill_tokens=n_p,
         n_threads=inputs.n_threads,
         n_calibration_runs=inputs.n_calibration_runs,
@@ -1478,4 +1493,5 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
         inputs=inputs,
         host=inputs.host,
         regime=regime,
+        n_offload_runs=inputs.n_offload_runs,
     )
