@@ -817,32 +817,38 @@ def leave_one_source_out(recs: list[dict]) -> list[tuple[str, str, int, float, l
     return out
 
 
-def likely_ranges(recs: list[dict]) -> dict[str, dict[str, tuple[int, float, float, bool]]]:
+def likely_ranges(recs: list[dict]) -> dict[str, dict[str, tuple[int, float | None, float | None]]]:
     """The likely ranges of kvtuner's offload regimes: per regime of
-    :func:`kvtuner.core.speed.regime.placement_regime` and phase, ``(rows, low, high, pooled)``
-    over the validation rows (long-depth rows, whose error mixes in the depth, left out), ``low``
-    and ``high`` being :func:`kvtuner.core.speed.regime.percentile_range` of their
-    ``ln(measured / predicted)``, rounded to 3 places; a regime with under ``RANGE_MIN_ROWS`` rows
-    of a phase takes all offload rows of that phase (``pooled``; ``rows`` then counts those).
-    :data:`kvtuner.core.speed.regime.REGIME_RANGE_LOG` holds these."""
+    :func:`kvtuner.core.speed.regime.placement_regime` and phase, ``(rows, low, high)`` over the
+    validation rows (long-depth rows, whose error mixes in the depth, left out), ``low`` and
+    ``high`` being :func:`kvtuner.core.speed.regime.percentile_range` of their
+    ``ln(measured / predicted)``, rounded to 3 places; None for both with under
+    ``RANGE_MIN_ROWS`` rows. :data:`kvtuner.core.speed.regime.REGIME_RANGE_LOG` holds the ranges."""
     from kvtuner.core.speed.regime import OFFLOAD_REGIMES, RANGE_MIN_ROWS, percentile_range
 
     groups: dict[tuple[str, str], list[float]] = {}
     for r in recs:
         if "pred" in r and r["set"] == "validate" and r["regime"] != "long_depth" and r["placement"] in OFFLOAD_REGIMES:
-            e = math.log(r["tps"] / r["pred"])
-            groups.setdefault((r["placement"], r["phase"]), []).append(e)
-            groups.setdefault(("offload", r["phase"]), []).append(e)
-    out: dict[str, dict[str, tuple[int, float, float, bool]]] = {}
+            groups.setdefault((r["placement"], r["phase"]), []).append(math.log(r["tps"] / r["pred"]))
+    out: dict[str, dict[str, tuple[int, float | None, float | None]]] = {}
     for regime in OFFLOAD_REGIMES:
         for phase in ("decode", "prefill"):
             errs = groups.get((regime, phase), [])
-            pooled = len(errs) < RANGE_MIN_ROWS
-            if pooled:
-                errs = groups.get(("offload", phase), [])
-            if errs:
+            if len(errs) >= RANGE_MIN_ROWS:
                 lo, hi = percentile_range(errs)
-                out.setdefault(regime, {})[phase] = (len(errs), round(lo, 3), round(hi, 3), pooled)
+                out.setdefault(regime, {})[phase] = (len(errs), round(lo, 3), round(hi, 3))
+            elif errs:
+                out.setdefault(regime, {})[phase] = (len(errs), None, None)
+    return out
+
+
+def range_log_literal(ranges: dict[str, dict[str, tuple[int, float | None, float | None]]]) -> dict:
+    """The ``REGIME_RANGE_LOG`` that :func:`likely_ranges` makes (the ranges with enough rows)."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for regime, v in ranges.items():
+        for phase, (_, lo, hi) in v.items():
+            if lo is not None and hi is not None:
+                out.setdefault(regime, {})[phase] = (lo, hi)
     return out
 
 
@@ -850,20 +856,17 @@ def print_likely_ranges(recs: list[dict], markdown: bool) -> None:
     """Print :func:`likely_ranges` and the ``REGIME_RANGE_LOG`` literal they make."""
     ranges = likely_ranges(recs)
 
-    def cell(v: tuple[int, float, float, bool]) -> str:
-        n, lo, hi, pooled = v
+    def cell(v: tuple[int, float | None, float | None]) -> str:
+        n, lo, hi = v
         return (
-            f"{math.exp(lo):.2f}-{math.exp(hi):.2f}x ({'all ' if pooled else ''}{n}{' offload' if pooled else ''} rows)"
+            f"too few ({n} rows)" if lo is None or hi is None else f"{math.exp(lo):.2f}-{math.exp(hi):.2f}x ({n} rows)"
         )
 
-    print("\nLikely range per placement regime: measured / predicted of the central two thirds of the")
-    print("validation rows (15.87th-84.13th percentile; under 5 rows of a phase: all offload rows)")
+    print("\nLikely range per placement regime: measured / predicted of about the central two thirds of")
+    print("the validation rows (15.87th-84.13th percentile, nearest rank; 5 rows or more)")
     for regime, v in ranges.items():
         print(f"{regime:12s} " + "  ".join(f"{ph} {cell(x)}" for ph, x in v.items()))
-    literal = ", ".join(
-        f'"{k}": {{' + ", ".join(f'"{ph}": ({x[1]}, {x[2]})' for ph, x in v.items()) + "}" for k, v in ranges.items()
-    )
-    print(f"REGIME_RANGE_LOG = {{{literal}}}")
+    print(f"REGIME_RANGE_LOG = {range_log_literal(ranges)}")
     if markdown:
         print(
             "\n| regime | decode: measured / predicted (rows) | prefill: measured / predicted (rows) |\n|---|---|---|"

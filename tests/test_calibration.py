@@ -250,8 +250,9 @@ def test_a_run_at_other_threads_is_priced_with_the_probe_the_predictions_read(tm
 
 
 def test_a_run_records_its_regime_and_counts_as_an_offload_run(tmp_path, default_profile, plan):
-    """A run with layers in RAM beside a GPU is an offload run: the calibration counts it, and the
-    regime survives the store; a run stored before kvtuner recorded regimes counts as none."""
+    """A run records where its plan kept weights and KV; the store keeps it, the family's fit
+    lists the (regime, phase) pairs its runs measured, and a run stored before kvtuner recorded
+    regimes counts for none."""
     from kvtuner.core.hardware.specs import catalogue_gpu
 
     gpus = [catalogue_gpu("RTX 3060 12GB")]
@@ -265,8 +266,15 @@ def test_a_run_records_its_regime_and_counts_as_an_offload_run(tmp_path, default
     store.add(run_of(plan, 2, 10.0, 80.0))
     runs = CalibrationStore(tmp_path / "cal.json").runs("m1")
     assert sorted(r.regime for r in runs) == ["cpu", "partial_ngl"]
-    assert fit_calibration(runs).n_offload_runs == 1
+    fam = model_family(gplan.model)
+    assert fit_calibration(runs, fam).regimes == {
+        ("cpu", "decode"),
+        ("cpu", "prefill"),
+        ("partial_ngl", "decode"),
+        ("partial_ngl", "prefill"),
+    }
+    assert fit_calibration(runs, "another-family").regimes == frozenset()  # other families' runs do not count
     inp = calibrated_inputs(speed_inputs(gpus, HOST, n_threads=2), gplan.model, store, "m1")
-    assert inp.n_offload_runs == 1
+    assert ("partial_ngl", "decode") in inp.calibrated_regimes
     old = {k: v for k, v in run.to_dict().items() if k != "regime"}
     assert type(run).from_dict(old).regime == ""

@@ -191,8 +191,8 @@ def test_the_likely_ranges_the_model_uses_are_the_validation_rows(tmp_path):
     recs = [r for r in ov.run_rows(rows, tmp_path) if "pred" in r]
     assert len(recs) > 150
     ranges = ov.likely_ranges(recs)
-    assert {k: {ph: (x[1], x[2]) for ph, x in v.items()} for k, v in ranges.items()} == REGIME_RANGE_LOG
-    assert ranges["kv_ram"]["decode"][3] and not ranges["experts_cpu"]["decode"][3]  # pooled / its own rows
+    assert ov.range_log_literal(ranges) == REGIME_RANGE_LOG
+    assert ranges["kv_ram"]["decode"][1] is None  # 3 rows: too few for a range of its own
     for r in recs:
         if r["regime"] == "long_depth":
             continue

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kvtuner.core.hardware import vendors as V
-from kvtuner.core.hardware.specs import GpuSpec, catalogue_gpu, metal_working_set_bytes, unified_gpu_spec
+from kvtuner.core.hardware.specs import GpuSpec, catalogue_gpu, metal_working_set_bytes, unified_gpu_spec, what_if_gpu
 from kvtuner.core.units import GiB, MiB
 from kvtuner.testing.cli import run_kvtuner
 
@@ -416,17 +416,26 @@ def test_an_nvidia_and_an_amd_card_need_two_backends_no_build_holds(default_prof
     from kvtuner.core.advice.backends import advise_backends
     from kvtuner.core.plan.config import PlanConfig
     from kvtuner.core.plan.memory_plan import plan_memory
+    from kvtuner.core.plan.placement import DeviceSplit
 
     def ids(*names: str) -> list[str]:
-        gpus = [catalogue_gpu(n) for n in names]
+        gpus = [catalogue_gpu(n, index=i) for i, n in enumerate(names)]
         return [a.id for a in advise_backends(plan_memory(default_profile, PlanConfig(n_ctx=1024), gpus), gpus)]
 
     assert ids("RTX 3090", "RTX 3060 12GB") == [] and ids("RX 7900 XTX", "RX 7600") == []
     assert ids("RX 7600", "RTX 3060 12GB") == ["mixed-backends"]
+    # a card of unknown vendor (--gpu-mem), or an AMD card that holds nothing (-sm none), does not count
+    generic = what_if_gpu(12 * GiB)
+    amd = catalogue_gpu("RX 7900 XTX", index=1)
+    p = plan_memory(default_profile, PlanConfig(n_ctx=1024), [generic, amd])
+    assert [a.id for a in advise_backends(p, [generic, amd])] == []
+    two = [catalogue_gpu("RTX 3090"), amd]
+    p = plan_memory(default_profile, PlanConfig(n_ctx=1024), two, split=DeviceSplit(split_mode="none"))
+    assert p.gpus[1].weights_bytes == 0 and [a.id for a in advise_backends(p, two)] == []
     cp = run_kvtuner("plan", "--gpu", "RTX 3090", "--gpu", "RX 7900 XTX", "--gpu", "RX 7600", "--no-probe", "--json")
     assert cp.returncode == 0, cp.stderr
     (adv,) = [a for a in json.loads(cp.stdout)["advice"] if a["id"] == "mixed-backends"]
     assert adv["severity"] == "warning" and not adv["fix"]
-    assert adv["message"].startswith("CUDA0 RTX 3090 (what-if) and ROCm0 RX 7900 XTX (what-if) and ROCm1 RX 7600")
+    assert adv["message"].startswith("CUDA0 RTX 3090 (what-if), ROCm0 RX 7900 XTX (what-if) and ROCm1 RX 7600")
     assert "Vulkan build" in adv["message"] and "rpc-server" in adv["message"]
     assert "llama.cpp#29048" in adv["reason"]

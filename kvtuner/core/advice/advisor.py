@@ -812,9 +812,10 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
     """Under the abandon line only when even the optimistic end of the prediction's band is: the
     band is the measured spread of the speed model's errors (kvtuner.core.speed.calibration
     PRIOR_SIGMA_DECODE, from benchmarks/speed_validation.py; with weights or KV in RAM beside a
-    GPU, the range public runs of that regime measured, kvtuner.core.speed.regime
-    REGIME_RANGE_LOG), so a model predicted at 0.9 tok/s that may well run at 1.1 is not called
-    hopeless. The fix offered is the first candidate whose
+    GPU, the range about two thirds of the public runs of that regime measured,
+    kvtuner.core.speed.regime REGIME_RANGE_LOG: its top is the 84th percentile of measured /
+    predicted, 1.06-1.13x), so a full-offload plan predicted at 0.9 tok/s that may well run at 1.1
+    is not called hopeless, while one with experts in RAM predicted at 0.85 is. The fix offered is the first candidate whose
     predicted full-context decode clears the line, and the message says what it predicts."""
     out = []
     reason = (

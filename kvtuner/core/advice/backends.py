@@ -19,11 +19,11 @@ Rules:
   takes its buffers from the same RAM as the CPU; the GPU part may not exceed its limit (Metal's
   ``recommendedMaxWorkingSetSize``), and GPU plus host may not exceed the RAM. Nothing is counted
   twice: the plan's host figures and the GPU's are summed against the one pool.
-- ``mixed-backends`` (warning): the plan's local GPUs need the CUDA and the ROCm backend in one
-  llama-server, which no build holds: ggml-hip compiles ggml-cuda's sources
-  (ggml/src/ggml-hip/CMakeLists.txt) and with both on one replaces the other
+- ``mixed-backends`` (warning): local cards that hold part of the plan need the CUDA and the ROCm
+  backend in one llama-server: ggml-hip compiles ggml-cuda's sources
+  (ggml/src/ggml-hip/CMakeLists.txt) and a build configured with both keeps one
   (ggml-org/llama.cpp#29048). A Vulkan build runs both vendors' cards, or one vendor's cards serve
-  from an rpc-server of their own build.
+  from an rpc-server of their own build. Cards of unknown vendor (``--gpu-mem``) do not count.
 
 The limit is :data:`VULKAN_MAX_ALLOCATION_BYTES` unless ``GGML_VK_FORCE_MAX_ALLOCATION_SIZE`` is
 set (the variable ggml-vulkan reads to override it), which kvtuner reads too.
@@ -168,29 +168,43 @@ def _unified(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
     ]
 
 
-#: Backends that one llama.cpp build cannot hold together: ggml-hip compiles ggml-cuda's sources
-#: (ggml/src/ggml-hip/CMakeLists.txt), so a build with both keeps only one of them
-#: (ggml-org/llama.cpp#29048).
+#: Backends one llama.cpp build does not run together: ggml-hip compiles ggml-cuda's sources
+#: (ggml/src/ggml-hip/CMakeLists.txt), and a build configured with both GGML_CUDA and GGML_HIP
+#: keeps one (ggml-org/llama.cpp#29048).
 EXCLUSIVE_BACKENDS = frozenset({"CUDA", "ROCm"})
 
 
-def _mixed(plan: MemoryPlan) -> list[Advice]:
-    """``mixed-backends`` (warning): the plan's local GPUs need CUDA and ROCm in one process."""
-    local = [d for d in plan.gpus if d.kind == "gpu"]
-    need = {d.backend or "CUDA" for d in local}
-    if not EXCLUSIVE_BACKENDS <= need:
+def _vendor_backend(g: GpuSpec) -> str | None:
+    """The backend a local card needs, None for one of unknown vendor (``--gpu-mem``: no
+    catalogue entry, planned with CUDA's defaults) or behind an rpc-server."""
+    if g.endpoint is not None or (g.what_if and g.catalogue is None):
+        return None
+    return g.backend
+
+
+def _mixed(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
+    """``mixed-backends`` (warning): local cards holding part of the plan need CUDA and ROCm in one
+    llama-server."""
+    used = [
+        (g, d)
+        for g, d in _pairs(plan, gpus)
+        if _vendor_backend(g) in EXCLUSIVE_BACKENDS and d.weights_bytes + d.kv_bytes + d.compute_bytes > 0
+    ]
+    if {_vendor_backend(g) for g, _ in used} != EXCLUSIVE_BACKENDS:
         return []
-    cards = " and ".join(f"{d.backend_device} {d.name}" for d in local if (d.backend or "CUDA") in EXCLUSIVE_BACKENDS)
+    names = [f"{d.backend_device} {d.name}" for _, d in used]
+    cards = ", ".join(names[:-1]) + " and " + names[-1]
     return [
         _adv(
             "mixed-backends",
             "warning",
-            f"{cards} need llama.cpp's CUDA and ROCm backends in one llama-server, and one build cannot hold "
-            "both (built together, one replaces the other). Run every card through a Vulkan build (Vulkan0, "
-            "Vulkan1 ...; its speed differs from this plan's), or serve one vendor's cards from an rpc-server "
-            "built for them (--rpc HOST:PORT).",
-            "ggml/src/ggml-hip/CMakeLists.txt builds the ROCm backend from ggml-cuda's sources; with "
-            "GGML_CUDA and GGML_HIP both on, one replaces the other (ggml-org/llama.cpp#29048)",
+            f"{cards} need llama.cpp's CUDA and ROCm backends in one llama-server, and a build configured "
+            "with both keeps only one. Run every card through a Vulkan build (Vulkan0, Vulkan1 ...; its "
+            "speed differs from this plan's), or serve one vendor's cards from an rpc-server of their own "
+            "build on this machine (a ROCm build's rpc-server -p 50052, and --rpc 127.0.0.1:50052 on the "
+            "CUDA build's llama-server).",
+            "ggml/src/ggml-hip/CMakeLists.txt builds the ROCm backend from ggml-cuda's sources; a build "
+            "configured with GGML_CUDA and GGML_HIP exposes only one of them (ggml-org/llama.cpp#29048)",
             {},
         )
     ]
@@ -210,5 +224,5 @@ def advise_backends(plan: MemoryPlan, gpus: Sequence[GpuSpec]) -> list[Advice]:
         if g.backend == "Vulkan":
             out.extend(_vulkan(plan, g, d.device))
     out.extend(_unified(plan, gpus))
-    out.extend(_mixed(plan))
+    out.extend(_mixed(plan, gpus))
     return out

@@ -50,7 +50,7 @@ from ..model.profile import ModelProfile
 from ..plan.memory_plan import MemoryPlan
 from .cpu_probe import PROBE_MAX_AGE_S, CpuRates, ProbeError, probe_covers
 from .measurement import Measurement
-from .regime import OFFLOAD_REGIMES, placement_regime
+from .regime import placement_regime
 from .speed_model import (
     PREFILL_TYPE_PARAM,
     DeviceRates,
@@ -233,15 +233,16 @@ def measured_run(
 
 @dataclass(frozen=True)
 class Calibration:
-    """A fit: constants and 1-sigma log uncertainty for decode and prefill, and run counts
-    (``n_offload_runs``: the runs with weights or KV in RAM beside a GPU)."""
+    """A fit: constants and 1-sigma log uncertainty for decode and prefill, run counts, and the
+    ``(regime, phase)`` pairs the model family's own runs measured (``regimes``; empty when the
+    family has no run: other families' runs do not speak for its regimes)."""
 
     constants: SpeedConstants
     decode_sigma_log: float = PRIOR_SIGMA_DECODE
     prefill_sigma_log: float = PRIOR_SIGMA_PREFILL
     n_runs: int = 0
     n_family_runs: int = 0
-    n_offload_runs: int = 0
+    regimes: frozenset[tuple[str, str]] = frozenset()
 
 
 def _run_time_s(work: Workload, run: MeasuredRun, constants: SpeedConstants) -> float:
@@ -312,6 +313,19 @@ def _sigma(residuals: Sequence[float], prior: float) -> float:
     return math.sqrt((prior**2 * PRIOR_RUNS + sum(r * r for r in residuals)) / (PRIOR_RUNS + n))
 
 
+def run_regimes(runs: Sequence[MeasuredRun]) -> frozenset[tuple[str, str]]:
+    """The ``(regime, phase)`` pairs ``runs`` measured (a run stored without its regime counts for
+    none)."""
+    out = set()
+    for r in runs:
+        if r.regime:
+            if r.decode_tok_s:
+                out.add((r.regime, "decode"))
+            if r.prefill_tok_s:
+                out.add((r.regime, "prefill"))
+    return frozenset(out)
+
+
 def fit_calibration(
     runs: Sequence[MeasuredRun], family: str | None = None, base: SpeedConstants | None = None
 ) -> Calibration:
@@ -322,12 +336,16 @@ def fit_calibration(
     machine_c, dec_res = _fit(runs, base, "decode")
     machine_c2, pre_res = _fit(runs, machine_c, "prefill")
     fam_runs = [r for r in runs if family is not None and r.family == family]
-    n_offload = sum(1 for r in runs if r.regime in OFFLOAD_REGIMES)
     if fam_runs:
         c, fdec = _fit(fam_runs, machine_c2, "decode")
         c, fpre = _fit(fam_runs, c, "prefill")
         return Calibration(
-            c, _sigma(fdec, PRIOR_SIGMA_DECODE), _sigma(fpre, PRIOR_SIGMA_PREFILL), len(runs), len(fam_runs), n_offload
+            c,
+            _sigma(fdec, PRIOR_SIGMA_DECODE),
+            _sigma(fpre, PRIOR_SIGMA_PREFILL),
+            len(runs),
+            len(fam_runs),
+            run_regimes(fam_runs),
         )
     extra = FAMILY_TRANSFER_SIGMA if (family is not None and runs) else 0.0
     return Calibration(
@@ -336,7 +354,6 @@ def fit_calibration(
         math.hypot(_sigma(pre_res, PRIOR_SIGMA_PREFILL), extra),
         len(runs),
         0,
-        n_offload,
     )
 
 
@@ -570,7 +587,7 @@ def calibrated_inputs(
         sigma_log=cal.decode_sigma_log,
         prefill_sigma_log=cal.prefill_sigma_log,
         n_calibration_runs=cal.n_runs,
-        n_offload_runs=cal.n_offload_runs,
+        calibrated_regimes=cal.regimes,
     )
 
 

@@ -387,9 +387,10 @@ class SpeedInputs:
     ``rates``: per device (``CUDA0`` ..., ``CPU``); ``n_threads``: CPU threads;
     ``constants``: effective constants; ``sigma_log``: 1-sigma relative uncertainty (natural log)
     of a decode prediction, ``prefill_sigma_log`` of a prefill one (None: ``sigma_log``);
-    ``n_calibration_runs``: measured runs behind ``constants``, ``n_offload_runs`` those of them
-    with weights or KV in RAM beside a GPU (:data:`.regime.OFFLOAD_REGIMES`); ``host``: the host
-    predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`; None: not said).
+    ``n_calibration_runs``: measured runs behind ``constants``; ``calibrated_regimes``: the
+    ``(regime, phase)`` pairs (:func:`.regime.placement_regime`, ``"decode"`` / ``"prefill"``)
+    that runs of this model family on this machine measured; ``host``: the host predicted for
+    (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`; None: not said).
     """
 
     rates: dict[str, DeviceRates]
@@ -399,7 +400,7 @@ class SpeedInputs:
     n_calibration_runs: int = 0
     prefill_sigma_log: float | None = None
     host: dict[str, Any] | None = None
-    n_offload_runs: int = 0
+    calibrated_regimes: frozenset[tuple[str, str]] = frozenset()
 
     def rate(self, device: str) -> DeviceRates:
         """Rates of ``device``.
@@ -1369,9 +1370,10 @@ class SpeedPrediction:
         inputs: the inputs used (for re-predicting variants; not serialised).
         host: the host predicted for (:meth:`~kvtuner.core.hardware.specs.HostSpec.speed_dict`).
         regime: where the plan keeps weights and KV (:func:`.regime.placement_regime`).
-        n_offload_runs: calibration runs behind the constants with weights or KV in RAM beside a
-            GPU; with none, an offload regime's bands are the range public runs of that regime
-            measured (:func:`.regime.regime_range`).
+        band_from, prefill_band_from: where each band comes from: ``"public_runs"`` (the range
+            public runs of the regime measured, :func:`.regime.regime_range`), ``"calibration"``
+            (the validation spread narrowed by this machine's runs) or ``"validation"`` (the
+            speed model's validation spread).
     """
 
     decode_tok_s: float
@@ -1387,14 +1389,8 @@ class SpeedPrediction:
     inputs: SpeedInputs | None = field(default=None, repr=False, compare=False)
     host: dict[str, Any] | None = None
     regime: str = "full"
-    n_offload_runs: int = 0
-
-    @property
-    def band_from(self) -> str:
-        """Where the bands come from: ``"public_runs"`` (an offload regime's range,
-        :func:`.regime.regime_range`) or ``"calibration"`` (the model's validation spread,
-        narrowed by this machine's runs)."""
-        return "public_runs" if self.n_offload_runs == 0 and regime_range(self.regime, "decode") else "calibration"
+    band_from: str = "validation"
+    prefill_band_from: str = "validation"
 
     @property
     def badge(self) -> str:
@@ -1419,7 +1415,15 @@ class SpeedPrediction:
             "host": self.host,
             "regime": self.regime,
             "band_from": self.band_from,
+            "prefill_band_from": self.prefill_band_from,
         }
+
+
+def public_phases(speed: SpeedPrediction) -> tuple[str, ...]:
+    """The phases (``"decode"``, ``"prefill"``) whose band of ``speed`` is the public runs' range."""
+    return tuple(
+        ph for ph, src in (("decode", speed.band_from), ("prefill", speed.prefill_band_from)) if src == "public_runs"
+    )
 
 
 #: Decode bands, tokens/s: under 1 a reply of 1000 tokens takes over 16 minutes (abandon); 5-10
@@ -1452,10 +1456,11 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
 
     ``prefill_tokens`` is clamped to the context. The band is ``value * exp(-/+ sigma)``, sigma
     being ``inputs.sigma_log`` (``inputs.prefill_sigma_log`` for prefill), a spread measured on CPU
-    and full-offload runs; where the plan keeps weights or KV in RAM beside a GPU and no
-    calibration run of this machine did (``inputs.n_offload_runs == 0``), it is the range that two
-    of three public runs of that regime measured within (:func:`.regime.regime_range`), which is
-    not symmetric: kvtuner over-predicts most of them.
+    and full-offload runs; where the plan keeps weights or KV in RAM beside a discrete GPU and no
+    run of this model family on this machine measured that regime and phase
+    (``inputs.calibrated_regimes``), it is the range that about two thirds of the public runs of
+    that regime measured (:func:`.regime.regime_range`), which is not symmetric: kvtuner
+    over-predicts most of them.
 
     Raises:
         SpeedModelError: a device of the plan has no rates in ``inputs``.
@@ -1469,14 +1474,20 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
     n_p = max(1, min(prefill_tokens, plan.n_ctx_seq))
     pre = prefill_tok_s(plan, inputs, n_p, 0)
     regime = placement_regime(plan)
-    k = math.exp(inputs.sigma_log)
-    kp = math.exp(inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log)
-    band, prefill_band = (dec0 / k, dec0 * k), (pre / kp, pre * kp)
-    public = inputs.n_offload_runs == 0
-    if public and (r := regime_range(regime, "decode")) is not None:
-        band = (dec0 * r[0], dec0 * r[1])
-    if public and (r := regime_range(regime, "prefill")) is not None:
-        prefill_band = (pre * r[0], pre * r[1])
+    unified = any(d.unified for d in plan.gpus)
+    spread = "calibration" if inputs.n_calibration_runs else "validation"
+
+    def band_of(phase: str, value: float, sigma: float) -> tuple[tuple[float, float], str]:
+        r = regime_range(regime, phase)
+        if r is not None and not unified and (regime, phase) not in inputs.calibrated_regimes:
+            return (value * r[0], value * r[1]), "public_runs"
+        k = math.exp(sigma)
+        return (value / k, value * k), spread
+
+    band, band_from = band_of("decode", dec0, inputs.sigma_log)
+    prefill_band, prefill_band_from = band_of(
+        "prefill", pre, inputs.sigma_log if inputs.prefill_sigma_log is None else inputs.prefill_sigma_log
+    )
     names = {d.device: d.backend_device for d in plan.devices}
     sources = tuple(f"{names.get(r.device, r.device)}: {r.source}" for r in inputs.rates.values() if r.source)
     return SpeedPrediction(
@@ -1493,5 +1504,6 @@ def predict_speed(plan: MemoryPlan, inputs: SpeedInputs, *, prefill_tokens: int 
         inputs=inputs,
         host=inputs.host,
         regime=regime,
-        n_offload_runs=inputs.n_offload_runs,
+        band_from=band_from,
+        prefill_band_from=prefill_band_from,
     )

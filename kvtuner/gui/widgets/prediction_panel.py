@@ -9,6 +9,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.llama_report import DryRunResult
 from ...core.speed.regime import range_note
+from ...core.speed.speed_model import public_phases
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
@@ -164,13 +165,17 @@ class PredictionPanel(QtWidgets.QGroupBox):
             lo, hi = speed.band
             plo, phi = speed.prefill_band
             self.speed_label.setText(
-                f"Speed (predicted): decode {_tok_s(speed.decode_tok_s)} tok/s (likely {_tok_s(lo)}-{_tok_s(hi)}), "
+                f"Predicted: decode {_tok_s(speed.decode_tok_s)} tok/s (likely {_tok_s(lo)}-{_tok_s(hi)}), "
                 f"{_tok_s(speed.decode_tok_s_at_full_ctx)} tok/s with the context full; "
                 f"prefill {_tok_s(speed.prefill_tok_s)} tok/s"
                 + (f" (likely {_tok_s(plo)}-{_tok_s(phi)})" if phi > 0 else "")
-                + (f"; calibrated on {speed.n_calibration_runs} run(s)" if speed.n_calibration_runs else "")
+                + (
+                    f"; calibrated on {speed.n_calibration_runs} run(s)"
+                    if speed.n_calibration_runs
+                    else "; uncalibrated"
+                )
             )
-            note = range_note(speed.regime) if speed.band_from == "public_runs" else None
+            note = range_note(speed.regime, public_phases(speed))
             self.speed_label.setToolTip(
                 note or "likely: the measured spread of the speed model's errors (docs/accuracy/speed.md)"
             )
