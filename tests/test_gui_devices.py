@@ -67,7 +67,8 @@ def test_device_list_cards_rpc_and_split_sliders(qtbot, tmp_path, window):
 
 def test_an_added_amd_card_keeps_its_backend(qtbot, window):
     """A card added in the list stays what the catalogue says it is: an RX 7900 XTX beside the
-    what-if NVIDIA card is planned as ROCm and named ROCm0 (each backend numbers from 0)."""
+    what-if NVIDIA card is planned as ROCm and named ROCm0 (each backend numbers from 0), and the
+    advice warns that the two need CUDA and ROCm in one llama-server."""
     w = window()
     panel = w.devices
     panel.card.setCurrentText("RX 7900 XTX")
@@ -76,6 +77,8 @@ def test_an_added_amd_card_keeps_its_backend(qtbot, window):
     amd = w.plan.gpus[1]
     assert (amd.device, amd.backend, amd.backend_device) == ("CUDA1", "ROCm", "ROCm0")
     assert "ROCm0" in panel.list.item(1).text()
+    # the advisor pane says no one llama.cpp build runs the NVIDIA and the AMD card together
+    qtbot.waitUntil(lambda: any(a.id == "mixed-backends" for a in w.advisor.items), timeout=10_000)
 
 
 def test_export_dialog_carries_the_split_and_rpc(qtbot, tmp_path, window):
