@@ -283,8 +283,7 @@ def _structure_source(plan: MemoryPlan) -> str:
 
 def _speed_text(speed: SpeedPrediction) -> str:
     """Predicted speed lines: decode at depth 0 and full context with their speed badges, prefill."""
-    from ..core.speed.regime import range_note
-    from ..core.speed.speed_model import public_phases, speed_band
+    from ..core.speed.speed_model import speed_band
 
     lo, hi = speed.band
     plo, phi = speed.prefill_band
@@ -304,7 +303,7 @@ def _speed_text(speed: SpeedPrediction) -> str:
             f"[{speed_band(speed.decode_tok_s_at_full_ctx)}]",
             f"  prefill  {speed.prefill_tok_s:8.1f} tok/s ({speed.prefill_tokens}-token prompt)"
             + (f"  (likely {plo:.1f}-{phi:.1f})" if phi > 0 else ""),
-            *([f"  {note}"] if (note := range_note(speed.regime, public_phases(speed))) else []),
+            *([f"  {speed.range_note}"] if speed.range_note else []),
         ]
     )
 

@@ -815,8 +815,9 @@ def _rule_abandon(c: _Ctx) -> list[Advice]:
     GPU, the range about two thirds of the public runs of that regime measured,
     kvtuner.core.speed.regime REGIME_RANGE_LOG: its top is the 84th percentile of measured /
     predicted, 1.06-1.13x), so a full-offload plan predicted at 0.9 tok/s that may well run at 1.1
-    is not called hopeless, while one with experts in RAM predicted at 0.85 is. The fix offered is the first candidate whose
-    predicted full-context decode clears the line, and the message says what it predicts."""
+    is not called hopeless, while one with experts in RAM predicted at 0.85 is. The fix offered is
+    the first candidate whose predicted full-context decode clears the line, and the message says
+    what it predicts."""
     out = []
     reason = (
         "below 1 token/s, 1000 tokens take over 15 minutes: give up on this configuration; "

@@ -100,7 +100,7 @@ from ..plan.memory_plan import MemoryPlan
 from ..plan.reserve_graph import last_layer_rows_only
 from ..units import GiB
 from .cpu_probe import CpuRates, ProbeError, is_lookup_type, layer_attn_key, nearest
-from .regime import placement_regime, regime_range
+from .regime import placement_regime, range_note, regime_range
 from .weights import TypedWeights, WeightSummary, moved_weights, weight_summary
 
 #: PCIe bandwidth assumed when neither NVML nor the catalogue tells (PCIe 4.0 x16 after encoding).
@@ -1393,6 +1393,13 @@ class SpeedPrediction:
     prefill_band_from: str = "validation"
 
     @property
+    def range_note(self) -> str | None:
+        """One line saying where the bands that are public runs' ranges come from
+        (:func:`.regime.range_note`), None when neither is."""
+        phases = (("decode", self.band_from), ("prefill", self.prefill_band_from))
+        return range_note(self.regime, tuple(ph for ph, src in phases if src == "public_runs"))
+
+    @property
     def badge(self) -> str:
         """The speed band of :attr:`decode_tok_s` (:func:`speed_band`)."""
         return speed_band(self.decode_tok_s)
@@ -1417,13 +1424,6 @@ class SpeedPrediction:
             "band_from": self.band_from,
             "prefill_band_from": self.prefill_band_from,
         }
-
-
-def public_phases(speed: SpeedPrediction) -> tuple[str, ...]:
-    """The phases (``"decode"``, ``"prefill"``) whose band of ``speed`` is the public runs' range."""
-    return tuple(
-        ph for ph, src in (("decode", speed.band_from), ("prefill", speed.prefill_band_from)) if src == "public_runs"
-    )
 
 
 #: Decode bands, tokens/s: under 1 a reply of 1000 tokens takes over 16 minutes (abandon); 5-10

@@ -8,8 +8,6 @@ from typing import Any
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ...core.llama_report import DryRunResult
-from ...core.speed.regime import range_note
-from ...core.speed.speed_model import public_phases
 from ...core.units import fmt_bytes
 from .memory_bars import MemoryBars, row_from_device
 
@@ -175,9 +173,8 @@ class PredictionPanel(QtWidgets.QGroupBox):
                     else "; uncalibrated"
                 )
             )
-            note = range_note(speed.regime, public_phases(speed))
             self.speed_label.setToolTip(
-                note or "likely: the measured spread of the speed model's errors (docs/accuracy/speed.md)"
+                speed.range_note or "likely: the measured spread of the speed model's errors (docs/accuracy/speed.md)"
             )
         self._fit_labels()
         if self.verdict is not None:
