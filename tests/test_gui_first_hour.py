@@ -79,6 +79,13 @@ def _shown_whole(widget: QtWidgets.QWidget, viewport: QtWidgets.QWidget) -> bool
     return inside and widget.width() >= widget.sizeHint().width() and widget.height() >= widget.sizeHint().height()
 
 
+def _advice_settled(qtbot, w: MainWindow, n_items: int) -> None:
+    """Wait for ``n_items`` advice items and for the window's background work (the host
+    bandwidth probe, whose result replans and rebuilds the rows), then let the layout run."""
+    qtbot.waitUntil(lambda: w.tasks.pending == 0 and len(w.advisor.items) >= n_items, timeout=30_000)
+    qtbot.wait(100)
+
+
 def _row_labels(w: MainWindow) -> list[QtWidgets.QLabel]:
     return [lab for lab in w.advisor._body.findChildren(QtWidgets.QLabel) if lab.isVisibleTo(w.advisor) and lab.text()]
 
@@ -90,8 +97,7 @@ def test_three_advice_items_and_their_fixes_show_whole_at_the_default_size(qtbot
     """8B at 128K on a 12 GB card with 20 GPU layers: does not fit, too slow, --fit off. Every
     sentence and both fix buttons are inside the pane, none clipped, without scrolling."""
     w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
-    qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
-    QtWidgets.QApplication.processEvents()
+    _advice_settled(qtbot, w, 3)
     viewport = w.advisor._scroll.viewport()
     assert len(w.advisor.buttons) >= 2
     for widget in (*w.advisor.buttons, *_row_labels(w)):
@@ -107,7 +113,7 @@ def test_many_advice_items_scroll_with_every_fix_reachable(qtbot, tmp_path, llam
         PlanConfig(n_ctx=131072, n_gpu_layers=32, n_seq=4, type_k="q8_0", type_v="q4_0", flash_attn="on"),
         llama8b,
     )
-    qtbot.waitUntil(lambda: len(w.advisor.items) >= 5, timeout=10_000)
+    _advice_settled(qtbot, w, 5)
     graphs, advice = w.right_split.sizes()
     assert advice <= 0.6 * (graphs + advice) + 1
     viewport = w.advisor._scroll.viewport()
@@ -121,7 +127,7 @@ def test_the_pane_shrinks_back_when_the_advice_goes(qtbot, tmp_path, llama8b, wi
     """Also when the layout gave the pane less than it asked (the graphs' least height); not after
     the user dragged the splitter."""
     w = window(PlanConfig(n_ctx=131072, n_gpu_layers=20), llama8b)
-    qtbot.waitUntil(lambda: len(w.advisor.items) >= 3, timeout=10_000)
+    _advice_settled(qtbot, w, 3)
     # one round trip first: the prediction above the splitter keeps the height its longest text
     # took, which changes the room the splitter has; the pane's own sizing is what is checked
     w.set_config(PlanConfig(n_ctx=8192))

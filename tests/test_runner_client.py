@@ -21,6 +21,7 @@ from kvtuner.core.plan.config import PlanConfig
 from kvtuner.runner import protocol as P
 from kvtuner.runner.client import RunnerClient, RunnerError
 from kvtuner.runner.worker import FAULT_ENV
+from kvtuner.testing.processes import wait_until_ignoring
 
 pytestmark = [
     pytest.mark.llama,
@@ -373,7 +374,7 @@ def test_cancel_escalates_to_sigkill(runner, default_model):
     c = runner("deaf@load_progress")
     c.send(P.LoadCommand(model_path=str(default_model), config=SMALL.to_dict()))
     next_of(c, P.LoadProgressEvent)
-    time.sleep(0.2)  # let it install its SIGTERM-ignoring handler
+    wait_until_ignoring(c.pid)  # the child ignores SIGTERM from here on
     assert c.cancel(grace_s=0.3, term_grace_s=0.5) == "killed"
     with pytest.raises(RunnerError) as ei:
         next_of(c, P.LoadedEvent)

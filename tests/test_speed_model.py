@@ -432,11 +432,10 @@ def test_host_bandwidth_probe_is_quick_and_cached():
     measure_host_bandwidth.cache_clear()
     t = time.perf_counter()
     bw = measure_host_bandwidth()
-    assert time.perf_counter() - t < 1.0  # ~0.25 s idle; slack for a loaded CI machine
+    assert time.perf_counter() - t < 2.0  # ~0.25 s idle; slack for a loaded CI machine
     assert 1e8 < bw < 1e13 and math.isfinite(bw)
-    t = time.perf_counter()
     assert measure_host_bandwidth() == bw
-    assert time.perf_counter() - t < 0.01
+    assert measure_host_bandwidth.cache_info().hits == 1
 
 
 def test_cpu_attention_is_keyed_by_the_kv_pair_flash_attention_runs(default_profile):
