@@ -168,7 +168,8 @@ def test_runner_child_stop_paths(platform_branch, default_model):
     from kvtuner.runner.client import RunnerClient, RunnerError
     from kvtuner.testing.processes import wait_until_ignoring
 
-    # the hanging child, loaded with llama.cpp, exits well within 5 s of the branch's terminate
+    # term_grace_s: the hanging child dies on the branch's terminate (5 s lets a busy machine reap
+    # it); the deaf one never does, so its grace only delays the kill
     for fault, outcome, term_grace_s in (
         ("hang@load_progress", "terminated", 5.0),
         ("deaf@load_progress", "killed", 0.5),
