@@ -854,7 +854,10 @@ def range_log_literal(ranges: dict[str, dict[str, tuple[int, float | None, float
 
 def print_likely_ranges(recs: list[dict], markdown: bool) -> None:
     """Print :func:`likely_ranges` and the ``REGIME_RANGE_LOG`` literal they make."""
+    from kvtuner.core.speed.regime import RANGE_MIN_ROWS, RANGE_PERCENTILES
+
     ranges = likely_ranges(recs)
+    p_lo, p_hi = (100 * p for p in RANGE_PERCENTILES)
 
     def cell(v: tuple[int, float | None, float | None]) -> str:
         n, lo, hi = v
@@ -863,7 +866,7 @@ def print_likely_ranges(recs: list[dict], markdown: bool) -> None:
         )
 
     print("\nLikely range per placement regime: measured / predicted of about the central two thirds of")
-    print("the validation rows (15.87th-84.13th percentile, nearest rank; 5 rows or more)")
+    print(f"the validation rows ({p_lo:.2f}th-{p_hi:.2f}th percentile, nearest rank; {RANGE_MIN_ROWS} rows or more)")
     for regime, v in ranges.items():
         print(f"{regime:12s} " + "  ".join(f"{ph} {cell(x)}" for ph, x in v.items()))
     print(f"REGIME_RANGE_LOG = {range_log_literal(ranges)}")
